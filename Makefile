@@ -1,0 +1,76 @@
+# mnemo — build, test and benchmark.
+#
+#   make            release build: build/release/mnemo (and ./mnemo link)
+#   make test       set-up, then unit + integration tests in the release build
+#                   and again under AddressSanitizer + UBSan
+#   make run        set-up, build, and a generation with the bundled demo model
+#   make bench      performance figures (see README)
+
+CC      ?= gcc
+PKGS    := libpcre2-8 libxxhash jansson
+WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
+BASE    := -std=c17 -ffp-contract=off -D_GNU_SOURCE -Isrc -Itests -pthread $(WARN) $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LIBS    := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -pthread
+TESTLIBS:= -lcmocka
+
+REL_CFLAGS  := $(BASE) -O3 -march=native -DNDEBUG -g
+ASAN_CFLAGS := $(BASE) -O1 -march=native -g -fno-omit-frame-pointer \
+               -fsanitize=address,undefined -fno-sanitize-recover=all
+SCALAR_CFLAGS := $(BASE) -O2 -g
+
+LIB_SRC  := $(filter-out src/main.c,$(wildcard src/*/*.c))
+TEST_SRC := $(wildcard tests/test_*.c)
+
+define variant
+$(1)_DIR  := build/$(1)
+$(1)_OBJ  := $$(patsubst src/%.c,build/$(1)/obj/%.o,$$(LIB_SRC))
+$(1)_TESTS:= $$(patsubst tests/%.c,build/$(1)/tests/%,$$(TEST_SRC))
+
+build/$(1)/obj/%.o: src/%.c
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$($(2)) -MMD -MP -c $$< -o $$@
+
+build/$(1)/libmnemo.a: $$($(1)_OBJ)
+	@rm -f $$@
+	ar rcs $$@ $$^
+
+build/$(1)/mnemo: src/main.c build/$(1)/libmnemo.a
+	$$(CC) $$($(2)) -MMD -MP $$< build/$(1)/libmnemo.a $$(LIBS) -o $$@
+
+build/$(1)/tests/%: tests/%.c build/$(1)/libmnemo.a $$(wildcard tests/*.h)
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$($(2)) -MMD -MP $$< build/$(1)/libmnemo.a $$(LIBS) $$(TESTLIBS) -o $$@
+
+-include $$(patsubst %.o,%.d,$$($(1)_OBJ))
+endef
+
+$(eval $(call variant,release,REL_CFLAGS))
+$(eval $(call variant,asan,ASAN_CFLAGS))
+$(eval $(call variant,scalar,SCALAR_CFLAGS))
+
+.PHONY: all setup test test-release test-asan run bench clean
+all: build/release/mnemo
+	@ln -sf build/release/mnemo mnemo
+
+setup:
+	@./scripts/setup
+
+test: setup
+	$(MAKE) test-release
+	$(MAKE) test-asan
+
+test-release: build/release/mnemo $(release_TESTS)
+	@./tests/run.sh build/release
+
+test-asan: build/asan/mnemo $(asan_TESTS)
+	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  MNEMO_SANITIZED=1 ./tests/run.sh build/asan
+
+run: setup all
+	./build/release/mnemo generate -m models/stories260K.gguf -p "Once upon a time" -n 200 --temp 0
+
+bench: setup all
+	./scripts/bench
+
+clean:
+	rm -rf build mnemo

@@ -1,0 +1,145 @@
+/* cli.c — option parsing for the mnemo subcommands (see cli.h). */
+#include "base/cli.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/mem.h"
+
+static int set_value(const CliOpt *o, const char *val, MnErr *err) {
+    char *end = NULL;
+    errno = 0;
+    switch (o->kind) {
+    case CLI_STR: *(const char **)o->out = val; return MN_OK;
+    case CLI_INT: {
+        long v = strtol(val, &end, 10);
+        if (errno || end == val || *end || v < -2147483647L || v > 2147483647L)
+            return mn_err_set(err, MN_EINVAL, "--%s expects an integer, got '%s'", o->name, val);
+        *(int *)o->out = (int)v;
+        return MN_OK;
+    }
+    case CLI_U64: {
+        unsigned long long v = strtoull(val, &end, 10);
+        if (errno || end == val || *end || val[0] == '-')
+            return mn_err_set(err, MN_EINVAL, "--%s expects a non-negative integer, got '%s'", o->name, val);
+        *(uint64_t *)o->out = (uint64_t)v;
+        return MN_OK;
+    }
+    case CLI_FLOAT: {
+        float v = strtof(val, &end);
+        if (errno || end == val || *end || !isfinite(v))
+            return mn_err_set(err, MN_EINVAL, "--%s expects a number, got '%s'", o->name, val);
+        *(float *)o->out = v;
+        return MN_OK;
+    }
+    case CLI_FLAG:
+        if (strcmp(val, "1") == 0 || strcmp(val, "true") == 0 || strcmp(val, "yes") == 0) {
+            *(bool *)o->out = true;
+            return MN_OK;
+        }
+        if (strcmp(val, "0") == 0 || strcmp(val, "false") == 0 || strcmp(val, "no") == 0) {
+            *(bool *)o->out = false;
+            return MN_OK;
+        }
+        return mn_err_set(err, MN_EINVAL, "--%s expects true or false, got '%s'", o->name, val);
+    case CLI_STR_LIST: {
+        CliStrList *l = o->out;
+        const char **items = mn_realloc(l->items, (size_t)(l->n + 1) * sizeof *items);
+        if (items == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+        items[l->n++] = val;
+        l->items = items;
+        return MN_OK;
+    }
+    }
+    return MN_EINVAL;
+}
+
+static void env_name(const char *name, char *buf, size_t cap) {
+    size_t n = (size_t)snprintf(buf, cap, "MNEMO_");
+    for (const char *p = name; *p && n + 1 < cap; p++) buf[n++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+    buf[n] = '\0';
+}
+
+static const CliOpt *find_long(const CliOpt *opts, int n_opts, const char *name, size_t len) {
+    for (int i = 0; i < n_opts; i++)
+        if (strlen(opts[i].name) == len && strncmp(opts[i].name, name, len) == 0) return &opts[i];
+    return NULL;
+}
+
+int cli_parse(int argc, char **argv, const CliOpt *opts, int n_opts, const char **positional, int max_pos,
+              int *n_pos, MnErr *err) {
+    *n_pos = 0;
+    for (int i = 0; i < n_opts; i++) {
+        char env[128];
+        env_name(opts[i].name, env, sizeof env);
+        const char *val = getenv(env);
+        if (val == NULL) continue;
+        int rc = set_value(&opts[i], val, err);
+        if (rc) return mn_err_prefix(err, "environment variable %s", env);
+    }
+    bool only_positional = false;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        const CliOpt *o = NULL;
+        const char *val = NULL;
+        if (!only_positional && strcmp(a, "--") == 0) {
+            only_positional = true;
+            continue;
+        }
+        if (!only_positional && (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)) return MN_ECANCELED;
+        if (!only_positional && a[0] == '-' && a[1] == '-') {
+            const char *eq = strchr(a + 2, '=');
+            size_t len = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
+            o = find_long(opts, n_opts, a + 2, len);
+            if (o == NULL) return mn_err_set(err, MN_EINVAL, "unknown option '%.*s'", (int)len + 2, a);
+            if (eq) val = eq + 1;
+        } else if (!only_positional && a[0] == '-' && a[1] != '\0' && !isdigit((unsigned char)a[1])) {
+            for (int k = 0; k < n_opts && o == NULL; k++)
+                if (opts[k].short_name == a[1] && a[2] == '\0') o = &opts[k];
+            if (o == NULL) return mn_err_set(err, MN_EINVAL, "unknown option '%s'", a);
+        } else {
+            if (*n_pos >= max_pos) return mn_err_set(err, MN_EINVAL, "unexpected argument '%s'", a);
+            positional[(*n_pos)++] = a;
+            continue;
+        }
+        if (o->kind == CLI_FLAG && val == NULL) {
+            *(bool *)o->out = true;
+            continue;
+        }
+        if (val == NULL) {
+            if (i + 1 >= argc) return mn_err_set(err, MN_EINVAL, "option --%s needs a value", o->name);
+            val = argv[++i];
+        }
+        int rc = set_value(o, val, err);
+        if (rc) return rc;
+    }
+    return MN_OK;
+}
+
+void cli_usage(FILE *f, const char *synopsis, const CliOpt *opts, int n_opts) {
+    fprintf(f, "usage: %s\n\noptions:\n", synopsis);
+    for (int i = 0; i < n_opts; i++) {
+        char left[64];
+        if (opts[i].short_name)
+            snprintf(left, sizeof left, "-%c, --%s%s%s", opts[i].short_name, opts[i].name, opts[i].arg ? " " : "",
+                     opts[i].arg ? opts[i].arg : "");
+        else
+            snprintf(left, sizeof left, "    --%s%s%s", opts[i].name, opts[i].arg ? " " : "",
+                     opts[i].arg ? opts[i].arg : "");
+        fprintf(f, "  %-30s %s\n", left, opts[i].help);
+    }
+    fprintf(f, "\nEvery long option can also be set with MNEMO_<NAME> (e.g. --kv-type -> MNEMO_KV_TYPE).\n");
+}
+
+void cli_free(const CliOpt *opts, int n_opts) {
+    for (int i = 0; i < n_opts; i++)
+        if (opts[i].kind == CLI_STR_LIST) {
+            CliStrList *l = opts[i].out;
+            mn_free(l->items);
+            l->items = NULL;
+            l->n = 0;
+        }
+}

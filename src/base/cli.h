@@ -1,0 +1,47 @@
+/* cli.h — command-line options for the mnemo subcommands.
+ *
+ * A command describes its options in a table of CliOpt. cli_parse first
+ * applies environment variables (MNEMO_ + the long name in upper snake case:
+ * --pool-mb -> MNEMO_POOL_MB), then the command line, which wins. Options
+ * may be given as "--name value", "--name=value" or "-x value"; boolean
+ * flags take no value ("--no-bos"). Repeatable string options collect every
+ * value. Arguments that are not options are returned in order.
+ */
+#ifndef MN_CLI_H
+#define MN_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "base/err.h"
+
+typedef enum CliKind { CLI_STR, CLI_INT, CLI_FLOAT, CLI_U64, CLI_FLAG, CLI_STR_LIST } CliKind;
+
+typedef struct CliStrList {
+    const char **items; /* owned array (strings borrowed from argv/environ) */
+    int n;
+} CliStrList;
+
+typedef struct CliOpt {
+    const char *name;   /* long name without "--" */
+    char short_name;    /* 0 for none */
+    CliKind kind;
+    void *out;          /* const char **, int *, float *, uint64_t *, bool *, CliStrList * */
+    const char *arg;    /* placeholder shown in help, e.g. "N" */
+    const char *help;
+} CliOpt;
+
+/* Parse argv[0..argc) (argv[0] is the first argument, not the program).
+ * positional receives up to max_pos non-option arguments, *n_pos their
+ * count. Returns MN_OK, or MN_EINVAL with err naming the bad option/value.
+ * "--help"/"-h" returns MN_ECANCELED so the caller prints usage. */
+int cli_parse(int argc, char **argv, const CliOpt *opts, int n_opts, const char **positional, int max_pos,
+              int *n_pos, MnErr *err);
+
+void cli_usage(FILE *f, const char *synopsis, const CliOpt *opts, int n_opts);
+
+/* Free the arrays of CLI_STR_LIST options. */
+void cli_free(const CliOpt *opts, int n_opts);
+
+#endif

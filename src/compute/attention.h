@@ -1,0 +1,61 @@
+/* attention.h — multi-token causal attention over paged KV.
+ *
+ * One kernel for prefill, decode and partial recompute: every query token
+ * carries its sequence and position, and attends to positions 0..pos of its
+ * own sequence, whose K/V rows are found through the sequence's block table
+ * (logical block i holds positions [i*block_tokens, (i+1)*block_tokens)),
+ * wherever those blocks lie in the arena. Query tokens of one sequence may
+ * have any positions — a leading range being recomputed and a trailing range
+ * of new tokens with cached blocks between them is just two runs of
+ * positions; no KV is copied. The caller guarantees that K/V for every
+ * position <= pos of each query token is in place.
+ *
+ * Batch invariance: each (token, head) output is computed from its query,
+ * its position and the KV of its sequence only, with every sum taken in
+ * ascending position order and in a fixed lane order over head_dim. Work is
+ * split over (token, kv head) units, never along positions.
+ */
+#ifndef MN_ATTENTION_H
+#define MN_ATTENTION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/threadpool.h"
+#include "base/ttype.h"
+
+/* Where one layer's KV lives: block slot b's K rows (block_tokens, kv_dim)
+ * start at arena + b*block_bytes, its V rows v_offset bytes later. */
+typedef struct AttnKv {
+    const uint8_t *arena;
+    size_t block_bytes;
+    size_t v_offset;
+    int block_tokens;
+    int kv_dim;
+    MnType kv_type; /* MN_TYPE_F16 or MN_TYPE_F32 */
+} AttnKv;
+
+typedef struct AttnSeq {
+    const int32_t *blocks; /* (n_blocks) logical block -> slot */
+    int n_blocks;
+} AttnSeq;
+
+typedef struct AttnBatch {
+    int n_tok;
+    const float *q;        /* (n_tok, n_head * head_dim), RoPE applied */
+    const int32_t *seq;    /* (n_tok) index into seqs */
+    const int32_t *pos;    /* (n_tok) */
+    const AttnSeq *seqs;
+    int n_head, n_head_kv, head_dim;
+} AttnBatch;
+
+/* Floats of scratch attn_forward needs per thread for contexts up to
+ * max_ctx positions. */
+size_t attn_scratch_floats(int max_ctx, int n_head, int n_head_kv, int head_dim);
+
+/* out (n_tok, n_head * head_dim) = softmax(q k^T / sqrt(head_dim)) v.
+ * scratch: tpool_size(tp) * attn_scratch_floats(...) floats. */
+void attn_forward(ThreadPool *tp, float *out, const AttnBatch *b, const AttnKv *kv, float *scratch,
+                  size_t scratch_per_thread);
+
+#endif

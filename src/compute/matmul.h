@@ -1,0 +1,49 @@
+/* matmul.h — weight-times-activation products for every supported weight
+ * type, with AVX-512, AVX2 and scalar code paths chosen at compile time.
+ *
+ * A weight matrix W is row-major: n_out rows of n_in elements, each row
+ * stored in W's type (GGUF layout: ne[0] = n_in, ne[1] = n_out). Activations
+ * x are f32, n_tok rows of n_in. mm_matmul computes
+ *     out[t][r] = sum_k W[r][k] * x[t][k]      out is (n_tok, n_out), f32.
+ * For Q8_0 and Q4_0 weights the activations are first quantized to Q8_0 per
+ * row (as GGML does), into caller-provided scratch.
+ *
+ * Batch invariance (DESIGN.md): out[t][r] is bit-identical whatever n_tok,
+ * whatever row t sits at in x, and whatever the thread count: every output
+ * element is reduced in one fixed order that depends only on n_in. Work is
+ * split across threads by output rows / tokens, never along k.
+ * The scalar path (mm_matmul_ref) is the test oracle; SIMD results agree with
+ * it to float rounding, not bit for bit.
+ */
+#ifndef MN_MATMUL_H
+#define MN_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/threadpool.h"
+#include "base/ttype.h"
+
+typedef struct MatW {
+    MnType type;
+    int64_t n_in;     /* elements per row (a multiple of 32 for quantized types) */
+    int64_t n_out;    /* rows */
+    const void *data; /* (n_out, row_bytes) borrowed, e.g. from the GGUF mmap */
+} MatW;
+
+/* Scratch bytes mm_matmul needs for n_tok rows of n_in activations against
+ * weights of type wtype (0 when none is needed). */
+size_t mm_scratch_bytes(MnType wtype, int64_t n_in, int n_tok);
+
+/* out (n_tok, n_out) = x (n_tok, n_in) * W^T, parallel over tp (may be NULL
+ * for single-threaded). scratch: mm_scratch_bytes(...) bytes, 64-byte aligned.
+ * Never allocates. */
+void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_tok, void *scratch);
+
+/* Scalar reference for tests; same contract, single-threaded. */
+void mm_matmul_ref(float *out, const MatW *w, const float *x, int n_tok, void *scratch);
+
+/* Name of the compiled SIMD path: "avx512", "avx2" or "scalar". */
+const char *mm_simd_name(void);
+
+#endif

@@ -1,0 +1,40 @@
+/* ops.h — the element-wise and row-wise kernels of the forward pass:
+ * RMS norm, RoPE, SwiGLU, residual add, and f16 row conversion.
+ *
+ * Every reduction here is taken in a fixed order that depends only on the
+ * row length (16 interleaved partial sums, then a fixed pairwise tree), so a
+ * row's result never depends on the batch it is in (DESIGN.md, batch
+ * invariance). The project builds in ISO C mode, so the compiler does not
+ * contract a*b+c into FMA behind our back: scalar and vectorized code agree.
+ */
+#ifndef MN_OPS_H
+#define MN_OPS_H
+
+#include <stdint.h>
+
+/* sum_i a[i] * b[i] in the fixed 16-lane order. */
+float ops_dot(const float *a, const float *b, int n);
+
+/* out = x / sqrt(mean(x^2) + eps) * w, one row of n. out may alias x. */
+void ops_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+
+/* Inverse frequencies of RoPE: inv_freq[i] = base^(-2i / n_rot), i < n_rot/2. */
+void ops_rope_freqs(double *inv_freq, int n_rot, float base);
+
+/* Rotate the first n_rot dims of each of n_heads heads (head_dim apart) of
+ * one token at position pos. adjacent: pairs (2i, 2i+1); else pairs
+ * (i, i + n_rot/2) (NEOX / "halves"). */
+void ops_rope(float *x, int n_heads, int head_dim, int n_rot, const double *inv_freq, int32_t pos,
+              int adjacent);
+
+/* out[i] = silu(gate[i]) * up[i]. out may alias gate. */
+void ops_swiglu(float *out, const float *gate, const float *up, int n);
+
+/* y[i] += x[i] */
+void ops_add(float *y, const float *x, int n);
+
+/* Row conversions between f32 and f16 (round to nearest even). */
+void ops_f32_to_f16(uint16_t *dst, const float *src, int n);
+void ops_f16_to_f32(float *dst, const uint16_t *src, int n);
+
+#endif

@@ -1,0 +1,214 @@
+/* forward.c — the transformer, layer by layer over a batch (see forward.h).
+ *
+ * For each layer, the whole batch goes through: RMS norm, Q/K/V projections
+ * (+ biases), RoPE at each token's position, K/V written into the pool,
+ * paged attention, output projection and residual, then RMS norm and the
+ * SwiGLU feed-forward and residual. The final norm and the vocabulary
+ * projection run only for the rows whose logits were asked for.
+ *
+ * Buffers (all (rows, width) row-major f32, sized at fwd_new):
+ *   x     (max_tokens, n_embd)   residual stream
+ *   xb    (max_tokens, n_embd)   normed input / attention output
+ *   q     (max_tokens, n_embd)
+ *   k, v  (max_tokens, kv_dim)
+ *   att   (max_tokens, n_embd)
+ *   hb, hb2 (max_tokens, n_ff)
+ *   xl    (max_logits, n_embd)   normed rows for the vocabulary projection
+ *   logits (max_logits, n_vocab)
+ */
+#include "engine/forward.h"
+
+#include <string.h>
+
+#include "base/mem.h"
+#include "compute/matmul.h"
+#include "compute/ops.h"
+
+struct Forward {
+    const Model *m;
+    KvPool *pool;
+    FwdOptions opt;
+    ThreadPool *tp;
+    float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *xl, *logits;
+    void *mm_scratch;
+    float *attn_scratch;
+    size_t attn_scratch_per_thread;
+    double *inv_freq; /* (n_rot / 2) */
+};
+
+static float *alloc_rows(int rows, int width) {
+    return mn_alloc_aligned((size_t)rows * (size_t)width * sizeof(float), 64);
+}
+
+int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, MnErr *err) {
+    const ModelConfig *c = &m->cfg;
+    *out = NULL;
+    if (opt->max_tokens < 1 || opt->max_logits < 1 || opt->max_ctx < 1 || opt->n_threads < 1)
+        return mn_err_set(err, MN_EINVAL, "forward: batch sizes and thread count must be positive");
+    if (pool->n_layer != c->n_layer || pool->kv_dim != c->kv_dim)
+        return mn_err_set(err, MN_EINVAL, "forward: KV pool does not match the model");
+    Forward *f = mn_calloc(1, sizeof *f);
+    if (f == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    f->m = m;
+    f->pool = pool;
+    f->opt = *opt;
+    int T = opt->max_tokens, L = opt->max_logits;
+    f->tp = tpool_new(opt->n_threads);
+    f->x = alloc_rows(T, c->n_embd);
+    f->xb = alloc_rows(T, c->n_embd);
+    f->q = alloc_rows(T, c->n_embd);
+    f->k = alloc_rows(T, c->kv_dim);
+    f->v = alloc_rows(T, c->kv_dim);
+    f->att = alloc_rows(T, c->n_embd);
+    f->hb = alloc_rows(T, c->n_ff);
+    f->hb2 = alloc_rows(T, c->n_ff);
+    f->xl = alloc_rows(L, c->n_embd);
+    f->logits = alloc_rows(L, c->n_vocab);
+    /* every matrix may have its own type: take the largest need */
+    size_t mm = mm_scratch_bytes(m->output.type, m->output.n_in, L);
+    for (int il = 0; il < c->n_layer; il++) {
+        const LayerWeights *lw = &m->layers[il];
+        const MatW *lws[] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_up, &lw->w_down};
+        for (size_t i = 0; i < sizeof lws / sizeof lws[0]; i++) {
+            size_t b = mm_scratch_bytes(lws[i]->type, lws[i]->n_in, T);
+            mm = b > mm ? b : mm;
+        }
+    }
+    f->mm_scratch = mn_alloc_aligned(mm ? mm : 64, 64);
+    f->attn_scratch_per_thread = attn_scratch_floats(opt->max_ctx, c->n_head, c->n_head_kv, c->head_dim);
+    f->attn_scratch = mn_alloc_aligned(f->attn_scratch_per_thread * sizeof(float) * (size_t)opt->n_threads, 64);
+    f->inv_freq = mn_calloc((size_t)c->n_rot / 2, sizeof(double));
+    if (!f->tp || !f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->xl ||
+        !f->logits || !f->mm_scratch || !f->attn_scratch || !f->inv_freq) {
+        fwd_free(f);
+        return mn_err_set(err, MN_ENOMEM, "forward: out of memory for %d-token batches", T);
+    }
+    ops_rope_freqs(f->inv_freq, c->n_rot, c->rope_base);
+    *out = f;
+    return MN_OK;
+}
+
+void fwd_free(Forward *f) {
+    if (f == NULL) return;
+    tpool_free(f->tp);
+    float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->xl, f->logits, f->attn_scratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mn_free_aligned(bufs[i]);
+    mn_free_aligned(f->mm_scratch);
+    mn_free(f->inv_freq);
+    mn_free(f);
+}
+
+ThreadPool *fwd_tpool(Forward *f) { return f->tp; }
+
+/* ---- helpers -------------------------------------------------------------- */
+
+static int check_batch(const Forward *f, const FwdBatch *b, MnErr *err) {
+    const ModelConfig *c = &f->m->cfg;
+    if (b->n_tok < 1 || b->n_tok > f->opt.max_tokens)
+        return mn_err_set(err, MN_EINVAL, "batch of %d tokens (limit %d)", b->n_tok, f->opt.max_tokens);
+    if (b->n_logits < 0 || b->n_logits > f->opt.max_logits)
+        return mn_err_set(err, MN_EINVAL, "%d logit rows asked for (limit %d)", b->n_logits, f->opt.max_logits);
+    for (int t = 0; t < b->n_tok; t++) {
+        if (b->tokens[t] < 0 || b->tokens[t] >= c->n_vocab)
+            return mn_err_set(err, MN_EINVAL, "token id %d out of range [0, %d)", b->tokens[t], c->n_vocab);
+        if (b->seq[t] < 0 || b->seq[t] >= b->n_seqs)
+            return mn_err_set(err, MN_EINVAL, "token %d names sequence %d of %d", t, b->seq[t], b->n_seqs);
+        int32_t p = b->pos[t];
+        if (p < 0 || p >= f->opt.max_ctx)
+            return mn_err_set(err, MN_EINVAL, "position %d out of range [0, %d)", p, f->opt.max_ctx);
+        const AttnSeq *s = &b->seqs[b->seq[t]];
+        if (p / f->pool->block_tokens >= s->n_blocks)
+            return mn_err_set(err, MN_EINVAL, "position %d lies past the sequence's %d blocks", p, s->n_blocks);
+        for (int i = 0; i <= p / f->pool->block_tokens; i++)
+            if (s->blocks[i] < 0 || s->blocks[i] >= f->pool->n_blocks)
+                return mn_err_set(err, MN_EINVAL, "block table entry %d is slot %d of %d", i, s->blocks[i],
+                                  f->pool->n_blocks);
+    }
+    for (int i = 0; i < b->n_logits; i++)
+        if (b->logit_idx[i] < 0 || b->logit_idx[i] >= b->n_tok)
+            return mn_err_set(err, MN_EINVAL, "logit row %d out of range", b->logit_idx[i]);
+    return MN_OK;
+}
+
+static void add_bias(float *y, const float *bias, int rows, int width) {
+    if (bias == NULL) return;
+    for (int t = 0; t < rows; t++) ops_add(y + (size_t)t * width, bias, width);
+}
+
+/* Write the batch's K and V rows of layer il into their blocks. */
+static void store_kv(Forward *f, const FwdBatch *b, int il) {
+    const KvPool *p = f->pool;
+    const int kvd = p->kv_dim;
+    for (int t = 0; t < b->n_tok; t++) {
+        const AttnSeq *s = &b->seqs[b->seq[t]];
+        int32_t slot = s->blocks[b->pos[t] / p->block_tokens];
+        size_t row = (size_t)(b->pos[t] % p->block_tokens) * (size_t)kvd;
+        const float *k = f->k + (size_t)t * kvd, *v = f->v + (size_t)t * kvd;
+        if (p->kv_type == MN_TYPE_F16) {
+            ops_f32_to_f16((uint16_t *)kvpool_k(p, il, slot) + row, k, kvd);
+            ops_f32_to_f16((uint16_t *)kvpool_v(p, il, slot) + row, v, kvd);
+        } else {
+            memcpy((float *)kvpool_k(p, il, slot) + row, k, (size_t)kvd * sizeof(float));
+            memcpy((float *)kvpool_v(p, il, slot) + row, v, (size_t)kvd * sizeof(float));
+        }
+    }
+}
+
+static void layer_attention(Forward *f, const FwdBatch *b, int il) {
+    const ModelConfig *c = &f->m->cfg;
+    const LayerWeights *lw = &f->m->layers[il];
+    const int T = b->n_tok, D = c->n_embd;
+    for (int t = 0; t < T; t++)
+        ops_rmsnorm(f->xb + (size_t)t * D, f->x + (size_t)t * D, lw->attn_norm, D, c->rms_eps);
+    mm_matmul(f->tp, f->q, &lw->wq, f->xb, T, f->mm_scratch);
+    mm_matmul(f->tp, f->k, &lw->wk, f->xb, T, f->mm_scratch);
+    mm_matmul(f->tp, f->v, &lw->wv, f->xb, T, f->mm_scratch);
+    add_bias(f->q, lw->bq, T, D);
+    add_bias(f->k, lw->bk, T, c->kv_dim);
+    add_bias(f->v, lw->bv, T, c->kv_dim);
+    const int adjacent = c->rope_style == ROPE_ADJACENT;
+    for (int t = 0; t < T; t++) {
+        ops_rope(f->q + (size_t)t * D, c->n_head, c->head_dim, c->n_rot, f->inv_freq, b->pos[t], adjacent);
+        ops_rope(f->k + (size_t)t * c->kv_dim, c->n_head_kv, c->head_dim, c->n_rot, f->inv_freq, b->pos[t],
+                 adjacent);
+    }
+    store_kv(f, b, il);
+    const KvPool *p = f->pool;
+    AttnKv kv = {p->arenas[il], p->block_bytes, p->block_bytes / 2, p->block_tokens, p->kv_dim, p->kv_type};
+    AttnBatch ab = {T, f->q, b->seq, b->pos, b->seqs, c->n_head, c->n_head_kv, c->head_dim};
+    attn_forward(f->tp, f->att, &ab, &kv, f->attn_scratch, f->attn_scratch_per_thread);
+    mm_matmul(f->tp, f->xb, &lw->wo, f->att, T, f->mm_scratch);
+    ops_add(f->x, f->xb, T * D);
+}
+
+static void layer_ffn(Forward *f, const FwdBatch *b, int il) {
+    const ModelConfig *c = &f->m->cfg;
+    const LayerWeights *lw = &f->m->layers[il];
+    const int T = b->n_tok, D = c->n_embd;
+    for (int t = 0; t < T; t++)
+        ops_rmsnorm(f->xb + (size_t)t * D, f->x + (size_t)t * D, lw->ffn_norm, D, c->rms_eps);
+    mm_matmul(f->tp, f->hb, &lw->w_gate, f->xb, T, f->mm_scratch);
+    mm_matmul(f->tp, f->hb2, &lw->w_up, f->xb, T, f->mm_scratch);
+    ops_swiglu(f->hb, f->hb, f->hb2, T * c->n_ff);
+    mm_matmul(f->tp, f->xb, &lw->w_down, f->hb, T, f->mm_scratch);
+    ops_add(f->x, f->xb, T * D);
+}
+
+/* ---- API ------------------------------------------------------------------ */
+
+int fwd_run(Forward *f, const FwdBatch *b, const float **logits, MnErr *err) {
+    int rc = check_batch(f, b, err);
+    if (rc) return rc;
+    const ModelConfig *c = &f->m->cfg;
+    const int D = c->n_embd;
+    for (int t = 0; t < b->n_tok; t++) model_embed(f->m, b->tokens[t], f->x + (size_t)t * D);
+    for (int il = 0; il < c->n_layer; il++) {
+        layer_attention(f, b, il);
+        layer_ffn(f, b, il);
+    }
+    for (int i = 0; i < b->n_logits; i++)
+        ops_rmsnorm(f->xl + (size_t)i * D, f->x + (size_t)b->logit_idx[i] * D, f->m->out_norm, D, c->rms_eps);
+    if (b->n_logits > 0) mm_matmul(f->tp, f->logits, &f->m->output, f->xl, b->n_logits, f->mm_scratch);
+    *logits = f->logits;
+    return MN_OK;
+}

@@ -1,0 +1,60 @@
+/* forward.h — the batched forward pass of the transformer over paged KV.
+ *
+ * One call processes the tokens of many sequences at once: each token is
+ * tagged with its sequence and position, its K/V are written into its
+ * sequence's blocks in the pool, and logits come back only for the rows the
+ * caller asks for. A batch may mix prefill chunks, decode tokens and the
+ * two-range form (recomputed leading tokens + new tokens) freely.
+ *
+ * Results are batch-invariant: a token's logits (and the K/V it writes) are
+ * bit-identical however the batch is composed, chunked or threaded.
+ *
+ * A Forward owns its activation buffers and compute thread pool, sized at
+ * fwd_new for at most max_tokens tokens and max_logits logit rows per call;
+ * fwd_run never allocates. It borrows the Model and the KvPool, which must
+ * outlive it. One thread (the engine thread) calls it.
+ */
+#ifndef MN_FORWARD_H
+#define MN_FORWARD_H
+
+#include <stdint.h>
+
+#include "base/err.h"
+#include "base/threadpool.h"
+#include "cache/kv_pool.h"
+#include "compute/attention.h"
+#include "model/model.h"
+
+typedef struct FwdBatch {
+    int n_tok;
+    const int32_t *tokens;    /* (n_tok) */
+    const int32_t *seq;       /* (n_tok) index into seqs */
+    const int32_t *pos;       /* (n_tok) */
+    const AttnSeq *seqs;      /* block tables, covering every pos */
+    int n_seqs;
+    const int32_t *logit_idx; /* (n_logits) batch rows whose logits are wanted */
+    int n_logits;
+} FwdBatch;
+
+typedef struct FwdOptions {
+    int max_tokens;  /* tokens per call */
+    int max_logits;  /* logit rows per call */
+    int max_ctx;     /* largest position + 1 */
+    int n_threads;
+} FwdOptions;
+
+typedef struct Forward Forward;
+
+/* MN_EINVAL for options that do not fit the model or pool, MN_ENOMEM. */
+int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, MnErr *err);
+void fwd_free(Forward *f);
+
+/* Run one batch. *logits receives (n_logits, n_vocab) floats, valid until
+ * the next call. MN_EINVAL (with err) for a batch that breaks the limits or
+ * has a token id, position or block table out of range; nothing is written
+ * to the pool then. */
+int fwd_run(Forward *f, const FwdBatch *b, const float **logits, MnErr *err);
+
+ThreadPool *fwd_tpool(Forward *f);
+
+#endif

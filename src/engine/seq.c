@@ -1,0 +1,35 @@
+/* seq.c — block tables of sequences (see seq.h). */
+#include "engine/seq.h"
+
+#include <string.h>
+
+#include "base/err.h"
+#include "base/mem.h"
+
+int seq_reserve(Seq *s, KvPool *p, int n_tokens) {
+    int need = (n_tokens + p->block_tokens - 1) / p->block_tokens;
+    if (need <= s->n_blocks) return MN_OK;
+    if (need - s->n_blocks > kvpool_n_free(p)) return MN_EFULL;
+    if (need > s->cap) {
+        int cap = s->cap ? s->cap : 8;
+        while (cap < need) cap *= 2;
+        int32_t *b = mn_realloc(s->blocks, (size_t)cap * sizeof *b);
+        if (b == NULL) return MN_ENOMEM;
+        s->blocks = b;
+        s->cap = cap;
+    }
+    while (s->n_blocks < need) {
+        int rc = kvpool_alloc(p, &s->blocks[s->n_blocks]);
+        if (rc) return rc; /* cannot happen: free count checked above */
+        s->n_blocks++;
+    }
+    return MN_OK;
+}
+
+void seq_release(Seq *s, KvPool *p) {
+    for (int i = 0; i < s->n_blocks; i++) kvpool_release(p, s->blocks[i]);
+    mn_free(s->blocks);
+    memset(s, 0, sizeof *s);
+}
+
+AttnSeq seq_view(const Seq *s) { return (AttnSeq){s->blocks, s->n_blocks}; }

@@ -1,0 +1,30 @@
+/* seq.h — a sequence's block table: logical block i -> pool slot.
+ *
+ * Position p of the sequence lives in block p / block_tokens. The Seq owns
+ * one reference on each slot in its table (taken by seq_reserve, dropped by
+ * seq_release). Owned by the engine thread.
+ */
+#ifndef MN_SEQ_H
+#define MN_SEQ_H
+
+#include <stdint.h>
+
+#include "cache/kv_pool.h"
+#include "compute/attention.h"
+
+typedef struct Seq {
+    int32_t *blocks; /* (cap) */
+    int n_blocks;
+    int cap;
+} Seq;
+
+/* Make the table cover positions [0, n_tokens), allocating blocks from the
+ * pool. MN_EFULL when the pool has too few free blocks (the table is left as
+ * it was), MN_ENOMEM. */
+int seq_reserve(Seq *s, KvPool *p, int n_tokens);
+/* Release every block and free the table; the Seq is empty afterwards. */
+void seq_release(Seq *s, KvPool *p);
+/* View for the attention kernel, valid until the table changes. */
+AttnSeq seq_view(const Seq *s);
+
+#endif

@@ -1,0 +1,627 @@
+/* main.c — the mnemo command: one entry point, a subcommand per job.
+ *
+ *   generate    run a prompt through a model and stream new tokens
+ *   tokenize    text -> token ids        detokenize  token ids -> text
+ *   inspect     print a GGUF's metadata and tensors
+ *   gen-model   write a random-weight model of a given shape
+ *   speed       prefill and decode throughput, like llama-bench
+ *
+ * Each cmd_* parses its options (base/cli), does its job with the library
+ * and returns the process exit status. This file only wires things together.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "base/cli.h"
+#include "base/err.h"
+#include "base/mem.h"
+#include "base/ttype.h"
+#include "engine/mref.h"
+#include "engine/runner.h"
+#include "engine/sampler.h"
+#include "model/gguf.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+
+#define N_OPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Parse options or print usage; returns -1 to continue, else an exit code. */
+static int parse_or_usage(int argc, char **argv, const char *synopsis, const CliOpt *opts, int n_opts,
+                          const char **pos, int max_pos, int *n_pos) {
+    MnErr err = {0};
+    int rc = cli_parse(argc, argv, opts, n_opts, pos, max_pos, n_pos, &err);
+    if (rc == MN_ECANCELED) {
+        cli_usage(stdout, synopsis, opts, n_opts);
+        return 0;
+    }
+    if (rc) {
+        fprintf(stderr, "mnemo: %s\n", err.msg);
+        cli_usage(stderr, synopsis, opts, n_opts);
+        return 2;
+    }
+    return -1;
+}
+
+static int fail(const MnErr *err) {
+    fprintf(stderr, "mnemo: %s\n", err->msg[0] ? err->msg : mn_strerror(err->code));
+    return 1;
+}
+
+/* Load only the tokenizer of a GGUF (any architecture, vocab-only files). */
+static int load_tokenizer(const char *path, Gguf **g, Tokenizer **tok, MnErr *err) {
+    int rc = gguf_open(path, g, err);
+    if (rc == MN_OK) rc = tok_load(*g, tok, err);
+    if (rc) {
+        mn_err_prefix(err, "%s", path);
+        gguf_close(*g);
+        *g = NULL;
+    }
+    return rc;
+}
+
+/* ---- tokenize / detokenize ---------------------------------------------------- */
+
+static int cmd_tokenize(int argc, char **argv) {
+    const char *model = NULL;
+    bool no_bos = false, parse_special = false;
+    CliOpt opts[] = {
+        {"model", 'm', CLI_STR, &model, "FILE", "GGUF file with a vocabulary (tensors optional)"},
+        {"no-bos", 0, CLI_FLAG, &no_bos, NULL, "do not add the BOS token"},
+        {"parse-special", 0, CLI_FLAG, &parse_special, NULL, "turn special-token text into special tokens"},
+    };
+    const char *pos[1];
+    int n_pos;
+    int rc = parse_or_usage(argc, argv, "mnemo tokenize -m MODEL [--no-bos] [--parse-special] TEXT", opts,
+                            N_OPTS(opts), pos, 1, &n_pos);
+    if (rc >= 0) return rc;
+    if (model == NULL || n_pos != 1) {
+        fprintf(stderr, "mnemo tokenize: needs -m MODEL and one TEXT argument\n");
+        return 2;
+    }
+    MnErr err = {0};
+    Gguf *g = NULL;
+    Tokenizer *tok = NULL;
+    if (load_tokenizer(model, &g, &tok, &err)) return fail(&err);
+    TokIds ids = {0};
+    rc = tok_encode(tok, pos[0], strlen(pos[0]), !no_bos && tok_add_bos(tok), parse_special, &ids);
+    if (rc == MN_OK) {
+        for (size_t i = 0; i < ids.n; i++) printf(i ? " %d" : "%d", ids.ids[i]);
+        printf("\n");
+    } else {
+        fprintf(stderr, "mnemo: tokenize: %s\n", mn_strerror(rc));
+    }
+    tok_ids_free(&ids);
+    tok_free(tok);
+    gguf_close(g);
+    return rc ? 1 : 0;
+}
+
+static int cmd_detokenize(int argc, char **argv) {
+    const char *model = NULL;
+    CliOpt opts[] = {{"model", 'm', CLI_STR, &model, "FILE", "GGUF file with a vocabulary"}};
+    enum { MAX_IDS = 1 << 16 };
+    const char **pos = mn_calloc(MAX_IDS, sizeof *pos);
+    int32_t *ids = mn_calloc(MAX_IDS, sizeof *ids);
+    if (pos == NULL || ids == NULL) {
+        mn_free(pos);
+        mn_free(ids);
+        return 1;
+    }
+    int n_pos, status = 1;
+    int rc = parse_or_usage(argc, argv, "mnemo detokenize -m MODEL ID...", opts, N_OPTS(opts), pos, MAX_IDS, &n_pos);
+    Gguf *g = NULL;
+    Tokenizer *tok = NULL;
+    MnErr err = {0};
+    char *text = NULL;
+    size_t len = 0;
+    if (rc >= 0) {
+        status = rc;
+        goto done;
+    }
+    if (model == NULL) {
+        fprintf(stderr, "mnemo detokenize: needs -m MODEL\n");
+        status = 2;
+        goto done;
+    }
+    if (load_tokenizer(model, &g, &tok, &err)) {
+        status = fail(&err);
+        goto done;
+    }
+    for (int i = 0; i < n_pos; i++) {
+        char *end;
+        long v = strtol(pos[i], &end, 10);
+        if (*end || end == pos[i] || v < 0 || v >= tok_n_vocab(tok)) {
+            fprintf(stderr, "mnemo detokenize: '%s' is not a token id of this vocabulary (0..%d)\n", pos[i],
+                    tok_n_vocab(tok) - 1);
+            status = 2;
+            goto done;
+        }
+        ids[i] = (int32_t)v;
+    }
+    if (tok_decode(tok, ids, (size_t)n_pos, false, &text, &len) != MN_OK) goto done;
+    fwrite(text, 1, len, stdout);
+    printf("\n");
+    status = 0;
+done:
+    mn_free(text);
+    tok_free(tok);
+    gguf_close(g);
+    mn_free(pos);
+    mn_free(ids);
+    return status;
+}
+
+/* ---- inspect -------------------------------------------------------------------- */
+
+static int cmd_inspect(int argc, char **argv) {
+    CliOpt opts[1] = {{"help", 'h', CLI_FLAG, NULL, NULL, "show this help"}};
+    const char *pos[1];
+    int n_pos;
+    int rc = parse_or_usage(argc, argv, "mnemo inspect MODEL", opts, 0, pos, 1, &n_pos);
+    if (rc >= 0) return rc;
+    if (n_pos != 1) {
+        fprintf(stderr, "mnemo inspect: needs one GGUF file\n");
+        return 2;
+    }
+    MnErr err = {0};
+    Gguf *g = NULL;
+    if (gguf_open(pos[0], &g, &err)) return fail(&err);
+    gguf_dump(g, stdout);
+    gguf_close(g);
+    return 0;
+}
+
+/* ---- generate ------------------------------------------------------------------- */
+
+typedef struct GenCtx {
+    MrefWriter *mref;
+    float *last;     /* (n_vocab) logits of the latest row */
+    int n_vocab;
+    MnErr *err;
+} GenCtx;
+
+static int gen_row(void *ctx_, int idx, const float *logits) {
+    GenCtx *ctx = ctx_;
+    memcpy(ctx->last, logits, (size_t)ctx->n_vocab * sizeof(float));
+    if (ctx->mref) return mref_add_row(ctx->mref, logits, ctx->err);
+    return MN_OK;
+}
+
+static int cmd_generate(int argc, char **argv) {
+    const char *model_path = NULL, *prompt = "", *kv_type_name = "f16", *dump = NULL;
+    int n_gen = 128, n_threads = 2, block_tokens = 32, batch = 512, ctx_len = 0;
+    bool ignore_eos = false;
+    uint64_t seed = (uint64_t)time(NULL);
+    SamplerParams sp;
+    sampler_params_default(&sp);
+    CliOpt opts[] = {
+        {"model", 'm', CLI_STR, &model_path, "FILE", "GGUF model"},
+        {"prompt", 'p', CLI_STR, &prompt, "TEXT", "prompt text (default empty)"},
+        {"n-predict", 'n', CLI_INT, &n_gen, "N", "tokens to generate (default 128)"},
+        {"temp", 0, CLI_FLOAT, &sp.temperature, "T", "temperature; 0 = greedy (default 0.8)"},
+        {"top-k", 0, CLI_INT, &sp.top_k, "K", "top-k, <= 0 off (default 40)"},
+        {"top-p", 0, CLI_FLOAT, &sp.top_p, "P", "top-p, 1 = off (default 0.95)"},
+        {"min-p", 0, CLI_FLOAT, &sp.min_p, "P", "min-p, 0 = off (default 0.05)"},
+        {"repeat-penalty", 0, CLI_FLOAT, &sp.repeat_penalty, "R", "repetition penalty (default 1 = off)"},
+        {"repeat-last-n", 0, CLI_INT, &sp.repeat_last_n, "N", "window of the penalties (default 64)"},
+        {"presence-penalty", 0, CLI_FLOAT, &sp.presence_penalty, "P", "presence penalty (default 0)"},
+        {"frequency-penalty", 0, CLI_FLOAT, &sp.frequency_penalty, "F", "frequency penalty (default 0)"},
+        {"seed", 's', CLI_U64, &seed, "S", "sampling seed (default: time)"},
+        {"threads", 't', CLI_INT, &n_threads, "N", "compute threads (default 2)"},
+        {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache precision (default f16)"},
+        {"block-tokens", 0, CLI_INT, &block_tokens, "N", "tokens per KV block (default 32)"},
+        {"batch", 'b', CLI_INT, &batch, "N", "prompt tokens per forward pass (default 512)"},
+        {"ctx", 'c', CLI_INT, &ctx_len, "N", "context length (default: the model's)"},
+        {"ignore-eos", 0, CLI_FLAG, &ignore_eos, NULL, "keep generating after end-of-generation tokens"},
+        {"dump-logits", 0, CLI_STR, &dump, "FILE", "write the prompt's logits as an MREF file"},
+    };
+    const char *pos[1];
+    int n_pos;
+    int rc = parse_or_usage(argc, argv, "mnemo generate -m MODEL -p PROMPT -n N [options]", opts, N_OPTS(opts), pos,
+                            0, &n_pos);
+    if (rc >= 0) return rc;
+    MnType kv_type;
+    if (model_path == NULL || n_gen < 0 || ttype_from_name(kv_type_name, &kv_type) != MN_OK ||
+        (kv_type != MN_TYPE_F16 && kv_type != MN_TYPE_F32)) {
+        fprintf(stderr, "mnemo generate: needs -m MODEL, -n >= 0 and --kv-type f16 or f32\n");
+        return 2;
+    }
+    sp.seed = seed;
+    MnErr err = {0};
+    Model *m = NULL;
+    Runner r;
+    memset(&r, 0, sizeof r);
+    Sampler *smp = NULL;
+    TokIds ids = {0};
+    GenCtx gc = {0};
+    MrefWriter mw = {0};
+    int status = 1;
+    if (model_load(model_path, &m, &err)) return fail(&err);
+    rc = tok_encode(m->tok, prompt, strlen(prompt), tok_add_bos(m->tok), true, &ids);
+    if (rc) {
+        mn_err_set(&err, rc, "tokenize: %s", mn_strerror(rc));
+        goto done;
+    }
+    if (ids.n == 0) {
+        mn_err_set(&err, MN_EINVAL, "the prompt is empty and the vocabulary has no BOS token");
+        goto done;
+    }
+    RunnerOptions ro;
+    runner_options_default(&ro);
+    ro.n_ctx = ctx_len > 0 ? ctx_len : m->cfg.n_ctx;
+    ro.max_batch = batch;
+    ro.block_tokens = block_tokens;
+    ro.n_threads = n_threads;
+    ro.kv_type = kv_type;
+    ro.all_logits = dump != NULL;
+    if ((int)ids.n + n_gen > ro.n_ctx) {
+        mn_err_set(&err, MN_ERANGE, "prompt (%zu tokens) + %d new tokens exceed the context of %d", ids.n, n_gen,
+                   ro.n_ctx);
+        goto done;
+    }
+    if (runner_init(&r, m, &ro, &err)) goto done;
+    if ((rc = sampler_new(&sp, m->cfg.n_vocab, &smp))) {
+        mn_err_set(&err, rc, "invalid sampling parameters");
+        goto done;
+    }
+    gc.n_vocab = m->cfg.n_vocab;
+    gc.err = &err;
+    gc.last = mn_malloc((size_t)gc.n_vocab * sizeof(float));
+    if (gc.last == NULL) goto done;
+    if (dump) {
+        if (mref_begin(&mw, dump, ids.ids, (int)ids.n, gc.n_vocab, &err)) goto done;
+        gc.mref = &mw;
+    }
+    fputs(prompt, stdout);
+    fflush(stdout);
+    for (size_t i = 0; i < ids.n; i++) sampler_accept(smp, ids.ids[i]);
+    double t0 = now_s();
+    if (runner_eval(&r, ids.ids, (int)ids.n, dump != NULL, gen_row, &gc, &err)) goto done;
+    if (dump) {
+        gc.mref = NULL;
+        if (mref_finish(&mw, gc.last, &err)) goto done;
+    }
+    double t_prompt = now_s() - t0;
+    TokStream ts;
+    tok_stream_init(&ts, m->tok, false);
+    if (prompt[0] != '\0') ts.at_start = false;
+    size_t cap = tok_max_piece_bytes(m->tok) + 16;
+    char *piece = mn_malloc(cap);
+    if (piece == NULL) goto done;
+    int n_done = 0;
+    double t1 = now_s();
+    for (; n_done < n_gen; n_done++) {
+        int32_t next = sampler_sample(smp, gc.last);
+        if (!ignore_eos && tok_is_eog(m->tok, next)) break;
+        sampler_accept(smp, next);
+        size_t n_out = 0;
+        tok_stream_push(&ts, next, piece, cap, &n_out);
+        fwrite(piece, 1, n_out, stdout);
+        fflush(stdout);
+        if (n_done + 1 < n_gen && runner_eval(&r, &next, 1, false, gen_row, &gc, &err)) {
+            mn_free(piece);
+            goto done;
+        }
+    }
+    size_t n_out = 0;
+    tok_stream_flush(&ts, piece, cap, &n_out);
+    fwrite(piece, 1, n_out, stdout);
+    printf("\n");
+    mn_free(piece);
+    double t_gen = now_s() - t1;
+    fprintf(stderr, "mnemo: prompt %zu tokens in %.3f s (%.1f t/s), generated %d tokens in %.3f s (%.1f t/s), seed %" PRIu64 "\n",
+            ids.n, t_prompt, (double)ids.n / t_prompt, n_done, t_gen, n_done / (t_gen > 0 ? t_gen : 1), seed);
+    status = 0;
+done:
+    if (mw.f) fclose(mw.f);
+    if (status) fail(&err);
+    mn_free(gc.last);
+    sampler_free(smp);
+    tok_ids_free(&ids);
+    runner_deinit(&r);
+    model_free(m);
+    return status;
+}
+
+/* ---- speed ---------------------------------------------------------------------- */
+
+static int speed_keep_argmax(void *ctx, int idx, const float *logits) {
+    int32_t *next = ctx;
+    (void)idx;
+    (void)logits;
+    *next = (int32_t)((*next * 1103515245u + 12345u) % 1000u) + 10; /* arbitrary valid ids */
+    return MN_OK;
+}
+
+static int cmd_speed(int argc, char **argv) {
+    const char *model_path = NULL, *kv_type_name = "f16";
+    int n_prompt = 512, n_gen = 128, n_threads = 2, reps = 1;
+    bool json = false;
+    CliOpt opts[] = {
+        {"model", 'm', CLI_STR, &model_path, "FILE", "GGUF model"},
+        {"prompt-tokens", 'p', CLI_INT, &n_prompt, "N", "prefill length (default 512)"},
+        {"gen-tokens", 'n', CLI_INT, &n_gen, "N", "decoded tokens (default 128)"},
+        {"threads", 't', CLI_INT, &n_threads, "N", "compute threads (default 2)"},
+        {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache precision (default f16)"},
+        {"repetitions", 'r', CLI_INT, &reps, "N", "runs to average (default 1)"},
+        {"json", 0, CLI_FLAG, &json, NULL, "print one JSON object"},
+    };
+    const char *pos[1];
+    int n_pos;
+    int rc = parse_or_usage(argc, argv, "mnemo speed -m MODEL [--prompt-tokens 512] [--gen-tokens 128] [--threads N] [--json]",
+                            opts, N_OPTS(opts), pos, 0, &n_pos);
+    if (rc >= 0) return rc;
+    MnType kv_type;
+    if (model_path == NULL || n_prompt < 1 || n_gen < 1 || reps < 1 || ttype_from_name(kv_type_name, &kv_type) ||
+        (kv_type != MN_TYPE_F16 && kv_type != MN_TYPE_F32)) {
+        fprintf(stderr, "mnemo speed: needs -m MODEL, positive token counts and --kv-type f16|f32\n");
+        return 2;
+    }
+    MnErr err = {0};
+    Model *m = NULL;
+    if (model_load(model_path, &m, &err)) return fail(&err);
+    Runner r;
+    RunnerOptions ro;
+    runner_options_default(&ro);
+    ro.n_ctx = n_prompt + n_gen;
+    ro.max_batch = n_prompt;
+    ro.n_threads = n_threads;
+    ro.kv_type = kv_type;
+    int status = 1;
+    int32_t *prompt = mn_calloc((size_t)n_prompt, sizeof *prompt);
+    if (prompt == NULL || n_prompt + n_gen > m->cfg.n_ctx || runner_init(&r, m, &ro, &err)) {
+        if (!err.msg[0]) mn_err_set(&err, MN_ERANGE, "%d + %d tokens exceed the model's context of %d", n_prompt,
+                                    n_gen, m->cfg.n_ctx);
+        mn_free(prompt);
+        model_free(m);
+        return fail(&err);
+    }
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < n_prompt; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        prompt[i] = (int32_t)((st >> 33) % (uint64_t)m->cfg.n_vocab);
+    }
+    int32_t next = 1;
+    /* warm-up: touch the weights once */
+    if (runner_eval(&r, prompt, n_prompt < 16 ? n_prompt : 16, false, NULL, NULL, &err)) goto done;
+    double t_pp = 0, t_tg = 0;
+    for (int rep = 0; rep < reps; rep++) {
+        runner_reset(&r);
+        double t0 = now_s();
+        if (runner_eval(&r, prompt, n_prompt, false, speed_keep_argmax, &next, &err)) goto done;
+        double t1 = now_s();
+        for (int i = 0; i < n_gen; i++)
+            if (runner_eval(&r, &next, 1, false, speed_keep_argmax, &next, &err)) goto done;
+        double t2 = now_s();
+        t_pp += t1 - t0;
+        t_tg += t2 - t1;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double pp = (double)n_prompt * reps / t_pp, tg = (double)n_gen * reps / t_tg;
+    double rss_mb = (double)ru.ru_maxrss / 1024.0;
+    if (json)
+        printf("{\"model\": \"%s\", \"threads\": %d, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
+               "\"prefill_tps\": %.2f, \"decode_tps\": %.2f, \"peak_rss_mb\": %.1f, \"model_mb\": %.1f, "
+               "\"kv_pool_mb\": %.1f, \"simd\": \"%s\"}\n",
+               model_path, n_threads, n_prompt, n_gen, pp, tg, rss_mb, (double)gguf_file_bytes(m->gguf) / 1048576.0,
+               (double)kvpool_bytes_for(r.pool.n_layer, r.pool.kv_dim, r.pool.block_tokens, r.pool.n_blocks,
+                                        r.pool.kv_type) / 1048576.0,
+               mm_simd_name());
+    else
+        printf("%-40s threads %d  pp%-5d %8.2f t/s  tg%-5d %8.2f t/s  peak RSS %.1f MB\n", model_path, n_threads,
+               n_prompt, pp, n_gen, tg, rss_mb);
+    status = 0;
+done:
+    if (status) fail(&err);
+    runner_deinit(&r);
+    mn_free(prompt);
+    model_free(m);
+    return status;
+}
+
+/* ---- gen-model ---------------------------------------------------------------- */
+
+typedef struct Rng {
+    uint64_t s;
+} Rng;
+
+/* splitmix64: a uniform float in [-1, 1). */
+static float rng_uniform(Rng *r) {
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)((double)(z >> 40) * 0x1p-23 - 1.0);
+}
+
+typedef struct GenTensors {
+    void **bufs;
+    int n, cap;
+} GenTensors;
+
+/* Add a tensor of random values with standard deviation std (or all `fill`
+ * when std is 0) to w, quantized to type. */
+static int gen_tensor(GgufWriter *w, GenTensors *keep, Rng *rng, const char *name, MnType type, uint64_t n_in,
+                      uint64_t n_out, float std, float fill) {
+    uint64_t row_bytes;
+    if (ttype_row_bytes(type, n_in, &row_bytes)) return MN_EINVAL;
+    void *data = mn_malloc(row_bytes * n_out);
+    float *row = mn_malloc(n_in * sizeof(float));
+    if (keep->n == keep->cap) {
+        int cap = keep->cap ? 2 * keep->cap : 64;
+        void **b = mn_realloc(keep->bufs, (size_t)cap * sizeof *b);
+        if (b == NULL) {
+            mn_free(data);
+            mn_free(row);
+            return MN_ENOMEM;
+        }
+        keep->bufs = b;
+        keep->cap = cap;
+    }
+    if (data == NULL || row == NULL) {
+        mn_free(data);
+        mn_free(row);
+        return MN_ENOMEM;
+    }
+    float a = std * 1.7320508f; /* uniform on [-a, a] has standard deviation a / sqrt(3) */
+    for (uint64_t r = 0; r < n_out; r++) {
+        for (uint64_t i = 0; i < n_in; i++) row[i] = std > 0 ? a * rng_uniform(rng) : fill;
+        ttype_quantize_row(type, row, (char *)data + r * row_bytes, (int64_t)n_in);
+    }
+    mn_free(row);
+    keep->bufs[keep->n++] = data;
+    uint64_t ne[2] = {n_in, n_out};
+    return gguf_writer_add_tensor(w, name, type, n_out > 1 ? 2 : 1, ne, data, row_bytes * n_out);
+}
+
+static int cmd_gen_model(int argc, char **argv) {
+    const char *arch = "llama", *type_name = "f32", *vocab = NULL, *out = NULL;
+    int dim = 64, layers = 2, heads = 4, kv_heads = 0, ffn = 0, ctx = 2048;
+    uint64_t seed = 1;
+    CliOpt opts[] = {
+        {"arch", 0, CLI_STR, &arch, "llama|qwen2", "architecture (default llama)"},
+        {"dim", 0, CLI_INT, &dim, "D", "model dimension (default 64)"},
+        {"layers", 0, CLI_INT, &layers, "L", "layers (default 2)"},
+        {"heads", 0, CLI_INT, &heads, "H", "attention heads (default 4)"},
+        {"kv-heads", 0, CLI_INT, &kv_heads, "K", "KV heads (default = heads)"},
+        {"ffn", 0, CLI_INT, &ffn, "F", "feed-forward size (default 3 x dim)"},
+        {"ctx", 0, CLI_INT, &ctx, "C", "context length (default 2048)"},
+        {"type", 0, CLI_STR, &type_name, "T", "weights: f32, f16, bf16, q8_0 or q4_0 (default f32)"},
+        {"seed", 0, CLI_U64, &seed, "S", "random seed (default 1)"},
+        {"vocab-from", 0, CLI_STR, &vocab, "FILE", "GGUF whose tokenizer to copy"},
+        {"output", 'o', CLI_STR, &out, "FILE", "where to write the model"},
+    };
+    const char *pos[1];
+    int n_pos;
+    int rc = parse_or_usage(argc, argv,
+                            "mnemo gen-model --arch llama|qwen2 --dim D --layers L --heads H --kv-heads K --ffn F "
+                            "--ctx C --type T --seed S --vocab-from VOCAB.gguf -o OUT.gguf",
+                            opts, N_OPTS(opts), pos, 0, &n_pos);
+    if (rc >= 0) return rc;
+    if (kv_heads <= 0) kv_heads = heads;
+    if (ffn <= 0) ffn = 3 * dim;
+    MnType type;
+    bool is_qwen2 = strcmp(arch, "qwen2") == 0;
+    if (vocab == NULL || out == NULL || ttype_from_name(type_name, &type) ||
+        (!is_qwen2 && strcmp(arch, "llama") != 0) || dim <= 0 || layers <= 0 || heads <= 0 || dim % heads ||
+        heads % kv_heads || ctx <= 0) {
+        fprintf(stderr, "mnemo gen-model: needs --vocab-from, -o, --arch llama|qwen2, a known --type, and a "
+                        "dimension divisible by heads divisible by kv-heads\n");
+        return 2;
+    }
+    const size_t blk = ttype_traits(type)->block_elems;
+    if ((size_t)dim % blk || (size_t)ffn % blk) {
+        fprintf(stderr, "mnemo gen-model: --dim and --ffn must be multiples of %zu for %s\n", blk, type_name);
+        return 2;
+    }
+    MnErr err = {0};
+    Gguf *vg = NULL;
+    if (gguf_open(vocab, &vg, &err)) return fail(&err);
+    GgufType et;
+    uint64_t n_vocab = 0;
+    if (gguf_get_arr(vg, "tokenizer.ggml.tokens", &et, &n_vocab) || et != GGUF_TYPE_STRING || n_vocab == 0) {
+        fprintf(stderr, "mnemo gen-model: %s has no tokenizer.ggml.tokens\n", vocab);
+        gguf_close(vg);
+        return 1;
+    }
+    GgufWriter *w = gguf_writer_new();
+    GenTensors keep = {0};
+    Rng rng = {seed};
+    char key[128];
+    int head_dim = dim / heads, kv_dim = kv_heads * head_dim;
+    static const uint32_t file_types[] = {[MN_TYPE_F32] = 0, [MN_TYPE_F16] = 1, [MN_TYPE_Q4_0] = 2,
+                                          [MN_TYPE_Q8_0] = 7, [MN_TYPE_BF16] = 32};
+    rc = w ? MN_OK : MN_ENOMEM;
+#define KV_U32(suffix, v) (snprintf(key, sizeof key, "%s.%s", arch, suffix), gguf_writer_add_u32(w, key, (uint32_t)(v)))
+#define KV_F32(suffix, v) (snprintf(key, sizeof key, "%s.%s", arch, suffix), gguf_writer_add_f32(w, key, (float)(v)))
+    if (rc == MN_OK)
+        rc = gguf_writer_add_str(w, "general.architecture", arch) || gguf_writer_add_str(w, "general.name", "mnemo random weights") ||
+             gguf_writer_add_u32(w, "general.file_type", file_types[type]) || KV_U32("context_length", ctx) ||
+             KV_U32("embedding_length", dim) || KV_U32("block_count", layers) || KV_U32("feed_forward_length", ffn) ||
+             KV_U32("attention.head_count", heads) || KV_U32("attention.head_count_kv", kv_heads) ||
+             KV_U32("rope.dimension_count", head_dim) || KV_F32("rope.freq_base", is_qwen2 ? 1000000.0 : 10000.0) ||
+             KV_F32("attention.layer_norm_rms_epsilon", is_qwen2 ? 1e-6 : 1e-5);
+#undef KV_U32
+#undef KV_F32
+    for (int64_t i = 0; rc == MN_OK && i < gguf_n_kv(vg); i++)
+        if (strncmp(gguf_kv_key(vg, i), "tokenizer.", 10) == 0) rc = gguf_writer_copy_kv(w, vg, i);
+    const float s_dim = 1.0f / sqrtf((float)dim), s_ffn = 1.0f / sqrtf((float)ffn);
+    if (rc == MN_OK) rc = gen_tensor(w, &keep, &rng, "token_embd.weight", type, (uint64_t)dim, n_vocab, 1.0f, 0);
+    for (int il = 0; rc == MN_OK && il < layers; il++) {
+        char n[96];
+#define T(suffix, ty, nin, nout, std, fill) \
+    (snprintf(n, sizeof n, "blk.%d.%s", il, suffix), gen_tensor(w, &keep, &rng, n, ty, nin, nout, std, fill))
+        rc = T("attn_norm.weight", MN_TYPE_F32, dim, 1, 0, 1.0f) || T("attn_q.weight", type, dim, dim, s_dim, 0) ||
+             T("attn_k.weight", type, dim, kv_dim, s_dim, 0) || T("attn_v.weight", type, dim, kv_dim, s_dim, 0) ||
+             (is_qwen2 && (T("attn_q.bias", MN_TYPE_F32, dim, 1, 0.1f, 0) ||
+                           T("attn_k.bias", MN_TYPE_F32, kv_dim, 1, 0.1f, 0) ||
+                           T("attn_v.bias", MN_TYPE_F32, kv_dim, 1, 0.1f, 0))) ||
+             T("attn_output.weight", type, dim, dim, s_dim, 0) || T("ffn_norm.weight", MN_TYPE_F32, dim, 1, 0, 1.0f) ||
+             T("ffn_gate.weight", type, dim, ffn, s_dim, 0) || T("ffn_up.weight", type, dim, ffn, s_dim, 0) ||
+             T("ffn_down.weight", type, ffn, dim, s_ffn, 0);
+#undef T
+    }
+    if (rc == MN_OK) rc = gen_tensor(w, &keep, &rng, "output_norm.weight", MN_TYPE_F32, (uint64_t)dim, 1, 0, 1.0f);
+    if (rc == MN_OK) rc = gen_tensor(w, &keep, &rng, "output.weight", type, (uint64_t)dim, n_vocab, s_dim, 0);
+    if (rc == MN_OK) rc = gguf_writer_write(w, out, &err);
+    else mn_err_set(&err, rc, "building the model: %s", mn_strerror(rc));
+    for (int i = 0; i < keep.n; i++) mn_free(keep.bufs[i]);
+    mn_free(keep.bufs);
+    gguf_writer_free(w);
+    gguf_close(vg);
+    if (rc) return fail(&err);
+    fprintf(stderr, "mnemo: wrote %s (%s, dim %d, %d layers, %d heads, %d kv heads, ffn %d, vocab %" PRIu64 ", %s)\n",
+            out, arch, dim, layers, heads, kv_heads, ffn, n_vocab, type_name);
+    return 0;
+}
+
+/* ---- main ------------------------------------------------------------------------ */
+
+typedef struct Command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *summary;
+} Command;
+
+static const Command commands[] = {
+    {"generate", cmd_generate, "run a prompt and stream new tokens"},
+    {"tokenize", cmd_tokenize, "print the token ids of a text"},
+    {"detokenize", cmd_detokenize, "print the text of token ids"},
+    {"inspect", cmd_inspect, "print a GGUF file's metadata and tensors"},
+    {"gen-model", cmd_gen_model, "write a random-weight model of a given shape"},
+    {"speed", cmd_speed, "measure prefill and decode throughput"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: mnemo COMMAND [options]   (mnemo COMMAND --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc - 2, argv + 2);
+    fprintf(stderr, "mnemo: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,262 @@
+/* model.c — loading a llama-family transformer from GGUF (see model.h).
+ *
+ * Loading happens in three steps: read the hyper-parameters from metadata
+ * (config_read), bind every tensor by name and check its type and shape
+ * against them (bind_layer / bind_matrix / bind_vector), then load the
+ * tokenizer. Matrices stay in the mapping; 1-D tensors are converted to f32
+ * into one owned array (`vectors`) so the kernels see a single type.
+ */
+#include "model/model.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "base/mem.h"
+
+/* ---- architectures ------------------------------------------------------ */
+
+typedef struct ArchInfo {
+    const char *name;
+    ModelArch arch;
+    RopeStyle rope_style;
+    bool has_qkv_bias;
+} ArchInfo;
+
+static const ArchInfo arch_table[] = {
+    {"llama", ARCH_LLAMA, ROPE_ADJACENT, false},
+    {"qwen2", ARCH_QWEN2, ROPE_HALVES, true},
+};
+#define N_ARCHS (sizeof arch_table / sizeof arch_table[0])
+
+const char *model_supported_archs(void) { return "llama, qwen2"; }
+
+/* ---- metadata ----------------------------------------------------------- */
+
+static int get_arch_u32(const Gguf *g, const char *arch, const char *suffix, uint32_t *out,
+                        bool required, MnErr *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int rc = gguf_get_u32(g, key, out);
+    if (rc == MN_ENOTFOUND && !required) return MN_OK;
+    if (rc != MN_OK) return mn_err_set(err, MN_EFORMAT, "metadata %s is %s", key,
+                                      rc == MN_ENOTFOUND ? "missing" : "not an unsigned integer");
+    return MN_OK;
+}
+
+static int get_arch_f32(const Gguf *g, const char *arch, const char *suffix, float *out, MnErr *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int rc = gguf_get_f32(g, key, out);
+    if (rc == MN_ENOTFOUND) return MN_OK; /* keep the default */
+    if (rc != MN_OK) return mn_err_set(err, MN_EFORMAT, "metadata %s is not a float", key);
+    return MN_OK;
+}
+
+static int config_read(const Gguf *g, ModelConfig *c, MnErr *err) {
+    GgufStr s;
+    if (gguf_get_str(g, "general.architecture", &s) != MN_OK)
+        return mn_err_set(err, MN_EFORMAT, "metadata general.architecture is missing");
+    char arch[64];
+    snprintf(arch, sizeof arch, "%.*s", (int)(s.len < 63 ? s.len : 63), s.data);
+    const ArchInfo *ai = NULL;
+    for (size_t i = 0; i < N_ARCHS; i++)
+        if (strcmp(arch, arch_table[i].name) == 0) ai = &arch_table[i];
+    if (ai == NULL)
+        return mn_err_set(err, MN_EUNSUPPORTED, "architecture '%s' is not supported (supported: %s)", arch,
+                          model_supported_archs());
+    memset(c, 0, sizeof *c);
+    c->arch = ai->arch;
+    c->rope_style = ai->rope_style;
+    c->has_qkv_bias = ai->has_qkv_bias;
+
+    uint32_t n_embd = 0, n_layer = 0, n_head = 0, n_head_kv = 0, n_ff = 0, n_ctx = 0, n_rot = 0;
+    int rc;
+    if ((rc = get_arch_u32(g, arch, "embedding_length", &n_embd, true, err)) ||
+        (rc = get_arch_u32(g, arch, "block_count", &n_layer, true, err)) ||
+        (rc = get_arch_u32(g, arch, "attention.head_count", &n_head, true, err)) ||
+        (rc = get_arch_u32(g, arch, "feed_forward_length", &n_ff, true, err)) ||
+        (rc = get_arch_u32(g, arch, "context_length", &n_ctx, true, err)))
+        return rc;
+    n_head_kv = n_head;
+    if ((rc = get_arch_u32(g, arch, "attention.head_count_kv", &n_head_kv, false, err))) return rc;
+    c->rope_base = 10000.0f;
+    c->rms_eps = 1e-5f;
+    if ((rc = get_arch_f32(g, arch, "rope.freq_base", &c->rope_base, err)) ||
+        (rc = get_arch_f32(g, arch, "attention.layer_norm_rms_epsilon", &c->rms_eps, err)))
+        return rc;
+
+    if (n_embd == 0 || n_embd > 65536 || n_layer == 0 || n_layer > 1024 || n_head == 0 ||
+        n_head > 1024 || n_embd % n_head != 0 || n_head_kv == 0 || n_head % n_head_kv != 0 || n_ff == 0 ||
+        n_ff > 1 << 20 || n_ctx == 0 || n_ctx > 1 << 24)
+        return mn_err_set(err, MN_EFORMAT,
+                          "inconsistent hyper-parameters: embedding %u, layers %u, heads %u, kv heads %u, "
+                          "ffn %u, context %u",
+                          n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx);
+    c->n_embd = (int)n_embd;
+    c->n_layer = (int)n_layer;
+    c->n_head = (int)n_head;
+    c->n_head_kv = (int)n_head_kv;
+    c->head_dim = (int)(n_embd / n_head);
+    c->kv_dim = c->n_head_kv * c->head_dim;
+    c->n_ff = (int)n_ff;
+    c->n_ctx = (int)n_ctx;
+    n_rot = (uint32_t)c->head_dim;
+    if ((rc = get_arch_u32(g, arch, "rope.dimension_count", &n_rot, false, err))) return rc;
+    if (n_rot == 0 || n_rot > (uint32_t)c->head_dim || n_rot % 2 != 0)
+        return mn_err_set(err, MN_EFORMAT, "rope.dimension_count %u does not fit head size %d", n_rot,
+                          c->head_dim);
+    c->n_rot = (int)n_rot;
+    if (!(c->rope_base > 0.0f) || !(c->rms_eps > 0.0f))
+        return mn_err_set(err, MN_EFORMAT, "rope base and RMS epsilon must be positive");
+    return MN_OK;
+}
+
+/* ---- tensors ------------------------------------------------------------ */
+
+static int find_tensor(const Gguf *g, const char *name, const GgufTensor **out, MnErr *err) {
+    *out = gguf_find_tensor(g, name);
+    if (*out == NULL) return mn_err_set(err, MN_EFORMAT, "tensor '%s' is missing", name);
+    return MN_OK;
+}
+
+/* Bind a 2-D weight of shape (n_in, n_out) in GGUF's ne order. */
+static int bind_matrix(const Gguf *g, const char *name, int64_t n_in, int64_t n_out, MatW *w, MnErr *err) {
+    const GgufTensor *t;
+    int rc = find_tensor(g, name, &t, err);
+    if (rc) return rc;
+    if (t->n_dims != 2 || (int64_t)t->ne[0] != n_in || (int64_t)t->ne[1] != n_out)
+        return mn_err_set(err, MN_EFORMAT, "tensor '%s' has shape [%llu, %llu], expected [%lld, %lld]", name,
+                          (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (long long)n_in,
+                          (long long)n_out);
+    const TypeTraits *tr = ttype_traits(t->type);
+    if (tr == NULL) return mn_err_set(err, MN_EUNSUPPORTED, "tensor '%s' has an unsupported type", name);
+    w->type = (MnType)t->type;
+    w->n_in = n_in;
+    w->n_out = n_out;
+    w->data = t->data;
+    return MN_OK;
+}
+
+/* Convert a 1-D tensor of n elements to f32 at dst. */
+static int bind_vector(const Gguf *g, const char *name, int64_t n, float *dst, MnErr *err) {
+    const GgufTensor *t;
+    int rc = find_tensor(g, name, &t, err);
+    if (rc) return rc;
+    if (t->n_dims != 1 || (int64_t)t->ne[0] != n)
+        return mn_err_set(err, MN_EFORMAT, "tensor '%s' has %llu elements in %u dims, expected %lld", name,
+                          (unsigned long long)t->ne[0], t->n_dims, (long long)n);
+    if (ttype_traits(t->type) == NULL || n % (int64_t)ttype_traits(t->type)->block_elems != 0)
+        return mn_err_set(err, MN_EUNSUPPORTED, "tensor '%s' has an unsupported type", name);
+    ttype_dequantize_row((MnType)t->type, t->data, dst, n);
+    return MN_OK;
+}
+
+/* Floats needed for all 1-D tensors. */
+static size_t vector_floats(const ModelConfig *c) {
+    size_t per_layer = 2 * (size_t)c->n_embd;
+    if (c->has_qkv_bias) per_layer += (size_t)c->n_embd + 2 * (size_t)c->kv_dim;
+    return per_layer * (size_t)c->n_layer + (size_t)c->n_embd;
+}
+
+static int bind_layer(Model *m, int il, float **vec, MnErr *err) {
+    const ModelConfig *c = &m->cfg;
+    LayerWeights *L = &m->layers[il];
+    const Gguf *g = m->gguf;
+    char name[96];
+    int rc;
+#define NAME(suffix) (snprintf(name, sizeof name, "blk.%d.%s", il, suffix), name)
+    if ((rc = bind_matrix(g, NAME("attn_q.weight"), c->n_embd, c->n_embd, &L->wq, err)) ||
+        (rc = bind_matrix(g, NAME("attn_k.weight"), c->n_embd, c->kv_dim, &L->wk, err)) ||
+        (rc = bind_matrix(g, NAME("attn_v.weight"), c->n_embd, c->kv_dim, &L->wv, err)) ||
+        (rc = bind_matrix(g, NAME("attn_output.weight"), c->n_embd, c->n_embd, &L->wo, err)) ||
+        (rc = bind_matrix(g, NAME("ffn_gate.weight"), c->n_embd, c->n_ff, &L->w_gate, err)) ||
+        (rc = bind_matrix(g, NAME("ffn_up.weight"), c->n_embd, c->n_ff, &L->w_up, err)) ||
+        (rc = bind_matrix(g, NAME("ffn_down.weight"), c->n_ff, c->n_embd, &L->w_down, err)))
+        return rc;
+    L->attn_norm = *vec;
+    if ((rc = bind_vector(g, NAME("attn_norm.weight"), c->n_embd, *vec, err))) return rc;
+    *vec += c->n_embd;
+    L->ffn_norm = *vec;
+    if ((rc = bind_vector(g, NAME("ffn_norm.weight"), c->n_embd, *vec, err))) return rc;
+    *vec += c->n_embd;
+    if (c->has_qkv_bias) {
+        L->bq = *vec;
+        if ((rc = bind_vector(g, NAME("attn_q.bias"), c->n_embd, *vec, err))) return rc;
+        *vec += c->n_embd;
+        L->bk = *vec;
+        if ((rc = bind_vector(g, NAME("attn_k.bias"), c->kv_dim, *vec, err))) return rc;
+        *vec += c->kv_dim;
+        L->bv = *vec;
+        if ((rc = bind_vector(g, NAME("attn_v.bias"), c->kv_dim, *vec, err))) return rc;
+        *vec += c->kv_dim;
+    }
+#undef NAME
+    return MN_OK;
+}
+
+static int bind_all(Model *m, MnErr *err) {
+    ModelConfig *c = &m->cfg;
+    const GgufTensor *te = gguf_find_tensor(m->gguf, "token_embd.weight");
+    if (te == NULL) return mn_err_set(err, MN_EFORMAT, "tensor 'token_embd.weight' is missing");
+    if (te->n_dims != 2 || te->ne[1] == 0 || te->ne[1] > (1u << 24))
+        return mn_err_set(err, MN_EFORMAT, "tensor 'token_embd.weight' has an invalid shape");
+    c->n_vocab = (int)te->ne[1];
+    int rc = bind_matrix(m->gguf, "token_embd.weight", c->n_embd, c->n_vocab, &m->tok_embd, err);
+    if (rc) return rc;
+    if (gguf_find_tensor(m->gguf, "output.weight") != NULL) {
+        rc = bind_matrix(m->gguf, "output.weight", c->n_embd, c->n_vocab, &m->output, err);
+        if (rc) return rc;
+    } else {
+        m->output = m->tok_embd;
+        m->is_output_tied = true;
+    }
+    m->vectors = mn_calloc(vector_floats(c), sizeof(float));
+    m->layers = mn_calloc((size_t)c->n_layer, sizeof *m->layers);
+    if (m->vectors == NULL || m->layers == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    float *vec = m->vectors;
+    m->out_norm = vec;
+    if ((rc = bind_vector(m->gguf, "output_norm.weight", c->n_embd, vec, err))) return rc;
+    vec += c->n_embd;
+    for (int il = 0; il < c->n_layer; il++)
+        if ((rc = bind_layer(m, il, &vec, err))) return rc;
+    for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) m->weight_bytes += gguf_tensor(m->gguf, i)->n_bytes;
+    return MN_OK;
+}
+
+/* ---- API ---------------------------------------------------------------- */
+
+int model_load(const char *path, Model **out, MnErr *err) {
+    *out = NULL;
+    Model *m = mn_calloc(1, sizeof *m);
+    if (m == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    int rc = gguf_open(path, &m->gguf, err);
+    if (rc == MN_OK) rc = config_read(m->gguf, &m->cfg, err);
+    if (rc == MN_OK) rc = bind_all(m, err);
+    if (rc == MN_OK) rc = tok_load(m->gguf, &m->tok, err);
+    if (rc == MN_OK && tok_n_vocab(m->tok) > m->cfg.n_vocab)
+        rc = mn_err_set(err, MN_EFORMAT, "vocabulary has %d tokens but token_embd has only %d rows",
+                        tok_n_vocab(m->tok), m->cfg.n_vocab);
+    if (rc != MN_OK) {
+        mn_err_prefix(err, "%s", path);
+        model_free(m);
+        return rc;
+    }
+    *out = m;
+    return MN_OK;
+}
+
+void model_free(Model *m) {
+    if (m == NULL) return;
+    tok_free(m->tok);
+    mn_free(m->layers);
+    mn_free(m->vectors);
+    gguf_close(m->gguf);
+    mn_free(m);
+}
+
+void model_embed(const Model *m, int32_t id, float *out) {
+    const MatW *e = &m->tok_embd;
+    uint64_t row_bytes = 0;
+    ttype_row_bytes(e->type, (uint64_t)e->n_in, &row_bytes);
+    ttype_dequantize_row(e->type, (const char *)e->data + (uint64_t)id * row_bytes, out, e->n_in);
+}

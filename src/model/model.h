@@ -1,0 +1,87 @@
+/* model.h — a transformer of the llama family loaded from a GGUF file.
+ *
+ * model_load maps the GGUF, reads every hyper-parameter from its metadata
+ * (ARCH.embedding_length, .block_count, .attention.head_count[_kv],
+ * .feed_forward_length, .context_length, .rope.freq_base,
+ * .rope.dimension_count, .attention.layer_norm_rms_epsilon), checks every
+ * tensor's presence, type and shape against them, and loads the tokenizer.
+ * Supported architectures: "llama" (MHA or GQA, RoPE on adjacent pairs,
+ * output tied to token_embd when output.weight is absent) and "qwen2" (Q/K/V
+ * biases, RoPE on halves). Anything else is refused with the list of
+ * supported ones.
+ *
+ * Weight matrices point into the mapping (no copy); 1-D tensors (norms,
+ * biases) are converted to f32 copies the Model owns. Everything stays valid
+ * until model_free. A Model is immutable after loading and may be shared by
+ * threads.
+ */
+#ifndef MN_MODEL_H
+#define MN_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "compute/matmul.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+
+typedef enum ModelArch { ARCH_LLAMA, ARCH_QWEN2 } ModelArch;
+
+/* How RoPE pairs the dimensions of a head: (2i, 2i+1) or (i, i + n_rot/2). */
+typedef enum RopeStyle { ROPE_ADJACENT, ROPE_HALVES } RopeStyle;
+
+typedef struct ModelConfig {
+    ModelArch arch;
+    int n_embd;    /* model dimension */
+    int n_layer;
+    int n_head;
+    int n_head_kv;
+    int head_dim;  /* n_embd / n_head */
+    int kv_dim;    /* n_head_kv * head_dim */
+    int n_ff;
+    int n_vocab;
+    int n_ctx;     /* training context length */
+    int n_rot;     /* dimensions rotated by RoPE (<= head_dim) */
+    float rope_base;
+    float rms_eps;
+    RopeStyle rope_style;
+    bool has_qkv_bias;
+} ModelConfig;
+
+typedef struct LayerWeights {
+    const float *attn_norm; /* (n_embd) */
+    MatW wq;                /* (n_embd -> n_embd) */
+    MatW wk, wv;            /* (n_embd -> kv_dim) */
+    const float *bq;        /* (n_embd) or NULL */
+    const float *bk, *bv;   /* (kv_dim) or NULL */
+    MatW wo;                /* (n_embd -> n_embd) */
+    const float *ffn_norm;  /* (n_embd) */
+    MatW w_gate, w_up;      /* (n_embd -> n_ff) */
+    MatW w_down;            /* (n_ff -> n_embd) */
+} LayerWeights;
+
+typedef struct Model {
+    ModelConfig cfg;
+    Gguf *gguf;              /* owned: the mapping all weights point into */
+    Tokenizer *tok;          /* owned */
+    MatW tok_embd;           /* (n_vocab rows of n_embd) */
+    const float *out_norm;   /* (n_embd) */
+    MatW output;             /* (n_embd -> n_vocab); == tok_embd when tied */
+    bool is_output_tied;
+    LayerWeights *layers;    /* (n_layer) */
+    float *vectors;          /* owned f32 copies of all 1-D tensors */
+    uint64_t weight_bytes;   /* bytes of all tensor data */
+} Model;
+
+/* Load path. On failure *out is NULL and err says why. */
+int model_load(const char *path, Model **out, MnErr *err);
+void model_free(Model *m);
+
+/* Names of the supported architectures, e.g. "llama, qwen2". */
+const char *model_supported_archs(void);
+
+/* Copy the embedding row of token id (0 <= id < n_vocab) into out (n_embd). */
+void model_embed(const Model *m, int32_t id, float *out);
+
+#endif

@@ -1,0 +1,224 @@
+/* test_cli.c — the mnemo command end to end: generate (golden text and
+ * --dump-logits against the reference), tokenize / detokenize on models and
+ * vocabulary-only files, inspect, gen-model (what it writes loads and runs),
+ * and clear failures for bad files and bad options. Runs $MNEMO_BIN. */
+#include "test_util.h"
+
+#include <math.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/err.h"
+#include "engine/mref.h"
+#include "model/model.h"
+
+/* Run a shell command; capture stdout (and stderr when merge) into a malloc'd
+ * string; return the exit status. */
+static int run(const char *cmd, char **out) {
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    size_t k;
+    while ((k = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += k;
+        if (cap - n < 1024) buf = realloc(buf, cap *= 2);
+    }
+    buf[n] = '\0';
+    int st = pclose(p);
+    if (out) *out = buf;
+    else free(buf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static const char *bin(void) {
+    const char *b = getenv("MNEMO_BIN");
+    return b ? b : "./build/release/mnemo";
+}
+
+static void chomp(char *s) {
+    size_t n = strlen(s);
+    while (n > 0 && s[n - 1] == '\n') s[--n] = '\0';
+}
+
+static void test_generate_golden(void **s) {
+    char model[512], gold_path[512], cmd[2048];
+    test_data_path(model, sizeof model, "models/stories260K.gguf");
+    test_data_path(gold_path, sizeof gold_path, "golden/stories260K_run_t0_n64_once.txt");
+    if (!test_require_file(model)) return;
+    snprintf(cmd, sizeof cmd, "%s generate -m %s -p 'Once upon a time' -n 60 --temp 0 2>/dev/null", bin(), model);
+    char *out;
+    assert_int_equal(run(cmd, &out), 0);
+    char *gold = test_read_file(gold_path, NULL);
+    chomp(out);
+    chomp(gold);
+    assert_string_equal(out, gold);
+    free(out);
+    free(gold);
+}
+
+static void test_dump_logits(void **s) {
+    char model[512], ref_path[512], cmd[2048], tmp[] = "/tmp/mnemo-mref-XXXXXX";
+    test_data_path(model, sizeof model, "models/tiny-llama-spm-f32.gguf");
+    test_data_path(ref_path, sizeof ref_path, "reference/exact/tiny-llama-spm-f32.p1.ref");
+    if (!test_require_file(model)) return;
+    int fd = mkstemp(tmp);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%s generate -m %s -p 'Hello world, this is a test.' -n 0 --kv-type f32 --dump-logits %s 2>/dev/null >/dev/null",
+             bin(), model, tmp);
+    assert_int_equal(run(cmd, NULL), 0);
+    Mref got, want;
+    MnErr err = {0};
+    assert_int_equal(mref_read(tmp, &got, &err), MN_OK);
+    assert_int_equal(mref_read(ref_path, &want, &err), MN_OK);
+    assert_int_equal(got.n_tokens, want.n_tokens);
+    assert_memory_equal(got.tokens, want.tokens, sizeof(int32_t) * got.n_tokens);
+    double max_err = 0;
+    for (int v = 0; v < got.n_vocab; v++) max_err = fmax(max_err, fabs(got.last[v] - want.last[v]));
+    for (int i = 0; i < got.n_tokens; i++)
+        for (int j = 0; j < 4; j++) /* the top entries agree (no near-ties at the top here) */
+            max_err = fmax(max_err, fabs(got.vals[i * 16 + j] - want.vals[i * 16 + j]));
+    assert_true(max_err < 2e-3);
+    mref_free(&got);
+    mref_free(&want);
+    unlink(tmp);
+}
+
+static void test_tokenize_detokenize(void **s) {
+    char model[512], vocab[512], cmd[2048];
+    test_data_path(model, sizeof model, "models/stories260K.gguf");
+    test_data_path(vocab, sizeof vocab, "vocab/ggml-vocab-gpt-2.gguf");
+    if (!test_require_file(model) || !test_require_file(vocab)) return;
+    char *out;
+    snprintf(cmd, sizeof cmd, "%s tokenize -m %s 'Once upon a time'", bin(), model);
+    assert_int_equal(run(cmd, &out), 0);
+    assert_string_equal(out, "1 403 407 261 378\n");
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s tokenize -m %s --no-bos 'Once upon a time'", bin(), model);
+    assert_int_equal(run(cmd, &out), 0);
+    assert_string_equal(out, "403 407 261 378\n");
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s detokenize -m %s 403 407 261 378", bin(), model);
+    assert_int_equal(run(cmd, &out), 0);
+    assert_string_equal(out, "Once upon a time\n");
+    free(out);
+    /* a vocabulary-only file of another tokenizer family */
+    snprintf(cmd, sizeof cmd, "%s tokenize -m %s 'Hello world'", bin(), vocab);
+    assert_int_equal(run(cmd, &out), 0);
+    assert_string_equal(out, "15496 995\n");
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s detokenize -m %s 15496 995", bin(), vocab);
+    assert_int_equal(run(cmd, &out), 0);
+    assert_string_equal(out, "Hello world\n");
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s detokenize -m %s 99999999 2>&1", bin(), vocab);
+    assert_int_equal(run(cmd, &out), 2);
+    assert_non_null(strstr(out, "not a token id"));
+    free(out);
+}
+
+static void test_inspect_and_errors(void **s) {
+    char model[512], bad[512], cmd[2048];
+    test_data_path(model, sizeof model, "models/stories260K.gguf");
+    test_data_path(bad, sizeof bad, "models/bad-stories260K-f32-gguf-v1.gguf");
+    if (!test_require_file(model)) return;
+    char *out;
+    snprintf(cmd, sizeof cmd, "%s inspect %s", bin(), model);
+    assert_int_equal(run(cmd, &out), 0);
+    assert_non_null(strstr(out, "general.architecture"));
+    assert_non_null(strstr(out, "blk.4.ffn_down.weight"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s generate -m %s -p x -n 1 2>&1", bin(), bad);
+    assert_int_equal(run(cmd, &out), 1);
+    assert_non_null(strstr(out, "version 1"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s generate -m /nonexistent.gguf -p x -n 1 2>&1", bin());
+    assert_int_equal(run(cmd, &out), 1);
+    assert_non_null(strstr(out, "nonexistent"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s generate -m %s --kv-type q4_0 -p x 2>&1", bin(), model);
+    assert_int_equal(run(cmd, &out), 2);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s generate -m %s --bogus 2>&1", bin(), model);
+    assert_int_equal(run(cmd, &out), 2);
+    assert_non_null(strstr(out, "--bogus"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "MNEMO_THREADS=abc %s generate -m %s -p x 2>&1", bin(), model);
+    assert_int_equal(run(cmd, &out), 2);
+    assert_non_null(strstr(out, "MNEMO_THREADS"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s frobnicate 2>&1", bin());
+    assert_int_equal(run(cmd, &out), 2);
+    free(out);
+}
+
+/* gen-model writes models that load and run, for both architectures. */
+static void test_gen_model(void **s) {
+    char vocab[512], cmd[4096], tmp[] = "/tmp/mnemo-gen-XXXXXX";
+    test_data_path(vocab, sizeof vocab, "vocab/ggml-vocab-llama-spm.gguf");
+    if (!test_require_file(vocab)) return;
+    assert_non_null(mkdtemp(tmp));
+    const char *cases[][2] = {{"llama", "q8_0"}, {"qwen2", "f16"}, {"llama", "q4_0"}, {"llama", "bf16"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/m%zu.gguf", tmp, i);
+        snprintf(cmd, sizeof cmd,
+                 "%s gen-model --arch %s --dim 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128 --ctx 256 --type %s "
+                 "--seed 3 --vocab-from %s -o %s 2>/dev/null",
+                 bin(), cases[i][0], cases[i][1], vocab, path);
+        assert_int_equal(run(cmd, NULL), 0);
+        Model *m = NULL;
+        MnErr err = {0};
+        if (model_load(path, &m, &err)) fail_msg("%s", err.msg);
+        assert_int_equal(m->cfg.n_embd, 64);
+        assert_int_equal(m->cfg.n_head_kv, 2);
+        assert_int_equal(m->cfg.n_vocab, 32000);
+        assert_int_equal(m->cfg.arch, strcmp(cases[i][0], "qwen2") == 0 ? ARCH_QWEN2 : ARCH_LLAMA);
+        model_free(m);
+        char *out;
+        snprintf(cmd, sizeof cmd, "%s generate -m %s -p 'Hello' -n 8 --temp 0 --ignore-eos 2>/dev/null", bin(), path);
+        assert_int_equal(run(cmd, &out), 0);
+        assert_true(strncmp(out, "Hello", 5) == 0);
+        free(out);
+        /* same seed, same file */
+        char path2[600];
+        snprintf(path2, sizeof path2, "%s/again.gguf", tmp);
+        snprintf(cmd, sizeof cmd,
+                 "%s gen-model --arch %s --dim 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128 --ctx 256 --type %s "
+                 "--seed 3 --vocab-from %s -o %s 2>/dev/null && cmp -s %s %s",
+                 bin(), cases[i][0], cases[i][1], vocab, path2, path, path2);
+        assert_int_equal(run(cmd, NULL), 0);
+        unlink(path2);
+        unlink(path);
+    }
+    rmdir(tmp);
+}
+
+static void test_sampling_reproducible(void **s) {
+    char model[512], cmd[2048];
+    test_data_path(model, sizeof model, "models/stories260K.gguf");
+    if (!test_require_file(model)) return;
+    char *a, *b, *c;
+    snprintf(cmd, sizeof cmd, "%s generate -m %s -p 'Once' -n 40 --temp 1 --seed 42 2>/dev/null", bin(), model);
+    assert_int_equal(run(cmd, &a), 0);
+    assert_int_equal(run(cmd, &b), 0);
+    snprintf(cmd, sizeof cmd, "%s generate -m %s -p 'Once' -n 40 --temp 1 --seed 43 2>/dev/null", bin(), model);
+    assert_int_equal(run(cmd, &c), 0);
+    assert_string_equal(a, b);
+    assert_string_not_equal(a, c);
+    free(a);
+    free(b);
+    free(c);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_generate_golden),
+        cmocka_unit_test(test_dump_logits),
+        cmocka_unit_test(test_tokenize_detokenize),
+        cmocka_unit_test(test_inspect_and_errors),
+        cmocka_unit_test(test_gen_model),
+        cmocka_unit_test(test_sampling_reproducible),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

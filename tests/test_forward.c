@@ -1,0 +1,380 @@
+/* test_forward.c — the whole model against references computed elsewhere,
+ * and the batch invariance of the forward pass, bit for bit.
+ *
+ *  - logits of every model and prompt in ../shared/data/reference (f32 KV):
+ *    top-16 values at every position and the full last vector, within the
+ *    tolerances the data README states;
+ *  - stories260K greedy generation equals llama2.c's golden text;
+ *  - a sequence's logits are identical alone or batched with another
+ *    sequence, in one chunk or many or token by token, with contiguous or
+ *    shuffled blocks, in the two-range form, and with 1 or 2 threads.
+ */
+#include "test_util.h"
+
+#include <math.h>
+
+#include "base/err.h"
+#include "base/mem.h"
+#include "engine/forward.h"
+#include "engine/mref.h"
+#include "engine/runner.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+
+/* ---- reference logits -------------------------------------------------------- */
+
+typedef struct RefCtx {
+    const Mref *ref;
+    double max_err;
+    int worst_pos;
+} RefCtx;
+
+static int ref_row(void *ctx_, int idx, const float *logits) {
+    RefCtx *c = ctx_;
+    const Mref *r = c->ref;
+    for (int j = 0; j < r->k; j++) {
+        double e = fabs((double)logits[r->ids[(size_t)idx * r->k + j]] - r->vals[(size_t)idx * r->k + j]);
+        if (e > c->max_err) {
+            c->max_err = e;
+            c->worst_pos = idx;
+        }
+    }
+    if (idx == r->n_tokens - 1)
+        for (int v = 0; v < r->n_vocab; v++) {
+            double e = fabs((double)logits[v] - r->last[v]);
+            if (e > c->max_err) {
+                c->max_err = e;
+                c->worst_pos = idx;
+            }
+        }
+    return 0;
+}
+
+static char *read_prompt(int n) {
+    char path[512];
+    test_data_path(path, sizeof path, "reference/prompts.txt");
+    char *all = test_read_file(path, NULL);
+    assert_non_null(all);
+    char *line = all;
+    for (int i = 1; i < n; i++) line = strchr(line, '\n') + 1;
+    char *end = strchr(line, '\n');
+    size_t len = end ? (size_t)(end - line) : strlen(line);
+    char *p = strndup(line, len);
+    free(all);
+    return p;
+}
+
+static void check_reference(const char *model_name, const char *set, double tol) {
+    char path[512], ref_path[512];
+    test_data_path(path, sizeof path, "models/");
+    strcat(path, model_name);
+    strcat(path, ".gguf");
+    if (!test_require_file(path)) return;
+    MnErr err = {0};
+    Model *m = NULL;
+    if (model_load(path, &m, &err)) fail_msg("%s", err.msg);
+    for (int p = 1; p <= 3; p++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "reference/%s/%s.p%d.ref", set, model_name, p);
+        test_data_path(ref_path, sizeof ref_path, rel);
+        Mref ref;
+        if (mref_read(ref_path, &ref, &err)) fail_msg("%s", err.msg);
+        /* our tokenizer must give the reference's tokens */
+        char *prompt = read_prompt(p);
+        TokIds ids = {0};
+        assert_int_equal(tok_encode(m->tok, prompt, strlen(prompt), tok_add_bos(m->tok), true, &ids), MN_OK);
+        if (ids.n != (size_t)ref.n_tokens || memcmp(ids.ids, ref.tokens, ids.n * 4) != 0)
+            fail_msg("%s prompt %d: tokenization differs from the reference (%zu vs %d tokens)", model_name, p,
+                     ids.n, ref.n_tokens);
+        RunnerOptions ro;
+        runner_options_default(&ro);
+        ro.kv_type = MN_TYPE_F32;
+        ro.all_logits = true;
+        ro.n_ctx = ref.n_tokens;
+        ro.max_batch = 64; /* several chunks for the long prompt */
+        Runner r;
+        if (runner_init(&r, m, &ro, &err)) fail_msg("%s", err.msg);
+        RefCtx c = {&ref, 0, -1};
+        assert_int_equal(runner_eval(&r, ref.tokens, ref.n_tokens, true, ref_row, &c, &err), MN_OK);
+        printf("    %s p%d vs %s: %d tokens, max |diff| %.2e (tolerance %.0e)\n", model_name, p, set,
+               ref.n_tokens, c.max_err, tol);
+        if (c.max_err > tol)
+            fail_msg("%s prompt %d: logits differ from %s by %g at position %d (tolerance %g)", model_name, p, set,
+                     c.max_err, c.worst_pos, tol);
+        runner_deinit(&r);
+        tok_ids_free(&ids);
+        free(prompt);
+        mref_free(&ref);
+    }
+    model_free(m);
+}
+
+static void test_ref_stories(void **s) { check_reference("stories260K", "exact", 2e-3); }
+static void test_ref_llama_f32(void **s) { check_reference("tiny-llama-spm-f32", "exact", 2e-3); }
+static void test_ref_qwen2_f32(void **s) { check_reference("tiny-qwen2-gpt2-f32", "exact", 2e-3); }
+static void test_ref_mha_f16(void **s) { check_reference("tiny-mha-spm-f16", "exact", 5e-3); }
+static void test_ref_llama_q8_0(void **s) { check_reference("tiny-llama-spm-q8_0", "llamacpp", 2e-2); }
+static void test_ref_llama_q4_0(void **s) { check_reference("tiny-llama-spm-q4_0", "llamacpp", 2e-2); }
+
+/* ---- golden generation ----------------------------------------------------------- */
+
+typedef struct Argmax {
+    int32_t id;
+} Argmax;
+
+static int argmax_row(void *ctx, int idx, const float *logits) {
+    Argmax *a = ctx;
+    (void)idx;
+    int32_t best = 0;
+    for (int32_t i = 1; i < 512; i++)
+        if (logits[i] > logits[best]) best = i;
+    a->id = best;
+    return 0;
+}
+
+static void test_golden_stories(void **s) {
+    char path[512], gold_path[512];
+    test_data_path(path, sizeof path, "models/stories260K.gguf");
+    test_data_path(gold_path, sizeof gold_path, "golden/stories260K_run_t0_n64_once.txt");
+    if (!test_require_file(path) || !test_require_file(gold_path)) return;
+    MnErr err = {0};
+    Model *m = NULL;
+    assert_int_equal(model_load(path, &m, &err), MN_OK);
+    assert_int_equal(m->cfg.n_vocab, 512);
+    TokIds ids = {0};
+    const char *prompt = "Once upon a time";
+    assert_int_equal(tok_encode(m->tok, prompt, strlen(prompt), true, false, &ids), MN_OK);
+    int32_t want[] = {1, 403, 407, 261, 378};
+    assert_int_equal(ids.n, 5);
+    assert_memory_equal(ids.ids, want, sizeof want);
+    Runner r;
+    RunnerOptions ro;
+    runner_options_default(&ro);
+    assert_int_equal(runner_init(&r, m, &ro, &err), MN_OK);
+    Argmax a;
+    assert_int_equal(runner_eval(&r, ids.ids, (int)ids.n, false, argmax_row, &a, &err), MN_OK);
+    char text[4096];
+    size_t n_text = (size_t)snprintf(text, sizeof text, "%s", prompt);
+    TokStream ts;
+    tok_stream_init(&ts, m->tok, false);
+    ts.at_start = false;
+    for (int i = 0; i < 60; i++) {
+        int32_t next = a.id;
+        size_t n_out;
+        assert_int_equal(tok_stream_push(&ts, next, text + n_text, sizeof text - n_text, &n_out), MN_OK);
+        n_text += n_out;
+        assert_int_equal(runner_eval(&r, &next, 1, false, argmax_row, &a, &err), MN_OK);
+    }
+    text[n_text] = '\0';
+    char *gold = test_read_file(gold_path, NULL);
+    size_t n_gold = strlen(gold);
+    while (n_gold > 0 && gold[n_gold - 1] == '\n') gold[--n_gold] = '\0';
+    while (n_text > 0 && text[n_text - 1] == '\n') text[--n_text] = '\0';
+    assert_string_equal(text, gold);
+    free(gold);
+    runner_deinit(&r);
+    tok_ids_free(&ids);
+    model_free(m);
+}
+
+/* ---- batch invariance ---------------------------------------------------------- */
+
+typedef struct Bench {
+    Model *m;
+    KvPool pool;
+    Forward *fwd;
+    int n_vocab;
+} Bench;
+
+static void bench_init(Bench *b, const char *model_name, MnType kv_type, int n_threads, int block_tokens) {
+    char path[512], rel[256];
+    snprintf(rel, sizeof rel, "models/%s.gguf", model_name);
+    test_data_path(path, sizeof path, rel);
+    MnErr err = {0};
+    assert_int_equal(model_load(path, &b->m, &err), MN_OK);
+    assert_int_equal(kvpool_init(&b->pool, b->m->cfg.n_layer, b->m->cfg.kv_dim, block_tokens, 64, kv_type), MN_OK);
+    FwdOptions fo = {128, 128, 512, n_threads};
+    if (fwd_new(b->m, &b->pool, &fo, &b->fwd, &err)) fail_msg("%s", err.msg);
+    b->n_vocab = b->m->cfg.n_vocab;
+}
+
+static void bench_free(Bench *b) {
+    fwd_free(b->fwd);
+    kvpool_deinit(&b->pool);
+    model_free(b->m);
+}
+
+/* One batch entry. */
+typedef struct Item {
+    int32_t tok, seq, pos;
+    bool want;
+} Item;
+
+/* Run items as one batch; copy wanted logits, in item order, to out. */
+static void run_items(Bench *b, const Item *items, int n, const AttnSeq *seqs, int n_seqs, float *out) {
+    int32_t tok[128], seq[128], pos[128], li[128];
+    int n_l = 0;
+    for (int i = 0; i < n; i++) {
+        tok[i] = items[i].tok;
+        seq[i] = items[i].seq;
+        pos[i] = items[i].pos;
+        if (items[i].want) li[n_l++] = i;
+    }
+    FwdBatch fb = {n, tok, seq, pos, seqs, n_seqs, li, n_l};
+    const float *logits;
+    MnErr err = {0};
+    if (fwd_run(b->fwd, &fb, &logits, &err)) fail_msg("%s", err.msg);
+    memcpy(out, logits, sizeof(float) * (size_t)n_l * b->n_vocab);
+}
+
+static void make_tokens(int32_t *t, int n, int n_vocab, uint64_t seed) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        t[i] = (int32_t)((seed >> 33) % (uint64_t)n_vocab);
+    }
+}
+
+/* Logits of all positions of tokens[0..n), run with the given chunk size. */
+static float *seq_logits_chunked(Bench *b, const int32_t *tokens, int n, const int32_t *table, int n_blocks,
+                                 int chunk) {
+    float *out = malloc(sizeof(float) * (size_t)n * b->n_vocab);
+    AttnSeq s = {table, n_blocks};
+    for (int done = 0; done < n; done += chunk) {
+        int c = n - done < chunk ? n - done : chunk;
+        Item items[128];
+        for (int i = 0; i < c; i++) items[i] = (Item){tokens[done + i], 0, done + i, true};
+        run_items(b, items, c, &s, 1, out + (size_t)done * b->n_vocab);
+    }
+    return out;
+}
+
+static void check_invariance(const char *model_name, MnType kv_type) {
+    char path[512], rel[256];
+    snprintf(rel, sizeof rel, "models/%s.gguf", model_name);
+    test_data_path(path, sizeof path, rel);
+    if (!test_require_file(path)) return;
+    const int bt = 8, n = 45, n_blocks = (n + bt - 1) / bt;
+    Bench b1, b2;
+    bench_init(&b1, model_name, kv_type, 1, bt);
+    bench_init(&b2, model_name, kv_type, 2, bt);
+    const size_t row = sizeof(float) * (size_t)b1.n_vocab;
+    int32_t tokens[64], other[64];
+    make_tokens(tokens, n, b1.n_vocab, 1);
+    make_tokens(other, n, b1.n_vocab, 2);
+    int32_t contig[8], shuf[8] = {17, 3, 40, 9, 22, 61, 5, 30}, shuf_b[8] = {1, 2, 4, 6, 7, 8, 10, 11};
+    for (int i = 0; i < n_blocks; i++) contig[i] = i;
+
+    /* baseline: one chunk, contiguous blocks, one thread */
+    float *base = seq_logits_chunked(&b1, tokens, n, contig, n_blocks, 128);
+    /* chunks of 7 / token by token / shuffled blocks / two threads */
+    float *chunked = seq_logits_chunked(&b2, tokens, n, shuf, n_blocks, 7);
+    assert_memory_equal(chunked, base, row * n);
+    float *single = seq_logits_chunked(&b1, tokens, n, shuf, n_blocks, 1);
+    assert_memory_equal(single, base, row * n);
+
+    /* batched with another sequence, tokens interleaved, two threads */
+    AttnSeq seqs[2] = {{shuf_b, n_blocks}, {shuf, n_blocks}};
+    Item items[128];
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        items[k++] = (Item){other[i], 0, i, false};
+        items[k++] = (Item){tokens[i], 1, i, true};
+    }
+    float *mixed = malloc(row * n);
+    run_items(&b2, items, k, seqs, 2, mixed);
+    assert_memory_equal(mixed, base, row * n);
+
+    /* two-range form: positions [0, 16) recomputed (their blocks wiped, as if
+     * dropped), [16, 32) cached from the run above, [32, 45) new, one pass */
+    for (int l = 0; l < b2.m->cfg.n_layer; l++) {
+        memset(kvpool_k(&b2.pool, l, shuf[0]), 0, b2.pool.block_bytes);
+        memset(kvpool_k(&b2.pool, l, shuf[1]), 0, b2.pool.block_bytes);
+        memset(kvpool_k(&b2.pool, l, shuf[4]), 0, b2.pool.block_bytes); /* positions 32..39: new */
+        memset(kvpool_k(&b2.pool, l, shuf[5]), 0, b2.pool.block_bytes);
+    }
+    AttnSeq s1 = {shuf, n_blocks};
+    k = 0;
+    for (int i = 0; i < 16; i++) items[k++] = (Item){tokens[i], 0, i, true};
+    for (int i = 32; i < n; i++) items[k++] = (Item){tokens[i], 0, i, true};
+    float *two = malloc(row * k);
+    run_items(&b2, items, k, &s1, 1, two);
+    for (int i = 0; i < 16; i++) assert_memory_equal(two + (size_t)i * b1.n_vocab, base + (size_t)i * b1.n_vocab, row);
+    for (int i = 32; i < n; i++)
+        assert_memory_equal(two + (size_t)(16 + i - 32) * b1.n_vocab, base + (size_t)i * b1.n_vocab, row);
+
+    free(two);
+    free(mixed);
+    free(single);
+    free(chunked);
+    free(base);
+    bench_free(&b1);
+    bench_free(&b2);
+}
+
+static void test_invariance_llama_q8_0_f16kv(void **s) { check_invariance("tiny-llama-spm-q8_0", MN_TYPE_F16); }
+static void test_invariance_llama_f32_f32kv(void **s) { check_invariance("tiny-llama-spm-f32", MN_TYPE_F32); }
+static void test_invariance_qwen2_f16kv(void **s) { check_invariance("tiny-qwen2-gpt2-f32", MN_TYPE_F16); }
+static void test_invariance_mha_f16(void **s) { check_invariance("tiny-mha-spm-f16", MN_TYPE_F16); }
+static void test_invariance_q4_0(void **s) { check_invariance("tiny-llama-spm-q4_0", MN_TYPE_F16); }
+
+/* ---- bad input --------------------------------------------------------------- */
+
+static void test_bad_batches(void **s) {
+    char path[512];
+    test_data_path(path, sizeof path, "models/stories260K.gguf");
+    if (!test_require_file(path)) return;
+    Bench b;
+    bench_init(&b, "stories260K", MN_TYPE_F16, 1, 8);
+    int32_t table[2] = {0, 1};
+    AttnSeq sq = {table, 2};
+    int32_t tok[2] = {1, 600}, seq[2] = {0, 0}, pos[2] = {0, 1}, li[1] = {1};
+    FwdBatch fb = {2, tok, seq, pos, &sq, 1, li, 1};
+    const float *logits;
+    MnErr err = {0};
+    assert_int_equal(fwd_run(b.fwd, &fb, &logits, &err), MN_EINVAL); /* token id past the vocabulary */
+    assert_non_null(strstr(err.msg, "token id 600"));
+    tok[1] = 5;
+    pos[1] = 16; /* past the 2 blocks of 8 */
+    assert_int_equal(fwd_run(b.fwd, &fb, &logits, &err), MN_EINVAL);
+    pos[1] = 1;
+    seq[1] = 3;
+    assert_int_equal(fwd_run(b.fwd, &fb, &logits, &err), MN_EINVAL);
+    seq[1] = 0;
+    pos[1] = 9;
+    table[1] = 64; /* no such slot */
+    assert_int_equal(fwd_run(b.fwd, &fb, &logits, &err), MN_EINVAL);
+    table[1] = 1;
+    assert_int_equal(fwd_run(b.fwd, &fb, &logits, &err), MN_OK);
+    bench_free(&b);
+}
+
+static void test_unknown_arch(void **s) {
+    char path[512];
+    test_data_path(path, sizeof path, "vocab/ggml-vocab-gpt-2.gguf");
+    if (!test_require_file(path)) return;
+    MnErr err = {0};
+    Model *m = NULL;
+    assert_int_not_equal(model_load(path, &m, &err), MN_OK);
+    assert_null(m);
+    assert_non_null(strstr(err.msg, "llama, qwen2"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ref_stories),
+        cmocka_unit_test(test_ref_llama_f32),
+        cmocka_unit_test(test_ref_qwen2_f32),
+        cmocka_unit_test(test_ref_mha_f16),
+        cmocka_unit_test(test_ref_llama_q8_0),
+        cmocka_unit_test(test_ref_llama_q4_0),
+        cmocka_unit_test(test_golden_stories),
+        cmocka_unit_test(test_invariance_llama_q8_0_f16kv),
+        cmocka_unit_test(test_invariance_llama_f32_f32kv),
+        cmocka_unit_test(test_invariance_qwen2_f16kv),
+        cmocka_unit_test(test_invariance_mha_f16),
+        cmocka_unit_test(test_invariance_q4_0),
+        cmocka_unit_test(test_bad_batches),
+        cmocka_unit_test(test_unknown_arch),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

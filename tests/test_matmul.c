@@ -1,0 +1,344 @@
+/* test_matmul.c — mm_matmul against the scalar reference, the activation
+ * quantizer against ttype_quantize_row (byte-exact), and batch invariance:
+ * every output must be bit-identical whatever n_tok, the token's position,
+ * the tiling and the thread count. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "test_util.h"
+
+#include "base/mem.h"
+#include "base/threadpool.h"
+#include "base/ttype.h"
+#include "compute/matmul.h"
+
+/* ---- helpers ------------------------------------------------------------- */
+
+typedef struct Rng {
+    uint64_t s;
+} Rng;
+
+static uint32_t rng_u32(Rng *r) {
+    r->s = r->s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (uint32_t)(r->s >> 33);
+}
+
+/* Uniform in [-1, 1), with an occasional large value so quantization
+ * scales differ from block to block. */
+static float rng_f(Rng *r) {
+    float v = (float)rng_u32(r) / 2147483648.0f - 1.0f;
+    if (rng_u32(r) % 61 == 0) v *= 9.0f;
+    return v;
+}
+
+typedef struct TestMat {
+    MatW w;
+    void *data;
+    float *deq; /* (n_out, n_in) dequantized weights */
+} TestMat;
+
+static void mat_make(TestMat *m, MnType type, int64_t n_out, int64_t n_in, uint64_t seed) {
+    uint64_t row_bytes;
+    assert_int_equal(ttype_row_bytes(type, (uint64_t)n_in, &row_bytes), 0);
+    m->data = mn_alloc_aligned((size_t)(row_bytes * (uint64_t)n_out) + 64, 64);
+    m->deq = mn_malloc((size_t)(n_out * n_in) * sizeof(float));
+    assert_non_null(m->data);
+    assert_non_null(m->deq);
+    Rng rng = {seed};
+    float *src = mn_malloc((size_t)n_in * sizeof(float));
+    assert_non_null(src);
+    for (int64_t r = 0; r < n_out; r++) {
+        for (int64_t k = 0; k < n_in; k++) src[k] = rng_f(&rng);
+        uint8_t *row = (uint8_t *)m->data + r * row_bytes;
+        ttype_quantize_row(type, src, row, n_in);
+        ttype_dequantize_row(type, row, m->deq + r * n_in, n_in);
+    }
+    mn_free(src);
+    m->w = (MatW){.type = type, .n_in = n_in, .n_out = n_out, .data = m->data};
+}
+
+static void mat_free(TestMat *m) {
+    mn_free_aligned(m->data);
+    mn_free(m->deq);
+}
+
+static float *acts_make(int64_t n_tok, int64_t n_in, uint64_t seed) {
+    float *x = mn_malloc((size_t)(n_tok * n_in) * sizeof(float));
+    assert_non_null(x);
+    Rng rng = {seed};
+    for (int64_t i = 0; i < n_tok * n_in; i++) x[i] = rng_f(&rng);
+    return x;
+}
+
+static void *scratch_make(MnType type, int64_t n_in, int n_tok) {
+    size_t n = mm_scratch_bytes(type, n_in, n_tok);
+    return mn_alloc_aligned(n ? n : 64, 64);
+}
+
+static const MnType all_types[] = {MN_TYPE_F32, MN_TYPE_F16, MN_TYPE_BF16, MN_TYPE_Q8_0, MN_TYPE_Q4_0};
+enum { N_TYPES = sizeof all_types / sizeof all_types[0] };
+
+/* ---- against the reference ------------------------------------------------ */
+
+/* One shape: SIMD with tp vs reference; tolerance from the f32 rounding
+ * bound of a 16-lane sum over n_in terms, relative to sum |w x|. */
+static void check_shape(ThreadPool *tp, MnType type, int64_t n_out, int64_t n_in, int n_tok, uint64_t seed) {
+    TestMat m;
+    mat_make(&m, type, n_out, n_in, seed);
+    float *x = acts_make(n_tok, n_in, seed + 1);
+    float *got = mn_malloc((size_t)(n_tok * n_out) * sizeof(float));
+    float *want = mn_malloc((size_t)(n_tok * n_out) * sizeof(float));
+    void *scratch = scratch_make(type, n_in, n_tok);
+    mm_matmul(tp, got, &m.w, x, n_tok, scratch);
+    mm_matmul_ref(want, &m.w, x, n_tok, scratch);
+    /* the activations as the kernels see them */
+    float *xs = mn_malloc((size_t)(n_tok * n_in) * sizeof(float));
+    assert_non_null(xs);
+    bool is_q = type == MN_TYPE_Q8_0 || type == MN_TYPE_Q4_0;
+    BlockQ8_0 *qb = is_q ? mn_malloc((size_t)(n_in / 32) * sizeof *qb) : NULL;
+    for (int t = 0; t < n_tok; t++) {
+        if (is_q) {
+            ttype_quantize_row(MN_TYPE_Q8_0, x + t * n_in, qb, n_in);
+            ttype_dequantize_row(MN_TYPE_Q8_0, qb, xs + t * n_in, n_in);
+        } else {
+            memcpy(xs + t * n_in, x + t * n_in, (size_t)n_in * sizeof(float));
+        }
+    }
+    mn_free(qb);
+    double gamma = ((double)n_in / 16.0 + 12.0) * 0x1p-24 * 1.5;
+    for (int t = 0; t < n_tok; t++) {
+        for (int64_t r = 0; r < n_out; r++) {
+            double abs_sum = 0.0;
+            for (int64_t k = 0; k < n_in; k++) abs_sum += fabs((double)m.deq[r * n_in + k] * xs[t * n_in + k]);
+            double g = got[t * n_out + r], e = want[t * n_out + r];
+            double tol = gamma * abs_sum + 1e-30;
+            if (!(fabs(g - e) <= tol))
+                fail_msg("%s n_out=%lld n_in=%lld n_tok=%d: out[%d][%lld] = %.9g, ref %.9g (tol %.3g)",
+                         ttype_traits(type)->name, (long long)n_out, (long long)n_in, n_tok, t, (long long)r,
+                         g, e, tol);
+        }
+    }
+    mn_free(xs);
+    mn_free_aligned(scratch);
+    mn_free(want);
+    mn_free(got);
+    mn_free(x);
+    mat_free(&m);
+}
+
+static void test_matches_reference(void **state) {
+    (void)state;
+    ThreadPool *tp = tpool_new(2);
+    assert_non_null(tp);
+    static const int64_t n_ins[] = {32, 64, 96, 544, 2048};
+    static const int64_t n_outs[] = {1, 5, 37};
+    static const int toks[] = {1, 2, 5, 8, 13, 70};
+    uint64_t seed = 1;
+    for (int ti = 0; ti < N_TYPES; ti++)
+        for (size_t i = 0; i < sizeof n_ins / sizeof n_ins[0]; i++)
+            for (size_t o = 0; o < sizeof n_outs / sizeof n_outs[0]; o++)
+                for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++)
+                    check_shape(tp, all_types[ti], n_outs[o], n_ins[i], toks[k], seed++);
+    tpool_free(tp);
+}
+
+static void test_matches_reference_large(void **state) {
+    (void)state;
+    ThreadPool *tp = tpool_new(2);
+    assert_non_null(tp);
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        check_shape(tp, all_types[ti], 67, 5632, 1, 100 + ti);
+        check_shape(tp, all_types[ti], 67, 5632, 19, 200 + ti);
+        check_shape(tp, all_types[ti], 130, 2048, 33, 300 + ti);
+    }
+    tpool_free(tp);
+}
+
+/* Float weights accept any n_in (masked tails). */
+static void test_float_odd_n_in(void **state) {
+    (void)state;
+    ThreadPool *tp = tpool_new(2);
+    assert_non_null(tp);
+    static const int64_t n_ins[] = {1, 7, 15, 17, 40, 100, 1001};
+    for (int ti = 0; ti < 3; ti++)
+        for (size_t i = 0; i < sizeof n_ins / sizeof n_ins[0]; i++) {
+            check_shape(tp, all_types[ti], 9, n_ins[i], 1, 400 + i);
+            check_shape(tp, all_types[ti], 9, n_ins[i], 11, 500 + i);
+        }
+    tpool_free(tp);
+}
+
+/* An exact case: every output is one product, so SIMD and reference must
+ * agree bit for bit (F32 weights: a permutation matrix). */
+static void test_exact_single_term(void **state) {
+    (void)state;
+    enum { N = 77, T = 9 };
+    float *wf = mn_calloc(N * N, sizeof(float));
+    assert_non_null(wf);
+    for (int r = 0; r < N; r++) wf[r * N + (r * 7) % N] = 1.0f;
+    MatW w = {.type = MN_TYPE_F32, .n_in = N, .n_out = N, .data = wf};
+    float *x = acts_make(T, N, 7);
+    float got[T * N], want[T * N];
+    mm_matmul(NULL, got, &w, x, T, NULL);
+    mm_matmul_ref(want, &w, x, T, NULL);
+    assert_memory_equal(got, want, sizeof got);
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < N; r++) assert_true(got[t * N + r] == x[t * N + (r * 7) % N]);
+    mn_free(x);
+    mn_free(wf);
+}
+
+/* The SIMD activation quantizer must produce exactly ttype_quantize_row's
+ * values: with Q8_0 weights that pick one element (q = 1, d = 1) per row,
+ * out[t][r] = dx * qx exactly, in both the SIMD path and the reference. */
+static void test_quantizer_exact(void **state) {
+    (void)state;
+    ThreadPool *tp = tpool_new(2);
+    assert_non_null(tp);
+    static const int64_t n_ins[] = {32, 96, 544, 2048};
+    for (size_t i = 0; i < sizeof n_ins / sizeof n_ins[0]; i++) {
+        int64_t n = n_ins[i], nb = n / 32;
+        BlockQ8_0 *wb = mn_calloc((size_t)(n * nb), sizeof *wb);
+        assert_non_null(wb);
+        for (int64_t r = 0; r < n; r++) {
+            BlockQ8_0 *b = wb + r * nb + r / 32;
+            b->d = mn_f32_to_f16(1.0f);
+            b->qs[r % 32] = 1;
+        }
+        MatW w = {.type = MN_TYPE_Q8_0, .n_in = n, .n_out = n, .data = wb};
+        for (int n_tok = 1; n_tok <= 20; n_tok += 19) {
+            float *x = acts_make(n_tok, n, 1000 + n + n_tok);
+            /* include exact halves and zero blocks */
+            x[0] = 0.25f; /* d = 0.5: 0.25 / d = 0.5 exactly, rounds away to 1 */
+            x[1] = -127.0f / 2.0f;
+            x[2] = -0.75f;
+            for (int k = 0; k < 32 && n >= 64; k++) x[32 + k] = 0.0f;
+            float *got = mn_malloc((size_t)(n_tok * n) * sizeof(float));
+            float *want = mn_malloc((size_t)(n_tok * n) * sizeof(float));
+            void *scratch = scratch_make(MN_TYPE_Q8_0, n, n_tok);
+            mm_matmul(tp, got, &w, x, n_tok, scratch);
+            mm_matmul_ref(want, &w, x, n_tok, scratch);
+            assert_memory_equal(got, want, (size_t)(n_tok * n) * sizeof(float));
+            /* and against ttype_quantize_row directly */
+            BlockQ8_0 *q = mn_malloc((size_t)nb * sizeof *q);
+            for (int t = 0; t < n_tok; t++) {
+                ttype_quantize_row(MN_TYPE_Q8_0, x + t * n, q, n);
+                for (int64_t k = 0; k < n; k++) {
+                    float e = mn_f16_to_f32(q[k / 32].d) * (float)q[k / 32].qs[k % 32];
+                    assert_true(got[t * n + k] == e);
+                }
+            }
+            mn_free(q);
+            mn_free_aligned(scratch);
+            mn_free(want);
+            mn_free(got);
+            mn_free(x);
+        }
+        mn_free(wb);
+    }
+    tpool_free(tp);
+}
+
+/* ---- batch invariance ----------------------------------------------------- */
+
+static void check_invariance(ThreadPool *tp1, ThreadPool *tp2, MnType type, int64_t n_out, int64_t n_in,
+                             uint64_t seed) {
+    static const int batches[] = {1, 3, 7, 16, 33, 64};
+    enum { MAXT = 64 };
+    TestMat m;
+    mat_make(&m, type, n_out, n_in, seed);
+    float *x = acts_make(MAXT, n_in, seed + 1);
+    float *xr = mn_malloc((size_t)(MAXT * n_in) * sizeof(float));
+    float *single = mn_malloc((size_t)(MAXT * n_out) * sizeof(float));
+    float *batch = mn_malloc((size_t)(MAXT * n_out) * sizeof(float));
+    float *other = mn_malloc((size_t)(MAXT * n_out) * sizeof(float));
+    void *scratch = scratch_make(type, n_in, MAXT);
+    size_t row = (size_t)n_out * sizeof(float);
+    /* each token alone, single-threaded */
+    for (int t = 0; t < MAXT; t++) mm_matmul(tp1, single + t * n_out, &m.w, x + t * n_in, 1, scratch);
+    for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
+        int n = batches[bi];
+        for (int th = 0; th < 2; th++) {
+            mm_matmul(th ? tp2 : tp1, batch, &m.w, x, n, scratch);
+            for (int t = 0; t < n; t++)
+                if (memcmp(batch + t * n_out, single + t * n_out, row) != 0)
+                    fail_msg("%s n_out=%lld n_in=%lld: token %d of %d (%d threads) differs from alone",
+                             ttype_traits(type)->name, (long long)n_out, (long long)n_in, t, n, th + 1);
+        }
+        /* the same tokens in reverse order, at other positions */
+        for (int t = 0; t < n; t++) memcpy(xr + t * n_in, x + (n - 1 - t) * n_in, (size_t)n_in * sizeof(float));
+        mm_matmul(tp2, other, &m.w, xr, n, scratch);
+        for (int t = 0; t < n; t++)
+            if (memcmp(other + t * n_out, single + (n - 1 - t) * n_out, row) != 0)
+                fail_msg("%s n_out=%lld n_in=%lld: reversed batch %d, position %d differs",
+                         ttype_traits(type)->name, (long long)n_out, (long long)n_in, n, t);
+        /* a batch that starts at an odd token (other tile boundaries) */
+        if (n + 1 <= MAXT) {
+            mm_matmul(tp2, other, &m.w, x + n_in, n, scratch);
+            assert_memory_equal(other, single + n_out, (size_t)n * row);
+        }
+    }
+    /* repeated calls */
+    mm_matmul(tp2, batch, &m.w, x, MAXT, scratch);
+    mm_matmul(tp2, other, &m.w, x, MAXT, scratch);
+    assert_memory_equal(batch, other, (size_t)MAXT * row);
+    mn_free_aligned(scratch);
+    mn_free(other);
+    mn_free(batch);
+    mn_free(single);
+    mn_free(xr);
+    mn_free(x);
+    mat_free(&m);
+}
+
+static void test_batch_invariance(void **state) {
+    (void)state;
+    ThreadPool *tp1 = tpool_new(1), *tp2 = tpool_new(2);
+    assert_non_null(tp1);
+    assert_non_null(tp2);
+    static const int64_t shapes[][2] = {{37, 32}, {45, 96}, {130, 544}, {67, 2048}, {19, 5632}};
+    for (int ti = 0; ti < N_TYPES; ti++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            check_invariance(tp1, tp2, all_types[ti], shapes[s][0], shapes[s][1], 77 + 13 * s + ti);
+    /* float weights with a masked tail */
+    for (int ti = 0; ti < 3; ti++) check_invariance(tp1, tp2, all_types[ti], 23, 1001, 991 + ti);
+    tpool_free(tp2);
+    tpool_free(tp1);
+}
+
+/* NULL pool, zero tokens and a one-row matrix. */
+static void test_edges(void **state) {
+    (void)state;
+    TestMat m;
+    mat_make(&m, MN_TYPE_Q8_0, 1, 64, 5);
+    float *x = acts_make(3, 64, 6);
+    float got[3], want[3], sentinel = 12345.0f;
+    void *scratch = scratch_make(MN_TYPE_Q8_0, 64, 3);
+    got[0] = sentinel;
+    mm_matmul(NULL, got, &m.w, x, 0, scratch);
+    assert_true(got[0] == sentinel);
+    mm_matmul(NULL, got, &m.w, x, 3, scratch);
+    mm_matmul_ref(want, &m.w, x, 3, scratch);
+    for (int t = 0; t < 3; t++) assert_true(fabsf(got[t] - want[t]) <= 1e-4f * (1.0f + fabsf(want[t])));
+    assert_int_equal(mm_scratch_bytes(MN_TYPE_F16, 64, 3), 0);
+    assert_true(mm_scratch_bytes(MN_TYPE_Q4_0, 64, 3) >= 3 * 2 * sizeof(BlockQ8_0));
+    assert_non_null(mm_simd_name());
+    mn_free_aligned(scratch);
+    mn_free(x);
+    mat_free(&m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_edges),
+        cmocka_unit_test(test_exact_single_term),
+        cmocka_unit_test(test_quantizer_exact),
+        cmocka_unit_test(test_matches_reference),
+        cmocka_unit_test(test_float_odd_n_in),
+        cmocka_unit_test(test_matches_reference_large),
+        cmocka_unit_test(test_batch_invariance),
+    };
+    fprintf(stderr, "matmul path: %s\n", mm_simd_name());
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,50 @@
+/* test_util.h — helpers shared by the cmocka tests: where the shared test
+ * data lives, and reading small files. Header-only (each test is one .c). */
+#ifndef MN_TEST_UTIL_H
+#define MN_TEST_UTIL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+/* Path of a file under ../shared/data (or $MNEMO_DATA) in a static buffer
+ * per call site is not thread-safe; tests are single-threaded. */
+static inline const char *test_data_path(char *buf, size_t cap, const char *rel) {
+    const char *root = getenv("MNEMO_DATA");
+    if (root == NULL || root[0] == '\0') root = "../shared/data";
+    snprintf(buf, cap, "%s/%s", root, rel);
+    return buf;
+}
+
+/* Skip the calling test when the shared data is missing, except in CI
+ * (CI=true), where missing data is a failure. */
+static inline int test_require_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (f) { fclose(f); return 1; }
+    const char *ci = getenv("CI");
+    if (ci && strcmp(ci, "true") == 0) fail_msg("test data missing: %s", path);
+    fprintf(stderr, "skipping: test data missing: %s\n", path);
+    skip();
+    return 0;
+}
+
+/* Read a whole file into a malloc'd buffer (NUL-terminated); NULL on error. */
+static inline char *test_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) { free(buf); buf = NULL; }
+    fclose(f);
+    if (buf) { buf[n] = '\0'; if (len) *len = (size_t)n; }
+    return buf;
+}
+
+#endif
