@@ -6,12 +6,14 @@
  *   gcc -std=c17 -D_GNU_SOURCE -Isrc -O3 -march=native -pthread \
  *       tests/bench_matmul.c src/compute/matmul.c src/base/[a-z]*.c -lm \
  *       -o /tmp/bench_matmul
- *   /tmp/bench_matmul [n_threads] [types: q8_0,f16,...] [reps] [all|pp|tg]
+ *   /tmp/bench_matmul [n_threads] [types: q8_0,f16,...] [reps] [all|pp|tg|batch]
  *
  * For each weight type it times n_tok = 512 (prefill) and n_tok = 1
  * (decode) per matrix, prints GFLOP/s, and projects model tokens/s as
  * 22 x layer time + the output head. Decode cycles over several copies of
  * the layer so that weights come from DRAM, as in a real forward pass.
+ * Mode "batch" times decode steps of 1..64 tokens (several sequences per
+ * weight read).
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -91,43 +93,63 @@ static double time_matmul(ThreadPool *tp, const MatW *w, int n_copies, const flo
 /* Memory read bandwidth with every thread of the pool summing its share of
  * a buffer much larger than the caches: the decode roofline. */
 typedef struct BwJob {
-    const float *buf;
+    const uint64_t *buf;
     long n;
-    float sums[64];
+    uint64_t sums[64];
 } BwJob;
 
 static void bw_worker(void *ctx, int ith, int nth) {
     BwJob *job = ctx;
     long lo, hi;
     tpool_split(job->n, 1024, ith, nth, &lo, &hi);
-    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (long i = lo; i < hi; i += 4) {
-        s0 += job->buf[i];
-        s1 += job->buf[i + 1];
-        s2 += job->buf[i + 2];
-        s3 += job->buf[i + 3];
-    }
-    job->sums[ith] = s0 + s1 + s2 + s3;
+    uint64_t s = 0; /* xor: associative, so the compiler vectorizes it */
+    for (long i = lo; i < hi; i++) s ^= job->buf[i];
+    job->sums[ith] = s;
 }
 
 static double measure_bandwidth(ThreadPool *tp) {
-    long n = 128L << 20; /* 512 MB */
-    float *buf = mn_alloc_aligned((size_t)n * sizeof(float), 64);
+    long n = 64L << 20; /* 512 MB */
+    uint64_t *buf = mn_alloc_aligned((size_t)n * sizeof *buf, 64);
     if (buf == NULL) return 0;
-    for (long i = 0; i < n; i++) buf[i] = (float)(i & 7);
+    for (long i = 0; i < n; i++) buf[i] = (uint64_t)i * 0x9e3779b97f4a7c15ULL;
     BwJob job = {.buf = buf, .n = n};
     double best = 1e30;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         double t0 = now_s();
         tpool_run(tp, bw_worker, &job);
         double dt = now_s() - t0;
         if (dt < best) best = dt;
     }
     mn_free_aligned(buf);
-    return (double)n * sizeof(float) / best / 1e9;
+    return (double)n * sizeof *buf / best / 1e9;
 }
 
-static void bench_type(ThreadPool *tp, MnType type, int reps, bool do_pp, bool do_tg) {
+/* Mean seconds per matrix (t[N_SHAPES] = head) for n_tok tokens, running
+ * whole layers in rotation over the copies so weights come from DRAM. */
+static void layers_time(ThreadPool *tp, MatW layer[DECODE_COPIES][N_SHAPES], const MatW *head, const float *x,
+                        int n_tok, float *out, void *scratch, int rounds, double t[N_SHAPES + 1]) {
+    for (int s = 0; s <= N_SHAPES; s++) t[s] = 0;
+    for (int i = -DECODE_COPIES; i < rounds; i++) {
+        const MatW *lw = layer[(i + DECODE_COPIES) % DECODE_COPIES];
+        for (int s = 0; s < N_SHAPES; s++) {
+            double t0 = now_s();
+            mm_matmul(tp, out, &lw[s], x, n_tok, scratch);
+            if (i >= 0) t[s] += now_s() - t0;
+        }
+    }
+    int head_rounds = rounds / 4 + 1;
+    for (int i = -1; i < head_rounds; i++) {
+        double t0 = now_s();
+        mm_matmul(tp, out, head, x, n_tok, scratch);
+        if (i >= 0) t[N_SHAPES] += now_s() - t0;
+        /* evict the head from L3 between calls by reading a layer copy */
+        for (int s = 0; s < N_SHAPES; s++) mm_matmul(tp, out, &layer[(i + 4) % DECODE_COPIES][s], x, n_tok, scratch);
+    }
+    for (int s = 0; s < N_SHAPES; s++) t[s] /= rounds;
+    t[N_SHAPES] /= head_rounds;
+}
+
+static void bench_type(ThreadPool *tp, MnType type, int reps, bool do_pp, bool do_tg, bool do_batch) {
     const char *tname = ttype_traits(type)->name;
     MatW layer[DECODE_COPIES][N_SHAPES], head;
     size_t layer_bytes = 0;
@@ -158,57 +180,60 @@ static void bench_type(ThreadPool *tp, MnType type, int reps, bool do_pp, bool d
         t_pp[s] = do_pp ? time_matmul(tp, w, 1, x, PREFILL, out, scratch, reps) : 1e30;
     }
     /* decode: whole layers in rotation over the copies (> L3), as a forward
-     * pass reads them; per matrix, the mean over the rounds */
-    int rounds = do_tg ? reps * 8 : 0;
-    for (int s = 0; s <= N_SHAPES; s++) t_tg[s] = 0;
-    for (int i = -DECODE_COPIES; i < rounds; i++) {
-        const MatW *lw = layer[(i + DECODE_COPIES) % DECODE_COPIES];
-        for (int s = 0; s < N_SHAPES; s++) {
-            double t0 = now_s();
-            mm_matmul(tp, out, &lw[s], x, 1, scratch);
-            if (i >= 0) t_tg[s] += now_s() - t0;
-        }
-    }
-    for (int i = do_tg ? -1 : 0; i < (do_tg ? rounds / 4 + 1 : 0); i++) {
-        double t0 = now_s();
-        mm_matmul(tp, out, &head, x, 1, scratch);
-        if (i >= 0) t_tg[N_SHAPES] += now_s() - t0;
-        /* evict the head from L3 between calls by reading a layer copy */
-        for (int s = 0; s < N_SHAPES; s++) mm_matmul(tp, out + VOCAB, &layer[i & 3][s], x, 1, scratch);
-    }
-    for (int s = 0; s < N_SHAPES; s++) t_tg[s] /= rounds;
-    t_tg[N_SHAPES] /= rounds / 4 + 1;
-    if (!do_tg)
+     * pass reads them */
+    if (do_tg) {
+        layers_time(tp, layer, &head, x, 1, out, scratch, reps * 8, t_tg);
+    } else {
         for (int s = 0; s <= N_SHAPES; s++) t_tg[s] = 1e30;
-
+    }
     printf("\n== %s weights (model %.2f GB), %d threads, path %s\n", tname, (double)model_bytes / 1e9,
            tpool_size(tp), mm_simd_name());
-    printf("%-8s %6s %6s | %10s %8s | %10s %8s %7s\n", "matrix", "n_out", "n_in", "pp512 ms", "GFLOP/s",
-           "tg1 us", "GFLOP/s", "GB/s");
-    double layer_pp = 0, layer_tg = 0, flop_tok = 0;
-    for (int s = 0; s <= N_SHAPES; s++) {
-        const Shape *sh = s < N_SHAPES ? &layer_shapes[s] : &head_shape;
-        double flop1 = 2.0 * (double)sh->n_out * (double)sh->n_in;
-        uint64_t rb;
-        ttype_row_bytes(type, (uint64_t)sh->n_in, &rb);
-        printf("%-8s %6lld %6lld | %10.2f %8.1f | %10.1f %8.1f %7.1f\n", sh->name, (long long)sh->n_out,
-               (long long)sh->n_in, t_pp[s] * 1e3, flop1 * PREFILL / t_pp[s] / 1e9, t_tg[s] * 1e6,
-               flop1 / t_tg[s] / 1e9, (double)rb * (double)sh->n_out / t_tg[s] / 1e9);
-        flop_tok += flop1 * (s < N_SHAPES ? LAYERS : 1);
-        if (s < N_SHAPES) {
-            layer_pp += t_pp[s];
-            layer_tg += t_tg[s];
+    if (do_pp || do_tg) {
+        printf("%-8s %6s %6s | %10s %8s | %10s %8s %7s\n", "matrix", "n_out", "n_in", "pp512 ms", "GFLOP/s",
+               "tg1 us", "GFLOP/s", "GB/s");
+        double layer_pp = 0, layer_tg = 0, flop_tok = 0;
+        for (int s = 0; s <= N_SHAPES; s++) {
+            const Shape *sh = s < N_SHAPES ? &layer_shapes[s] : &head_shape;
+            double flop1 = 2.0 * (double)sh->n_out * (double)sh->n_in;
+            uint64_t rb;
+            ttype_row_bytes(type, (uint64_t)sh->n_in, &rb);
+            printf("%-8s %6lld %6lld | %10.2f %8.1f | %10.1f %8.1f %7.1f\n", sh->name, (long long)sh->n_out,
+                   (long long)sh->n_in, t_pp[s] * 1e3, flop1 * PREFILL / t_pp[s] / 1e9, t_tg[s] * 1e6,
+                   flop1 / t_tg[s] / 1e9, (double)rb * (double)sh->n_out / t_tg[s] / 1e9);
+            flop_tok += flop1 * (s < N_SHAPES ? LAYERS : 1);
+            if (s < N_SHAPES) {
+                layer_pp += t_pp[s];
+                layer_tg += t_tg[s];
+            }
+        }
+        double pp_all = layer_pp * LAYERS + t_pp[N_SHAPES];  /* logits for every token */
+        double pp_last = layer_pp * LAYERS + t_tg[N_SHAPES]; /* logits for the last token only */
+        double tg = layer_tg * LAYERS + t_tg[N_SHAPES];
+        printf("projected %s, matmuls only:\n"
+               "  prefill n_tok=512: %.1f tok/s (head on the last token; %.1f tok/s with head on all 512, "
+               "%.1f GFLOP/s)\n"
+               "  decode  n_tok=1:   %.1f tok/s (%.1f GB/s of weights)\n",
+               tname, PREFILL / pp_last, PREFILL / pp_all, flop_tok * PREFILL / pp_all / 1e9, 1.0 / tg,
+               (double)model_bytes / tg / 1e9);
+    }
+    if (do_batch) {
+        /* several sequences decoding together: tokens per weight read */
+        printf("  batched decode (whole model, weights from DRAM):\n");
+        static const int batch_toks[] = {1, 2, 4, 8, 16, 32, 64};
+        for (size_t b = 0; b < sizeof batch_toks / sizeof batch_toks[0]; b++) {
+            double tb[N_SHAPES + 1], step = 0;
+            layers_time(tp, layer, &head, x, batch_toks[b], out, scratch, reps * 2, tb);
+            for (int s = 0; s < N_SHAPES; s++) step += tb[s] * LAYERS;
+            step += tb[N_SHAPES];
+            printf("    n_tok %3d: step %7.1f ms, %7.1f tok/s   GFLOP/s per matrix:", batch_toks[b], step * 1e3,
+                   batch_toks[b] / step);
+            for (int s = 0; s <= N_SHAPES; s++) {
+                const Shape *sh = s < N_SHAPES ? &layer_shapes[s] : &head_shape;
+                printf(" %.0f", 2.0 * (double)sh->n_out * (double)sh->n_in * batch_toks[b] / tb[s] / 1e9);
+            }
+            printf("\n");
         }
     }
-    double pp_all = layer_pp * LAYERS + t_pp[N_SHAPES];  /* logits for every token */
-    double pp_last = layer_pp * LAYERS + t_tg[N_SHAPES]; /* logits for the last token only */
-    double tg = layer_tg * LAYERS + t_tg[N_SHAPES];
-    printf("projected %s, matmuls only:\n"
-           "  prefill n_tok=512: %.1f tok/s (head on the last token; %.1f tok/s with head on all 512, "
-           "%.1f GFLOP/s)\n"
-           "  decode  n_tok=1:   %.1f tok/s (%.1f GB/s of weights)\n",
-           tname, PREFILL / pp_last, PREFILL / pp_all, flop_tok * PREFILL / pp_all / 1e9, 1.0 / tg,
-           (double)model_bytes / tg / 1e9);
     mn_free_aligned(scratch);
     mn_free_aligned(out);
     mn_free_aligned(x);
@@ -221,8 +246,10 @@ int main(int argc, char **argv) {
     int n_threads = argc > 1 ? atoi(argv[1]) : 2;
     const char *types = argc > 2 ? argv[2] : "q8_0,f16";
     int reps = argc > 3 ? atoi(argv[3]) : 3;
-    const char *mode = argc > 4 ? argv[4] : "all"; /* all | pp | tg */
-    bool do_pp = strcmp(mode, "tg") != 0, do_tg = strcmp(mode, "pp") != 0;
+    const char *mode = argc > 4 ? argv[4] : "all"; /* all | pp | tg | batch */
+    bool do_pp = strcmp(mode, "all") == 0 || strcmp(mode, "pp") == 0;
+    bool do_tg = strcmp(mode, "all") == 0 || strcmp(mode, "tg") == 0;
+    bool do_batch = strcmp(mode, "batch") == 0;
     ThreadPool *tp = tpool_new(n_threads);
     if (tp == NULL) return 1;
     if (do_tg) printf("memory read bandwidth, %d threads: %.1f GB/s\n", n_threads, measure_bandwidth(tp));
@@ -234,7 +261,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "unknown type %s\n", tok);
             continue;
         }
-        bench_type(tp, type, reps, do_pp, do_tg);
+        bench_type(tp, type, reps, do_pp, do_tg, do_batch);
     }
     tpool_free(tp);
     return 0;

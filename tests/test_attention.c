@@ -249,48 +249,93 @@ static void test_two_sequences(void **state) {
     fixture_free(&b);
 }
 
-/* The pool against a flat array of refcounts. */
+/* The pool against a trivially correct model: refcounts, states and an LRU
+ * order of cached slots kept in plain arrays. */
+typedef struct PoolModel {
+    int ref[10];
+    int state[10];      /* 0 free, 1 in use, 2 cached */
+    bool cacheable[10];
+    int lru[10], n_lru; /* cached slots, least recent first */
+    int evicted;        /* last slot reported by the evict callback */
+} PoolModel;
+
+static void on_evict(void *ctx, int32_t slot) { ((PoolModel *)ctx)->evicted = slot; }
+
 static void test_pool_model(void **state) {
     KvPool p;
     assert_int_equal(kvpool_init(&p, 3, 16, 4, 10, MN_TYPE_F16), MN_OK);
-    int model[10] = {0};
+    PoolModel m = {0};
+    kvpool_set_evict_fn(&p, on_evict, &m);
     int32_t held[64];
     int n_held = 0;
     uint64_t s = 12345;
-    for (int step = 0; step < 5000; step++) {
+    for (int step = 0; step < 20000; step++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
-        int op = (int)((s >> 33) % 3);
+        int op = (int)((s >> 33) % 5);
+        int pick = (int)((s >> 45) % 64);
         if (op == 0) {
             int32_t slot;
+            m.evicted = -1;
             int rc = kvpool_alloc(&p, &slot);
             int n_free = 0;
-            for (int i = 0; i < 10; i++) n_free += model[i] == 0;
-            if (n_free == 0) {
+            for (int i = 0; i < 10; i++) n_free += m.state[i] == 0;
+            if (n_free == 0 && m.n_lru == 0) {
                 assert_int_equal(rc, MN_EFULL);
                 continue;
             }
             assert_int_equal(rc, MN_OK);
-            assert_int_equal(model[slot], 0);
-            model[slot] = 1;
+            if (n_free == 0) { /* must evict the least recently used cached slot */
+                assert_int_equal(slot, m.lru[0]);
+                assert_int_equal(m.evicted, slot);
+                memmove(m.lru, m.lru + 1, sizeof(int) * (size_t)--m.n_lru);
+            } else {
+                assert_int_equal(m.state[slot], 0);
+                assert_int_equal(m.evicted, -1);
+            }
+            m.state[slot] = 1;
+            m.ref[slot] = 1;
+            m.cacheable[slot] = false;
             if (n_held < 64) held[n_held++] = slot;
-        } else if (op == 1 && n_held > 0) {
-            int i = (int)((s >> 40) % (uint64_t)n_held);
+            else kvpool_release(&p, slot), m.ref[slot] = 0, m.state[slot] = 0;
+        } else if (op == 1 && n_held > 0 && n_held < 64) {
+            int i = pick % n_held;
             kvpool_retain(&p, held[i]);
-            model[held[i]]++;
-            if (n_held < 64) held[n_held++] = held[i];
-        } else if (n_held > 0) {
-            int i = (int)((s >> 40) % (uint64_t)n_held);
-            kvpool_release(&p, held[i]);
-            model[held[i]]--;
+            m.ref[held[i]]++;
+            held[n_held++] = held[i];
+        } else if (op == 2 && n_held > 0) {
+            int i = pick % n_held, slot = held[i];
+            kvpool_release(&p, slot);
             held[i] = held[--n_held];
+            if (--m.ref[slot] == 0) {
+                m.state[slot] = m.cacheable[slot] ? 2 : 0;
+                if (m.cacheable[slot]) m.lru[m.n_lru++] = slot;
+            }
+        } else if (op == 3 && n_held > 0) {
+            int slot = held[pick % n_held];
+            kvpool_set_cacheable(&p, slot);
+            m.cacheable[slot] = true;
+        } else if (op == 4 && m.n_lru > 0 && n_held < 64) { /* a cache hit revives a cached slot */
+            int k = pick % m.n_lru, slot = m.lru[k];
+            kvpool_retain(&p, slot);
+            memmove(m.lru + k, m.lru + k + 1, sizeof(int) * (size_t)(m.n_lru - k - 1));
+            m.n_lru--;
+            m.state[slot] = 1;
+            m.ref[slot] = 1;
+            held[n_held++] = slot;
         }
+        kvpool_check(&p);
         int n_free = 0;
         for (int i = 0; i < 10; i++) {
-            assert_int_equal(p.refcount[i], model[i]);
-            n_free += model[i] == 0;
+            assert_int_equal(p.refcount[i], m.ref[i]);
+            assert_int_equal(p.state[i], m.state[i]);
+            n_free += m.state[i] == 0;
         }
         assert_int_equal(kvpool_n_free(&p), n_free);
+        assert_int_equal(kvpool_n_cached(&p), m.n_lru);
+        int k = 0;
+        for (int32_t sl = p.lru_head; sl >= 0; sl = p.lru_next[sl]) assert_int_equal(sl, m.lru[k++]);
     }
+    assert_true(p.n_evictions > 0);
     /* every slot is distinct memory in every layer */
     assert_true((uint8_t *)kvpool_v(&p, 2, 9) + p.block_bytes / 2 == p.arenas[2] + 10 * p.block_bytes);
     kvpool_deinit(&p);

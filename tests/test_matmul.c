@@ -297,7 +297,7 @@ static void test_batch_invariance(void **state) {
     ThreadPool *tp1 = tpool_new(1), *tp2 = tpool_new(2);
     assert_non_null(tp1);
     assert_non_null(tp2);
-    static const int64_t shapes[][2] = {{37, 32}, {45, 96}, {130, 544}, {67, 2048}, {19, 5632}};
+    static const int64_t shapes[][2] = {{37, 32}, {45, 96}, {130, 544}, {67, 2048}, {19, 5632}, {21, 4768}};
     for (int ti = 0; ti < N_TYPES; ti++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             check_invariance(tp1, tp2, all_types[ti], shapes[s][0], shapes[s][1], 77 + 13 * s + ti);

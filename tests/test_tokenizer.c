@@ -62,7 +62,7 @@ static bool ids_equal(const TokIds *a, const int32_t *b, size_t n) {
     return a->n == n && (n == 0 || memcmp(a->ids, b, n * sizeof *b) == 0);
 }
 
-/* ---- the vocab test vectors ------------------------------------------------ */
+/* ---- the vocab test vectors ---------------------------------------------- */
 
 #define SEP "\n__ggml_vocab_test__\n"
 
@@ -171,7 +171,7 @@ static void test_vocab_deepseek_coder(void **state) {
     run_vocab("deepseek-coder", false);
 }
 
-/* ---- reference tokenizations of the model prompts ----------------------------- */
+/* ---- reference tokenizations of the model prompts ------------------------ */
 
 /* reference/exact/MODEL.pN.ref starts "MREF", n_tokens, n_vocab, k, tokens. */
 static void check_ref_prompts(const char *model) {
@@ -215,7 +215,7 @@ static void test_ref_prompts(void **state) {
     check_ref_prompts("tiny-qwen2-gpt2-f32");
 }
 
-/* ---- BOS and metadata ------------------------------------------------------------- */
+/* ---- BOS and metadata ---------------------------------------------------- */
 
 static void test_bos_stories(void **state) {
     (void)state;
@@ -303,7 +303,7 @@ static void test_special_ids(void **state) {
     unload_tok(&l);
 }
 
-/* ---- special-token parsing -------------------------------------------------------- */
+/* ---- special-token parsing ----------------------------------------------- */
 
 static bool contains(const TokIds *v, int32_t id) {
     for (size_t i = 0; i < v->n; i++)
@@ -373,7 +373,7 @@ static void test_parse_special(void **state) {
     tok_ids_free(&b);
 }
 
-/* ---- streaming detokenization ------------------------------------------------------- */
+/* ---- streaming detokenization -------------------------------------------- */
 
 static void test_stream_utf8(void **state) {
     (void)state;
@@ -445,7 +445,7 @@ static void test_stream_utf8(void **state) {
     unload_tok(&l);
 }
 
-/* ---- malformed input ------------------------------------------------------------------ */
+/* ---- malformed input ----------------------------------------------------- */
 
 static uint64_t rng_next(uint64_t *s) {
     *s ^= *s << 13;
@@ -503,7 +503,7 @@ static void test_malformed_input(void **state) {
     fuzz_one("vocab/ggml-vocab-falcon.gguf", false);
 }
 
-/* ---- bad metadata ------------------------------------------------------------------------ */
+/* ---- bad metadata -------------------------------------------------------- */
 
 /* Write a small GGUF with the given tokenizer keys and try to load it. */
 typedef enum {
@@ -621,7 +621,7 @@ static void test_bad_metadata(void **state) {
     assert_int_equal(try_meta(META_LLAMA3, &err), MN_OK);
 }
 
-/* ---- pre-tokenizers ------------------------------------------------------------------------ */
+/* ---- pre-tokenizers ------------------------------------------------------ */
 
 static void check_split(const char *pre, const char *text, const char *const *want, size_t n_want) {
     Pretok *p = NULL;
@@ -687,7 +687,7 @@ static void test_pretok(void **state) {
                 bad, 3);
 }
 
-/* ---- threads and speed -------------------------------------------------------------------- */
+/* ---- threads and speed --------------------------------------------------- */
 
 typedef struct ThreadJob {
     const Tokenizer *tok;

@@ -1,13 +1,16 @@
 /* kv_pool.c — block allocation over per-layer arenas (see kv_pool.h).
  *
- * Free slots sit on a stack, so allocation and release are O(1). The
- * refcount of a free slot is 0; a slot with a positive refcount is never on
- * the stack (checked in debug builds by kvpool_dump's caller tests).
+ * FREE slots sit on a stack, CACHED slots on an LRU list (head = least
+ * recently used), so allocation, release, revival and eviction are O(1).
+ * Invariants (kvpool_check): refcount > 0 exactly for IN USE slots; every
+ * FREE slot is on the stack once, every CACHED slot on the list once;
+ * n_free + n_cached + (IN USE count) = n_blocks.
  */
 #include "cache/kv_pool.h"
 
 #include <assert.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/err.h"
@@ -30,13 +33,21 @@ int kvpool_init(KvPool *p, int n_layer, int kv_dim, int block_tokens, int n_bloc
     p->n_blocks = n_blocks;
     p->kv_type = kv_type;
     p->block_bytes = (size_t)kvpool_bytes_for(1, kv_dim, block_tokens, 1, kv_type);
+    p->lru_head = p->lru_tail = -1;
+    size_t nb = (size_t)n_blocks;
     p->arenas = mn_calloc((size_t)n_layer, sizeof *p->arenas);
-    p->refcount = mn_calloc((size_t)n_blocks, sizeof *p->refcount);
-    p->free_list = mn_calloc((size_t)n_blocks, sizeof *p->free_list);
-    if (p->arenas == NULL || p->refcount == NULL || p->free_list == NULL) goto nomem;
+    p->refcount = mn_calloc(nb, sizeof *p->refcount);
+    p->state = mn_calloc(nb, sizeof *p->state);
+    p->is_cacheable = mn_calloc(nb, sizeof *p->is_cacheable);
+    p->free_list = mn_calloc(nb, sizeof *p->free_list);
+    p->lru_prev = mn_calloc(nb, sizeof *p->lru_prev);
+    p->lru_next = mn_calloc(nb, sizeof *p->lru_next);
+    if (!p->arenas || !p->refcount || !p->state || !p->is_cacheable || !p->free_list || !p->lru_prev ||
+        !p->lru_next)
+        goto nomem;
     for (int l = 0; l < n_layer; l++) {
-        /* size: n_blocks * block_bytes, both bounded above, fits 64 bits */
-        p->arenas[l] = mn_alloc_aligned((size_t)n_blocks * p->block_bytes, 64);
+        /* n_blocks * block_bytes: both bounded by the caller's pool size, fits 64 bits */
+        p->arenas[l] = mn_alloc_aligned(nb * p->block_bytes, 64);
         if (p->arenas[l] == NULL) goto nomem;
     }
     for (int i = 0; i < n_blocks; i++) p->free_list[i] = n_blocks - 1 - i; /* slot 0 on top */
@@ -52,39 +63,132 @@ void kvpool_deinit(KvPool *p) {
         for (int l = 0; l < p->n_layer; l++) mn_free_aligned(p->arenas[l]);
     mn_free(p->arenas);
     mn_free(p->refcount);
+    mn_free(p->state);
+    mn_free(p->is_cacheable);
     mn_free(p->free_list);
+    mn_free(p->lru_prev);
+    mn_free(p->lru_next);
     memset(p, 0, sizeof *p);
 }
 
+void kvpool_set_evict_fn(KvPool *p, KvEvictFn fn, void *ctx) {
+    p->evict_fn = fn;
+    p->evict_ctx = ctx;
+}
+
+/* ---- LRU list of CACHED slots --------------------------------------------- */
+
+static void lru_unlink(KvPool *p, int32_t s) {
+    int32_t a = p->lru_prev[s], b = p->lru_next[s];
+    if (a >= 0) p->lru_next[a] = b;
+    else p->lru_head = b;
+    if (b >= 0) p->lru_prev[b] = a;
+    else p->lru_tail = a;
+    p->n_cached--;
+}
+
+static void lru_push_tail(KvPool *p, int32_t s) {
+    p->lru_prev[s] = p->lru_tail;
+    p->lru_next[s] = -1;
+    if (p->lru_tail >= 0) p->lru_next[p->lru_tail] = s;
+    else p->lru_head = s;
+    p->lru_tail = s;
+    p->n_cached++;
+}
+
+/* ---- API ------------------------------------------------------------------- */
+
 int kvpool_alloc(KvPool *p, int32_t *out) {
-    if (p->n_free == 0) return MN_EFULL;
-    int32_t slot = p->free_list[--p->n_free];
+    int32_t slot;
+    if (p->n_free > 0) {
+        slot = p->free_list[--p->n_free];
+    } else if (p->lru_head >= 0) {
+        slot = p->lru_head;
+        lru_unlink(p, slot);
+        if (p->evict_fn) p->evict_fn(p->evict_ctx, slot);
+        p->n_evictions++;
+    } else {
+        return MN_EFULL;
+    }
     assert(p->refcount[slot] == 0);
     p->refcount[slot] = 1;
+    p->state[slot] = SLOT_IN_USE;
+    p->is_cacheable[slot] = false;
     *out = slot;
     return MN_OK;
 }
 
 void kvpool_retain(KvPool *p, int32_t slot) {
-    assert(slot >= 0 && slot < p->n_blocks && p->refcount[slot] > 0);
+    assert(slot >= 0 && slot < p->n_blocks && p->state[slot] != SLOT_FREE);
+    if (p->state[slot] == SLOT_CACHED) {
+        lru_unlink(p, slot);
+        p->state[slot] = SLOT_IN_USE;
+    }
     p->refcount[slot]++;
 }
 
 void kvpool_release(KvPool *p, int32_t slot) {
     assert(slot >= 0 && slot < p->n_blocks);
-    if (p->refcount[slot] <= 0) {
-        LOG_ERROR("kv pool: release of free slot %d", slot);
-        return;
+    if (p->state[slot] != SLOT_IN_USE || p->refcount[slot] <= 0) {
+        LOG_ERROR("kv pool: release of slot %d that is not in use", slot);
+        abort(); /* a broken invariant: corruption would follow */
     }
-    if (--p->refcount[slot] == 0) p->free_list[p->n_free++] = slot;
+    if (--p->refcount[slot] > 0) return;
+    if (p->is_cacheable[slot]) {
+        p->state[slot] = SLOT_CACHED;
+        lru_push_tail(p, slot);
+    } else {
+        p->state[slot] = SLOT_FREE;
+        p->free_list[p->n_free++] = slot;
+    }
 }
 
+void kvpool_set_cacheable(KvPool *p, int32_t slot) {
+    assert(slot >= 0 && slot < p->n_blocks && p->state[slot] == SLOT_IN_USE);
+    p->is_cacheable[slot] = true;
+}
+
+int kvpool_n_available(const KvPool *p) { return p->n_free + p->n_cached; }
 int kvpool_n_free(const KvPool *p) { return p->n_free; }
+int kvpool_n_cached(const KvPool *p) { return p->n_cached; }
+int kvpool_n_used(const KvPool *p) { return p->n_blocks - p->n_free - p->n_cached; }
 
 void kvpool_dump(const KvPool *p) {
-    fprintf(stderr, "KvPool: %d layers, %d blocks of %d tokens, kv_dim %d, %s, %zu bytes/block/layer, %d free\n",
+    fprintf(stderr, "KvPool: %d layers, %d blocks of %d tokens, kv_dim %d, %s, %zu bytes/block/layer; %d free, %d cached, %d used\n",
             p->n_layer, p->n_blocks, p->block_tokens, p->kv_dim, p->kv_type == MN_TYPE_F16 ? "f16" : "f32",
-            p->block_bytes, p->n_free);
+            p->block_bytes, p->n_free, p->n_cached, kvpool_n_used(p));
     for (int i = 0; i < p->n_blocks; i++)
-        if (p->refcount[i] != 0) fprintf(stderr, "  slot %d: refcount %d\n", i, p->refcount[i]);
+        if (p->state[i] != SLOT_FREE)
+            fprintf(stderr, "  slot %d: %s refcount %d%s\n", i, p->state[i] == SLOT_CACHED ? "cached" : "in use",
+                    p->refcount[i], p->is_cacheable[i] ? " cacheable" : "");
+}
+
+void kvpool_check(const KvPool *p) {
+    int n_in_use = 0, n_lru = 0;
+    for (int i = 0; i < p->n_blocks; i++) {
+        bool ok = (p->state[i] == SLOT_IN_USE) == (p->refcount[i] > 0) && p->refcount[i] >= 0;
+        if (!ok) {
+            kvpool_dump(p);
+            fprintf(stderr, "kvpool_check: slot %d state %d refcount %d\n", i, p->state[i], p->refcount[i]);
+            abort();
+        }
+        n_in_use += p->state[i] == SLOT_IN_USE;
+    }
+    for (int s = p->lru_head; s >= 0; s = p->lru_next[s]) {
+        if (p->state[s] != SLOT_CACHED || ++n_lru > p->n_blocks) {
+            kvpool_dump(p);
+            abort();
+        }
+    }
+    for (int i = 0; i < p->n_free; i++)
+        if (p->state[p->free_list[i]] != SLOT_FREE) {
+            kvpool_dump(p);
+            abort();
+        }
+    if (n_lru != p->n_cached || p->n_free + p->n_cached + n_in_use != p->n_blocks) {
+        kvpool_dump(p);
+        fprintf(stderr, "kvpool_check: counts free %d cached %d (list %d) in use %d of %d\n", p->n_free, p->n_cached,
+                n_lru, n_in_use, p->n_blocks);
+        abort();
+    }
 }

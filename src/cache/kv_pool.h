@@ -7,20 +7,37 @@
  * block table (logical block i -> slot) serves all layers, and the blocks of
  * one sequence can be anywhere in the pool. Attention reads them in place.
  *
- * Life cycle of a slot (this issue's part of it):
+ * Life cycle of a slot:
  *
- *     FREE --kvpool_alloc--> IN USE (refcount >= 1) --kvpool_release to 0--> FREE
- *                             ^  kvpool_retain adds a reference (sharing)
+ *            kvpool_alloc                      kvpool_release (last ref)
+ *     FREE -----------------> IN USE (ref >= 1) ----------------------> FREE
+ *      ^                        |  ^                                (not cacheable)
+ *      |                        |  | kvpool_retain (revive, cache hit)
+ *      |   kvpool_release       v  |
+ *      |   (last ref, cacheable) CACHED (ref 0, content kept, on the LRU list)
+ *      +---------------------------+
+ *        eviction inside kvpool_alloc when no slot is FREE: the least
+ *        recently used CACHED slot is reused, and evict_fn tells its owner
+ *        (the index) to forget it first.
  *
- * The pool is owned by the engine thread; nothing here locks.
+ * kvpool_set_cacheable marks an IN USE slot whose content is final (a full
+ * block registered in the index): when its last reference goes it is kept
+ * as CACHED instead of freed. The pool is owned by the engine thread;
+ * nothing here locks.
  */
 #ifndef MN_KV_POOL_H
 #define MN_KV_POOL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "base/ttype.h"
+
+typedef enum SlotState { SLOT_FREE = 0, SLOT_IN_USE, SLOT_CACHED } SlotState;
+
+/* Called when a CACHED slot is about to be reused. */
+typedef void (*KvEvictFn)(void *ctx, int32_t slot);
 
 typedef struct KvPool {
     int n_layer;
@@ -31,23 +48,39 @@ typedef struct KvPool {
     size_t block_bytes;  /* bytes of one block in one layer (K and V) */
     uint8_t **arenas;    /* (n_layer) each (n_blocks * block_bytes), 64-byte aligned */
     int32_t *refcount;   /* (n_blocks) */
-    int32_t *free_list;  /* stack of free slots */
+    uint8_t *state;      /* (n_blocks) SlotState */
+    bool *is_cacheable;  /* (n_blocks) */
+    int32_t *free_list;  /* stack of FREE slots */
     int n_free;
+    int32_t *lru_prev, *lru_next; /* (n_blocks) doubly linked CACHED list, -1 ends */
+    int32_t lru_head, lru_tail;   /* head = least recently used */
+    int n_cached;
+    KvEvictFn evict_fn;
+    void *evict_ctx;
+    uint64_t n_evictions;
 } KvPool;
 
 /* Build a pool of n_blocks blocks. MN_EINVAL for bad sizes or a kv_type other
  * than f16/f32, MN_ENOMEM. On failure the pool is left zeroed. */
 int kvpool_init(KvPool *p, int n_layer, int kv_dim, int block_tokens, int n_blocks, MnType kv_type);
 void kvpool_deinit(KvPool *p);
+void kvpool_set_evict_fn(KvPool *p, KvEvictFn fn, void *ctx);
 
 /* Bytes a pool of n_blocks would take. */
 uint64_t kvpool_bytes_for(int n_layer, int kv_dim, int block_tokens, int n_blocks, MnType kv_type);
 
-/* Take a free slot (refcount 1) into *out; MN_EFULL when none is free. */
+/* Take a slot (refcount 1, not cacheable) into *out: a FREE one, else the
+ * least recently used CACHED one. MN_EFULL when every slot is IN USE. */
 int kvpool_alloc(KvPool *p, int32_t *out);
+/* Add a reference to an IN USE or CACHED slot (a CACHED one becomes IN USE). */
 void kvpool_retain(KvPool *p, int32_t slot);
 void kvpool_release(KvPool *p, int32_t slot);
+void kvpool_set_cacheable(KvPool *p, int32_t slot);
+/* Slots an allocation can take now: FREE + CACHED. */
+int kvpool_n_available(const KvPool *p);
 int kvpool_n_free(const KvPool *p);
+int kvpool_n_cached(const KvPool *p);
+int kvpool_n_used(const KvPool *p);
 
 /* K rows (block_tokens, kv_dim) and V rows of slot in layer l. */
 static inline void *kvpool_k(const KvPool *p, int layer, int32_t slot) {
@@ -57,6 +90,9 @@ static inline void *kvpool_v(const KvPool *p, int layer, int32_t slot) {
     return p->arenas[layer] + (size_t)slot * p->block_bytes + p->block_bytes / 2;
 }
 
+/* Check every invariant (states, counts, lists); aborts with a dump on a
+ * broken one. For tests and debug builds. */
+void kvpool_check(const KvPool *p);
 /* Print the pool's state (for gdb and failing tests). */
 void kvpool_dump(const KvPool *p);
 

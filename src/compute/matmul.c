@@ -2,10 +2,11 @@
  *
  * How it fits: every projection of the forward pass (q/k/v/o, the FFN, the
  * output head) is one mm_matmul call on the engine thread, which spreads the
- * work over the compute pool with a single tpool_run (two for quantized
- * weights when there are many tokens: one to quantize the activations, one
- * to multiply). Workers take chunks of output rows from an atomic counter;
- * each output element is computed entirely by one worker.
+ * work over the compute pool with one tpool_run (two for quantized weights
+ * with at least 2 tokens per thread: the activations are quantized first,
+ * split by token). Workers take chunks of output rows from an atomic counter
+ * in the job; the job lives on the caller's stack for the duration of the
+ * call, and each output element is written by exactly one worker.
  *
  * Batch invariance, the invariant everything here is built around: the value
  * of out[t][r] depends only on W's row r, x's row t and n_in — not on n_tok,
@@ -23,12 +24,26 @@
  *     dot product is exact (int32), so it may be formed in any order; then
  *     acc_lane_i = fma(float(dot_i), dw_i * dx_i, acc_lane_i) group after
  *     group (missing blocks of a last partial group count as zero), and the
- *     same hsum16 tree. Two kernels produce those integers: a direct one that
- *     transposes GGUF blocks in registers (few tokens), and a packed one that
- *     first transposes a panel of rows into a stack buffer and reuses it for
- *     all tokens (prefill). They agree bit for bit.
+ *     same hsum16 tree. Accumulators may be parked in memory between K
+ *     blocks; that changes no lane's sequence.
  *   AVX2 and scalar paths: the same idea with 8 lanes / one lane, natural
  *     block order.
+ *
+ * Kernels (AVX-512):
+ *   ftile          float weights, 6 rows x 4 tokens of accumulators; weights
+ *                  widened in registers. Work items are row panels that stay
+ *                  in L2 while the token tiles go by. Decode is the T = 1 case.
+ *   qtile_direct   quantized weights, < 8 tokens: one row at a time, its
+ *                  GGUF blocks transposed in registers (wgroup_load) and used
+ *                  for every token; prefetches a few rows ahead so several
+ *                  DRAM streams are in flight.
+ *   qtile_packed   quantized weights, >= 8 tokens: a panel of rows is first
+ *                  transposed into a stack buffer (qpack_panel), then 2 rows
+ *                  x 6 tokens of VPDPBUSD accumulators run over it in K blocks
+ *                  of 2048 elements so the token tile stays in L1; the next
+ *                  panel is prefetched into L2 a few lines per group meanwhile.
+ * The two quantized kernels produce the same integers and the same FMA
+ * sequence, so they agree bit for bit.
  *
  * Integer dot products on AVX-512 use VPDPBUSD (unsigned x signed bytes):
  * the weight byte is biased, wu = w + 128 in [0, 255], and the bias is
@@ -42,11 +57,14 @@
  *               block 16g+i (signed Q8_0 values)
  *     [512,576) 16 f32: the block scales, as f16 rounded then widened
  *     [576,640) 16 int32: -128 * (sum of the block's 32 values)
- * Blocks past the end of the row are zero everywhere. The AVX2 and scalar
- * paths use plain BlockQ8_0 rows from ttype_quantize_row.
+ * Blocks past the end of the row are zero everywhere. The packed weight
+ * panel uses the same transposition: per row and group, 8 x 64 bytes of
+ * biased weights then 16 f32 scales (576 bytes). The AVX2 and scalar paths
+ * use plain BlockQ8_0 rows from ttype_quantize_row.
  *
- * Nothing here allocates; the packed kernel's panel lives on the worker's
- * stack (MM_PANEL_BYTES).
+ * Nothing here allocates. The packed kernel keeps its panel (160 KB) and
+ * parked accumulators (24 KB) on the worker's stack, so mm_matmul needs
+ * about 200 KB of stack on every pool thread.
  */
 #include "compute/matmul.h"
 
@@ -72,6 +90,10 @@
 
 #define MM_INLINE static inline __attribute__((always_inline))
 #define MM_MIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* Keeps a loaded vector in a register: without it GCC folds the load into
+ * every instruction that uses the value, multiplying the loads per FMA. */
+#define MM_PIN(v) __asm__("" : "+v"(v))
 
 /* ---- job description and work split ----------------------------------- */
 
@@ -107,31 +129,22 @@ static inline long round_up(long n, long m) { return (n + m - 1) / m * m; }
  * ===================================================================== */
 #if defined(MM_AVX512)
 
-#ifndef FR
-#define FR 4
-#endif
-#ifndef FT
-#define FT 6
-#endif
-#ifndef QR
-#define QR 2
-#endif
-#ifndef QT
-#define QT 6
-#endif
-#ifndef MM_PANEL_BYTES
-#define MM_PANEL_BYTES (160 * 1024)
-#endif
-#ifndef MM_PACK_MIN_TOK
-#define MM_PACK_MIN_TOK 8
-#endif
-#ifndef F_PANEL_BYTES
-#define F_PANEL_BYTES (512 * 1024)
-#endif
+/* Tile shapes and cache budgets, measured on Zen 5 (2 cores, 48 KB L1d,
+ * 1 MB L2 per core) with tests/bench_matmul.c. */
 enum {
-    QDT = 8,                /* direct quantized kernel: tokens per tile */
-    QG_XBYTES = 640,        /* activation record per group (see top) */
-    QG_WBYTES = 576,        /* packed weight record per group: 8 x 64 + 16 f32 */
+    FR = 6,                      /* float kernel: rows per tile */
+    FT = 4,                      /* float kernel: tokens per tile (6x4: 24 accumulators) */
+    F_PANEL_BYTES = 512 * 1024,  /* float weights per work item, kept in L2 */
+    QDT = 8,                     /* direct quantized kernel: tokens per tile */
+    QD_PF_ROWS = 4,              /* direct kernel: prefetch this many rows ahead */
+    QR = 2,                      /* packed quantized kernel: rows per tile */
+    QT = 6,                      /* packed quantized kernel: tokens per tile */
+    MM_PANEL_BYTES = 160 * 1024, /* packed weight panel on the worker's stack */
+    MM_KB = 4,                   /* packed kernel: groups per K block (2048 elements) */
+    MM_KB_ROWS = 64,             /* panel rows when K is blocked (parked accumulators) */
+    MM_PACK_MIN_TOK = 8,         /* fewer tokens: the direct kernel */
+    QG_XBYTES = 640,             /* activation record per group (see top) */
+    QG_WBYTES = 576,             /* packed weight record per group: 8 x 64 + 16 f32 */
 };
 
 /* The one horizontal sum every float result goes through. */
@@ -170,9 +183,12 @@ MM_INLINE __m512 ldw_mask(MnType type, const uint8_t *row, int64_t k, __mmask16 
     }
 }
 
-/* out[t][r] for R rows from w0 (row_bytes apart) and T tokens from x0. */
-MM_INLINE void ftile(MnType type, int R, int T, const uint8_t *w0, size_t row_bytes,
-                     const float *x0, int64_t n_in, float *out0, int64_t n_out) {
+/* out[t][r] for R rows from w0 (row_bytes apart) and T tokens from x0
+ * (n_in apart). pf0, when not NULL, is a later tile's first row: its R rows
+ * are prefetched alongside (decode streams weights; see frows). */
+MM_INLINE void ftile(MnType type, int R, int T, const uint8_t *w0, size_t row_bytes, const float *x0,
+                     int64_t n_in, float *out0, int64_t n_out, const uint8_t *pf0) {
+    const int esize = type == MN_TYPE_F32 ? 4 : 2;
     __m512 acc[FR][FT];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
@@ -180,9 +196,15 @@ MM_INLINE void ftile(MnType type, int R, int T, const uint8_t *w0, size_t row_by
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 16 <= n_in; k += 16) {
+        if (pf0 != NULL && (k * esize) % 64 == 0)
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)pf0 + r * row_bytes + k * esize, _MM_HINT_T0);
         __m512 xv[FT];
 #pragma GCC unroll 8
-        for (int t = 0; t < T; t++) xv[t] = _mm512_loadu_ps(x0 + t * n_in + k);
+        for (int t = 0; t < T; t++) {
+            xv[t] = _mm512_loadu_ps(x0 + t * n_in + k);
+            MM_PIN(xv[t]);
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m512 wv = ldw(type, w0 + r * row_bytes, k);
@@ -208,37 +230,40 @@ MM_INLINE void ftile(MnType type, int R, int T, const uint8_t *w0, size_t row_by
         for (int t = 0; t < T; t++) out0[t * n_out + r] = hsum16(acc[r][t]);
 }
 
+/* ftile with a constant token count T (1..FT), so its loops unroll. */
 #define FTILE_CASES(type, R) \
     switch (T) { \
-    case 1: ftile(type, R, MM_MIN(1, FT), w0, row_bytes, x0, n_in, out0, n_out); break; \
-    case 2: ftile(type, R, MM_MIN(2, FT), w0, row_bytes, x0, n_in, out0, n_out); break; \
-    case 3: ftile(type, R, MM_MIN(3, FT), w0, row_bytes, x0, n_in, out0, n_out); break; \
-    case 4: ftile(type, R, MM_MIN(4, FT), w0, row_bytes, x0, n_in, out0, n_out); break; \
-    case 5: ftile(type, R, MM_MIN(5, FT), w0, row_bytes, x0, n_in, out0, n_out); break; \
-    case 6: ftile(type, R, MM_MIN(6, FT), w0, row_bytes, x0, n_in, out0, n_out); break; \
-    case 7: ftile(type, R, MM_MIN(7, FT), w0, row_bytes, x0, n_in, out0, n_out); break; \
-    case 8: ftile(type, R, MM_MIN(8, FT), w0, row_bytes, x0, n_in, out0, n_out); break; \
-    case 9: ftile(type, R, MM_MIN(9, FT), w0, row_bytes, x0, n_in, out0, n_out); break; \
-    case 10: ftile(type, R, MM_MIN(10, FT), w0, row_bytes, x0, n_in, out0, n_out); break; \
-    case 11: ftile(type, R, MM_MIN(11, FT), w0, row_bytes, x0, n_in, out0, n_out); break; \
-    default: ftile(type, R, FT, w0, row_bytes, x0, n_in, out0, n_out); break; \
+    case 1: ftile(type, R, 1, w0, row_bytes, x0, n_in, out0, n_out, pf0); break; \
+    case 2: ftile(type, R, 2, w0, row_bytes, x0, n_in, out0, n_out, pf0); break; \
+    case 3: ftile(type, R, 3, w0, row_bytes, x0, n_in, out0, n_out, pf0); break; \
+    default: ftile(type, R, 4, w0, row_bytes, x0, n_in, out0, n_out, pf0); break; \
     }
+_Static_assert(FT == 4, "FTILE_CASES covers T = 1..4");
 
+/* Rows [r0, r1): token tiles outside, row tiles inside, so a tile's
+ * activations are reused across the chunk's rows while the chunk's weights
+ * stay in L2 across token tiles. */
 MM_INLINE void frows(MnType type, const MmJob *job, long r0, long r1) {
     const MatW *w = job->w;
     int64_t n_in = w->n_in, n_out = w->n_out;
     size_t row_bytes = (size_t)n_in * (type == MN_TYPE_F32 ? 4 : 2);
+    bool is_stream = job->n_tok <= 2 * FT; /* weights mostly from DRAM */
     for (int t0 = 0; t0 < job->n_tok; t0 += FT) {
         int T = MM_MIN(FT, job->n_tok - t0);
         const float *x0 = job->x + (int64_t)t0 * n_in;
         long r = r0;
         for (; r + FR <= r1; r += FR) {
             const uint8_t *w0 = (const uint8_t *)w->data + (size_t)r * row_bytes;
+            /* one token tile: weights stream from DRAM once, so fetch the
+             * next tile's rows too (the hardware prefetcher restarts on
+             * every short row) */
+            const uint8_t *pf0 = is_stream && r + 2 * FR <= r1 ? w0 + FR * row_bytes : NULL;
             float *out0 = job->out + (int64_t)t0 * n_out + r;
             FTILE_CASES(type, FR)
         }
         for (; r < r1; r++) {
             const uint8_t *w0 = (const uint8_t *)w->data + (size_t)r * row_bytes;
+            const uint8_t *pf0 = NULL;
             float *out0 = job->out + (int64_t)t0 * n_out + r;
             FTILE_CASES(type, 1)
         }
@@ -303,12 +328,13 @@ MM_INLINE void transpose4_epi32(__m512i a0, __m512i a1, __m512i a2, __m512i a3, 
     u[3] = _mm512_unpackhi_epi64(t01hi, t23hi);
 }
 
-/* Scales of 16 blocks `stride` bytes apart (f16 at offset 0 of each). */
-MM_INLINE __m512 gather_scales(const uint8_t *blk0, int stride) {
-    __m512i idx = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(stride));
-    __m512i g = _mm512_i32gather_epi32(idx, (const void *)blk0, 1);
-    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+/* Scales of 16 blocks `stride` bytes apart (f16 at offset 0 of each).
+ * Scalar loads through a stack array: a vector gather costs more here, and
+ * the integer pipes are otherwise idle in these kernels. */
+MM_INLINE __m512 load_scales(const uint8_t *blk0, int stride) {
+    uint16_t h[16];
+    for (int i = 0; i < 16; i++) memcpy(&h[i], blk0 + i * stride, 2);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
 }
 
 /* Group g of a weight row as 8 biased byte vectors wu[j] (lane i = bytes
@@ -340,7 +366,7 @@ MM_INLINE void wgroup_load(MnType type, const uint8_t *blk0, int n_valid, __m512
             wu[m] = _mm512_xor_si512(_mm512_shuffle_i32x4(u[m], v[m], _MM_SHUFFLE(2, 0, 2, 0)), bias);
             wu[m + 4] = _mm512_xor_si512(_mm512_shuffle_i32x4(u[m], v[m], _MM_SHUFFLE(3, 1, 3, 1)), bias);
         }
-        *dw = gather_scales(blk0, 34);
+        *dw = load_scales(blk0, 34);
     } else {
         BlockQ4_0 pad[16];
         if (n_valid < 16) {
@@ -366,14 +392,14 @@ MM_INLINE void wgroup_load(MnType type, const uint8_t *blk0, int n_valid, __m512
             wu[m] = _mm512_add_epi8(_mm512_and_si512(u[m], lo), bias);
             wu[m + 4] = _mm512_add_epi8(_mm512_and_si512(_mm512_srli_epi16(u[m], 4), lo), bias);
         }
-        *dw = gather_scales(blk0, 18);
+        *dw = load_scales(blk0, 18);
     }
 }
 
 /* ---- quantized weights, direct kernel: 1 row x T tokens from GGUF blocks ---- */
 
 MM_INLINE void qtile_direct(MnType type, int T, const uint8_t *row, int64_t nb, const uint8_t *xq0,
-                            size_t xq_stride, float *out0, int64_t n_out) {
+                            size_t xq_stride, float *out0, int64_t n_out, const uint8_t *pf_ahead) {
     const size_t blk_bytes = type == MN_TYPE_Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
     int64_t ng = (nb + 15) / 16;
     __m512 acc[QDT];
@@ -383,6 +409,9 @@ MM_INLINE void qtile_direct(MnType type, int T, const uint8_t *row, int64_t nb, 
         __m512i wu[8];
         __m512 dw;
         int n_valid = (int)MM_MIN(16, nb - 16 * g);
+        if (pf_ahead != NULL)
+            for (size_t off = 0; off < 16 * blk_bytes; off += 64)
+                _mm_prefetch((const char *)pf_ahead + (size_t)g * 16 * blk_bytes + off, _MM_HINT_T0);
         wgroup_load(type, row + (size_t)g * 16 * blk_bytes, n_valid, wu, &dw);
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
@@ -401,17 +430,18 @@ MM_INLINE void qtile_direct(MnType type, int T, const uint8_t *row, int64_t nb, 
     for (int t = 0; t < T; t++) out0[t * n_out] = hsum16(acc[t]);
 }
 
-#define QDIRECT_CASES(type)                                                          \
-    switch (T) {                                                                     \
-    case 1: qtile_direct(type, 1, row, nb, xq0, xq_stride, out0, n_out); break;      \
-    case 2: qtile_direct(type, 2, row, nb, xq0, xq_stride, out0, n_out); break;      \
-    case 3: qtile_direct(type, 3, row, nb, xq0, xq_stride, out0, n_out); break;      \
-    case 4: qtile_direct(type, 4, row, nb, xq0, xq_stride, out0, n_out); break;      \
-    case 5: qtile_direct(type, 5, row, nb, xq0, xq_stride, out0, n_out); break;      \
-    case 6: qtile_direct(type, 6, row, nb, xq0, xq_stride, out0, n_out); break;      \
-    case 7: qtile_direct(type, 7, row, nb, xq0, xq_stride, out0, n_out); break;      \
-    default: qtile_direct(type, 8, row, nb, xq0, xq_stride, out0, n_out); break;     \
+#define QDIRECT_CASES(type) \
+    switch (T) { \
+    case 1: qtile_direct(type, 1, row, nb, xq0, xq_stride, out0, n_out, pf_ahead); break; \
+    case 2: qtile_direct(type, 2, row, nb, xq0, xq_stride, out0, n_out, pf_ahead); break; \
+    case 3: qtile_direct(type, 3, row, nb, xq0, xq_stride, out0, n_out, pf_ahead); break; \
+    case 4: qtile_direct(type, 4, row, nb, xq0, xq_stride, out0, n_out, pf_ahead); break; \
+    case 5: qtile_direct(type, 5, row, nb, xq0, xq_stride, out0, n_out, pf_ahead); break; \
+    case 6: qtile_direct(type, 6, row, nb, xq0, xq_stride, out0, n_out, pf_ahead); break; \
+    case 7: qtile_direct(type, 7, row, nb, xq0, xq_stride, out0, n_out, pf_ahead); break; \
+    default: qtile_direct(type, 8, row, nb, xq0, xq_stride, out0, n_out, pf_ahead); break; \
     }
+_Static_assert(QDT == 8, "QDIRECT_CASES covers T = 1..8");
 
 MM_INLINE void qrows_direct(MnType type, const MmJob *job, long r0, long r1) {
     const MatW *w = job->w;
@@ -420,6 +450,9 @@ MM_INLINE void qrows_direct(MnType type, const MmJob *job, long r0, long r1) {
     size_t xq_stride = job->xq_stride;
     for (long r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)r * row_bytes;
+        /* a later row of this chunk, fetched alongside: more streams in
+         * flight than the hardware prefetcher keeps for one sequential row */
+        const uint8_t *pf_ahead = QD_PF_ROWS > 0 && r + QD_PF_ROWS < r1 ? row + QD_PF_ROWS * row_bytes : NULL;
         for (int t0 = 0; t0 < job->n_tok; t0 += QDT) {
             int T = MM_MIN(QDT, job->n_tok - t0);
             const uint8_t *xq0 = job->xq + (size_t)t0 * xq_stride;
@@ -431,15 +464,29 @@ MM_INLINE void qrows_direct(MnType type, const MmJob *job, long r0, long r1) {
 
 /* ---- quantized weights, packed kernel: R panel rows x T tokens ---- */
 
+/* Prefetch cursor: the packed kernel pulls the next panel's GGUF rows into
+ * L2 a few lines per group, so packing it later does not wait on DRAM. */
+typedef struct MmPrefetch {
+    const char *next, *end;
+    int per_group; /* lines per group iteration */
+} MmPrefetch;
+
+/* Groups [0, ng) of wp0 / xq0 (already offset to the first group of this K
+ * block). The f32 accumulators start at zero (is_first) or from io, and end
+ * in out (is_last) or back in io: io[r * QT + t], parking them between K
+ * blocks does not change any lane's sequence of FMAs. */
 MM_INLINE void qtile_packed(int R, int T, const uint8_t *wp0, size_t wp_stride, int64_t ng, const uint8_t *xq0,
-                            size_t xq_stride, float *out0, int64_t n_out) {
+                            size_t xq_stride, __m512 *io, bool is_first, bool is_last, float *out0, int64_t n_out,
+                            MmPrefetch *pf) {
     __m512 acc[QR][QT];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+        for (int t = 0; t < T; t++) acc[r][t] = is_first ? _mm512_setzero_ps() : io[r * QT + t];
     for (int64_t g = 0; g < ng; g++) {
         const uint8_t *wg = wp0 + g * QG_WBYTES, *xg = xq0 + g * QG_XBYTES;
+        for (int i = 0; i < pf->per_group && pf->next < pf->end; i++, pf->next += 64)
+            _mm_prefetch(pf->next, _MM_HINT_T1);
         __m512i ai[QR][QT];
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
@@ -467,32 +514,36 @@ MM_INLINE void qtile_packed(int R, int T, const uint8_t *wp0, size_t wp_stride, 
             }
         }
     }
+    if (is_last) {
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
+        for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-        for (int t = 0; t < T; t++) out0[t * n_out + r] = hsum16(acc[r][t]);
+            for (int t = 0; t < T; t++) out0[t * n_out + r] = hsum16(acc[r][t]);
+    } else {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) io[r * QT + t] = acc[r][t];
+    }
 }
 
 #define QPACKED_CASES(R) \
     switch (T) { \
-    case 1: qtile_packed(R, MM_MIN(1, QT), wp0, wp_stride, ng, xq0, xq_stride, out0, n_out); break; \
-    case 2: qtile_packed(R, MM_MIN(2, QT), wp0, wp_stride, ng, xq0, xq_stride, out0, n_out); break; \
-    case 3: qtile_packed(R, MM_MIN(3, QT), wp0, wp_stride, ng, xq0, xq_stride, out0, n_out); break; \
-    case 4: qtile_packed(R, MM_MIN(4, QT), wp0, wp_stride, ng, xq0, xq_stride, out0, n_out); break; \
-    case 5: qtile_packed(R, MM_MIN(5, QT), wp0, wp_stride, ng, xq0, xq_stride, out0, n_out); break; \
-    case 6: qtile_packed(R, MM_MIN(6, QT), wp0, wp_stride, ng, xq0, xq_stride, out0, n_out); break; \
-    case 7: qtile_packed(R, MM_MIN(7, QT), wp0, wp_stride, ng, xq0, xq_stride, out0, n_out); break; \
-    case 8: qtile_packed(R, MM_MIN(8, QT), wp0, wp_stride, ng, xq0, xq_stride, out0, n_out); break; \
-    case 9: qtile_packed(R, MM_MIN(9, QT), wp0, wp_stride, ng, xq0, xq_stride, out0, n_out); break; \
-    case 10: qtile_packed(R, MM_MIN(10, QT), wp0, wp_stride, ng, xq0, xq_stride, out0, n_out); break; \
-    case 11: qtile_packed(R, MM_MIN(11, QT), wp0, wp_stride, ng, xq0, xq_stride, out0, n_out); break; \
-    default: qtile_packed(R, QT, wp0, wp_stride, ng, xq0, xq_stride, out0, n_out); break; \
+    case 1: qtile_packed(R, 1, wp0, wp_stride, kb_n, xq0, xq_stride, io, is_first, is_last, out0, n_out, &pf); break; \
+    case 2: qtile_packed(R, 2, wp0, wp_stride, kb_n, xq0, xq_stride, io, is_first, is_last, out0, n_out, &pf); break; \
+    case 3: qtile_packed(R, 3, wp0, wp_stride, kb_n, xq0, xq_stride, io, is_first, is_last, out0, n_out, &pf); break; \
+    case 4: qtile_packed(R, 4, wp0, wp_stride, kb_n, xq0, xq_stride, io, is_first, is_last, out0, n_out, &pf); break; \
+    case 5: qtile_packed(R, 5, wp0, wp_stride, kb_n, xq0, xq_stride, io, is_first, is_last, out0, n_out, &pf); break; \
+    default: qtile_packed(R, 6, wp0, wp_stride, kb_n, xq0, xq_stride, io, is_first, is_last, out0, n_out, &pf); break; \
     }
+_Static_assert(QT == 6, "QPACKED_CASES covers T = 1..6");
 
-/* Rows per panel that fit MM_PANEL_BYTES, a multiple of QR (0: none fit). */
+/* Rows per panel that fit MM_PANEL_BYTES, a multiple of QR (0: none fit);
+ * at most MM_KB_ROWS when K is blocked, for the parked accumulators. */
 static long panel_rows(int64_t n_in) {
     int64_t ng = (n_in / 32 + 15) / 16;
     long rows = (long)(MM_PANEL_BYTES / ((size_t)ng * QG_WBYTES));
+    if (ng > MM_KB && rows > MM_KB_ROWS) rows = MM_KB_ROWS;
     return rows / QR * QR;
 }
 
@@ -515,27 +566,45 @@ MM_INLINE void qpack_panel(MnType type, const MatW *w, long r0, long r1, uint8_t
 
 static void qrows_packed(const MmJob *job, long r0, long r1) {
     _Alignas(64) uint8_t panel[MM_PANEL_BYTES];
+    __m512 parked[MM_KB_ROWS * QT]; /* accumulators between K blocks */
     const MatW *w = job->w;
     int64_t ng = (w->n_in / 32 + 15) / 16, n_out = w->n_out;
     size_t wp_stride = (size_t)ng * QG_WBYTES, xq_stride = job->xq_stride;
     long max_rows = panel_rows(w->n_in);
+    bool is_blocked = ng > MM_KB;
+    assert(!is_blocked || max_rows <= MM_KB_ROWS);
+    size_t row_bytes = (size_t)(w->n_in / 32) * (w->type == MN_TYPE_Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0));
     for (long p0 = r0; p0 < r1; p0 += max_rows) {
         long p1 = MM_MIN(r1, p0 + max_rows);
         if (w->type == MN_TYPE_Q8_0) qpack_panel(MN_TYPE_Q8_0, w, p0, p1, panel);
         else qpack_panel(MN_TYPE_Q4_0, w, p0, p1, panel);
+        /* spread the next panel's lines over this panel's group iterations */
+        long next_rows = MM_MIN(r1, p1 + max_rows) - p1;
+        long n_iters = (long)((job->n_tok + QT - 1) / QT) * ((p1 - p0 + QR - 1) / QR) * (long)ng;
+        long n_lines = (long)(((size_t)next_rows * row_bytes + 63) / 64);
+        MmPrefetch pf = {.next = (const char *)w->data + (size_t)p1 * row_bytes,
+                         .end = (const char *)w->data + (size_t)(p1 + next_rows) * row_bytes,
+                         .per_group = (int)((n_lines + n_iters - 1) / n_iters)};
         for (int t0 = 0; t0 < job->n_tok; t0 += QT) {
             int T = MM_MIN(QT, job->n_tok - t0);
-            const uint8_t *xq0 = job->xq + (size_t)t0 * xq_stride;
-            long r = p0;
-            for (; r + QR <= p1; r += QR) {
-                const uint8_t *wp0 = panel + (size_t)(r - p0) * wp_stride;
-                float *out0 = job->out + (int64_t)t0 * n_out + r;
-                QPACKED_CASES(QR)
-            }
-            for (; r < p1; r++) {
-                const uint8_t *wp0 = panel + (size_t)(r - p0) * wp_stride;
-                float *out0 = job->out + (int64_t)t0 * n_out + r;
-                QPACKED_CASES(1)
+            /* K blocks of MM_KB groups keep the token tile in L1 */
+            for (int64_t g0 = 0; g0 < ng; g0 += MM_KB) {
+                int64_t kb_n = MM_MIN(MM_KB, ng - g0);
+                bool is_first = g0 == 0, is_last = g0 + kb_n == ng;
+                const uint8_t *xq0 = job->xq + (size_t)t0 * xq_stride + g0 * QG_XBYTES;
+                long r = p0;
+                for (; r + QR <= p1; r += QR) {
+                    const uint8_t *wp0 = panel + (size_t)(r - p0) * wp_stride + g0 * QG_WBYTES;
+                    __m512 *io = is_blocked ? parked + (r - p0) * QT : NULL;
+                    float *out0 = job->out + (int64_t)t0 * n_out + r;
+                    QPACKED_CASES(QR)
+                }
+                for (; r < p1; r++) {
+                    const uint8_t *wp0 = panel + (size_t)(r - p0) * wp_stride + g0 * QG_WBYTES;
+                    __m512 *io = is_blocked ? parked + (r - p0) * QT : NULL;
+                    float *out0 = job->out + (int64_t)t0 * n_out + r;
+                    QPACKED_CASES(1)
+                }
             }
         }
     }
@@ -568,8 +637,8 @@ static void job_plan(MmJob *job, int nth) {
     if (w->type == MN_TYPE_Q8_0 || w->type == MN_TYPE_Q4_0) {
         long prows = panel_rows(w->n_in);
         job->is_packed = job->n_tok >= MM_PACK_MIN_TOK && prows >= QR;
-        align = QR;
-        cap = job->is_packed ? prows : 1L << 30;
+        align = job->is_packed ? prows : QR; /* whole panels: the next one is prefetched */
+        cap = 1L << 30;
     } else {
         size_t row_bytes = (size_t)w->n_in * (w->type == MN_TYPE_F32 ? 4 : 2);
         align = FR;

@@ -9,7 +9,7 @@
 int seq_reserve(Seq *s, KvPool *p, int n_tokens) {
     int need = (n_tokens + p->block_tokens - 1) / p->block_tokens;
     if (need <= s->n_blocks) return MN_OK;
-    if (need - s->n_blocks > kvpool_n_free(p)) return MN_EFULL;
+    if (need - s->n_blocks > kvpool_n_available(p)) return MN_EFULL;
     if (need > s->cap) {
         int cap = s->cap ? s->cap : 8;
         while (cap < need) cap *= 2;

@@ -233,6 +233,7 @@ int model_load(const char *path, Model **out, MnErr *err) {
     if (rc == MN_OK) rc = config_read(m->gguf, &m->cfg, err);
     if (rc == MN_OK) rc = bind_all(m, err);
     if (rc == MN_OK) rc = tok_load(m->gguf, &m->tok, err);
+    if (rc == MN_OK) m->fingerprint = hash128(gguf_file_data(m->gguf), gguf_file_bytes(m->gguf));
     if (rc == MN_OK && tok_n_vocab(m->tok) > m->cfg.n_vocab)
         rc = mn_err_set(err, MN_EFORMAT, "vocabulary has %d tokens but token_embd has only %d rows",
                         tok_n_vocab(m->tok), m->cfg.n_vocab);

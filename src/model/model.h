@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "base/err.h"
+#include "base/hash.h"
 #include "compute/matmul.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
@@ -72,6 +73,8 @@ typedef struct Model {
     LayerWeights *layers;    /* (n_layer) */
     float *vectors;          /* owned f32 copies of all 1-D tensors */
     uint64_t weight_bytes;   /* bytes of all tensor data */
+    Hash128 fingerprint;     /* XXH3-128 of the whole GGUF image: metadata,
+                                tensor descriptors and tensor data */
 } Model;
 
 /* Load path. On failure *out is NULL and err says why. */

@@ -200,7 +200,7 @@ static const struct {
     {"llada-moe", DEF_BAILING},
 };
 
-/* ---- types ----------------------------------------------------------------- */
+/* ---- types --------------------------------------------------------------- */
 
 struct Pretok {
     const PretokDef *def;
@@ -209,7 +209,7 @@ struct Pretok {
     int n_codes;
 };
 
-/* ---- PCRE2 memory hooks ------------------------------------------------------ */
+/* ---- PCRE2 memory hooks -------------------------------------------------- */
 
 static void *pretok_pcre_malloc(size_t n, void *data) {
     (void)data;
@@ -221,7 +221,7 @@ static void pretok_pcre_free(void *p, void *data) {
     mn_free(p);
 }
 
-/* ---- API --------------------------------------------------------------------- */
+/* ---- API ----------------------------------------------------------------- */
 
 int pretok_new(const char *name, size_t name_len, Pretok **out, MnErr *err) {
     assert(out != NULL);
@@ -306,7 +306,7 @@ void pretok_scratch_free(PretokScratch *s) {
     memset(s, 0, sizeof *s);
 }
 
-/* ---- helpers ------------------------------------------------------------------ */
+/* ---- helpers ------------------------------------------------------------- */
 
 static int pretok_push(PretokScratch *s, int which, size_t *n, size_t off, size_t len) {
     if (*n == s->cap[which]) {
@@ -353,7 +353,7 @@ static size_t pretok_next_char(const char *t, size_t n, size_t pos) {
     return pos;
 }
 
-/* ---- splitting ---------------------------------------------------------------- */
+/* ---- splitting ----------------------------------------------------------- */
 
 int pretok_split(const Pretok *p, const char *text, size_t len, PretokScratch *s, const char **out_text,
                  const PretokSpan **words, size_t *n_words) {

@@ -43,7 +43,7 @@
 #include "model/tokenizer.h"
 #include "model/utf8.h"
 
-/* ---- types ------------------------------------------------------------------ */
+/* ---- types --------------------------------------------------------------- */
 
 enum { TOK_KIND_SPM = 1, TOK_KIND_BPE = 2 };
 
@@ -163,7 +163,7 @@ typedef struct TokScratch {
     PretokScratch pre;
 } TokScratch;
 
-/* ---- hashing and the maps ------------------------------------------------------ */
+/* ---- hashing and the maps ------------------------------------------------ */
 
 static uint64_t tok_hash(const char *s, size_t n, uint64_t seed) {
     uint64_t h = seed ^ ((uint64_t)n * 0x9E3779B97F4A7C15ull);
@@ -262,7 +262,7 @@ static void tok_merge_insert(Tokenizer *tok, int32_t k) {
     }
 }
 
-/* ---- the GPT-2 byte map ---------------------------------------------------------- */
+/* ---- the GPT-2 byte map -------------------------------------------------- */
 
 /* Bytes that print as themselves keep their value as code point; the other
  * 68 (controls, space, DEL, 0x80..0xA0, soft hyphen) take 256, 257, ... in
@@ -281,7 +281,7 @@ static void tok_init_byte_map(Tokenizer *tok) {
     }
 }
 
-/* ---- loading ---------------------------------------------------------------------- */
+/* ---- loading ------------------------------------------------------------- */
 
 static const char *const tok_eot_texts[] = {
     "<|eot_id|>",
@@ -761,7 +761,7 @@ void tok_free(Tokenizer *tok) {
     mn_free(tok);
 }
 
-/* ---- accessors ------------------------------------------------------------------------ */
+/* ---- accessors ----------------------------------------------------------- */
 
 int32_t tok_n_vocab(const Tokenizer *tok) { return tok->n_vocab; }
 int32_t tok_bos(const Tokenizer *tok) { return tok->bos; }
@@ -806,7 +806,7 @@ void tok_dump(const Tokenizer *tok, FILE *f) {
     }
 }
 
-/* ---- id buffers ---------------------------------------------------------------------- */
+/* ---- id buffers ---------------------------------------------------------- */
 
 void tok_ids_free(TokIds *v) {
     if (v == NULL) return;
@@ -826,7 +826,7 @@ int tok_ids_push(TokIds *v, int32_t id) {
     return MN_OK;
 }
 
-/* ---- scratch helpers ---------------------------------------------------------------- */
+/* ---- scratch helpers ----------------------------------------------------- */
 
 static int tok_reserve(void **p, size_t *cap, size_t want, size_t elem) {
     if (want <= *cap) return MN_OK;
@@ -908,7 +908,7 @@ static int tok_make_symbols(TokScratch *s, const char *buf, size_t n, size_t *n_
     return MN_OK;
 }
 
-/* ---- SPM ---------------------------------------------------------------------------- */
+/* ---- SPM ----------------------------------------------------------------- */
 
 static int spm_try_bigram(const Tokenizer *tok, TokScratch *s, const char *buf, int32_t l, int32_t r) {
     if (l < 0 || r < 0) return MN_OK;
@@ -981,7 +981,7 @@ static int spm_fragment(const Tokenizer *tok, TokScratch *s, const char *text, s
     return spm_tokenize(tok, s, s->buf, o, out);
 }
 
-/* ---- BPE ---------------------------------------------------------------------------- */
+/* ---- BPE ----------------------------------------------------------------- */
 
 static int bpe_try_bigram(const Tokenizer *tok, TokScratch *s, const char *buf, int32_t l, int32_t r) {
     if (l < 0 || r < 0) return MN_OK;
@@ -1053,7 +1053,7 @@ static int bpe_fragment(const Tokenizer *tok, TokScratch *s, const char *text, s
     return MN_OK;
 }
 
-/* ---- special-token partition ----------------------------------------------------------- */
+/* ---- special-token partition --------------------------------------------- */
 
 static int tok_frag_push(TokScratch *s, int which, size_t *n, TokFrag f) {
     if (tok_reserve((void **)&s->frags[which], &s->frag_cap[which], *n + 1, sizeof(TokFrag)) != MN_OK)
@@ -1138,7 +1138,7 @@ out:
     return rc;
 }
 
-/* ---- encode ------------------------------------------------------------------------------ */
+/* ---- encode -------------------------------------------------------------- */
 
 int tok_encode(const Tokenizer *tok, const char *text, size_t len, bool add_bos, bool parse_special,
                TokIds *out) {
@@ -1170,7 +1170,7 @@ int tok_encode(const Tokenizer *tok, const char *text, size_t len, bool add_bos,
     return rc;
 }
 
-/* ---- pieces and streaming ------------------------------------------------------------- */
+/* ---- pieces and streaming ------------------------------------------------ */
 
 const char *tok_piece(const Tokenizer *tok, int32_t id, bool render_special, char *buf, size_t *len) {
     (void)buf; /* every piece, single bytes included, lives in the Tokenizer */

@@ -1,0 +1,43 @@
+/* hash.c — XXH3-128 behind the Hash128 type (see hash.h). */
+#include "base/hash.h"
+
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+_Static_assert(sizeof(XXH3_state_t) <= sizeof(((Hasher *)0)->state), "Hasher too small for XXH3_state_t");
+
+static XXH3_state_t *state_of(Hasher *h) { return (XXH3_state_t *)(void *)h->state; }
+
+void hasher_init(Hasher *h) { XXH3_128bits_reset(state_of(h)); }
+
+void hasher_update(Hasher *h, const void *data, size_t n) { XXH3_128bits_update(state_of(h), data, n); }
+
+void hasher_u32(Hasher *h, uint32_t v) {
+    uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    hasher_update(h, b, 4);
+}
+
+static Hash128 from_xxh(XXH128_hash_t x) {
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, x);
+    Hash128 out;
+    memcpy(out.b, c.digest, 16);
+    return out;
+}
+
+Hash128 hasher_final(Hasher *h) { return from_xxh(XXH3_128bits_digest(state_of(h))); }
+
+Hash128 hash128(const void *data, size_t n) { return from_xxh(XXH3_128bits(data, n)); }
+
+bool hash128_eq(const Hash128 *a, const Hash128 *b) { return memcmp(a->b, b->b, 16) == 0; }
+
+void hash128_hex(const Hash128 *h, char out[33]) {
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < 16; i++) {
+        out[2 * i] = hex[h->b[i] >> 4];
+        out[2 * i + 1] = hex[h->b[i] & 15];
+    }
+    out[32] = '\0';
+}

@@ -1,0 +1,906 @@
+/* engine.c — the serving engine (see engine.h).
+ *
+ * Threads and ownership:
+ *   - the engine thread owns the pool, the index, the Forward, and every
+ *     Active (a request being served: its block table, sampler, token list);
+ *   - other threads own their Request references; a Request's output channel
+ *     (text, done, result) is guarded by the Request's own mutex;
+ *   - the inbox (submit/cancel/stop messages) is guarded by the engine's
+ *     inbox mutex; engine statistics by the stats mutex.
+ *
+ * Life of a request:
+ *
+ *   engine_submit --> inbox --> WAITING --admit--> RUNNING --finish--> done
+ *                                 ^                  |
+ *                                 +----suspend-------+  (pool full while decoding)
+ *
+ * Admission looks up the longest cached prefix (full blocks, by chain hash),
+ * takes references on those blocks and allocates blocks for the rest of the
+ * prompt. Each step: decode tokens of running sequences first, then prefill
+ * chunks, under batch_tokens; then admission of waiting requests by the
+ * scheduling policy, as long as the pool keeps its reserve. After the forward
+ * pass, each sequence whose last pending token was in the batch samples its
+ * next token; newly completed full blocks are registered in the index.
+ */
+#include "engine/engine.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "cache/index.h"
+#include "cache/kv_pool.h"
+#include "engine/forward.h"
+#include "engine/seq.h"
+
+/* ---- requests and their output channel ---------------------------------------- */
+
+struct Request {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int refs;
+    /* input, immutable after request_new */
+    int32_t *prompt;
+    size_t n_prompt;
+    ReqParams params;
+    char *stops[ENGINE_MAX_STOP];
+    char *ns;
+    char *session;
+    /* output, guarded by lock */
+    char *out;
+    size_t out_len, out_cap;
+    bool is_done;
+    ReqResult result;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+Request *request_new(const int32_t *prompt, size_t n, const ReqParams *p, const char *ns, const char *session) {
+    if (n == 0 || p->max_tokens <= 0 || p->n_stop < 0 || p->n_stop > ENGINE_MAX_STOP) return NULL;
+    Request *r = mn_calloc(1, sizeof *r);
+    if (r == NULL) return NULL;
+    pthread_mutex_init(&r->lock, NULL);
+    pthread_cond_init(&r->cond, NULL);
+    r->refs = 1;
+    r->params = *p;
+    r->n_prompt = n;
+    r->prompt = mn_malloc(n * sizeof *prompt);
+    r->ns = mn_strdup(ns ? ns : "");
+    r->session = session ? mn_strdup(session) : NULL;
+    bool ok = r->prompt && r->ns && (!session || r->session);
+    for (int i = 0; ok && i < p->n_stop; i++) {
+        r->stops[i] = mn_strdup(p->stop[i]);
+        r->params.stop[i] = r->stops[i];
+        ok = r->stops[i] != NULL && r->stops[i][0] != '\0';
+    }
+    if (!ok) {
+        request_unref(r);
+        return NULL;
+    }
+    memcpy(r->prompt, prompt, n * sizeof *prompt);
+    return r;
+}
+
+static void request_ref(Request *r) {
+    pthread_mutex_lock(&r->lock);
+    r->refs++;
+    pthread_mutex_unlock(&r->lock);
+}
+
+void request_unref(Request *r) {
+    if (r == NULL) return;
+    pthread_mutex_lock(&r->lock);
+    int left = --r->refs;
+    pthread_mutex_unlock(&r->lock);
+    if (left > 0) return;
+    for (int i = 0; i < ENGINE_MAX_STOP; i++) mn_free(r->stops[i]);
+    mn_free(r->prompt);
+    mn_free(r->ns);
+    mn_free(r->session);
+    mn_free(r->out);
+    pthread_cond_destroy(&r->cond);
+    pthread_mutex_destroy(&r->lock);
+    mn_free(r);
+}
+
+/* Engine side: append text to the channel. On allocation failure the text
+ * is dropped and the request will finish with an error. */
+static int request_emit(Request *r, const char *text, size_t len) {
+    if (len == 0) return MN_OK;
+    int rc = MN_OK;
+    pthread_mutex_lock(&r->lock);
+    if (r->out_len + len + 1 > r->out_cap) {
+        size_t cap = r->out_cap ? r->out_cap : 256;
+        while (cap < r->out_len + len + 1) cap *= 2;
+        char *b = mn_realloc(r->out, cap);
+        if (b == NULL) rc = MN_ENOMEM;
+        else {
+            r->out = b;
+            r->out_cap = cap;
+        }
+    }
+    if (rc == MN_OK) {
+        memcpy(r->out + r->out_len, text, len);
+        r->out_len += len;
+        pthread_cond_broadcast(&r->cond);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+}
+
+static void request_finish(Request *r, const ReqResult *res) {
+    pthread_mutex_lock(&r->lock);
+    r->result = *res;
+    r->is_done = true;
+    pthread_cond_broadcast(&r->cond);
+    pthread_mutex_unlock(&r->lock);
+}
+
+int request_read(Request *r, char **text, size_t *len, bool *done, ReqResult *res, int timeout_ms) {
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += timeout_ms / 1000;
+    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&r->lock);
+    while (r->out_len == 0 && !r->is_done)
+        if (pthread_cond_timedwait(&r->cond, &r->lock, &deadline) != 0) break;
+    *text = mn_strndup(r->out ? r->out : "", r->out_len);
+    int rc = *text ? MN_OK : MN_ENOMEM;
+    if (rc == MN_OK) {
+        *len = r->out_len;
+        r->out_len = 0;
+    }
+    *done = r->is_done && r->out_len == 0;
+    if (*done && res) *res = r->result;
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+}
+
+/* ---- engine state ------------------------------------------------------------ */
+
+typedef enum MsgKind { MSG_SUBMIT, MSG_CANCEL } MsgKind;
+
+typedef struct Msg {
+    MsgKind kind;
+    Request *req; /* one reference travels with the message */
+    struct Msg *next;
+} Msg;
+
+/* A request being served: owned by the engine thread. */
+typedef struct Active {
+    Request *req;
+    uint64_t arrival;        /* order of arrival */
+    double t_submit, t_first;
+    Hash128 ns_id;
+    Seq seq;
+    Sampler *smp;
+    TokStream ts;
+    int32_t *tokens;         /* prompt, then generated */
+    int n_tokens, cap_tokens;
+    int n_done;              /* tokens whose KV is in the sequence's blocks */
+    int n_prompt;
+    int n_generated;
+    int n_cached;            /* prompt tokens found cached at first admission */
+    bool is_admitted_once;
+    Hash128 *hashes;         /* chain hashes of full blocks, (cap_tokens / bt) */
+    int n_hashed;            /* full blocks whose hash is computed */
+    int n_registered;        /* full blocks offered to the index */
+    char *pending;           /* generated text not yet emitted (stop-string hold-back) */
+    size_t n_pending, cap_pending;
+    char *reply;             /* all emitted text (for the reply memory) */
+    size_t n_reply, cap_reply;
+    bool is_cancelled;
+    bool is_stop_cut;        /* a stop string cut the text */
+    struct Active *next;     /* in the waiting list */
+} Active;
+
+struct Engine {
+    const Model *m;
+    EngineOptions opt;
+    KvPool pool;
+    BlockIndex *index;       /* NULL with the prefix cache off */
+    Forward *fwd;
+    ReplyMemory *replies;
+    uint32_t kv_format;
+    int reserve_blocks;
+    uint64_t n_arrivals;
+    /* engine thread only */
+    Active **running;        /* (parallel) */
+    int n_running;
+    Active *waiting;         /* list in arrival order */
+    int n_waiting;
+    int32_t *b_tok, *b_seq, *b_pos, *b_logit; /* (batch_tokens) */
+    Active **b_owner;        /* (parallel) owner of logit row i */
+    AttnSeq *b_seqs;         /* (parallel) */
+    char *piece;             /* (piece_cap) */
+    size_t piece_cap;
+    /* inbox */
+    pthread_t thread;
+    bool has_thread;
+    pthread_mutex_t inbox_lock;
+    pthread_cond_t inbox_cond;
+    Msg *inbox_head, *inbox_tail;
+    int n_inbox_submits;     /* submit messages in the inbox */
+    int n_waiting_pub;       /* n_waiting as last published by the engine thread */
+    bool is_stopping;
+    /* statistics */
+    pthread_mutex_t stats_lock;
+    EngineStats stats;
+};
+
+void engine_options_default(EngineOptions *o) {
+    memset(o, 0, sizeof *o);
+    o->n_threads = 2;
+    o->block_tokens = 32;
+    o->batch_tokens = 512;
+    o->parallel = 4;
+    o->max_queue = 64;
+    o->decode_reserve = 0.1f;
+    o->kv_type = MN_TYPE_F16;
+    o->prefix_cache = true;
+    o->schedule = SCHED_FCFS;
+}
+
+Hash128 engine_namespace_id(const char *ns) { return index_namespace_id(ns); }
+ReplyMemory *engine_reply_memory(Engine *e) { return e->replies; }
+const Model *engine_model(const Engine *e) { return e->m; }
+
+/* Bytes of RAM available, from /proc/meminfo (0 when unknown). */
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f == NULL) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* ---- actives ------------------------------------------------------------------ */
+
+static void active_free(Engine *e, Active *a) {
+    if (a == NULL) return;
+    seq_release(&a->seq, &e->pool);
+    sampler_free(a->smp);
+    mn_free(a->tokens);
+    mn_free(a->hashes);
+    mn_free(a->pending);
+    mn_free(a->reply);
+    request_unref(a->req);
+    mn_free(a);
+}
+
+static Active *active_new(Engine *e, Request *r) {
+    Active *a = mn_calloc(1, sizeof *a);
+    if (a == NULL) return NULL;
+    a->req = r;
+    a->arrival = e->n_arrivals++;
+    a->t_submit = now_s();
+    a->ns_id = index_namespace_id(r->ns);
+    a->n_prompt = (int)r->n_prompt;
+    a->cap_tokens = (int)r->n_prompt + r->params.max_tokens + 1;
+    a->tokens = mn_malloc((size_t)a->cap_tokens * sizeof *a->tokens);
+    a->hashes = mn_calloc((size_t)a->cap_tokens / (size_t)e->opt.block_tokens + 1, sizeof *a->hashes);
+    int rc = a->tokens && a->hashes ? sampler_new(&r->params.sp, e->m->cfg.n_vocab, &a->smp) : MN_ENOMEM;
+    if (rc != MN_OK) {
+        a->req = NULL; /* the caller keeps its reference */
+        active_free(e, a);
+        return NULL;
+    }
+    memcpy(a->tokens, r->prompt, r->n_prompt * sizeof *a->tokens);
+    a->n_tokens = a->n_prompt;
+    for (int i = 0; i < a->n_prompt; i++) sampler_accept(a->smp, a->tokens[i]);
+    tok_stream_init(&a->ts, e->m->tok, false);
+    a->ts.at_start = false; /* the reply continues the prompt */
+    return a;
+}
+
+static int buf_append(char **buf, size_t *n, size_t *cap, const char *s, size_t len) {
+    if (*n + len + 1 > *cap) {
+        size_t c = *cap ? *cap : 128;
+        while (c < *n + len + 1) c *= 2;
+        char *b = mn_realloc(*buf, c);
+        if (b == NULL) return MN_ENOMEM;
+        *buf = b;
+        *cap = c;
+    }
+    memcpy(*buf + *n, s, len);
+    *n += len;
+    (*buf)[*n] = '\0';
+    return MN_OK;
+}
+
+/* Compute chain hashes of full blocks of tokens[0..n) not hashed yet. */
+static void active_hash_blocks(Engine *e, Active *a, int n) {
+    const int bt = e->opt.block_tokens;
+    while ((a->n_hashed + 1) * bt <= n) {
+        int b = a->n_hashed;
+        a->hashes[b] = index_block_hash(b ? &a->hashes[b - 1] : NULL, a->tokens + (size_t)b * bt, bt,
+                                        &e->m->fingerprint, e->kv_format, &a->ns_id);
+        a->n_hashed++;
+    }
+}
+
+/* Number of leading prompt blocks found in the pool (at most the blocks that
+ * leave one token to compute: the last token's logits are needed). */
+static int cached_prefix_blocks(Engine *e, Active *a) {
+    if (e->index == NULL) return 0;
+    int max_blocks = (a->n_tokens - 1) / e->opt.block_tokens;
+    active_hash_blocks(e, a, max_blocks * e->opt.block_tokens);
+    int n = 0;
+    while (n < max_blocks && index_lookup(e->index, &a->hashes[n]) >= 0) n++;
+    return n;
+}
+
+/* ---- statistics ---------------------------------------------------------------- */
+
+static void stats_update_gauges(Engine *e) {
+    pthread_mutex_lock(&e->stats_lock);
+    e->stats.queue_depth = e->n_waiting;
+    e->stats.running = e->n_running;
+    e->stats.pool_free = kvpool_n_free(&e->pool);
+    e->stats.pool_cached = kvpool_n_cached(&e->pool);
+    e->stats.pool_used = kvpool_n_used(&e->pool);
+    pthread_mutex_unlock(&e->stats_lock);
+}
+
+void engine_stats(Engine *e, EngineStats *out) {
+    pthread_mutex_lock(&e->stats_lock);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->stats_lock);
+}
+
+/* ---- finishing ------------------------------------------------------------------- */
+
+/* Emit the text held back (it is final now) and finish the request. */
+static void active_finish(Engine *e, Active *a, FinishReason why, const char *error) {
+    size_t n_out = 0;
+    if (why != FINISH_ERROR) {
+        tok_stream_flush(&a->ts, e->piece, e->piece_cap, &n_out);
+        if (!a->is_stop_cut) buf_append(&a->pending, &a->n_pending, &a->cap_pending, e->piece, n_out);
+        if (a->n_pending) {
+            request_emit(a->req, a->pending, a->n_pending);
+            buf_append(&a->reply, &a->n_reply, &a->cap_reply, a->pending, a->n_pending);
+        }
+    }
+    /* remember the ids of a complete reply (not one cut by a stop string or a
+     * cancel: then the text is not what those ids decode to) */
+    if ((why == FINISH_STOP || why == FINISH_LENGTH) && !a->is_stop_cut && a->n_generated > 0) {
+        Hash128 key = replymem_prefix_key(&a->ns_id, a->tokens, (size_t)a->n_prompt);
+        replymem_put(e->replies, &key, a->reply ? a->reply : "", a->n_reply, a->tokens + a->n_prompt,
+                     (size_t)(a->n_tokens - a->n_prompt));
+    }
+    ReqResult res = {0};
+    res.finish = why;
+    res.n_prompt = a->n_prompt;
+    res.n_cached = a->n_cached;
+    res.n_generated = a->n_generated;
+    res.ttft_s = a->t_first > 0 ? a->t_first - a->t_submit : 0;
+    res.total_s = now_s() - a->t_submit;
+    if (error) snprintf(res.error, sizeof res.error, "%s", error);
+    pthread_mutex_lock(&e->stats_lock);
+    e->stats.requests_finished[why]++;
+    e->stats.generated_tokens += (uint64_t)a->n_generated;
+    pthread_mutex_unlock(&e->stats_lock);
+    request_finish(a->req, &res);
+    active_free(e, a);
+}
+
+/* ---- generated text and stop strings ------------------------------------------ */
+
+/* Longest suffix of s[0..n) that is a proper prefix of a stop string. */
+static size_t stop_holdback(const ReqParams *p, const char *s, size_t n) {
+    size_t best = 0;
+    for (int i = 0; i < p->n_stop; i++) {
+        size_t ls = strlen(p->stop[i]);
+        for (size_t k = ls - 1 < n ? ls - 1 : n; k > best; k--)
+            if (memcmp(s + n - k, p->stop[i], k) == 0) {
+                best = k;
+                break;
+            }
+    }
+    return best;
+}
+
+/* Add a generated token's text; returns true when a stop string ended the reply. */
+static bool active_push_text(Engine *e, Active *a, int32_t id) {
+    size_t n_out = 0;
+    tok_stream_push(&a->ts, id, e->piece, e->piece_cap, &n_out);
+    if (buf_append(&a->pending, &a->n_pending, &a->cap_pending, e->piece, n_out) != MN_OK) return false;
+    const ReqParams *p = &a->req->params;
+    size_t cut = a->n_pending;
+    bool stopped = false;
+    for (int i = 0; i < p->n_stop; i++) {
+        const char *hit = a->n_pending ? strstr(a->pending, p->stop[i]) : NULL;
+        if (hit && (size_t)(hit - a->pending) < cut) {
+            cut = (size_t)(hit - a->pending);
+            stopped = true;
+        }
+    }
+    size_t emit = stopped ? cut : a->n_pending - stop_holdback(p, a->pending, a->n_pending);
+    if (emit > 0) {
+        request_emit(a->req, a->pending, emit);
+        buf_append(&a->reply, &a->n_reply, &a->cap_reply, a->pending, emit);
+    }
+    if (stopped) {
+        a->n_pending = 0;
+        a->is_stop_cut = true;
+    } else {
+        memmove(a->pending, a->pending + emit, a->n_pending - emit);
+        a->n_pending -= emit;
+    }
+    return stopped;
+}
+
+/* Sample the next token of a; returns false when a has finished (and is freed). */
+static bool active_sample(Engine *e, Active *a, float *logits) {
+    int32_t next = sampler_sample(a->smp, logits);
+    if (a->t_first == 0) a->t_first = now_s();
+    const ReqParams *p = &a->req->params;
+    if (!p->ignore_eos && tok_is_eog(e->m->tok, next)) {
+        active_finish(e, a, FINISH_STOP, NULL);
+        return false;
+    }
+    sampler_accept(a->smp, next);
+    a->tokens[a->n_tokens++] = next;
+    a->n_generated++;
+    if (active_push_text(e, a, next)) {
+        active_finish(e, a, FINISH_STOP, NULL);
+        return false;
+    }
+    if (a->n_generated >= p->max_tokens) {
+        active_finish(e, a, FINISH_LENGTH, NULL);
+        return false;
+    }
+    return true;
+}
+
+/* ---- admission, suspension ------------------------------------------------------ */
+
+static void waiting_remove(Engine *e, Active *a) {
+    for (Active **pp = &e->waiting; *pp; pp = &(*pp)->next)
+        if (*pp == a) {
+            *pp = a->next;
+            a->next = NULL;
+            e->n_waiting--;
+            return;
+        }
+}
+
+/* Put a back in arrival order. */
+static void waiting_insert(Engine *e, Active *a) {
+    Active **pp = &e->waiting;
+    while (*pp && (*pp)->arrival < a->arrival) pp = &(*pp)->next;
+    a->next = *pp;
+    *pp = a;
+    e->n_waiting++;
+}
+
+/* Blocks a must newly allocate to hold tokens[0..n_tokens) given n_hit
+ * cached blocks. */
+static int blocks_needed(const Engine *e, const Active *a, int n_hit) {
+    int need = (a->n_tokens + e->opt.block_tokens - 1) / e->opt.block_tokens;
+    return need - n_hit;
+}
+
+/* Try to start a: take the cached prefix and allocate the rest of its
+ * blocks. Returns false (nothing taken) when the pool cannot hold it now. */
+static bool try_admit(Engine *e, Active *a) {
+    int n_hit = cached_prefix_blocks(e, a);
+    int need = blocks_needed(e, a, n_hit);
+    int avail = kvpool_n_available(&e->pool);
+    /* hit blocks that sit CACHED stop being available once we take them */
+    for (int i = 0; i < n_hit; i++)
+        if (e->pool.state[index_lookup(e->index, &a->hashes[i])] == SLOT_CACHED) avail--;
+    int reserve = e->n_running > 0 ? e->reserve_blocks : 0;
+    if (avail - need < reserve) return false;
+    Seq *s = &a->seq;
+    if (seq_reserve(s, &e->pool, 0) != MN_OK) return false;
+    /* the block table: hit slots first, then fresh ones */
+    int total = n_hit + need;
+    int32_t *blocks = mn_malloc((size_t)(total > 0 ? total : 1) * sizeof *blocks);
+    if (blocks == NULL) return false;
+    for (int i = 0; i < n_hit; i++) {
+        blocks[i] = index_lookup(e->index, &a->hashes[i]);
+        kvpool_retain(&e->pool, blocks[i]);
+    }
+    for (int i = n_hit; i < total; i++) {
+        if (kvpool_alloc(&e->pool, &blocks[i]) != MN_OK) { /* cannot happen: counted above */
+            for (int j = 0; j < i; j++) kvpool_release(&e->pool, blocks[j]);
+            mn_free(blocks);
+            return false;
+        }
+    }
+    mn_free(s->blocks);
+    s->blocks = blocks;
+    s->n_blocks = s->cap = total;
+    a->n_done = n_hit * e->opt.block_tokens;
+    a->n_registered = n_hit;
+    if (!a->is_admitted_once) {
+        a->is_admitted_once = true;
+        a->n_cached = a->n_done;
+        pthread_mutex_lock(&e->stats_lock);
+        e->stats.prompt_tokens += (uint64_t)a->n_prompt;
+        e->stats.cached_tokens += (uint64_t)a->n_done;
+        e->stats.recomputed_tokens += (uint64_t)(a->n_prompt - a->n_done);
+        pthread_mutex_unlock(&e->stats_lock);
+    }
+    return true;
+}
+
+/* Suspend running sequence i: its blocks go back (full ones stay cached),
+ * and it waits to be admitted again with all its tokens. */
+static void suspend(Engine *e, int i) {
+    Active *a = e->running[i];
+    e->running[i] = e->running[--e->n_running];
+    seq_release(&a->seq, &e->pool);
+    a->n_done = 0;
+    waiting_insert(e, a);
+    pthread_mutex_lock(&e->stats_lock);
+    e->stats.suspensions++;
+    pthread_mutex_unlock(&e->stats_lock);
+}
+
+/* Priority of a waiting request under the policy (higher goes first). */
+static double priority(Engine *e, Active *a, double now) {
+    switch (e->opt.schedule) {
+    case SCHED_FPF: return (double)cached_prefix_blocks(e, a) - 1e-12 * (double)a->arrival;
+    case SCHED_RELAXED_FPF: {
+        int distance = cached_prefix_blocks(e, a) > 0 ? 0 : 3; /* 0 pool ... 3 not cached */
+        return (now - a->t_submit + 1e-3) * (4 - distance) - 1e-12 * (double)a->arrival;
+    }
+    case SCHED_FCFS:
+    default: return -(double)a->arrival;
+    }
+}
+
+static void admit_waiting(Engine *e) {
+    double now = now_s();
+    while (e->n_running < e->opt.parallel && e->waiting) {
+        Active *best = NULL;
+        double best_p = -INFINITY;
+        for (Active *a = e->waiting; a; a = a->next) {
+            double p = priority(e, a, now);
+            if (best == NULL || p > best_p) {
+                best = a;
+                best_p = p;
+            }
+        }
+        /* suspended sequences (already admitted once) come back first */
+        for (Active *a = e->waiting; a; a = a->next)
+            if (a->is_admitted_once && a->n_generated > 0) {
+                best = a;
+                break;
+            }
+        if (!try_admit(e, best)) break;
+        waiting_remove(e, best);
+        e->running[e->n_running++] = best;
+    }
+}
+
+/* Make sure a's block table covers a->n_tokens tokens; may suspend others
+ * (most recent arrival first). Returns false if a itself was suspended. */
+static bool ensure_blocks(Engine *e, Active *a) {
+    while (seq_reserve(&a->seq, &e->pool, a->n_tokens) == MN_EFULL) {
+        int victim = 0;
+        for (int i = 1; i < e->n_running; i++)
+            if (e->running[i]->arrival > e->running[victim]->arrival) victim = i;
+        bool is_self = e->running[victim] == a;
+        suspend(e, victim);
+        if (is_self) return false;
+    }
+    return true;
+}
+
+/* Offer a's newly completed full blocks to the index. */
+static void register_blocks(Engine *e, Active *a) {
+    if (e->index == NULL) return;
+    int full = a->n_done / e->opt.block_tokens;
+    if (full > a->n_registered) active_hash_blocks(e, a, full * e->opt.block_tokens);
+    for (; a->n_registered < full; a->n_registered++)
+        index_insert(e->index, &a->hashes[a->n_registered], a->seq.blocks[a->n_registered]);
+}
+
+/* ---- one step ------------------------------------------------------------------- */
+
+static void fail_all_running(Engine *e, const char *msg) {
+    while (e->n_running > 0) active_finish(e, e->running[--e->n_running], FINISH_ERROR, msg);
+}
+
+static void engine_step(Engine *e) {
+    admit_waiting(e);
+    /* every running sequence needs blocks for its pending tokens */
+    for (int i = 0; i < e->n_running; i++)
+        if (!ensure_blocks(e, e->running[i])) i = -1; /* the list changed: start over */
+    if (e->n_running == 0) return;
+    int budget = e->opt.batch_tokens, n = 0, n_logits = 0;
+    /* decodes first (one pending token), then prefill chunks */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < e->n_running && budget > 0; i++) {
+            Active *a = e->running[i];
+            int pending = a->n_tokens - a->n_done;
+            if ((pass == 0) != (pending == 1) || pending <= 0) continue;
+            int take = pending < budget ? pending : budget;
+            e->b_seqs[i] = seq_view(&a->seq);
+            for (int k = 0; k < take; k++) {
+                e->b_tok[n] = a->tokens[a->n_done + k];
+                e->b_seq[n] = i;
+                e->b_pos[n] = a->n_done + k;
+                n++;
+            }
+            if (take == pending) {
+                e->b_logit[n_logits] = n - 1;
+                e->b_owner[n_logits++] = a;
+            }
+            budget -= take;
+        }
+    }
+    for (int i = 0; i < e->n_running; i++) e->b_seqs[i] = seq_view(&e->running[i]->seq);
+    FwdBatch b = {n, e->b_tok, e->b_seq, e->b_pos, e->b_seqs, e->n_running, e->b_logit, n_logits};
+    const float *logits;
+    MnErr err = {0};
+    if (fwd_run(e->fwd, &b, &logits, &err) != MN_OK) {
+        LOG_ERROR("forward pass failed: %s", err.msg);
+        fail_all_running(e, err.msg);
+        return;
+    }
+    /* advance, register full blocks */
+    for (int t = 0; t < n; t++) {
+        Active *a = e->running[e->b_seq[t]];
+        if (e->b_pos[t] + 1 > a->n_done) a->n_done = e->b_pos[t] + 1;
+    }
+    for (int i = 0; i < e->n_running; i++) register_blocks(e, e->running[i]);
+    /* sample; finished sequences leave the running set */
+    for (int l = 0; l < n_logits; l++) {
+        Active *a = e->b_owner[l];
+        if (a->is_cancelled) continue;
+        if (!active_sample(e, a, (float *)logits + (size_t)l * (size_t)e->m->cfg.n_vocab)) {
+            for (int i = 0; i < e->n_running; i++)
+                if (e->running[i] == a) {
+                    e->running[i] = e->running[--e->n_running];
+                    break;
+                }
+        }
+    }
+}
+
+/* ---- the engine thread --------------------------------------------------------- */
+
+static void handle_cancel(Engine *e, Request *r) {
+    for (int i = 0; i < e->n_running; i++)
+        if (e->running[i]->req == r) {
+            Active *a = e->running[i];
+            e->running[i] = e->running[--e->n_running];
+            active_finish(e, a, FINISH_CANCELLED, NULL);
+            return;
+        }
+    for (Active *a = e->waiting; a; a = a->next)
+        if (a->req == r) {
+            waiting_remove(e, a);
+            active_finish(e, a, FINISH_CANCELLED, NULL);
+            return;
+        }
+}
+
+static void handle_msgs(Engine *e, Msg *m) {
+    while (m) {
+        Msg *next = m->next;
+        if (m->kind == MSG_SUBMIT) {
+            Active *a = active_new(e, m->req);
+            if (a == NULL) {
+                ReqResult res = {.finish = FINISH_ERROR};
+                snprintf(res.error, sizeof res.error, "out of memory");
+                request_finish(m->req, &res);
+                request_unref(m->req);
+            } else {
+                waiting_insert(e, a);
+            }
+        } else {
+            handle_cancel(e, m->req);
+            request_unref(m->req);
+        }
+        mn_free(m);
+        m = next;
+    }
+}
+
+static void *engine_main(void *arg) {
+    Engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->inbox_lock);
+        while (!e->inbox_head && !e->is_stopping && e->n_running == 0 && e->n_waiting == 0)
+            pthread_cond_wait(&e->inbox_cond, &e->inbox_lock);
+        Msg *m = e->inbox_head;
+        e->inbox_head = e->inbox_tail = NULL;
+        e->n_waiting_pub += e->n_inbox_submits;
+        e->n_inbox_submits = 0;
+        bool stopping = e->is_stopping;
+        pthread_mutex_unlock(&e->inbox_lock);
+        handle_msgs(e, m);
+        if (stopping) break;
+        engine_step(e);
+        if (e->n_running == 0 && e->n_waiting > 0 && !e->inbox_head) {
+            /* nothing fits and nothing runs: the head request can never be served */
+            Active *a = e->waiting;
+            waiting_remove(e, a);
+            active_finish(e, a, FINISH_ERROR, "the KV pool is too small for this request");
+        }
+        pthread_mutex_lock(&e->inbox_lock);
+        e->n_waiting_pub = e->n_waiting;
+        pthread_mutex_unlock(&e->inbox_lock);
+        stats_update_gauges(e);
+    }
+    while (e->n_running > 0) active_finish(e, e->running[--e->n_running], FINISH_CANCELLED, NULL);
+    while (e->waiting) {
+        Active *a = e->waiting;
+        waiting_remove(e, a);
+        active_finish(e, a, FINISH_CANCELLED, NULL);
+    }
+    stats_update_gauges(e);
+    return NULL;
+}
+
+static int post(Engine *e, MsgKind kind, Request *r, bool count_queue) {
+    Msg *m = mn_calloc(1, sizeof *m);
+    if (m == NULL) return MN_ENOMEM;
+    m->kind = kind;
+    m->req = r;
+    request_ref(r);
+    pthread_mutex_lock(&e->inbox_lock);
+    int rc = MN_OK;
+    if (e->is_stopping) rc = MN_ECANCELED;
+    else if (count_queue && e->n_inbox_submits + e->n_waiting_pub >= e->opt.max_queue) rc = MN_EBUSY;
+    if (rc == MN_OK) {
+        if (e->inbox_tail) e->inbox_tail->next = m;
+        else e->inbox_head = m;
+        e->inbox_tail = m;
+        if (count_queue) e->n_inbox_submits++;
+        pthread_cond_signal(&e->inbox_cond);
+    }
+    pthread_mutex_unlock(&e->inbox_lock);
+    if (rc != MN_OK) {
+        request_unref(r);
+        mn_free(m);
+    }
+    return rc;
+}
+
+int engine_submit(Engine *e, Request *r, MnErr *err) {
+    int n = (int)r->n_prompt;
+    for (int i = 0; i < n; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= e->m->cfg.n_vocab)
+            return mn_err_set(err, MN_EINVAL, "token id %d is out of range [0, %d)", r->prompt[i], e->m->cfg.n_vocab);
+    if ((int64_t)n + r->params.max_tokens > e->opt.n_ctx)
+        return mn_err_set(err, MN_ERANGE, "the prompt (%d tokens) plus max_tokens (%d) exceed the context of %d tokens", n,
+                          r->params.max_tokens, e->opt.n_ctx);
+    int need = (n + r->params.max_tokens + e->opt.block_tokens - 1) / e->opt.block_tokens;
+    if (need > e->pool.n_blocks)
+        return mn_err_set(err, MN_ERANGE, "the request needs %d KV blocks but the pool has %d", need, e->pool.n_blocks);
+    int rc = post(e, MSG_SUBMIT, r, true);
+    if (rc == MN_EBUSY) mn_err_set(err, rc, "the queue is full (%d requests)", e->opt.max_queue);
+    else if (rc) mn_err_set(err, rc, "the engine is %s", rc == MN_ECANCELED ? "shutting down" : "out of memory");
+    return rc;
+}
+
+void engine_cancel(Engine *e, Request *r) {
+    if (post(e, MSG_CANCEL, r, false) != MN_OK) LOG_WARN("could not post a cancel");
+}
+
+/* ---- construction ------------------------------------------------------------- */
+
+int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err) {
+    *out = NULL;
+    Engine *e = mn_calloc(1, sizeof *e);
+    if (e == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    e->m = m;
+    e->opt = *o;
+    pthread_mutex_init(&e->inbox_lock, NULL);
+    pthread_cond_init(&e->inbox_cond, NULL);
+    pthread_mutex_init(&e->stats_lock, NULL);
+    EngineOptions *op = &e->opt;
+    if (op->n_ctx <= 0 || op->n_ctx > m->cfg.n_ctx) op->n_ctx = m->cfg.n_ctx;
+    int rc = MN_OK;
+    if (op->block_tokens < 1 || op->block_tokens > 1024 || op->batch_tokens < 1 || op->parallel < 1 ||
+        op->max_queue < 1 || op->n_threads < 1 || !(op->decode_reserve >= 0 && op->decode_reserve < 1))
+        rc = mn_err_set(err, MN_EINVAL, "engine options out of range");
+    uint64_t per_block = kvpool_bytes_for(m->cfg.n_layer, m->cfg.kv_dim, op->block_tokens, 1, op->kv_type);
+    uint64_t pool_bytes = op->pool_mb * 1024 * 1024;
+    if (rc == MN_OK && pool_bytes == 0) {
+        uint64_t avail = mem_available();
+        pool_bytes = avail ? avail / 4 : (uint64_t)1 << 30;
+        uint64_t cap = (uint64_t)4 << 30;
+        uint64_t want = per_block * (uint64_t)((op->n_ctx + op->block_tokens - 1) / op->block_tokens) *
+                        (uint64_t)op->parallel * 4;
+        if (pool_bytes > cap) pool_bytes = cap;
+        if (pool_bytes > want) pool_bytes = want;
+    }
+    uint64_t n_blocks = op->pool_blocks > 0 ? (uint64_t)op->pool_blocks : pool_bytes / per_block;
+    if (rc == MN_OK && n_blocks < 2) rc = mn_err_set(err, MN_EINVAL, "a KV pool of %llu MB holds no blocks", (unsigned long long)op->pool_mb);
+    if (n_blocks > (1u << 30)) n_blocks = 1u << 30;
+    if (rc == MN_OK && (rc = kvpool_init(&e->pool, m->cfg.n_layer, m->cfg.kv_dim, op->block_tokens, (int)n_blocks,
+                                         op->kv_type)))
+        mn_err_set(err, rc, "cannot allocate a KV pool of %llu blocks", (unsigned long long)n_blocks);
+    if (rc == MN_OK) {
+        e->reserve_blocks = (int)(op->decode_reserve * (float)n_blocks);
+        e->kv_format = index_kv_format(op->kv_type, op->block_tokens);
+        if (op->prefix_cache && (e->index = index_new(&e->pool)) == NULL) rc = MN_ENOMEM;
+        e->replies = replymem_new(4096);
+        int np = op->parallel, bt = op->batch_tokens;
+        e->running = mn_calloc((size_t)np, sizeof *e->running);
+        e->b_owner = mn_calloc((size_t)np, sizeof *e->b_owner);
+        e->b_seqs = mn_calloc((size_t)np, sizeof *e->b_seqs);
+        e->b_tok = mn_calloc((size_t)bt, sizeof(int32_t));
+        e->b_seq = mn_calloc((size_t)bt, sizeof(int32_t));
+        e->b_pos = mn_calloc((size_t)bt, sizeof(int32_t));
+        e->b_logit = mn_calloc((size_t)np, sizeof(int32_t));
+        e->piece_cap = tok_max_piece_bytes(m->tok) + 16;
+        e->piece = mn_malloc(e->piece_cap);
+        if (rc || !e->replies || !e->running || !e->b_owner || !e->b_seqs || !e->b_tok || !e->b_seq || !e->b_pos ||
+            !e->b_logit || !e->piece)
+            rc = mn_err_set(err, MN_ENOMEM, "out of memory");
+    }
+    if (rc == MN_OK) {
+        FwdOptions fo = {op->batch_tokens, op->parallel, op->n_ctx, op->n_threads};
+        rc = fwd_new(m, &e->pool, &fo, &e->fwd, err);
+    }
+    if (rc == MN_OK) {
+        e->stats.pool_blocks = e->pool.n_blocks;
+        e->stats.pool_bytes = per_block * n_blocks;
+        e->stats.block_tokens = op->block_tokens;
+        e->stats.n_ctx = op->n_ctx;
+        stats_update_gauges(e);
+        if (pthread_create(&e->thread, NULL, engine_main, e) != 0) rc = mn_err_set(err, MN_ENOMEM, "cannot start the engine thread");
+        else e->has_thread = true;
+    }
+    if (rc != MN_OK) {
+        engine_free(e);
+        return rc;
+    }
+    *out = e;
+    return MN_OK;
+}
+
+void engine_free(Engine *e) {
+    if (e == NULL) return;
+    if (e->has_thread) {
+        pthread_mutex_lock(&e->inbox_lock);
+        e->is_stopping = true;
+        pthread_cond_signal(&e->inbox_cond);
+        pthread_mutex_unlock(&e->inbox_lock);
+        pthread_join(e->thread, NULL);
+    }
+    for (Msg *m = e->inbox_head, *next; m; m = next) {
+        next = m->next;
+        request_unref(m->req);
+        mn_free(m);
+    }
+    fwd_free(e->fwd);
+    index_free(e->index);
+    kvpool_deinit(&e->pool);
+    replymem_free(e->replies);
+    mn_free(e->running);
+    mn_free(e->b_owner);
+    mn_free(e->b_seqs);
+    mn_free(e->b_tok);
+    mn_free(e->b_seq);
+    mn_free(e->b_pos);
+    mn_free(e->b_logit);
+    mn_free(e->piece);
+    pthread_mutex_destroy(&e->inbox_lock);
+    pthread_cond_destroy(&e->inbox_cond);
+    pthread_mutex_destroy(&e->stats_lock);
+    mn_free(e);
+}

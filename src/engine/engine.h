@@ -1,0 +1,120 @@
+/* engine.h — the serving engine: requests in, tokens out, continuous
+ * batching over a shared KV pool with an automatic prefix cache.
+ *
+ * One engine thread runs the scheduler, the forward pass and the samplers,
+ * one step at a time. Other threads (HTTP) talk to it only through queues:
+ * engine_submit and engine_cancel post messages to its inbox, and each
+ * Request carries its own output channel that the engine fills with text and
+ * a final result, which the submitting thread drains with request_read.
+ *
+ * Each step packs the decode tokens of running sequences and chunks of
+ * prefills into one batch under a token budget (batch_tokens), so a long
+ * prompt never stalls running decodes for more than one step. Finished
+ * requests leave their full blocks in the pool, indexed by chain hash
+ * (cache/index.h); a new request reuses the longest cached prefix of its
+ * namespace. When the pool runs out during decoding, the most recently
+ * arrived running sequence is suspended (its full blocks stay cached) and
+ * resumed later. Outputs are identical with the prefix cache on or off
+ * (the kernels are batch-invariant).
+ */
+#ifndef MN_ENGINE_H
+#define MN_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "base/ttype.h"
+#include "cache/reply_mem.h"
+#include "engine/sampler.h"
+#include "model/model.h"
+
+typedef enum SchedPolicy { SCHED_FCFS, SCHED_FPF, SCHED_RELAXED_FPF } SchedPolicy;
+
+typedef struct EngineOptions {
+    int n_threads;        /* compute workers (default 2) */
+    int block_tokens;     /* default 32 */
+    int batch_tokens;     /* token budget per step (default 512) */
+    int parallel;         /* running sequences at most (default 4) */
+    int max_queue;        /* waiting requests at most (default 64) */
+    int n_ctx;            /* positions per sequence (default: the model's) */
+    uint64_t pool_mb;     /* KV pool size; 0 = a share of free RAM */
+    int pool_blocks;      /* KV pool size in blocks; overrides pool_mb when > 0 */
+    float decode_reserve; /* fraction of the pool kept for running sequences (0.1) */
+    MnType kv_type;       /* default f16 */
+    bool prefix_cache;    /* default true */
+    SchedPolicy schedule; /* default FCFS */
+} EngineOptions;
+
+#define ENGINE_MAX_STOP 4
+
+typedef struct ReqParams {
+    SamplerParams sp;
+    int max_tokens;       /* > 0 */
+    bool ignore_eos;
+    const char *stop[ENGINE_MAX_STOP]; /* copied by request_new */
+    int n_stop;
+} ReqParams;
+
+typedef enum FinishReason {
+    FINISH_NONE = 0,  /* still running */
+    FINISH_STOP,      /* end-of-generation token or a stop string */
+    FINISH_LENGTH,    /* max_tokens reached */
+    FINISH_CANCELLED, /* cancelled by the client or shutdown */
+    FINISH_ERROR,
+} FinishReason;
+
+typedef struct ReqResult {
+    FinishReason finish;
+    int n_prompt;
+    int n_cached;      /* prompt tokens found in the pool at admission */
+    int n_generated;
+    double ttft_s;     /* submit -> first token */
+    double total_s;    /* submit -> finish */
+    char error[256];
+} ReqResult;
+
+typedef struct Request Request;
+typedef struct Engine Engine;
+
+/* A request for n prompt tokens (copied). ns: cache namespace ("" or NULL
+ * for none); session: optional conversation id. One reference, owned by the
+ * caller. NULL on allocation failure or bad params. */
+Request *request_new(const int32_t *prompt, size_t n, const ReqParams *p, const char *ns, const char *session);
+void request_unref(Request *r);
+
+/* Wait up to timeout_ms for output. *text receives the text produced since
+ * the last call (malloc'd, may be empty; the caller frees it with mn_free),
+ * *done whether the request has finished, and then *res its result.
+ * Returns MN_OK, or MN_ENOMEM. */
+int request_read(Request *r, char **text, size_t *len, bool *done, ReqResult *res, int timeout_ms);
+
+void engine_options_default(EngineOptions *o);
+int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err);
+/* Stop the engine thread (running requests finish as cancelled) and free. */
+void engine_free(Engine *e);
+
+/* Queue a request (the engine takes its own reference). MN_EBUSY when the
+ * queue is full, MN_ERANGE (err says why) when prompt + max_tokens do not fit
+ * the context or the pool, MN_ECANCELED while shutting down. */
+int engine_submit(Engine *e, Request *r, MnErr *err);
+/* Ask the engine to stop a request; its blocks stay cached. */
+void engine_cancel(Engine *e, Request *r);
+
+typedef struct EngineStats {
+    uint64_t requests_finished[FINISH_ERROR + 1];
+    uint64_t prompt_tokens, generated_tokens, cached_tokens, recomputed_tokens;
+    uint64_t suspensions;
+    int queue_depth, running;
+    int pool_free, pool_used, pool_cached, pool_blocks;
+    uint64_t pool_bytes;
+    int block_tokens, n_ctx;
+} EngineStats;
+
+void engine_stats(Engine *e, EngineStats *out);
+ReplyMemory *engine_reply_memory(Engine *e);
+const Model *engine_model(const Engine *e);
+Hash128 engine_namespace_id(const char *ns);
+
+#endif

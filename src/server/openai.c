@@ -1,0 +1,778 @@
+/* openai.c — see openai.h.
+ *
+ * The HTTP layer hands this module request bodies and gets back either a
+ * validated ApiRequest or a message for a 400; the engine's results come
+ * back through the builders as JSON texts ready to send (whole, or as the
+ * payload of one SSE "data:" line). jansson does the JSON in both
+ * directions; this file converts its failures to MN_* codes at the edge.
+ *
+ * Parsing walks the jansson tree with small typed getters (get_bool,
+ * get_real, get_int, get_string) that treat an absent member and a JSON
+ * null alike and fill err with "<field> must be ..." on a type or range
+ * error, so every message names the field the client got wrong. The
+ * request owns copies of all strings, so the jansson tree is dropped before
+ * the parse returns. Invariant of a parsed request: every pointer member is
+ * NULL or owned, and fields a route does not use are zero; after a failure
+ * the whole request is zero.
+ *
+ * Building makes a jansson tree and serializes it compactly through a
+ * callback into an mn_malloc'd buffer, so the caller frees the result with
+ * mn_free like everything else. jansson refuses strings that are not valid
+ * UTF-8; jtext therefore checks each caller string and, when it is
+ * invalid, substitutes the api_utf8_sanitize form (one U+FFFD per maximal
+ * ill-formed subpart, the rule model/utf8.h's decoder and the streaming
+ * detokenizer use), so a broken byte in generated text degrades the text,
+ * never the response. Allocation failure anywhere in a builder frees the
+ * partial tree and returns NULL.
+ *
+ * No state, no locks: every function may run on any thread.
+ */
+#include "server/openai.h"
+
+#include <assert.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "base/mem.h"
+#include "model/utf8.h"
+
+/* ================================================================ parsing */
+
+/* A member of obj, or NULL when it is absent or JSON null. */
+static json_t *member(const json_t *obj, const char *key) {
+    json_t *v = json_object_get(obj, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+/* ---- typed getters: leave *out untouched and *is_set false when the member
+ * is absent; MN_EINVAL with "<key> must be ..." on a wrong type or value. */
+
+static int get_bool(const json_t *obj, const char *key, bool *out, MnErr *err) {
+    json_t *v = member(obj, key);
+    if (v == NULL) return MN_OK;
+    if (!json_is_boolean(v)) return mn_err_set(err, MN_EINVAL, "%s must be a boolean", key);
+    *out = json_is_true(v);
+    return MN_OK;
+}
+
+/* A number in [lo, hi], or (lo, hi] when is_lo_open. range names the range
+ * for the message ("between 0 and 2"). Written as positive checks so NaN
+ * could never pass (jansson does not produce it, but the check is free). */
+static int get_real(const json_t *obj, const char *key, double lo, bool is_lo_open, double hi,
+                    const char *range, float *out, bool *is_set, MnErr *err) {
+    *is_set = false;
+    json_t *v = member(obj, key);
+    if (v == NULL) return MN_OK;
+    double x = json_is_number(v) ? json_number_value(v) : NAN;
+    bool is_ok = is_lo_open ? x > lo : x >= lo;
+    if (!(is_ok && x <= hi)) return mn_err_set(err, MN_EINVAL, "%s must be a number %s", key, range);
+    *out = (float)x;
+    *is_set = true;
+    return MN_OK;
+}
+
+/* An integer in [lo, hi]. A real with an integral value (10.0) is accepted,
+ * as JSON makes no difference between the two. what completes the message
+ * ("a positive integer"). */
+static int get_int(const json_t *obj, const char *key, int64_t lo, int64_t hi, const char *what,
+                   int64_t *out, bool *is_set, MnErr *err) {
+    *is_set = false;
+    json_t *v = member(obj, key);
+    if (v == NULL) return MN_OK;
+    int64_t x;
+    if (json_is_integer(v)) {
+        x = (int64_t)json_integer_value(v);
+    } else if (json_is_real(v) && fabs(json_real_value(v)) <= 9007199254740992.0 &&
+               json_real_value(v) == trunc(json_real_value(v))) {
+        x = (int64_t)json_real_value(v); /* |v| <= 2^53: exact */
+    } else {
+        return mn_err_set(err, MN_EINVAL, "%s must be %s", key, what);
+    }
+    if (x < lo || x > hi) return mn_err_set(err, MN_EINVAL, "%s must be %s", key, what);
+    *out = x;
+    *is_set = true;
+    return MN_OK;
+}
+
+/* An owned copy of a string member; *out stays NULL when absent. */
+static int get_string(const json_t *obj, const char *key, char **out, MnErr *err) {
+    json_t *v = member(obj, key);
+    if (v == NULL) return MN_OK;
+    if (!json_is_string(v)) return mn_err_set(err, MN_EINVAL, "%s must be a string", key);
+    *out = mn_strndup(json_string_value(v), json_string_length(v));
+    return *out ? MN_OK : mn_err_set(err, MN_ENOMEM, "out of memory");
+}
+
+/* A token id array element: an integer in [0, INT32_MAX]. */
+static bool token_value(const json_t *v, int32_t *out) {
+    if (!json_is_integer(v)) return false;
+    json_int_t x = json_integer_value(v);
+    if (x < 0 || x > INT32_MAX) return false;
+    *out = (int32_t)x;
+    return true;
+}
+
+/* Copy an array of token ids. field names it in messages. */
+static int parse_token_array(const json_t *arr, const char *field, ApiRequest *r, MnErr *err) {
+    size_t n = json_array_size(arr);
+    r->tokens = mn_calloc(n ? n : 1, sizeof *r->tokens);
+    if (r->tokens == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        if (!token_value(json_array_get(arr, i), &r->tokens[i]))
+            return mn_err_set(err, MN_EINVAL, "%s[%zu] must be a token id (an integer >= 0)", field, i);
+    }
+    r->n_tokens = n;
+    return MN_OK;
+}
+
+/* Parse the body into a jansson tree that must be an object. */
+static int load_object(const char *body, size_t len, json_t **out, MnErr *err) {
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, 0, &jerr);
+    if (root == NULL)
+        return mn_err_set(err, MN_EINVAL, "invalid JSON at line %d, column %d: %s", jerr.line,
+                          jerr.column, jerr.text);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return mn_err_set(err, MN_EINVAL, "request body must be a JSON object");
+    }
+    *out = root;
+    return MN_OK;
+}
+
+/* ---- generation fields shared by chat and completions ------------------- */
+
+static int parse_stop(const json_t *root, ApiRequest *r, MnErr *err) {
+    json_t *v = member(root, "stop");
+    if (v == NULL) return MN_OK;
+    if (json_is_string(v)) {
+        if (json_string_length(v) == 0)
+            return mn_err_set(err, MN_EINVAL, "stop must be a non-empty string or an array of up to %d non-empty strings",
+                              API_MAX_STOP);
+        r->stop[0] = mn_strndup(json_string_value(v), json_string_length(v));
+        if (r->stop[0] == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+        r->n_stop = 1;
+    } else if (json_is_array(v)) {
+        if (json_array_size(v) > API_MAX_STOP)
+            return mn_err_set(err, MN_EINVAL, "stop must have at most %d strings", API_MAX_STOP);
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            json_t *s = json_array_get(v, i);
+            if (!json_is_string(s) || json_string_length(s) == 0)
+                return mn_err_set(err, MN_EINVAL, "stop[%zu] must be a non-empty string", i);
+            r->stop[i] = mn_strndup(json_string_value(s), json_string_length(s));
+            if (r->stop[i] == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+            r->n_stop = i + 1;
+        }
+    } else {
+        return mn_err_set(err, MN_EINVAL, "stop must be a non-empty string or an array of up to %d non-empty strings",
+                          API_MAX_STOP);
+    }
+    r->fields_set |= API_SET_STOP;
+    return MN_OK;
+}
+
+/* A float sampler field: get_real plus its API_SET bit. */
+#define GEN_REAL(key, lo, is_lo_open, hi, range, dst, bit)                                    \
+    do {                                                                                      \
+        bool is_set_;                                                                         \
+        int rc_ = get_real(root, key, lo, is_lo_open, hi, range, dst, &is_set_, err);         \
+        if (rc_ != MN_OK) return rc_;                                                         \
+        if (is_set_) r->fields_set |= (bit);                                                  \
+    } while (0)
+
+static int parse_generation(const json_t *root, ApiRequest *r, MnErr *err) {
+    int rc;
+    bool is_set;
+    int64_t x;
+
+    sampler_params_default(&r->sampler);
+    r->sampler.temperature = 1.0f;
+    r->sampler.top_k = 0;
+    r->sampler.top_p = 1.0f;
+    r->sampler.min_p = 0.0f;
+    r->sampler.repeat_penalty = 1.0f;
+    r->sampler.presence_penalty = 0.0f;
+    r->sampler.frequency_penalty = 0.0f;
+    r->sampler.seed = 0;
+    r->max_tokens = -1;
+
+    if ((rc = get_string(root, "model", &r->model, err)) != MN_OK) return rc;
+    if (r->model == NULL && (r->model = mn_strdup("")) == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    if ((rc = get_string(root, "session_id", &r->session_id, err)) != MN_OK) return rc;
+
+    if ((rc = get_bool(root, "stream", &r->is_stream, err)) != MN_OK) return rc;
+    json_t *so = member(root, "stream_options");
+    if (so != NULL) {
+        if (!json_is_object(so)) return mn_err_set(err, MN_EINVAL, "stream_options must be an object");
+        json_t *iu = member(so, "include_usage");
+        if (iu != NULL && !json_is_boolean(iu))
+            return mn_err_set(err, MN_EINVAL, "stream_options.include_usage must be a boolean");
+        r->include_usage = json_is_true(iu);
+    }
+    if ((rc = get_bool(root, "ignore_eos", &r->ignore_eos, err)) != MN_OK) return rc;
+
+    /* max_completion_tokens is the newer name; it wins when both are given. */
+    if ((rc = get_int(root, "max_tokens", 1, INT32_MAX, "a positive integer", &x, &is_set, err)) != MN_OK)
+        return rc;
+    if (is_set) r->max_tokens = (int32_t)x;
+    if ((rc = get_int(root, "max_completion_tokens", 1, INT32_MAX, "a positive integer", &x, &is_set, err)) != MN_OK)
+        return rc;
+    if (is_set) r->max_tokens = (int32_t)x;
+    if (r->max_tokens > 0) r->fields_set |= API_SET_MAX_TOKENS;
+
+    GEN_REAL("temperature", 0.0, false, 2.0, "between 0 and 2", &r->sampler.temperature, API_SET_TEMPERATURE);
+    GEN_REAL("top_p", 0.0, true, 1.0, "in (0, 1]", &r->sampler.top_p, API_SET_TOP_P);
+    GEN_REAL("min_p", 0.0, false, 1.0, "between 0 and 1", &r->sampler.min_p, API_SET_MIN_P);
+    GEN_REAL("presence_penalty", -2.0, false, 2.0, "between -2 and 2", &r->sampler.presence_penalty,
+             API_SET_PRESENCE_PENALTY);
+    GEN_REAL("frequency_penalty", -2.0, false, 2.0, "between -2 and 2", &r->sampler.frequency_penalty,
+             API_SET_FREQUENCY_PENALTY);
+    GEN_REAL("repeat_penalty", 0.0, true, 1e30, "> 0", &r->sampler.repeat_penalty, API_SET_REPEAT_PENALTY);
+
+    if ((rc = get_int(root, "top_k", 0, INT32_MAX, "an integer >= 0", &x, &is_set, err)) != MN_OK) return rc;
+    if (is_set) {
+        r->sampler.top_k = (int32_t)x;
+        r->fields_set |= API_SET_TOP_K;
+    }
+    if ((rc = get_int(root, "seed", INT64_MIN, INT64_MAX, "an integer", &x, &is_set, err)) != MN_OK) return rc;
+    if (is_set) {
+        r->sampler.seed = (uint64_t)x;
+        r->fields_set |= API_SET_SEED;
+    }
+    if ((rc = get_int(root, "n", INT64_MIN, INT64_MAX, "an integer", &x, &is_set, err)) != MN_OK) return rc;
+    if (is_set && x != 1) return mn_err_set(err, MN_EINVAL, "n: only n=1 is supported");
+
+    return parse_stop(root, r, err);
+}
+
+#undef GEN_REAL
+
+/* ---- chat messages ------------------------------------------------------ */
+
+/* The roles a request may use; "developer" (OpenAI's newer name for the
+ * system role) arrives as ROLE_SYSTEM. */
+typedef enum ApiRole { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_NONE } ApiRole;
+
+static const char *const ROLE_NAMES[ROLE_NONE] = {"system", "user", "assistant"};
+
+static ApiRole chat_role(const char *s) {
+    if (strcmp(s, "system") == 0 || strcmp(s, "developer") == 0) return ROLE_SYSTEM;
+    if (strcmp(s, "user") == 0) return ROLE_USER;
+    if (strcmp(s, "assistant") == 0) return ROLE_ASSISTANT;
+    return ROLE_NONE;
+}
+
+/* The text of a content-parts array, parts joined by "\n" (as llama.cpp
+ * and vLLM join them). i is the message index for messages. */
+static int chat_parts_text(const json_t *parts, size_t i, char **out, MnErr *err) {
+    size_t n = json_array_size(parts), total = 0;
+    for (size_t k = 0; k < n; k++) {
+        json_t *part = json_array_get(parts, k);
+        if (!json_is_object(part))
+            return mn_err_set(err, MN_EINVAL, "messages[%zu].content[%zu] must be an object", i, k);
+        json_t *type = json_object_get(part, "type");
+        if (!json_is_string(type))
+            return mn_err_set(err, MN_EINVAL, "messages[%zu].content[%zu].type must be a string", i, k);
+        if (strcmp(json_string_value(type), "text") != 0)
+            return mn_err_set(err, MN_EINVAL,
+                              "messages[%zu].content[%zu].type \"%.64s\" is not supported (only \"text\")", i, k,
+                              json_string_value(type));
+        json_t *text = json_object_get(part, "text");
+        if (!json_is_string(text))
+            return mn_err_set(err, MN_EINVAL, "messages[%zu].content[%zu].text must be a string", i, k);
+        total += json_string_length(text) + (k > 0); /* bounded by the body length: no overflow */
+    }
+    char *s = mn_malloc(total + 1);
+    if (s == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    size_t at = 0;
+    for (size_t k = 0; k < n; k++) {
+        json_t *text = json_object_get(json_array_get(parts, k), "text");
+        if (k > 0) s[at++] = '\n';
+        memcpy(s + at, json_string_value(text), json_string_length(text));
+        at += json_string_length(text);
+    }
+    s[at] = '\0';
+    *out = s;
+    return MN_OK;
+}
+
+static int parse_message(const json_t *msg, size_t i, ChatMsg *out, MnErr *err) {
+    if (!json_is_object(msg)) return mn_err_set(err, MN_EINVAL, "messages[%zu] must be an object", i);
+    json_t *role = json_object_get(msg, "role");
+    if (!json_is_string(role)) return mn_err_set(err, MN_EINVAL, "messages[%zu].role must be a string", i);
+    ApiRole r = chat_role(json_string_value(role));
+    if (r == ROLE_NONE)
+        return mn_err_set(err, MN_EINVAL,
+                          "messages[%zu].role must be one of system, user, assistant, developer (got \"%.64s\")", i,
+                          json_string_value(role));
+
+    json_t *content = member(msg, "content");
+    char *text = NULL;
+    if (json_is_string(content)) {
+        text = mn_strndup(json_string_value(content), json_string_length(content));
+    } else if (json_is_array(content)) {
+        int rc = chat_parts_text(content, i, &text, err);
+        if (rc != MN_OK) return rc;
+    } else if (content == NULL && r == ROLE_ASSISTANT) {
+        text = mn_strdup(""); /* an assistant turn that only called tools */
+    } else {
+        return mn_err_set(err, MN_EINVAL, "messages[%zu].content must be a string or an array of text parts", i);
+    }
+    if (text == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    out->role = ROLE_NAMES[r];
+    out->content = text;
+    return MN_OK;
+}
+
+static int parse_chat_body(const json_t *root, ApiRequest *r, MnErr *err) {
+    json_t *msgs = member(root, "messages");
+    if (msgs == NULL) return mn_err_set(err, MN_EINVAL, "messages is required");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        return mn_err_set(err, MN_EINVAL, "messages must be a non-empty array");
+    size_t n = json_array_size(msgs);
+    r->msgs = mn_calloc(n, sizeof *r->msgs);
+    if (r->msgs == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        int rc = parse_message(json_array_get(msgs, i), i, &r->msgs[i], err);
+        if (rc != MN_OK) return rc;
+        r->n_msgs = i + 1;
+    }
+    return parse_generation(root, r, err);
+}
+
+/* ---- completions, tokenize, detokenize ---------------------------------- */
+
+static int copy_text(const json_t *s, ApiRequest *r, MnErr *err) {
+    r->text_len = json_string_length(s);
+    r->text = mn_strndup(json_string_value(s), r->text_len);
+    return r->text ? MN_OK : mn_err_set(err, MN_ENOMEM, "out of memory");
+}
+
+static int parse_completion_body(const json_t *root, ApiRequest *r, MnErr *err) {
+    static const char *const BAD_PROMPT = "prompt must be a string or a non-empty array of token ids";
+    json_t *prompt = member(root, "prompt");
+    if (prompt == NULL) return mn_err_set(err, MN_EINVAL, "prompt is required");
+    if (json_is_string(prompt)) {
+        int rc = copy_text(prompt, r, err);
+        if (rc != MN_OK) return rc;
+    } else if (json_is_array(prompt) && json_array_size(prompt) > 0) {
+        json_t *first = json_array_get(prompt, 0);
+        if (json_is_string(first)) { /* a batch of prompts: only one allowed */
+            if (json_array_size(prompt) > 1)
+                return mn_err_set(err, MN_EINVAL, "prompt: only one prompt per request is supported");
+            int rc = copy_text(first, r, err);
+            if (rc != MN_OK) return rc;
+        } else {
+            int rc = parse_token_array(prompt, "prompt", r, err);
+            if (rc != MN_OK) return rc;
+        }
+    } else {
+        return mn_err_set(err, MN_EINVAL, "%s", BAD_PROMPT);
+    }
+
+    bool is_echo = false;
+    int rc = get_bool(root, "echo", &is_echo, err);
+    if (rc != MN_OK) return rc;
+    if (is_echo) return mn_err_set(err, MN_EINVAL, "echo: not supported");
+    return parse_generation(root, r, err);
+}
+
+static int parse_tokenize_body(const json_t *root, ApiRequest *r, MnErr *err) {
+    json_t *content = member(root, "content");
+    if (!json_is_string(content)) return mn_err_set(err, MN_EINVAL, "content must be a string");
+    int rc = copy_text(content, r, err);
+    if (rc != MN_OK) return rc;
+    r->add_special = API_TOKENIZE_ADD_SPECIAL_DEFAULT;
+    r->parse_special = API_TOKENIZE_PARSE_SPECIAL_DEFAULT;
+    if ((rc = get_bool(root, "add_special", &r->add_special, err)) != MN_OK) return rc;
+    if ((rc = get_bool(root, "parse_special", &r->parse_special, err)) != MN_OK) return rc;
+    bool is_pieces = false;
+    if ((rc = get_bool(root, "with_pieces", &is_pieces, err)) != MN_OK) return rc;
+    if (is_pieces) return mn_err_set(err, MN_EINVAL, "with_pieces: not supported");
+    return MN_OK;
+}
+
+static int parse_detokenize_body(const json_t *root, ApiRequest *r, MnErr *err) {
+    json_t *tokens = member(root, "tokens");
+    if (!json_is_array(tokens)) return mn_err_set(err, MN_EINVAL, "tokens must be an array of token ids");
+    return parse_token_array(tokens, "tokens", r, err);
+}
+
+/* ------------------------------------------------------------- public API */
+
+int api_parse_request(ApiRoute route, const char *body, size_t len, ApiRequest *out, MnErr *err) {
+    assert(out != NULL);
+    memset(out, 0, sizeof *out);
+    out->route = route;
+    json_t *root = NULL;
+    int rc = load_object(body, len, &root, err);
+    if (rc != MN_OK) {
+        memset(out, 0, sizeof *out);
+        return rc;
+    }
+    switch (route) {
+    case API_ROUTE_CHAT: rc = parse_chat_body(root, out, err); break;
+    case API_ROUTE_COMPLETION: rc = parse_completion_body(root, out, err); break;
+    case API_ROUTE_TOKENIZE: rc = parse_tokenize_body(root, out, err); break;
+    case API_ROUTE_DETOKENIZE: rc = parse_detokenize_body(root, out, err); break;
+    default: rc = mn_err_set(err, MN_EINVAL, "unknown route %d", (int)route); break;
+    }
+    json_decref(root);
+    if (rc != MN_OK) api_request_deinit(out);
+    return rc;
+}
+
+int api_parse_chat(const char *body, size_t len, ApiRequest *out, MnErr *err) {
+    return api_parse_request(API_ROUTE_CHAT, body, len, out, err);
+}
+
+int api_parse_completion(const char *body, size_t len, ApiRequest *out, MnErr *err) {
+    return api_parse_request(API_ROUTE_COMPLETION, body, len, out, err);
+}
+
+int api_parse_tokenize(const char *body, size_t len, ApiRequest *out, MnErr *err) {
+    return api_parse_request(API_ROUTE_TOKENIZE, body, len, out, err);
+}
+
+int api_parse_detokenize(const char *body, size_t len, ApiRequest *out, MnErr *err) {
+    return api_parse_request(API_ROUTE_DETOKENIZE, body, len, out, err);
+}
+
+void api_request_deinit(ApiRequest *r) {
+    if (r == NULL) return;
+    mn_free(r->model);
+    mn_free(r->session_id);
+    for (size_t i = 0; i < r->n_msgs; i++) mn_free((void *)r->msgs[i].content); /* owned; const for ChatMsg */
+    mn_free(r->msgs);
+    mn_free(r->text);
+    mn_free(r->tokens);
+    for (size_t i = 0; i < r->n_stop; i++) mn_free(r->stop[i]);
+    memset(r, 0, sizeof *r);
+}
+
+/* ================================================================= UTF-8 */
+
+/* Write the sanitized form of s[0..len) to out (NULL: only measure) and
+ * return its length. Both passes of api_utf8_sanitize use it, so the size
+ * measured is the size written. */
+static size_t utf8_sanitize_into(const unsigned char *s, size_t len, char *out) {
+    static const char REPL[3] = {(char)0xEF, (char)0xBF, (char)0xBD}; /* U+FFFD */
+    size_t i = 0, n = 0;
+    while (i < len) {
+        uint32_t cp;
+        int k = s[i] < 0x80 ? 1 : utf8_decode_strict(s + i, len - i, &cp);
+        if (k > 0) {
+            if (out) memcpy(out + n, s + i, (size_t)k);
+            n += (size_t)k;
+            i += (size_t)k;
+            continue;
+        }
+        /* An ill-formed sequence of -k bytes, or (k == 0) a valid prefix cut
+         * short by the end of the buffer: either way one U+FFFD. */
+        i += k == 0 ? len - i : (size_t)-k;
+        if (out) memcpy(out + n, REPL, sizeof REPL);
+        n += sizeof REPL;
+    }
+    return n;
+}
+
+char *api_utf8_sanitize(const char *s, size_t len, size_t *out_len) {
+    assert(s != NULL || len == 0);
+    const unsigned char *p = (const unsigned char *)(s ? s : "");
+    size_t n = utf8_sanitize_into(p, len, NULL); /* <= 3 * len: no overflow for any real buffer */
+    char *out = mn_malloc(n + 1);
+    if (out == NULL) return NULL;
+    utf8_sanitize_into(p, len, out);
+    out[n] = '\0';
+    if (out_len) *out_len = n;
+    return out;
+}
+
+/* ============================================================== building */
+
+/* A jansson string of s[0..len), sanitized when it is not valid UTF-8. */
+static json_t *jtextn(const char *s, size_t len) {
+    if (s == NULL) s = "";
+    if (utf8_is_valid(s, len)) return json_stringn_nocheck(s, len);
+    size_t n;
+    char *clean = api_utf8_sanitize(s, len, &n);
+    if (clean == NULL) return NULL;
+    json_t *j = json_stringn_nocheck(clean, n);
+    mn_free(clean);
+    return j;
+}
+
+static json_t *jtext(const char *s) { return jtextn(s, s ? strlen(s) : 0); }
+
+/* Set obj[key] = v, stealing v. False when v is NULL or the set fails
+ * (jansson releases v then), so calls chain as `is_ok = is_ok && put(...)`. */
+static bool put(json_t *obj, const char *key, json_t *v) { return json_object_set_new(obj, key, v) == 0; }
+
+static bool append(json_t *arr, json_t *v) { return json_array_append_new(arr, v) == 0; }
+
+/* A growable output buffer for json_dump_callback. */
+typedef struct DumpBuf {
+    char *data;
+    size_t len; /* bytes written */
+    size_t cap; /* bytes allocated, > len once data != NULL */
+} DumpBuf;
+
+static int dump_cb(const char *buf, size_t size, void *ctx) {
+    DumpBuf *b = ctx;
+    if (b->len + size + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + size + 1) cap *= 2; /* sizes of in-memory text: no overflow */
+        char *data = mn_realloc(b->data, cap);
+        if (data == NULL) return -1;
+        b->data = data;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, buf, size);
+    b->len += size;
+    b->data[b->len] = '\0';
+    return 0;
+}
+
+/* Serialize j compactly into an mn_malloc'd string and release j (j may be
+ * NULL after a failed build: then NULL). */
+static char *finish_json(json_t *j, bool is_ok) {
+    if (j == NULL) return NULL;
+    DumpBuf b = {0};
+    int rc = is_ok ? json_dump_callback(j, dump_cb, &b, JSON_COMPACT) : -1;
+    json_decref(j);
+    if (rc != 0 || b.data == NULL) {
+        mn_free(b.data);
+        return NULL;
+    }
+    return b.data;
+}
+
+static json_t *finish_reason(ApiFinish f) {
+    const char *name = api_finish_name(f);
+    return name ? json_string_nocheck(name) : json_null();
+}
+
+static json_t *usage_object(const ApiUsage *u) {
+    json_t *o = json_object(), *details = json_object(), *tiers = json_object();
+    bool is_ok = o && details && tiers;
+    for (int i = 0; is_ok && i < u->n_tiers && i < API_USAGE_MAX_TIERS; i++) {
+        const char *name = u->tiers[i].name ? u->tiers[i].name : "";
+        /* object keys must be valid UTF-8 too */
+        char *clean = api_utf8_sanitize(name, strlen(name), NULL);
+        is_ok = clean && put(tiers, clean, json_integer(u->tiers[i].n_tokens));
+        mn_free(clean);
+    }
+    is_ok = is_ok && put(details, "cached_tokens", json_integer(u->cached_tokens));
+    is_ok = is_ok && put(details, "cached_tokens_by_tier", json_incref(tiers));
+    is_ok = is_ok && put(details, "recomputed_tokens", json_integer(u->recomputed_tokens));
+    is_ok = is_ok && put(o, "prompt_tokens", json_integer(u->prompt_tokens));
+    is_ok = is_ok && put(o, "completion_tokens", json_integer(u->completion_tokens));
+    is_ok = is_ok && put(o, "total_tokens", json_integer(u->prompt_tokens + u->completion_tokens));
+    is_ok = is_ok && put(o, "prompt_tokens_details", json_incref(details));
+    json_decref(tiers);
+    json_decref(details);
+    if (!is_ok) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* {"id","object","created","model"} — the head of every completion object. */
+static json_t *meta_object(const ApiMeta *m, const char *object) {
+    assert(m != NULL);
+    json_t *o = json_object();
+    bool is_ok = o != NULL;
+    is_ok = is_ok && put(o, "id", jtext(m->id));
+    is_ok = is_ok && put(o, "object", json_string_nocheck(object));
+    is_ok = is_ok && put(o, "created", json_integer(m->created));
+    is_ok = is_ok && put(o, "model", jtext(m->model));
+    if (!is_ok) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* Complete a completion object: "choices":[choice] and, if usage, "usage".
+ * Steals choice. */
+static char *finish_completion(json_t *o, json_t *choice, const ApiUsage *usage) {
+    json_t *choices = json_array();
+    bool is_ok = o && choices && append(choices, choice);
+    if (!(o && choices)) json_decref(choice);
+    is_ok = is_ok && put(o, "choices", json_incref(choices));
+    json_decref(choices);
+    if (usage) is_ok = is_ok && put(o, "usage", usage_object(usage));
+    return finish_json(o, is_ok);
+}
+
+/* ------------------------------------------------------------- public API */
+
+const char *api_finish_name(ApiFinish f) {
+    switch (f) {
+    case API_FINISH_STOP: return "stop";
+    case API_FINISH_LENGTH: return "length";
+    default: return NULL;
+    }
+}
+
+int api_usage_add_tier(ApiUsage *u, const char *name, int64_t n_tokens) {
+    assert(u != NULL);
+    if (u->n_tiers < 0 || u->n_tiers >= API_USAGE_MAX_TIERS) return MN_EFULL;
+    u->tiers[u->n_tiers].name = name;
+    u->tiers[u->n_tiers].n_tokens = n_tokens;
+    u->n_tiers++;
+    return MN_OK;
+}
+
+char *api_chat_completion_json(const ApiMeta *m, const char *content, ApiFinish finish,
+                               const ApiUsage *usage) {
+    json_t *choice = json_object(), *message = json_object();
+    bool is_ok = choice && message;
+    is_ok = is_ok && put(message, "role", json_string_nocheck("assistant"));
+    is_ok = is_ok && put(message, "content", jtext(content));
+    is_ok = is_ok && put(choice, "index", json_integer(0));
+    is_ok = is_ok && put(choice, "message", json_incref(message));
+    is_ok = is_ok && put(choice, "logprobs", json_null());
+    is_ok = is_ok && put(choice, "finish_reason", finish_reason(finish));
+    json_decref(message);
+    if (!is_ok) {
+        json_decref(choice);
+        return NULL;
+    }
+    return finish_completion(meta_object(m, "chat.completion"), choice, usage);
+}
+
+char *api_chat_chunk_json(const ApiMeta *m, bool with_role, const char *content, ApiFinish finish) {
+    json_t *choice = json_object(), *delta = json_object();
+    bool is_ok = choice && delta;
+    if (with_role) is_ok = is_ok && put(delta, "role", json_string_nocheck("assistant"));
+    if (content) is_ok = is_ok && put(delta, "content", jtext(content));
+    is_ok = is_ok && put(choice, "index", json_integer(0));
+    is_ok = is_ok && put(choice, "delta", json_incref(delta));
+    is_ok = is_ok && put(choice, "logprobs", json_null());
+    is_ok = is_ok && put(choice, "finish_reason", finish_reason(finish));
+    json_decref(delta);
+    if (!is_ok) {
+        json_decref(choice);
+        return NULL;
+    }
+    return finish_completion(meta_object(m, "chat.completion.chunk"), choice, NULL);
+}
+
+/* A text_completion choice. */
+static json_t *text_choice(const char *text, ApiFinish finish) {
+    json_t *choice = json_object();
+    bool is_ok = choice != NULL;
+    is_ok = is_ok && put(choice, "text", jtext(text));
+    is_ok = is_ok && put(choice, "index", json_integer(0));
+    is_ok = is_ok && put(choice, "logprobs", json_null());
+    is_ok = is_ok && put(choice, "finish_reason", finish_reason(finish));
+    if (!is_ok) {
+        json_decref(choice);
+        return NULL;
+    }
+    return choice;
+}
+
+char *api_text_completion_json(const ApiMeta *m, const char *text, ApiFinish finish,
+                               const ApiUsage *usage) {
+    json_t *choice = text_choice(text, finish);
+    if (choice == NULL) return NULL;
+    return finish_completion(meta_object(m, "text_completion"), choice, usage);
+}
+
+char *api_text_chunk_json(const ApiMeta *m, const char *text, ApiFinish finish) {
+    json_t *choice = text_choice(text, finish);
+    if (choice == NULL) return NULL;
+    return finish_completion(meta_object(m, "text_completion"), choice, NULL);
+}
+
+char *api_usage_chunk_json(const ApiMeta *m, bool is_chat, const ApiUsage *usage) {
+    assert(usage != NULL);
+    json_t *o = meta_object(m, is_chat ? "chat.completion.chunk" : "text_completion");
+    bool is_ok = o != NULL;
+    is_ok = is_ok && put(o, "choices", json_array());
+    is_ok = is_ok && put(o, "usage", usage_object(usage));
+    return finish_json(o, is_ok);
+}
+
+const char *api_error_type(int http_status) {
+    switch (http_status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 429: return "rate_limit_error";
+    case 501: return "not_supported_error";
+    case 503: return "unavailable_error";
+    default: return http_status >= 400 && http_status < 500 ? "invalid_request_error" : "server_error";
+    }
+}
+
+int api_http_status(int code) {
+    switch (code) {
+    case MN_OK: return 200;
+    case MN_EINVAL:
+    case MN_EFORMAT:
+    case MN_ERANGE:
+    case MN_EUNSUPPORTED: return 400;
+    case MN_ENOTFOUND: return 404;
+    case MN_EBUSY:
+    case MN_EFULL: return 503;
+    default: return 500;
+    }
+}
+
+char *api_error_json(int http_status, const char *message, const char *param, const char *code) {
+    json_t *o = json_object(), *e = json_object();
+    bool is_ok = o && e;
+    is_ok = is_ok && put(e, "message", jtext(message));
+    is_ok = is_ok && put(e, "type", json_string_nocheck(api_error_type(http_status)));
+    is_ok = is_ok && put(e, "param", param ? jtext(param) : json_null());
+    is_ok = is_ok && put(e, "code", code ? jtext(code) : json_null());
+    is_ok = is_ok && put(o, "error", json_incref(e));
+    json_decref(e);
+    return finish_json(o, is_ok);
+}
+
+char *api_models_json(const char *const *names, size_t n_names, int64_t created) {
+    assert(names != NULL || n_names == 0);
+    json_t *o = json_object(), *data = json_array();
+    bool is_ok = o && data;
+    for (size_t i = 0; is_ok && i < n_names; i++) {
+        json_t *model = json_object();
+        is_ok = model != NULL;
+        is_ok = is_ok && put(model, "id", jtext(names[i]));
+        is_ok = is_ok && put(model, "object", json_string_nocheck("model"));
+        is_ok = is_ok && put(model, "created", json_integer(created));
+        is_ok = is_ok && put(model, "owned_by", json_string_nocheck("mnemo"));
+        if (is_ok) {
+            is_ok = append(data, model);
+        } else {
+            json_decref(model);
+        }
+    }
+    is_ok = is_ok && put(o, "object", json_string_nocheck("list"));
+    is_ok = is_ok && put(o, "data", json_incref(data));
+    json_decref(data);
+    return finish_json(o, is_ok);
+}
+
+char *api_tokenize_json(const int32_t *tokens, size_t n_tokens) {
+    assert(tokens != NULL || n_tokens == 0);
+    json_t *o = json_object(), *arr = json_array();
+    bool is_ok = o && arr;
+    for (size_t i = 0; is_ok && i < n_tokens; i++) is_ok = append(arr, json_integer(tokens[i]));
+    is_ok = is_ok && put(o, "tokens", json_incref(arr));
+    json_decref(arr);
+    return finish_json(o, is_ok);
+}
+
+char *api_detokenize_json(const char *text, size_t len) {
+    assert(text != NULL || len == 0);
+    json_t *o = json_object();
+    bool is_ok = o && put(o, "content", jtextn(text, len));
+    return finish_json(o, is_ok);
+}

@@ -1,0 +1,230 @@
+/* openai.h — the OpenAI-compatible wire format: request parsing and
+ * validation, response and error building. Pure functions, no I/O, no
+ * locks; safe from any thread.
+ *
+ * Parsing: api_parse_* take the raw request body, check every field the
+ * server understands and fill an ApiRequest that owns copies of everything
+ * it holds. Unknown fields are ignored; a known field set to JSON null
+ * counts as absent. Failures return MN_EINVAL with a message in err that
+ * names the offending field ("messages[2].content must be a string or an
+ * array of text parts"), meant for an HTTP 400; MN_ENOMEM on allocation
+ * failure. On any failure the ApiRequest is left zeroed (nothing to free).
+ *
+ * Building: the api_*_json builders return a NUL-terminated compact JSON
+ * text allocated with mn_malloc (free with mn_free), or NULL when memory
+ * runs out. Every string argument is borrowed for the call and may hold
+ * invalid UTF-8: it is passed through api_utf8_sanitize first, so a
+ * streamed answer and the same answer sent whole carry identical text.
+ */
+#ifndef MN_OPENAI_H
+#define MN_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "engine/sampler.h"
+#include "model/chat_template.h"
+
+/* ============================================================== requests */
+
+#define API_MAX_STOP 4 /* OpenAI's limit on stop sequences */
+
+/* /tokenize defaults, as llama.cpp's server has them. */
+#define API_TOKENIZE_ADD_SPECIAL_DEFAULT false
+#define API_TOKENIZE_PARSE_SPECIAL_DEFAULT true
+
+typedef enum ApiRoute {
+    API_ROUTE_CHAT,       /* POST /v1/chat/completions */
+    API_ROUTE_COMPLETION, /* POST /v1/completions */
+    API_ROUTE_TOKENIZE,   /* POST /tokenize */
+    API_ROUTE_DETOKENIZE, /* POST /detokenize */
+} ApiRoute;
+
+/* Bits of ApiRequest.fields_set: which optional fields the client gave
+ * (with a non-null value). Unset fields hold the defaults listed below. */
+enum {
+    API_SET_TEMPERATURE = 1u << 0,
+    API_SET_TOP_P = 1u << 1,
+    API_SET_TOP_K = 1u << 2,
+    API_SET_MIN_P = 1u << 3,
+    API_SET_SEED = 1u << 4,
+    API_SET_PRESENCE_PENALTY = 1u << 5,
+    API_SET_FREQUENCY_PENALTY = 1u << 6,
+    API_SET_REPEAT_PENALTY = 1u << 7,
+    API_SET_MAX_TOKENS = 1u << 8, /* max_tokens or max_completion_tokens */
+    API_SET_STOP = 1u << 9,
+};
+
+/* One parsed request of any route. Fields a route does not use stay zero.
+ * Everything pointed to is owned by the request and released by
+ * api_request_deinit. */
+typedef struct ApiRequest {
+    ApiRoute route;
+    char *model;      /* chat, completion: the client's "model", "" if absent */
+    char *session_id; /* chat, completion: NULL if absent */
+
+    /* chat: the conversation, n_msgs >= 1. role is one of the static
+     * strings "system", "user", "assistant" ("developer" arrives as
+     * "system"); content is owned (never NULL; text parts are joined with
+     * "\n", a null assistant content is ""). Ready for chat_template_apply. */
+    ChatMsg *msgs;
+    size_t n_msgs;
+
+    /* completion: the prompt as text (text != NULL) or as token ids
+     * (tokens != NULL, n_tokens >= 1) — exactly one of the two.
+     * tokenize: text is the content to tokenize.
+     * detokenize: tokens[0..n_tokens) are the ids (each >= 0; n_tokens may
+     * be 0, and then tokens may be NULL). */
+    char *text;
+    size_t text_len;
+    int32_t *tokens;
+    size_t n_tokens;
+
+    /* tokenize */
+    bool add_special;   /* default API_TOKENIZE_ADD_SPECIAL_DEFAULT */
+    bool parse_special; /* default API_TOKENIZE_PARSE_SPECIAL_DEFAULT */
+
+    /* chat, completion: generation. sampler holds OpenAI's defaults for
+     * what the client left unset: temperature 1, top_p 1, top_k 0 (off),
+     * min_p 0 (off), presence/frequency penalty 0, repeat_penalty 1 (off),
+     * repeat_last_n from sampler_params_default, seed 0 (meaningful only
+     * with API_SET_SEED; a negative client seed is taken modulo 2^64). */
+    SamplerParams sampler;
+    uint32_t fields_set;          /* API_SET_* bits */
+    int32_t max_tokens;           /* >= 1, or -1 when unset */
+    char *stop[API_MAX_STOP];     /* non-empty strings, stop[0..n_stop) */
+    size_t n_stop;
+    bool is_stream;               /* "stream" */
+    bool include_usage;           /* "stream_options": {"include_usage"} */
+    bool ignore_eos;              /* extension */
+} ApiRequest;
+
+/* Parse and validate a request body (body[0..len), need not be
+ * NUL-terminated) for route into *out (overwritten; the caller does not
+ * initialize it). MN_OK, MN_EINVAL (err names the field, or says the body is
+ * not valid JSON / not an object) or MN_ENOMEM; on failure *out is zeroed. */
+int api_parse_request(ApiRoute route, const char *body, size_t len, ApiRequest *out, MnErr *err);
+
+/* The same, one route each. */
+int api_parse_chat(const char *body, size_t len, ApiRequest *out, MnErr *err);
+int api_parse_completion(const char *body, size_t len, ApiRequest *out, MnErr *err);
+int api_parse_tokenize(const char *body, size_t len, ApiRequest *out, MnErr *err);
+int api_parse_detokenize(const char *body, size_t len, ApiRequest *out, MnErr *err);
+
+/* Release what r owns and zero it. Fine on a zeroed or already released
+ * request and on NULL. */
+void api_request_deinit(ApiRequest *r);
+
+/* ============================================================= responses */
+
+typedef enum ApiFinish {
+    API_FINISH_NONE,   /* still running: finish_reason null */
+    API_FINISH_STOP,   /* "stop": EOS or a stop sequence */
+    API_FINISH_LENGTH, /* "length": max_tokens or the context ran out */
+} ApiFinish;
+
+/* "stop", "length", or NULL for API_FINISH_NONE (and out of range). */
+const char *api_finish_name(ApiFinish f);
+
+/* What every completion object and chunk repeats. Strings borrowed. */
+typedef struct ApiMeta {
+    const char *id;    /* "chatcmpl-..." / "cmpl-...", the caller's choice */
+    const char *model; /* echoed back */
+    int64_t created;   /* Unix seconds */
+} ApiMeta;
+
+#define API_USAGE_MAX_TIERS 4
+
+/* Cached prompt tokens found in one cache tier ("pool", "ram", "disk"). */
+typedef struct ApiUsageTier {
+    const char *name; /* borrowed; a static string in practice */
+    int64_t n_tokens;
+} ApiUsageTier;
+
+/* Token accounting. total_tokens is computed as prompt + completion.
+ * Rendered as
+ *   {"prompt_tokens","completion_tokens","total_tokens",
+ *    "prompt_tokens_details":{"cached_tokens",
+ *        "cached_tokens_by_tier":{NAME:n,...},   (only the tiers given)
+ *        "recomputed_tokens"}} */
+typedef struct ApiUsage {
+    int64_t prompt_tokens;
+    int64_t completion_tokens;
+    int64_t cached_tokens;     /* prompt tokens not computed for this request */
+    int64_t recomputed_tokens; /* prompt tokens computed again after eviction */
+    ApiUsageTier tiers[API_USAGE_MAX_TIERS];
+    int n_tiers;
+} ApiUsage;
+
+/* Append (name, n_tokens) to u's tiers. MN_OK, or MN_EFULL when
+ * API_USAGE_MAX_TIERS are already there. name is borrowed for as long as u
+ * is used. */
+int api_usage_add_tier(ApiUsage *u, const char *name, int64_t n_tokens);
+
+/* {"id","object":"chat.completion","created","model","choices":[{"index":0,
+ *  "message":{"role":"assistant","content"},"logprobs":null,
+ *  "finish_reason"}],"usage"}. usage NULL: no "usage" member. */
+char *api_chat_completion_json(const ApiMeta *m, const char *content, ApiFinish finish,
+                               const ApiUsage *usage);
+
+/* One SSE payload: {"id","object":"chat.completion.chunk","created","model",
+ * "choices":[{"index":0,"delta":{...},"logprobs":null,"finish_reason"}]}.
+ * The delta holds "role":"assistant" when with_role (the first chunk) and
+ * "content" when content is not NULL; the last chunk passes content NULL
+ * and a finish reason, giving "delta":{}. */
+char *api_chat_chunk_json(const ApiMeta *m, bool with_role, const char *content, ApiFinish finish);
+
+/* {"id","object":"text_completion","created","model","choices":[{"text",
+ *  "index":0,"logprobs":null,"finish_reason"}],"usage"}. usage may be NULL. */
+char *api_text_completion_json(const ApiMeta *m, const char *text, ApiFinish finish,
+                               const ApiUsage *usage);
+
+/* The streamed form of the above: the same object with one piece of text
+ * (NULL means "") and no "usage". */
+char *api_text_chunk_json(const ApiMeta *m, const char *text, ApiFinish finish);
+
+/* The usage-only chunk sent last when stream_options.include_usage:
+ * {"id","object":"chat.completion.chunk" (is_chat) or "text_completion",
+ *  "created","model","choices":[],"usage"}. */
+char *api_usage_chunk_json(const ApiMeta *m, bool is_chat, const ApiUsage *usage);
+
+/* The OpenAI error object:
+ * {"error":{"message","type":api_error_type(http_status),"param","code"}};
+ * param and code NULL give JSON null. message NULL gives "". */
+char *api_error_json(int http_status, const char *message, const char *param, const char *code);
+
+/* The OpenAI error type for an HTTP status: 400, 413, 422 and other 4xx
+ * "invalid_request_error", 401 "authentication_error", 403
+ * "permission_error", 404 "not_found_error", 429 "rate_limit_error", 501
+ * "not_supported_error", 503 "unavailable_error", other 5xx (and anything
+ * else) "server_error". Static string, never NULL. */
+const char *api_error_type(int http_status);
+
+/* The HTTP status for an MN_* code from parsing or serving: MN_EINVAL,
+ * MN_EFORMAT, MN_ERANGE, MN_EUNSUPPORTED 400; MN_ENOTFOUND 404; MN_EBUSY,
+ * MN_EFULL 503; MN_OK 200; anything else 500. */
+int api_http_status(int code);
+
+/* {"object":"list","data":[{"id":NAME,"object":"model","created",
+ *  "owned_by":"mnemo"},...]} for names[0..n_names). */
+char *api_models_json(const char *const *names, size_t n_names, int64_t created);
+
+/* {"tokens":[...]} for tokens[0..n_tokens) (tokens may be NULL if 0). */
+char *api_tokenize_json(const int32_t *tokens, size_t n_tokens);
+
+/* {"content":TEXT} for text[0..len) (may hold NUL bytes: written \u0000). */
+char *api_detokenize_json(const char *text, size_t len);
+
+/* ================================================================= UTF-8 */
+
+/* A copy of s[0..len) in which every ill-formed sequence (per the strict
+ * RFC 3629 rules of model/utf8.h: no overlongs, surrogates or code points
+ * above U+10FFFF; one U+FFFD per maximal ill-formed subpart, a truncated
+ * sequence at the end included) is replaced by U+FFFD. Valid input comes
+ * back byte for byte. NUL-terminated, mn_malloc'd (at most 3 * len + 1
+ * bytes); *out_len (if not NULL) gets its length. NULL on OOM. */
+char *api_utf8_sanitize(const char *s, size_t len, size_t *out_len);
+
+#endif
