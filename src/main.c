@@ -10,7 +10,9 @@
  * and returns the process exit status. This file only wires things together.
  */
 #include <inttypes.h>
+#include <pthread.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,14 +21,17 @@
 
 #include "base/cli.h"
 #include "base/err.h"
+#include "base/log.h"
 #include "base/mem.h"
 #include "base/ttype.h"
+#include "engine/engine.h"
 #include "engine/mref.h"
 #include "engine/runner.h"
 #include "engine/sampler.h"
 #include "model/gguf.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
+#include "server/server.h"
 
 #define N_OPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -587,6 +592,141 @@ static int cmd_gen_model(int argc, char **argv) {
     return 0;
 }
 
+
+/* ---- serve --------------------------------------------------------------------- */
+
+static int pick_template(const Model *m, const char *name, ChatTemplate *out) {
+    if (name != NULL) {
+        if (chat_template_from_name(name, out) == MN_OK) return MN_OK;
+        fprintf(stderr, "mnemo serve: unknown chat template '%s' (mnemo serve --chat-template list)\n", name);
+        return MN_EINVAL;
+    }
+    GgufStr t;
+    if (gguf_get_str(m->gguf, "tokenizer.chat_template", &t) != MN_OK) {
+        *out = CHAT_TMPL_DEFAULT;
+        LOG_INFO("the model has no chat template: using %s", chat_template_name(*out));
+        return MN_OK;
+    }
+    char *tmpl = mn_strndup(t.data, (size_t)t.len);
+    if (tmpl == NULL) return MN_ENOMEM;
+    if (chat_template_detect(tmpl, out) != MN_OK) {
+        *out = CHAT_TMPL_DEFAULT;
+        LOG_WARN("the model's chat template is not one mnemo knows: using %s (set --chat-template)",
+                 chat_template_name(*out));
+    } else {
+        LOG_INFO("chat template: %s (from the model)", chat_template_name(*out));
+    }
+    mn_free(tmpl);
+    return MN_OK;
+}
+
+static int cmd_serve(int argc, char **argv) {
+    const char *model_path = NULL, *host = "127.0.0.1", *alias = NULL, *tmpl_name = NULL, *kv_type_name = "f16",
+               *schedule = "fcfs";
+    int port = 8080, max_body_kb = 1024;
+    uint64_t pool_mb = 0;
+    bool no_prefix_cache = false;
+    CliStrList keys = {0};
+    EngineOptions eo;
+    engine_options_default(&eo);
+    CliOpt opts[] = {
+        {"model", 'm', CLI_STR, &model_path, "FILE", "GGUF model"},
+        {"host", 0, CLI_STR, &host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"},
+        {"port", 0, CLI_INT, &port, "N", "port (default 8080; 0 = any free port)"},
+        {"alias", 'a', CLI_STR, &alias, "NAME", "model name in /v1/models (default: the file name)"},
+        {"api-key", 0, CLI_STR_LIST, &keys, "KEY", "require this API key (repeatable; each key is a cache namespace)"},
+        {"chat-template", 0, CLI_STR, &tmpl_name, "NAME", "chat template family, or 'list' (default: the model's)"},
+        {"threads", 't', CLI_INT, &eo.n_threads, "N", "compute threads (default 2)"},
+        {"parallel", 'P', CLI_INT, &eo.parallel, "N", "running sequences at most (default 4)"},
+        {"batch-tokens", 0, CLI_INT, &eo.batch_tokens, "N", "token budget of one step (default 512)"},
+        {"block-tokens", 0, CLI_INT, &eo.block_tokens, "N", "tokens per KV block (default 32)"},
+        {"ctx", 'c', CLI_INT, &eo.n_ctx, "N", "context per sequence (default: the model's)"},
+        {"pool-mb", 0, CLI_U64, &pool_mb, "N", "KV pool size in MiB (default: a quarter of free RAM, at most 4 GiB)"},
+        {"decode-reserve", 0, CLI_FLOAT, &eo.decode_reserve, "F", "pool fraction kept for running sequences (0.1)"},
+        {"schedule", 0, CLI_STR, &schedule, "fcfs|fpf|relaxed-fpf", "admission order (default fcfs)"},
+        {"max-queue", 0, CLI_INT, &eo.max_queue, "N", "waiting requests at most, then 503 (default 64)"},
+        {"max-body", 0, CLI_INT, &max_body_kb, "KB", "largest request body in KiB, then 413 (default 1024)"},
+        {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache precision (default f16)"},
+        {"no-prefix-cache", 0, CLI_FLAG, &no_prefix_cache, NULL, "compute every prompt from scratch"},
+    };
+    const char *pos[1];
+    int n_pos;
+    int rc = parse_or_usage(argc, argv, "mnemo serve -m MODEL [options]", opts, N_OPTS(opts), pos, 0, &n_pos);
+    if (rc >= 0) {
+        cli_free(opts, N_OPTS(opts));
+        return rc;
+    }
+    int status = 2;
+    if (tmpl_name && strcmp(tmpl_name, "list") == 0) {
+        for (int t = 0; t < CHAT_TMPL__COUNT; t++) printf("%s\n", chat_template_name((ChatTemplate)t));
+        cli_free(opts, N_OPTS(opts));
+        return 0;
+    }
+    if (strcmp(schedule, "fcfs") == 0) eo.schedule = SCHED_FCFS;
+    else if (strcmp(schedule, "fpf") == 0) eo.schedule = SCHED_FPF;
+    else if (strcmp(schedule, "relaxed-fpf") == 0) eo.schedule = SCHED_RELAXED_FPF;
+    else {
+        fprintf(stderr, "mnemo serve: --schedule must be fcfs, fpf or relaxed-fpf\n");
+        goto out;
+    }
+    if (model_path == NULL || ttype_from_name(kv_type_name, &eo.kv_type) ||
+        (eo.kv_type != MN_TYPE_F16 && eo.kv_type != MN_TYPE_F32) || port < 0 || port > 65535 || max_body_kb < 1) {
+        fprintf(stderr, "mnemo serve: needs -m MODEL, --kv-type f16|f32, a port in 0..65535, --max-body >= 1\n");
+        goto out;
+    }
+    eo.pool_mb = pool_mb;
+    eo.prefix_cache = !no_prefix_cache;
+    MnErr err = {0};
+    Model *m = NULL;
+    Engine *e = NULL;
+    Server *srv = NULL;
+    status = 1;
+    if (model_load(model_path, &m, &err)) {
+        fail(&err);
+        goto out;
+    }
+    ServerOptions so;
+    server_options_default(&so);
+    so.host = host;
+    so.port = port;
+    so.api_keys = keys.items;
+    so.n_api_keys = keys.n;
+    so.max_body = (size_t)max_body_kb * 1024;
+    const char *base = strrchr(model_path, '/');
+    so.model_name = alias ? alias : base ? base + 1 : model_path;
+    if (pick_template(m, tmpl_name, &so.chat_template)) goto out_model;
+    /* signals are taken by sigwait below; every thread inherits the mask */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (engine_new(m, &eo, &e, &err) || server_new(e, &so, &srv, &err)) {
+        fail(&err);
+        goto out_engine;
+    }
+    EngineStats st;
+    engine_stats(e, &st);
+    LOG_INFO("KV pool: %d blocks of %d tokens, %.1f MiB (%s), prefix cache %s", st.pool_blocks, st.block_tokens,
+             (double)st.pool_bytes / 1048576.0, kv_type_name, eo.prefix_cache ? "on" : "off");
+    LOG_INFO("serving %s on http://%s:%d (context %d, %d parallel)", so.model_name, host, server_port(srv), st.n_ctx,
+             eo.parallel);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    LOG_INFO("signal %d: shutting down", sig);
+    status = 0;
+out_engine:
+    if (e) engine_shutdown(e); /* running requests end, so connection threads finish */
+    server_free(srv);
+    engine_free(e);
+out_model:
+    model_free(m);
+out:
+    cli_free(opts, N_OPTS(opts));
+    return status;
+}
+
 /* ---- main ------------------------------------------------------------------------ */
 
 typedef struct Command {
@@ -596,6 +736,7 @@ typedef struct Command {
 } Command;
 
 static const Command commands[] = {
+    {"serve", cmd_serve, "serve the OpenAI HTTP API"},
     {"generate", cmd_generate, "run a prompt and stream new tokens"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"detokenize", cmd_detokenize, "print the text of token ids"},

@@ -873,15 +873,19 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
     return MN_OK;
 }
 
+void engine_shutdown(Engine *e) {
+    if (!e->has_thread) return;
+    pthread_mutex_lock(&e->inbox_lock);
+    e->is_stopping = true;
+    pthread_cond_signal(&e->inbox_cond);
+    pthread_mutex_unlock(&e->inbox_lock);
+    pthread_join(e->thread, NULL);
+    e->has_thread = false;
+}
+
 void engine_free(Engine *e) {
     if (e == NULL) return;
-    if (e->has_thread) {
-        pthread_mutex_lock(&e->inbox_lock);
-        e->is_stopping = true;
-        pthread_cond_signal(&e->inbox_cond);
-        pthread_mutex_unlock(&e->inbox_lock);
-        pthread_join(e->thread, NULL);
-    }
+    engine_shutdown(e);
     for (Msg *m = e->inbox_head, *next; m; m = next) {
         next = m->next;
         request_unref(m->req);

@@ -92,7 +92,10 @@ int request_read(Request *r, char **text, size_t *len, bool *done, ReqResult *re
 
 void engine_options_default(EngineOptions *o);
 int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err);
-/* Stop the engine thread (running requests finish as cancelled) and free. */
+/* Stop the engine thread: every request still waiting or running finishes
+ * as cancelled, later submits fail with MN_ECANCELED. Idempotent. */
+void engine_shutdown(Engine *e);
+/* engine_shutdown, then free. No other thread may use e afterwards. */
 void engine_free(Engine *e);
 
 /* Queue a request (the engine takes its own reference). MN_EBUSY when the

@@ -1140,8 +1140,20 @@ out:
 
 /* ---- encode -------------------------------------------------------------- */
 
+static int encode(const Tokenizer *tok, const char *text, size_t len, bool add_bos, bool parse_special,
+                  bool is_continuation, TokIds *out);
+
 int tok_encode(const Tokenizer *tok, const char *text, size_t len, bool add_bos, bool parse_special,
                TokIds *out) {
+    return encode(tok, text, len, add_bos, parse_special, false, out);
+}
+
+int tok_encode_cont(const Tokenizer *tok, const char *text, size_t len, bool parse_special, TokIds *out) {
+    return encode(tok, text, len, false, parse_special, true, out);
+}
+
+static int encode(const Tokenizer *tok, const char *text, size_t len, bool add_bos, bool parse_special,
+                  bool is_continuation, TokIds *out) {
     assert(tok != NULL && out != NULL && (text != NULL || len == 0));
     size_t n0 = out->n;
     if (add_bos && tok->bos >= 0 && tok_ids_push(out, tok->bos) != MN_OK) return MN_ENOMEM;
@@ -1152,7 +1164,7 @@ int tok_encode(const Tokenizer *tok, const char *text, size_t len, bool add_bos,
     int which;
     size_t n_frags;
     int rc = tok_partition(tok, text, len, parse_special, &s, &which, &n_frags);
-    bool prev_special = true; /* SPM: the first fragment gets the space prefix */
+    bool prev_special = !is_continuation; /* SPM: the first fragment gets the space prefix */
     for (size_t f = 0; rc == MN_OK && f < n_frags; f++) {
         TokFrag fr = s.frags[which][f];
         if (fr.id >= 0) {

@@ -61,6 +61,11 @@ int tok_ids_push(TokIds *v, int32_t id);
 int tok_encode(const Tokenizer *tok, const char *text, size_t len, bool add_bos, bool parse_special,
                TokIds *out);
 
+/* Like tok_encode, for text that continues a sequence already tokenized:
+ * no BOS, and no SPM space prefix on its first fragment (a fragment after a
+ * special token still gets one, as inside tok_encode). */
+int tok_encode_cont(const Tokenizer *tok, const char *text, size_t len, bool parse_special, TokIds *out);
+
 /* The bytes token id stands for (SPM "▁" -> ' ', <0xNN> -> that byte,
  * byte-level BPE unmapped). Control tokens give their text only when
  * render_special is set, else empty. *len receives the byte count; the

@@ -130,7 +130,12 @@ static int parse_token_array(const json_t *arr, const char *field, ApiRequest *r
 /* Parse the body into a jansson tree that must be an object. */
 static int load_object(const char *body, size_t len, json_t **out, MnErr *err) {
     json_error_t jerr;
-    json_t *root = json_loadb(body, len, 0, &jerr);
+    json_t *root = json_loadb(body, len, JSON_DECODE_ANY, &jerr);
+    /* jansson flags some allocation failures with json_error_out_of_memory
+     * and one (lexer set-up) by leaving the text empty; others inside the
+     * lexer it reports as syntax errors, which then read as a 400. */
+    if (root == NULL && (json_error_code(&jerr) == json_error_out_of_memory || jerr.text[0] == '\0'))
+        return mn_err_set(err, MN_ENOMEM, "out of memory");
     if (root == NULL)
         return mn_err_set(err, MN_EINVAL, "invalid JSON at line %d, column %d: %s", jerr.line,
                           jerr.column, jerr.text);

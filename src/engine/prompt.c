@@ -1,0 +1,102 @@
+/* prompt.c — chat -> prompt ids with the reply memory (see prompt.h). */
+#include "engine/prompt.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "base/mem.h"
+
+/* The marker put in place of assistant content i: control characters no
+ * client sends, and no whitespace for a template to trim. */
+static void marker(char *buf, size_t cap, size_t i) { snprintf(buf, cap, "\x01mnemo-reply-%zu\x02", i); }
+
+static const char *token_text(const Tokenizer *tok, int32_t id) { return id >= 0 ? tok_text(tok, id) : ""; }
+
+/* Tokenize text[0..len) as piece number `piece` of the prompt. */
+static int encode_piece(const Tokenizer *tok, const char *text, size_t len, int piece, bool parse_special,
+                        TokIds *out) {
+    if (piece == 0) return tok_encode(tok, text, len, tok_add_bos(tok), parse_special, out);
+    return tok_encode_cont(tok, text, len, parse_special, out);
+}
+
+int prompt_build_chat(const Tokenizer *tok, ChatTemplate tmpl, const ChatMsg *msgs, size_t n_msgs,
+                      ReplyMemory *rm, const Hash128 *ns_id, TokIds *out, PromptStats *stats, MnErr *err) {
+    const char *bos = token_text(tok, tok_bos(tok)), *eos = token_text(tok, tok_eos(tok));
+    PromptStats st = {0, 0};
+    char *real = NULL, *marked = NULL;
+    ChatMsg *copy = NULL;
+    char (*markers)[48] = NULL;
+    size_t real_len = 0, marked_len = 0;
+    int rc = chat_template_apply(tmpl, msgs, n_msgs, true, bos, eos, &real, &real_len, err);
+    if (rc) return rc;
+    copy = mn_calloc(n_msgs ? n_msgs : 1, sizeof *copy);
+    markers = mn_calloc(n_msgs ? n_msgs : 1, sizeof *markers);
+    if (copy == NULL || markers == NULL) {
+        rc = mn_err_set(err, MN_ENOMEM, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n_msgs; i++) {
+        copy[i] = msgs[i];
+        if (strcmp(msgs[i].role, "assistant") == 0 && msgs[i].content[0] != '\0') {
+            marker(markers[i], sizeof markers[i], i);
+            copy[i].content = markers[i];
+            st.n_replies++;
+        }
+    }
+    /* Split the marked rendering at the markers; the pieces between them must
+     * reproduce the real rendering exactly, else tokenize it whole. */
+    bool ok = st.n_replies > 0 && chat_template_apply(tmpl, copy, n_msgs, true, bos, eos, &marked, &marked_len, NULL) == MN_OK;
+    if (ok) {
+        size_t pos_m = 0, pos_r = 0;
+        for (size_t i = 0; ok && i < n_msgs; i++) {
+            if (markers[i][0] == '\0') continue;
+            const char *hit = strstr(marked + pos_m, markers[i]);
+            if (hit == NULL) {
+                ok = false;
+                break;
+            }
+            size_t gap = (size_t)(hit - (marked + pos_m)), clen = strlen(msgs[i].content);
+            ok = pos_r + gap + clen <= real_len && memcmp(real + pos_r, marked + pos_m, gap) == 0 &&
+                 memcmp(real + pos_r + gap, msgs[i].content, clen) == 0;
+            pos_m += gap + strlen(markers[i]);
+            pos_r += gap + clen;
+        }
+        ok = ok && marked_len - pos_m == real_len - pos_r && memcmp(real + pos_r, marked + pos_m, real_len - pos_r) == 0;
+    }
+    size_t n0 = out->n;
+    if (!ok) {
+        rc = encode_piece(tok, real, real_len, 0, true, out);
+        goto done;
+    }
+    size_t pos_m = 0;
+    int piece = 0;
+    for (size_t i = 0; rc == MN_OK && i < n_msgs; i++) {
+        if (markers[i][0] == '\0') continue;
+        const char *hit = strstr(marked + pos_m, markers[i]);
+        size_t gap = (size_t)(hit - (marked + pos_m));
+        rc = encode_piece(tok, marked + pos_m, gap, piece++, true, out);
+        if (rc) break;
+        const char *content = msgs[i].content;
+        size_t clen = strlen(content);
+        int found = 0;
+        if (rm != NULL) {
+            Hash128 key = replymem_prefix_key(ns_id, out->ids, out->n);
+            found = replymem_get(rm, &key, content, clen, out);
+            if (found < 0) rc = MN_ENOMEM;
+        }
+        if (found > 0) st.n_remembered++;
+        else if (rc == MN_OK) rc = encode_piece(tok, content, clen, piece, false, out);
+        piece++;
+        pos_m += gap + strlen(markers[i]);
+    }
+    if (rc == MN_OK) rc = encode_piece(tok, marked + pos_m, marked_len - pos_m, piece, true, out);
+    if (rc) out->n = n0;
+done:
+    if (rc == MN_ENOMEM) mn_err_set(err, rc, "out of memory");
+    if (stats) *stats = st;
+    mn_free(real);
+    mn_free(marked);
+    mn_free(copy);
+    mn_free(markers);
+    return rc;
+}

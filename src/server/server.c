@@ -1,0 +1,623 @@
+/* server.c — the HTTP server (see server.h).
+ *
+ * One access-handler call chain per request: libmicrohttpd calls
+ * handle_request first with the headers, then with body pieces (collected
+ * into the connection's Conn up to max_body), then once more to answer.
+ * Answers are JSON built by server/openai; streams are SSE produced by
+ * stream_read, which blocks on the Request's channel (allowed with a thread
+ * per connection) and sends a comment line every second so a vanished
+ * client is noticed. stream_free runs when the response ends for any reason
+ * and cancels the request if it is still running.
+ */
+#include "server/server.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "engine/prompt.h"
+#include "server/metrics.h"
+#include "server/openai.h"
+
+struct Server {
+    Engine *e;
+    const Model *m;
+    ServerOptions opt;
+    struct MHD_Daemon *daemon;
+    int port;
+    Metrics *metrics;
+    MetricFamily *f_requests, *f_prompt, *f_generated, *f_cached, *f_recomputed, *f_ttft, *f_tpot, *f_pool,
+        *f_queue, *f_running;
+    atomic_uint_fast64_t next_id;
+};
+
+typedef struct Conn {
+    char *body;
+    size_t len, cap;
+    bool is_too_big;
+} Conn;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void server_options_default(ServerOptions *o) {
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->model_name = "mnemo";
+    o->max_body = 1 << 20;
+    o->chat_template = CHAT_TMPL_DEFAULT;
+}
+
+/* ---- responses ------------------------------------------------------------------ */
+
+static void count_request(Server *s, int status) {
+    char lbl[64];
+    char code[16];
+    snprintf(code, sizeof code, "%d", status);
+    metrics_format_label(lbl, sizeof lbl, "status", code);
+    metrics_counter_add(s->f_requests, lbl, 1);
+}
+
+static enum MHD_Result send_body(struct MHD_Connection *c, int status, const char *type, const char *body,
+                                 size_t len, const char *retry_after) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (r == NULL) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    if (retry_after) MHD_add_response_header(r, "Retry-After", retry_after);
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result send_json(Server *s, struct MHD_Connection *c, int status, char *json) {
+    if (json == NULL) return MHD_NO;
+    count_request(s, status);
+    enum MHD_Result ok = send_body(c, status, "application/json", json, strlen(json), NULL);
+    mn_free(json);
+    return ok;
+}
+
+static enum MHD_Result send_error(Server *s, struct MHD_Connection *c, int status, const char *msg,
+                                  const char *param) {
+    char *json = api_error_json(status, msg, param, NULL);
+    if (json == NULL) return MHD_NO;
+    count_request(s, status);
+    enum MHD_Result ok = send_body(c, status, "application/json", json, strlen(json), status == 503 ? "1" : NULL);
+    mn_free(json);
+    LOG_INFO("http %d: %s", status, msg);
+    return ok;
+}
+
+/* ---- metrics --------------------------------------------------------------- */
+
+static int metrics_setup(Server *s) {
+    static const double ttft_b[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+    static const double tpot_b[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+    int rc = metrics_new(&s->metrics);
+    if (rc) return rc;
+    struct {
+        const char *name, *help;
+        MetricType type;
+        const double *b;
+        size_t nb;
+        MetricFamily **out;
+    } fams[] = {
+        {"mnemo_requests_total", "HTTP requests answered, by status", METRIC_COUNTER, NULL, 0, &s->f_requests},
+        {"mnemo_prompt_tokens_total", "Prompt tokens of completed requests", METRIC_COUNTER, NULL, 0, &s->f_prompt},
+        {"mnemo_generated_tokens_total", "Tokens generated", METRIC_COUNTER, NULL, 0, &s->f_generated},
+        {"mnemo_cached_tokens_total", "Prompt tokens served from cache, by tier", METRIC_COUNTER, NULL, 0, &s->f_cached},
+        {"mnemo_recomputed_tokens_total", "Prompt tokens computed", METRIC_COUNTER, NULL, 0, &s->f_recomputed},
+        {"mnemo_ttft_seconds", "Time to first token", METRIC_HISTOGRAM, ttft_b, sizeof ttft_b / sizeof *ttft_b, &s->f_ttft},
+        {"mnemo_time_per_output_token_seconds", "Time per output token after the first", METRIC_HISTOGRAM, tpot_b,
+         sizeof tpot_b / sizeof *tpot_b, &s->f_tpot},
+        {"mnemo_pool_blocks", "KV pool blocks by state", METRIC_GAUGE, NULL, 0, &s->f_pool},
+        {"mnemo_queue_depth", "Requests waiting for admission", METRIC_GAUGE, NULL, 0, &s->f_queue},
+        {"mnemo_running_sequences", "Sequences being served", METRIC_GAUGE, NULL, 0, &s->f_running},
+    };
+    for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++)
+        if ((rc = metrics_register(s->metrics, fams[i].name, fams[i].help, fams[i].type, fams[i].b, fams[i].nb,
+                                   fams[i].out)))
+            return rc;
+    metrics_counter_add(s->f_cached, "tier=\"pool\"", 0);
+    metrics_counter_add(s->f_prompt, "", 0);
+    metrics_counter_add(s->f_generated, "", 0);
+    metrics_counter_add(s->f_recomputed, "", 0);
+    return MN_OK;
+}
+
+static void metrics_on_finish(Server *s, const ReqResult *res) {
+    metrics_counter_add(s->f_prompt, "", res->n_prompt);
+    metrics_counter_add(s->f_generated, "", res->n_generated);
+    metrics_counter_add(s->f_cached, "tier=\"pool\"", res->n_cached);
+    metrics_counter_add(s->f_recomputed, "", res->n_prompt - res->n_cached);
+    if (res->n_generated > 0) metrics_histogram_observe(s->f_ttft, "", res->ttft_s);
+    if (res->n_generated > 1)
+        metrics_histogram_observe(s->f_tpot, "", (res->total_s - res->ttft_s) / (res->n_generated - 1));
+}
+
+static enum MHD_Result handle_metrics(Server *s, struct MHD_Connection *c) {
+    EngineStats st;
+    engine_stats(s->e, &st);
+    metrics_gauge_set(s->f_pool, "state=\"free\"", st.pool_free);
+    metrics_gauge_set(s->f_pool, "state=\"used\"", st.pool_used);
+    metrics_gauge_set(s->f_pool, "state=\"cached\"", st.pool_cached);
+    metrics_gauge_set(s->f_queue, "", st.queue_depth);
+    metrics_gauge_set(s->f_running, "", st.running);
+    count_request(s, 200);
+    char *text;
+    size_t len;
+    if (metrics_render(s->metrics, &text, &len)) return MHD_NO;
+    enum MHD_Result ok = send_body(c, 200, "text/plain; version=0.0.4", text, len, NULL);
+    mn_free(text);
+    return ok;
+}
+
+/* ---- generation requests ------------------------------------------------------- */
+
+typedef struct Gen {
+    Server *s;
+    Request *req;
+    bool is_chat, is_stream, include_usage;
+    char id[48];
+    char *model;
+    int64_t created;
+    double t0;
+    /* streaming state */
+    char *out;           /* bytes formatted but not yet sent */
+    size_t out_len, out_off;
+    bool sent_role, is_finished, is_done_sent;
+    ReqResult res;
+    char *text;          /* whole answer (non-streaming) */
+    size_t text_len;
+    const char *path;
+} Gen;
+
+static void gen_free(Gen *g) {
+    if (g == NULL) return;
+    request_unref(g->req);
+    mn_free(g->model);
+    mn_free(g->out);
+    mn_free(g->text);
+    mn_free(g);
+}
+
+static ApiFinish api_finish(FinishReason f) {
+    return f == FINISH_LENGTH ? API_FINISH_LENGTH : API_FINISH_STOP;
+}
+
+static void fill_usage(const ReqResult *res, ApiUsage *u) {
+    memset(u, 0, sizeof *u);
+    u->prompt_tokens = res->n_prompt;
+    u->completion_tokens = res->n_generated;
+    u->cached_tokens = res->n_cached;
+    u->recomputed_tokens = res->n_prompt - res->n_cached;
+    api_usage_add_tier(u, "pool", res->n_cached);
+}
+
+static void log_request(const Gen *g, int status) {
+    LOG_INFO("POST %s %d prompt=%d cached=%d generated=%d ttft=%.3fs total=%.3fs%s", g->path, status,
+             g->res.n_prompt, g->res.n_cached, g->res.n_generated, g->res.ttft_s, now_s() - g->t0,
+             g->res.finish == FINISH_CANCELLED ? " cancelled" : "");
+}
+
+/* Append an SSE event with json as its data (takes json). */
+static int sse_append(Gen *g, char *json) {
+    if (json == NULL) return MN_ENOMEM;
+    size_t n = strlen(json), need = g->out_len + n + 8;
+    char *b = mn_realloc(g->out, need);
+    if (b == NULL) {
+        mn_free(json);
+        return MN_ENOMEM;
+    }
+    g->out = b;
+    memcpy(g->out + g->out_len, "data: ", 6);
+    memcpy(g->out + g->out_len + 6, json, n);
+    memcpy(g->out + g->out_len + 6 + n, "\n\n", 2);
+    g->out_len += n + 8;
+    mn_free(json);
+    return MN_OK;
+}
+
+static int sse_text(Gen *g, const char *text, size_t len) {
+    size_t clean_len;
+    char *clean = api_utf8_sanitize(text, len, &clean_len);
+    if (clean == NULL) return MN_ENOMEM;
+    ApiMeta meta = {g->id, g->model, g->created};
+    char *json = g->is_chat ? api_chat_chunk_json(&meta, !g->sent_role, clean, API_FINISH_NONE)
+                            : api_text_chunk_json(&meta, clean, API_FINISH_NONE);
+    g->sent_role = true;
+    mn_free(clean);
+    return sse_append(g, json);
+}
+
+static int sse_finish(Gen *g) {
+    ApiMeta meta = {g->id, g->model, g->created};
+    int rc = MN_OK;
+    if (g->res.finish != FINISH_ERROR) {
+        char *json = g->is_chat ? api_chat_chunk_json(&meta, !g->sent_role, "", api_finish(g->res.finish))
+                                : api_text_chunk_json(&meta, "", api_finish(g->res.finish));
+        rc = sse_append(g, json);
+        if (rc == MN_OK && g->include_usage) {
+            ApiUsage u;
+            fill_usage(&g->res, &u);
+            rc = sse_append(g, api_usage_chunk_json(&meta, g->is_chat, &u));
+        }
+    } else {
+        rc = sse_append(g, api_error_json(500, g->res.error, NULL, NULL));
+    }
+    if (rc == MN_OK) {
+        static const char done[] = "data: [DONE]\n\n";
+        char *b = mn_realloc(g->out, g->out_len + sizeof done);
+        if (b == NULL) return MN_ENOMEM;
+        g->out = b;
+        memcpy(g->out + g->out_len, done, sizeof done - 1);
+        g->out_len += sizeof done - 1;
+    }
+    return rc;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    Gen *g = cls;
+    (void)pos;
+    while (g->out_off == g->out_len) {
+        g->out_len = g->out_off = 0;
+        if (g->is_done_sent) return MHD_CONTENT_READER_END_OF_STREAM;
+        char *text;
+        size_t len;
+        bool done;
+        if (request_read(g->req, &text, &len, &done, &g->res, 1000) != MN_OK) return MHD_CONTENT_READER_END_WITH_ERROR;
+        int rc = len > 0 ? sse_text(g, text, len) : MN_OK;
+        mn_free(text);
+        if (rc == MN_OK && done) {
+            g->is_finished = true;
+            rc = sse_finish(g);
+            g->is_done_sent = true;
+            metrics_on_finish(g->s, &g->res);
+            log_request(g, 200);
+        }
+        if (rc != MN_OK) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (g->out_len == 0) { /* nothing yet: a comment keeps the connection honest */
+            static const char ping[] = ": ping\n\n";
+            size_t n = sizeof ping - 1 < max ? sizeof ping - 1 : max;
+            memcpy(buf, ping, n);
+            return (ssize_t)n;
+        }
+    }
+    size_t n = g->out_len - g->out_off < max ? g->out_len - g->out_off : max;
+    memcpy(buf, g->out + g->out_off, n);
+    g->out_off += n;
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls) {
+    Gen *g = cls;
+    if (!g->is_finished) {
+        engine_cancel(g->s->e, g->req);
+        LOG_INFO("POST %s: client went away, request cancelled", g->path);
+    }
+    gen_free(g);
+}
+
+/* Run a prepared generation: answer whole or start the stream. */
+static enum MHD_Result run_generation(Server *s, struct MHD_Connection *c, Gen *g) {
+    if (g->is_stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, g, stream_free);
+        if (r == NULL) {
+            gen_free(g);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        count_request(s, 200);
+        enum MHD_Result ok = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        return ok;
+    }
+    for (;;) {
+        char *text;
+        size_t len;
+        bool done;
+        if (request_read(g->req, &text, &len, &done, &g->res, 1000) != MN_OK) {
+            gen_free(g);
+            return send_error(s, c, 500, "out of memory", NULL);
+        }
+        char *b = mn_realloc(g->text, g->text_len + len + 1);
+        if (b == NULL) {
+            mn_free(text);
+            engine_cancel(s->e, g->req);
+            gen_free(g);
+            return send_error(s, c, 500, "out of memory", NULL);
+        }
+        g->text = b;
+        memcpy(g->text + g->text_len, text, len);
+        g->text_len += len;
+        g->text[g->text_len] = '\0';
+        mn_free(text);
+        if (done) break;
+    }
+    metrics_on_finish(s, &g->res);
+    if (g->res.finish == FINISH_ERROR) {
+        log_request(g, 500);
+        enum MHD_Result ok = send_error(s, c, 500, g->res.error, NULL);
+        gen_free(g);
+        return ok;
+    }
+    size_t clean_len;
+    char *clean = api_utf8_sanitize(g->text, g->text_len, &clean_len);
+    ApiUsage u;
+    fill_usage(&g->res, &u);
+    ApiMeta meta = {g->id, g->model, g->created};
+    char *json = clean == NULL ? NULL
+                 : g->is_chat ? api_chat_completion_json(&meta, clean, api_finish(g->res.finish), &u)
+                              : api_text_completion_json(&meta, clean, api_finish(g->res.finish), &u);
+    mn_free(clean);
+    log_request(g, 200);
+    gen_free(g);
+    return send_json(s, c, 200, json);
+}
+
+/* Namespace of a request: its API key, or the trusted front end's header. */
+static const char *request_namespace(Server *s, struct MHD_Connection *c, const char *key) {
+    if (s->opt.n_api_keys > 0) return key;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Cache-Namespace");
+    return h ? h : "";
+}
+
+static enum MHD_Result handle_generation(Server *s, struct MHD_Connection *c, ApiRoute route, const char *path,
+                                         Conn *conn, const char *key) {
+    ApiRequest ar;
+    MnErr err = {0};
+    if (api_parse_request(route, conn->body ? conn->body : "", conn->len, &ar, &err) != MN_OK)
+        return send_error(s, c, 400, err.msg, NULL);
+    const Model *m = engine_model(s->e);
+    const char *ns = request_namespace(s, c, key);
+    Hash128 ns_id = engine_namespace_id(ns);
+    TokIds ids = {0};
+    int rc = MN_OK;
+    if (route == API_ROUTE_CHAT) {
+        rc = prompt_build_chat(m->tok, s->opt.chat_template, ar.msgs, ar.n_msgs, engine_reply_memory(s->e), &ns_id,
+                               &ids, NULL, &err);
+    } else if (ar.text != NULL) {
+        rc = tok_encode(m->tok, ar.text, ar.text_len, tok_add_bos(m->tok), true, &ids);
+        if (rc) mn_err_set(&err, rc, "cannot tokenize the prompt");
+    } else {
+        for (size_t i = 0; rc == MN_OK && i < ar.n_tokens; i++) {
+            if (ar.tokens[i] >= m->cfg.n_vocab) rc = mn_err_set(&err, MN_EINVAL, "prompt: token id %d is out of range", ar.tokens[i]);
+            else rc = tok_ids_push(&ids, ar.tokens[i]);
+        }
+    }
+    enum MHD_Result ok;
+    if (rc == MN_OK && ids.n == 0) rc = mn_err_set(&err, MN_EINVAL, "the prompt is empty");
+    EngineStats st;
+    engine_stats(s->e, &st);
+    if (rc == MN_OK && (int64_t)ids.n >= st.n_ctx)
+        rc = mn_err_set(&err, MN_ERANGE, "the prompt has %zu tokens; the context holds %d", ids.n, st.n_ctx);
+    if (rc != MN_OK) {
+        ok = send_error(s, c, rc == MN_ENOMEM ? 500 : 400, err.msg, rc == MN_ERANGE ? "messages" : NULL);
+        goto done;
+    }
+    ReqParams p;
+    memset(&p, 0, sizeof p);
+    p.sp = ar.sampler;
+    if (!(ar.fields_set & API_SET_SEED)) p.sp.seed = (uint64_t)time(NULL) ^ atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull;
+    p.max_tokens = ar.max_tokens > 0 ? ar.max_tokens : st.n_ctx - (int)ids.n;
+    p.ignore_eos = ar.ignore_eos;
+    for (size_t i = 0; i < ar.n_stop && i < ENGINE_MAX_STOP; i++) p.stop[p.n_stop++] = ar.stop[i];
+    const char *session = ar.session_id ? ar.session_id : MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
+    Gen *g = mn_calloc(1, sizeof *g);
+    if (g == NULL || (g->req = request_new(ids.ids, ids.n, &p, ns, session)) == NULL ||
+        (g->model = mn_strdup(ar.model ? ar.model : "")) == NULL) {
+        gen_free(g);
+        ok = send_error(s, c, 500, "out of memory", NULL);
+        goto done;
+    }
+    g->s = s;
+    g->path = path;
+    g->is_chat = route == API_ROUTE_CHAT;
+    g->is_stream = ar.is_stream;
+    g->include_usage = ar.include_usage;
+    g->created = (int64_t)time(NULL);
+    g->t0 = now_s();
+    snprintf(g->id, sizeof g->id, "%s-%llu", g->is_chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)atomic_fetch_add(&s->next_id, 1));
+    rc = engine_submit(s->e, g->req, &err);
+    if (rc != MN_OK) {
+        gen_free(g);
+        ok = send_error(s, c, rc == MN_EBUSY ? 503 : rc == MN_ENOMEM || rc == MN_ECANCELED ? 503 : 400, err.msg,
+                        rc == MN_ERANGE ? "max_tokens" : NULL);
+        goto done;
+    }
+    ok = run_generation(s, c, g);
+done:
+    tok_ids_free(&ids);
+    api_request_deinit(&ar);
+    return ok;
+}
+
+static enum MHD_Result handle_tokenize(Server *s, struct MHD_Connection *c, Conn *conn, bool is_detok) {
+    ApiRequest ar;
+    MnErr err = {0};
+    ApiRoute route = is_detok ? API_ROUTE_DETOKENIZE : API_ROUTE_TOKENIZE;
+    if (api_parse_request(route, conn->body ? conn->body : "", conn->len, &ar, &err) != MN_OK)
+        return send_error(s, c, 400, err.msg, NULL);
+    const Tokenizer *tok = engine_model(s->e)->tok;
+    enum MHD_Result ok;
+    if (!is_detok) {
+        TokIds ids = {0};
+        if (tok_encode(tok, ar.text, ar.text_len, ar.add_special && tok_add_bos(tok), ar.parse_special, &ids))
+            ok = send_error(s, c, 500, "cannot tokenize", NULL);
+        else
+            ok = send_json(s, c, 200, api_tokenize_json(ids.ids, ids.n));
+        tok_ids_free(&ids);
+    } else {
+        for (size_t i = 0; i < ar.n_tokens; i++)
+            if (ar.tokens[i] >= tok_n_vocab(tok)) {
+                char msg[96];
+                snprintf(msg, sizeof msg, "tokens[%zu]: id %d is out of range", i, ar.tokens[i]);
+                api_request_deinit(&ar);
+                return send_error(s, c, 400, msg, "tokens");
+            }
+        char *text = NULL;
+        size_t len = 0;
+        if (tok_decode(tok, ar.tokens, ar.n_tokens, false, &text, &len)) ok = send_error(s, c, 500, "out of memory", NULL);
+        else {
+            size_t clean_len;
+            char *clean = api_utf8_sanitize(text, len, &clean_len);
+            ok = clean ? send_json(s, c, 200, api_detokenize_json(clean, clean_len)) : MHD_NO;
+            mn_free(clean);
+        }
+        mn_free(text);
+    }
+    api_request_deinit(&ar);
+    return ok;
+}
+
+/* ---- dispatch ------------------------------------------------------------------ */
+
+/* The API key of the request when keys are set: NULL if missing or wrong. */
+static const char *check_key(Server *s, struct MHD_Connection *c) {
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (h == NULL || strncmp(h, "Bearer ", 7) != 0) return NULL;
+    for (int i = 0; i < s->opt.n_api_keys; i++)
+        if (strcmp(h + 7, s->opt.api_keys[i]) == 0) return s->opt.api_keys[i];
+    return NULL;
+}
+
+static enum MHD_Result handle_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                      const char *version, const char *upload_data, size_t *upload_data_size,
+                                      void **con_cls) {
+    Server *s = cls;
+    Conn *conn = *con_cls;
+    if (conn == NULL) { /* headers only: set up the body buffer */
+        conn = mn_calloc(1, sizeof *conn);
+        if (conn == NULL) return MHD_NO;
+        *con_cls = conn;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > s->opt.max_body) conn->is_too_big = true;
+        return MHD_YES;
+    }
+    if (*upload_data_size > 0) { /* a piece of the body */
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (conn->is_too_big || conn->len + n > s->opt.max_body) {
+            conn->is_too_big = true;
+            return MHD_YES;
+        }
+        if (conn->len + n + 1 > conn->cap) {
+            size_t cap = conn->cap ? conn->cap : 4096;
+            while (cap < conn->len + n + 1) cap *= 2;
+            char *b = mn_realloc(conn->body, cap);
+            if (b == NULL) return MHD_NO;
+            conn->body = b;
+            conn->cap = cap;
+        }
+        memcpy(conn->body + conn->len, upload_data, n);
+        conn->len += n;
+        conn->body[conn->len] = '\0';
+        return MHD_YES;
+    }
+    if (conn->is_too_big) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", s->opt.max_body);
+        return send_error(s, c, 413, msg, NULL);
+    }
+    bool is_get = strcmp(method, "GET") == 0, is_post = strcmp(method, "POST") == 0;
+    if (is_get && strcmp(url, "/health") == 0) {
+        count_request(s, 200);
+        static const char ok[] = "{\"status\":\"ok\"}";
+        return send_body(c, 200, "application/json", ok, sizeof ok - 1, NULL);
+    }
+    if (is_get && strcmp(url, "/metrics") == 0) return handle_metrics(s, c);
+    static const char *const routes[] = {"/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize",
+                                         "/detokenize"};
+    int route = -1;
+    for (int i = 0; i < 5; i++)
+        if (strcmp(url, routes[i]) == 0) route = i;
+    if (route < 0) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "no route %s %.64s", method, url);
+        return send_error(s, c, 404, msg, NULL);
+    }
+    if ((route == 0 && !is_get) || (route > 0 && !is_post)) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "%s does not accept %s", url, method);
+        return send_error(s, c, 405, msg, NULL);
+    }
+    const char *key = NULL;
+    if (s->opt.n_api_keys > 0 && (key = check_key(s, c)) == NULL)
+        return send_error(s, c, 401, "a valid API key is required (Authorization: Bearer KEY)", NULL);
+    switch (route) {
+    case 0: {
+        const char *names[] = {s->opt.model_name};
+        return send_json(s, c, 200, api_models_json(names, 1, (int64_t)time(NULL)));
+    }
+    case 1: return handle_generation(s, c, API_ROUTE_CHAT, routes[1], conn, key);
+    case 2: return handle_generation(s, c, API_ROUTE_COMPLETION, routes[2], conn, key);
+    case 3: return handle_tokenize(s, c, conn, false);
+    default: return handle_tokenize(s, c, conn, true);
+    }
+}
+
+static void request_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    Conn *conn = *con_cls;
+    if (conn == NULL) return;
+    mn_free(conn->body);
+    mn_free(conn);
+    *con_cls = NULL;
+}
+
+/* ---- life cycle ---------------------------------------------------------------- */
+
+int server_new(Engine *e, const ServerOptions *o, Server **out, MnErr *err) {
+    *out = NULL;
+    Server *s = mn_calloc(1, sizeof *s);
+    if (s == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    s->e = e;
+    s->m = engine_model(e);
+    s->opt = *o;
+    atomic_init(&s->next_id, 1);
+    if (metrics_setup(s) != MN_OK) {
+        server_free(s);
+        return mn_err_set(err, MN_ENOMEM, "out of memory");
+    }
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)o->port);
+    if (inet_pton(AF_INET, o->host, &addr.sin_addr) != 1) {
+        server_free(s);
+        return mn_err_set(err, MN_EINVAL, "--host %s is not an IPv4 address", o->host);
+    }
+    s->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
+                                 (uint16_t)o->port, NULL, NULL, handle_request, s, MHD_OPTION_SOCK_ADDR, &addr,
+                                 MHD_OPTION_NOTIFY_COMPLETED, request_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
+                                 (unsigned)600, MHD_OPTION_END);
+    if (s->daemon == NULL) {
+        server_free(s);
+        return mn_err_set(err, MN_EIO, "cannot listen on %s:%d", o->host, o->port);
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = info ? info->port : o->port;
+    *out = s;
+    return MN_OK;
+}
+
+int server_port(const Server *s) { return s->port; }
+
+void server_free(Server *s) {
+    if (s == NULL) return;
+    if (s->daemon) MHD_stop_daemon(s->daemon);
+    metrics_free(s->metrics);
+    mn_free(s);
+}

@@ -1,0 +1,983 @@
+/* test_openai.c — OpenAI request parsing/validation and response building.
+ *
+ * Parsing: valid requests of every route and shape (defaults, every field
+ * set, content-part arrays, developer role, null assistant content, stop as
+ * string and list, prompt as text, ids and a one-string list, JSON nulls as
+ * absent), then a table of invalid bodies — every field with a wrong type
+ * and out of range — each of which must give MN_EINVAL, a message that
+ * starts with the field's name and a zeroed request.
+ * Building: every builder's output parses back with jansson and has the
+ * expected members; invalid UTF-8 in any text comes out as U+FFFD, the same
+ * in chunks and whole responses; api_utf8_sanitize on the classic
+ * ill-formed cases; the error-type and status tables.
+ * Failure: every allocation (ours through mn_*, jansson's through
+ * json_set_alloc_funcs) is made to fail in turn for a parse and for each
+ * builder; nothing may crash or leak (run under ASan).
+ *
+ * Includes openai.c with the mn_* allocators routed through an injector.
+ * Needs jansson: link with -ljansson.
+ */
+#include "test_util.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+
+#include "base/err.h"
+#include "base/mem.h"
+
+static void *oa_malloc(size_t n);
+static void *oa_calloc(size_t n, size_t size);
+static void *oa_realloc(void *p, size_t n);
+static char *oa_strdup(const char *s);
+static char *oa_strndup(const char *s, size_t n);
+#define mn_malloc oa_malloc
+#define mn_calloc oa_calloc
+#define mn_realloc oa_realloc
+#define mn_strdup oa_strdup
+#define mn_strndup oa_strndup
+#include "server/openai.c"
+#undef mn_malloc
+#undef mn_calloc
+#undef mn_realloc
+#undef mn_strdup
+#undef mn_strndup
+
+/* ---------------------------------------------------- failure injection */
+
+/* -1: never fail; k >= 0: the (k+1)-th allocation from now fails, and so
+ * does every later one until reset. Counts ours and jansson's together. */
+static long oa_fail_after = -1;
+
+static bool oa_should_fail(void) {
+    if (oa_fail_after == 0) return true;
+    if (oa_fail_after > 0) oa_fail_after--;
+    return false;
+}
+
+static void *oa_malloc(size_t n) { return oa_should_fail() ? NULL : mn_malloc(n); }
+static void *oa_calloc(size_t n, size_t size) { return oa_should_fail() ? NULL : mn_calloc(n, size); }
+static void *oa_realloc(void *p, size_t n) { return oa_should_fail() ? NULL : mn_realloc(p, n); }
+static char *oa_strdup(const char *s) { return oa_should_fail() ? NULL : mn_strdup(s); }
+static char *oa_strndup(const char *s, size_t n) { return oa_should_fail() ? NULL : mn_strndup(s, n); }
+static void *oa_json_malloc(size_t n) { return oa_should_fail() ? NULL : malloc(n); }
+
+/* ---------------------------------------------------------------- helpers */
+
+static int parse(ApiRoute route, const char *body, ApiRequest *r, MnErr *err) {
+    return api_parse_request(route, body, strlen(body), r, err);
+}
+
+static void parse_ok(ApiRoute route, const char *body, ApiRequest *r) {
+    MnErr err = {0};
+    int rc = parse(route, body, r, &err);
+    if (rc != MN_OK) fail_msg("parse of %s failed: %s: %s", body, mn_strerror(rc), err.msg);
+    assert_int_equal(r->route, route);
+}
+
+static bool is_zero(const ApiRequest *r) {
+    static const ApiRequest ZERO;
+    return memcmp(r, &ZERO, sizeof ZERO) == 0;
+}
+
+/* Parse a builder's output (which is freed) back into a jansson tree. */
+static json_t *reparse(char *text) {
+    assert_non_null(text);
+    json_error_t jerr;
+    json_t *j = json_loads(text, 0, &jerr);
+    if (j == NULL) fail_msg("builder output is not JSON (%s): %s", jerr.text, text);
+    mn_free(text);
+    return j;
+}
+
+static const char *str_at(const json_t *obj, const char *key) {
+    json_t *v = json_object_get(obj, key);
+    if (!json_is_string(v)) fail_msg("member %s is not a string", key);
+    return json_string_value(v);
+}
+
+static long long int_at(const json_t *obj, const char *key) {
+    json_t *v = json_object_get(obj, key);
+    if (!json_is_integer(v)) fail_msg("member %s is not an integer", key);
+    return json_integer_value(v);
+}
+
+static json_t *only_choice(const json_t *o) {
+    json_t *choices = json_object_get(o, "choices");
+    assert_true(json_is_array(choices));
+    assert_int_equal(json_array_size(choices), 1);
+    json_t *c = json_array_get(choices, 0);
+    assert_int_equal(int_at(c, "index"), 0);
+    return c;
+}
+
+#define MSGS "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
+
+/* ------------------------------------------------------------ valid chat */
+
+static void test_chat_defaults(void **state) {
+    (void)state;
+    ApiRequest r;
+    parse_ok(API_ROUTE_CHAT, "{" MSGS "}", &r);
+    assert_string_equal(r.model, "");
+    assert_null(r.session_id);
+    assert_int_equal(r.n_msgs, 1);
+    assert_string_equal(r.msgs[0].role, "user");
+    assert_string_equal(r.msgs[0].content, "hi");
+    assert_float_equal(r.sampler.temperature, 1.0f, 0);
+    assert_float_equal(r.sampler.top_p, 1.0f, 0);
+    assert_int_equal(r.sampler.top_k, 0);
+    assert_float_equal(r.sampler.min_p, 0.0f, 0);
+    assert_float_equal(r.sampler.presence_penalty, 0.0f, 0);
+    assert_float_equal(r.sampler.frequency_penalty, 0.0f, 0);
+    assert_float_equal(r.sampler.repeat_penalty, 1.0f, 0);
+    assert_true(r.sampler.repeat_last_n > 0);
+    assert_int_equal(r.fields_set, 0);
+    assert_int_equal(r.max_tokens, -1);
+    assert_int_equal(r.n_stop, 0);
+    assert_false(r.is_stream);
+    assert_false(r.include_usage);
+    assert_false(r.ignore_eos);
+    assert_null(r.text);
+    assert_null(r.tokens);
+    api_request_deinit(&r);
+    assert_true(is_zero(&r));
+    api_request_deinit(&r); /* twice is fine */
+    api_request_deinit(NULL);
+}
+
+static void test_chat_all_fields(void **state) {
+    (void)state;
+    ApiRequest r;
+    parse_ok(API_ROUTE_CHAT,
+             "{\"model\":\"tiny\",\"session_id\":\"s-1\",\"user\":\"bob\",\"unknown\":{\"x\":[1]},"
+             "\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},"
+             "{\"role\":\"user\",\"content\":\"hello\",\"name\":\"x\"},"
+             "{\"role\":\"assistant\",\"content\":\"hey\"},{\"role\":\"user\",\"content\":\"again\"}],"
+             "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"max_tokens\":64,"
+             "\"temperature\":0.7,\"top_p\":0.9,\"top_k\":40,\"min_p\":0.05,\"seed\":-1,"
+             "\"stop\":[\"\\n\\n\",\"END\"],\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,"
+             "\"repeat_penalty\":1.1,\"ignore_eos\":true,\"n\":1}",
+             &r);
+    assert_string_equal(r.model, "tiny");
+    assert_string_equal(r.session_id, "s-1");
+    assert_int_equal(r.n_msgs, 4);
+    const char *roles[] = {"system", "user", "assistant", "user"};
+    const char *texts[] = {"be brief", "hello", "hey", "again"};
+    for (size_t i = 0; i < 4; i++) {
+        assert_string_equal(r.msgs[i].role, roles[i]);
+        assert_string_equal(r.msgs[i].content, texts[i]);
+    }
+    assert_true(r.is_stream);
+    assert_true(r.include_usage);
+    assert_true(r.ignore_eos);
+    assert_int_equal(r.max_tokens, 64);
+    assert_float_equal(r.sampler.temperature, 0.7f, 0);
+    assert_float_equal(r.sampler.top_p, 0.9f, 0);
+    assert_int_equal(r.sampler.top_k, 40);
+    assert_float_equal(r.sampler.min_p, 0.05f, 0);
+    assert_true(r.sampler.seed == UINT64_MAX); /* -1 modulo 2^64 */
+    assert_float_equal(r.sampler.presence_penalty, 0.5f, 0);
+    assert_float_equal(r.sampler.frequency_penalty, -0.5f, 0);
+    assert_float_equal(r.sampler.repeat_penalty, 1.1f, 0);
+    assert_int_equal(r.n_stop, 2);
+    assert_string_equal(r.stop[0], "\n\n");
+    assert_string_equal(r.stop[1], "END");
+    uint32_t all = API_SET_TEMPERATURE | API_SET_TOP_P | API_SET_TOP_K | API_SET_MIN_P | API_SET_SEED |
+                   API_SET_PRESENCE_PENALTY | API_SET_FREQUENCY_PENALTY | API_SET_REPEAT_PENALTY |
+                   API_SET_MAX_TOKENS | API_SET_STOP;
+    assert_int_equal(r.fields_set, all);
+    api_request_deinit(&r);
+}
+
+static void test_chat_content_shapes(void **state) {
+    (void)state;
+    ApiRequest r;
+    parse_ok(API_ROUTE_CHAT,
+             "{\"messages\":[{\"role\":\"developer\",\"content\":[{\"type\":\"text\",\"text\":\"rules\"}]},"
+             "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+             "{\"type\":\"text\",\"text\":\"b\",\"extra\":1},{\"type\":\"text\",\"text\":\"\"}]},"
+             "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[]},"
+             "{\"role\":\"assistant\"},"
+             "{\"role\":\"user\",\"content\":[]},"
+             "{\"role\":\"user\",\"content\":\"caf\\u00e9 \\ud83d\\ude00\"}]}",
+             &r);
+    assert_int_equal(r.n_msgs, 6);
+    assert_string_equal(r.msgs[0].role, "system");
+    assert_string_equal(r.msgs[0].content, "rules");
+    assert_string_equal(r.msgs[1].content, "a\nb\n");
+    assert_string_equal(r.msgs[2].role, "assistant");
+    assert_string_equal(r.msgs[2].content, "");
+    assert_string_equal(r.msgs[3].content, "");
+    assert_string_equal(r.msgs[4].content, "");
+    assert_string_equal(r.msgs[5].content, "caf\xC3\xA9 \xF0\x9F\x98\x80");
+    api_request_deinit(&r);
+}
+
+static void test_chat_stop_and_limits(void **state) {
+    (void)state;
+    ApiRequest r;
+    parse_ok(API_ROUTE_CHAT, "{" MSGS ",\"stop\":\"###\"}", &r);
+    assert_int_equal(r.n_stop, 1);
+    assert_string_equal(r.stop[0], "###");
+    assert_true(r.fields_set & API_SET_STOP);
+    api_request_deinit(&r);
+
+    parse_ok(API_ROUTE_CHAT, "{" MSGS ",\"stop\":[]}", &r);
+    assert_int_equal(r.n_stop, 0);
+    api_request_deinit(&r);
+
+    parse_ok(API_ROUTE_CHAT, "{" MSGS ",\"stop\":[\"a\",\"b\",\"c\",\"d\"]}", &r);
+    assert_int_equal(r.n_stop, 4);
+    assert_string_equal(r.stop[3], "d");
+    api_request_deinit(&r);
+
+    /* max_completion_tokens wins; an integral real is an integer */
+    parse_ok(API_ROUTE_CHAT, "{" MSGS ",\"max_tokens\":5,\"max_completion_tokens\":7.0}", &r);
+    assert_int_equal(r.max_tokens, 7);
+    assert_true(r.fields_set & API_SET_MAX_TOKENS);
+    api_request_deinit(&r);
+    parse_ok(API_ROUTE_CHAT, "{" MSGS ",\"max_completion_tokens\":2147483647}", &r);
+    assert_int_equal(r.max_tokens, INT32_MAX);
+    api_request_deinit(&r);
+
+    /* range ends that are inside */
+    parse_ok(API_ROUTE_CHAT,
+             "{" MSGS ",\"temperature\":0,\"top_p\":1,\"min_p\":1,\"presence_penalty\":-2,"
+             "\"frequency_penalty\":2,\"top_k\":0,\"seed\":9007199254740993}",
+             &r);
+    assert_float_equal(r.sampler.temperature, 0.0f, 0);
+    assert_float_equal(r.sampler.top_p, 1.0f, 0);
+    assert_float_equal(r.sampler.min_p, 1.0f, 0);
+    assert_int_equal(r.sampler.top_k, 0);
+    assert_true(r.fields_set & API_SET_TOP_K);
+    assert_true(r.sampler.seed == 9007199254740993ull);
+    api_request_deinit(&r);
+    parse_ok(API_ROUTE_CHAT, "{" MSGS ",\"temperature\":2}", &r);
+    assert_float_equal(r.sampler.temperature, 2.0f, 0);
+    api_request_deinit(&r);
+}
+
+static void test_chat_nulls_are_absent(void **state) {
+    (void)state;
+    ApiRequest r;
+    parse_ok(API_ROUTE_CHAT,
+             "{" MSGS ",\"model\":null,\"session_id\":null,\"stream\":null,\"stream_options\":null,"
+             "\"max_tokens\":null,\"max_completion_tokens\":null,\"temperature\":null,\"top_p\":null,"
+             "\"top_k\":null,\"min_p\":null,\"seed\":null,\"stop\":null,\"presence_penalty\":null,"
+             "\"frequency_penalty\":null,\"repeat_penalty\":null,\"ignore_eos\":null,\"n\":null,\"user\":null}",
+             &r);
+    assert_string_equal(r.model, "");
+    assert_null(r.session_id);
+    assert_int_equal(r.fields_set, 0);
+    assert_int_equal(r.max_tokens, -1);
+    assert_float_equal(r.sampler.temperature, 1.0f, 0);
+    api_request_deinit(&r);
+
+    parse_ok(API_ROUTE_CHAT, "{" MSGS ",\"stream_options\":{\"include_usage\":null}}", &r);
+    assert_false(r.include_usage);
+    api_request_deinit(&r);
+}
+
+/* ----------------------------------------------------- valid other routes */
+
+static void test_completion_shapes(void **state) {
+    (void)state;
+    ApiRequest r;
+    parse_ok(API_ROUTE_COMPLETION, "{\"model\":\"m\",\"prompt\":\"Once upon\",\"max_tokens\":3,\"echo\":false}",
+             &r);
+    assert_string_equal(r.text, "Once upon");
+    assert_int_equal(r.text_len, 9);
+    assert_null(r.tokens);
+    assert_int_equal(r.max_tokens, 3);
+    assert_string_equal(r.model, "m");
+    assert_null(r.msgs);
+    api_request_deinit(&r);
+
+    parse_ok(API_ROUTE_COMPLETION, "{\"prompt\":[1, 15043, 0, 2147483647],\"stream\":true}", &r);
+    assert_null(r.text);
+    assert_int_equal(r.n_tokens, 4);
+    assert_int_equal(r.tokens[0], 1);
+    assert_int_equal(r.tokens[1], 15043);
+    assert_int_equal(r.tokens[2], 0);
+    assert_int_equal(r.tokens[3], INT32_MAX);
+    assert_true(r.is_stream);
+    api_request_deinit(&r);
+
+    parse_ok(API_ROUTE_COMPLETION, "{\"prompt\":[\"only one\"]}", &r);
+    assert_string_equal(r.text, "only one");
+    api_request_deinit(&r);
+
+    parse_ok(API_ROUTE_COMPLETION, "{\"prompt\":\"\",\"stop\":\"x\",\"seed\":42,\"echo\":null}", &r);
+    assert_string_equal(r.text, "");
+    assert_int_equal(r.text_len, 0);
+    assert_true(r.fields_set & API_SET_SEED);
+    assert_true(r.sampler.seed == 42);
+    api_request_deinit(&r);
+}
+
+static void test_tokenize_detokenize(void **state) {
+    (void)state;
+    ApiRequest r;
+    parse_ok(API_ROUTE_TOKENIZE, "{\"content\":\"Hello world\"}", &r);
+    assert_string_equal(r.text, "Hello world");
+    assert_int_equal(r.text_len, 11);
+    assert_int_equal(r.add_special, API_TOKENIZE_ADD_SPECIAL_DEFAULT);
+    assert_int_equal(r.parse_special, API_TOKENIZE_PARSE_SPECIAL_DEFAULT);
+    api_request_deinit(&r);
+
+    parse_ok(API_ROUTE_TOKENIZE, "{\"content\":\"x\",\"add_special\":true,\"parse_special\":false,\"with_pieces\":false}",
+             &r);
+    assert_true(r.add_special);
+    assert_false(r.parse_special);
+    api_request_deinit(&r);
+    parse_ok(API_ROUTE_TOKENIZE, "{\"content\":\"x\",\"add_special\":false,\"parse_special\":true}", &r);
+    assert_false(r.add_special);
+    assert_true(r.parse_special);
+    api_request_deinit(&r);
+
+    parse_ok(API_ROUTE_DETOKENIZE, "{\"tokens\":[1,2,3]}", &r);
+    assert_int_equal(r.n_tokens, 3);
+    assert_int_equal(r.tokens[2], 3);
+    api_request_deinit(&r);
+    parse_ok(API_ROUTE_DETOKENIZE, "{\"tokens\":[]}", &r);
+    assert_int_equal(r.n_tokens, 0);
+    api_request_deinit(&r);
+
+    /* the per-route wrappers */
+    MnErr err = {0};
+    const char *b = "{\"tokens\":[7]}";
+    assert_int_equal(api_parse_detokenize(b, strlen(b), &r, &err), MN_OK);
+    assert_int_equal(r.tokens[0], 7);
+    api_request_deinit(&r);
+    b = "{\"content\":\"a\"}";
+    assert_int_equal(api_parse_tokenize(b, strlen(b), &r, &err), MN_OK);
+    api_request_deinit(&r);
+    b = "{\"prompt\":\"a\"}";
+    assert_int_equal(api_parse_completion(b, strlen(b), &r, &err), MN_OK);
+    api_request_deinit(&r);
+    b = "{" MSGS "}";
+    assert_int_equal(api_parse_chat(b, strlen(b), &r, &err), MN_OK);
+    api_request_deinit(&r);
+    /* the body need not be NUL-terminated: only len bytes are read */
+    assert_int_equal(api_parse_chat(b, strlen(b) - 1, &r, &err), MN_EINVAL);
+}
+
+/* ---------------------------------------------------------- invalid input */
+
+typedef struct BadCase {
+    ApiRoute route;
+    const char *body;
+    const char *field; /* the message must start with this */
+} BadCase;
+
+#define CHAT API_ROUTE_CHAT
+#define CMPL API_ROUTE_COMPLETION
+#define TOK API_ROUTE_TOKENIZE
+#define DETOK API_ROUTE_DETOKENIZE
+#define WITH(field_json) "{" MSGS "," field_json "}"
+
+static const BadCase BAD_CASES[] = {
+    /* the body itself */
+    {CHAT, "", "invalid JSON"},
+    {CHAT, "not json", "invalid JSON"},
+    {CHAT, "{\"messages\":[", "invalid JSON"},
+    {CHAT, "{" MSGS "} trailing", "invalid JSON"},
+    {CHAT, "{\"a\":\"\\u0000\"}", "invalid JSON"},
+    {CHAT, "[1,2]", "request body"},
+    {CHAT, "\"text\"", "request body"},
+    {TOK, "null", "request body"},
+    /* messages */
+    {CHAT, "{}", "messages"},
+    {CHAT, "{\"messages\":null}", "messages"},
+    {CHAT, "{\"messages\":[]}", "messages"},
+    {CHAT, "{\"messages\":\"hi\"}", "messages"},
+    {CHAT, "{\"messages\":{}}", "messages"},
+    {CHAT, "{\"messages\":[1]}", "messages[0]"},
+    {CHAT, "{\"messages\":[{\"content\":\"x\"}]}", "messages[0].role"},
+    {CHAT, "{\"messages\":[{\"role\":5,\"content\":\"x\"}]}", "messages[0].role"},
+    {CHAT, "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "messages[0].role"},
+    {CHAT, "{\"messages\":[{\"role\":\"User\",\"content\":\"x\"}]}", "messages[0].role"},
+    {CHAT, "{\"messages\":[{\"role\":\"user\"}]}", "messages[0].content"},
+    {CHAT, "{\"messages\":[{\"role\":\"system\",\"content\":null}]}", "messages[0].content"},
+    {CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\",\"content\":3}]}",
+     "messages[1].content"},
+    {CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":{\"text\":\"a\"}}]}", "messages[0].content"},
+    {CHAT, "{\"messages\":[{\"role\":\"assistant\",\"content\":true}]}", "messages[0].content"},
+    {CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[\"a\"]}]}", "messages[0].content[0]"},
+    {CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"text\":\"a\"}]}]}", "messages[0].content[0].type"},
+    {CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":1,\"text\":\"a\"}]}]}",
+     "messages[0].content[0].type"},
+    {CHAT,
+     "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+     "{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}",
+     "messages[0].content[1].type"},
+    {CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}", "messages[0].content[0].text"},
+    {CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":null}]}]}",
+     "messages[0].content[0].text"},
+    {CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":[]}]}]}",
+     "messages[0].content[0].text"},
+    /* strings and flags */
+    {CHAT, WITH("\"model\":1"), "model"},
+    {CHAT, WITH("\"model\":[\"a\"]"), "model"},
+    {CHAT, WITH("\"session_id\":12"), "session_id"},
+    {CHAT, WITH("\"stream\":\"yes\""), "stream"},
+    {CHAT, WITH("\"stream\":1"), "stream"},
+    {CHAT, WITH("\"stream_options\":1"), "stream_options"},
+    {CHAT, WITH("\"stream_options\":[]"), "stream_options"},
+    {CHAT, WITH("\"stream_options\":{\"include_usage\":1}"), "stream_options.include_usage"},
+    {CHAT, WITH("\"ignore_eos\":\"true\""), "ignore_eos"},
+    /* integers */
+    {CHAT, WITH("\"max_tokens\":0"), "max_tokens"},
+    {CHAT, WITH("\"max_tokens\":-5"), "max_tokens"},
+    {CHAT, WITH("\"max_tokens\":\"10\""), "max_tokens"},
+    {CHAT, WITH("\"max_tokens\":1.5"), "max_tokens"},
+    {CHAT, WITH("\"max_tokens\":2147483648"), "max_tokens"},
+    {CHAT, WITH("\"max_tokens\":true"), "max_tokens"},
+    {CHAT, WITH("\"max_completion_tokens\":0"), "max_completion_tokens"},
+    {CHAT, WITH("\"max_completion_tokens\":\"x\""), "max_completion_tokens"},
+    {CHAT, WITH("\"top_k\":-1"), "top_k"},
+    {CHAT, WITH("\"top_k\":2.5"), "top_k"},
+    {CHAT, WITH("\"top_k\":\"40\""), "top_k"},
+    {CHAT, WITH("\"top_k\":1e10"), "top_k"},
+    {CHAT, WITH("\"seed\":1.5"), "seed"},
+    {CHAT, WITH("\"seed\":\"42\""), "seed"},
+    {CHAT, WITH("\"seed\":1e300"), "seed"},
+    {CHAT, WITH("\"n\":2"), "n: only n=1 is supported"},
+    {CHAT, WITH("\"n\":0"), "n: only n=1 is supported"},
+    {CHAT, WITH("\"n\":\"1\""), "n"},
+    /* reals */
+    {CHAT, WITH("\"temperature\":-0.1"), "temperature"},
+    {CHAT, WITH("\"temperature\":2.01"), "temperature"},
+    {CHAT, WITH("\"temperature\":\"0.5\""), "temperature"},
+    {CHAT, WITH("\"temperature\":[]"), "temperature"},
+    {CHAT, WITH("\"top_p\":0"), "top_p"},
+    {CHAT, WITH("\"top_p\":-0.5"), "top_p"},
+    {CHAT, WITH("\"top_p\":1.0001"), "top_p"},
+    {CHAT, WITH("\"top_p\":false"), "top_p"},
+    {CHAT, WITH("\"min_p\":-0.01"), "min_p"},
+    {CHAT, WITH("\"min_p\":1.5"), "min_p"},
+    {CHAT, WITH("\"min_p\":true"), "min_p"},
+    {CHAT, WITH("\"presence_penalty\":-2.5"), "presence_penalty"},
+    {CHAT, WITH("\"presence_penalty\":2.5"), "presence_penalty"},
+    {CHAT, WITH("\"presence_penalty\":\"1\""), "presence_penalty"},
+    {CHAT, WITH("\"frequency_penalty\":-3"), "frequency_penalty"},
+    {CHAT, WITH("\"frequency_penalty\":3"), "frequency_penalty"},
+    {CHAT, WITH("\"frequency_penalty\":{}"), "frequency_penalty"},
+    {CHAT, WITH("\"repeat_penalty\":0"), "repeat_penalty"},
+    {CHAT, WITH("\"repeat_penalty\":-1"), "repeat_penalty"},
+    {CHAT, WITH("\"repeat_penalty\":\"1.1\""), "repeat_penalty"},
+    {CHAT, WITH("\"repeat_penalty\":1e31"), "repeat_penalty"},
+    /* stop */
+    {CHAT, WITH("\"stop\":\"\""), "stop"},
+    {CHAT, WITH("\"stop\":5"), "stop"},
+    {CHAT, WITH("\"stop\":{\"a\":1}"), "stop"},
+    {CHAT, WITH("\"stop\":[1]"), "stop[0]"},
+    {CHAT, WITH("\"stop\":[\"a\",\"\"]"), "stop[1]"},
+    {CHAT, WITH("\"stop\":[\"a\",null]"), "stop[1]"},
+    {CHAT, WITH("\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]"), "stop"},
+    /* completions */
+    {CMPL, "{}", "prompt"},
+    {CMPL, "{\"prompt\":null}", "prompt"},
+    {CMPL, "{\"prompt\":5}", "prompt"},
+    {CMPL, "{\"prompt\":{}}", "prompt"},
+    {CMPL, "{\"prompt\":[]}", "prompt"},
+    {CMPL, "{\"prompt\":[1,-1]}", "prompt[1]"},
+    {CMPL, "{\"prompt\":[1,\"a\"]}", "prompt[1]"},
+    {CMPL, "{\"prompt\":[1.5]}", "prompt[0]"},
+    {CMPL, "{\"prompt\":[2147483648]}", "prompt[0]"},
+    {CMPL, "{\"prompt\":[null]}", "prompt[0]"},
+    {CMPL, "{\"prompt\":[\"a\",\"b\"]}", "prompt"},
+    {CMPL, "{\"prompt\":\"x\",\"echo\":true}", "echo"},
+    {CMPL, "{\"prompt\":\"x\",\"echo\":\"no\"}", "echo"},
+    {CMPL, "{\"prompt\":\"x\",\"temperature\":3}", "temperature"},
+    {CMPL, "{\"prompt\":\"x\",\"stop\":[\"\"]}", "stop[0]"},
+    {CMPL, "{\"prompt\":\"x\",\"n\":3}", "n: only n=1 is supported"},
+    {CMPL, "{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens"},
+    /* tokenize */
+    {TOK, "{}", "content"},
+    {TOK, "{\"content\":1}", "content"},
+    {TOK, "{\"content\":null}", "content"},
+    {TOK, "{\"content\":\"x\",\"add_special\":\"yes\"}", "add_special"},
+    {TOK, "{\"content\":\"x\",\"parse_special\":0}", "parse_special"},
+    {TOK, "{\"content\":\"x\",\"with_pieces\":true}", "with_pieces"},
+    /* detokenize */
+    {DETOK, "{}", "tokens"},
+    {DETOK, "{\"tokens\":\"1 2\"}", "tokens"},
+    {DETOK, "{\"tokens\":{}}", "tokens"},
+    {DETOK, "{\"tokens\":[-1]}", "tokens[0]"},
+    {DETOK, "{\"tokens\":[1,2.5]}", "tokens[1]"},
+    {DETOK, "{\"tokens\":[1,\"a\"]}", "tokens[1]"},
+    {DETOK, "{\"tokens\":[3000000000]}", "tokens[0]"},
+    {DETOK, "{\"tokens\":[[1]]}", "tokens[0]"},
+};
+
+static void test_invalid_requests(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof BAD_CASES / sizeof BAD_CASES[0]; i++) {
+        const BadCase *c = &BAD_CASES[i];
+        ApiRequest r;
+        memset(&r, 0x5A, sizeof r); /* parse must overwrite whatever was there */
+        MnErr err = {0};
+        int rc = parse(c->route, c->body, &r, &err);
+        if (rc != MN_EINVAL) fail_msg("case %zu (%s): rc %d, want MN_EINVAL", i, c->body, rc);
+        if (strncmp(err.msg, c->field, strlen(c->field)) != 0)
+            fail_msg("case %zu (%s): message \"%s\" does not start with \"%s\"", i, c->body, err.msg, c->field);
+        if (!is_zero(&r)) fail_msg("case %zu (%s): request not zeroed after failure", i, c->body);
+        api_request_deinit(&r);
+    }
+    /* a NULL body of length 0 and a NULL err are fine */
+    ApiRequest r;
+    assert_int_equal(api_parse_chat(NULL, 0, &r, NULL), MN_EINVAL);
+    assert_true(is_zero(&r));
+    assert_int_equal(parse(CHAT, WITH("\"top_p\":0"), &r, NULL), MN_EINVAL);
+    /* an unknown route */
+    MnErr err = {0};
+    assert_int_equal(api_parse_request((ApiRoute)99, "{}", 2, &r, &err), MN_EINVAL);
+    assert_true(is_zero(&r));
+}
+
+/* ---------------------------------------------------------------- UTF-8 */
+
+static void expect_sanitized(const char *in, size_t len, const char *want) {
+    size_t n = 0;
+    char *out = api_utf8_sanitize(in, len, &n);
+    assert_non_null(out);
+    assert_int_equal(n, strlen(want));
+    assert_memory_equal(out, want, n);
+    assert_int_equal(out[n], '\0');
+    mn_free(out);
+}
+
+#define FFFD "\xEF\xBF\xBD"
+
+static void test_utf8_sanitize(void **state) {
+    (void)state;
+    expect_sanitized("", 0, "");
+    char *empty = api_utf8_sanitize(NULL, 0, NULL);
+    assert_string_equal(empty, "");
+    mn_free(empty);
+    expect_sanitized("plain ascii", 11, "plain ascii");
+    expect_sanitized("caf\xC3\xA9 \xF0\x9F\x98\x80", 10, "caf\xC3\xA9 \xF0\x9F\x98\x80");
+    expect_sanitized("a\x80" "b", 3, "a" FFFD "b");               /* lone continuation */
+    expect_sanitized("\xC0\x80", 2, FFFD FFFD);                   /* overlong NUL */
+    expect_sanitized("\xED\xA0\x80", 3, FFFD FFFD FFFD);          /* surrogate */
+    expect_sanitized("\xF4\x90\x80\x80", 4, FFFD FFFD FFFD FFFD); /* above U+10FFFF */
+    expect_sanitized("\xFF\xFE", 2, FFFD FFFD);
+    expect_sanitized("a\xF0\x9F\x98" "b", 5, "a" FFFD "b");       /* maximal subpart of 3 */
+    expect_sanitized("end\xF0\x9F\x98", 6, "end" FFFD);           /* cut short at the end */
+    expect_sanitized("end\xE2\x82", 5, "end" FFFD);
+    size_t n = 0; /* NUL is valid UTF-8 */
+    char *s = api_utf8_sanitize("x\0y", 3, &n);
+    assert_int_equal(n, 3);
+    assert_memory_equal(s, "x\0y", 4);
+    mn_free(s);
+}
+
+/* ------------------------------------------------------------- builders */
+
+static const ApiMeta META = {"chatcmpl-abc", "tiny", 1700000000};
+
+static ApiUsage sample_usage(void) {
+    ApiUsage u = {.prompt_tokens = 30, .completion_tokens = 12, .cached_tokens = 20, .recomputed_tokens = 4};
+    assert_int_equal(api_usage_add_tier(&u, "pool", 16), MN_OK);
+    assert_int_equal(api_usage_add_tier(&u, "disk", 4), MN_OK);
+    return u;
+}
+
+static void check_usage(const json_t *u, bool has_tiers) {
+    assert_true(json_is_object(u));
+    assert_int_equal(int_at(u, "prompt_tokens"), 30);
+    assert_int_equal(int_at(u, "completion_tokens"), 12);
+    assert_int_equal(int_at(u, "total_tokens"), 42);
+    json_t *d = json_object_get(u, "prompt_tokens_details");
+    assert_int_equal(int_at(d, "cached_tokens"), 20);
+    assert_int_equal(int_at(d, "recomputed_tokens"), 4);
+    json_t *t = json_object_get(d, "cached_tokens_by_tier");
+    assert_true(json_is_object(t));
+    if (has_tiers) {
+        assert_int_equal(json_object_size(t), 2);
+        assert_int_equal(int_at(t, "pool"), 16);
+        assert_int_equal(int_at(t, "disk"), 4);
+        assert_null(json_object_get(t, "ram"));
+    } else {
+        assert_int_equal(json_object_size(t), 0);
+    }
+}
+
+static void check_meta(const json_t *o, const char *object) {
+    assert_string_equal(str_at(o, "id"), "chatcmpl-abc");
+    assert_string_equal(str_at(o, "object"), object);
+    assert_int_equal(int_at(o, "created"), 1700000000);
+    assert_string_equal(str_at(o, "model"), "tiny");
+}
+
+static void test_usage_tiers(void **state) {
+    (void)state;
+    ApiUsage u = {0};
+    for (int i = 0; i < API_USAGE_MAX_TIERS; i++) assert_int_equal(api_usage_add_tier(&u, "t", i), MN_OK);
+    assert_int_equal(api_usage_add_tier(&u, "x", 1), MN_EFULL);
+    assert_int_equal(u.n_tiers, API_USAGE_MAX_TIERS);
+}
+
+static void test_chat_completion_object(void **state) {
+    (void)state;
+    ApiUsage u = sample_usage();
+    json_t *o = reparse(api_chat_completion_json(&META, "Hello there!", API_FINISH_STOP, &u));
+    check_meta(o, "chat.completion");
+    json_t *c = only_choice(o);
+    json_t *msg = json_object_get(c, "message");
+    assert_string_equal(str_at(msg, "role"), "assistant");
+    assert_string_equal(str_at(msg, "content"), "Hello there!");
+    assert_string_equal(str_at(c, "finish_reason"), "stop");
+    assert_true(json_is_null(json_object_get(c, "logprobs")));
+    check_usage(json_object_get(o, "usage"), true);
+    json_decref(o);
+
+    ApiUsage plain = {.prompt_tokens = 30, .completion_tokens = 12, .cached_tokens = 20, .recomputed_tokens = 4};
+    o = reparse(api_chat_completion_json(&META, "", API_FINISH_LENGTH, &plain));
+    c = only_choice(o);
+    assert_string_equal(str_at(json_object_get(c, "message"), "content"), "");
+    assert_string_equal(str_at(c, "finish_reason"), "length");
+    check_usage(json_object_get(o, "usage"), false);
+    json_decref(o);
+
+    o = reparse(api_chat_completion_json(&META, NULL, API_FINISH_NONE, NULL));
+    c = only_choice(o);
+    assert_true(json_is_null(json_object_get(c, "finish_reason")));
+    assert_null(json_object_get(o, "usage"));
+    json_decref(o);
+
+    /* compact output, members in order */
+    char *text = api_chat_completion_json(&META, "x", API_FINISH_STOP, NULL);
+    assert_string_equal(text, "{\"id\":\"chatcmpl-abc\",\"object\":\"chat.completion\",\"created\":1700000000,"
+                              "\"model\":\"tiny\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
+                              "\"content\":\"x\"},\"logprobs\":null,\"finish_reason\":\"stop\"}]}");
+    mn_free(text);
+}
+
+static void test_chat_chunks(void **state) {
+    (void)state;
+    /* first: role and the first piece */
+    json_t *o = reparse(api_chat_chunk_json(&META, true, "", API_FINISH_NONE));
+    check_meta(o, "chat.completion.chunk");
+    json_t *c = only_choice(o);
+    json_t *delta = json_object_get(c, "delta");
+    assert_string_equal(str_at(delta, "role"), "assistant");
+    assert_string_equal(str_at(delta, "content"), "");
+    assert_true(json_is_null(json_object_get(c, "finish_reason")));
+    assert_null(json_object_get(o, "usage"));
+    json_decref(o);
+
+    /* middle: content only */
+    o = reparse(api_chat_chunk_json(&META, false, "Hel\"lo\n", API_FINISH_NONE));
+    delta = json_object_get(only_choice(o), "delta");
+    assert_int_equal(json_object_size(delta), 1);
+    assert_string_equal(str_at(delta, "content"), "Hel\"lo\n");
+    json_decref(o);
+
+    /* last: empty delta and the reason */
+    o = reparse(api_chat_chunk_json(&META, false, NULL, API_FINISH_LENGTH));
+    c = only_choice(o);
+    assert_int_equal(json_object_size(json_object_get(c, "delta")), 0);
+    assert_string_equal(str_at(c, "finish_reason"), "length");
+    json_decref(o);
+
+    /* the usage-only chunk */
+    ApiUsage u = sample_usage();
+    o = reparse(api_usage_chunk_json(&META, true, &u));
+    check_meta(o, "chat.completion.chunk");
+    assert_true(json_is_array(json_object_get(o, "choices")));
+    assert_int_equal(json_array_size(json_object_get(o, "choices")), 0);
+    check_usage(json_object_get(o, "usage"), true);
+    json_decref(o);
+}
+
+static void test_text_completion(void **state) {
+    (void)state;
+    ApiUsage u = sample_usage();
+    json_t *o = reparse(api_text_completion_json(&META, " there was a cat", API_FINISH_LENGTH, &u));
+    check_meta(o, "text_completion");
+    json_t *c = only_choice(o);
+    assert_string_equal(str_at(c, "text"), " there was a cat");
+    assert_string_equal(str_at(c, "finish_reason"), "length");
+    assert_true(json_is_null(json_object_get(c, "logprobs")));
+    check_usage(json_object_get(o, "usage"), true);
+    json_decref(o);
+
+    o = reparse(api_text_chunk_json(&META, " there", API_FINISH_NONE));
+    check_meta(o, "text_completion");
+    c = only_choice(o);
+    assert_string_equal(str_at(c, "text"), " there");
+    assert_true(json_is_null(json_object_get(c, "finish_reason")));
+    assert_null(json_object_get(o, "usage"));
+    json_decref(o);
+
+    o = reparse(api_text_chunk_json(&META, NULL, API_FINISH_STOP));
+    c = only_choice(o);
+    assert_string_equal(str_at(c, "text"), "");
+    assert_string_equal(str_at(c, "finish_reason"), "stop");
+    json_decref(o);
+
+    o = reparse(api_usage_chunk_json(&META, false, &u));
+    check_meta(o, "text_completion");
+    assert_int_equal(json_array_size(json_object_get(o, "choices")), 0);
+    check_usage(json_object_get(o, "usage"), true);
+    json_decref(o);
+}
+
+/* Invalid UTF-8 anywhere a caller's text goes becomes U+FFFD, and a
+ * streamed piece comes out as the whole answer does. */
+static void test_invalid_utf8_in_responses(void **state) {
+    (void)state;
+    const char *bad = "ok \xE2\x82 \xFF done";
+    const char *want = "ok " FFFD " " FFFD " done";
+    json_t *o = reparse(api_chat_completion_json(&META, bad, API_FINISH_STOP, NULL));
+    assert_string_equal(str_at(json_object_get(only_choice(o), "message"), "content"), want);
+    json_decref(o);
+    o = reparse(api_chat_chunk_json(&META, false, bad, API_FINISH_NONE));
+    assert_string_equal(str_at(json_object_get(only_choice(o), "delta"), "content"), want);
+    json_decref(o);
+    o = reparse(api_text_completion_json(&META, bad, API_FINISH_STOP, NULL));
+    assert_string_equal(str_at(only_choice(o), "text"), want);
+    json_decref(o);
+    o = reparse(api_text_chunk_json(&META, bad, API_FINISH_NONE));
+    assert_string_equal(str_at(only_choice(o), "text"), want);
+    json_decref(o);
+    o = reparse(api_detokenize_json(bad, strlen(bad)));
+    assert_string_equal(str_at(o, "content"), want);
+    json_decref(o);
+    o = reparse(api_error_json(400, bad, "\xC0", NULL));
+    json_t *e = json_object_get(o, "error");
+    assert_string_equal(str_at(e, "message"), want);
+    assert_string_equal(str_at(e, "param"), FFFD);
+    json_decref(o);
+
+    /* and in the metadata and the names of tiers and models */
+    ApiMeta m = {"id\xFF", "model\xC3", 1};
+    ApiUsage u = {0};
+    api_usage_add_tier(&u, "p\x80", 3);
+    o = reparse(api_usage_chunk_json(&m, true, &u));
+    assert_string_equal(str_at(o, "id"), "id" FFFD);
+    assert_string_equal(str_at(o, "model"), "model" FFFD);
+    json_t *t = json_object_get(json_object_get(json_object_get(o, "usage"), "prompt_tokens_details"),
+                                "cached_tokens_by_tier");
+    assert_int_equal(int_at(t, "p" FFFD), 3);
+    json_decref(o);
+    const char *names[] = {"bad\xFE"};
+    o = reparse(api_models_json(names, 1, 5));
+    assert_string_equal(str_at(json_array_get(json_object_get(o, "data"), 0), "id"), "bad" FFFD);
+    json_decref(o);
+}
+
+static void test_error_objects(void **state) {
+    (void)state;
+    json_t *o = reparse(api_error_json(400, "messages must be a non-empty array", "messages", NULL));
+    json_t *e = json_object_get(o, "error");
+    assert_int_equal(json_object_size(o), 1);
+    assert_string_equal(str_at(e, "message"), "messages must be a non-empty array");
+    assert_string_equal(str_at(e, "type"), "invalid_request_error");
+    assert_string_equal(str_at(e, "param"), "messages");
+    assert_true(json_is_null(json_object_get(e, "code")));
+    json_decref(o);
+
+    o = reparse(api_error_json(404, "model not found", NULL, "model_not_found"));
+    e = json_object_get(o, "error");
+    assert_string_equal(str_at(e, "type"), "not_found_error");
+    assert_true(json_is_null(json_object_get(e, "param")));
+    assert_string_equal(str_at(e, "code"), "model_not_found");
+    json_decref(o);
+
+    o = reparse(api_error_json(500, NULL, NULL, NULL));
+    e = json_object_get(o, "error");
+    assert_string_equal(str_at(e, "message"), "");
+    assert_string_equal(str_at(e, "type"), "server_error");
+    json_decref(o);
+
+    static const struct {
+        int status;
+        const char *type;
+    } TYPES[] = {
+        {400, "invalid_request_error"}, {401, "authentication_error"}, {403, "permission_error"},
+        {404, "not_found_error"},       {405, "invalid_request_error"}, {413, "invalid_request_error"},
+        {422, "invalid_request_error"}, {429, "rate_limit_error"},     {500, "server_error"},
+        {501, "not_supported_error"},   {502, "server_error"},         {503, "unavailable_error"},
+        {200, "server_error"},          {0, "server_error"},
+    };
+    for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
+        assert_string_equal(api_error_type(TYPES[i].status), TYPES[i].type);
+
+    assert_int_equal(api_http_status(MN_OK), 200);
+    assert_int_equal(api_http_status(MN_EINVAL), 400);
+    assert_int_equal(api_http_status(MN_EFORMAT), 400);
+    assert_int_equal(api_http_status(MN_ERANGE), 400);
+    assert_int_equal(api_http_status(MN_EUNSUPPORTED), 400);
+    assert_int_equal(api_http_status(MN_ENOTFOUND), 404);
+    assert_int_equal(api_http_status(MN_EBUSY), 503);
+    assert_int_equal(api_http_status(MN_EFULL), 503);
+    assert_int_equal(api_http_status(MN_ENOMEM), 500);
+    assert_int_equal(api_http_status(MN_EIO), 500);
+
+    assert_string_equal(api_finish_name(API_FINISH_STOP), "stop");
+    assert_string_equal(api_finish_name(API_FINISH_LENGTH), "length");
+    assert_null(api_finish_name(API_FINISH_NONE));
+    assert_null(api_finish_name((ApiFinish)42));
+}
+
+static void test_models_and_tokens(void **state) {
+    (void)state;
+    const char *names[] = {"stories260K", "tiny-llama"};
+    json_t *o = reparse(api_models_json(names, 2, 1700000001));
+    assert_string_equal(str_at(o, "object"), "list");
+    json_t *data = json_object_get(o, "data");
+    assert_int_equal(json_array_size(data), 2);
+    for (size_t i = 0; i < 2; i++) {
+        json_t *m = json_array_get(data, i);
+        assert_string_equal(str_at(m, "id"), names[i]);
+        assert_string_equal(str_at(m, "object"), "model");
+        assert_int_equal(int_at(m, "created"), 1700000001);
+        assert_string_equal(str_at(m, "owned_by"), "mnemo");
+    }
+    json_decref(o);
+    o = reparse(api_models_json(NULL, 0, 0));
+    assert_int_equal(json_array_size(json_object_get(o, "data")), 0);
+    json_decref(o);
+
+    const int32_t toks[] = {1, 15043, 0, INT32_MAX};
+    char *text = api_tokenize_json(toks, 4);
+    assert_string_equal(text, "{\"tokens\":[1,15043,0,2147483647]}");
+    mn_free(text);
+    text = api_tokenize_json(NULL, 0);
+    assert_string_equal(text, "{\"tokens\":[]}");
+    mn_free(text);
+
+    text = api_detokenize_json("a\0b \"q\"", 7);
+    assert_string_equal(text, "{\"content\":\"a\\u0000b \\\"q\\\"\"}");
+    mn_free(text);
+    text = api_detokenize_json(NULL, 0);
+    assert_string_equal(text, "{\"content\":\"\"}");
+    mn_free(text);
+}
+
+/* ------------------------------------------------------ allocation failure */
+
+/* Run build() with the k-th allocation failing, for every k until it
+ * succeeds with no failure hit; each failing run must return NULL. */
+static void each_failure(char *(*build)(void)) {
+    json_set_alloc_funcs(oa_json_malloc, free);
+    for (long k = 0;; k++) {
+        oa_fail_after = k;
+        char *out = build();
+        bool was_hit = oa_fail_after == 0;
+        oa_fail_after = -1;
+        if (!was_hit) {
+            assert_non_null(out);
+            mn_free(out);
+            break;
+        }
+        mn_free(out); /* a failure that was absorbed may still give a result */
+        assert_true(k < 10000);
+    }
+    json_set_alloc_funcs(malloc, free);
+}
+
+static char *build_chat(void) {
+    ApiUsage u = sample_usage();
+    return api_chat_completion_json(&META, "bad \xFF text", API_FINISH_STOP, &u);
+}
+static char *build_chunk(void) { return api_chat_chunk_json(&META, true, "piece", API_FINISH_NONE); }
+static char *build_text(void) {
+    ApiUsage u = sample_usage();
+    return api_text_completion_json(&META, "t", API_FINISH_LENGTH, &u);
+}
+static char *build_usage_chunk(void) {
+    ApiUsage u = sample_usage();
+    return api_usage_chunk_json(&META, false, &u);
+}
+static char *build_error(void) { return api_error_json(400, "m\xFF", "p", "c"); }
+static char *build_models(void) {
+    const char *names[] = {"a", "b", "c"};
+    return api_models_json(names, 3, 1);
+}
+static char *build_tokens(void) {
+    int32_t toks[100];
+    for (int i = 0; i < 100; i++) toks[i] = i * 1000;
+    return api_tokenize_json(toks, 100);
+}
+static char *build_detok(void) { return api_detokenize_json("x\xC0y", 3); }
+
+static void test_builder_alloc_failure(void **state) {
+    (void)state;
+    each_failure(build_chat);
+    each_failure(build_chunk);
+    each_failure(build_text);
+    each_failure(build_usage_chunk);
+    each_failure(build_error);
+    each_failure(build_models);
+    each_failure(build_tokens);
+    each_failure(build_detok);
+}
+
+static void test_parse_alloc_failure(void **state) {
+    (void)state;
+    static const struct {
+        ApiRoute route;
+        const char *body;
+    } BODIES[] = {
+        {CHAT, "{\"model\":\"m\",\"session_id\":\"s\",\"stop\":[\"a\",\"b\"],\"messages\":[{\"role\":\"system\","
+               "\"content\":\"s\"},{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+               "{\"type\":\"text\",\"text\":\"b\"}]},{\"role\":\"assistant\",\"content\":null}]}"},
+        {CHAT, "{" MSGS ",\"stop\":\"x\"}"},
+        {CMPL, "{\"prompt\":[1,2,3]}"},
+        {CMPL, "{\"prompt\":\"text\"}"},
+        {TOK, "{\"content\":\"text\"}"},
+        {DETOK, "{\"tokens\":[1,2,3]}"},
+    };
+    json_set_alloc_funcs(oa_json_malloc, free);
+    for (size_t i = 0; i < sizeof BODIES / sizeof BODIES[0]; i++) {
+        for (long k = 0;; k++) {
+            ApiRequest r;
+            MnErr err = {0};
+            oa_fail_after = k;
+            int rc = parse(BODIES[i].route, BODIES[i].body, &r, &err);
+            bool was_hit = oa_fail_after == 0;
+            oa_fail_after = -1;
+            if (!was_hit) {
+                assert_int_equal(rc, MN_OK);
+                api_request_deinit(&r);
+                break;
+            }
+            /* jansson's lexer reports some of its allocation failures as
+             * syntax errors, so MN_EINVAL is possible too */
+            if (rc != MN_ENOMEM && rc != MN_EINVAL && rc != MN_OK)
+                fail_msg("body %zu, failure %ld: rc %d: %s", i, k, rc, err.msg);
+            if (rc != MN_OK) assert_true(is_zero(&r));
+            api_request_deinit(&r);
+            assert_true(k < 10000);
+        }
+    }
+    json_set_alloc_funcs(malloc, free);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chat_defaults),
+        cmocka_unit_test(test_chat_all_fields),
+        cmocka_unit_test(test_chat_content_shapes),
+        cmocka_unit_test(test_chat_stop_and_limits),
+        cmocka_unit_test(test_chat_nulls_are_absent),
+        cmocka_unit_test(test_completion_shapes),
+        cmocka_unit_test(test_tokenize_detokenize),
+        cmocka_unit_test(test_invalid_requests),
+        cmocka_unit_test(test_utf8_sanitize),
+        cmocka_unit_test(test_usage_tiers),
+        cmocka_unit_test(test_chat_completion_object),
+        cmocka_unit_test(test_chat_chunks),
+        cmocka_unit_test(test_text_completion),
+        cmocka_unit_test(test_invalid_utf8_in_responses),
+        cmocka_unit_test(test_error_objects),
+        cmocka_unit_test(test_models_and_tokens),
+        cmocka_unit_test(test_builder_alloc_failure),
+        cmocka_unit_test(test_parse_alloc_failure),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
