@@ -24,6 +24,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/ttype.h"
+#include "bench/client.h"
 #include "engine/engine.h"
 #include "engine/mref.h"
 #include "engine/runner.h"
@@ -727,6 +728,127 @@ out:
     return status;
 }
 
+
+/* ---- chat ---------------------------------------------------------------------- */
+
+static void chat_print(void *ctx, const char *text, size_t len) {
+    (void)ctx;
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+}
+
+/* Read one line from stdin (without the newline) into *line; false at EOF. */
+static bool read_line(char **line, size_t *cap) {
+    size_t n = 0;
+    int ch;
+    while ((ch = getchar()) != EOF && ch != '\n') {
+        if (n + 2 > *cap) {
+            size_t c = *cap ? 2 * *cap : 256;
+            char *b = mn_realloc(*line, c);
+            if (b == NULL) return false;
+            *line = b;
+            *cap = c;
+        }
+        (*line)[n++] = (char)ch;
+    }
+    if (ch == EOF && n == 0) return false;
+    if (*line == NULL && (*line = mn_malloc(1)) == NULL) return false;
+    (*line)[n] = '\0';
+    return true;
+}
+
+static int cmd_chat(int argc, char **argv) {
+    const char *url = NULL, *model_path = NULL, *api_key = NULL, *name = "mnemo", *system = NULL;
+    int max_tokens = 256, n_threads = 2;
+    float temp = 0.8f;
+    CliOpt opts[] = {
+        {"url", 0, CLI_STR, &url, "URL", "server to talk to, e.g. http://127.0.0.1:8080"},
+        {"model", 'm', CLI_STR, &model_path, "FILE", "or: serve this model in-process"},
+        {"api-key", 0, CLI_STR, &api_key, "KEY", "API key for --url"},
+        {"name", 0, CLI_STR, &name, "NAME", "model name sent to the server"},
+        {"system", 0, CLI_STR, &system, "TEXT", "system message"},
+        {"max-tokens", 'n', CLI_INT, &max_tokens, "N", "reply length limit (default 256)"},
+        {"temp", 0, CLI_FLOAT, &temp, "T", "temperature (default 0.8)"},
+        {"threads", 't', CLI_INT, &n_threads, "N", "compute threads in-process (default 2)"},
+    };
+    const char *pos[1];
+    int n_pos;
+    int rc = parse_or_usage(argc, argv, "mnemo chat --url URL | -m MODEL [options]", opts, N_OPTS(opts), pos, 0, &n_pos);
+    if (rc >= 0) return rc;
+    if ((url == NULL) == (model_path == NULL)) {
+        fprintf(stderr, "mnemo chat: give either --url or -m\n");
+        return 2;
+    }
+    MnErr err = {0};
+    Model *m = NULL;
+    Engine *e = NULL;
+    Server *srv = NULL;
+    char local[64];
+    int status = 1;
+    if (model_path) {
+        EngineOptions eo;
+        engine_options_default(&eo);
+        eo.n_threads = n_threads;
+        ServerOptions so;
+        server_options_default(&so);
+        so.port = 0;
+        if (model_load(model_path, &m, &err) || pick_template(m, NULL, &so.chat_template) ||
+            engine_new(m, &eo, &e, &err) || server_new(e, &so, &srv, &err)) {
+            fail(&err);
+            goto done;
+        }
+        snprintf(local, sizeof local, "http://127.0.0.1:%d", server_port(srv));
+        url = local;
+    }
+    ChatClient *c = NULL;
+    if (client_new(url, api_key, &c) != MN_OK) goto done;
+    ClientMsg *msgs = NULL;
+    size_t n_msgs = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    bool ok = true;
+    if (system) {
+        msgs = mn_realloc(msgs, sizeof *msgs);
+        msgs[n_msgs++] = (ClientMsg){"system", mn_strdup(system)};
+    }
+    fprintf(stderr, "chatting with %s (empty line or end of input to quit)\n", url);
+    for (;;) {
+        fprintf(stderr, "> ");
+        if (!read_line(&line, &cap) || line[0] == '\0') break;
+        ClientMsg *grown = mn_realloc(msgs, (n_msgs + 2) * sizeof *msgs);
+        if (grown == NULL) break;
+        msgs = grown;
+        msgs[n_msgs++] = (ClientMsg){"user", mn_strdup(line)};
+        ClientParams p = {name, max_tokens, temp, false, -1};
+        ClientResult res;
+        rc = client_chat(c, msgs, n_msgs, &p, chat_print, NULL, &res);
+        printf("\n");
+        if (rc != MN_OK || res.http_status != 200) {
+            fprintf(stderr, "mnemo chat: %s\n", res.error[0] ? res.error : "request failed");
+            mn_free(res.content);
+            mn_free((char *)msgs[--n_msgs].content);
+            ok = false;
+            continue;
+        }
+        fprintf(stderr, "[ttft %.3f s, %.1f tokens/s; prompt %ld tokens, %ld from cache]\n", res.ttft_s,
+                res.completion_tokens > 1 && res.total_s > res.ttft_s
+                    ? (double)(res.completion_tokens - 1) / (res.total_s - res.ttft_s) : 0.0,
+                res.prompt_tokens, res.cached_tokens);
+        msgs[n_msgs++] = (ClientMsg){"assistant", res.content};
+    }
+    status = ok ? 0 : 1;
+    for (size_t i = 0; i < n_msgs; i++) mn_free((char *)msgs[i].content);
+    mn_free(msgs);
+    mn_free(line);
+    client_free(c);
+done:
+    if (e) engine_shutdown(e);
+    server_free(srv);
+    engine_free(e);
+    model_free(m);
+    return status;
+}
+
 /* ---- main ------------------------------------------------------------------------ */
 
 typedef struct Command {
@@ -737,6 +859,7 @@ typedef struct Command {
 
 static const Command commands[] = {
     {"serve", cmd_serve, "serve the OpenAI HTTP API"},
+    {"chat", cmd_chat, "chat in the terminal with a server (or a model in-process)"},
     {"generate", cmd_generate, "run a prompt and stream new tokens"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"detokenize", cmd_detokenize, "print the text of token ids"},

@@ -6,14 +6,15 @@
  *   gcc -std=c17 -D_GNU_SOURCE -Isrc -O3 -march=native -pthread \
  *       tests/bench_matmul.c src/compute/matmul.c src/base/[a-z]*.c -lm \
  *       -o /tmp/bench_matmul
- *   /tmp/bench_matmul [n_threads] [types: q8_0,f16,...] [reps] [all|pp|tg|batch]
+ *   /tmp/bench_matmul [n_threads] [types: q8_0,q4_0,f16,...] [reps] [all|pp|tg|batch]
  *
  * For each weight type it times n_tok = 512 (prefill) and n_tok = 1
  * (decode) per matrix, prints GFLOP/s, and projects model tokens/s as
  * 22 x layer time + the output head. Decode cycles over several copies of
  * the layer so that weights come from DRAM, as in a real forward pass.
  * Mode "batch" times decode steps of 1..64 tokens (several sequences per
- * weight read).
+ * weight read). The figures vary by +-15% from run to run on a shared VM
+ * (memory bandwidth especially): compare types within one run.
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -244,7 +245,7 @@ static void bench_type(ThreadPool *tp, MnType type, int reps, bool do_pp, bool d
 
 int main(int argc, char **argv) {
     int n_threads = argc > 1 ? atoi(argv[1]) : 2;
-    const char *types = argc > 2 ? argv[2] : "q8_0,f16";
+    const char *types = argc > 2 ? argv[2] : "q8_0,q4_0,f16";
     int reps = argc > 3 ? atoi(argv[3]) : 3;
     const char *mode = argc > 4 ? argv[4] : "all"; /* all | pp | tg | batch */
     bool do_pp = strcmp(mode, "all") == 0 || strcmp(mode, "pp") == 0;

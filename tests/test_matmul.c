@@ -1,7 +1,9 @@
-/* test_matmul.c — mm_matmul against the scalar reference, the activation
- * quantizer against ttype_quantize_row (byte-exact), and batch invariance:
- * every output must be bit-identical whatever n_tok, the token's position,
- * the tiling and the thread count. */
+/* test_matmul.c — mm_matmul against the scalar reference for every weight
+ * type; quantized weights against the F32 product with their dequantized
+ * values (bit-exact: the kernels dequantize exactly and share the float
+ * accumulation order); and batch invariance: every output must be
+ * bit-identical whatever n_tok, the token's position, the tiling and the
+ * thread count. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -92,25 +94,11 @@ static void check_shape(ThreadPool *tp, MnType type, int64_t n_out, int64_t n_in
     void *scratch = scratch_make(type, n_in, n_tok);
     mm_matmul(tp, got, &m.w, x, n_tok, scratch);
     mm_matmul_ref(want, &m.w, x, n_tok, scratch);
-    /* the activations as the kernels see them */
-    float *xs = mn_malloc((size_t)(n_tok * n_in) * sizeof(float));
-    assert_non_null(xs);
-    bool is_q = type == MN_TYPE_Q8_0 || type == MN_TYPE_Q4_0;
-    BlockQ8_0 *qb = is_q ? mn_malloc((size_t)(n_in / 32) * sizeof *qb) : NULL;
-    for (int t = 0; t < n_tok; t++) {
-        if (is_q) {
-            ttype_quantize_row(MN_TYPE_Q8_0, x + t * n_in, qb, n_in);
-            ttype_dequantize_row(MN_TYPE_Q8_0, qb, xs + t * n_in, n_in);
-        } else {
-            memcpy(xs + t * n_in, x + t * n_in, (size_t)n_in * sizeof(float));
-        }
-    }
-    mn_free(qb);
     double gamma = ((double)n_in / 16.0 + 12.0) * 0x1p-24 * 1.5;
     for (int t = 0; t < n_tok; t++) {
         for (int64_t r = 0; r < n_out; r++) {
             double abs_sum = 0.0;
-            for (int64_t k = 0; k < n_in; k++) abs_sum += fabs((double)m.deq[r * n_in + k] * xs[t * n_in + k]);
+            for (int64_t k = 0; k < n_in; k++) abs_sum += fabs((double)m.deq[r * n_in + k] * x[t * n_in + k]);
             double g = got[t * n_out + r], e = want[t * n_out + r];
             double tol = gamma * abs_sum + 1e-30;
             if (!(fabs(g - e) <= tol))
@@ -119,7 +107,6 @@ static void check_shape(ThreadPool *tp, MnType type, int64_t n_out, int64_t n_in
                          g, e, tol);
         }
     }
-    mn_free(xs);
     mn_free_aligned(scratch);
     mn_free(want);
     mn_free(got);
@@ -152,6 +139,10 @@ static void test_matches_reference_large(void **state) {
         check_shape(tp, all_types[ti], 67, 5632, 19, 200 + ti);
         check_shape(tp, all_types[ti], 130, 2048, 33, 300 + ti);
     }
+    /* rows too long for the panel mode's array of scales: direct mode at
+     * any n_tok */
+    check_shape(tp, MN_TYPE_Q4_0, 9, 65568, 12, 310);
+    check_shape(tp, MN_TYPE_Q8_0, 5, 131104, 10, 311);
     tpool_free(tp);
 }
 
@@ -189,62 +180,59 @@ static void test_exact_single_term(void **state) {
     mn_free(wf);
 }
 
-/* The SIMD activation quantizer must produce exactly ttype_quantize_row's
- * values: with Q8_0 weights that pick one element (q = 1, d = 1) per row,
- * out[t][r] = dx * qx exactly, in both the SIMD path and the reference. */
-static void test_quantizer_exact(void **state) {
+/* Quantized weights are dequantized exactly (an f16 scale times a small
+ * integer is exact in f32) and go through the float accumulation order, so
+ * the product must equal, bit for bit, the F32 product with the
+ * dequantized matrix: at every n_tok (both quantized kernel modes) and
+ * thread count. */
+static void test_quant_equals_float(void **state) {
     (void)state;
-    ThreadPool *tp = tpool_new(2);
-    assert_non_null(tp);
-    static const int64_t n_ins[] = {32, 96, 544, 2048};
-    for (size_t i = 0; i < sizeof n_ins / sizeof n_ins[0]; i++) {
-        int64_t n = n_ins[i], nb = n / 32;
-        BlockQ8_0 *wb = mn_calloc((size_t)(n * nb), sizeof *wb);
-        assert_non_null(wb);
-        for (int64_t r = 0; r < n; r++) {
-            BlockQ8_0 *b = wb + r * nb + r / 32;
-            b->d = mn_f32_to_f16(1.0f);
-            b->qs[r % 32] = 1;
-        }
-        MatW w = {.type = MN_TYPE_Q8_0, .n_in = n, .n_out = n, .data = wb};
-        for (int n_tok = 1; n_tok <= 20; n_tok += 19) {
-            float *x = acts_make(n_tok, n, 1000 + n + n_tok);
-            /* include exact halves and zero blocks */
-            x[0] = 0.25f; /* d = 0.5: 0.25 / d = 0.5 exactly, rounds away to 1 */
-            x[1] = -127.0f / 2.0f;
-            x[2] = -0.75f;
-            for (int k = 0; k < 32 && n >= 64; k++) x[32 + k] = 0.0f;
-            float *got = mn_malloc((size_t)(n_tok * n) * sizeof(float));
-            float *want = mn_malloc((size_t)(n_tok * n) * sizeof(float));
-            void *scratch = scratch_make(MN_TYPE_Q8_0, n, n_tok);
-            mm_matmul(tp, got, &w, x, n_tok, scratch);
-            mm_matmul_ref(want, &w, x, n_tok, scratch);
-            assert_memory_equal(got, want, (size_t)(n_tok * n) * sizeof(float));
-            /* and against ttype_quantize_row directly */
-            BlockQ8_0 *q = mn_malloc((size_t)nb * sizeof *q);
-            for (int t = 0; t < n_tok; t++) {
-                ttype_quantize_row(MN_TYPE_Q8_0, x + t * n, q, n);
-                for (int64_t k = 0; k < n; k++) {
-                    float e = mn_f16_to_f32(q[k / 32].d) * (float)q[k / 32].qs[k % 32];
-                    assert_true(got[t * n + k] == e);
+    ThreadPool *tp1 = tpool_new(1), *tp2 = tpool_new(2);
+    assert_non_null(tp1);
+    assert_non_null(tp2);
+    static const MnType qtypes[] = {MN_TYPE_Q8_0, MN_TYPE_Q4_0};
+    static const int64_t shapes[][2] = {{1, 32}, {37, 96}, {130, 2048}, {23, 5632}};
+    static const int toks[] = {1, 2, 4, 5, 8, 9, 13, 40};
+    uint64_t seed = 2000;
+    for (size_t qi = 0; qi < 2; qi++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            int64_t n_out = shapes[s][0], n_in = shapes[s][1];
+            TestMat m;
+            mat_make(&m, qtypes[qi], n_out, n_in, seed++);
+            MatW wf = {.type = MN_TYPE_F32, .n_in = n_in, .n_out = n_out, .data = m.deq};
+            enum { MAXT = 40 };
+            float *x = acts_make(MAXT, n_in, seed++);
+            float *got = mn_malloc((size_t)(MAXT * n_out) * sizeof(float));
+            float *want = mn_malloc((size_t)(MAXT * n_out) * sizeof(float));
+            assert_non_null(got);
+            assert_non_null(want);
+            for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
+                int n = toks[k];
+                mm_matmul(tp1, want, &wf, x, n, NULL);
+                for (int th = 0; th < 2; th++) {
+                    mm_matmul(th ? tp2 : tp1, got, &m.w, x, n, NULL);
+                    for (int64_t i = 0; i < n * n_out; i++)
+                        if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                            fail_msg("%s n_out=%lld n_in=%lld n_tok=%d (%d threads): out[%lld][%lld] = %.9g, "
+                                     "f32 weights give %.9g",
+                                     ttype_traits(qtypes[qi])->name, (long long)n_out, (long long)n_in, n, th + 1,
+                                     (long long)(i / n_out), (long long)(i % n_out), got[i], want[i]);
                 }
             }
-            mn_free(q);
-            mn_free_aligned(scratch);
             mn_free(want);
             mn_free(got);
             mn_free(x);
+            mat_free(&m);
         }
-        mn_free(wb);
-    }
-    tpool_free(tp);
+    tpool_free(tp2);
+    tpool_free(tp1);
 }
 
 /* ---- batch invariance ----------------------------------------------------- */
 
 static void check_invariance(ThreadPool *tp1, ThreadPool *tp2, MnType type, int64_t n_out, int64_t n_in,
                              uint64_t seed) {
-    static const int batches[] = {1, 3, 7, 16, 33, 64};
+    static const int batches[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 64};
     enum { MAXT = 64 };
     TestMat m;
     mat_make(&m, type, n_out, n_in, seed);
@@ -303,11 +291,13 @@ static void test_batch_invariance(void **state) {
             check_invariance(tp1, tp2, all_types[ti], shapes[s][0], shapes[s][1], 77 + 13 * s + ti);
     /* float weights with a masked tail */
     for (int ti = 0; ti < 3; ti++) check_invariance(tp1, tp2, all_types[ti], 23, 1001, 991 + ti);
+    /* quantized rows too long for the panel mode */
+    check_invariance(tp1, tp2, MN_TYPE_Q4_0, 7, 65568, 995);
     tpool_free(tp2);
     tpool_free(tp1);
 }
 
-/* NULL pool, zero tokens and a one-row matrix. */
+/* NULL pool, zero tokens, a one-row matrix, no scratch needed. */
 static void test_edges(void **state) {
     (void)state;
     TestMat m;
@@ -321,8 +311,9 @@ static void test_edges(void **state) {
     mm_matmul(NULL, got, &m.w, x, 3, scratch);
     mm_matmul_ref(want, &m.w, x, 3, scratch);
     for (int t = 0; t < 3; t++) assert_true(fabsf(got[t] - want[t]) <= 1e-4f * (1.0f + fabsf(want[t])));
-    assert_int_equal(mm_scratch_bytes(MN_TYPE_F16, 64, 3), 0);
-    assert_true(mm_scratch_bytes(MN_TYPE_Q4_0, 64, 3) >= 3 * 2 * sizeof(BlockQ8_0));
+    mm_matmul(NULL, got, &m.w, x, 3, NULL);
+    for (int t = 0; t < 3; t++) assert_true(fabsf(got[t] - want[t]) <= 1e-4f * (1.0f + fabsf(want[t])));
+    for (int ti = 0; ti < N_TYPES; ti++) assert_int_equal(mm_scratch_bytes(all_types[ti], 4096, 512), 0);
     assert_non_null(mm_simd_name());
     mn_free_aligned(scratch);
     mn_free(x);
@@ -333,7 +324,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_edges),
         cmocka_unit_test(test_exact_single_term),
-        cmocka_unit_test(test_quantizer_exact),
+        cmocka_unit_test(test_quant_equals_float),
         cmocka_unit_test(test_matches_reference),
         cmocka_unit_test(test_float_odd_n_in),
         cmocka_unit_test(test_matches_reference_large),

@@ -5,8 +5,9 @@
  * stored in W's type (GGUF layout: ne[0] = n_in, ne[1] = n_out). Activations
  * x are f32, n_tok rows of n_in. mm_matmul computes
  *     out[t][r] = sum_k W[r][k] * x[t][k]      out is (n_tok, n_out), f32.
- * For Q8_0 and Q4_0 weights the activations are first quantized to Q8_0 per
- * row (as GGML does), into caller-provided scratch.
+ * Activations stay in f32 for every weight type: Q8_0 and Q4_0 weights are
+ * dequantized exactly (w = d * q) and multiplied like float weights, so the
+ * result equals the F32 product against the dequantized matrix.
  *
  * Batch invariance (DESIGN.md): out[t][r] is bit-identical whatever n_tok,
  * whatever row t sits at in x, and whatever the thread count: every output
@@ -32,12 +33,12 @@ typedef struct MatW {
 } MatW;
 
 /* Scratch bytes mm_matmul needs for n_tok rows of n_in activations against
- * weights of type wtype (0 when none is needed). */
+ * weights of type wtype (0 when none is needed; today always 0). */
 size_t mm_scratch_bytes(MnType wtype, int64_t n_in, int n_tok);
 
 /* out (n_tok, n_out) = x (n_tok, n_in) * W^T, parallel over tp (may be NULL
- * for single-threaded). scratch: mm_scratch_bytes(...) bytes, 64-byte aligned.
- * Never allocates. */
+ * for single-threaded). scratch: mm_scratch_bytes(...) bytes, 64-byte aligned
+ * (may be NULL when that is 0). Never allocates. */
 void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_tok, void *scratch);
 
 /* Scalar reference for tests; same contract, single-threaded. */

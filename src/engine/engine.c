@@ -201,8 +201,9 @@ typedef struct Active {
     size_t n_pending, cap_pending;
     char *reply;             /* all emitted text (for the reply memory) */
     size_t n_reply, cap_reply;
-    bool is_cancelled;
     bool is_stop_cut;        /* a stop string cut the text */
+    bool is_completed;       /* the request has its answer; the Active only
+                                finishes computing KV for the next turn */
     struct Active *next;     /* in the waiting list */
 } Active;
 
@@ -365,8 +366,11 @@ void engine_stats(Engine *e, EngineStats *out) {
 
 /* ---- finishing ------------------------------------------------------------------- */
 
-/* Emit the text held back (it is final now) and finish the request. */
-static void active_finish(Engine *e, Active *a, FinishReason why, const char *error) {
+/* Emit the text held back (it is final now) and finish the request; the
+ * Active itself stays (see active_finish). */
+static void active_complete(Engine *e, Active *a, FinishReason why, const char *error) {
+    if (a->is_completed) return;
+    a->is_completed = true;
     size_t n_out = 0;
     if (why != FINISH_ERROR) {
         tok_stream_flush(&a->ts, e->piece, e->piece_cap, &n_out);
@@ -396,6 +400,11 @@ static void active_finish(Engine *e, Active *a, FinishReason why, const char *er
     e->stats.generated_tokens += (uint64_t)a->n_generated;
     pthread_mutex_unlock(&e->stats_lock);
     request_finish(a->req, &res);
+}
+
+/* Finish the request (if not done yet) and free the Active. */
+static void active_finish(Engine *e, Active *a, FinishReason why, const char *error) {
+    active_complete(e, a, why, error);
     active_free(e, a);
 }
 
@@ -462,8 +471,14 @@ static bool active_sample(Engine *e, Active *a, float *logits) {
         return false;
     }
     if (a->n_generated >= p->max_tokens) {
-        active_finish(e, a, FINISH_LENGTH, NULL);
-        return false;
+        /* The answer is complete, but the last token's KV is not computed
+         * yet: with the prefix cache on, compute it in the next step so the
+         * conversation's next turn finds its whole reply cached. */
+        if (e->index == NULL) {
+            active_finish(e, a, FINISH_LENGTH, NULL);
+            return false;
+        }
+        active_complete(e, a, FINISH_LENGTH, NULL);
     }
     return true;
 }
@@ -546,6 +561,10 @@ static bool try_admit(Engine *e, Active *a) {
 static void suspend(Engine *e, int i) {
     Active *a = e->running[i];
     e->running[i] = e->running[--e->n_running];
+    if (a->is_completed) { /* only its cache-completing step was left */
+        active_free(e, a);
+        return;
+    }
     seq_release(&a->seq, &e->pool);
     a->n_done = 0;
     waiting_insert(e, a);
@@ -568,6 +587,11 @@ static double priority(Engine *e, Active *a, double now) {
 }
 
 static void admit_waiting(Engine *e) {
+    /* A sequence that finished by length computes its last token's KV in
+     * one more step; admit after that, so a returning conversation that
+     * arrives at once finds its whole reply cached. */
+    for (int i = 0; i < e->n_running; i++)
+        if (e->running[i]->is_completed) return;
     double now = now_s();
     while (e->n_running < e->opt.parallel && e->waiting) {
         Active *best = NULL;
@@ -641,7 +665,7 @@ static void engine_step(Engine *e) {
                 e->b_pos[n] = a->n_done + k;
                 n++;
             }
-            if (take == pending) {
+            if (take == pending && !a->is_completed) {
                 e->b_logit[n_logits] = n - 1;
                 e->b_owner[n_logits++] = a;
             }
@@ -663,10 +687,14 @@ static void engine_step(Engine *e) {
         if (e->b_pos[t] + 1 > a->n_done) a->n_done = e->b_pos[t] + 1;
     }
     for (int i = 0; i < e->n_running; i++) register_blocks(e, e->running[i]);
+    for (int i = 0; i < e->n_running; i++) /* completed ones have computed their last KV */
+        if (e->running[i]->is_completed && e->running[i]->n_done == e->running[i]->n_tokens) {
+            active_free(e, e->running[i]);
+            e->running[i--] = e->running[--e->n_running];
+        }
     /* sample; finished sequences leave the running set */
     for (int l = 0; l < n_logits; l++) {
         Active *a = e->b_owner[l];
-        if (a->is_cancelled) continue;
         if (!active_sample(e, a, (float *)logits + (size_t)l * (size_t)e->m->cfg.n_vocab)) {
             for (int i = 0; i < e->n_running; i++)
                 if (e->running[i] == a) {
@@ -732,7 +760,8 @@ static void *engine_main(void *arg) {
         handle_msgs(e, m);
         if (stopping) break;
         engine_step(e);
-        if (e->n_running == 0 && e->n_waiting > 0 && !e->inbox_head) {
+        if (e->n_running == 0 && e->n_waiting > 0) admit_waiting(e); /* finished ones made room */
+        if (e->n_running == 0 && e->n_waiting > 0) {
             /* nothing fits and nothing runs: the head request can never be served */
             Active *a = e->waiting;
             waiting_remove(e, a);

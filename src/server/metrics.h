@@ -40,7 +40,7 @@ int metrics_new(Metrics **out);
 void metrics_free(Metrics *m);
 
 /* Register a family. name must match [a-zA-Z_:][a-zA-Z0-9_:]* and be new
- * in m; help is any text (escaped on output); for METRIC_HISTOGRAM,
+ * in m; help is any text (escaped on output; NULL is ""); for METRIC_HISTOGRAM,
  * buckets[0..n_buckets) are finite, strictly increasing upper bounds (the
  * +Inf bucket is implicit; n_buckets may be 0); other types take
  * buckets NULL / 0. On MN_OK *out (if not NULL) is a handle valid until

@@ -1,0 +1,249 @@
+/* client.c — streaming chat client over libcurl (see client.h).
+ *
+ * The response body is cut into lines as it arrives; "data: " lines of an
+ * SSE stream are parsed as JSON (jansson): choices[0].delta.content goes to
+ * the callback, a usage object is recorded, "[DONE]" ends the stream. A
+ * non-SSE body (an error object) is kept whole for the error message.
+ */
+#include "bench/client.h"
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/mem.h"
+
+struct ChatClient {
+    CURL *curl;
+    char *base_url;
+    char *auth;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int client_new(const char *base_url, const char *api_key, ChatClient **out) {
+    *out = NULL;
+    ChatClient *c = mn_calloc(1, sizeof *c);
+    if (c == NULL) return MN_ENOMEM;
+    c->curl = curl_easy_init();
+    c->base_url = mn_strdup(base_url);
+    if (api_key) {
+        size_t n = strlen(api_key) + 32;
+        c->auth = mn_malloc(n);
+        if (c->auth) snprintf(c->auth, n, "Authorization: Bearer %s", api_key);
+    }
+    if (!c->curl || !c->base_url || (api_key && !c->auth)) {
+        client_free(c);
+        return MN_ENOMEM;
+    }
+    size_t n = strlen(c->base_url);
+    while (n > 0 && c->base_url[n - 1] == '/') c->base_url[--n] = '\0';
+    *out = c;
+    return MN_OK;
+}
+
+void client_free(ChatClient *c) {
+    if (c == NULL) return;
+    if (c->curl) curl_easy_cleanup(c->curl);
+    mn_free(c->base_url);
+    mn_free(c->auth);
+    mn_free(c);
+}
+
+typedef struct Stream {
+    ClientResult *res;
+    ClientDeltaFn fn;
+    void *ctx;
+    double t0;
+    char *line;      /* partial line */
+    size_t n_line, cap_line;
+    char *content;
+    size_t n_content, cap_content;
+    char *raw;       /* first bytes of a non-SSE body */
+    size_t n_raw;
+    bool is_done, is_oom;
+} Stream;
+
+static bool grow(char **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return true;
+    size_t c = *cap ? *cap : 256;
+    while (c < need) c *= 2;
+    char *b = mn_realloc(*buf, c);
+    if (b == NULL) return false;
+    *buf = b;
+    *cap = c;
+    return true;
+}
+
+static void on_line(Stream *s, const char *line, size_t len) {
+    if (len < 6 || memcmp(line, "data: ", 6) != 0) return;
+    line += 6;
+    len -= 6;
+    if (len == 6 && memcmp(line, "[DONE]", 6) == 0) {
+        s->is_done = true;
+        return;
+    }
+    json_t *j = json_loadb(line, len, 0, NULL);
+    if (j == NULL) return;
+    json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+    const char *text = json_string_value(json_object_get(json_object_get(choice, "delta"), "content"));
+    if (text == NULL) text = json_string_value(json_object_get(choice, "text"));
+    size_t tl = text ? strlen(text) : 0;
+    if (tl > 0) {
+        if (s->res->ttft_s < 0) s->res->ttft_s = now_s() - s->t0;
+        s->res->n_deltas++;
+        if (!grow(&s->content, &s->cap_content, s->n_content + tl + 1)) s->is_oom = true;
+        else {
+            memcpy(s->content + s->n_content, text, tl);
+            s->n_content += tl;
+            s->content[s->n_content] = '\0';
+        }
+        if (s->fn) s->fn(s->ctx, text, tl);
+    }
+    json_t *u = json_object_get(j, "usage");
+    if (json_is_object(u)) {
+        s->res->prompt_tokens = (long)json_integer_value(json_object_get(u, "prompt_tokens"));
+        s->res->completion_tokens = (long)json_integer_value(json_object_get(u, "completion_tokens"));
+        json_t *cached = json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens");
+        if (json_is_integer(cached)) s->res->cached_tokens = (long)json_integer_value(cached);
+    }
+    json_t *err = json_object_get(j, "error");
+    if (json_is_object(err)) {
+        const char *msg = json_string_value(json_object_get(err, "message"));
+        snprintf(s->res->error, sizeof s->res->error, "%s", msg ? msg : "error");
+    }
+    json_decref(j);
+}
+
+static size_t on_body(char *p, size_t sz, size_t n, void *ctx) {
+    Stream *s = ctx;
+    size_t len = sz * n;
+    if (s->n_raw < 4096) { /* keep the start for error messages */
+        size_t k = len < 4096 - s->n_raw ? len : 4096 - s->n_raw;
+        memcpy(s->raw + s->n_raw, p, k);
+        s->n_raw += k;
+        s->raw[s->n_raw] = '\0';
+    }
+    for (size_t i = 0; i < len; i++) {
+        if (p[i] == '\n') {
+            on_line(s, s->line ? s->line : "", s->n_line);
+            s->n_line = 0;
+            continue;
+        }
+        if (!grow(&s->line, &s->cap_line, s->n_line + 2)) return 0;
+        s->line[s->n_line++] = p[i];
+        s->line[s->n_line] = '\0';
+    }
+    return len;
+}
+
+static char *request_json(const ClientMsg *msgs, size_t n, const ClientParams *p) {
+    json_t *arr = json_array(), *req = json_object();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(arr, json_pack("{s:s,s:s}", "role", msgs[i].role, "content", msgs[i].content));
+    json_object_set_new(req, "model", json_string(p && p->model ? p->model : "mnemo"));
+    json_object_set_new(req, "messages", arr);
+    json_object_set_new(req, "stream", json_true());
+    json_object_set_new(req, "stream_options", json_pack("{s:b}", "include_usage", 1));
+    if (p && p->max_tokens > 0) json_object_set_new(req, "max_tokens", json_integer(p->max_tokens));
+    if (p && p->temperature >= 0) json_object_set_new(req, "temperature", json_real(p->temperature));
+    if (p && p->ignore_eos) json_object_set_new(req, "ignore_eos", json_true());
+    if (p && p->seed >= 0) json_object_set_new(req, "seed", json_integer(p->seed));
+    char *s = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    return s;
+}
+
+int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientParams *p, ClientDeltaFn fn, void *ctx,
+                ClientResult *res) {
+    memset(res, 0, sizeof *res);
+    res->prompt_tokens = res->cached_tokens = res->completion_tokens = -1;
+    res->ttft_s = -1;
+    char *body = request_json(msgs, n, p);
+    char url[1024];
+    snprintf(url, sizeof url, "%s/v1/chat/completions", c->base_url);
+    Stream s = {.res = res, .fn = fn, .ctx = ctx};
+    s.raw = mn_malloc(4097);
+    if (body == NULL || s.raw == NULL) {
+        free(body);
+        mn_free(s.raw);
+        return MN_ENOMEM;
+    }
+    s.raw[0] = '\0';
+    struct curl_slist *hs = curl_slist_append(NULL, "Content-Type: application/json");
+    if (c->auth) hs = curl_slist_append(hs, c->auth);
+    CURL *h = c->curl;
+    curl_easy_reset(h);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hs);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &s);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    s.t0 = now_s();
+    CURLcode rc = curl_easy_perform(h);
+    res->total_s = now_s() - s.t0;
+    long status = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    res->http_status = (int)status;
+    if (s.n_line > 0) on_line(&s, s.line, s.n_line);
+    int out = MN_OK;
+    if (rc != CURLE_OK) {
+        snprintf(res->error, sizeof res->error, "%s", curl_easy_strerror(rc));
+        out = MN_EIO;
+    } else if (status == 200 && !s.is_done) {
+        snprintf(res->error, sizeof res->error, "the stream ended before [DONE]");
+        out = MN_EIO;
+    } else if (status != 200 && res->error[0] == '\0') {
+        json_t *j = json_loads(s.raw, 0, NULL);
+        const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+        snprintf(res->error, sizeof res->error, "HTTP %ld: %s", status, msg ? msg : s.raw);
+        json_decref(j);
+    }
+    res->content = s.content ? s.content : mn_strdup("");
+    curl_slist_free_all(hs);
+    free(body);
+    mn_free(s.line);
+    mn_free(s.raw);
+    return s.is_oom ? MN_ENOMEM : out;
+}
+
+typedef struct Body {
+    char *data;
+    size_t len, cap;
+} Body;
+
+static size_t on_get(char *p, size_t sz, size_t n, void *ctx) {
+    Body *b = ctx;
+    if (!grow(&b->data, &b->cap, b->len + sz * n + 1)) return 0;
+    memcpy(b->data + b->len, p, sz * n);
+    b->len += sz * n;
+    b->data[b->len] = '\0';
+    return sz * n;
+}
+
+int client_get(ChatClient *c, const char *path, char **body, int *status) {
+    char url[1024];
+    snprintf(url, sizeof url, "%s%s", c->base_url, path);
+    Body b = {0};
+    struct curl_slist *hs = c->auth ? curl_slist_append(NULL, c->auth) : NULL;
+    CURL *h = c->curl;
+    curl_easy_reset(h);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hs);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_get);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    CURLcode rc = curl_easy_perform(h);
+    long st = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
+    curl_slist_free_all(hs);
+    *status = (int)st;
+    *body = b.data ? b.data : mn_strdup("");
+    return rc == CURLE_OK ? MN_OK : MN_EIO;
+}

@@ -1,0 +1,57 @@
+/* client.h — a streaming client for OpenAI-compatible chat servers (libcurl).
+ *
+ * client_chat sends one chat completion with stream=true and
+ * stream_options.include_usage to any server, hands each content delta to a
+ * callback as it arrives, and reports what the usage chunk said (prompt,
+ * cached and generated tokens, when the server reports them) and the time
+ * to the first content delta. Used by `mnemo chat` and `mnemo bench`.
+ * Blocking; one ChatClient per thread.
+ */
+#ifndef MN_CLIENT_H
+#define MN_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/err.h"
+
+typedef struct ChatClient ChatClient;
+
+typedef struct ClientMsg {
+    const char *role;
+    const char *content;
+} ClientMsg;
+
+typedef struct ClientParams {
+    const char *model;   /* sent as "model" (default "mnemo") */
+    int max_tokens;      /* <= 0: not sent */
+    float temperature;   /* < 0: not sent */
+    bool ignore_eos;
+    long seed;           /* < 0: not sent */
+} ClientParams;
+
+typedef struct ClientResult {
+    int http_status;     /* 0 when the connection failed */
+    long prompt_tokens, cached_tokens, completion_tokens; /* -1 when not reported */
+    double ttft_s;       /* request sent -> first content delta (-1 if none) */
+    double total_s;
+    int n_deltas;
+    char *content;       /* the whole reply, caller frees with mn_free */
+    char error[256];
+} ClientResult;
+
+typedef void (*ClientDeltaFn)(void *ctx, const char *text, size_t len);
+
+/* base_url like "http://127.0.0.1:8080"; api_key may be NULL. */
+int client_new(const char *base_url, const char *api_key, ChatClient **out);
+void client_free(ChatClient *c);
+
+/* MN_OK when an answer (of any status) came back; MN_EIO when the
+ * connection failed or the stream broke (res says what is known). */
+int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientParams *p, ClientDeltaFn fn, void *ctx,
+                ClientResult *res);
+
+/* GET path; *body (mn_free) and the status. */
+int client_get(ChatClient *c, const char *path, char **body, int *status);
+
+#endif

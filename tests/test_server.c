@@ -1,0 +1,477 @@
+/* test_server.c — `mnemo serve` end to end over HTTP on a free loopback
+ * port: multi-turn conversations on every test model report their earlier
+ * prompt + reply as cached and give the same greedy text with the prefix
+ * cache on and off; 16 concurrent conversations equal their solo runs;
+ * streams are valid SSE equal to the whole answer; every error case answers
+ * with its status and an OpenAI error object and the server keeps serving;
+ * a client that disconnects mid-stream frees its request. */
+#include "test_util.h"
+
+#include <stdbool.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* ---- a server process ------------------------------------------------------- */
+
+typedef struct Srv {
+    pid_t pid;
+    int port;
+    char log[64];
+} Srv;
+
+/* Start mnemo serve with extra args; returns 0 when it listens. */
+static int srv_start(Srv *s, const char *model, const char *extra) {
+    char path[512], rel[256], cmd[2048];
+    snprintf(rel, sizeof rel, "models/%s.gguf", model);
+    test_data_path(path, sizeof path, rel);
+    if (!test_require_file(path)) return -1;
+    snprintf(s->log, sizeof s->log, "/tmp/mnemo-test-srv-%d-XXXXXX", (int)getpid());
+    int fd = mkstemp(s->log);
+    close(fd);
+    const char *bin = getenv("MNEMO_BIN") ? getenv("MNEMO_BIN") : "./build/release/mnemo";
+    snprintf(cmd, sizeof cmd, "exec %s serve -m %s --port 0 --block-tokens 8 %s 2>%s", bin, path, extra, s->log);
+    s->pid = fork();
+    if (s->pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 300; i++) { /* wait for "serving ... on http://127.0.0.1:PORT" */
+        usleep(50000);
+        char *log = test_read_file(s->log, NULL);
+        char *p = log ? strstr(log, "on http://127.0.0.1:") : NULL;
+        if (p) {
+            s->port = atoi(p + strlen("on http://127.0.0.1:"));
+            free(log);
+            return 0;
+        }
+        free(log);
+    }
+    fail_msg("server did not start; see %s", s->log);
+    return -1;
+}
+
+static void srv_stop(Srv *s) {
+    kill(s->pid, SIGTERM);
+    int st;
+    waitpid(s->pid, &st, 0);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    unlink(s->log);
+}
+
+/* ---- HTTP ----------------------------------------------------------------------- */
+
+typedef struct Buf {
+    char *data;
+    size_t len;
+    size_t abort_after; /* abort the transfer once this many bytes came (0 = never) */
+} Buf;
+
+static size_t on_data(char *p, size_t sz, size_t n, void *ctx) {
+    Buf *b = ctx;
+    b->data = realloc(b->data, b->len + sz * n + 1);
+    memcpy(b->data + b->len, p, sz * n);
+    b->len += sz * n;
+    b->data[b->len] = '\0';
+    if (b->abort_after && b->len >= b->abort_after) return 0;
+    return sz * n;
+}
+
+/* method GET when body is NULL. Returns the status; *out the body (free). */
+static long http(const Srv *s, const char *path, const char *body, const char *header, char **out, size_t abort_after) {
+    CURL *c = curl_easy_init();
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", s->port, path);
+    Buf b = {calloc(1, 1), 0, abort_after};
+    struct curl_slist *hs = NULL;
+    hs = curl_slist_append(hs, "Content-Type: application/json");
+    if (header) hs = curl_slist_append(hs, header);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hs);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
+    if (body) curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    CURLcode rc = curl_easy_perform(c);
+    long status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    if (rc != CURLE_OK && !(abort_after && rc == CURLE_WRITE_ERROR)) status = -1;
+    curl_slist_free_all(hs);
+    curl_easy_cleanup(c);
+    if (out) *out = b.data;
+    else free(b.data);
+    return status;
+}
+
+static json_t *parse(const char *text) {
+    json_error_t e;
+    json_t *j = json_loads(text, 0, &e);
+    if (j == NULL) fail_msg("not JSON (%s): %.300s", e.text, text);
+    return j;
+}
+
+/* ---- conversations ---------------------------------------------------------------- */
+
+typedef struct Turn {
+    char *reply;
+    long prompt_tokens, cached_tokens, completion_tokens;
+} Turn;
+
+/* A request body for msgs (user, assistant, user, ...) as JSON. */
+static char *chat_body(const char *const *msgs, int n, int max_tokens, bool stream) {
+    json_t *arr = json_array();
+    json_array_append_new(arr, json_pack("{s:s,s:s}", "role", "system", "content", "You tell short stories."));
+    for (int i = 0; i < n; i++)
+        json_array_append_new(arr, json_pack("{s:s,s:s}", "role", i % 2 ? "assistant" : "user", "content", msgs[i]));
+    json_t *req = json_pack("{s:s,s:o,s:i,s:f,s:b,s:b}", "model", "test", "messages", arr, "max_tokens", max_tokens,
+                            "temperature", 0.0, "ignore_eos", 1, "stream", stream);
+    char *s = json_dumps(req, 0);
+    json_decref(req);
+    return s;
+}
+
+/* In a helper thread (in_thread) failures are returned as the reply text,
+ * since cmocka's asserts work only on the test's own thread. */
+static Turn chat_turn_ex(const Srv *s, const char *const *msgs, int n, int max_tokens, const char *header,
+                         bool in_thread) {
+    char *body = chat_body(msgs, n, max_tokens, false), *out;
+    long st = http(s, "/v1/chat/completions", body, header, &out, 0);
+    if (st != 200 && in_thread) {
+        Turn bad = {0};
+        size_t cap = strlen(out) + 32;
+        bad.reply = malloc(cap);
+        snprintf(bad.reply, cap, "HTTP %ld: %s", st, out);
+        bad.completion_tokens = -1;
+        free(out);
+        free(body);
+        return bad;
+    }
+    if (st != 200) fail_msg("status %ld: %s", st, out);
+    json_t *j = parse(out);
+    Turn t;
+    t.reply = strdup(json_string_value(json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content")));
+    json_t *u = json_object_get(j, "usage");
+    t.prompt_tokens = (long)json_integer_value(json_object_get(u, "prompt_tokens"));
+    t.completion_tokens = (long)json_integer_value(json_object_get(u, "completion_tokens"));
+    t.cached_tokens = (long)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+    assert_string_equal(json_string_value(json_object_get(j, "model")), "test");
+    json_decref(j);
+    free(out);
+    free(body);
+    return t;
+}
+
+static Turn chat_turn(const Srv *s, const char *const *msgs, int n, int max_tokens, const char *header) {
+    return chat_turn_ex(s, msgs, n, max_tokens, header, false);
+}
+
+/* Three turns; each later turn must find the previous prompt + reply cached
+ * (in full blocks of 8). Returns the replies joined, for comparisons. */
+static char *conversation_ex(const Srv *s, const char *first, bool expect_cache, const char *header, bool in_thread) {
+    const char *msgs[6] = {first, NULL, "Tell me more.", NULL, "And then?", NULL};
+    char *all = calloc(1, 1);
+    long prev_total = 0;
+    for (int turn = 0; turn < 3; turn++) {
+        Turn t = chat_turn_ex(s, msgs, 2 * turn + 1, 12, header, in_thread);
+        if (!in_thread) assert_int_equal(t.completion_tokens, 12);
+        long expected = expect_cache && turn > 0 ? prev_total / 8 * 8 : 0;
+        if (!in_thread && t.cached_tokens != expected)
+            fail_msg("turn %d: cached_tokens %ld, expected %ld (previous prompt + reply = %ld tokens)", turn + 1,
+                     t.cached_tokens, expected, prev_total);
+        prev_total = t.prompt_tokens + t.completion_tokens;
+        msgs[2 * turn + 1] = t.reply;
+        all = realloc(all, strlen(all) + strlen(t.reply) + 2);
+        strcat(all, t.reply);
+        strcat(all, "|");
+    }
+    free((char *)msgs[1]);
+    free((char *)msgs[3]);
+    free((char *)msgs[5]);
+    return all;
+}
+
+static char *conversation(const Srv *s, const char *first, bool expect_cache, const char *header) {
+    return conversation_ex(s, first, expect_cache, header, false);
+}
+
+static void check_multi_turn(const char *model) {
+    Srv on, off;
+    if (srv_start(&on, model, "") != 0) return;
+    srv_start(&off, model, "--no-prefix-cache");
+    char *a = conversation(&on, "Once upon a time there was a dragon.", true, NULL);
+    char *b = conversation(&off, "Once upon a time there was a dragon.", false, NULL);
+    assert_string_equal(a, b);
+    /* the last turn's reply is also remembered: a fourth request repeating
+     * the same conversation again hits everything but the new tail */
+    free(a);
+    free(b);
+    srv_stop(&on);
+    srv_stop(&off);
+}
+
+static void test_multi_turn_stories(void **st) { check_multi_turn("stories260K"); }
+static void test_multi_turn_llama_f32(void **st) { check_multi_turn("tiny-llama-spm-f32"); }
+static void test_multi_turn_llama_q8_0(void **st) { check_multi_turn("tiny-llama-spm-q8_0"); }
+static void test_multi_turn_llama_q4_0(void **st) { check_multi_turn("tiny-llama-spm-q4_0"); }
+static void test_multi_turn_qwen2(void **st) { check_multi_turn("tiny-qwen2-gpt2-f32"); }
+static void test_multi_turn_mha_f16(void **st) { check_multi_turn("tiny-mha-spm-f16"); }
+
+/* ---- concurrency ---------------------------------------------------------------- */
+
+typedef struct Conv {
+    const Srv *s;
+    char first[64];
+    char *result;
+} Conv;
+
+static void *conv_main(void *arg) {
+    Conv *c = arg;
+    c->result = conversation_ex(c->s, c->first, false, NULL, true);
+    return NULL;
+}
+
+static void test_concurrent(void **st) {
+    Srv s;
+    if (srv_start(&s, "tiny-llama-spm-q8_0", "--parallel 4") != 0) return;
+    enum { N = 16 };
+    Conv cs[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        cs[i].s = &s;
+        snprintf(cs[i].first, sizeof cs[i].first, "Story number %d begins here.", i);
+        pthread_create(&th[i], NULL, conv_main, &cs[i]);
+    }
+    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    srv_stop(&s);
+    /* each alone, on a fresh server without the cache */
+    Srv solo;
+    srv_start(&solo, "tiny-llama-spm-q8_0", "--no-prefix-cache --parallel 1");
+    for (int i = 0; i < N; i++) {
+        char *alone = conversation(&solo, cs[i].first, false, NULL);
+        assert_string_equal(cs[i].result, alone);
+        free(alone);
+        free(cs[i].result);
+    }
+    srv_stop(&solo);
+}
+
+/* ---- streaming ------------------------------------------------------------------ */
+
+static void test_stream(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "") != 0) return;
+    const char *msgs[1] = {"Once upon a time"};
+    char *body = chat_body(msgs, 1, 40, true), *out;
+    assert_int_equal(http(&s, "/v1/chat/completions", body, NULL, &out, 0), 200);
+    /* valid SSE: "data: " lines separated by blank lines, ending with [DONE] */
+    char *all = calloc(1, 1);
+    bool saw_done = false, saw_finish = false;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        if (line[0] == ':') continue;
+        assert_true(strncmp(line, "data: ", 6) == 0);
+        assert_false(saw_done);
+        if (strcmp(line + 6, "[DONE]") == 0) {
+            saw_done = true;
+            continue;
+        }
+        json_t *j = parse(line + 6);
+        assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion.chunk");
+        json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+        const char *piece = json_string_value(json_object_get(json_object_get(ch, "delta"), "content"));
+        if (piece) {
+            all = realloc(all, strlen(all) + strlen(piece) + 1);
+            strcat(all, piece);
+        }
+        if (json_is_string(json_object_get(ch, "finish_reason"))) saw_finish = true;
+        json_decref(j);
+    }
+    assert_true(saw_done && saw_finish);
+    Turn t = chat_turn(&s, msgs, 1, 40, NULL);
+    assert_string_equal(all, t.reply);
+    free(t.reply);
+    free(all);
+    free(out);
+    free(body);
+    srv_stop(&s);
+}
+
+/* ---- errors ---------------------------------------------------------------------- */
+
+static void expect_error(const Srv *s, const char *path, const char *body, const char *header, long status,
+                         const char *in_message) {
+    char *out;
+    long got = http(s, path, body, header, &out, 0);
+    if (got != status) fail_msg("%s %s: status %ld, expected %ld: %s", path, body ? body : "", got, status, out);
+    json_t *j = parse(out);
+    json_t *e = json_object_get(j, "error");
+    assert_non_null(e);
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    assert_non_null(msg);
+    assert_non_null(json_string_value(json_object_get(e, "type")));
+    if (in_message && !strstr(msg, in_message)) fail_msg("message '%s' lacks '%s'", msg, in_message);
+    json_decref(j);
+    free(out);
+}
+
+static void test_errors(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "--max-body 1") != 0) return;
+    expect_error(&s, "/v1/chat/completions", "{not json", NULL, 400, "JSON");
+    expect_error(&s, "/v1/chat/completions", "{\"messages\": 3}", NULL, 400, "messages");
+    expect_error(&s, "/v1/chat/completions", "{\"messages\": [{\"role\":\"user\",\"content\":\"hi\"}], \"n\": 2}", NULL, 400, "n");
+    expect_error(&s, "/v1/chat/completions", "{\"messages\": [{\"role\":\"user\",\"content\":\"hi\"}], \"temperature\": \"hot\"}", NULL, 400, "temperature");
+    expect_error(&s, "/v1/chat/completions", "{\"messages\": [{\"role\":\"user\",\"content\":\"hi\"}], \"max_tokens\": 100000}", NULL, 400, "context");
+    expect_error(&s, "/v1/completions", "{\"prompt\": [1, 99999]}", NULL, 400, "out of range");
+    expect_error(&s, "/detokenize", "{\"tokens\": [5, 100000]}", NULL, 400, "range");
+    expect_error(&s, "/v1/nothing", "{}", NULL, 404, NULL);
+    char big[2048];
+    memset(big, ' ', sizeof big - 1);
+    big[0] = '{';
+    big[sizeof big - 2] = '}';
+    big[sizeof big - 1] = '\0';
+    expect_error(&s, "/v1/chat/completions", big, NULL, 413, NULL);
+    /* still serving */
+    char *out;
+    assert_int_equal(http(&s, "/health", NULL, NULL, &out, 0), 200);
+    free(out);
+    assert_int_equal(http(&s, "/v1/models", NULL, NULL, &out, 0), 200);
+    assert_non_null(strstr(out, "stories260K.gguf"));
+    free(out);
+    assert_int_equal(http(&s, "/tokenize", "{\"content\": \"Once upon a time\", \"add_special\": true}", NULL, &out, 0), 200);
+    assert_string_equal(out, "{\"tokens\":[1,403,407,261,378]}");
+    free(out);
+    assert_int_equal(http(&s, "/detokenize", "{\"tokens\": [403,407,261,378]}", NULL, &out, 0), 200);
+    assert_string_equal(out, "{\"content\":\"Once upon a time\"}");
+    free(out);
+    assert_int_equal(http(&s, "/v1/completions", "{\"prompt\": \"Once upon a time\", \"max_tokens\": 4, \"temperature\": 0}", NULL, &out, 0), 200);
+    assert_non_null(strstr(out, "text_completion"));
+    free(out);
+    srv_stop(&s);
+}
+
+static void test_api_keys(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "--api-key alpha --api-key beta") != 0) return;
+    expect_error(&s, "/v1/models", NULL, NULL, 401, NULL);
+    expect_error(&s, "/v1/models", NULL, "Authorization: Bearer wrong", 401, NULL);
+    char *out;
+    assert_int_equal(http(&s, "/health", NULL, NULL, &out, 0), 200);
+    free(out);
+    assert_int_equal(http(&s, "/metrics", NULL, NULL, &out, 0), 200);
+    free(out);
+    /* each key is its own namespace: beta never hits alpha's entries, and the
+     * namespace header is ignored when keys are set */
+    const char *msgs[1] = {"Once upon a time there was a cat."};
+    Turn a = chat_turn(&s, msgs, 1, 8, "Authorization: Bearer alpha");
+    Turn a2 = chat_turn(&s, msgs, 1, 8, "Authorization: Bearer alpha");
+    assert_true(a2.cached_tokens > 0);
+    Turn b = chat_turn(&s, msgs, 1, 8, "Authorization: Bearer beta");
+    assert_int_equal(b.cached_tokens, 0);
+    assert_string_equal(a.reply, b.reply);
+    free(a.reply);
+    free(a2.reply);
+    free(b.reply);
+    srv_stop(&s);
+    /* without keys, the namespace header separates tenants */
+    if (srv_start(&s, "stories260K", "") != 0) return;
+    Turn x = chat_turn(&s, msgs, 1, 8, "X-Cache-Namespace: one");
+    Turn y = chat_turn(&s, msgs, 1, 8, "X-Cache-Namespace: two");
+    Turn z = chat_turn(&s, msgs, 1, 8, "X-Cache-Namespace: one");
+    assert_int_equal(y.cached_tokens, 0);
+    assert_true(z.cached_tokens > 0);
+    free(x.reply);
+    free(y.reply);
+    free(z.reply);
+    srv_stop(&s);
+}
+
+static long metric(const Srv *s, const char *name) {
+    char *out;
+    assert_int_equal(http(s, "/metrics", NULL, NULL, &out, 0), 200);
+    char *p = strstr(out, name);
+    long v = -1;
+    while (p && (p[strlen(name)] != ' ')) p = strstr(p + 1, name);
+    if (p) v = atol(p + strlen(name) + 1);
+    free(out);
+    return v;
+}
+
+static void test_disconnect_and_queue(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "--parallel 1 --max-queue 1") != 0) return;
+    const char *msgs[1] = {"Once upon a time"};
+    char *body = chat_body(msgs, 1, 400, true);
+    /* read the first bytes of a long stream, then hang up */
+    assert_int_equal(http(&s, "/v1/chat/completions", body, NULL, NULL, 10), 200);
+    long running = -1;
+    for (int i = 0; i < 100 && running != 0; i++) {
+        usleep(50000);
+        running = metric(&s, "mnemo_running_sequences");
+    }
+    assert_int_equal(running, 0);
+    assert_int_equal(metric(&s, "mnemo_pool_blocks{state=\"used\"}"), 0);
+    free(body);
+    srv_stop(&s);
+}
+
+typedef struct Slow {
+    const Srv *s;
+    long status;
+} Slow;
+
+static void *slow_main(void *arg) {
+    Slow *w = arg;
+    const char *msgs[1] = {"Once upon a time"};
+    char *body = chat_body(msgs, 1, 300, false);
+    w->status = http(w->s, "/v1/chat/completions", body, NULL, NULL, 0);
+    free(body);
+    return NULL;
+}
+
+static void test_queue_full(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "--parallel 1 --max-queue 1") != 0) return;
+    enum { N = 6 };
+    Slow w[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        w[i].s = &s;
+        pthread_create(&th[i], NULL, slow_main, &w[i]);
+    }
+    int n_503 = 0, n_200 = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        n_503 += w[i].status == 503;
+        n_200 += w[i].status == 200;
+    }
+    assert_true(n_503 >= 1);
+    assert_true(n_200 >= 1);
+    assert_int_equal(n_503 + n_200, N);
+    srv_stop(&s);
+}
+
+int main(void) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_multi_turn_stories),
+        cmocka_unit_test(test_multi_turn_llama_f32),
+        cmocka_unit_test(test_multi_turn_llama_q8_0),
+        cmocka_unit_test(test_multi_turn_llama_q4_0),
+        cmocka_unit_test(test_multi_turn_qwen2),
+        cmocka_unit_test(test_multi_turn_mha_f16),
+        cmocka_unit_test(test_concurrent),
+        cmocka_unit_test(test_stream),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_api_keys),
+        cmocka_unit_test(test_disconnect_and_queue),
+        cmocka_unit_test(test_queue_full),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    curl_global_cleanup();
+    return rc;
+}
