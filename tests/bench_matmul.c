@@ -79,12 +79,12 @@ static void *make_weights(MnType type, int64_t n_out, int64_t n_in) {
 
 /* Seconds per call, best of reps (after one warm-up). */
 static double time_matmul(ThreadPool *tp, const MatW *w, int n_copies, const float *x, int n_tok, float *out,
-                          void *scratch, int reps) {
+                          int reps) {
     double best = 1e30;
-    mm_matmul(tp, out, &w[0], x, n_tok, scratch);
+    mm_matmul(tp, out, &w[0], x, n_tok);
     for (int i = 0; i < reps; i++) {
         double t0 = now_s();
-        mm_matmul(tp, out, &w[i % n_copies], x, n_tok, scratch);
+        mm_matmul(tp, out, &w[i % n_copies], x, n_tok);
         double dt = now_s() - t0;
         if (dt < best) best = dt;
     }
@@ -128,23 +128,23 @@ static double measure_bandwidth(ThreadPool *tp) {
 /* Mean seconds per matrix (t[N_SHAPES] = head) for n_tok tokens, running
  * whole layers in rotation over the copies so weights come from DRAM. */
 static void layers_time(ThreadPool *tp, MatW layer[DECODE_COPIES][N_SHAPES], const MatW *head, const float *x,
-                        int n_tok, float *out, void *scratch, int rounds, double t[N_SHAPES + 1]) {
+                        int n_tok, float *out, int rounds, double t[N_SHAPES + 1]) {
     for (int s = 0; s <= N_SHAPES; s++) t[s] = 0;
     for (int i = -DECODE_COPIES; i < rounds; i++) {
         const MatW *lw = layer[(i + DECODE_COPIES) % DECODE_COPIES];
         for (int s = 0; s < N_SHAPES; s++) {
             double t0 = now_s();
-            mm_matmul(tp, out, &lw[s], x, n_tok, scratch);
+            mm_matmul(tp, out, &lw[s], x, n_tok);
             if (i >= 0) t[s] += now_s() - t0;
         }
     }
     int head_rounds = rounds / 4 + 1;
     for (int i = -1; i < head_rounds; i++) {
         double t0 = now_s();
-        mm_matmul(tp, out, head, x, n_tok, scratch);
+        mm_matmul(tp, out, head, x, n_tok);
         if (i >= 0) t[N_SHAPES] += now_s() - t0;
         /* evict the head from L3 between calls by reading a layer copy */
-        for (int s = 0; s < N_SHAPES; s++) mm_matmul(tp, out, &layer[(i + 4) % DECODE_COPIES][s], x, n_tok, scratch);
+        for (int s = 0; s < N_SHAPES; s++) mm_matmul(tp, out, &layer[(i + 4) % DECODE_COPIES][s], x, n_tok);
     }
     for (int s = 0; s < N_SHAPES; s++) t[s] /= rounds;
     t[N_SHAPES] /= head_rounds;
@@ -171,19 +171,18 @@ static void bench_type(ThreadPool *tp, MnType type, int reps, bool do_pp, bool d
 
     float *x = mn_alloc_aligned((size_t)PREFILL * FFN * sizeof(float), 64);
     float *out = mn_alloc_aligned((size_t)PREFILL * VOCAB * sizeof(float), 64);
-    void *scratch = mn_alloc_aligned(mm_scratch_bytes(type, FFN, PREFILL) + 64, 64);
     for (size_t i = 0; i < (size_t)PREFILL * FFN; i++) x[i] = rng_f();
 
     /* prefill: best of reps per matrix (compute-bound, cache state matters little) */
     double t_pp[N_SHAPES + 1], t_tg[N_SHAPES + 1];
     for (int s = 0; s <= N_SHAPES; s++) {
         const MatW *w = s < N_SHAPES ? &layer[0][s] : &head;
-        t_pp[s] = do_pp ? time_matmul(tp, w, 1, x, PREFILL, out, scratch, reps) : 1e30;
+        t_pp[s] = do_pp ? time_matmul(tp, w, 1, x, PREFILL, out, reps) : 1e30;
     }
     /* decode: whole layers in rotation over the copies (> L3), as a forward
      * pass reads them */
     if (do_tg) {
-        layers_time(tp, layer, &head, x, 1, out, scratch, reps * 8, t_tg);
+        layers_time(tp, layer, &head, x, 1, out, reps * 8, t_tg);
     } else {
         for (int s = 0; s <= N_SHAPES; s++) t_tg[s] = 1e30;
     }
@@ -223,7 +222,7 @@ static void bench_type(ThreadPool *tp, MnType type, int reps, bool do_pp, bool d
         static const int batch_toks[] = {1, 2, 4, 8, 16, 32, 64};
         for (size_t b = 0; b < sizeof batch_toks / sizeof batch_toks[0]; b++) {
             double tb[N_SHAPES + 1], step = 0;
-            layers_time(tp, layer, &head, x, batch_toks[b], out, scratch, reps * 2, tb);
+            layers_time(tp, layer, &head, x, batch_toks[b], out, reps * 2, tb);
             for (int s = 0; s < N_SHAPES; s++) step += tb[s] * LAYERS;
             step += tb[N_SHAPES];
             printf("    n_tok %3d: step %7.1f ms, %7.1f tok/s   GFLOP/s per matrix:", batch_toks[b], step * 1e3,
@@ -235,7 +234,6 @@ static void bench_type(ThreadPool *tp, MnType type, int reps, bool do_pp, bool d
             printf("\n");
         }
     }
-    mn_free_aligned(scratch);
     mn_free_aligned(out);
     mn_free_aligned(x);
     for (int c = 0; c < DECODE_COPIES; c++)

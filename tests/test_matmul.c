@@ -73,11 +73,6 @@ static float *acts_make(int64_t n_tok, int64_t n_in, uint64_t seed) {
     return x;
 }
 
-static void *scratch_make(MnType type, int64_t n_in, int n_tok) {
-    size_t n = mm_scratch_bytes(type, n_in, n_tok);
-    return mn_alloc_aligned(n ? n : 64, 64);
-}
-
 static const MnType all_types[] = {MN_TYPE_F32, MN_TYPE_F16, MN_TYPE_BF16, MN_TYPE_Q8_0, MN_TYPE_Q4_0};
 enum { N_TYPES = sizeof all_types / sizeof all_types[0] };
 
@@ -91,9 +86,8 @@ static void check_shape(ThreadPool *tp, MnType type, int64_t n_out, int64_t n_in
     float *x = acts_make(n_tok, n_in, seed + 1);
     float *got = mn_malloc((size_t)(n_tok * n_out) * sizeof(float));
     float *want = mn_malloc((size_t)(n_tok * n_out) * sizeof(float));
-    void *scratch = scratch_make(type, n_in, n_tok);
-    mm_matmul(tp, got, &m.w, x, n_tok, scratch);
-    mm_matmul_ref(want, &m.w, x, n_tok, scratch);
+    mm_matmul(tp, got, &m.w, x, n_tok);
+    mm_matmul_ref(want, &m.w, x, n_tok);
     double gamma = ((double)n_in / 16.0 + 12.0) * 0x1p-24 * 1.5;
     for (int t = 0; t < n_tok; t++) {
         for (int64_t r = 0; r < n_out; r++) {
@@ -107,7 +101,6 @@ static void check_shape(ThreadPool *tp, MnType type, int64_t n_out, int64_t n_in
                          g, e, tol);
         }
     }
-    mn_free_aligned(scratch);
     mn_free(want);
     mn_free(got);
     mn_free(x);
@@ -171,8 +164,8 @@ static void test_exact_single_term(void **state) {
     MatW w = {.type = MN_TYPE_F32, .n_in = N, .n_out = N, .data = wf};
     float *x = acts_make(T, N, 7);
     float got[T * N], want[T * N];
-    mm_matmul(NULL, got, &w, x, T, NULL);
-    mm_matmul_ref(want, &w, x, T, NULL);
+    mm_matmul(NULL, got, &w, x, T);
+    mm_matmul_ref(want, &w, x, T);
     assert_memory_equal(got, want, sizeof got);
     for (int t = 0; t < T; t++)
         for (int r = 0; r < N; r++) assert_true(got[t * N + r] == x[t * N + (r * 7) % N]);
@@ -241,14 +234,13 @@ static void check_invariance(ThreadPool *tp1, ThreadPool *tp2, MnType type, int6
     float *single = mn_malloc((size_t)(MAXT * n_out) * sizeof(float));
     float *batch = mn_malloc((size_t)(MAXT * n_out) * sizeof(float));
     float *other = mn_malloc((size_t)(MAXT * n_out) * sizeof(float));
-    void *scratch = scratch_make(type, n_in, MAXT);
     size_t row = (size_t)n_out * sizeof(float);
     /* each token alone, single-threaded */
-    for (int t = 0; t < MAXT; t++) mm_matmul(tp1, single + t * n_out, &m.w, x + t * n_in, 1, scratch);
+    for (int t = 0; t < MAXT; t++) mm_matmul(tp1, single + t * n_out, &m.w, x + t * n_in, 1);
     for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
         int n = batches[bi];
         for (int th = 0; th < 2; th++) {
-            mm_matmul(th ? tp2 : tp1, batch, &m.w, x, n, scratch);
+            mm_matmul(th ? tp2 : tp1, batch, &m.w, x, n);
             for (int t = 0; t < n; t++)
                 if (memcmp(batch + t * n_out, single + t * n_out, row) != 0)
                     fail_msg("%s n_out=%lld n_in=%lld: token %d of %d (%d threads) differs from alone",
@@ -256,22 +248,21 @@ static void check_invariance(ThreadPool *tp1, ThreadPool *tp2, MnType type, int6
         }
         /* the same tokens in reverse order, at other positions */
         for (int t = 0; t < n; t++) memcpy(xr + t * n_in, x + (n - 1 - t) * n_in, (size_t)n_in * sizeof(float));
-        mm_matmul(tp2, other, &m.w, xr, n, scratch);
+        mm_matmul(tp2, other, &m.w, xr, n);
         for (int t = 0; t < n; t++)
             if (memcmp(other + t * n_out, single + (n - 1 - t) * n_out, row) != 0)
                 fail_msg("%s n_out=%lld n_in=%lld: reversed batch %d, position %d differs",
                          ttype_traits(type)->name, (long long)n_out, (long long)n_in, n, t);
         /* a batch that starts at an odd token (other tile boundaries) */
         if (n + 1 <= MAXT) {
-            mm_matmul(tp2, other, &m.w, x + n_in, n, scratch);
+            mm_matmul(tp2, other, &m.w, x + n_in, n);
             assert_memory_equal(other, single + n_out, (size_t)n * row);
         }
     }
     /* repeated calls */
-    mm_matmul(tp2, batch, &m.w, x, MAXT, scratch);
-    mm_matmul(tp2, other, &m.w, x, MAXT, scratch);
+    mm_matmul(tp2, batch, &m.w, x, MAXT);
+    mm_matmul(tp2, other, &m.w, x, MAXT);
     assert_memory_equal(batch, other, (size_t)MAXT * row);
-    mn_free_aligned(scratch);
     mn_free(other);
     mn_free(batch);
     mn_free(single);
@@ -297,25 +288,20 @@ static void test_batch_invariance(void **state) {
     tpool_free(tp1);
 }
 
-/* NULL pool, zero tokens, a one-row matrix, no scratch needed. */
+/* NULL pool, zero tokens, a one-row matrix. */
 static void test_edges(void **state) {
     (void)state;
     TestMat m;
     mat_make(&m, MN_TYPE_Q8_0, 1, 64, 5);
     float *x = acts_make(3, 64, 6);
     float got[3], want[3], sentinel = 12345.0f;
-    void *scratch = scratch_make(MN_TYPE_Q8_0, 64, 3);
     got[0] = sentinel;
-    mm_matmul(NULL, got, &m.w, x, 0, scratch);
+    mm_matmul(NULL, got, &m.w, x, 0);
     assert_true(got[0] == sentinel);
-    mm_matmul(NULL, got, &m.w, x, 3, scratch);
-    mm_matmul_ref(want, &m.w, x, 3, scratch);
+    mm_matmul(NULL, got, &m.w, x, 3);
+    mm_matmul_ref(want, &m.w, x, 3);
     for (int t = 0; t < 3; t++) assert_true(fabsf(got[t] - want[t]) <= 1e-4f * (1.0f + fabsf(want[t])));
-    mm_matmul(NULL, got, &m.w, x, 3, NULL);
-    for (int t = 0; t < 3; t++) assert_true(fabsf(got[t] - want[t]) <= 1e-4f * (1.0f + fabsf(want[t])));
-    for (int ti = 0; ti < N_TYPES; ti++) assert_int_equal(mm_scratch_bytes(all_types[ti], 4096, 512), 0);
     assert_non_null(mm_simd_name());
-    mn_free_aligned(scratch);
     mn_free(x);
     mat_free(&m);
 }

@@ -699,7 +699,6 @@ const char *mm_simd_name(void) { return "scalar"; }
  * Driver (all paths)
  * ===================================================================== */
 
-size_t mm_scratch_bytes(MnType wtype, int64_t n_in, int n_tok) { return 0; }
 
 static void mm_worker(void *ctx, int ith, int nth) {
     MmJob *job = ctx;
@@ -712,7 +711,7 @@ static void mm_worker(void *ctx, int ith, int nth) {
     }
 }
 
-void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_tok, void *scratch) {
+void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_tok) {
     assert(w != NULL && out != NULL && (x != NULL || n_tok == 0));
     assert(ttype_traits(w->type) != NULL);
     assert(!type_is_quant(w->type) || w->n_in % 32 == 0);
@@ -741,7 +740,7 @@ void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_
 
 /* Every type alike: dequantize a slice of the row (a whole number of
  * blocks), accumulate w * x in double. */
-void mm_matmul_ref(float *out, const MatW *w, const float *x, int n_tok, void *scratch) {
+void mm_matmul_ref(float *out, const MatW *w, const float *x, int n_tok) {
     enum { SLICE = 256 }; /* a multiple of every block size */
     int64_t n_in = w->n_in, n_out = w->n_out;
     const TypeTraits *tt = ttype_traits(w->type);

@@ -32,17 +32,12 @@ typedef struct MatW {
     const void *data; /* (n_out, row_bytes) borrowed, e.g. from the GGUF mmap */
 } MatW;
 
-/* Scratch bytes mm_matmul needs for n_tok rows of n_in activations against
- * weights of type wtype (0 when none is needed; today always 0). */
-size_t mm_scratch_bytes(MnType wtype, int64_t n_in, int n_tok);
-
 /* out (n_tok, n_out) = x (n_tok, n_in) * W^T, parallel over tp (may be NULL
- * for single-threaded). scratch: mm_scratch_bytes(...) bytes, 64-byte aligned
- * (may be NULL when that is 0). Never allocates. */
-void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_tok, void *scratch);
+ * for single-threaded). Never allocates. */
+void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_tok);
 
 /* Scalar reference for tests; same contract, single-threaded. */
-void mm_matmul_ref(float *out, const MatW *w, const float *x, int n_tok, void *scratch);
+void mm_matmul_ref(float *out, const MatW *w, const float *x, int n_tok);
 
 /* Name of the compiled SIMD path: "avx512", "avx2" or "scalar". */
 const char *mm_simd_name(void);

@@ -30,7 +30,6 @@ struct Forward {
     FwdOptions opt;
     ThreadPool *tp;
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *xl, *logits;
-    void *mm_scratch;
     float *attn_scratch;
     size_t attn_scratch_per_thread;
     double *inv_freq; /* (n_rot / 2) */
@@ -64,22 +63,11 @@ int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, 
     f->hb2 = alloc_rows(T, c->n_ff);
     f->xl = alloc_rows(L, c->n_embd);
     f->logits = alloc_rows(L, c->n_vocab);
-    /* every matrix may have its own type: take the largest need */
-    size_t mm = mm_scratch_bytes(m->output.type, m->output.n_in, L);
-    for (int il = 0; il < c->n_layer; il++) {
-        const LayerWeights *lw = &m->layers[il];
-        const MatW *lws[] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_up, &lw->w_down};
-        for (size_t i = 0; i < sizeof lws / sizeof lws[0]; i++) {
-            size_t b = mm_scratch_bytes(lws[i]->type, lws[i]->n_in, T);
-            mm = b > mm ? b : mm;
-        }
-    }
-    f->mm_scratch = mn_alloc_aligned(mm ? mm : 64, 64);
     f->attn_scratch_per_thread = attn_scratch_floats(opt->max_ctx, c->n_head, c->n_head_kv, c->head_dim);
     f->attn_scratch = mn_alloc_aligned(f->attn_scratch_per_thread * sizeof(float) * (size_t)opt->n_threads, 64);
     f->inv_freq = mn_calloc((size_t)c->n_rot / 2, sizeof(double));
     if (!f->tp || !f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->xl ||
-        !f->logits || !f->mm_scratch || !f->attn_scratch || !f->inv_freq) {
+        !f->logits || !f->attn_scratch || !f->inv_freq) {
         fwd_free(f);
         return mn_err_set(err, MN_ENOMEM, "forward: out of memory for %d-token batches", T);
     }
@@ -93,7 +81,6 @@ void fwd_free(Forward *f) {
     tpool_free(f->tp);
     float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->xl, f->logits, f->attn_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mn_free_aligned(bufs[i]);
-    mn_free_aligned(f->mm_scratch);
     mn_free(f->inv_freq);
     mn_free(f);
 }
@@ -160,9 +147,9 @@ static void layer_attention(Forward *f, const FwdBatch *b, int il) {
     const int T = b->n_tok, D = c->n_embd;
     for (int t = 0; t < T; t++)
         ops_rmsnorm(f->xb + (size_t)t * D, f->x + (size_t)t * D, lw->attn_norm, D, c->rms_eps);
-    mm_matmul(f->tp, f->q, &lw->wq, f->xb, T, f->mm_scratch);
-    mm_matmul(f->tp, f->k, &lw->wk, f->xb, T, f->mm_scratch);
-    mm_matmul(f->tp, f->v, &lw->wv, f->xb, T, f->mm_scratch);
+    mm_matmul(f->tp, f->q, &lw->wq, f->xb, T);
+    mm_matmul(f->tp, f->k, &lw->wk, f->xb, T);
+    mm_matmul(f->tp, f->v, &lw->wv, f->xb, T);
     add_bias(f->q, lw->bq, T, D);
     add_bias(f->k, lw->bk, T, c->kv_dim);
     add_bias(f->v, lw->bv, T, c->kv_dim);
@@ -177,7 +164,7 @@ static void layer_attention(Forward *f, const FwdBatch *b, int il) {
     AttnKv kv = {p->arenas[il], p->block_bytes, p->block_bytes / 2, p->block_tokens, p->kv_dim, p->kv_type};
     AttnBatch ab = {T, f->q, b->seq, b->pos, b->seqs, c->n_head, c->n_head_kv, c->head_dim};
     attn_forward(f->tp, f->att, &ab, &kv, f->attn_scratch, f->attn_scratch_per_thread);
-    mm_matmul(f->tp, f->xb, &lw->wo, f->att, T, f->mm_scratch);
+    mm_matmul(f->tp, f->xb, &lw->wo, f->att, T);
     ops_add(f->x, f->xb, T * D);
 }
 
@@ -187,10 +174,10 @@ static void layer_ffn(Forward *f, const FwdBatch *b, int il) {
     const int T = b->n_tok, D = c->n_embd;
     for (int t = 0; t < T; t++)
         ops_rmsnorm(f->xb + (size_t)t * D, f->x + (size_t)t * D, lw->ffn_norm, D, c->rms_eps);
-    mm_matmul(f->tp, f->hb, &lw->w_gate, f->xb, T, f->mm_scratch);
-    mm_matmul(f->tp, f->hb2, &lw->w_up, f->xb, T, f->mm_scratch);
+    mm_matmul(f->tp, f->hb, &lw->w_gate, f->xb, T);
+    mm_matmul(f->tp, f->hb2, &lw->w_up, f->xb, T);
     ops_swiglu(f->hb, f->hb, f->hb2, T * c->n_ff);
-    mm_matmul(f->tp, f->xb, &lw->w_down, f->hb, T, f->mm_scratch);
+    mm_matmul(f->tp, f->xb, &lw->w_down, f->hb, T);
     ops_add(f->x, f->xb, T * D);
 }
 
@@ -208,7 +195,7 @@ int fwd_run(Forward *f, const FwdBatch *b, const float **logits, MnErr *err) {
     }
     for (int i = 0; i < b->n_logits; i++)
         ops_rmsnorm(f->xl + (size_t)i * D, f->x + (size_t)b->logit_idx[i] * D, f->m->out_norm, D, c->rms_eps);
-    if (b->n_logits > 0) mm_matmul(f->tp, f->logits, &f->m->output, f->xl, b->n_logits, f->mm_scratch);
+    if (b->n_logits > 0) mm_matmul(f->tp, f->logits, &f->m->output, f->xl, b->n_logits);
     *logits = f->logits;
     return MN_OK;
 }
