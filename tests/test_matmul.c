@@ -201,9 +201,9 @@ static void test_quant_equals_float(void **state) {
             assert_non_null(want);
             for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
                 int n = toks[k];
-                mm_matmul(tp1, want, &wf, x, n, NULL);
+                mm_matmul(tp1, want, &wf, x, n);
                 for (int th = 0; th < 2; th++) {
-                    mm_matmul(th ? tp2 : tp1, got, &m.w, x, n, NULL);
+                    mm_matmul(th ? tp2 : tp1, got, &m.w, x, n);
                     for (int64_t i = 0; i < n * n_out; i++)
                         if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
                             fail_msg("%s n_out=%lld n_in=%lld n_tok=%d (%d threads): out[%lld][%lld] = %.9g, "
