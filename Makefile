@@ -67,7 +67,10 @@ test-asan: build/asan/mnemo $(asan_TESTS)
 	  MNEMO_SANITIZED=1 ./tests/run.sh build/asan
 
 run: setup all
-	./build/release/mnemo generate -m models/stories260K.gguf -p "Once upon a time" -n 200 --temp 0
+	@echo "mnemo: starting the server on the demo model; in another terminal try:"
+	@echo "  curl -s http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\"
+	@echo "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}], \"max_tokens\": 64}'"
+	./build/release/mnemo serve -m models/stories260K.gguf
 
 bench: setup all
 	./scripts/bench

@@ -761,8 +761,10 @@ static int cmd_chat(int argc, char **argv) {
     const char *url = NULL, *model_path = NULL, *api_key = NULL, *name = "mnemo", *system = NULL;
     int max_tokens = 256, n_threads = 2;
     float temp = 0.8f;
+    bool ignore_eos = false;
     CliOpt opts[] = {
         {"url", 0, CLI_STR, &url, "URL", "server to talk to, e.g. http://127.0.0.1:8080"},
+        {"ignore-eos", 0, CLI_FLAG, &ignore_eos, NULL, "always generate --max-tokens tokens"},
         {"model", 'm', CLI_STR, &model_path, "FILE", "or: serve this model in-process"},
         {"api-key", 0, CLI_STR, &api_key, "KEY", "API key for --url"},
         {"name", 0, CLI_STR, &name, "NAME", "model name sent to the server"},
@@ -819,7 +821,7 @@ static int cmd_chat(int argc, char **argv) {
         if (grown == NULL) break;
         msgs = grown;
         msgs[n_msgs++] = (ClientMsg){"user", mn_strdup(line)};
-        ClientParams p = {name, max_tokens, temp, false, -1};
+        ClientParams p = {name, max_tokens, temp, ignore_eos, -1};
         ClientResult res;
         rc = client_chat(c, msgs, n_msgs, &p, chat_print, NULL, &res);
         printf("\n");

@@ -287,9 +287,69 @@ static void test_queue_full(void **s) {
     model_free(m);
 }
 
+/* With one running slot busy, the waiting requests are admitted in the
+ * policy's order: FCFS by arrival, FPF most cached prefix first. */
+static void check_schedule(SchedPolicy policy, bool cached_first) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    EngineOptions o;
+    engine_options_default(&o);
+    o.parallel = 1;
+    o.block_tokens = 8;
+    o.schedule = policy;
+    Engine *e;
+    MnErr err = {0};
+    assert_int_equal(engine_new(m, &o, &e, &err), MN_OK);
+    int32_t warm[64], fresh[64];
+    make_prompt(warm, 41, 512, 11, 1);
+    make_prompt(fresh, 41, 512, 12, 1);
+    ReqParams p;
+    greedy_params(&p, 4);
+    ReqResult res;
+    Request *d = request_new(warm, 40, &p, "", NULL); /* puts warm's prefix in the pool */
+    assert_int_equal(engine_submit(e, d, &err), MN_OK);
+    free(drain(d, &res));
+    request_unref(d);
+    greedy_params(&p, 300);
+    Request *a = request_new(fresh + 1, 20, &p, "", NULL); /* occupies the only slot */
+    assert_int_equal(engine_submit(e, a, &err), MN_OK);
+    for (;;) { /* wait until it runs */
+        char *t;
+        size_t len;
+        bool done;
+        assert_int_equal(request_read(a, &t, &len, &done, &res, 1000), MN_OK);
+        mn_free(t);
+        if (len > 0 || done) break;
+    }
+    greedy_params(&p, 20);
+    Request *b = request_new(fresh, 41, &p, "", NULL); /* arrives first, nothing cached */
+    Request *c = request_new(warm, 41, &p, "", NULL);  /* arrives second, 32 tokens cached */
+    assert_int_equal(engine_submit(e, b, &err), MN_OK);
+    assert_int_equal(engine_submit(e, c, &err), MN_OK);
+    ReqResult rb, rc;
+    free(drain(a, &res));
+    free(drain(b, &rb));
+    free(drain(c, &rc));
+    assert_int_equal(rc.n_cached, 40);
+    if (cached_first) assert_true(rc.ttft_s < rb.ttft_s);
+    else assert_true(rb.ttft_s < rc.ttft_s);
+    request_unref(a);
+    request_unref(b);
+    request_unref(c);
+    engine_free(e);
+    model_free(m);
+}
+
+static void test_schedule_fcfs(void **s) { check_schedule(SCHED_FCFS, false); }
+static void test_schedule_fpf(void **s) { check_schedule(SCHED_FPF, true); }
+static void test_schedule_relaxed_fpf(void **s) { check_schedule(SCHED_RELAXED_FPF, true); }
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefix_reuse),
+        cmocka_unit_test(test_schedule_fcfs),
+        cmocka_unit_test(test_schedule_fpf),
+        cmocka_unit_test(test_schedule_relaxed_fpf),
         cmocka_unit_test(test_stop_and_cancel),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_concurrent_cache),
