@@ -16,7 +16,10 @@ TESTLIBS:= -lcmocka
 REL_CFLAGS  := $(BASE) -O3 -march=native -DNDEBUG -g
 ASAN_CFLAGS := $(BASE) -O1 -march=native -g -fno-omit-frame-pointer \
                -fsanitize=address,undefined -fno-sanitize-recover=all
+# The other SIMD paths of the kernels, tested on this machine too: plain C
+# (no -march) and AVX2 without AVX-512.
 SCALAR_CFLAGS := $(BASE) -O2 -g
+AVX2_CFLAGS   := $(BASE) -O2 -g -march=native -mno-avx512f
 
 LIB_SRC  := $(filter-out src/main.c,$(wildcard src/*/*.c))
 TEST_SRC := $(wildcard tests/test_*.c)
@@ -47,8 +50,12 @@ endef
 $(eval $(call variant,release,REL_CFLAGS))
 $(eval $(call variant,asan,ASAN_CFLAGS))
 $(eval $(call variant,scalar,SCALAR_CFLAGS))
+$(eval $(call variant,avx2,AVX2_CFLAGS))
 
-.PHONY: all setup test test-release test-asan run bench clean
+# kernel tests that also run in the scalar and AVX2 builds
+KERNEL_TESTS := test_matmul test_attention test_forward
+
+.PHONY: all setup test test-release test-paths test-asan run bench clean
 all: build/release/mnemo
 	@ln -sf build/release/mnemo mnemo
 
@@ -57,10 +64,15 @@ setup:
 
 test: setup
 	$(MAKE) test-release
+	$(MAKE) test-paths
 	$(MAKE) test-asan
 
 test-release: build/release/mnemo $(release_TESTS)
 	@./tests/run.sh build/release
+
+test-paths: $(addprefix build/scalar/tests/,$(KERNEL_TESTS)) $(addprefix build/avx2/tests/,$(KERNEL_TESTS))
+	@MNEMO_TESTS="$(KERNEL_TESTS)" ./tests/run.sh build/scalar
+	@MNEMO_TESTS="$(KERNEL_TESTS)" ./tests/run.sh build/avx2
 
 test-asan: build/asan/mnemo $(asan_TESTS)
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \

@@ -6,10 +6,12 @@ dir=$1
 export MNEMO_BIN="$PWD/$dir/mnemo"
 export MNEMO_DATA="${MNEMO_DATA:-$PWD/../shared/data}"
 passed=0; failed=0; failed_names=()
+# MNEMO_TESTS, when set, names the tests to run (default: every test_* binary)
 for t in "$dir"/tests/test_*; do
   [ -x "$t" ] || continue
-  case "$t" in *.d) continue;; esac
+  case "$t" in *.d|*.log) continue;; esac
   name=$(basename "$t")
+  if [ -n "${MNEMO_TESTS:-}" ] && [[ " $MNEMO_TESTS " != *" $name "* ]]; then continue; fi
   log="$dir/tests/$name.log"
   if "$t" >"$log" 2>&1; then rc=0; else rc=$?; fi
   p=$(grep -c '^\[       OK \]' "$log" || true)

@@ -211,6 +211,28 @@ static void test_sampling_reproducible(void **s) {
     free(c);
 }
 
+/* mnemo chat in-process: the second turn reports its history as cached. */
+static void test_chat(void **s) {
+    char model[512], cmd[2048];
+    test_data_path(model, sizeof model, "models/stories260K.gguf");
+    if (!test_require_file(model)) return;
+    char *out;
+    snprintf(cmd, sizeof cmd,
+             "printf 'Once upon a time\\nTell me more\\n' | %s chat -m %s -n 8 --temp 0 --ignore-eos 2>&1 >/dev/null",
+             bin(), model);
+    assert_int_equal(run(cmd, &out), 0);
+    char *first = strstr(out, "from cache]");
+    assert_non_null(first);
+    assert_non_null(strstr(out, ", 0 from cache]"));
+    char *second = strstr(first + 1, "from cache]");
+    assert_non_null(second);
+    /* "prompt N tokens, M from cache]" with M > 0 on the second turn */
+    char *m = second;
+    while (m > first && m[-1] != ',') m--;
+    assert_true(atoi(m + 1) > 0);
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_golden),
@@ -219,6 +241,7 @@ int main(void) {
         cmocka_unit_test(test_inspect_and_errors),
         cmocka_unit_test(test_gen_model),
         cmocka_unit_test(test_sampling_reproducible),
+        cmocka_unit_test(test_chat),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,9 @@
  * For each layer, the whole batch goes through: RMS norm, Q/K/V projections
  * (+ biases), RoPE at each token's position, K/V written into the pool,
  * paged attention, output projection and residual, then RMS norm and the
- * SwiGLU feed-forward and residual. The final norm and the vocabulary
+ * SwiGLU feed-forward and residual. Matmuls and attention split their work
+ * over the compute pool by output; the element-wise stages in between split
+ * it by token. The final norm and the vocabulary
  * projection run only for the rows whose logits were asked for.
  *
  * Buffers (all (rows, width) row-major f32, sized at fwd_new):
@@ -117,68 +119,103 @@ static int check_batch(const Forward *f, const FwdBatch *b, MnErr *err) {
     return MN_OK;
 }
 
-static void add_bias(float *y, const float *bias, int rows, int width) {
-    if (bias == NULL) return;
-    for (int t = 0; t < rows; t++) ops_add(y + (size_t)t * width, bias, width);
-}
+/* ---- per-token stages -------------------------------------------------------
+ * The element-wise work between the matmuls, split over the compute pool by
+ * token: every token's arithmetic is the same whatever the split. */
 
-/* Write the batch's K and V rows of layer il into their blocks. */
-static void store_kv(Forward *f, const FwdBatch *b, int il) {
+typedef enum Stage {
+    STAGE_ATTN_NORM,   /* xb = rmsnorm(x) */
+    STAGE_QKV_POST,    /* biases, RoPE, K/V into the pool */
+    STAGE_ATTN_RESID,  /* x += xb (attention output); xb = rmsnorm(x) for the FFN */
+    STAGE_SWIGLU,      /* hb = silu(hb) * hb2 */
+    STAGE_FFN_RESID,   /* x += xb */
+} Stage;
+
+typedef struct StageJob {
+    Forward *f;
+    const FwdBatch *b;
+    int il;
+    Stage stage;
+} StageJob;
+
+/* Write token t's K and V rows of layer il into its block. */
+static void store_kv(Forward *f, const FwdBatch *b, int il, int t) {
     const KvPool *p = f->pool;
     const int kvd = p->kv_dim;
-    for (int t = 0; t < b->n_tok; t++) {
-        const AttnSeq *s = &b->seqs[b->seq[t]];
-        int32_t slot = s->blocks[b->pos[t] / p->block_tokens];
-        size_t row = (size_t)(b->pos[t] % p->block_tokens) * (size_t)kvd;
-        const float *k = f->k + (size_t)t * kvd, *v = f->v + (size_t)t * kvd;
-        if (p->kv_type == MN_TYPE_F16) {
-            ops_f32_to_f16((uint16_t *)kvpool_k(p, il, slot) + row, k, kvd);
-            ops_f32_to_f16((uint16_t *)kvpool_v(p, il, slot) + row, v, kvd);
-        } else {
-            memcpy((float *)kvpool_k(p, il, slot) + row, k, (size_t)kvd * sizeof(float));
-            memcpy((float *)kvpool_v(p, il, slot) + row, v, (size_t)kvd * sizeof(float));
-        }
+    const AttnSeq *s = &b->seqs[b->seq[t]];
+    int32_t slot = s->blocks[b->pos[t] / p->block_tokens];
+    size_t row = (size_t)(b->pos[t] % p->block_tokens) * (size_t)kvd;
+    const float *k = f->k + (size_t)t * kvd, *v = f->v + (size_t)t * kvd;
+    if (p->kv_type == MN_TYPE_F16) {
+        ops_f32_to_f16((uint16_t *)kvpool_k(p, il, slot) + row, k, kvd);
+        ops_f32_to_f16((uint16_t *)kvpool_v(p, il, slot) + row, v, kvd);
+    } else {
+        memcpy((float *)kvpool_k(p, il, slot) + row, k, (size_t)kvd * sizeof(float));
+        memcpy((float *)kvpool_v(p, il, slot) + row, v, (size_t)kvd * sizeof(float));
     }
 }
 
-static void layer_attention(Forward *f, const FwdBatch *b, int il) {
+static void stage_token(const StageJob *j, int t) {
+    Forward *f = j->f;
+    const ModelConfig *c = &f->m->cfg;
+    const LayerWeights *lw = &f->m->layers[j->il];
+    const size_t D = (size_t)c->n_embd, KV = (size_t)c->kv_dim, F = (size_t)c->n_ff;
+    float *x = f->x + t * D, *xb = f->xb + t * D;
+    switch (j->stage) {
+    case STAGE_ATTN_NORM: ops_rmsnorm(xb, x, lw->attn_norm, (int)D, c->rms_eps); break;
+    case STAGE_QKV_POST: {
+        float *q = f->q + t * D, *k = f->k + t * KV, *v = f->v + t * KV;
+        if (lw->bq) ops_add(q, lw->bq, (int)D);
+        if (lw->bk) ops_add(k, lw->bk, (int)KV);
+        if (lw->bv) ops_add(v, lw->bv, (int)KV);
+        const int adjacent = c->rope_style == ROPE_ADJACENT;
+        ops_rope(q, c->n_head, c->head_dim, c->n_rot, f->inv_freq, j->b->pos[t], adjacent);
+        ops_rope(k, c->n_head_kv, c->head_dim, c->n_rot, f->inv_freq, j->b->pos[t], adjacent);
+        store_kv(f, j->b, j->il, t);
+        break;
+    }
+    case STAGE_ATTN_RESID:
+        ops_add(x, xb, (int)D);
+        ops_rmsnorm(xb, x, lw->ffn_norm, (int)D, c->rms_eps);
+        break;
+    case STAGE_SWIGLU: ops_swiglu(f->hb + t * F, f->hb + t * F, f->hb2 + t * F, (int)F); break;
+    case STAGE_FFN_RESID: ops_add(x, xb, (int)D); break;
+    }
+}
+
+static void stage_worker(void *ctx, int ith, int nth) {
+    const StageJob *j = ctx;
+    long lo, hi;
+    tpool_split(j->b->n_tok, 1, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++) stage_token(j, (int)t);
+}
+
+static void run_stage(Forward *f, const FwdBatch *b, int il, Stage stage) {
+    StageJob j = {f, b, il, stage};
+    if (b->n_tok == 1) stage_worker(&j, 0, 1);
+    else tpool_run(f->tp, stage_worker, &j);
+}
+
+static void layer_forward(Forward *f, const FwdBatch *b, int il) {
     const ModelConfig *c = &f->m->cfg;
     const LayerWeights *lw = &f->m->layers[il];
-    const int T = b->n_tok, D = c->n_embd;
-    for (int t = 0; t < T; t++)
-        ops_rmsnorm(f->xb + (size_t)t * D, f->x + (size_t)t * D, lw->attn_norm, D, c->rms_eps);
+    const int T = b->n_tok;
+    run_stage(f, b, il, STAGE_ATTN_NORM);
     mm_matmul(f->tp, f->q, &lw->wq, f->xb, T);
     mm_matmul(f->tp, f->k, &lw->wk, f->xb, T);
     mm_matmul(f->tp, f->v, &lw->wv, f->xb, T);
-    add_bias(f->q, lw->bq, T, D);
-    add_bias(f->k, lw->bk, T, c->kv_dim);
-    add_bias(f->v, lw->bv, T, c->kv_dim);
-    const int adjacent = c->rope_style == ROPE_ADJACENT;
-    for (int t = 0; t < T; t++) {
-        ops_rope(f->q + (size_t)t * D, c->n_head, c->head_dim, c->n_rot, f->inv_freq, b->pos[t], adjacent);
-        ops_rope(f->k + (size_t)t * c->kv_dim, c->n_head_kv, c->head_dim, c->n_rot, f->inv_freq, b->pos[t],
-                 adjacent);
-    }
-    store_kv(f, b, il);
+    run_stage(f, b, il, STAGE_QKV_POST);
     const KvPool *p = f->pool;
     AttnKv kv = {p->arenas[il], p->block_bytes, p->block_bytes / 2, p->block_tokens, p->kv_dim, p->kv_type};
     AttnBatch ab = {T, f->q, b->seq, b->pos, b->seqs, c->n_head, c->n_head_kv, c->head_dim};
     attn_forward(f->tp, f->att, &ab, &kv, f->attn_scratch, f->attn_scratch_per_thread);
     mm_matmul(f->tp, f->xb, &lw->wo, f->att, T);
-    ops_add(f->x, f->xb, T * D);
-}
-
-static void layer_ffn(Forward *f, const FwdBatch *b, int il) {
-    const ModelConfig *c = &f->m->cfg;
-    const LayerWeights *lw = &f->m->layers[il];
-    const int T = b->n_tok, D = c->n_embd;
-    for (int t = 0; t < T; t++)
-        ops_rmsnorm(f->xb + (size_t)t * D, f->x + (size_t)t * D, lw->ffn_norm, D, c->rms_eps);
+    run_stage(f, b, il, STAGE_ATTN_RESID);
     mm_matmul(f->tp, f->hb, &lw->w_gate, f->xb, T);
     mm_matmul(f->tp, f->hb2, &lw->w_up, f->xb, T);
-    ops_swiglu(f->hb, f->hb, f->hb2, T * c->n_ff);
+    run_stage(f, b, il, STAGE_SWIGLU);
     mm_matmul(f->tp, f->xb, &lw->w_down, f->hb, T);
-    ops_add(f->x, f->xb, T * D);
+    run_stage(f, b, il, STAGE_FFN_RESID);
 }
 
 /* ---- API ------------------------------------------------------------------ */
@@ -189,10 +226,7 @@ int fwd_run(Forward *f, const FwdBatch *b, const float **logits, MnErr *err) {
     const ModelConfig *c = &f->m->cfg;
     const int D = c->n_embd;
     for (int t = 0; t < b->n_tok; t++) model_embed(f->m, b->tokens[t], f->x + (size_t)t * D);
-    for (int il = 0; il < c->n_layer; il++) {
-        layer_attention(f, b, il);
-        layer_ffn(f, b, il);
-    }
+    for (int il = 0; il < c->n_layer; il++) layer_forward(f, b, il);
     for (int i = 0; i < b->n_logits; i++)
         ops_rmsnorm(f->xl + (size_t)i * D, f->x + (size_t)b->logit_idx[i] * D, f->m->out_norm, D, c->rms_eps);
     if (b->n_logits > 0) mm_matmul(f->tp, f->logits, &f->m->output, f->xl, b->n_logits);
