@@ -7,7 +7,7 @@
 #   make bench      performance figures (see README)
 
 CC      ?= gcc
-PKGS    := libpcre2-8 libxxhash jansson libmicrohttpd libcurl
+PKGS    := libpcre2-8 libxxhash jansson libmicrohttpd libcurl liburing sqlite3
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 BASE    := -std=c17 -ffp-contract=off -D_GNU_SOURCE -Isrc -Itests -pthread $(WARN) $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LIBS    := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -pthread
