@@ -122,16 +122,32 @@ typedef struct Turn {
 } Turn;
 
 /* A request body for msgs (user, assistant, user, ...) as JSON. */
-static char *chat_body(const char *const *msgs, int n, int max_tokens, bool stream) {
+static char *chat_body_ex(const char *const *msgs, int n, int max_tokens, bool stream, double temperature, int seed) {
     json_t *arr = json_array();
     json_array_append_new(arr, json_pack("{s:s,s:s}", "role", "system", "content", "You tell short stories."));
     for (int i = 0; i < n; i++)
         json_array_append_new(arr, json_pack("{s:s,s:s}", "role", i % 2 ? "assistant" : "user", "content", msgs[i]));
-    json_t *req = json_pack("{s:s,s:o,s:i,s:f,s:b,s:b}", "model", "test", "messages", arr, "max_tokens", max_tokens,
-                            "temperature", 0.0, "ignore_eos", 1, "stream", stream);
+    json_t *req = json_pack("{s:s,s:o,s:i,s:f,s:b,s:b,s:i}", "model", "test", "messages", arr, "max_tokens", max_tokens,
+                            "temperature", temperature, "ignore_eos", 1, "stream", stream, "seed", seed);
     char *s = json_dumps(req, 0);
     json_decref(req);
     return s;
+}
+
+static char *chat_body(const char *const *msgs, int n, int max_tokens, bool stream) {
+    return chat_body_ex(msgs, n, max_tokens, stream, 0.0, 1);
+}
+
+/* The whole answer (choices[0].message.content) of a body; malloc'd. */
+static char *whole_answer(const Srv *s, const char *body) {
+    char *out;
+    assert_int_equal(http(s, "/v1/chat/completions", body, NULL, &out, 0), 200);
+    json_t *j = parse(out);
+    char *text = strdup(json_string_value(json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content")));
+    json_decref(j);
+    free(out);
+    return text;
 }
 
 /* In a helper thread (in_thread) failures are returned as the reply text,
@@ -262,11 +278,27 @@ static void test_concurrent(void **st) {
 
 /* ---- streaming ------------------------------------------------------------------ */
 
-static void test_stream(void **st) {
+/* Random-weight models emit byte tokens that do not form valid UTF-8: they
+ * must become U+FFFD the same way in the stream and in the whole answer. */
+/* temperature > 0: sample (seeded) until the answer holds a U+FFFD, so the
+ * replacement of invalid UTF-8 is exercised. */
+static void check_stream(const char *model, double temperature) {
     Srv s;
-    if (srv_start(&s, "stories260K", "") != 0) return;
+    if (srv_start(&s, model, "") != 0) return;
     const char *msgs[1] = {"Once upon a time"};
-    char *body = chat_body(msgs, 1, 40, true), *out;
+    int seed = 1;
+    int n_tokens = temperature > 0 ? 200 : 40;
+    char *whole = NULL;
+    for (; seed <= 30; seed++) {
+        char *wb = chat_body_ex(msgs, 1, n_tokens, false, temperature, seed);
+        whole = whole_answer(&s, wb);
+        free(wb);
+        if (temperature == 0 || strstr(whole, "\xEF\xBF\xBD")) break;
+        free(whole);
+        whole = NULL;
+    }
+    assert_non_null(whole); /* a sampled answer with a replacement character was found */
+    char *body = chat_body_ex(msgs, 1, n_tokens, true, temperature, seed), *out;
     assert_int_equal(http(&s, "/v1/chat/completions", body, NULL, &out, 0), 200);
     /* valid SSE: "data: " lines separated by blank lines, ending with [DONE] */
     char *all = calloc(1, 1);
@@ -291,14 +323,16 @@ static void test_stream(void **st) {
         json_decref(j);
     }
     assert_true(saw_done && saw_finish);
-    Turn t = chat_turn(&s, msgs, 1, 40, NULL);
-    assert_string_equal(all, t.reply);
-    free(t.reply);
+    assert_string_equal(all, whole);
+    free(whole);
     free(all);
     free(out);
     free(body);
     srv_stop(&s);
 }
+
+static void test_stream(void **st) { check_stream("stories260K", 0.0); }
+static void test_stream_bytes(void **st) { check_stream("tiny-llama-spm-q4_0", 2.0); }
 
 /* ---- errors ---------------------------------------------------------------------- */
 
@@ -466,6 +500,7 @@ int main(void) {
         cmocka_unit_test(test_multi_turn_mha_f16),
         cmocka_unit_test(test_concurrent),
         cmocka_unit_test(test_stream),
+        cmocka_unit_test(test_stream_bytes),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_api_keys),
         cmocka_unit_test(test_disconnect_and_queue),
