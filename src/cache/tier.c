@@ -1,0 +1,516 @@
+/* tier.c — the bookkeeping every tier below the pool shares (see tier.h).
+ *
+ * A Tier is a set of runs plus a map from block hash to (run, index). The
+ * runs sit on one LRU list (head = least recently used); tier_put_run
+ * evicts from the head while the budget or the medium (the kind's reserve)
+ * lacks room. The bytes themselves belong to the kind behind TierKindOps
+ * (tier_impl.h): host RAM or disk files.
+ *
+ * Owner: the mover thread; nothing locks (tier.h).
+ *
+ * Invariants (tier_check):
+ *   - every map entry (h -> run, i) has run->hashes[i] == h and run on the
+ *     list; run->n_live is the number of map entries pointing at run, and
+ *     is >= 1 for every listed run (a run with no live block is freed at
+ *     once);
+ *   - occupancy_bytes is the sum of the listed runs' n_bytes and never
+ *     exceeds capacity_bytes;
+ *   - in the error state (is_failed) no call touches the medium.
+ * The map is open addressing with linear probing and backward-shift
+ * deletion (no tombstones), at most half full.
+ */
+#include "cache/tier_impl.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/err.h"
+#include "base/log.h"
+#include "base/mem.h"
+
+/* ---- types --------------------------------------------------------------- */
+
+typedef struct MapSlot {
+    Hash128 key;
+    TierRun *run; /* NULL = empty slot */
+    int32_t index;
+} MapSlot;
+
+struct Tier {
+    const TierKindOps *ops;
+    void *kind;
+    int n_layer;
+    size_t block_bytes;
+    uint64_t capacity_bytes;
+    uint64_t occupancy_bytes;
+    uint64_t n_runs;
+    uint64_t next_run_id;
+    TierRun *lru_head, *lru_tail;
+    MapSlot *map;        /* (map_cap) */
+    uint64_t map_cap;    /* power of two */
+    uint64_t map_count;
+    bool is_failed;
+    TierDropFn drop_fn;
+    void *drop_ctx;
+    /* scratch sized for the largest request so far (no allocation while
+     * evicting) */
+    Hash128 *report;     /* (scratch_cap) live hashes of a run being dropped */
+    TierRun **read_run;  /* (scratch_cap) run of each requested block */
+    int32_t *read_idx;   /* (scratch_cap) its index in that run */
+    int32_t *group_idx, *group_slot; /* (scratch_cap) one run's share */
+    int scratch_cap;
+    TierStats st;        /* counters; the "now" fields are filled by tier_stats */
+};
+
+/* ---- helpers: time, map -------------------------------------------------- */
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t key_hash(const Hash128 *h) {
+    uint64_t a, b;
+    memcpy(&a, h->b, 8);
+    memcpy(&b, h->b + 8, 8);
+    uint64_t x = a ^ (b * 0x9e3779b97f4a7c15ull); /* hashes are already mixed; */
+    x ^= x >> 31;                                  /* this only guards tests' */
+    x *= 0xbf58476d1ce4e5b9ull;                    /* hand-made ones */
+    x ^= x >> 29;
+    return x;
+}
+
+/* Slot of h, or the empty slot where it would go. */
+static uint64_t map_find(const Tier *t, const Hash128 *h) {
+    uint64_t mask = t->map_cap - 1, i = key_hash(h) & mask;
+    while (t->map[i].run != NULL && !hash128_eq(&t->map[i].key, h)) i = (i + 1) & mask;
+    return i;
+}
+
+static MapSlot *map_get(const Tier *t, const Hash128 *h) {
+    MapSlot *s = &t->map[map_find(t, h)];
+    return s->run != NULL ? s : NULL;
+}
+
+/* Room for `more` new keys without exceeding half full. */
+static int map_reserve(Tier *t, uint64_t more) {
+    uint64_t cap = t->map_cap;
+    while (2 * (t->map_count + more) > cap) cap *= 2;
+    if (cap == t->map_cap) return MN_OK;
+    MapSlot *old = t->map;
+    uint64_t old_cap = t->map_cap;
+    MapSlot *m = mn_calloc(cap, sizeof *m);
+    if (m == NULL) return MN_ENOMEM;
+    t->map = m;
+    t->map_cap = cap;
+    for (uint64_t i = 0; i < old_cap; i++)
+        if (old[i].run != NULL) t->map[map_find(t, &old[i].key)] = old[i];
+    mn_free(old);
+    return MN_OK;
+}
+
+/* Remove the entry in slot i, shifting later entries of its probe chain. */
+static void map_delete_at(Tier *t, uint64_t i) {
+    uint64_t mask = t->map_cap - 1, j = i;
+    for (;;) {
+        t->map[i].run = NULL;
+        for (;;) {
+            j = (j + 1) & mask;
+            if (t->map[j].run == NULL) {
+                t->map_count--;
+                return;
+            }
+            uint64_t home = key_hash(&t->map[j].key) & mask;
+            /* j's entry may move to i when its home is not in (i, j] */
+            bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+            if (!stays) break;
+        }
+        t->map[i] = t->map[j];
+        i = j;
+    }
+}
+
+/* ---- helpers: runs ------------------------------------------------------- */
+
+static void lru_unlink(Tier *t, TierRun *r) {
+    if (r->lru_prev) r->lru_prev->lru_next = r->lru_next;
+    else t->lru_head = r->lru_next;
+    if (r->lru_next) r->lru_next->lru_prev = r->lru_prev;
+    else t->lru_tail = r->lru_prev;
+    r->lru_prev = r->lru_next = NULL;
+}
+
+static void lru_push_mru(Tier *t, TierRun *r) {
+    r->lru_next = NULL;
+    r->lru_prev = t->lru_tail;
+    if (t->lru_tail) t->lru_tail->lru_next = r;
+    else t->lru_head = r;
+    t->lru_tail = r;
+}
+
+/* Unlink a listed run, free its room and the struct. */
+static void run_destroy(Tier *t, TierRun *r) {
+    lru_unlink(t, r);
+    t->ops->release(t->kind, r);
+    t->occupancy_bytes -= r->n_bytes;
+    t->n_runs--;
+    mn_free(r);
+}
+
+/* Drop a listed run: unmap its live blocks, report them when why != 0,
+ * destroy it. Returns the number of live blocks it had. */
+static int run_drop(Tier *t, TierRun *r, TierDropReason why) {
+    int n_report = 0;
+    for (int i = 0; i < r->n_blocks; i++) {
+        uint64_t s = map_find(t, &r->hashes[i]);
+        if (t->map[s].run == r && t->map[s].index == i) {
+            t->report[n_report++] = r->hashes[i]; /* scratch_cap >= every run's n_blocks */
+            map_delete_at(t, s);
+        }
+    }
+    assert(n_report == r->n_live);
+    run_destroy(t, r);
+    if (why != 0 && n_report > 0 && t->drop_fn != NULL) t->drop_fn(t->drop_ctx, t->report, n_report, why);
+    return n_report;
+}
+
+static void evict_lru(Tier *t) {
+    TierRun *r = t->lru_head;
+    int n = run_drop(t, r, TIER_DROP_EVICTED);
+    t->st.n_evicted_runs++;
+    t->st.n_evicted_blocks += (uint64_t)n;
+}
+
+static int enter_failed(Tier *t, const char *what) {
+    if (!t->is_failed) {
+        LOG_ERROR("%s tier: I/O error while %s; the tier is off until reset", t->ops->name, what);
+        t->st.n_io_errors++;
+    }
+    t->is_failed = true;
+    return MN_EIO;
+}
+
+static int scratch_reserve(Tier *t, int n) {
+    if (n <= t->scratch_cap) return MN_OK;
+    int cap = t->scratch_cap ? t->scratch_cap : 16;
+    while (cap < n) cap = cap > (1 << 29) ? n : 2 * cap;
+    Hash128 *report = mn_realloc(t->report, (size_t)cap * sizeof *report);
+    if (report) t->report = report;
+    TierRun **rr = mn_realloc(t->read_run, (size_t)cap * sizeof *rr);
+    if (rr) t->read_run = rr;
+    int32_t *ri = mn_realloc(t->read_idx, (size_t)cap * sizeof *ri);
+    if (ri) t->read_idx = ri;
+    int32_t *gi = mn_realloc(t->group_idx, (size_t)cap * sizeof *gi);
+    if (gi) t->group_idx = gi;
+    int32_t *gs = mn_realloc(t->group_slot, (size_t)cap * sizeof *gs);
+    if (gs) t->group_slot = gs;
+    if (!report || !rr || !ri || !gi || !gs) return MN_ENOMEM;
+    t->scratch_cap = cap;
+    return MN_OK;
+}
+
+static bool pool_fits(const Tier *t, const KvPool *pool, const int32_t *slots, int n) {
+    if (pool == NULL || slots == NULL || pool->n_layer != t->n_layer || pool->block_bytes != t->block_bytes)
+        return false;
+    for (int i = 0; i < n; i++)
+        if (slots[i] < 0 || slots[i] >= pool->n_blocks) return false;
+    return true;
+}
+
+/* ---- construction -------------------------------------------------------- */
+
+int tier_new_kind(const TierKindOps *ops, void *kind, int n_layer, size_t block_bytes, uint64_t capacity_bytes,
+                  Tier **out) {
+    *out = NULL;
+    if (n_layer < 1 || block_bytes == 0 || capacity_bytes == 0) {
+        ops->free(kind);
+        return MN_EINVAL;
+    }
+    Tier *t = mn_calloc(1, sizeof *t);
+    MapSlot *map = mn_calloc(64, sizeof *map);
+    if (t == NULL || map == NULL) {
+        mn_free(t);
+        mn_free(map);
+        ops->free(kind);
+        return MN_ENOMEM;
+    }
+    t->ops = ops;
+    t->kind = kind;
+    t->n_layer = n_layer;
+    t->block_bytes = block_bytes;
+    t->capacity_bytes = capacity_bytes;
+    t->next_run_id = 1;
+    t->map = map;
+    t->map_cap = 64;
+    t->st.name = ops->name;
+    *out = t;
+    return MN_OK;
+}
+
+void tier_free(Tier *t) {
+    if (t == NULL) return;
+    while (t->lru_head) run_destroy(t, t->lru_head);
+    t->ops->free(t->kind);
+    mn_free(t->map);
+    mn_free(t->report);
+    mn_free(t->read_run);
+    mn_free(t->read_idx);
+    mn_free(t->group_idx);
+    mn_free(t->group_slot);
+    mn_free(t);
+}
+
+const TierKindOps *tier_kind_ops(const Tier *t) { return t->ops; }
+void *tier_kind(const Tier *t) { return t->kind; }
+const char *tier_name(const Tier *t) { return t->ops->name; }
+
+void tier_set_drop_fn(Tier *t, TierDropFn fn, void *ctx) {
+    t->drop_fn = fn;
+    t->drop_ctx = ctx;
+}
+
+TierRun *tier_find_run(const Tier *t, const Hash128 *hash, int *index) {
+    MapSlot *s = map_get(t, hash);
+    if (s == NULL) return NULL;
+    if (index) *index = s->index;
+    return s->run;
+}
+
+/* ---- put ----------------------------------------------------------------- */
+
+int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *pool, const int32_t *slots) {
+    if (t->is_failed) return MN_EIO;
+    if (n_blocks < 1 || hashes == NULL || !pool_fits(t, pool, slots, n_blocks)) return MN_EINVAL;
+    uint64_t need = t->ops->run_bytes(t->kind, n_blocks);
+    if (need > t->capacity_bytes) {
+        t->st.n_puts_full++;
+        return MN_EFULL;
+    }
+    int rc = scratch_reserve(t, n_blocks);
+    if (rc == MN_OK) rc = map_reserve(t, (uint64_t)n_blocks);
+    if (rc != MN_OK) return rc;
+    TierRun *r = mn_malloc(sizeof *r + (size_t)n_blocks * sizeof(Hash128));
+    if (r == NULL) return MN_ENOMEM;
+    memset(r, 0, sizeof *r);
+    r->id = t->next_run_id++;
+    r->n_blocks = n_blocks;
+    r->n_bytes = need;
+    memcpy(r->hashes, hashes, (size_t)n_blocks * sizeof(Hash128));
+
+    /* room: first the budget, then the medium */
+    while (t->occupancy_bytes + need > t->capacity_bytes) evict_lru(t); /* need <= capacity: ends */
+    for (;;) {
+        rc = t->ops->reserve(t->kind, r);
+        if (rc != MN_EFULL || t->lru_head == NULL) break;
+        evict_lru(t);
+    }
+    if (rc != MN_OK) {
+        mn_free(r);
+        if (rc == MN_EFULL) t->st.n_puts_full++;
+        return rc == MN_EIO ? enter_failed(t, "reserving room") : rc;
+    }
+
+    uint64_t io_bytes = 0;
+    double t0 = now_seconds();
+    rc = t->ops->write(t->kind, r, pool, slots, &io_bytes);
+    double dt = now_seconds() - t0;
+    if (rc != MN_OK) {
+        t->ops->release(t->kind, r);
+        mn_free(r);
+        if (rc == MN_EFULL) t->st.n_puts_full++;
+        return rc == MN_EIO ? enter_failed(t, "writing a run") : rc;
+    }
+    t->st.bytes_written += io_bytes;
+    t->st.write_seconds += dt;
+    t->st.n_puts++;
+
+    lru_push_mru(t, r);
+    t->occupancy_bytes += need;
+    t->n_runs++;
+    /* map the blocks here; an older run that loses its last live block to
+     * this one goes (its blocks are still held, so nothing is reported) */
+    for (int i = 0; i < n_blocks; i++) {
+        uint64_t s = map_find(t, &hashes[i]);
+        MapSlot *ms = &t->map[s];
+        if (ms->run != NULL) {
+            TierRun *old = ms->run;
+            old->n_live--;
+            if (old != r && old->n_live == 0) run_destroy(t, old);
+        } else {
+            ms->key = hashes[i];
+            t->map_count++;
+        }
+        ms->run = r;
+        ms->index = i;
+        r->n_live++;
+    }
+    return MN_OK;
+}
+
+/* ---- lookups ------------------------------------------------------------- */
+
+bool tier_has(const Tier *t, const Hash128 *hash) { return map_get(t, hash) != NULL; }
+
+int tier_locate(const Tier *t, const Hash128 *hash, TierLoc *out) {
+    MapSlot *s = map_get(t, hash);
+    if (s == NULL) return MN_ENOTFOUND;
+    out->run_id = s->run->id;
+    out->index = s->index;
+    out->n_blocks = s->run->n_blocks;
+    return MN_OK;
+}
+
+/* ---- read ---------------------------------------------------------------- */
+
+int tier_read_layer(Tier *t, const Hash128 *hashes, int n_blocks, int layer, KvPool *pool, const int32_t *slots) {
+    if (t->is_failed) return MN_EIO;
+    if (n_blocks < 1 || hashes == NULL || layer < 0 || layer >= t->n_layer || !pool_fits(t, pool, slots, n_blocks))
+        return MN_EINVAL;
+    int rc = scratch_reserve(t, n_blocks);
+    if (rc != MN_OK) return rc;
+    for (int i = 0; i < n_blocks; i++) {
+        MapSlot *s = map_get(t, &hashes[i]);
+        if (s == NULL) return MN_ENOTFOUND;
+        t->read_run[i] = s->run;
+        t->read_idx[i] = s->index;
+    }
+    /* one kind call per run touched, with that run's share of the request */
+    for (int i = 0; i < n_blocks; i++) {
+        TierRun *r = t->read_run[i];
+        if (r == NULL) continue;
+        int n = 0;
+        for (int j = i; j < n_blocks; j++)
+            if (t->read_run[j] == r) {
+                t->group_idx[n] = t->read_idx[j];
+                t->group_slot[n] = slots[j];
+                n++;
+                t->read_run[j] = NULL;
+            }
+        uint64_t io_bytes = 0;
+        double t0 = now_seconds();
+        rc = t->ops->read_layer(t->kind, r, layer, t->group_idx, t->group_slot, n, pool, &io_bytes);
+        t->st.read_seconds += now_seconds() - t0;
+        t->st.bytes_read += io_bytes;
+        if (rc == MN_ECHECKSUM) {
+            LOG_WARN("%s tier: layer %d of run %llu failed its checksum; dropping the run", t->ops->name, layer,
+                     (unsigned long long)r->id);
+            t->st.n_checksum_failures++;
+            run_drop(t, r, TIER_DROP_CHECKSUM);
+            return rc;
+        }
+        if (rc == MN_EIO) return enter_failed(t, "reading a layer");
+        if (rc != MN_OK) return rc;
+        lru_unlink(t, r);
+        lru_push_mru(t, r);
+    }
+    t->st.n_layer_reads++;
+    return MN_OK;
+}
+
+/* ---- drop, reset ----------------------------------------------------------- */
+
+int tier_drop(Tier *t, const Hash128 *hash) {
+    uint64_t s = map_find(t, hash);
+    TierRun *r = t->map[s].run;
+    if (r == NULL) return MN_ENOTFOUND;
+    map_delete_at(t, s);
+    if (--r->n_live == 0) run_destroy(t, r);
+    return MN_OK;
+}
+
+int tier_drop_run(Tier *t, const Hash128 *hash) {
+    MapSlot *s = map_get(t, hash);
+    if (s == NULL) return MN_ENOTFOUND;
+    run_drop(t, s->run, TIER_DROP_CALLER);
+    return MN_OK;
+}
+
+int tier_reset(Tier *t) {
+    while (t->lru_head) run_drop(t, t->lru_head, TIER_DROP_CALLER);
+    int rc = t->ops->reset ? t->ops->reset(t->kind) : MN_OK;
+    if (rc != MN_OK) { /* the kind could not start over: stay (or become) failed */
+        enter_failed(t, "resetting");
+        return rc;
+    }
+    t->is_failed = false;
+    return MN_OK;
+}
+
+/* ---- stats, check, dump ---------------------------------------------------- */
+
+void tier_stats(const Tier *t, TierStats *out) {
+    *out = t->st;
+    out->capacity_bytes = t->capacity_bytes;
+    out->occupancy_bytes = t->occupancy_bytes;
+    out->n_runs = t->n_runs;
+    out->n_blocks = t->map_count;
+    out->is_failed = t->is_failed;
+}
+
+void tier_dump(const Tier *t) {
+    fprintf(stderr, "Tier %s: %d layers, %zu bytes/block/layer; %llu of %llu bytes in %llu runs, %llu blocks%s\n",
+            t->ops->name, t->n_layer, t->block_bytes, (unsigned long long)t->occupancy_bytes,
+            (unsigned long long)t->capacity_bytes, (unsigned long long)t->n_runs,
+            (unsigned long long)t->map_count, t->is_failed ? " FAILED" : "");
+    const TierStats *s = &t->st;
+    fprintf(stderr,
+            "  puts %llu (full %llu), layer reads %llu, written %llu B in %.6f s, read %llu B in %.6f s, "
+            "evicted %llu runs / %llu blocks, checksum failures %llu, io errors %llu\n",
+            (unsigned long long)s->n_puts, (unsigned long long)s->n_puts_full, (unsigned long long)s->n_layer_reads,
+            (unsigned long long)s->bytes_written, s->write_seconds, (unsigned long long)s->bytes_read, s->read_seconds,
+            (unsigned long long)s->n_evicted_runs, (unsigned long long)s->n_evicted_blocks,
+            (unsigned long long)s->n_checksum_failures, (unsigned long long)s->n_io_errors);
+    int k = 0;
+    for (const TierRun *r = t->lru_head; r != NULL; r = r->lru_next, k++) {
+        if (k == 64) {
+            fprintf(stderr, "  ... (%llu runs in all)\n", (unsigned long long)t->n_runs);
+            break;
+        }
+        char hex[33];
+        hash128_hex(&r->hashes[0], hex);
+        fprintf(stderr, "  run %llu: %d blocks (%d live), %llu bytes, first %s\n", (unsigned long long)r->id,
+                r->n_blocks, r->n_live, (unsigned long long)r->n_bytes, hex);
+    }
+    if (t->ops->dump) t->ops->dump(t->kind);
+}
+
+static void check_fail(const Tier *t, const char *what) {
+    tier_dump(t);
+    fprintf(stderr, "tier_check: %s\n", what);
+    abort();
+}
+
+void tier_check(const Tier *t) {
+    uint64_t n_runs = 0, bytes = 0;
+    for (TierRun *r = t->lru_head; r != NULL; r = r->lru_next) {
+        if (r->lru_next ? r->lru_next->lru_prev != r : t->lru_tail != r) check_fail(t, "broken LRU links");
+        r->check_live = 0;
+        n_runs++;
+        bytes += r->n_bytes;
+    }
+    if (n_runs != t->n_runs) check_fail(t, "run count");
+    if (bytes != t->occupancy_bytes) check_fail(t, "occupancy is not the sum of the runs");
+    if (t->occupancy_bytes > t->capacity_bytes) check_fail(t, "occupancy over the budget");
+    uint64_t n_map = 0;
+    for (uint64_t i = 0; i < t->map_cap; i++) {
+        const MapSlot *s = &t->map[i];
+        if (s->run == NULL) continue;
+        n_map++;
+        if (map_find(t, &s->key) != i) check_fail(t, "map entry unreachable from its home");
+        if (s->index < 0 || s->index >= s->run->n_blocks || !hash128_eq(&s->run->hashes[s->index], &s->key))
+            check_fail(t, "map entry disagrees with its run");
+        s->run->check_live++;
+    }
+    if (n_map != t->map_count || 2 * n_map > t->map_cap) check_fail(t, "map count");
+    uint64_t n_seen = 0;
+    for (TierRun *r = t->lru_head; r != NULL; r = r->lru_next) {
+        if (r->check_live != r->n_live || r->n_live < 1) check_fail(t, "run live count");
+        n_seen += (uint64_t)r->check_live;
+    }
+    if (n_seen != n_map) check_fail(t, "map entry pointing at a run not listed");
+    if (t->ops->check) t->ops->check(t->kind, t->occupancy_bytes);
+}

@@ -1,0 +1,187 @@
+/* tier.h — the stores below the compute pool: one interface for every tier.
+ *
+ * A tier holds RUNS: n consecutive blocks of one sequence, named by their
+ * block hashes (index.h), copied out of the pool in one piece and stored
+ * layer-major ([layer][block]), so one layer of a run is one contiguous
+ * extent that can be restored — and used by the forward pass — before the
+ * next layer has arrived. Every tier is exact: a block comes back bit for
+ * bit as it went in.
+ *
+ * The bookkeeping (which block is in which run, LRU order, byte budget,
+ * eviction, counters, the sticky error state) is common to all tiers and
+ * lives in tier.c; a tier kind (tier_ram.c, tier_disk.c) only stores and
+ * fetches bytes, behind the backend contract in tier_impl.h.
+ *
+ * Life cycle of a run:
+ *
+ *            tier_put_run                tier_read_layer (moves it to MRU)
+ *   (none) ---------------> STORED ----------------------------+
+ *                            |  ^                               |
+ *                            |  +-------------------------------+
+ *                            |
+ *                            +--> (gone) by: eviction inside tier_put_run
+ *                                 (least recently used first), tier_drop_run,
+ *                                 tier_drop of its last live block, a checksum
+ *                                 failure in tier_read_layer, tier_reset
+ *
+ * A block hash maps to at most one run. Putting a run that contains blocks
+ * already held moves them to the new run (the new copy wins); a run none of
+ * whose blocks is mapped any more is freed at once.
+ *
+ * Reads may name any held blocks, in any order, spread over any number of
+ * stored runs (blocks 3..9 when runs hold 0..5 and 6..12 is fine). A layer
+ * is verified as a whole extent of its run, so a read that needs only part
+ * of a run still fetches (and counts) that run's whole layer extent: ask for
+ * whole runs (tier_locate tells a block's run) to move no extra bytes.
+ *
+ * Blocks that leave a tier are reported through the drop callback
+ * (tier_set_drop_fn) — evictions, checksum failures, tier_drop_run,
+ * tier_reset — except the block named in a tier_drop call, which the caller
+ * already knows about. The callback runs inside the tier call that dropped
+ * them and must not call back into the tier. An eviction inside
+ * tier_put_run may report blocks that the same put then stores again:
+ * record the put's blocks after it returns.
+ *
+ * Threads: a Tier belongs to one thread (the mover) — every function here,
+ * tier_stats included, is called from it; nothing locks. tier_put_run reads
+ * and tier_read_layer writes the given pool slots' bytes: the caller keeps
+ * those slots referenced and out of the engine's way meanwhile.
+ *
+ * Errors: MN_EIO from a device is sticky: the tier then refuses every call
+ * with MN_EIO until tier_reset (SQLite's pager error state). MN_EFULL and
+ * MN_ECHECKSUM are not sticky: the tier keeps working.
+ */
+#ifndef MN_TIER_H
+#define MN_TIER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "base/hash.h"
+#include "cache/aio.h"
+#include "cache/kv_pool.h"
+
+typedef struct Tier Tier;
+
+typedef enum TierDropReason {
+    TIER_DROP_EVICTED = 1, /* made room for a put */
+    TIER_DROP_CHECKSUM,    /* a layer failed its checksum: never used again */
+    TIER_DROP_CALLER,      /* tier_drop_run, tier_reset */
+} TierDropReason;
+
+/* Blocks hashes[0..n_hashes) left the tier (the live blocks of one run). */
+typedef void (*TierDropFn)(void *ctx, const Hash128 *hashes, int n_hashes, TierDropReason why);
+
+/* Where a held block lives. */
+typedef struct TierLoc {
+    uint64_t run_id;   /* unique within the tier's lifetime */
+    int index;         /* the block's position in its run */
+    int n_blocks;      /* blocks in the run (live or not) */
+} TierLoc;
+
+/* Counters since the tier was created (reset does not clear them), for
+ * /metrics (mnemo_tier_*). Bandwidth = bytes / seconds. */
+typedef struct TierStats {
+    const char *name;          /* "ram", "disk" */
+    uint64_t capacity_bytes;   /* the byte budget */
+    uint64_t occupancy_bytes;  /* bytes of stored runs, padding included */
+    uint64_t n_runs;           /* runs stored now */
+    uint64_t n_blocks;         /* live blocks stored now */
+    uint64_t bytes_written, bytes_read;  /* moved to / from the medium */
+    double write_seconds, read_seconds;  /* wall time of puts / layer reads */
+    uint64_t n_puts, n_layer_reads;      /* successful calls */
+    uint64_t n_puts_full;                /* puts refused with MN_EFULL */
+    uint64_t n_evicted_runs, n_evicted_blocks;
+    uint64_t n_checksum_failures;        /* layer extents that failed */
+    uint64_t n_io_errors;                /* sticky failures entered */
+    bool is_failed;                      /* in the sticky error state now */
+} TierStats;
+
+/* ---- constructors ---------------------------------------------------------- */
+
+/* Host RAM: runs in heap buffers, at most capacity_bytes of them (LRU
+ * eviction). The tier stores blocks of pools with these n_layer and
+ * block_bytes only. MN_EINVAL, MN_ENOMEM; *out NULL on failure. */
+int tier_ram_new(int n_layer, size_t block_bytes, uint64_t capacity_bytes, Tier **out);
+
+typedef struct TierDiskConfig {
+    const char *dir;           /* created (one level) if missing */
+    uint64_t capacity_bytes;   /* data bytes budget (slab headers extra) */
+    int n_layer;
+    size_t block_bytes;
+    Hash128 model_fingerprint; /* stamped in slab headers and run records */
+    uint32_t kv_format;        /* index_kv_format() */
+    uint64_t slab_bytes;       /* data bytes per slab file; 0 = 256 MiB */
+    AioBackend aio_backend;    /* AIO_BACKEND_AUTO normally */
+    int queue_depth;           /* requests in flight; 0 = 32 */
+    bool is_durable;           /* fdatasync each run before it is visible */
+} TierDiskConfig;
+
+/* Files under cfg->dir, written and read with aio (O_DIRECT where the
+ * filesystem allows). Format: top of tier_disk.c. MN_EINVAL (bad sizes,
+ * with a message in err), MN_EIO / MN_ENOTFOUND (directory), MN_ENOMEM. */
+int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err);
+
+void tier_free(Tier *t); /* NULL is fine; no drop callbacks */
+
+/* ---- operations ------------------------------------------------------------ */
+
+/* Report dropped blocks to fn (see above); fn NULL to stop. */
+void tier_set_drop_fn(Tier *t, TierDropFn fn, void *ctx);
+
+/* Copy the run of n_blocks blocks (hashes[i] lives in pool slot slots[i],
+ * all layers) into the tier, evicting least recently used runs while the
+ * budget or the medium lacks room. MN_OK: every hashes[i] is held, in this
+ * run. MN_EFULL: the run cannot fit at all (bigger than the budget, or the
+ * medium is out of space even with everything evicted) — not stored, the
+ * tier keeps working. MN_EINVAL: n_blocks < 1, a slot out of range, a pool
+ * of another geometry. MN_ENOMEM, MN_EIO (sticky). */
+int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *pool, const int32_t *slots);
+
+/* Whether the block is held. */
+bool tier_has(const Tier *t, const Hash128 *hash);
+/* Where the block is held: MN_OK and *out, or MN_ENOTFOUND. */
+int tier_locate(const Tier *t, const Hash128 *hash, TierLoc *out);
+
+/* Restore layer `layer` of the blocks hashes[0..n_blocks) into pool slots
+ * slots[i], verifying each stored extent as it arrives. MN_OK: those bytes
+ * are in the pool and the runs touched become most recently used.
+ * MN_ENOTFOUND: a block is not held (nothing read). MN_ECHECKSUM: a stored
+ * extent failed its check — its run is dropped (reported) and counted; the
+ * slots' contents are then undefined. MN_EINVAL, MN_ENOMEM, MN_EIO
+ * (sticky). */
+int tier_read_layer(Tier *t, const Hash128 *hashes, int n_blocks, int layer, KvPool *pool, const int32_t *slots);
+
+/* Forget one block (its run's storage is freed with its last live block).
+ * MN_OK or MN_ENOTFOUND. */
+int tier_drop(Tier *t, const Hash128 *hash);
+/* Forget the whole run holding this block; all its live blocks, the named
+ * one included, are reported (TIER_DROP_CALLER). MN_OK or MN_ENOTFOUND. */
+int tier_drop_run(Tier *t, const Hash128 *hash);
+
+/* Drop everything (reported) and leave the error state; the disk tier
+ * starts over with fresh files and a fresh Aio. MN_OK, or the code of
+ * what failed while starting over (the tier is then in the error state). */
+int tier_reset(Tier *t);
+
+void tier_stats(const Tier *t, TierStats *out);
+const char *tier_name(const Tier *t);
+
+/* Check every invariant (map against runs, counts, occupancy within the
+ * budget, the kind's own); aborts with a dump on a broken one. */
+void tier_check(const Tier *t);
+/* Print the tier's runs and counters to stderr (gdb, failing tests). */
+void tier_dump(const Tier *t);
+
+/* ---- disk tier, for tests and tools ----------------------------------------- */
+
+/* The Aio the disk tier uses (fault injection in tests); NULL for others. */
+Aio *tier_disk_aio(Tier *t);
+/* The data file and extent holding layer `layer` of the run that holds
+ * hash: path (NUL-terminated, truncated to cap), file offset, length.
+ * MN_ENOTFOUND, MN_EINVAL (not a disk tier, bad layer). */
+int tier_disk_extent(const Tier *t, const Hash128 *hash, int layer, char *path, size_t cap, uint64_t *offset,
+                     uint64_t *len);
+
+#endif

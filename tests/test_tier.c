@@ -1,0 +1,994 @@
+/* test_tier.c — the tiers below the pool and their aio layer.
+ *
+ * aio: batches larger than the queue depth round-trip bit for bit, both
+ * backends; misaligned requests are refused; end of file, injected ENOSPC,
+ * EDQUOT and EIO come back as the right MN_* codes; an O_DIRECT open that
+ * fails with EINVAL falls back to buffered.
+ * Tiers (RAM, disk over io_uring, disk over the sync backend): runs of a
+ * real KvPool with random contents come back bit-exact, layer by layer,
+ * into other slots and across runs; LRU eviction under a small budget;
+ * has / locate / drop / drop_run and re-put semantics; stats counters.
+ * Disk only: a corrupted byte is a checksum failure (counted, run dropped,
+ * tier still working), a truncated file too; ENOSPC (injected into writes
+ * and into the slab's fallocate) refuses the put with MN_EFULL and the
+ * tier keeps working; EIO is sticky until tier_reset. A randomized test
+ * runs each tier beside a trivially correct model (block id -> content,
+ * held or not) and compares every result.
+ */
+#include "test_util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/err.h"
+#include "base/hash.h"
+#include "base/mem.h"
+#include "cache/aio.h"
+#include "cache/kv_pool.h"
+#include "cache/tier.h"
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* A block hash that carries its id in the first four bytes. */
+static Hash128 h_of(uint32_t id) {
+    Hash128 h;
+    memset(h.b, 0xa5, 16);
+    for (int i = 0; i < 4; i++) h.b[i] = (uint8_t)(id >> (8 * i));
+    return h;
+}
+
+static uint32_t id_of(const Hash128 *h) {
+    return (uint32_t)h->b[0] | (uint32_t)h->b[1] << 8 | (uint32_t)h->b[2] << 16 | (uint32_t)h->b[3] << 24;
+}
+
+/* The content of block `id` in layer l: a pure function of (id, l). */
+static void content_of(uint32_t id, int layer, uint8_t *out, size_t n) {
+    uint64_t s = ((uint64_t)id << 20) ^ (uint64_t)layer * 0x51ed27u;
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t v = splitmix(&s);
+        size_t k = n - i < 8 ? n - i : 8;
+        memcpy(out + i, &v, k);
+    }
+}
+
+static void fill_slot(KvPool *p, int32_t slot, uint32_t id) {
+    for (int l = 0; l < p->n_layer; l++) content_of(id, l, kvpool_k(p, l, slot), p->block_bytes);
+}
+
+static bool slot_is(const KvPool *p, int layer, int32_t slot, uint32_t id) {
+    uint8_t want[8192];
+    assert_true(p->block_bytes <= sizeof want);
+    content_of(id, layer, want, p->block_bytes);
+    return memcmp(want, kvpool_k(p, layer, slot), p->block_bytes) == 0;
+}
+
+static void scramble_pool(KvPool *p, uint64_t seed) {
+    for (int l = 0; l < p->n_layer; l++)
+        for (size_t i = 0; i < (size_t)p->n_blocks * p->block_bytes; i++) p->arenas[l][i] = (uint8_t)splitmix(&seed);
+}
+
+static void rm_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d != NULL) {
+        struct dirent *e;
+        char path[512];
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+/* ---- tiers under test ------------------------------------------------------ */
+
+typedef enum { KIND_RAM, KIND_DISK } Kind;
+
+typedef struct Param {
+    Kind kind;
+    AioBackend backend;
+} Param;
+
+static const Param P_RAM = {KIND_RAM, AIO_BACKEND_AUTO};
+static const Param P_DISK_URING = {KIND_DISK, AIO_BACKEND_URING};
+static const Param P_DISK_SYNC = {KIND_DISK, AIO_BACKEND_SYNC};
+static const Param P_URING = {KIND_DISK, AIO_BACKEND_URING};
+static const Param P_SYNC = {KIND_DISK, AIO_BACKEND_SYNC};
+
+typedef struct Fixture {
+    Tier *tier;
+    char dir[64];
+    bool has_dir;
+} Fixture;
+
+/* Bytes a run of n blocks takes in this kind of tier. */
+static uint64_t run_bytes(const Param *pa, const KvPool *p, int n) {
+    uint64_t payload = (uint64_t)n * p->block_bytes;
+    if (pa->kind == KIND_DISK) payload = (payload + 4095) & ~(uint64_t)4095;
+    return payload * (uint64_t)p->n_layer;
+}
+
+static void fx_open(Fixture *fx, const Param *pa, const KvPool *p, uint64_t capacity, uint64_t slab_bytes,
+                    bool is_durable) {
+    memset(fx, 0, sizeof *fx);
+    if (pa->kind == KIND_RAM) {
+        assert_int_equal(tier_ram_new(p->n_layer, p->block_bytes, capacity, &fx->tier), MN_OK);
+        return;
+    }
+    strcpy(fx->dir, "/tmp/mnemo-tier-XXXXXX");
+    assert_non_null(mkdtemp(fx->dir));
+    fx->has_dir = true;
+    TierDiskConfig cfg = {
+        .dir = fx->dir,
+        .capacity_bytes = capacity,
+        .n_layer = p->n_layer,
+        .block_bytes = p->block_bytes,
+        .kv_format = 1 | (uint32_t)p->block_tokens << 8,
+        .slab_bytes = slab_bytes,
+        .aio_backend = pa->backend,
+        .queue_depth = 4,
+        .is_durable = is_durable,
+    };
+    memset(cfg.model_fingerprint.b, 0x3c, 16);
+    MnErr err = {0};
+    int rc = tier_disk_new(&cfg, &fx->tier, &err);
+    if (rc != MN_OK) fail_msg("tier_disk_new: %s", err.msg);
+    Aio *a = tier_disk_aio(fx->tier);
+    assert_non_null(a);
+    assert_int_equal(aio_backend(a), pa->backend);
+}
+
+static void fx_close(Fixture *fx) {
+    tier_free(fx->tier);
+    fx->tier = NULL;
+    if (fx->has_dir) rm_dir(fx->dir);
+}
+
+/* Put blocks ids[0..n) from pool slots (filled with their content here). */
+static int put_ids(Tier *t, KvPool *p, const uint32_t *ids, const int32_t *slots, int n) {
+    Hash128 h[64];
+    assert_true(n <= 64);
+    for (int i = 0; i < n; i++) {
+        h[i] = h_of(ids[i]);
+        fill_slot(p, slots[i], ids[i]);
+    }
+    return tier_put_run(t, h, n, p, slots);
+}
+
+static int put_range(Tier *t, KvPool *p, uint32_t first, int n, int32_t first_slot) {
+    uint32_t ids[64];
+    int32_t slots[64];
+    for (int i = 0; i < n; i++) {
+        ids[i] = first + (uint32_t)i;
+        slots[i] = (first_slot + i) % p->n_blocks;
+    }
+    return put_ids(t, p, ids, slots, n);
+}
+
+static int read_ids(Tier *t, KvPool *p, const uint32_t *ids, const int32_t *slots, int n, int layer) {
+    Hash128 h[64];
+    for (int i = 0; i < n; i++) h[i] = h_of(ids[i]);
+    return tier_read_layer(t, h, n, layer, p, slots);
+}
+
+/* Read every layer of ids [first, first+n) into slots from `dst` on and
+ * check the bytes. */
+static void expect_range(Tier *t, KvPool *p, uint32_t first, int n, int32_t dst) {
+    uint32_t ids[64];
+    int32_t slots[64];
+    for (int i = 0; i < n; i++) {
+        ids[i] = first + (uint32_t)i;
+        slots[i] = (dst + i) % p->n_blocks;
+    }
+    for (int l = 0; l < p->n_layer; l++) {
+        int rc = read_ids(t, p, ids, slots, n, l);
+        if (rc != MN_OK) {
+            tier_dump(t);
+            fail_msg("read layer %d of %u..%u: %s", l, first, first + (uint32_t)n - 1, mn_strerror(rc));
+        }
+        for (int i = 0; i < n; i++) assert_true(slot_is(p, l, slots[i], ids[i]));
+    }
+}
+
+/* Drop callback that records what it saw. */
+typedef struct Drops {
+    int n_calls, n_blocks;
+    TierDropReason last_why;
+    uint32_t ids[256];
+    bool *held; /* when set, clears the model's flags */
+} Drops;
+
+static void on_drop(void *ctx, const Hash128 *hashes, int n, TierDropReason why) {
+    Drops *d = ctx;
+    d->n_calls++;
+    d->last_why = why;
+    for (int i = 0; i < n; i++) {
+        uint32_t id = id_of(&hashes[i]);
+        if (d->n_blocks < 256) d->ids[d->n_blocks] = id;
+        d->n_blocks++;
+        if (d->held) d->held[id] = false;
+    }
+}
+
+static bool dropped(const Drops *d, uint32_t id) {
+    for (int i = 0; i < d->n_blocks && i < 256; i++)
+        if (d->ids[i] == id) return true;
+    return false;
+}
+
+/* ---- aio ----------------------------------------------------------------- */
+
+static void make_tmp(char *dir) {
+    strcpy(dir, "/tmp/mnemo-aio-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+}
+
+static void test_aio_roundtrip(void **state) {
+    const Param *pa = *state;
+    char dir[64], path[128];
+    make_tmp(dir);
+    snprintf(path, sizeof path, "%s/f.dat", dir);
+    Aio *a;
+    assert_int_equal(aio_new(pa->backend, 4, &a), MN_OK);
+    assert_int_equal(aio_backend(a), pa->backend);
+    AioFile f;
+    assert_int_equal(aio_open(a, path, AIO_OPEN_CREATE | AIO_OPEN_TRUNC, &f), MN_OK);
+    assert_true(f.is_direct); /* /tmp here is a disk filesystem */
+
+    enum { N = 23 }; /* more than the queue depth; sizes 4..12 KiB */
+    uint64_t seed = 7, off = 0;
+    size_t total = 0;
+    AioReq w[N], r[N];
+    uint64_t offs[N];
+    size_t lens[N];
+    for (int i = 0; i < N; i++) {
+        lens[i] = 4096u * (size_t)(1 + i % 3);
+        offs[i] = off;
+        off += lens[i];
+        total += lens[i];
+    }
+    uint8_t *src = mn_alloc_aligned(total, 4096), *dst = mn_alloc_aligned(total, 4096);
+    for (size_t i = 0; i < total; i++) src[i] = (uint8_t)splitmix(&seed);
+    memset(dst, 0, total);
+    for (int i = 0; i < N; i++)
+        w[i] = (AioReq){.op = AIO_OP_WRITE, .file = &f, .buf = src + offs[i], .offset = offs[i], .len = lens[i],
+                        .user = (void *)(intptr_t)i};
+    assert_int_equal(aio_submit(a, w, N), MN_OK);
+    assert_int_equal(aio_n_outstanding(a), N);
+    /* hand-back in pieces: at least 5, at most 7 each time */
+    int seen = 0;
+    bool got[N] = {0};
+    while (seen < N) {
+        AioReq *done[7];
+        int n;
+        int min = N - seen < 5 ? N - seen : 5;
+        assert_int_equal(aio_wait(a, min, 7, done, &n), MN_OK);
+        assert_true(n >= min && n <= 7);
+        for (int k = 0; k < n; k++) {
+            assert_int_equal(done[k]->result, MN_OK);
+            int i = (int)(intptr_t)done[k]->user;
+            assert_false(got[i]);
+            got[i] = true;
+        }
+        seen += n;
+    }
+    assert_int_equal(aio_n_outstanding(a), 0);
+    AioReq *none[1];
+    int n_none;
+    assert_int_equal(aio_wait(a, 1, 1, none, &n_none), MN_EINVAL); /* nothing outstanding */
+    assert_int_equal(aio_fdatasync(a, &f), MN_OK);
+
+    for (int i = 0; i < N; i++)
+        r[i] = (AioReq){.op = AIO_OP_READ, .file = &f, .buf = dst + offs[i], .offset = offs[i], .len = lens[i]};
+    assert_int_equal(aio_run(a, r, N), MN_OK);
+    assert_memory_equal(src, dst, total);
+
+    /* one large request, longer than one chunk of anything */
+    aio_close(&f);
+    aio_close(&f); /* twice is fine */
+    assert_int_equal(aio_open(a, path, AIO_OPEN_RDONLY, &f), MN_OK);
+    memset(dst, 0, total);
+    AioReq big = {.op = AIO_OP_READ, .file = &f, .buf = dst, .offset = 0, .len = total};
+    assert_int_equal(aio_run(a, &big, 1), MN_OK);
+    assert_memory_equal(src, dst, total);
+
+    aio_close(&f);
+    aio_free(a);
+    mn_free_aligned(src);
+    mn_free_aligned(dst);
+    rm_dir(dir);
+}
+
+static void test_aio_errors(void **state) {
+    const Param *pa = *state;
+    char dir[64], path[128];
+    make_tmp(dir);
+    snprintf(path, sizeof path, "%s/f.dat", dir);
+    Aio *a;
+    assert_int_equal(aio_new(pa->backend, 2, &a), MN_OK);
+    AioFile f;
+    assert_int_equal(aio_open(a, path, AIO_OPEN_CREATE, &f), MN_OK);
+    uint8_t *buf = mn_alloc_aligned(3 * 4096, 4096);
+    memset(buf, 0x5a, 3 * 4096);
+
+    /* misaligned: refused before anything runs */
+    AioReq bad[3] = {
+        {.op = AIO_OP_WRITE, .file = &f, .buf = buf + 512, .offset = 0, .len = 4096},
+        {.op = AIO_OP_WRITE, .file = &f, .buf = buf, .offset = 100, .len = 4096},
+        {.op = AIO_OP_WRITE, .file = &f, .buf = buf, .offset = 0, .len = 1000},
+    };
+    for (int i = 0; i < 3; i++) assert_int_equal(aio_submit(a, &bad[i], 1), MN_EINVAL);
+    AioReq zero = {.op = AIO_OP_READ, .file = &f, .buf = buf, .offset = 0, .len = 0};
+    assert_int_equal(aio_submit(a, &zero, 1), MN_EINVAL);
+    assert_int_equal(aio_n_outstanding(a), 0);
+
+    /* one page written; reading two meets end of file */
+    AioReq w = {.op = AIO_OP_WRITE, .file = &f, .buf = buf, .offset = 0, .len = 4096};
+    assert_int_equal(aio_run(a, &w, 1), MN_OK);
+    AioReq r = {.op = AIO_OP_READ, .file = &f, .buf = buf, .offset = 0, .len = 2 * 4096};
+    assert_int_equal(aio_run(a, &r, 1), MN_EFORMAT);
+    r.offset = 8 * 4096;
+    r.len = 4096;
+    assert_int_equal(aio_run(a, &r, 1), MN_EFORMAT);
+
+    /* injected failures, converted at the edge */
+    aio_fault_set(a, AIO_OP_WRITE, 1, 1, ENOSPC); /* the second write fails */
+    AioReq ws[3];
+    for (int i = 0; i < 3; i++)
+        ws[i] = (AioReq){.op = AIO_OP_WRITE, .file = &f, .buf = buf + 4096 * i, .offset = 4096u * (unsigned)i,
+                         .len = 4096};
+    assert_int_equal(aio_run(a, ws, 3), MN_EFULL);
+    assert_int_equal(ws[0].result, MN_OK);
+    assert_int_equal(ws[1].result, MN_EFULL);
+    assert_int_equal(ws[2].result, MN_OK);
+    aio_fault_set(a, AIO_OP_WRITE, 0, 1, EDQUOT);
+    assert_int_equal(aio_run(a, &w, 1), MN_EFULL);
+    assert_int_equal(aio_run(a, &w, 1), MN_OK); /* the fault is used up */
+    aio_fault_set(a, AIO_OP_READ, 0, 1, EIO);
+    r.offset = 0;
+    assert_int_equal(aio_run(a, &r, 1), MN_EIO);
+    aio_fault_set(a, AIO_OP_FDATASYNC, 0, 1, EIO);
+    assert_int_equal(aio_fdatasync(a, &f), MN_EIO);
+    assert_int_equal(aio_fdatasync(a, &f), MN_OK);
+    aio_fault_set(a, AIO_OP_FALLOCATE, 0, 1, ENOSPC);
+    assert_int_equal(aio_fallocate(a, &f, 4096, 4096), MN_EFULL);
+    assert_int_equal(aio_fallocate(a, &f, 4096, 1 << 20), MN_OK);
+    struct stat st;
+    assert_int_equal(fstat(f.fd, &st), 0);
+    assert_true(st.st_size >= 4096 + (1 << 20));
+    aio_fault_set(a, AIO_OP_WRITE, 0, 5, ENOSPC);
+    aio_fault_set(a, 0, 0, 0, 0); /* cleared */
+    assert_int_equal(aio_run(a, &w, 1), MN_OK);
+    aio_close(&f);
+
+    /* a filesystem that refuses O_DIRECT: buffered instead */
+    aio_fault_set(a, AIO_OP_OPEN, 0, 1, EINVAL);
+    assert_int_equal(aio_open(a, path, 0, &f), MN_OK);
+    assert_false(f.is_direct);
+    assert_int_equal(aio_run(a, &w, 1), MN_OK);
+    aio_close(&f);
+    assert_int_equal(aio_open(a, path, AIO_OPEN_BUFFERED, &f), MN_OK);
+    assert_false(f.is_direct);
+    aio_close(&f);
+    aio_fault_set(a, AIO_OP_OPEN, 0, 1, EACCES);
+    assert_int_equal(aio_open(a, path, 0, &f), MN_EIO);
+    assert_int_equal(f.fd, -1);
+    char missing[160];
+    snprintf(missing, sizeof missing, "%s/no/such", dir);
+    assert_int_equal(aio_open(a, missing, AIO_OPEN_CREATE, &f), MN_ENOTFOUND);
+
+    assert_int_equal(aio_errno_to_mn(ENOSPC), MN_EFULL);
+    assert_int_equal(aio_errno_to_mn(EIO), MN_EIO);
+    assert_int_equal(aio_errno_to_mn(ENOMEM), MN_ENOMEM);
+    assert_int_equal(aio_errno_to_mn(0), MN_OK);
+    assert_string_equal(aio_backend_name(pa->backend), pa->backend == AIO_BACKEND_URING ? "io_uring" : "sync");
+
+    aio_free(a);
+    mn_free_aligned(buf);
+    rm_dir(dir);
+}
+
+static void test_aio_auto(void **state) {
+    Aio *a;
+    assert_int_equal(aio_new(AIO_BACKEND_AUTO, 8, &a), MN_OK);
+    assert_true(aio_backend(a) == AIO_BACKEND_URING || aio_backend(a) == AIO_BACKEND_SYNC);
+    aio_free(a);
+    assert_int_equal(aio_new(AIO_BACKEND_SYNC, 0, &a), MN_EINVAL);
+    assert_null(a);
+}
+
+/* ---- tiers: round trips ------------------------------------------------------ */
+
+/* Geometries: 128-byte blocks (much padding on disk), 4096 (none), 576. */
+typedef struct Geom {
+    int n_layer, kv_dim, block_tokens;
+    MnType type;
+} Geom;
+static const Geom GEOMS[] = {{3, 8, 4, MN_TYPE_F16}, {2, 64, 16, MN_TYPE_F16}, {4, 24, 3, MN_TYPE_F32}};
+
+static void test_tier_roundtrip(void **state) {
+    const Param *pa = *state;
+    for (size_t g = 0; g < sizeof GEOMS / sizeof GEOMS[0]; g++) {
+        const Geom *ge = &GEOMS[g];
+        KvPool p;
+        assert_int_equal(kvpool_init(&p, ge->n_layer, ge->kv_dim, ge->block_tokens, 48, ge->type), MN_OK);
+        scramble_pool(&p, 11 + g);
+        Fixture fx;
+        fx_open(&fx, pa, &p, 1 << 20, 0, true);
+        Tier *t = fx.tier;
+        /* a run of 5 from scattered slots, one of 1, one of 7 */
+        uint32_t ids[5] = {100, 101, 102, 103, 104};
+        int32_t slots[5] = {7, 2, 30, 31, 0};
+        assert_int_equal(put_ids(t, &p, ids, slots, 5), MN_OK);
+        assert_int_equal(put_range(t, &p, 200, 1, 40), MN_OK);
+        assert_int_equal(put_range(t, &p, 300, 7, 10), MN_OK);
+        tier_check(t);
+        scramble_pool(&p, 99); /* the pool's copy is gone */
+        expect_range(t, &p, 100, 5, 20);
+        expect_range(t, &p, 200, 1, 3);
+        expect_range(t, &p, 300, 7, 41); /* wraps around the pool's end */
+
+        TierStats s;
+        tier_stats(t, &s);
+        uint64_t want = run_bytes(pa, &p, 5) + run_bytes(pa, &p, 1) + run_bytes(pa, &p, 7);
+        assert_string_equal(s.name, pa->kind == KIND_RAM ? "ram" : "disk");
+        assert_int_equal(s.capacity_bytes, 1 << 20);
+        assert_int_equal(s.occupancy_bytes, want);
+        assert_int_equal(s.bytes_written, want);
+        assert_int_equal(s.n_runs, 3);
+        assert_int_equal(s.n_blocks, 13);
+        assert_int_equal(s.n_puts, 3);
+        assert_int_equal(s.n_layer_reads, 3 * ge->n_layer);
+        /* whole runs were read: every byte once more */
+        uint64_t want_read = pa->kind == KIND_RAM ? 13ull * p.block_bytes * (uint64_t)ge->n_layer : want;
+        assert_int_equal(s.bytes_read, want_read);
+        assert_true(s.write_seconds >= 0 && s.read_seconds >= 0);
+        assert_int_equal(s.n_evicted_runs + s.n_checksum_failures + s.n_io_errors + s.n_puts_full, 0);
+        assert_false(s.is_failed);
+        fx_close(&fx);
+        kvpool_deinit(&p);
+    }
+}
+
+/* Layers one at a time, into different slots each time, out of order, and
+ * across runs: blocks 3..9 when runs hold 0..5 and 6..12. */
+static void test_tier_layers_and_spans(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 4, 8, 4, 40, MN_TYPE_F16), MN_OK);
+    Fixture fx;
+    fx_open(&fx, pa, &p, 1 << 20, 0, false);
+    Tier *t = fx.tier;
+    assert_int_equal(put_range(t, &p, 0, 6, 0), MN_OK);
+    assert_int_equal(put_range(t, &p, 6, 7, 6), MN_OK);
+    scramble_pool(&p, 5);
+    for (int l = 3; l >= 0; l--) {
+        uint32_t ids[7];
+        int32_t slots[7];
+        for (int i = 0; i < 7; i++) {
+            ids[i] = 3 + (uint32_t)i;
+            slots[i] = 39 - 5 * l - i; /* different slots per layer */
+        }
+        assert_int_equal(read_ids(t, &p, ids, slots, 7, l), MN_OK);
+        for (int i = 0; i < 7; i++) assert_true(slot_is(&p, l, slots[i], ids[i]));
+        /* the other layers of those slots were not touched by this read */
+        if (l < 3) assert_false(slot_is(&p, l + 1, slots[0], ids[0]));
+    }
+    /* any order, blocks interleaved from both runs */
+    uint32_t ids[4] = {12, 0, 7, 5};
+    int32_t slots[4] = {1, 2, 3, 4};
+    assert_int_equal(read_ids(t, &p, ids, slots, 4, 2), MN_OK);
+    for (int i = 0; i < 4; i++) assert_true(slot_is(&p, 2, slots[i], ids[i]));
+    TierLoc loc;
+    Hash128 h = h_of(8);
+    assert_int_equal(tier_locate(t, &h, &loc), MN_OK);
+    assert_int_equal(loc.index, 2);
+    assert_int_equal(loc.n_blocks, 7);
+    TierLoc loc0;
+    h = h_of(0);
+    assert_int_equal(tier_locate(t, &h, &loc0), MN_OK);
+    assert_true(loc0.run_id != loc.run_id);
+    /* refused requests */
+    uint32_t missing[2] = {1, 77};
+    assert_int_equal(read_ids(t, &p, missing, slots, 2, 0), MN_ENOTFOUND);
+    assert_int_equal(read_ids(t, &p, ids, slots, 1, 4), MN_EINVAL);
+    int32_t bad_slot[1] = {40};
+    assert_int_equal(read_ids(t, &p, ids, bad_slot, 1, 0), MN_EINVAL);
+    Hash128 hs[1] = {h_of(500)};
+    assert_int_equal(tier_put_run(t, hs, 0, &p, slots), MN_EINVAL);
+    KvPool other;
+    assert_int_equal(kvpool_init(&other, 4, 16, 4, 8, MN_TYPE_F16), MN_OK);
+    assert_int_equal(tier_put_run(t, hs, 1, &other, slots), MN_EINVAL);
+    kvpool_deinit(&other);
+    tier_check(t);
+    fx_close(&fx);
+    kvpool_deinit(&p);
+}
+
+/* ---- tiers: eviction, drop ----------------------------------------------------- */
+
+static void test_tier_lru(void **state) {
+    const Param *pa = *state;
+    KvPool p; /* 4096-byte blocks: a run takes the same room in RAM and on disk */
+    assert_int_equal(kvpool_init(&p, 2, 128, 8, 32, MN_TYPE_F16), MN_OK);
+    assert_int_equal(p.block_bytes, 4096);
+    uint64_t rb = run_bytes(pa, &p, 4);
+    Fixture fx;
+    /* room for three runs of 4 (disk: two slabs, so room spans files) */
+    fx_open(&fx, pa, &p, 3 * rb + rb / 2, 2 * rb, false);
+    Tier *t = fx.tier;
+    Drops drops = {0};
+    tier_set_drop_fn(t, on_drop, &drops);
+    assert_int_equal(put_range(t, &p, 0, 4, 0), MN_OK);   /* A */
+    assert_int_equal(put_range(t, &p, 10, 4, 4), MN_OK);  /* B */
+    assert_int_equal(put_range(t, &p, 20, 4, 8), MN_OK);  /* C */
+    assert_int_equal(drops.n_calls, 0);
+    expect_range(t, &p, 0, 4, 16);                        /* A is now the most recent */
+    assert_int_equal(put_range(t, &p, 30, 4, 12), MN_OK); /* D evicts B */
+    tier_check(t);
+    assert_int_equal(drops.n_calls, 1);
+    assert_int_equal(drops.n_blocks, 4);
+    assert_int_equal(drops.last_why, TIER_DROP_EVICTED);
+    for (uint32_t i = 0; i < 4; i++) {
+        assert_true(dropped(&drops, 10 + i));
+        Hash128 h = h_of(10 + i);
+        assert_false(tier_has(t, &h));
+        h = h_of(i);
+        assert_true(tier_has(t, &h));
+        h = h_of(20 + i);
+        assert_true(tier_has(t, &h));
+    }
+    expect_range(t, &p, 0, 4, 16);
+    expect_range(t, &p, 20, 4, 16);
+    expect_range(t, &p, 30, 4, 16);
+    /* LRU order is now A C D. A run of 8 needs two runs' room: A and C go.
+     * On disk the room must also be contiguous within one slab — slab 0
+     * (2 runs' room) holds D in its second half, slab 1 has 1.5 runs' room
+     * — so D goes too. */
+    drops.n_calls = drops.n_blocks = 0;
+    assert_int_equal(put_range(t, &p, 40, 8, 0), MN_OK);
+    tier_check(t);
+    assert_true(dropped(&drops, 0));
+    assert_true(dropped(&drops, 20));
+    Hash128 h = h_of(20);
+    assert_false(tier_has(t, &h));
+    h = h_of(30);
+    bool is_disk = pa->kind == KIND_DISK;
+    assert_int_equal(tier_has(t, &h), !is_disk);
+    if (!is_disk) expect_range(t, &p, 30, 4, 8);
+    expect_range(t, &p, 40, 8, 8);
+    /* bigger than the budget: refused, nothing evicted */
+    drops.n_calls = drops.n_blocks = 0;
+    assert_int_equal(put_range(t, &p, 100, 20, 0), MN_EFULL);
+    assert_int_equal(drops.n_calls, 0);
+    TierStats s;
+    tier_stats(t, &s);
+    assert_int_equal(s.n_puts_full, 1);
+    assert_int_equal(s.n_evicted_runs, is_disk ? 4 : 3);
+    assert_int_equal(s.n_evicted_blocks, is_disk ? 16 : 12);
+    assert_int_equal(s.n_runs, is_disk ? 1 : 2);
+    assert_int_equal(s.n_blocks, is_disk ? 8 : 12);
+    assert_true(s.occupancy_bytes <= s.capacity_bytes);
+    fx_close(&fx);
+    kvpool_deinit(&p);
+}
+
+static void test_tier_has_drop(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 2, 8, 4, 32, MN_TYPE_F16), MN_OK);
+    Fixture fx;
+    fx_open(&fx, pa, &p, 1 << 20, 0, false);
+    Tier *t = fx.tier;
+    Drops drops = {0};
+    tier_set_drop_fn(t, on_drop, &drops);
+    assert_int_equal(put_range(t, &p, 0, 3, 0), MN_OK); /* run X: 0 1 2 */
+    Hash128 h0 = h_of(0), h1 = h_of(1), h2 = h_of(2), h3 = h_of(3), h9 = h_of(9);
+    assert_true(tier_has(t, &h0));
+    assert_false(tier_has(t, &h9));
+    TierLoc loc;
+    assert_int_equal(tier_locate(t, &h9, &loc), MN_ENOTFOUND);
+    assert_int_equal(tier_drop(t, &h9), MN_ENOTFOUND);
+    assert_int_equal(tier_drop_run(t, &h9), MN_ENOTFOUND);
+
+    /* dropping one block keeps the rest of the run */
+    TierStats s;
+    tier_stats(t, &s);
+    uint64_t occ = s.occupancy_bytes;
+    assert_int_equal(tier_drop(t, &h1), MN_OK);
+    assert_false(tier_has(t, &h1));
+    assert_int_equal(drops.n_calls, 0); /* the caller knows */
+    uint32_t ids[2] = {0, 2};
+    int32_t slots[2] = {20, 21};
+    assert_int_equal(read_ids(t, &p, ids, slots, 2, 1), MN_OK);
+    assert_true(slot_is(&p, 1, 20, 0) && slot_is(&p, 1, 21, 2));
+    assert_int_equal(read_ids(t, &p, (uint32_t[]){1}, slots, 1, 0), MN_ENOTFOUND);
+    tier_stats(t, &s);
+    assert_int_equal(s.occupancy_bytes, occ);
+    assert_int_equal(s.n_blocks, 2);
+
+    /* re-put 2 3: block 2 moves to the new run Y; X keeps only 0 */
+    assert_int_equal(put_range(t, &p, 2, 2, 4), MN_OK);
+    assert_int_equal(tier_locate(t, &h2, &loc), MN_OK);
+    assert_int_equal(loc.index, 0);
+    assert_int_equal(loc.n_blocks, 2);
+    tier_check(t);
+    tier_stats(t, &s);
+    assert_int_equal(s.n_runs, 2);
+    /* dropping X's last live block frees X */
+    assert_int_equal(tier_drop(t, &h0), MN_OK);
+    tier_stats(t, &s);
+    assert_int_equal(s.n_runs, 1);
+    assert_int_equal(s.occupancy_bytes, run_bytes(pa, &p, 2));
+    tier_check(t);
+    /* a run entirely re-put is freed at once */
+    assert_int_equal(put_range(t, &p, 2, 2, 8), MN_OK);
+    tier_stats(t, &s);
+    assert_int_equal(s.n_runs, 1);
+    /* drop_run reports every live block of the run */
+    assert_int_equal(tier_drop_run(t, &h3), MN_OK);
+    assert_int_equal(drops.n_calls, 1);
+    assert_int_equal(drops.n_blocks, 2);
+    assert_int_equal(drops.last_why, TIER_DROP_CALLER);
+    assert_false(tier_has(t, &h2));
+    tier_stats(t, &s);
+    assert_int_equal(s.n_runs + s.n_blocks + s.occupancy_bytes, 0);
+    /* reset reports what is left and the tier goes on */
+    assert_int_equal(put_range(t, &p, 50, 3, 0), MN_OK);
+    assert_int_equal(tier_reset(t), MN_OK);
+    assert_int_equal(drops.n_blocks, 5);
+    Hash128 h50 = h_of(50);
+    assert_false(tier_has(t, &h50));
+    assert_int_equal(put_range(t, &p, 60, 3, 0), MN_OK);
+    expect_range(t, &p, 60, 3, 10);
+    tier_check(t);
+    fx_close(&fx);
+    kvpool_deinit(&p);
+}
+
+/* ---- disk: corruption, space, I/O errors --------------------------------------- */
+
+static void corrupt_byte(const char *path, uint64_t offset) {
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, (off_t)offset), 1);
+    b ^= 0x10;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)offset), 1);
+    assert_int_equal(fsync(fd), 0);
+    close(fd);
+}
+
+static void test_disk_checksum(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 3, 8, 4, 32, MN_TYPE_F16), MN_OK);
+    Fixture fx;
+    fx_open(&fx, pa, &p, 1 << 20, 0, true);
+    Tier *t = fx.tier;
+    Drops drops = {0};
+    tier_set_drop_fn(t, on_drop, &drops);
+    assert_int_equal(put_range(t, &p, 0, 5, 0), MN_OK);
+    assert_int_equal(put_range(t, &p, 10, 2, 5), MN_OK);
+    char path[256];
+    uint64_t off, len;
+    Hash128 h = h_of(2);
+    assert_int_equal(tier_disk_extent(t, &h, 1, path, sizeof path, &off, &len), MN_OK);
+    assert_int_equal(off % 4096, 0);
+    assert_int_equal(len, 4096);
+    corrupt_byte(path, off + 3 * p.block_bytes + 17); /* block 3 of layer 1 */
+
+    uint32_t ids[5] = {0, 1, 2, 3, 4};
+    int32_t slots[5] = {20, 21, 22, 23, 24};
+    assert_int_equal(read_ids(t, &p, ids, slots, 5, 0), MN_OK); /* layer 0 is intact */
+    assert_int_equal(read_ids(t, &p, ids, slots, 1, 1), MN_ECHECKSUM); /* block 0 shares the extent */
+    TierStats s;
+    tier_stats(t, &s);
+    assert_int_equal(s.n_checksum_failures, 1);
+    assert_false(s.is_failed);
+    assert_int_equal(drops.n_calls, 1);
+    assert_int_equal(drops.n_blocks, 5);
+    assert_int_equal(drops.last_why, TIER_DROP_CHECKSUM);
+    for (uint32_t i = 0; i < 5; i++) {
+        h = h_of(i);
+        assert_false(tier_has(t, &h));
+    }
+    assert_int_equal(read_ids(t, &p, ids, slots, 5, 2), MN_ENOTFOUND); /* never used again */
+    /* the tier keeps working; the other run is fine; the pages are reused */
+    expect_range(t, &p, 10, 2, 0);
+    assert_int_equal(put_range(t, &p, 0, 5, 0), MN_OK);
+    expect_range(t, &p, 0, 5, 20);
+    /* padding counts too: corrupt a byte after the blocks */
+    h = h_of(10);
+    assert_int_equal(tier_disk_extent(t, &h, 2, path, sizeof path, &off, &len), MN_OK);
+    corrupt_byte(path, off + len - 1);
+    assert_int_equal(read_ids(t, &p, (uint32_t[]){11}, slots, 1, 2), MN_ECHECKSUM);
+    tier_stats(t, &s);
+    assert_int_equal(s.n_checksum_failures, 2);
+    tier_check(t);
+    /* a data file cut short: a short read counts as a checksum failure */
+    h = h_of(0);
+    assert_int_equal(tier_disk_extent(t, &h, 0, path, sizeof path, &off, &len), MN_OK);
+    assert_int_equal(truncate(path, (off_t)off), 0);
+    assert_int_equal(read_ids(t, &p, ids, slots, 5, 0), MN_ECHECKSUM);
+    tier_stats(t, &s);
+    assert_int_equal(s.n_checksum_failures, 3);
+    assert_false(s.is_failed);
+    tier_check(t);
+    assert_int_equal(tier_disk_extent(t, &h, 0, path, sizeof path, &off, &len), MN_ENOTFOUND);
+    assert_int_equal(tier_disk_extent(t, &h, 7, path, sizeof path, &off, &len), MN_EINVAL);
+    fx_close(&fx);
+    kvpool_deinit(&p);
+}
+
+static void test_disk_enospc(void **state) {
+    const Param *pa = *state;
+    KvPool p; /* one layer: a run of up to 32 blocks is one 4 KiB page */
+    assert_int_equal(kvpool_init(&p, 1, 8, 4, 32, MN_TYPE_F16), MN_OK);
+    Fixture fx;
+    fx_open(&fx, pa, &p, 1 << 20, 64 << 10, true);
+    Tier *t = fx.tier;
+    Drops drops = {0};
+    tier_set_drop_fn(t, on_drop, &drops);
+
+    /* no room for the first slab file */
+    aio_fault_set(tier_disk_aio(t), AIO_OP_FALLOCATE, 0, 1, ENOSPC);
+    assert_int_equal(put_range(t, &p, 0, 4, 0), MN_EFULL);
+    Hash128 h = h_of(0);
+    assert_false(tier_has(t, &h));
+    assert_int_equal(put_range(t, &p, 0, 4, 0), MN_OK);
+    /* the device fills up during a write */
+    aio_fault_set(tier_disk_aio(t), AIO_OP_WRITE, 0, 1, ENOSPC);
+    assert_int_equal(put_range(t, &p, 10, 4, 4), MN_EFULL);
+    h = h_of(10);
+    assert_false(tier_has(t, &h));
+    TierStats s;
+    tier_stats(t, &s);
+    assert_int_equal(s.n_puts_full, 2);
+    assert_int_equal(s.n_runs, 1);
+    assert_int_equal(s.occupancy_bytes, run_bytes(pa, &p, 4));
+    assert_false(s.is_failed);
+    tier_check(t);
+    /* ... or while syncing */
+    aio_fault_set(tier_disk_aio(t), AIO_OP_FDATASYNC, 0, 1, ENOSPC);
+    assert_int_equal(put_range(t, &p, 10, 4, 4), MN_EFULL);
+    /* and the tier keeps working */
+    assert_int_equal(put_range(t, &p, 10, 4, 4), MN_OK);
+    expect_range(t, &p, 0, 4, 20);
+    expect_range(t, &p, 10, 4, 20);
+    /* a second slab file cannot be created: older runs make room instead */
+    for (uint32_t k = 0; k < 14; k++) assert_int_equal(put_range(t, &p, 100 + 4 * k, 4, 8), MN_OK);
+    tier_stats(t, &s);
+    uint64_t runs_before = s.n_runs;
+    assert_int_equal(runs_before, 16); /* one 64 KiB slab holds 16 runs of 4 KiB */
+    aio_fault_set(tier_disk_aio(t), AIO_OP_FALLOCATE, 0, 1000, ENOSPC);
+    assert_int_equal(put_range(t, &p, 200, 4, 12), MN_OK);
+    tier_stats(t, &s);
+    assert_int_equal(s.n_runs, 16);
+    assert_int_equal(s.n_evicted_runs, 1);
+    h = h_of(0); /* the least recently used */
+    assert_false(tier_has(t, &h));
+    expect_range(t, &p, 200, 4, 20);
+    aio_fault_set(tier_disk_aio(t), 0, 0, 0, 0);
+    assert_int_equal(put_range(t, &p, 300, 4, 12), MN_OK); /* now the second slab */
+    tier_stats(t, &s);
+    assert_int_equal(s.n_runs, 17);
+    tier_check(t);
+    fx_close(&fx);
+    kvpool_deinit(&p);
+}
+
+static void test_disk_eio_sticky(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 2, 8, 4, 32, MN_TYPE_F16), MN_OK);
+    Fixture fx;
+    fx_open(&fx, pa, &p, 1 << 20, 0, false);
+    Tier *t = fx.tier;
+    assert_int_equal(put_range(t, &p, 0, 4, 0), MN_OK);
+    aio_fault_set(tier_disk_aio(t), AIO_OP_READ, 0, 1, EIO);
+    uint32_t ids[1] = {0};
+    int32_t slots[1] = {9};
+    assert_int_equal(read_ids(t, &p, ids, slots, 1, 0), MN_EIO);
+    TierStats s;
+    tier_stats(t, &s);
+    assert_true(s.is_failed);
+    assert_int_equal(s.n_io_errors, 1);
+    /* sticky: nothing touches the device until reset, though it would work */
+    assert_int_equal(read_ids(t, &p, ids, slots, 1, 0), MN_EIO);
+    assert_int_equal(put_range(t, &p, 10, 2, 0), MN_EIO);
+    Hash128 h = h_of(0);
+    assert_true(tier_has(t, &h)); /* bookkeeping still answers */
+    assert_int_equal(tier_reset(t), MN_OK);
+    assert_false(tier_has(t, &h));
+    tier_stats(t, &s);
+    assert_false(s.is_failed);
+    assert_int_equal(s.n_runs, 0);
+    assert_int_equal(put_range(t, &p, 10, 2, 0), MN_OK);
+    expect_range(t, &p, 10, 2, 5);
+    /* a failed write is sticky too, and the run is not stored */
+    aio_fault_set(tier_disk_aio(t), AIO_OP_WRITE, 0, 1, EIO);
+    assert_int_equal(put_range(t, &p, 20, 2, 0), MN_EIO);
+    h = h_of(20);
+    assert_false(tier_has(t, &h));
+    tier_stats(t, &s);
+    assert_true(s.is_failed);
+    assert_int_equal(s.n_io_errors, 2);
+    tier_check(t);
+    assert_int_equal(tier_reset(t), MN_OK);
+    assert_int_equal(put_range(t, &p, 20, 2, 0), MN_OK);
+    expect_range(t, &p, 20, 2, 5);
+    fx_close(&fx);
+    kvpool_deinit(&p);
+}
+
+static void test_disk_config(void **state) {
+    Tier *t = (Tier *)1;
+    MnErr err = {0};
+    TierDiskConfig cfg = {.dir = "", .capacity_bytes = 1 << 20, .n_layer = 2, .block_bytes = 128};
+    assert_int_equal(tier_disk_new(&cfg, &t, &err), MN_EINVAL);
+    assert_null(t);
+    cfg.dir = "/tmp/mnemo-no-such-parent-dir/x/y";
+    assert_int_equal(tier_disk_new(&cfg, &t, &err), MN_ENOTFOUND);
+    assert_non_null(strstr(err.msg, "mnemo-no-such-parent-dir"));
+    char dir[64];
+    make_tmp(dir);
+    cfg.dir = dir;
+    cfg.capacity_bytes = 100;
+    assert_int_equal(tier_disk_new(&cfg, &t, &err), MN_EINVAL);
+    cfg.capacity_bytes = 1 << 20;
+    cfg.n_layer = 0;
+    assert_int_equal(tier_disk_new(&cfg, &t, &err), MN_EINVAL);
+    /* a run larger than a slab can never fit */
+    cfg.n_layer = 2;
+    cfg.slab_bytes = 8192;
+    assert_int_equal(tier_disk_new(&cfg, &t, &err), MN_OK);
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 2, 8, 4, 8, MN_TYPE_F16), MN_OK);
+    assert_int_equal(put_range(t, &p, 0, 1, 0), MN_OK);
+    assert_int_equal(put_range(t, &p, 10, 33, 0), MN_EFULL);
+    tier_free(t);
+    kvpool_deinit(&p);
+    rm_dir(dir);
+}
+
+/* ---- randomized, against a model --------------------------------------------- */
+
+enum { MODEL_IDS = 160 };
+
+static void test_tier_model(void **state) {
+    const Param *pa = *state;
+    KvPool p; /* 1 KiB blocks: a disk run of n blocks takes ceil(n/4) pages a layer */
+    assert_int_equal(kvpool_init(&p, 3, 32, 8, 64, MN_TYPE_F16), MN_OK);
+    assert_int_equal(p.block_bytes, 1024);
+    /* a budget of 40 blocks for the RAM tier; on disk 30 pages a layer, in
+     * slabs of 7 so runs of 1 to 3 pages fragment them */
+    uint64_t cap = pa->kind == KIND_RAM ? 40 * 3 * p.block_bytes : 30 * 3 * 4096;
+    Fixture fx;
+    fx_open(&fx, pa, &p, cap, 7 * 3 * 4096, false);
+    Tier *t = fx.tier;
+    bool held[MODEL_IDS] = {0};
+    Drops drops = {.held = held};
+    tier_set_drop_fn(t, on_drop, &drops);
+    uint64_t seed = 1234;
+    int n_ok_reads = 0, n_full = 0;
+    for (int step = 0; step < 3000; step++) {
+        int op = (int)(splitmix(&seed) % 100);
+        if (op < 40) { /* put a run of consecutive ids, overlapping others at times */
+            int n = 1 + (int)(splitmix(&seed) % 10);
+            uint32_t first = (uint32_t)(splitmix(&seed) % (MODEL_IDS - (uint64_t)n));
+            int32_t slot0 = (int32_t)(splitmix(&seed) % (uint64_t)p.n_blocks);
+            bool inject = pa->kind == KIND_DISK && splitmix(&seed) % 20 == 0;
+            if (inject) aio_fault_set(tier_disk_aio(t), AIO_OP_WRITE, 0, 1, ENOSPC);
+            int rc = put_range(t, &p, first, n, slot0);
+            if (inject) aio_fault_set(tier_disk_aio(t), 0, 0, 0, 0);
+            /* an injected ENOSPC refuses the put, unless a new slab file's
+             * header write took it (older runs then make room instead) */
+            if (inject && rc == MN_EFULL) {
+                n_full++; /* old copies stay; evictions were reported */
+            } else {
+                assert_int_equal(rc, MN_OK);
+                for (int i = 0; i < n; i++) held[first + (uint32_t)i] = true;
+            }
+        } else if (op < 80) { /* read some held blocks, one layer */
+            uint32_t ids[12];
+            int32_t slots[12];
+            int n = 0, want = 1 + (int)(splitmix(&seed) % 12);
+            for (int tries = 0; tries < 64 && n < want; tries++) {
+                uint32_t id = (uint32_t)(splitmix(&seed) % MODEL_IDS);
+                if (!held[id]) continue;
+                ids[n] = id;
+                slots[n] = (int32_t)((uint64_t)n * 5 + splitmix(&seed) % 5); /* distinct */
+                n++;
+            }
+            if (n == 0) continue;
+            int layer = (int)(splitmix(&seed) % (uint64_t)p.n_layer);
+            int rc = read_ids(t, &p, ids, slots, n, layer);
+            if (rc != MN_OK) {
+                tier_dump(t);
+                fail_msg("step %d: read of %d held blocks: %s", step, n, mn_strerror(rc));
+            }
+            for (int i = 0; i < n; i++) assert_true(slot_is(&p, layer, slots[i], ids[i]));
+            n_ok_reads++;
+        } else if (op < 90) { /* drop one block */
+            uint32_t id = (uint32_t)(splitmix(&seed) % MODEL_IDS);
+            Hash128 h = h_of(id);
+            assert_int_equal(tier_drop(t, &h), held[id] ? MN_OK : MN_ENOTFOUND);
+            held[id] = false;
+        } else if (op < 97) { /* drop a run (reported through the callback) */
+            uint32_t id = (uint32_t)(splitmix(&seed) % MODEL_IDS);
+            Hash128 h = h_of(id);
+            bool was = held[id];
+            assert_int_equal(tier_drop_run(t, &h), was ? MN_OK : MN_ENOTFOUND);
+            assert_false(held[id]);
+        } else { /* a read of something not held is refused, nothing read */
+            uint32_t id = (uint32_t)(splitmix(&seed) % MODEL_IDS);
+            if (held[id]) continue;
+            int32_t slot = 0;
+            assert_int_equal(read_ids(t, &p, &id, &slot, 1, 0), MN_ENOTFOUND);
+        }
+        tier_check(t);
+        TierStats s;
+        tier_stats(t, &s);
+        uint64_t n_held = 0;
+        for (uint32_t id = 0; id < MODEL_IDS; id++) {
+            Hash128 h = h_of(id);
+            if (tier_has(t, &h) != held[id]) {
+                tier_dump(t);
+                fail_msg("step %d: id %u: tier has %d, model %d", step, id, !held[id], held[id]);
+            }
+            n_held += held[id];
+        }
+        assert_int_equal(s.n_blocks, n_held);
+        assert_true(s.occupancy_bytes <= s.capacity_bytes);
+        assert_false(s.is_failed);
+    }
+    TierStats s;
+    tier_stats(t, &s);
+    assert_true(s.n_evicted_runs > 50); /* the budget was small: eviction ran often */
+    assert_true(n_ok_reads > 500);
+    assert_int_equal(s.n_puts_full, (uint64_t)n_full);
+    assert_int_equal(s.n_checksum_failures, 0);
+    fx_close(&fx);
+    kvpool_deinit(&p);
+}
+
+/* ---- main ------------------------------------------------------------------ */
+
+#define TIER_TESTS(f)                                                                                               \
+    cmocka_unit_test_prestate(f, (void *)&P_RAM), cmocka_unit_test_prestate(f, (void *)&P_DISK_URING),              \
+        cmocka_unit_test_prestate(f, (void *)&P_DISK_SYNC)
+#define DISK_TESTS(f)                                                                                               \
+    cmocka_unit_test_prestate(f, (void *)&P_DISK_URING), cmocka_unit_test_prestate(f, (void *)&P_DISK_SYNC)
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_prestate(test_aio_roundtrip, (void *)&P_URING),
+        cmocka_unit_test_prestate(test_aio_roundtrip, (void *)&P_SYNC),
+        cmocka_unit_test_prestate(test_aio_errors, (void *)&P_URING),
+        cmocka_unit_test_prestate(test_aio_errors, (void *)&P_SYNC),
+        cmocka_unit_test(test_aio_auto),
+        TIER_TESTS(test_tier_roundtrip),
+        TIER_TESTS(test_tier_layers_and_spans),
+        TIER_TESTS(test_tier_lru),
+        TIER_TESTS(test_tier_has_drop),
+        DISK_TESTS(test_disk_checksum),
+        DISK_TESTS(test_disk_enospc),
+        DISK_TESTS(test_disk_eio_sticky),
+        cmocka_unit_test(test_disk_config),
+        TIER_TESTS(test_tier_model),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
