@@ -1,10 +1,11 @@
 /* attention.c — paged multi-token causal attention (see attention.h).
  *
- * A work unit is one (query token, KV head) pair: the K row of each position
- * is converted to f32 once and dotted with every query head of the group
- * (GQA), scores are soft-maxed per head, and V rows are accumulated in
- * ascending position order. Units are dealt to threads round-robin, so a
- * prefill's long-context tokens spread over all workers.
+ * A work unit is a tile of up to 16 consecutive query tokens of one
+ * sequence and one KV head: the K row of each position is converted to f32
+ * once and dotted with every query of the tile and every query head of the
+ * group (GQA), scores are soft-maxed per query and head, and V rows are
+ * accumulated in ascending position order. Units are dealt to threads
+ * round-robin, so a prefill's long-context tokens spread over all workers.
  */
 #include "compute/attention.h"
 
@@ -14,9 +15,11 @@
 
 #include "compute/ops.h"
 
+enum { ATTN_TILE_MAX = 16 }; /* = ATTN_TILE below */
+
 size_t attn_scratch_floats(int max_ctx, int n_head, int n_head_kv, int head_dim) {
     size_t group = (size_t)(n_head / n_head_kv);
-    return group * (size_t)max_ctx + 2 * (size_t)head_dim + 16;
+    return ATTN_TILE_MAX * group * (size_t)max_ctx + 2 * (size_t)head_dim + 16;
 }
 
 typedef struct AttnJob {
@@ -39,52 +42,86 @@ static const float *kv_row(const AttnKv *kv, const AttnSeq *s, int32_t p, int kv
     return buf;
 }
 
-static void attn_unit(const AttnJob *job, int t, int kvh, float *scratch) {
+/* Queries of one sequence taken together: each K and V row is converted
+ * once per tile instead of once per query. */
+enum { ATTN_TILE = ATTN_TILE_MAX };
+
+/* One (tile of query tokens, KV head) unit. Each query's arithmetic is the
+ * same whatever tile it is in: scores as dot * scale, the softmax in
+ * ascending positions (sum in double), V accumulated in ascending positions. */
+static void attn_tile(const AttnJob *job, int t0, int n_q, int kvh, float *scratch) {
     const AttnBatch *b = job->b;
     const AttnKv *kv = job->kv;
     const int hd = b->head_dim, group = b->n_head / b->n_head_kv;
-    const int32_t pos = b->pos[t];
-    const AttnSeq *s = &b->seqs[b->seq[t]];
-    assert(pos >= 0 && pos / kv->block_tokens < s->n_blocks);
-    const int n_ctx = pos + 1;
-    float *scores = scratch;                         /* (group, n_ctx) */
-    float *kbuf = scratch + (size_t)group * (size_t)n_ctx; /* (head_dim) */
+    const AttnSeq *s = &b->seqs[b->seq[t0]];
+    int32_t max_pos = 0;
+    for (int i = 0; i < n_q; i++) {
+        assert(b->pos[t0 + i] >= 0 && b->pos[t0 + i] / kv->block_tokens < s->n_blocks);
+        max_pos = b->pos[t0 + i] > max_pos ? b->pos[t0 + i] : max_pos;
+    }
+    const size_t stride = (size_t)max_pos + 1;
+    float *scores = scratch;                                  /* (n_q, group, stride) */
+    float *kbuf = scratch + (size_t)n_q * (size_t)group * stride; /* (head_dim) */
     const float scale = 1.0f / sqrtf((float)hd);
-    const float *q0 = b->q + ((size_t)t * (size_t)b->n_head + (size_t)kvh * (size_t)group) * (size_t)hd;
+#define Q_OF(i) (b->q + ((size_t)(t0 + (i)) * (size_t)b->n_head + (size_t)kvh * (size_t)group) * (size_t)hd)
+#define S_OF(i, g) (scores + ((size_t)(i) * (size_t)group + (size_t)(g)) * stride)
 
-    for (int32_t p = 0; p < n_ctx; p++) {
+    for (int32_t p = 0; p <= max_pos; p++) {
         const float *k = kv_row(kv, s, p, kvh, hd, 0, kbuf);
-        for (int g = 0; g < group; g++) scores[(size_t)g * n_ctx + p] = ops_dot(q0 + (size_t)g * hd, k, hd) * scale;
-    }
-    for (int g = 0; g < group; g++) {
-        float *sg = scores + (size_t)g * n_ctx;
-        float max = sg[0];
-        for (int p = 1; p < n_ctx; p++) max = sg[p] > max ? sg[p] : max;
-        double sum = 0.0;
-        for (int p = 0; p < n_ctx; p++) {
-            sg[p] = expf(sg[p] - max);
-            sum += (double)sg[p];
+        for (int i = 0; i < n_q; i++) {
+            if (p > b->pos[t0 + i]) continue;
+            const float *q0 = Q_OF(i);
+            for (int g = 0; g < group; g++) S_OF(i, g)[p] = ops_dot(q0 + (size_t)g * hd, k, hd) * scale;
         }
-        float inv = (float)(1.0 / sum);
-        for (int p = 0; p < n_ctx; p++) sg[p] *= inv;
     }
-    float *o0 = job->out + ((size_t)t * (size_t)b->n_head + (size_t)kvh * (size_t)group) * (size_t)hd;
-    memset(o0, 0, (size_t)group * (size_t)hd * sizeof(float));
-    for (int32_t p = 0; p < n_ctx; p++) {
-        const float *v = kv_row(kv, s, p, kvh, hd, 1, kbuf);
+    for (int i = 0; i < n_q; i++) {
+        const int n_ctx = b->pos[t0 + i] + 1;
         for (int g = 0; g < group; g++) {
-            float w = scores[(size_t)g * n_ctx + p];
-            float *o = o0 + (size_t)g * hd;
-            for (int i = 0; i < hd; i++) o[i] += w * v[i];
+            float *sg = S_OF(i, g);
+            float max = sg[0];
+            for (int p = 1; p < n_ctx; p++) max = sg[p] > max ? sg[p] : max;
+            double sum = 0.0;
+            for (int p = 0; p < n_ctx; p++) {
+                sg[p] = expf(sg[p] - max);
+                sum += (double)sg[p];
+            }
+            float inv = (float)(1.0 / sum);
+            for (int p = 0; p < n_ctx; p++) sg[p] *= inv;
+        }
+        memset(job->out + ((size_t)(t0 + i) * (size_t)b->n_head + (size_t)kvh * (size_t)group) * (size_t)hd, 0,
+               (size_t)group * (size_t)hd * sizeof(float));
+    }
+    for (int32_t p = 0; p <= max_pos; p++) {
+        const float *v = kv_row(kv, s, p, kvh, hd, 1, kbuf);
+        for (int i = 0; i < n_q; i++) {
+            if (p > b->pos[t0 + i]) continue;
+            float *o0 = job->out + ((size_t)(t0 + i) * (size_t)b->n_head + (size_t)kvh * (size_t)group) * (size_t)hd;
+            for (int g = 0; g < group; g++) {
+                float w = S_OF(i, g)[p];
+                float *o = o0 + (size_t)g * hd;
+                for (int d = 0; d < hd; d++) o[d] += w * v[d];
+            }
         }
     }
+#undef Q_OF
+#undef S_OF
 }
 
+/* Tiles are runs of at most ATTN_TILE consecutive batch tokens of one
+ * sequence; units (tile, KV head) are dealt round-robin. Every worker walks
+ * the same tiling, so no shared state is needed. */
 static void attn_worker(void *ctx, int ith, int nth) {
     const AttnJob *job = ctx;
+    const AttnBatch *b = job->b;
     float *scratch = job->scratch + (size_t)ith * job->scratch_per_thread;
-    long n_units = (long)job->b->n_tok * job->b->n_head_kv;
-    for (long u = ith; u < n_units; u += nth) attn_unit(job, (int)(u / job->b->n_head_kv), (int)(u % job->b->n_head_kv), scratch);
+    long u = 0;
+    for (int t0 = 0; t0 < b->n_tok;) {
+        int n_q = 1;
+        while (n_q < ATTN_TILE && t0 + n_q < b->n_tok && b->seq[t0 + n_q] == b->seq[t0]) n_q++;
+        for (int kvh = 0; kvh < b->n_head_kv; kvh++, u++)
+            if (u % nth == ith) attn_tile(job, t0, n_q, kvh, scratch);
+        t0 += n_q;
+    }
 }
 
 void attn_forward(ThreadPool *tp, float *out, const AttnBatch *b, const AttnKv *kv, float *scratch,
