@@ -5,6 +5,8 @@
  *   inspect     print a GGUF's metadata and tensors
  *   gen-model   write a random-weight model of a given shape
  *   speed       prefill and decode throughput, like llama-bench
+ *   serve       the OpenAI HTTP server      chat   a terminal chat client
+ *   bench       multi-turn load generator and report
  *
  * Each cmd_* parses its options (base/cli), does its job with the library
  * and returns the process exit status. This file only wires things together.
@@ -24,6 +26,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/ttype.h"
+#include "bench/bench.h"
 #include "bench/client.h"
 #include "engine/engine.h"
 #include "engine/mref.h"
@@ -862,6 +865,7 @@ typedef struct Command {
 static const Command commands[] = {
     {"serve", cmd_serve, "serve the OpenAI HTTP API"},
     {"chat", cmd_chat, "chat in the terminal with a server (or a model in-process)"},
+    {"bench", bench_main, "load-test a server with multi-turn conversations"},
     {"generate", cmd_generate, "run a prompt and stream new tokens"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"detokenize", cmd_detokenize, "print the text of token ids"},

@@ -4,6 +4,8 @@
  * SSE stream are parsed as JSON (jansson): choices[0].delta.content goes to
  * the callback, a usage object is recorded, "[DONE]" ends the stream. A
  * non-SSE body (an error object) is kept whole for the error message.
+ * Timeouts and the cancel flag (client_set_timeouts, client_set_cancel) are
+ * set again on every request, since each one starts with curl_easy_reset.
  */
 #include "bench/client.h"
 
@@ -18,6 +20,8 @@ struct ChatClient {
     CURL *curl;
     char *base_url;
     char *auth;
+    long connect_ms, idle_s; /* 0: no limit */
+    const atomic_int *cancel; /* NULL: never */
 };
 
 static double now_s(void) {
@@ -45,6 +49,33 @@ int client_new(const char *base_url, const char *api_key, ChatClient **out) {
     while (n > 0 && c->base_url[n - 1] == '/') c->base_url[--n] = '\0';
     *out = c;
     return MN_OK;
+}
+
+void client_set_timeouts(ChatClient *c, double connect_s, double idle_s) {
+    c->connect_ms = connect_s > 0 ? (long)(connect_s * 1000 + 0.5) : 0;
+    c->idle_s = idle_s > 0 ? (long)(idle_s + 0.999) : 0;
+}
+
+void client_set_cancel(ChatClient *c, const atomic_int *flag) { c->cancel = flag; }
+
+static int on_progress(void *ctx, curl_off_t dl_total, curl_off_t dl_now, curl_off_t ul_total, curl_off_t ul_now) {
+    const atomic_int *cancel = ctx;
+    return atomic_load(cancel) ? 1 : 0;
+}
+
+/* Options every request shares, after curl_easy_reset. */
+static void set_common(ChatClient *c, CURL *h) {
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    if (c->cancel) {
+        curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+        curl_easy_setopt(h, CURLOPT_XFERINFODATA, (void *)c->cancel);
+        curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    }
+    if (c->connect_ms > 0) curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, c->connect_ms);
+    if (c->idle_s > 0) { /* less than 1 byte/s for idle_s seconds aborts */
+        curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+        curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, c->idle_s);
+    }
 }
 
 void client_free(ChatClient *c) {
@@ -184,7 +215,7 @@ int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientPara
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &s);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    set_common(c, h);
     s.t0 = now_s();
     CURLcode rc = curl_easy_perform(h);
     res->total_s = now_s() - s.t0;
@@ -195,6 +226,8 @@ int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientPara
     int out = MN_OK;
     if (rc != CURLE_OK) {
         snprintf(res->error, sizeof res->error, "%s", curl_easy_strerror(rc));
+        res->is_timeout = rc == CURLE_OPERATION_TIMEDOUT;
+        res->is_canceled = rc == CURLE_ABORTED_BY_CALLBACK;
         out = MN_EIO;
     } else if (status == 200 && !s.is_done) {
         snprintf(res->error, sizeof res->error, "the stream ended before [DONE]");
@@ -227,18 +260,21 @@ static size_t on_get(char *p, size_t sz, size_t n, void *ctx) {
     return sz * n;
 }
 
-int client_get(ChatClient *c, const char *path, char **body, int *status) {
+/* GET (json == NULL) or POST json to path. */
+static int request(ChatClient *c, const char *path, const char *json, char **body, int *status) {
     char url[1024];
     snprintf(url, sizeof url, "%s%s", c->base_url, path);
     Body b = {0};
     struct curl_slist *hs = c->auth ? curl_slist_append(NULL, c->auth) : NULL;
+    if (json) hs = curl_slist_append(hs, "Content-Type: application/json");
     CURL *h = c->curl;
     curl_easy_reset(h);
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hs);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_get);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    if (json) curl_easy_setopt(h, CURLOPT_POSTFIELDS, json);
+    set_common(c, h);
     CURLcode rc = curl_easy_perform(h);
     long st = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
@@ -246,4 +282,12 @@ int client_get(ChatClient *c, const char *path, char **body, int *status) {
     *status = (int)st;
     *body = b.data ? b.data : mn_strdup("");
     return rc == CURLE_OK ? MN_OK : MN_EIO;
+}
+
+int client_get(ChatClient *c, const char *path, char **body, int *status) {
+    return request(c, path, NULL, body, status);
+}
+
+int client_post(ChatClient *c, const char *path, const char *json, char **body, int *status) {
+    return request(c, path, json, body, status);
 }

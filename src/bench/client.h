@@ -10,6 +10,7 @@
 #ifndef MN_CLIENT_H
 #define MN_CLIENT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -36,6 +37,8 @@ typedef struct ClientResult {
     double ttft_s;       /* request sent -> first content delta (-1 if none) */
     double total_s;
     int n_deltas;
+    bool is_timeout;     /* the connection or the stream timed out (client_set_timeouts) */
+    bool is_canceled;    /* the cancel flag (client_set_cancel) stopped it */
     char *content;       /* the whole reply, caller frees with mn_free */
     char error[256];
 } ClientResult;
@@ -46,6 +49,15 @@ typedef void (*ClientDeltaFn)(void *ctx, const char *text, size_t len);
 int client_new(const char *base_url, const char *api_key, ChatClient **out);
 void client_free(ChatClient *c);
 
+/* Give up on connecting after connect_s seconds and on a transfer that
+ * received nothing for idle_s seconds (<= 0: no limit, the default). A
+ * streaming server that sends keep-alive comments never goes idle. */
+void client_set_timeouts(ChatClient *c, double connect_s, double idle_s);
+
+/* Abort any transfer (within about a second) while *flag is non-zero; the
+ * flag must outlive the client's use. NULL: never. */
+void client_set_cancel(ChatClient *c, const atomic_int *flag);
+
 /* MN_OK when an answer (of any status) came back; MN_EIO when the
  * connection failed or the stream broke (res says what is known). */
 int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientParams *p, ClientDeltaFn fn, void *ctx,
@@ -53,5 +65,9 @@ int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientPara
 
 /* GET path; *body (mn_free) and the status. */
 int client_get(ChatClient *c, const char *path, char **body, int *status);
+
+/* POST a JSON body to path; *body (mn_free, never NULL) and the status.
+ * MN_OK when an answer of any status came back, MN_EIO otherwise. */
+int client_post(ChatClient *c, const char *path, const char *json, char **body, int *status);
 
 #endif

@@ -50,6 +50,7 @@ struct Request {
     char *stops[ENGINE_MAX_STOP];
     char *ns;
     char *session;
+    double t_created; /* request_new: TTFT counts from here, queueing included */
     /* output, guarded by lock */
     char *out;
     size_t out_len, out_cap;
@@ -70,6 +71,7 @@ Request *request_new(const int32_t *prompt, size_t n, const ReqParams *p, const 
     pthread_mutex_init(&r->lock, NULL);
     pthread_cond_init(&r->cond, NULL);
     r->refs = 1;
+    r->t_created = now_s();
     r->params = *p;
     r->n_prompt = n;
     r->prompt = mn_malloc(n * sizeof *prompt);
@@ -289,7 +291,7 @@ static Active *active_new(Engine *e, Request *r) {
     if (a == NULL) return NULL;
     a->req = r;
     a->arrival = e->n_arrivals++;
-    a->t_submit = now_s();
+    a->t_submit = r->t_created;
     a->ns_id = index_namespace_id(r->ns);
     a->n_prompt = (int)r->n_prompt;
     a->cap_tokens = (int)r->n_prompt + r->params.max_tokens + 1;

@@ -1,0 +1,96 @@
+/* loadgen.h — run a BenchPlan against an OpenAI-compatible server.
+ *
+ * bench_run plays every conversation of the plan as a closed loop: a turn
+ * is sent when its conversation arrived (turn 0) or when the previous reply
+ * has arrived and the user has thought for the planned time; the history
+ * sent is the system message, every earlier user turn and the replies that
+ * actually came back. A fixed pool of --concurrency workers (one libcurl
+ * client each) caps the requests in flight; ready turns go out in order of
+ * the time they became ready. Each request is recorded (BenchRecord). A
+ * failed turn ends its conversation (its later turns count as skipped).
+ * When the server is mnemo, /metrics is scraped before and after.
+ */
+#ifndef MN_BENCH_LOADGEN_H
+#define MN_BENCH_LOADGEN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/err.h"
+#include "bench/workload.h"
+
+typedef enum BenchStatus {
+    BENCH_OK,            /* 200 and a complete stream */
+    BENCH_HTTP_ERROR,    /* an answer with another status */
+    BENCH_CONNECT_ERROR, /* no HTTP answer (refused, reset before a status) */
+    BENCH_TIMEOUT,       /* connect or idle timeout */
+    BENCH_STREAM_ERROR,  /* the stream broke off or carried an error event */
+    BENCH_STATUS__COUNT
+} BenchStatus;
+
+typedef struct BenchRecord {
+    int conversation, turn;
+    BenchStatus status;
+    int http_status;     /* 0: none */
+    long prompt_tokens;  /* from usage; -1 when not reported */
+    long cached_tokens;  /* from usage; -1 when not reported */
+    long output_tokens;  /* usage's completion_tokens, else the content deltas counted */
+    double ready_s;      /* when the turn was due, seconds since the run started */
+    double send_s, end_s;/* request sent / answer complete, same clock */
+    double ttft_s;       /* send -> first content delta; -1: none came */
+    double tpot_s;       /* (e2e - ttft) / (output_tokens - 1); -1 with < 2 tokens */
+    double e2e_s;        /* send -> end */
+    int n_gaps;
+    double *gaps;        /* (n_gaps) seconds between consecutive content deltas */
+    char error[160];     /* "" when ok */
+    char *sent;          /* keep_text: the request's messages as a JSON array, else NULL */
+    char *reply;         /* keep_text: the reply text, else NULL */
+} BenchRecord;
+
+#define BENCH_MAX_TIERS 8
+
+/* mnemo's cache counters at one moment (or their change over a run). */
+typedef struct BenchMetrics {
+    bool is_valid;       /* /metrics answered with mnemo's counters */
+    int n_tiers;
+    char tier[BENCH_MAX_TIERS][24];
+    double cached[BENCH_MAX_TIERS]; /* mnemo_cached_tokens_total{tier} */
+    double recomputed;   /* mnemo_recomputed_tokens_total */
+} BenchMetrics;
+
+typedef struct BenchRunOpts {
+    const char *url;     /* base URL, e.g. http://127.0.0.1:8080 */
+    const char *api_key; /* NULL: none */
+    const char *model;   /* sent as "model" */
+    float temperature;   /* < 0: not sent */
+    int concurrency;     /* workers, >= 1 */
+    double duration_s;   /* no conversation starts after this (0: no limit) */
+    double connect_timeout_s, idle_timeout_s; /* <= 0: no limit */
+    bool keep_text;      /* fill BenchRecord.sent / .reply */
+    bool show_progress;  /* a progress line on stderr */
+    bool handle_signals; /* SIGINT/SIGTERM: cancel what is in flight, keep what finished */
+} BenchRunOpts;
+
+typedef struct BenchResults {
+    long n_records;
+    BenchRecord *records; /* (n_records) in completion order */
+    long n_planned;       /* the plan's requests */
+    long n_skipped;       /* planned but not sent (--duration, failures, interruption) */
+    int n_convs_started;
+    double wall_s;        /* run start -> the last answer */
+    bool is_interrupted;
+    BenchMetrics before, after, delta; /* delta = after - before when both valid */
+} BenchResults;
+
+/* Run the plan. MN_OK with *out (free with bench_results_free) however many
+ * requests failed; MN_ENOMEM or MN_EINVAL (bad options, err says why). */
+int bench_run(const BenchPlan *plan, const BenchRunOpts *o, BenchResults **out, MnErr *err);
+void bench_results_free(BenchResults *r);
+
+/* Parse a Prometheus text body for mnemo's cache counters. */
+void bench_metrics_parse(const char *text, BenchMetrics *m);
+
+/* "ok", "http_500" style name of a record's status (buf >= 16 bytes). */
+const char *bench_status_name(const BenchRecord *r, char *buf, size_t cap);
+
+#endif

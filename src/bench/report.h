@@ -1,0 +1,78 @@
+/* report.h — what `mnemo bench` tells: a summary table, requests.csv,
+ * summary.json and report.svg.
+ *
+ * Percentiles are nearest-rank: the p-th percentile of n sorted samples is
+ * the sample at 1-based rank ceil(p/100 * n), so it is always an observed
+ * value. Latency statistics (TTFT, TPOT, inter-token gaps, normalized
+ * latency, end-to-end) are over successful requests only; a statistic
+ * without samples is NaN on stdout ("-") and null in JSON.
+ */
+#ifndef MN_BENCH_REPORT_H
+#define MN_BENCH_REPORT_H
+
+#include <stdio.h>
+
+#include "base/err.h"
+#include "bench/loadgen.h"
+
+typedef struct BenchDist {
+    long n;
+    double mean, p50, p90, p99; /* NaN when n == 0 */
+} BenchDist;
+
+#define BENCH_MAX_ERRORS 8
+
+typedef struct BenchErrorCount {
+    char msg[192];
+    long n;
+} BenchErrorCount;
+
+typedef struct BenchSummary {
+    long requests;          /* sent and answered or failed (= records) */
+    long failures;          /* requests whose status is not ok */
+    long skipped;           /* planned turns never sent */
+    long by_status[BENCH_STATUS__COUNT];
+    double wall_s;
+    BenchDist ttft, ttft_first, ttft_returning; /* first: turn 1; returning: turns 2.. */
+    BenchDist tpot, itl, norm_latency, e2e;     /* itl: inter-token (delta) gaps */
+    double throughput_rps;  /* successful requests / wall_s */
+    double output_tps;      /* output tokens of successful requests / wall_s */
+    long prompt_tokens, cached_tokens, output_tokens; /* sums over successful requests */
+    double cached_fraction; /* cached / prompt tokens; NaN when unknown */
+    const char *cached_source; /* "usage", "metrics" or "none" */
+    int n_errors;
+    BenchErrorCount errors[BENCH_MAX_ERRORS]; /* distinct failure messages, most frequent first */
+} BenchSummary;
+
+/* Facts about the run for the report headers. */
+typedef struct BenchInfo {
+    const char *workload, *url, *model;
+    unsigned long long seed;
+    int n_convs;
+    double tokens_per_word;
+    bool is_measured;
+} BenchInfo;
+
+/* Nearest-rank percentile of sorted[0..n) (n >= 1), p in (0, 100]. */
+double bench_percentile(const double *sorted, long n, double p);
+
+/* MN_OK or MN_ENOMEM. */
+int bench_summarize(const BenchResults *r, BenchSummary *s);
+
+void bench_print_summary(FILE *f, const BenchSummary *s, const BenchResults *r, const BenchInfo *info);
+
+/* One row per request, header
+ * conversation,turn,prompt_tokens,cached_tokens,output_tokens,ttft_s,tpot_s,e2e_s,status
+ * (turns 1-based; unknown values empty). */
+int bench_write_csv(const char *path, const BenchResults *r, MnErr *err);
+int bench_write_json(const char *path, const BenchSummary *s, const BenchResults *r, const BenchInfo *info,
+                     MnErr *err);
+/* Two plots: TTFT p50/p90 by turn, and the TTFT CDF of first and returning turns. */
+int bench_write_svg(const char *path, const BenchSummary *s, const BenchResults *r, const BenchInfo *info,
+                    MnErr *err);
+
+/* Create dir (and its parents) and write the three files into it. */
+int bench_write_report(const char *dir, const BenchSummary *s, const BenchResults *r, const BenchInfo *info,
+                       MnErr *err);
+
+#endif

@@ -1,0 +1,892 @@
+/* test_bench.c — `mnemo bench`: plans are reproducible and follow their
+ * workload; against a real `mnemo serve` (stories260K) every planned turn
+ * is sent once, conversations are closed loops, each turn's history holds
+ * the actual earlier replies, the concurrency cap holds, and requests.csv /
+ * summary.json agree with the summary; report.svg is well-formed XML.
+ * Against a fake server (libmicrohttpd) and a closed port, HTTP 500s, cut
+ * streams and refused connections are counted as failures and the report
+ * is still written. */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdbool.h>
+
+#include <arpa/inet.h>
+#include <curl/curl.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/mem.h"
+#include "bench/bench.h"
+#include "bench/client.h"
+#include "bench/loadgen.h"
+#include "bench/report.h"
+#include "bench/workload.h"
+
+/* ---- a mnemo server process ----------------------------------------------------- */
+
+typedef struct Srv {
+    pid_t pid;
+    int port;
+    char log[64];
+} Srv;
+
+static int srv_start(Srv *s, const char *model) {
+    char path[512], rel[256], cmd[2048];
+    snprintf(rel, sizeof rel, "models/%s.gguf", model);
+    test_data_path(path, sizeof path, rel);
+    if (!test_require_file(path)) return -1;
+    snprintf(s->log, sizeof s->log, "/tmp/mnemo-test-bench-%d-XXXXXX", (int)getpid());
+    int fd = mkstemp(s->log);
+    close(fd);
+    const char *bin = getenv("MNEMO_BIN") ? getenv("MNEMO_BIN") : "./build/release/mnemo";
+    snprintf(cmd, sizeof cmd, "exec %s serve -m %s --port 0 --block-tokens 8 2>%s", bin, path, s->log);
+    s->pid = fork();
+    if (s->pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 300; i++) {
+        usleep(50000);
+        char *log = test_read_file(s->log, NULL);
+        char *p = log ? strstr(log, "on http://127.0.0.1:") : NULL;
+        if (p) {
+            s->port = atoi(p + strlen("on http://127.0.0.1:"));
+            free(log);
+            return 0;
+        }
+        free(log);
+    }
+    fail_msg("server did not start; see %s", s->log);
+    return -1;
+}
+
+static void srv_stop(Srv *s) {
+    kill(s->pid, SIGTERM);
+    int st;
+    waitpid(s->pid, &st, 0);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    unlink(s->log);
+}
+
+/* ---- a fake server: 500s and cut streams ------------------------------------------ */
+
+typedef enum FakeMode { FAKE_500, FAKE_CUT, FAKE_NO_DONE } FakeMode;
+
+typedef struct Fake {
+    struct MHD_Daemon *d;
+    FakeMode mode;
+    int port;
+} Fake;
+
+typedef struct FakeStream {
+    FakeMode mode;
+    int step;
+} FakeStream;
+
+static const char CHUNK[] = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi \"}}]}\n\n";
+
+static ssize_t fake_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    FakeStream *st = cls;
+    if (st->step < 2 && max >= sizeof CHUNK) {
+        st->step++;
+        memcpy(buf, CHUNK, sizeof CHUNK - 1);
+        return (ssize_t)(sizeof CHUNK - 1);
+    }
+    return st->mode == FAKE_CUT ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
+}
+
+static void fake_free(void *cls) { free(cls); }
+
+static enum MHD_Result fake_handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                    const char *version, const char *upload, size_t *upload_size, void **state) {
+    Fake *f = cls;
+    if (*state == NULL) { /* first call: headers only */
+        *state = f;
+        return MHD_YES;
+    }
+    if (*upload_size > 0) { /* swallow the body */
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    struct MHD_Response *r;
+    unsigned status = 200;
+    if (strcmp(url, "/v1/chat/completions") != 0 || f->mode == FAKE_500) {
+        static const char err[] = "{\"error\":{\"message\":\"fake failure\",\"type\":\"server_error\"}}";
+        r = MHD_create_response_from_buffer(sizeof err - 1, (void *)err, MHD_RESPMEM_PERSISTENT);
+        status = strcmp(url, "/v1/chat/completions") == 0 ? 500 : 404;
+    } else {
+        FakeStream *st = calloc(1, sizeof *st);
+        st->mode = f->mode;
+        r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, fake_read, st, fake_free);
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    }
+    enum MHD_Result ok = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static void fake_start(Fake *f, FakeMode mode) {
+    f->mode = mode;
+    f->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0, NULL, NULL,
+                            fake_handler, f, MHD_OPTION_END);
+    assert_non_null(f->d);
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(f->d, MHD_DAEMON_INFO_BIND_PORT);
+    assert_non_null(info);
+    f->port = info->port;
+}
+
+static void fake_stop(Fake *f) { MHD_stop_daemon(f->d); }
+
+/* A loopback port with nothing listening. */
+static int closed_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t len = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &len);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* ---- helpers -------------------------------------------------------------------------- */
+
+static void small_config(BenchConfig *c, BenchWorkload w, int n_convs, int n_turns) {
+    bench_config_init(c);
+    c->workload = w;
+    c->n_conversations = n_convs;
+    c->n_turns = n_turns;
+    c->question_tokens = 12;
+    c->output_tokens = 4;
+    c->rate = 0;
+    c->think_mean_s = 0.01f;
+    c->concurrency = 2;
+    MnErr err = {0};
+    assert_int_equal(bench_config_resolve(c, &err), MN_OK);
+}
+
+static BenchResults *run_plan(const BenchPlan *p, int port, int concurrency, bool keep_text) {
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
+    BenchRunOpts o = {.url = url, .model = "test", .temperature = 0, .concurrency = concurrency,
+                      .connect_timeout_s = 5, .idle_timeout_s = 60, .keep_text = keep_text};
+    BenchResults *r = NULL;
+    MnErr err = {0};
+    int rc = bench_run(p, &o, &r, &err);
+    if (rc) fail_msg("bench_run: %s", err.msg);
+    return r;
+}
+
+typedef struct Tokenizer {
+    ChatClient *c;
+} Tokenizer;
+
+static int count_via_server(void *ctx, const char *text, long *n) {
+    Tokenizer *t = ctx;
+    json_t *req = json_pack("{s:s,s:b}", "content", text, "add_special", 0);
+    char *body = json_dumps(req, 0), *resp = NULL;
+    json_decref(req);
+    int status = 0, rc = client_post(t->c, "/tokenize", body, &resp, &status);
+    free(body);
+    json_t *j = rc == MN_OK && status == 200 ? json_loads(resp, 0, NULL) : NULL;
+    mn_free(resp);
+    if (j == NULL) return MN_EIO;
+    *n = (long)json_array_size(json_object_get(j, "tokens"));
+    json_decref(j);
+    return MN_OK;
+}
+
+/* Well-formedness of an XML document: one root, balanced tags, quoted
+ * attributes, entities only of the XML set or numeric. Returns NULL or a
+ * message. */
+static const char *xml_check(const char *s) {
+    const char *stack[64];
+    size_t lens[64];
+    int depth = 0, roots = 0;
+    while (*s) {
+        if (*s == '&') {
+            const char *e = strchr(s, ';');
+            if (e == NULL || e - s > 8) return "bad entity";
+            if (!(strncmp(s, "&amp;", 5) == 0 || strncmp(s, "&lt;", 4) == 0 || strncmp(s, "&gt;", 4) == 0 ||
+                  strncmp(s, "&quot;", 6) == 0 || strncmp(s, "&apos;", 6) == 0 || s[1] == '#'))
+                return "unknown entity";
+            s = e + 1;
+            continue;
+        }
+        if (*s == '>') return "stray >";
+        if (*s != '<') {
+            if (depth == 0 && !(*s == ' ' || *s == '\n' || *s == '\r' || *s == '\t')) return "text outside the root";
+            s++;
+            continue;
+        }
+        if (strncmp(s, "<?", 2) == 0) {
+            const char *e = strstr(s, "?>");
+            if (e == NULL) return "unterminated <?";
+            s = e + 2;
+            continue;
+        }
+        if (strncmp(s, "<!--", 4) == 0) {
+            const char *e = strstr(s, "-->");
+            if (e == NULL) return "unterminated comment";
+            s = e + 3;
+            continue;
+        }
+        bool closing = s[1] == '/';
+        const char *name = s + (closing ? 2 : 1);
+        size_t n = strcspn(name, " \t\n/>");
+        if (n == 0) return "empty tag name";
+        const char *p = name + n;
+        bool self = false;
+        while (*p && *p != '>') { /* attributes */
+            if (*p == '"' || *p == '\'') {
+                const char *q = strchr(p + 1, *p);
+                if (q == NULL) return "unterminated attribute";
+                if (memchr(p + 1, '<', (size_t)(q - p - 1))) return "< in an attribute";
+                p = q + 1;
+                continue;
+            }
+            if (*p == '=' && p[1] != '"' && p[1] != '\'') return "unquoted attribute";
+            if (*p == '/' && p[1] == '>') self = true;
+            if (*p == '<') return "< inside a tag";
+            p++;
+        }
+        if (*p != '>') return "unterminated tag";
+        if (closing) {
+            if (depth == 0 || lens[depth - 1] != n || strncmp(stack[depth - 1], name, n) != 0) return "mismatched tag";
+            depth--;
+        } else if (!self) {
+            if (depth == 0 && roots++ > 0) return "two roots";
+            if (depth == 64) return "too deep";
+            stack[depth] = name;
+            lens[depth++] = n;
+        } else if (depth == 0) {
+            return "self-closing root";
+        }
+        s = p + 1;
+    }
+    if (depth != 0) return "unclosed tags";
+    return roots == 1 ? NULL : "no root";
+}
+
+static char *tmp_dir(void) {
+    char *d = malloc(64);
+    snprintf(d, 64, "/tmp/mnemo-test-bench-out-XXXXXX");
+    assert_non_null(mkdtemp(d));
+    return d;
+}
+
+static void rm_dir(const char *d) {
+    static const char *const files[] = {"requests.csv", "summary.json", "report.svg"};
+    char p[256];
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", d, files[i]);
+        unlink(p);
+    }
+    rmdir(d);
+}
+
+/* CSV rows as arrays of fields (all strings malloc'd). */
+typedef struct Csv {
+    int n_rows;
+    char *fields[512][9];
+} Csv;
+
+static Csv *csv_read(const char *path) {
+    char *text = test_read_file(path, NULL);
+    assert_non_null(text);
+    Csv *c = calloc(1, sizeof *c);
+    char *save = NULL, *line = strtok_r(text, "\n", &save);
+    assert_string_equal(line, "conversation,turn,prompt_tokens,cached_tokens,output_tokens,ttft_s,tpot_s,e2e_s,status");
+    while ((line = strtok_r(NULL, "\n", &save)) != NULL) {
+        assert_true(c->n_rows < 512);
+        char *p = line;
+        for (int k = 0; k < 9; k++) {
+            size_t n = strcspn(p, ",");
+            c->fields[c->n_rows][k] = strndup(p, n);
+            assert_true(k == 8 ? p[n] == '\0' : p[n] == ',');
+            p += n + (p[n] ? 1 : 0);
+        }
+        c->n_rows++;
+    }
+    free(text);
+    return c;
+}
+
+static void csv_free(Csv *c) {
+    for (int i = 0; i < c->n_rows; i++)
+        for (int k = 0; k < 9; k++) free(c->fields[i][k]);
+    free(c);
+}
+
+static double json_num(json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    if (json_is_null(v)) return NAN;
+    assert_true(json_is_number(v));
+    return json_number_value(v);
+}
+
+static void assert_close(double a, double b, double tol) {
+    if (isnan(a) && isnan(b)) return;
+    if (!(fabs(a - b) <= tol)) fail_msg("%.9g != %.9g", a, b);
+}
+
+/* The report in dir agrees with the summary s and the results r. */
+static void check_report(const char *dir, const BenchSummary *s, const BenchResults *r) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/requests.csv", dir);
+    Csv *csv = csv_read(path);
+    assert_int_equal(csv->n_rows, s->requests);
+    long failures = 0, prompt = 0, cached = 0, out = 0;
+    double ttft[512], ttft_ret[512];
+    long n_ttft = 0, n_ret = 0;
+    for (int i = 0; i < csv->n_rows; i++) {
+        char **f = csv->fields[i];
+        bool ok = strcmp(f[8], "ok") == 0;
+        failures += !ok;
+        if (!ok) continue;
+        if (f[2][0] && f[3][0]) {
+            prompt += atol(f[2]);
+            cached += atol(f[3]);
+        }
+        out += atol(f[4]);
+        if (f[5][0]) {
+            ttft[n_ttft++] = atof(f[5]);
+            if (atoi(f[1]) > 1) ttft_ret[n_ret++] = atof(f[5]);
+        }
+    }
+    assert_int_equal(failures, s->failures);
+    assert_int_equal(out, s->output_tokens);
+    csv_free(csv);
+    /* percentiles of the CSV column (6 decimals) equal the summary's */
+    for (long i = 1; i < n_ttft; i++) /* insertion sort: tiny arrays */
+        for (long k = i; k > 0 && ttft[k - 1] > ttft[k]; k--) {
+            double t = ttft[k];
+            ttft[k] = ttft[k - 1];
+            ttft[k - 1] = t;
+        }
+    for (long i = 1; i < n_ret; i++)
+        for (long k = i; k > 0 && ttft_ret[k - 1] > ttft_ret[k]; k--) {
+            double t = ttft_ret[k];
+            ttft_ret[k] = ttft_ret[k - 1];
+            ttft_ret[k - 1] = t;
+        }
+    if (n_ttft > 0) {
+        assert_close(bench_percentile(ttft, n_ttft, 50), s->ttft.p50, 1e-6);
+        assert_close(bench_percentile(ttft, n_ttft, 90), s->ttft.p90, 1e-6);
+        assert_close(bench_percentile(ttft, n_ttft, 99), s->ttft.p99, 1e-6);
+    } else {
+        assert_true(isnan(s->ttft.p50));
+    }
+    if (n_ret > 0) assert_close(bench_percentile(ttft_ret, n_ret, 50), s->ttft_returning.p50, 1e-6);
+    if (prompt > 0) assert_close((double)cached / (double)prompt, s->cached_fraction, 1e-9);
+
+    snprintf(path, sizeof path, "%s/summary.json", dir);
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    if (j == NULL) fail_msg("summary.json: %s", je.text);
+    assert_int_equal(json_integer_value(json_object_get(j, "requests")), s->requests);
+    assert_int_equal(json_integer_value(json_object_get(j, "failures")), s->failures);
+    assert_close(json_num(j, "ttft_p50_s"), s->ttft.p50, 1e-8);
+    assert_close(json_num(j, "ttft_p90_s"), s->ttft.p90, 1e-8);
+    assert_close(json_num(j, "ttft_p99_s"), s->ttft.p99, 1e-8);
+    assert_close(json_num(j, "ttft_returning_p50_s"), s->ttft_returning.p50, 1e-8);
+    assert_close(json_num(j, "tpot_p50_s"), s->tpot.p50, 1e-8);
+    assert_close(json_num(j, "throughput_rps"), s->throughput_rps, 1e-6 * (1 + s->throughput_rps));
+    assert_close(json_num(j, "output_tps"), s->output_tps, 1e-6 * (1 + s->output_tps));
+    assert_close(json_num(j, "cached_fraction"), s->cached_fraction, 1e-8);
+    assert_int_equal(json_integer_value(json_object_get(j, "skipped")), r->n_skipped);
+    json_decref(j);
+
+    snprintf(path, sizeof path, "%s/report.svg", dir);
+    char *svg = test_read_file(path, NULL);
+    assert_non_null(svg);
+    const char *why = xml_check(svg);
+    if (why) fail_msg("report.svg is not well-formed XML: %s", why);
+    assert_non_null(strstr(svg, "<svg"));
+    assert_non_null(strstr(svg, "TTFT by turn"));
+    assert_non_null(strstr(svg, "TTFT distribution"));
+    free(svg);
+}
+
+static long sum_turns(const BenchPlan *p) {
+    long n = 0;
+    for (int i = 0; i < p->n_convs; i++) n += p->convs[i].n_turns;
+    return n;
+}
+
+/* ---- plans ------------------------------------------------------------------------------ */
+
+static void test_percentile(void **state) {
+    double v[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    assert_true(bench_percentile(v, 10, 50) == 5);
+    assert_true(bench_percentile(v, 10, 90) == 9);
+    assert_true(bench_percentile(v, 10, 99) == 10);
+    assert_true(bench_percentile(v, 10, 100) == 10);
+    assert_true(bench_percentile(v, 1, 50) == 1);
+    assert_true(bench_percentile(v, 2, 50) == 1);
+    assert_true(isnan(bench_percentile(v, 0, 50)));
+}
+
+static void test_metrics_parse(void **state) {
+    BenchMetrics m;
+    bench_metrics_parse("# HELP x\nmnemo_requests_total{status=\"200\"} 3\n"
+                        "mnemo_cached_tokens_total{tier=\"pool\"} 120\nmnemo_cached_tokens_total{tier=\"disk\"} 7\n"
+                        "mnemo_recomputed_tokens_total 55\n",
+                        &m);
+    assert_true(m.is_valid);
+    assert_int_equal(m.n_tiers, 2);
+    assert_string_equal(m.tier[0], "pool");
+    assert_true(m.cached[0] == 120 && m.cached[1] == 7 && m.recomputed == 55);
+    bench_metrics_parse("some_other_metric 1\n", &m);
+    assert_false(m.is_valid);
+}
+
+static void test_config_resolve(void **state) {
+    BenchConfig c;
+    MnErr err = {0};
+    bench_config_init(&c);
+    assert_int_equal(bench_config_resolve(&c, &err), MN_OK); /* sharegpt-synth defaults */
+    assert_true(fabsf(c.question_tokens - 37.8f) < 1e-4f && fabsf(c.output_tokens - 204.6f) < 1e-3f);
+    assert_false(c.is_output_fixed);
+    bench_config_init(&c);
+    c.scale = 0.5f;
+    assert_int_equal(bench_config_resolve(&c, &err), MN_OK);
+    assert_true(fabsf(c.output_tokens - 102.3f) < 1e-3f);
+    bench_config_init(&c);
+    c.workload = BENCH_MULTIROUND_QA;
+    c.rate = 2;
+    assert_int_equal(bench_config_resolve(&c, &err), MN_OK);
+    assert_true(c.is_think_fixed && c.think_mean_s == 4.0f); /* 8 users / 2 qps */
+    bench_config_init(&c);
+    c.rate = -3; /* "unset" is any negative: the default */
+    assert_int_equal(bench_config_resolve(&c, &err), MN_OK);
+    bench_config_init(&c);
+    c.concurrency = 0;
+    assert_int_equal(bench_config_resolve(&c, &err), MN_EINVAL);
+    assert_non_null(strstr(err.msg, "--concurrency"));
+    bench_config_init(&c);
+    c.workload = BENCH_MULTITURN;
+    c.n_turns = 0;
+    assert_int_equal(bench_config_resolve(&c, &err), MN_EINVAL);
+    BenchWorkload w;
+    assert_int_equal(bench_workload_parse("multiround-qa", &w), MN_OK);
+    assert_int_equal(w, BENCH_MULTIROUND_QA);
+    assert_int_equal(bench_workload_parse("nope", &w), MN_EINVAL);
+}
+
+static void test_plan_reproducible(void **state) {
+    for (int w = 0; w < BENCH_WORKLOAD__COUNT; w++) {
+        BenchConfig c;
+        bench_config_init(&c);
+        c.workload = (BenchWorkload)w;
+        c.scale = 0.1f;
+        c.n_conversations = 12;
+        MnErr err = {0};
+        assert_int_equal(bench_config_resolve(&c, &err), MN_OK);
+        BenchPlan *a, *b, *d, *bigger;
+        assert_int_equal(bench_plan_new(&c, NULL, NULL, &a, &err), MN_OK);
+        assert_int_equal(bench_plan_new(&c, NULL, NULL, &b, &err), MN_OK);
+        assert_true(bench_plan_equal(a, b)); /* same flags: same conversations and schedule */
+        assert_int_equal(a->n_requests, sum_turns(a));
+        c.seed = 2;
+        assert_int_equal(bench_plan_new(&c, NULL, NULL, &d, &err), MN_OK);
+        assert_false(bench_plan_equal(a, d));
+        c.seed = 1;
+        c.n_conversations = 20; /* conversation i does not depend on how many there are */
+        assert_int_equal(bench_plan_new(&c, NULL, NULL, &bigger, &err), MN_OK);
+        for (int i = 0; i < a->n_convs; i++) {
+            assert_int_equal(a->convs[i].n_turns, bigger->convs[i].n_turns);
+            assert_string_equal(a->convs[i].turns[0].user, bigger->convs[i].turns[0].user);
+            assert_true(a->convs[i].start_s == bigger->convs[i].start_s);
+        }
+        for (int i = 1; i < a->n_convs; i++) assert_true(a->convs[i].start_s >= a->convs[i - 1].start_s);
+        if (w == BENCH_MULTIROUND_QA) { /* evenly staggered; fixed pause users / rate; shared system prompt */
+            assert_true(fabs(a->convs[3].start_s - 3.0) < 1e-9);
+            assert_true(fabs(a->convs[0].turns[1].think_s - 12.0) < 1e-6);
+            assert_string_equal(a->convs[0].system, a->convs[5].system);
+            assert_true(strlen(a->convs[0].turns[0].user) > strlen(a->convs[0].turns[1].user)); /* history */
+        }
+        if (w == BENCH_MULTITURN) {
+            assert_null(a->convs[0].system);
+            for (int i = 0; i < a->n_convs; i++) assert_int_equal(a->convs[i].n_turns, 5);
+            assert_int_equal(a->convs[0].turns[2].output_tokens, 6); /* 64 x 0.1 */
+        }
+        bench_plan_free(a);
+        bench_plan_free(b);
+        bench_plan_free(d);
+        bench_plan_free(bigger);
+    }
+}
+
+static void test_sharegpt_synth_stats(void **state) {
+    BenchConfig c;
+    bench_config_init(&c);
+    c.n_conversations = 3000;
+    c.scale = 0.05f;
+    c.rate = 10;
+    MnErr err = {0};
+    assert_int_equal(bench_config_resolve(&c, &err), MN_OK);
+    BenchPlan *p;
+    assert_int_equal(bench_plan_new(&c, NULL, NULL, &p, &err), MN_OK);
+    double turns = (double)p->n_requests / p->n_convs, out = 0, user = 0;
+    for (int i = 0; i < p->n_convs; i++)
+        for (int t = 0; t < p->convs[i].n_turns; t++) {
+            out += p->convs[i].turns[t].output_tokens;
+            user += p->convs[i].turns[t].user_tokens;
+        }
+    out /= (double)p->n_requests;
+    user /= (double)p->n_requests;
+    assert_true(turns > 5.2 && turns < 5.9);
+    assert_true(out > 0.9 * 204.6 * 0.05 && out < 1.1 * 204.6 * 0.05);
+    assert_true(user > 1.5 && user < 2.6); /* mean 1.89, but at least one token each */
+    double last = p->convs[p->n_convs - 1].start_s; /* Poisson at 10/s: 3000 arrivals in about 300 s */
+    assert_true(last > 270 && last < 330);
+    bench_plan_free(p);
+    c.n_turns = 2; /* a cap */
+    assert_int_equal(bench_plan_new(&c, NULL, NULL, &p, &err), MN_OK);
+    for (int i = 0; i < p->n_convs; i++) assert_true(p->convs[i].n_turns >= 1 && p->convs[i].n_turns <= 2);
+    bench_plan_free(p);
+}
+
+static void test_sharegpt_file(void **state) {
+    char path[] = "/tmp/mnemo-test-sharegpt-XXXXXX";
+    int fd = mkstemp(path);
+    static const char doc[] =
+        "[{\"id\":\"a\",\"conversations\":[{\"from\":\"human\",\"value\":\"Hello there\"},"
+        "{\"from\":\"gpt\",\"value\":\"Hi! How can I help you today with anything at all?\"},"
+        "{\"from\":\"human\",\"value\":\"Tell me a story\"},{\"from\":\"human\",\"value\":\"about a cat\"},"
+        "{\"from\":\"gpt\",\"value\":\"Once upon a time\"}]},"
+        "{\"id\":\"b\",\"conversations\":[{\"from\":\"gpt\",\"value\":\"only a bot\"}]},"
+        "{\"id\":\"c\",\"conversations\":[{\"from\":\"system\",\"value\":\"Be brief.\"},"
+        "{\"from\":\"human\",\"value\":\"Why?\"}]}]";
+    assert_true(write(fd, doc, sizeof doc - 1) == (ssize_t)(sizeof doc - 1));
+    close(fd);
+    BenchConfig c;
+    bench_config_init(&c);
+    c.sharegpt_path = path;
+    MnErr err = {0};
+    assert_int_equal(bench_config_resolve(&c, &err), MN_OK);
+    BenchPlan *p;
+    assert_int_equal(bench_plan_new(&c, NULL, NULL, &p, &err), MN_OK);
+    assert_int_equal(p->n_convs, 2); /* "b" has no human turn */
+    bool seen_a = false, seen_c = false;
+    for (int i = 0; i < p->n_convs; i++) {
+        BenchConv *cv = &p->convs[i];
+        if (strcmp(cv->turns[0].user, "Hello there") == 0) {
+            seen_a = true;
+            assert_int_equal(cv->n_turns, 2);
+            assert_string_equal(cv->turns[1].user, "Tell me a story\nabout a cat");
+            assert_null(cv->system);
+            assert_int_equal(cv->turns[0].output_tokens, 13); /* 52 chars x 0.25 */
+        } else {
+            seen_c = true;
+            assert_string_equal(cv->turns[0].user, "Why?");
+            assert_string_equal(cv->system, "Be brief.");
+            assert_int_equal(cv->turns[0].output_tokens, 205); /* no reply recorded: the default */
+        }
+    }
+    assert_true(seen_a && seen_c);
+    bench_plan_free(p);
+    bench_config_init(&c); /* --output-tokens fixes every reply */
+    c.sharegpt_path = path;
+    c.output_tokens = 7;
+    c.n_conversations = 1;
+    assert_int_equal(bench_config_resolve(&c, &err), MN_OK);
+    assert_int_equal(bench_plan_new(&c, NULL, NULL, &p, &err), MN_OK);
+    assert_int_equal(p->n_convs, 1);
+    assert_int_equal(p->convs[0].turns[0].output_tokens, 7);
+    bench_plan_free(p);
+    /* broken files name the problem */
+    fd = open(path, O_WRONLY | O_TRUNC);
+    assert_true(write(fd, "[{\"conversations\": [", 20) == 20);
+    close(fd);
+    bench_config_init(&c);
+    c.sharegpt_path = path;
+    assert_int_equal(bench_config_resolve(&c, &err), MN_OK);
+    assert_int_equal(bench_plan_new(&c, NULL, NULL, &p, &err), MN_EFORMAT);
+    assert_non_null(strstr(err.msg, path));
+    fd = open(path, O_WRONLY | O_TRUNC);
+    assert_true(write(fd, "{\"a\": 1}", 8) == 8);
+    close(fd);
+    assert_int_equal(bench_plan_new(&c, NULL, NULL, &p, &err), MN_EFORMAT);
+    unlink(path);
+    c.sharegpt_path = "/nonexistent/file.json";
+    assert_int_equal(bench_plan_new(&c, NULL, NULL, &p, &err), MN_EFORMAT);
+}
+
+/* ---- against mnemo serve ------------------------------------------------------------------ */
+
+static int stop_server(void **state) { /* teardown: also after a failed assertion */
+    Srv *s = *state;
+    if (s && s->pid > 0) srv_stop(s);
+    free(s);
+    return 0;
+}
+
+static void test_real_server(void **state) {
+    Srv *s = calloc(1, sizeof *s);
+    *state = s;
+    if (srv_start(s, "stories260K") != 0) return;
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", s->port);
+    ChatClient *tc;
+    assert_int_equal(client_new(url, NULL, &tc), MN_OK);
+    Tokenizer tok = {tc};
+
+    BenchConfig c;
+    small_config(&c, BENCH_MULTITURN, 4, 3);
+    c.system_tokens = 6;
+    MnErr err = {0};
+    BenchPlan *p, *p2;
+    assert_int_equal(bench_plan_new(&c, count_via_server, &tok, &p, &err), MN_OK);
+    assert_true(p->is_measured);
+    assert_int_equal(bench_plan_new(&c, count_via_server, &tok, &p2, &err), MN_OK);
+    assert_true(bench_plan_equal(p, p2)); /* reproducible with the server's tokenizer too */
+    bench_plan_free(p2);
+
+    BenchResults *r = run_plan(p, s->port, 2, true);
+    long n_gaps = 0;
+    /* counts */
+    assert_int_equal(r->n_records, sum_turns(p));
+    assert_int_equal(r->n_records, p->n_requests);
+    assert_int_equal(r->n_skipped, 0);
+    assert_int_equal(r->n_convs_started, p->n_convs);
+    for (long i = 0; i < r->n_records; i++) {
+        const BenchRecord *x = &r->records[i];
+        if (x->status != BENCH_OK) fail_msg("request %ld failed: %s", i, x->error);
+        assert_int_equal(x->output_tokens, 4);
+        assert_true(x->prompt_tokens > 0 && x->ttft_s >= 0 && x->ttft_s <= x->e2e_s);
+        assert_true(x->tpot_s >= 0); /* gaps: a delta may carry several tokens, or none */
+        n_gaps += x->n_gaps;
+    }
+    assert_true(n_gaps > 0);
+    /* closed loops and history */
+    for (int ci = 0; ci < p->n_convs; ci++) {
+        const BenchRecord *turns[8] = {0};
+        for (long i = 0; i < r->n_records; i++)
+            if (r->records[i].conversation == ci) {
+                int t = r->records[i].turn;
+                assert_true(t >= 0 && t < p->convs[ci].n_turns);
+                assert_null(turns[t]); /* each turn once */
+                turns[t] = &r->records[i];
+            }
+        for (int t = 0; t < p->convs[ci].n_turns; t++) {
+            assert_non_null(turns[t]);
+            if (t > 0) { /* sent only after the previous reply arrived (plus think time) */
+                assert_true(turns[t]->send_s >= turns[t - 1]->end_s);
+                assert_true(turns[t]->ready_s >= turns[t - 1]->end_s);
+            }
+            assert_true(turns[t]->send_s >= turns[t]->ready_s - 1e-6);
+            /* the history: system, then user/assistant pairs with the actual replies */
+            json_t *msgs = json_loads(turns[t]->sent, 0, NULL);
+            assert_non_null(msgs);
+            assert_int_equal(json_array_size(msgs), 2 + 2 * (size_t)t);
+            assert_string_equal(json_string_value(json_object_get(json_array_get(msgs, 0), "role")), "system");
+            assert_string_equal(json_string_value(json_object_get(json_array_get(msgs, 0), "content")),
+                                p->convs[ci].system);
+            for (int k = 0; k <= t; k++) {
+                json_t *u = json_array_get(msgs, 1 + 2 * (size_t)k);
+                assert_string_equal(json_string_value(json_object_get(u, "role")), "user");
+                assert_string_equal(json_string_value(json_object_get(u, "content")), p->convs[ci].turns[k].user);
+                if (k < t) {
+                    json_t *a = json_array_get(msgs, 2 + 2 * (size_t)k);
+                    assert_string_equal(json_string_value(json_object_get(a, "role")), "assistant");
+                    assert_string_equal(json_string_value(json_object_get(a, "content")), turns[k]->reply);
+                }
+            }
+            json_decref(msgs);
+            if (t > 0) assert_true(turns[t]->cached_tokens > 0); /* mnemo's prefix cache saw the history */
+        }
+    }
+    /* the concurrency cap: at most 2 requests overlap */
+    for (long i = 0; i < r->n_records; i++) {
+        int overlap = 0;
+        double t = r->records[i].send_s + 1e-9;
+        for (long k = 0; k < r->n_records; k++)
+            if (r->records[k].send_s <= t && t < r->records[k].end_s) overlap++;
+        assert_true(overlap <= 2);
+    }
+    assert_true(r->delta.is_valid); /* scraped /metrics */
+    assert_true(r->delta.n_tiers >= 1 && r->delta.cached[0] > 0);
+
+    BenchSummary sum;
+    assert_int_equal(bench_summarize(r, &sum), MN_OK);
+    assert_int_equal(sum.requests, p->n_requests);
+    assert_int_equal(sum.failures, 0);
+    assert_int_equal(sum.ttft_first.n, p->n_convs);
+    assert_int_equal(sum.ttft_returning.n, p->n_requests - p->n_convs);
+    assert_true(sum.cached_fraction > 0 && sum.cached_fraction < 1 && strcmp(sum.cached_source, "usage") == 0);
+    assert_true(sum.throughput_rps > 0 && sum.output_tps > 0);
+    char *dir = tmp_dir();
+    BenchInfo info = {"multiturn", url, "test", c.seed, p->n_convs, p->tokens_per_word, p->is_measured};
+    assert_int_equal(bench_write_report(dir, &sum, r, &info, &err), MN_OK);
+    check_report(dir, &sum, r);
+    rm_dir(dir);
+    free(dir);
+    bench_results_free(r);
+    bench_plan_free(p);
+
+    /* the command itself, end to end */
+    dir = tmp_dir();
+    char out_arg[96];
+    snprintf(out_arg, sizeof out_arg, "%s/sub", dir);
+    char *argv[] = {"--url", url, "--workload", "multiround-qa", "--conversations", "2", "--turns", "2",
+                    "--system-tokens", "8", "--history-tokens", "10", "--question-tokens", "6", "--output-tokens",
+                    "3", "--rate", "0", "--think-mean", "0", "--quiet", "--out", out_arg};
+    assert_int_equal(bench_main((int)(sizeof argv / sizeof argv[0]), argv), 0);
+    char path[160];
+    snprintf(path, sizeof path, "%s/summary.json", out_arg);
+    json_t *j = json_load_file(path, 0, NULL);
+    assert_non_null(j);
+    assert_int_equal(json_integer_value(json_object_get(j, "requests")), 4);
+    assert_int_equal(json_integer_value(json_object_get(j, "failures")), 0);
+    assert_string_equal(json_string_value(json_object_get(j, "model")), "stories260K.gguf");
+    assert_true(json_is_object(json_object_get(j, "server_metrics")));
+    json_decref(j);
+    rm_dir(out_arg);
+    rm_dir(dir);
+    free(dir);
+    client_free(tc);
+}
+
+/* ---- failures ------------------------------------------------------------------------------- */
+
+/* Run 3 conversations x 2 turns against port; every first turn fails with
+ * `expect`, second turns are skipped; the report is written and consistent. */
+static void run_failing(int port, BenchStatus expect, const char *expect_status) {
+    BenchConfig c;
+    small_config(&c, BENCH_MULTITURN, 3, 2);
+    MnErr err = {0};
+    BenchPlan *p;
+    assert_int_equal(bench_plan_new(&c, NULL, NULL, &p, &err), MN_OK);
+    BenchResults *r = run_plan(p, port, 2, false);
+    assert_int_equal(r->n_records, 3);
+    assert_int_equal(r->n_skipped, 3);
+    for (long i = 0; i < r->n_records; i++) {
+        char name[32];
+        assert_int_equal(r->records[i].turn, 0);
+        assert_int_equal(r->records[i].status, expect);
+        assert_string_equal(bench_status_name(&r->records[i], name, sizeof name), expect_status);
+        assert_true(r->records[i].error[0] != '\0');
+    }
+    BenchSummary s;
+    assert_int_equal(bench_summarize(r, &s), MN_OK);
+    assert_int_equal(s.requests, 3);
+    assert_int_equal(s.failures, 3);
+    assert_int_equal(s.skipped, 3);
+    assert_true(isnan(s.ttft.p50));
+    assert_true(s.n_errors >= 1 && s.errors[0].n >= 1);
+    FILE *devnull = fopen("/dev/null", "w");
+    BenchInfo info = {"multiturn", "x", "test", 1, 3, 1.3, false};
+    bench_print_summary(devnull, &s, r, &info);
+    fclose(devnull);
+    char *dir = tmp_dir();
+    assert_int_equal(bench_write_report(dir, &s, r, &info, &err), MN_OK);
+    check_report(dir, &s, r);
+    char path[160];
+    snprintf(path, sizeof path, "%s/summary.json", dir);
+    json_t *j = json_load_file(path, 0, NULL);
+    assert_true(json_is_null(json_object_get(j, "ttft_p50_s")));
+    assert_int_equal(json_array_size(json_object_get(j, "errors")), (size_t)s.n_errors);
+    json_decref(j);
+    rm_dir(dir);
+    free(dir);
+    bench_results_free(r);
+    bench_plan_free(p);
+}
+
+static void test_connection_refused(void **state) { run_failing(closed_port(), BENCH_CONNECT_ERROR, "connect_error"); }
+
+static void test_http_500(void **state) {
+    Fake f;
+    fake_start(&f, FAKE_500);
+    run_failing(f.port, BENCH_HTTP_ERROR, "http_500");
+    fake_stop(&f);
+}
+
+static void test_stream_cut(void **state) {
+    Fake f;
+    fake_start(&f, FAKE_CUT); /* the connection drops mid-stream */
+    run_failing(f.port, BENCH_STREAM_ERROR, "stream_error");
+    fake_stop(&f);
+    fake_start(&f, FAKE_NO_DONE); /* a clean end without [DONE] */
+    run_failing(f.port, BENCH_STREAM_ERROR, "stream_error");
+    fake_stop(&f);
+}
+
+static void test_command_failures(void **state) {
+    char url[64], *dir = tmp_dir();
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", closed_port());
+    char *argv[] = {"--url", url, "--workload", "multiturn", "--conversations", "2", "--turns", "2",
+                    "--output-tokens", "2", "--rate", "0", "--quiet", "--out", dir};
+    assert_int_equal(bench_main((int)(sizeof argv / sizeof argv[0]), argv), 1); /* nothing succeeded */
+    char path[160];
+    snprintf(path, sizeof path, "%s/requests.csv", dir);
+    char *csv = test_read_file(path, NULL);
+    assert_non_null(csv);
+    assert_non_null(strstr(csv, ",connect_error\n"));
+    free(csv);
+    rm_dir(dir);
+    free(dir);
+    char *bad1[] = {"--rate", "-1x"};
+    assert_int_equal(bench_main(2, bad1), 2);
+    char *bad2[] = {"--workload", "nope"};
+    assert_int_equal(bench_main(2, bad2), 2);
+    char *bad3[] = {"--url", "localhost:8080"};
+    assert_int_equal(bench_main(2, bad3), 2);
+}
+
+static void test_duration(void **state) {
+    Fake f;
+    fake_start(&f, FAKE_500);
+    BenchConfig c;
+    small_config(&c, BENCH_MULTITURN, 30, 1);
+    c.rate = 10; /* arrivals over about 3 s; start none after 1 s */
+    MnErr err = {0};
+    BenchPlan *p;
+    assert_int_equal(bench_plan_new(&c, NULL, NULL, &p, &err), MN_OK);
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", f.port);
+    BenchRunOpts o = {.url = url, .model = "m", .concurrency = 4, .duration_s = 1.0, .connect_timeout_s = 5,
+                      .idle_timeout_s = 30};
+    BenchResults *r = NULL;
+    assert_int_equal(bench_run(p, &o, &r, &err), MN_OK);
+    bool started[30] = {0};
+    for (long i = 0; i < r->n_records; i++) started[r->records[i].conversation] = true;
+    for (int i = 0; i < p->n_convs; i++) {
+        if (p->convs[i].start_s < 0.6) assert_true(started[i]);
+        if (p->convs[i].start_s >= 1.0) assert_false(started[i]);
+    }
+    assert_int_equal(r->n_records + r->n_skipped, p->n_requests);
+    bench_results_free(r);
+    bench_plan_free(p);
+    fake_stop(&f);
+}
+
+int main(void) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_percentile),
+        cmocka_unit_test(test_metrics_parse),
+        cmocka_unit_test(test_config_resolve),
+        cmocka_unit_test(test_plan_reproducible),
+        cmocka_unit_test(test_sharegpt_synth_stats),
+        cmocka_unit_test(test_sharegpt_file),
+        cmocka_unit_test_teardown(test_real_server, stop_server),
+        cmocka_unit_test(test_connection_refused),
+        cmocka_unit_test(test_http_500),
+        cmocka_unit_test(test_stream_cut),
+        cmocka_unit_test(test_command_failures),
+        cmocka_unit_test(test_duration),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    curl_global_cleanup();
+    return rc;
+}
