@@ -7,6 +7,7 @@
  * streams and refused connections are counted as failures and the report
  * is still written. */
 #include "test_util.h"
+#include "test_serve_util.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -29,52 +30,6 @@
 #include "bench/loadgen.h"
 #include "bench/report.h"
 #include "bench/workload.h"
-
-/* ---- a mnemo server process ----------------------------------------------------- */
-
-typedef struct Srv {
-    pid_t pid;
-    int port;
-    char log[64];
-} Srv;
-
-static int srv_start(Srv *s, const char *model) {
-    char path[512], rel[256], cmd[2048];
-    snprintf(rel, sizeof rel, "models/%s.gguf", model);
-    test_data_path(path, sizeof path, rel);
-    if (!test_require_file(path)) return -1;
-    snprintf(s->log, sizeof s->log, "/tmp/mnemo-test-bench-%d-XXXXXX", (int)getpid());
-    int fd = mkstemp(s->log);
-    close(fd);
-    const char *bin = getenv("MNEMO_BIN") ? getenv("MNEMO_BIN") : "./build/release/mnemo";
-    snprintf(cmd, sizeof cmd, "exec %s serve -m %s --port 0 --block-tokens 8 2>%s", bin, path, s->log);
-    s->pid = fork();
-    if (s->pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 300; i++) {
-        usleep(50000);
-        char *log = test_read_file(s->log, NULL);
-        char *p = log ? strstr(log, "on http://127.0.0.1:") : NULL;
-        if (p) {
-            s->port = atoi(p + strlen("on http://127.0.0.1:"));
-            free(log);
-            return 0;
-        }
-        free(log);
-    }
-    fail_msg("server did not start; see %s", s->log);
-    return -1;
-}
-
-static void srv_stop(Srv *s) {
-    kill(s->pid, SIGTERM);
-    int st;
-    waitpid(s->pid, &st, 0);
-    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    unlink(s->log);
-}
 
 /* ---- a fake server: 500s and cut streams ------------------------------------------ */
 
@@ -633,7 +588,7 @@ static int stop_server(void **state) { /* teardown: also after a failed assertio
 static void test_real_server(void **state) {
     Srv *s = calloc(1, sizeof *s);
     *state = s;
-    if (srv_start(s, "stories260K") != 0) return;
+    if (srv_start(s, "stories260K", "") != 0) return;
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d", s->port);
     ChatClient *tc;

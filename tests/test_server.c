@@ -6,6 +6,7 @@
  * with its status and an OpenAI error object and the server keeps serving;
  * a client that disconnects mid-stream frees its request. */
 #include "test_util.h"
+#include "test_serve_util.h"
 
 #include <stdbool.h>
 
@@ -15,53 +16,6 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-/* ---- a server process ------------------------------------------------------- */
-
-typedef struct Srv {
-    pid_t pid;
-    int port;
-    char log[64];
-} Srv;
-
-/* Start mnemo serve with extra args; returns 0 when it listens. */
-static int srv_start(Srv *s, const char *model, const char *extra) {
-    char path[512], rel[256], cmd[2048];
-    snprintf(rel, sizeof rel, "models/%s.gguf", model);
-    test_data_path(path, sizeof path, rel);
-    if (!test_require_file(path)) return -1;
-    snprintf(s->log, sizeof s->log, "/tmp/mnemo-test-srv-%d-XXXXXX", (int)getpid());
-    int fd = mkstemp(s->log);
-    close(fd);
-    const char *bin = getenv("MNEMO_BIN") ? getenv("MNEMO_BIN") : "./build/release/mnemo";
-    snprintf(cmd, sizeof cmd, "exec %s serve -m %s --port 0 --block-tokens 8 %s 2>%s", bin, path, extra, s->log);
-    s->pid = fork();
-    if (s->pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 300; i++) { /* wait for "serving ... on http://127.0.0.1:PORT" */
-        usleep(50000);
-        char *log = test_read_file(s->log, NULL);
-        char *p = log ? strstr(log, "on http://127.0.0.1:") : NULL;
-        if (p) {
-            s->port = atoi(p + strlen("on http://127.0.0.1:"));
-            free(log);
-            return 0;
-        }
-        free(log);
-    }
-    fail_msg("server did not start; see %s", s->log);
-    return -1;
-}
-
-static void srv_stop(Srv *s) {
-    kill(s->pid, SIGTERM);
-    int st;
-    waitpid(s->pid, &st, 0);
-    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    unlink(s->log);
-}
 
 /* ---- HTTP ----------------------------------------------------------------------- */
 
