@@ -12,6 +12,7 @@
  * and returns the process exit status. This file only wires things together.
  */
 #include <inttypes.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <math.h>
 #include <signal.h>
@@ -889,8 +890,19 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc - 2, argv + 2);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(argv[1], commands[i].name) != 0) continue;
+        /* before any thread exists: libcurl's global state, and jansson's
+         * allocations through the project's allocator */
+        json_set_alloc_funcs(mn_malloc, mn_free);
+        if (client_global_init() != MN_OK) {
+            fprintf(stderr, "mnemo: cannot initialize the HTTP client library\n");
+            return 1;
+        }
+        int status = commands[i].fn(argc - 2, argv + 2);
+        client_global_deinit();
+        return status;
+    }
     fprintf(stderr, "mnemo: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

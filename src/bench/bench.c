@@ -40,7 +40,7 @@ static int count_tokens(void *ctx, const char *text, long *n_tokens) {
     if (body == NULL) return MN_ENOMEM;
     char *resp = NULL;
     int status = 0, rc = client_post(p->client, "/tokenize", body, &resp, &status);
-    free(body);
+    mn_free(body); /* json_dumps: the jansson allocator is mn_malloc (main) or malloc */
     json_t *j = rc == MN_OK && status == 200 && resp ? json_loads(resp, 0, NULL) : NULL;
     mn_free(resp);
     json_t *tokens = json_object_get(j, "tokens"), *count = json_object_get(j, "count");

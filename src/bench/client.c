@@ -30,6 +30,10 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+int client_global_init(void) { return curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK ? MN_OK : MN_EIO; }
+
+void client_global_deinit(void) { curl_global_cleanup(); }
+
 int client_new(const char *base_url, const char *api_key, ChatClient **out) {
     *out = NULL;
     ChatClient *c = mn_calloc(1, sizeof *c);
@@ -201,7 +205,7 @@ int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientPara
     Stream s = {.res = res, .fn = fn, .ctx = ctx};
     s.raw = mn_malloc(4097);
     if (body == NULL || s.raw == NULL) {
-        free(body);
+        mn_free(body);
         mn_free(s.raw);
         return MN_ENOMEM;
     }
@@ -240,7 +244,7 @@ int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientPara
     }
     res->content = s.content ? s.content : mn_strdup("");
     curl_slist_free_all(hs);
-    free(body);
+    mn_free(body);
     mn_free(s.line);
     mn_free(s.raw);
     return s.is_oom ? MN_ENOMEM : out;

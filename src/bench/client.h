@@ -45,6 +45,12 @@ typedef struct ClientResult {
 
 typedef void (*ClientDeltaFn)(void *ctx, const char *text, size_t len);
 
+/* Process-wide set-up of the HTTP library: call once from main, before any
+ * thread creates a client (libcurl's global init is not thread-safe).
+ * MN_OK or MN_EIO. client_global_deinit undoes it at exit. */
+int client_global_init(void);
+void client_global_deinit(void);
+
 /* base_url like "http://127.0.0.1:8080"; api_key may be NULL. */
 int client_new(const char *base_url, const char *api_key, ChatClient **out);
 void client_free(ChatClient *c);

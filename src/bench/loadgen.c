@@ -202,7 +202,7 @@ static char *messages_json(const ClientMsg *msgs, size_t n) {
     char *s = json_dumps(a, JSON_COMPACT);
     json_decref(a);
     char *out = s ? mn_strdup(s) : NULL;
-    free(s);
+    mn_free(s);
     return out;
 }
 
