@@ -630,6 +630,7 @@ static int cmd_serve(int argc, char **argv) {
                *schedule = "fcfs";
     int port = 8080, max_body_kb = 1024;
     uint64_t pool_mb = 0;
+    float drain_timeout = 30.0f;
     bool no_prefix_cache = false;
     CliStrList keys = {0};
     EngineOptions eo;
@@ -653,6 +654,7 @@ static int cmd_serve(int argc, char **argv) {
         {"max-body", 0, CLI_INT, &max_body_kb, "KB", "largest request body in KiB, then 413 (default 1024)"},
         {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache precision (default f16)"},
         {"no-prefix-cache", 0, CLI_FLAG, &no_prefix_cache, NULL, "compute every prompt from scratch"},
+        {"drain-timeout", 0, CLI_FLOAT, &drain_timeout, "S", "on SIGTERM, let running requests finish this long (30)"},
     };
     const char *pos[1];
     int n_pos;
@@ -719,7 +721,9 @@ static int cmd_serve(int argc, char **argv) {
              eo.parallel);
     int sig = 0;
     sigwait(&sigs, &sig);
-    LOG_INFO("signal %d: shutting down", sig);
+    LOG_INFO("signal %d: draining (at most %.1f s), then shutting down", sig, (double)drain_timeout);
+    server_quiesce(srv);
+    if (!engine_drain(e, drain_timeout)) LOG_WARN("drain timeout: cancelling the requests still running");
     status = 0;
 out_engine:
     if (e) engine_shutdown(e); /* running requests end, so connection threads finish */

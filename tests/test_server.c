@@ -13,6 +13,7 @@
 #include <curl/curl.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -443,6 +444,66 @@ static void test_queue_full(void **st) {
     srv_stop(&s);
 }
 
+/* SIGTERM drains: a stream in flight runs to its end, then the server exits 0. */
+typedef struct Drain {
+    const Srv *s;
+    atomic_int got_bytes;
+    long status;
+    char *out;
+} Drain;
+
+static size_t drain_data(char *p, size_t sz, size_t n, void *ctx) {
+    Drain *d = ctx;
+    size_t len = strlen(d->out);
+    d->out = realloc(d->out, len + sz * n + 1);
+    memcpy(d->out + len, p, sz * n);
+    d->out[len + sz * n] = '\0';
+    atomic_store(&d->got_bytes, 1);
+    return sz * n;
+}
+
+static void *drain_main(void *arg) {
+    Drain *d = arg;
+    const char *msgs[1] = {"Once upon a time"};
+    char *body = chat_body_ex(msgs, 1, 420, true, 0.0, 1);
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions", d->s->port);
+    CURL *c = curl_easy_init();
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, drain_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, d);
+    curl_easy_perform(c);
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &d->status);
+    curl_easy_cleanup(c);
+    free(body);
+    return NULL;
+}
+
+static void test_sigterm_drains(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "--threads 1 --drain-timeout 60") != 0) return;
+    Drain d = {.s = &s, .out = calloc(1, 1)};
+    atomic_init(&d.got_bytes, 0);
+    pthread_t th;
+    pthread_create(&th, NULL, drain_main, &d);
+    while (!atomic_load(&d.got_bytes)) usleep(1000);
+    kill(s.pid, SIGTERM); /* while the answer streams */
+    pthread_join(th, NULL);
+    assert_int_equal(d.status, 200);
+    assert_non_null(strstr(d.out, "\"finish_reason\":\"length\""));
+    assert_non_null(strstr(d.out, "data: [DONE]"));
+    int status;
+    waitpid(s.pid, &status, 0);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    char *log = test_read_file(s.log, NULL);
+    assert_non_null(strstr(log, "draining"));
+    assert_null(strstr(log, "cancelled"));
+    free(log);
+    unlink(s.log);
+    free(d.out);
+}
+
 int main(void) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
     const struct CMUnitTest tests[] = {
@@ -459,6 +520,7 @@ int main(void) {
         cmocka_unit_test(test_api_keys),
         cmocka_unit_test(test_disconnect_and_queue),
         cmocka_unit_test(test_queue_full),
+        cmocka_unit_test(test_sigterm_drains),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();

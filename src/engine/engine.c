@@ -238,6 +238,7 @@ struct Engine {
     int n_inbox_submits;     /* submit messages in the inbox */
     int n_waiting_pub;       /* n_waiting as last published by the engine thread */
     bool is_stopping;
+    bool is_draining;        /* no new requests; the running ones finish */
     /* statistics */
     pthread_mutex_t stats_lock;
     EngineStats stats;
@@ -792,7 +793,7 @@ static int post(Engine *e, MsgKind kind, Request *r, bool count_queue) {
     request_ref(r);
     pthread_mutex_lock(&e->inbox_lock);
     int rc = MN_OK;
-    if (e->is_stopping) rc = MN_ECANCELED;
+    if (e->is_stopping || (kind == MSG_SUBMIT && e->is_draining)) rc = MN_ECANCELED;
     else if (count_queue && e->n_inbox_submits + e->n_waiting_pub >= e->opt.max_queue) rc = MN_EBUSY;
     if (rc == MN_OK) {
         if (e->inbox_tail) e->inbox_tail->next = m;
@@ -902,6 +903,24 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
     }
     *out = e;
     return MN_OK;
+}
+
+bool engine_drain(Engine *e, double timeout_s) {
+    pthread_mutex_lock(&e->inbox_lock);
+    e->is_draining = true;
+    pthread_mutex_unlock(&e->inbox_lock);
+    double deadline = now_s() + timeout_s;
+    for (;;) {
+        pthread_mutex_lock(&e->inbox_lock);
+        bool idle = e->inbox_head == NULL && e->n_waiting_pub == 0;
+        pthread_mutex_unlock(&e->inbox_lock);
+        EngineStats st;
+        engine_stats(e, &st);
+        if (idle && st.running == 0 && st.queue_depth == 0) return true;
+        if (now_s() >= deadline) return false;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 void engine_shutdown(Engine *e) {

@@ -92,6 +92,10 @@ int request_read(Request *r, char **text, size_t *len, bool *done, ReqResult *re
 
 void engine_options_default(EngineOptions *o);
 int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err);
+/* Stop taking requests (engine_submit fails with MN_ECANCELED) and wait up
+ * to timeout_s for the queued and running ones to finish. True when they
+ * all did. The engine keeps running; engine_shutdown ends it. */
+bool engine_drain(Engine *e, double timeout_s);
 /* Stop the engine thread: every request still waiting or running finishes
  * as cancelled, later submits fail with MN_ECANCELED. Idempotent. */
 void engine_shutdown(Engine *e);

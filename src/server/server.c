@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/log.h"
 #include "base/mem.h"
@@ -602,7 +603,8 @@ int server_new(Engine *e, const ServerOptions *o, Server **out, MnErr *err) {
         server_free(s);
         return mn_err_set(err, MN_EINVAL, "--host %s is not an IPv4 address", o->host);
     }
-    s->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
+    s->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG |
+                                     MHD_USE_ITC,
                                  (uint16_t)o->port, NULL, NULL, handle_request, s, MHD_OPTION_SOCK_ADDR, &addr,
                                  MHD_OPTION_NOTIFY_COMPLETED, request_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
                                  (unsigned)600, MHD_OPTION_END);
@@ -617,6 +619,11 @@ int server_new(Engine *e, const ServerOptions *o, Server **out, MnErr *err) {
 }
 
 int server_port(const Server *s) { return s->port; }
+
+void server_quiesce(Server *s) {
+    MHD_socket fd = MHD_quiesce_daemon(s->daemon);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
+}
 
 void server_free(Server *s) {
     if (s == NULL) return;

@@ -40,6 +40,8 @@ void server_options_default(ServerOptions *o);
 int server_new(Engine *e, const ServerOptions *o, Server **out, MnErr *err);
 /* The port actually bound (useful with port 0). */
 int server_port(const Server *s);
+/* Stop accepting new connections (open ones are served to the end). */
+void server_quiesce(Server *s);
 /* Stop accepting, close connections, free. */
 void server_free(Server *s);
 
