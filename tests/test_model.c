@@ -1,0 +1,96 @@
+/* test_model.c — model_load's checks: a model whose metadata or tensors do
+ * not fit together is refused with a message naming the problem, and never
+ * half-loaded. Each case rewrites stories260K.gguf with one thing changed. */
+#include "test_util.h"
+
+#include <unistd.h>
+
+#include "base/err.h"
+#include "model/gguf.h"
+#include "model/model.h"
+
+/* Copy stories260K to a temp file, skipping tensor `drop`, replacing the u32
+ * KV `key` by `value` (when key is not NULL) and giving tensor `reshape` the
+ * dims of `shape_like`. Returns the path (static buffer). */
+static const char *variant(const char *drop, const char *key, uint32_t value, const char *reshape,
+                           const char *shape_like) {
+    static char out[64];
+    char path[512];
+    test_data_path(path, sizeof path, "models/stories260K.gguf");
+    Gguf *g = NULL;
+    MnErr err = {0};
+    assert_int_equal(gguf_open(path, &g, &err), MN_OK);
+    GgufWriter *w = gguf_writer_new();
+    for (int64_t i = 0; i < gguf_n_kv(g); i++) {
+        if (key && strcmp(gguf_kv_key(g, i), key) == 0) assert_int_equal(gguf_writer_add_u32(w, key, value), MN_OK);
+        else assert_int_equal(gguf_writer_copy_kv(w, g, i), MN_OK);
+    }
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const GgufTensor *t = gguf_tensor(g, i);
+        if (drop && strcmp(t->name, drop) == 0) continue;
+        const GgufTensor *shape = t;
+        if (reshape && strcmp(t->name, reshape) == 0) shape = gguf_find_tensor(g, shape_like);
+        if (shape->n_bytes != t->n_bytes) shape = t; /* only same-size reshapes keep the data valid */
+        assert_int_equal(gguf_writer_add_tensor(w, t->name, t->type, shape->n_dims, shape->ne, t->data, t->n_bytes), MN_OK);
+    }
+    snprintf(out, sizeof out, "/tmp/mnemo-model-%d.gguf", (int)getpid());
+    assert_int_equal(gguf_writer_write(w, out, &err), MN_OK);
+    gguf_writer_free(w);
+    gguf_close(g);
+    return out;
+}
+
+static void expect_refused(const char *path, const char *needle) {
+    Model *m = (Model *)0x1;
+    MnErr err = {0};
+    int rc = model_load(path, &m, &err);
+    assert_int_not_equal(rc, MN_OK);
+    assert_null(m);
+    if (strstr(err.msg, needle) == NULL) fail_msg("message '%s' lacks '%s'", err.msg, needle);
+    unlink(path);
+}
+
+static void test_missing_tensor(void **s) {
+    char p[512];
+    if (!test_require_file(test_data_path(p, sizeof p, "models/stories260K.gguf"))) return;
+    expect_refused(variant("blk.3.ffn_up.weight", NULL, 0, NULL, NULL), "blk.3.ffn_up.weight");
+    expect_refused(variant("output_norm.weight", NULL, 0, NULL, NULL), "output_norm.weight");
+    expect_refused(variant("token_embd.weight", NULL, 0, NULL, NULL), "token_embd.weight");
+}
+
+static void test_inconsistent_metadata(void **s) {
+    char p[512];
+    if (!test_require_file(test_data_path(p, sizeof p, "models/stories260K.gguf"))) return;
+    /* 7 heads do not divide a dimension of 64 */
+    expect_refused(variant(NULL, "llama.attention.head_count", 7, NULL, NULL), "inconsistent");
+    /* a wrong dimension makes every tensor's shape disagree */
+    expect_refused(variant(NULL, "llama.embedding_length", 96, NULL, NULL), "shape");
+    /* more layers than the file has */
+    expect_refused(variant(NULL, "llama.block_count", 6, NULL, NULL), "blk.5");
+    /* RoPE over more dimensions than a head has */
+    expect_refused(variant(NULL, "llama.rope.dimension_count", 64, NULL, NULL), "rope");
+}
+
+static void test_wrong_shape(void **s) {
+    char p[512];
+    if (!test_require_file(test_data_path(p, sizeof p, "models/stories260K.gguf"))) return;
+    /* the unchanged copy loads */
+    const char *path = variant(NULL, NULL, 0, NULL, NULL);
+    Model *m = NULL;
+    MnErr err = {0};
+    assert_int_equal(model_load(path, &m, &err), MN_OK);
+    assert_int_equal(m->cfg.n_layer, 5);
+    model_free(m);
+    unlink(path);
+    /* ffn_gate [64, 172] stored with ffn_down's transposed dims [172, 64] */
+    expect_refused(variant(NULL, NULL, 0, "blk.2.ffn_gate.weight", "blk.2.ffn_down.weight"), "blk.2.ffn_gate.weight");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_missing_tensor),
+        cmocka_unit_test(test_inconsistent_metadata),
+        cmocka_unit_test(test_wrong_shape),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
