@@ -630,7 +630,7 @@ static int cmd_serve(int argc, char **argv) {
                *schedule = "fcfs";
     int port = 8080, max_body_kb = 1024;
     uint64_t pool_mb = 0;
-    float drain_timeout = 30.0f;
+    float drain_timeout = 30.0f, cache_ttl = 0.0f;
     bool no_prefix_cache = false;
     CliStrList keys = {0};
     EngineOptions eo;
@@ -655,6 +655,7 @@ static int cmd_serve(int argc, char **argv) {
         {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache precision (default f16)"},
         {"no-prefix-cache", 0, CLI_FLAG, &no_prefix_cache, NULL, "compute every prompt from scratch"},
         {"drain-timeout", 0, CLI_FLOAT, &drain_timeout, "S", "on SIGTERM, let running requests finish this long (30)"},
+        {"cache-ttl", 0, CLI_FLOAT, &cache_ttl, "S", "drop cached blocks idle longer than S seconds (0: never)"},
     };
     const char *pos[1];
     int n_pos;
@@ -683,6 +684,7 @@ static int cmd_serve(int argc, char **argv) {
     }
     eo.pool_mb = pool_mb;
     eo.prefix_cache = !no_prefix_cache;
+    eo.cache_ttl_s = cache_ttl;
     MnErr err = {0};
     Model *m = NULL;
     Engine *e = NULL;

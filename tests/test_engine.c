@@ -5,6 +5,7 @@
 #include "test_util.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include "base/err.h"
 #include "base/mem.h"
@@ -217,6 +218,39 @@ static void test_prefix_reuse(void **s) {
     model_free(m);
 }
 
+/* --cache-ttl: blocks idle longer than the TTL leave the pool, even while
+ * the engine has nothing else to do. */
+static void test_cache_ttl(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    EngineOptions o;
+    engine_options_default(&o);
+    o.block_tokens = 8;
+    o.cache_ttl_s = 0.3;
+    Engine *e;
+    MnErr err = {0};
+    assert_int_equal(engine_new(m, &o, &e, &err), MN_OK);
+    int32_t prompt[64];
+    make_prompt(prompt, 37, 512, 21, 1);
+    ReqParams p;
+    greedy_params(&p, 4);
+    ReqResult res;
+    int expect[3] = {0, 32, 0};
+    for (int round = 0; round < 3; round++) {
+        if (round == 2) usleep(1800 * 1000); /* idle past the TTL (checked at least every second) */
+        Request *r = request_new(prompt, 37, &p, "", NULL);
+        assert_int_equal(engine_submit(e, r, &err), MN_OK);
+        free(drain(r, &res));
+        assert_int_equal(res.n_cached, expect[round]);
+        request_unref(r);
+    }
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_true(st.expired_blocks > 0);
+    engine_free(e);
+    model_free(m);
+}
+
 static void test_stop_and_cancel(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
@@ -351,6 +385,7 @@ int main(void) {
         cmocka_unit_test(test_schedule_fpf),
         cmocka_unit_test(test_schedule_relaxed_fpf),
         cmocka_unit_test(test_stop_and_cancel),
+        cmocka_unit_test(test_cache_ttl),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_concurrent_cache),
         cmocka_unit_test(test_concurrent_nocache),

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/err.h"
 #include "base/log.h"
@@ -42,7 +43,8 @@ int kvpool_init(KvPool *p, int n_layer, int kv_dim, int block_tokens, int n_bloc
     p->free_list = mn_calloc(nb, sizeof *p->free_list);
     p->lru_prev = mn_calloc(nb, sizeof *p->lru_prev);
     p->lru_next = mn_calloc(nb, sizeof *p->lru_next);
-    if (!p->arenas || !p->refcount || !p->state || !p->is_cacheable || !p->free_list || !p->lru_prev ||
+    p->cached_at = mn_calloc(nb, sizeof *p->cached_at);
+    if (!p->cached_at || !p->arenas || !p->refcount || !p->state || !p->is_cacheable || !p->free_list || !p->lru_prev ||
         !p->lru_next)
         goto nomem;
     for (int l = 0; l < n_layer; l++) {
@@ -68,6 +70,7 @@ void kvpool_deinit(KvPool *p) {
     mn_free(p->free_list);
     mn_free(p->lru_prev);
     mn_free(p->lru_next);
+    mn_free(p->cached_at);
     memset(p, 0, sizeof *p);
 }
 
@@ -136,11 +139,34 @@ void kvpool_release(KvPool *p, int32_t slot) {
     if (--p->refcount[slot] > 0) return;
     if (p->is_cacheable[slot]) {
         p->state[slot] = SLOT_CACHED;
+        p->cached_at[slot] = kvpool_now();
         lru_push_tail(p, slot);
     } else {
         p->state[slot] = SLOT_FREE;
         p->free_list[p->n_free++] = slot;
     }
+}
+
+double kvpool_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The LRU list is in the order slots became CACHED (revival only removes),
+ * so the expired ones are a prefix of it. */
+int kvpool_expire(KvPool *p, double cutoff) {
+    int n = 0;
+    while (p->lru_head >= 0 && p->cached_at[p->lru_head] < cutoff) {
+        int32_t slot = p->lru_head;
+        lru_unlink(p, slot);
+        if (p->evict_fn) p->evict_fn(p->evict_ctx, slot);
+        p->state[slot] = SLOT_FREE;
+        p->is_cacheable[slot] = false;
+        p->free_list[p->n_free++] = slot;
+        n++;
+    }
+    return n;
 }
 
 void kvpool_set_cacheable(KvPool *p, int32_t slot) {

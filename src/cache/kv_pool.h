@@ -54,6 +54,7 @@ typedef struct KvPool {
     int n_free;
     int32_t *lru_prev, *lru_next; /* (n_blocks) doubly linked CACHED list, -1 ends */
     int32_t lru_head, lru_tail;   /* head = least recently used */
+    double *cached_at;            /* (n_blocks) monotonic seconds a slot became CACHED */
     int n_cached;
     KvEvictFn evict_fn;
     void *evict_ctx;
@@ -76,6 +77,12 @@ int kvpool_alloc(KvPool *p, int32_t *out);
 void kvpool_retain(KvPool *p, int32_t slot);
 void kvpool_release(KvPool *p, int32_t slot);
 void kvpool_set_cacheable(KvPool *p, int32_t slot);
+/* Free every CACHED slot that became CACHED before `cutoff` (monotonic
+ * seconds, see kvpool_now); the evict callback hears of each. Returns how
+ * many were freed. */
+int kvpool_expire(KvPool *p, double cutoff);
+double kvpool_now(void);
+
 /* Slots an allocation can take now: FREE + CACHED. */
 int kvpool_n_available(const KvPool *p);
 int kvpool_n_free(const KvPool *p);

@@ -748,12 +748,33 @@ static void handle_msgs(Engine *e, Msg *m) {
     }
 }
 
+/* Drop cached blocks idle longer than cache_ttl_s. */
+static void expire_cached(Engine *e) {
+    if (e->opt.cache_ttl_s <= 0) return;
+    int n = kvpool_expire(&e->pool, kvpool_now() - e->opt.cache_ttl_s);
+    if (n == 0) return;
+    pthread_mutex_lock(&e->stats_lock);
+    e->stats.expired_blocks += (uint64_t)n;
+    pthread_mutex_unlock(&e->stats_lock);
+    stats_update_gauges(e);
+}
+
 static void *engine_main(void *arg) {
     Engine *e = arg;
     for (;;) {
+        expire_cached(e);
         pthread_mutex_lock(&e->inbox_lock);
-        while (!e->inbox_head && !e->is_stopping && e->n_running == 0 && e->n_waiting == 0)
-            pthread_cond_wait(&e->inbox_cond, &e->inbox_lock);
+        while (!e->inbox_head && !e->is_stopping && e->n_running == 0 && e->n_waiting == 0) {
+            if (e->opt.cache_ttl_s <= 0 || kvpool_n_cached(&e->pool) == 0) {
+                pthread_cond_wait(&e->inbox_cond, &e->inbox_lock);
+                continue;
+            }
+            /* idle with cached blocks: wake up to expire them */
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += 1;
+            if (pthread_cond_timedwait(&e->inbox_cond, &e->inbox_lock, &until) != 0) break;
+        }
         Msg *m = e->inbox_head;
         e->inbox_head = e->inbox_tail = NULL;
         e->n_waiting_pub += e->n_inbox_submits;
@@ -846,7 +867,8 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
     if (op->n_ctx <= 0 || op->n_ctx > m->cfg.n_ctx) op->n_ctx = m->cfg.n_ctx;
     int rc = MN_OK;
     if (op->block_tokens < 1 || op->block_tokens > 1024 || op->batch_tokens < 1 || op->parallel < 1 ||
-        op->max_queue < 1 || op->n_threads < 1 || !(op->decode_reserve >= 0 && op->decode_reserve < 1))
+        op->max_queue < 1 || op->n_threads < 1 || !(op->decode_reserve >= 0 && op->decode_reserve < 1) ||
+        !(op->cache_ttl_s >= 0))
         rc = mn_err_set(err, MN_EINVAL, "engine options out of range");
     uint64_t per_block = kvpool_bytes_for(m->cfg.n_layer, m->cfg.kv_dim, op->block_tokens, 1, op->kv_type);
     uint64_t pool_bytes = op->pool_mb * 1024 * 1024;

@@ -45,6 +45,7 @@ typedef struct EngineOptions {
     MnType kv_type;       /* default f16 */
     bool prefix_cache;    /* default true */
     SchedPolicy schedule; /* default FCFS */
+    double cache_ttl_s;   /* cached blocks idle longer than this are dropped; 0 = never */
 } EngineOptions;
 
 #define ENGINE_MAX_STOP 4
@@ -113,6 +114,7 @@ typedef struct EngineStats {
     uint64_t requests_finished[FINISH_ERROR + 1];
     uint64_t prompt_tokens, generated_tokens, cached_tokens, recomputed_tokens;
     uint64_t suspensions;
+    uint64_t expired_blocks; /* dropped by cache_ttl_s */
     int queue_depth, running;
     int pool_free, pool_used, pool_cached, pool_blocks;
     uint64_t pool_bytes;
