@@ -218,6 +218,61 @@ static void test_prefix_reuse(void **s) {
     model_free(m);
 }
 
+/* Leading-end eviction: the pool evicts a finished conversation's leading
+ * blocks first; when it returns, those are recomputed and the cached blocks
+ * after them used in place, in one two-range pass — and the answer is the
+ * recomputed one, bit for bit. */
+static void test_leading_blocks_recomputed(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    EngineOptions o;
+    engine_options_default(&o);
+    o.block_tokens = 8;
+    o.pool_blocks = 12;
+    o.parallel = 1;
+    Engine *e;
+    MnErr err = {0};
+    assert_int_equal(engine_new(m, &o, &e, &err), MN_OK);
+    int32_t a_prompt[80], b_prompt[80];
+    make_prompt(a_prompt, 65, 512, 31, 1);
+    make_prompt(b_prompt, 41, 512, 32, 1);
+    ReqParams p;
+    greedy_params(&p, 6);
+    ReqResult res;
+    char *ref = reference_text(m, a_prompt, 65, 6);
+    /* A: 65 + 6 tokens, its 8 full prompt blocks stay cached */
+    Request *r = request_new(a_prompt, 65, &p, "", NULL);
+    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    char *t = drain(r, &res);
+    assert_string_equal(t, ref);
+    free(t);
+    request_unref(r);
+    /* B needs 6 blocks: 3 free ones and A's 3 least recently used = its leading ones */
+    r = request_new(b_prompt, 41, &p, "", NULL);
+    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    free(drain(r, &res));
+    request_unref(r);
+    /* A again: leading blocks recomputed, the rest used from the pool */
+    r = request_new(a_prompt, 65, &p, "", NULL);
+    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    t = drain(r, &res);
+    assert_string_equal(t, ref);
+    assert_true(res.n_cached > 0 && res.n_cached < 64);
+    free(t);
+    request_unref(r);
+    /* and once more: everything is back in the pool */
+    r = request_new(a_prompt, 65, &p, "", NULL);
+    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    t = drain(r, &res);
+    assert_string_equal(t, ref);
+    assert_int_equal(res.n_cached, 64);
+    free(t);
+    request_unref(r);
+    free(ref);
+    engine_free(e);
+    model_free(m);
+}
+
 /* --cache-ttl: blocks idle longer than the TTL leave the pool, even while
  * the engine has nothing else to do. */
 static void test_cache_ttl(void **s) {
@@ -386,6 +441,7 @@ int main(void) {
         cmocka_unit_test(test_schedule_relaxed_fpf),
         cmocka_unit_test(test_stop_and_cancel),
         cmocka_unit_test(test_cache_ttl),
+        cmocka_unit_test(test_leading_blocks_recomputed),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_concurrent_cache),
         cmocka_unit_test(test_concurrent_nocache),

@@ -191,7 +191,11 @@ typedef struct Active {
     TokStream ts;
     int32_t *tokens;         /* prompt, then generated */
     int n_tokens, cap_tokens;
-    int n_done;              /* tokens whose KV is in the sequence's blocks */
+    int n_done;              /* tail: tokens [0, n_done) have KV, except the
+                                leading range below while it is recomputed */
+    int lead_end;            /* leading range [0, lead_end) being recomputed
+                                (its blocks were evicted, later ones were not) */
+    int lead_done;           /* [0, lead_done) of the leading range has KV */
     int n_prompt;
     int n_generated;
     int n_cached;            /* prompt tokens found cached at first admission */
@@ -338,15 +342,30 @@ static void active_hash_blocks(Engine *e, Active *a, int n) {
     }
 }
 
-/* Number of leading prompt blocks found in the pool (at most the blocks that
- * leave one token to compute: the last token's logits are needed). */
-static int cached_prefix_blocks(Engine *e, Active *a) {
+/* The run of prompt blocks [*first, *end) found in the pool: it starts at
+ * the first cached block, so leading blocks that were evicted (the pool
+ * evicts a finished sequence's leading blocks first) are recomputed while
+ * the cached ones after them are used (Pensieve's leading-end eviction).
+ * At most the blocks that leave one token to compute (its logits are
+ * needed). Returns the number of cached blocks, *end - *first. */
+static int cached_blocks(Engine *e, Active *a, int *first, int *end) {
+    *first = *end = 0;
     if (e->index == NULL) return 0;
     int max_blocks = (a->n_tokens - 1) / e->opt.block_tokens;
     active_hash_blocks(e, a, max_blocks * e->opt.block_tokens);
-    int n = 0;
-    while (n < max_blocks && index_lookup(e->index, &a->hashes[n]) >= 0) n++;
-    return n;
+    int j = 0;
+    while (j < max_blocks && index_lookup(e->index, &a->hashes[j]) < 0) j++;
+    int k = j;
+    while (k < max_blocks && index_lookup(e->index, &a->hashes[k]) >= 0) k++;
+    if (k == j) j = k = 0;
+    *first = j;
+    *end = k;
+    return k - j;
+}
+
+static int cached_prefix_blocks(Engine *e, Active *a) {
+    int first, end;
+    return cached_blocks(e, a, &first, &end);
 }
 
 /* ---- statistics ---------------------------------------------------------------- */
@@ -517,27 +536,33 @@ static int blocks_needed(const Engine *e, const Active *a, int n_hit) {
 /* Try to start a: take the cached prefix and allocate the rest of its
  * blocks. Returns false (nothing taken) when the pool cannot hold it now. */
 static bool try_admit(Engine *e, Active *a) {
-    int n_hit = cached_prefix_blocks(e, a);
+    int first, end;
+    int n_hit = cached_blocks(e, a, &first, &end);
     int need = blocks_needed(e, a, n_hit);
     int avail = kvpool_n_available(&e->pool);
     /* hit blocks that sit CACHED stop being available once we take them */
-    for (int i = 0; i < n_hit; i++)
+    for (int i = first; i < end; i++)
         if (e->pool.state[index_lookup(e->index, &a->hashes[i])] == SLOT_CACHED) avail--;
     int reserve = e->n_running > 0 ? e->reserve_blocks : 0;
     if (avail - need < reserve) return false;
     Seq *s = &a->seq;
     if (seq_reserve(s, &e->pool, 0) != MN_OK) return false;
-    /* the block table: hit slots first, then fresh ones */
+    /* the block table: the cached run [first, end) in place, fresh slots for
+     * the leading blocks before it and for everything after it. The hits
+     * are taken first, so allocating cannot evict them. */
     int total = n_hit + need;
     int32_t *blocks = mn_malloc((size_t)(total > 0 ? total : 1) * sizeof *blocks);
     if (blocks == NULL) return false;
-    for (int i = 0; i < n_hit; i++) {
+    for (int i = first; i < end; i++) {
         blocks[i] = index_lookup(e->index, &a->hashes[i]);
         kvpool_retain(&e->pool, blocks[i]);
     }
-    for (int i = n_hit; i < total; i++) {
+    for (int i = 0; i < total; i++) {
+        if (i >= first && i < end) continue;
         if (kvpool_alloc(&e->pool, &blocks[i]) != MN_OK) { /* cannot happen: counted above */
-            for (int j = 0; j < i; j++) kvpool_release(&e->pool, blocks[j]);
+            for (int j = 0; j < i; j++)
+                if (j < first || j >= end) kvpool_release(&e->pool, blocks[j]);
+            for (int j = first; j < end; j++) kvpool_release(&e->pool, blocks[j]);
             mn_free(blocks);
             return false;
         }
@@ -545,15 +570,18 @@ static bool try_admit(Engine *e, Active *a) {
     mn_free(s->blocks);
     s->blocks = blocks;
     s->n_blocks = s->cap = total;
-    a->n_done = n_hit * e->opt.block_tokens;
-    a->n_registered = n_hit;
+    const int bt = e->opt.block_tokens;
+    a->lead_end = first * bt;
+    a->lead_done = 0;
+    a->n_done = n_hit > 0 ? end * bt : 0;
+    a->n_registered = n_hit > 0 ? end : 0;
     if (!a->is_admitted_once) {
         a->is_admitted_once = true;
-        a->n_cached = a->n_done;
+        a->n_cached = n_hit * bt;
         pthread_mutex_lock(&e->stats_lock);
         e->stats.prompt_tokens += (uint64_t)a->n_prompt;
-        e->stats.cached_tokens += (uint64_t)a->n_done;
-        e->stats.recomputed_tokens += (uint64_t)(a->n_prompt - a->n_done);
+        e->stats.cached_tokens += (uint64_t)a->n_cached;
+        e->stats.recomputed_tokens += (uint64_t)(a->n_prompt - a->n_cached);
         pthread_mutex_unlock(&e->stats_lock);
     }
     return true;
@@ -569,7 +597,7 @@ static void suspend(Engine *e, int i) {
         return;
     }
     seq_release(&a->seq, &e->pool);
-    a->n_done = 0;
+    a->n_done = a->lead_end = a->lead_done = 0;
     waiting_insert(e, a);
     pthread_mutex_lock(&e->stats_lock);
     e->stats.suspensions++;
@@ -635,6 +663,11 @@ static bool ensure_blocks(Engine *e, Active *a) {
 /* Offer a's newly completed full blocks to the index. */
 static void register_blocks(Engine *e, Active *a) {
     if (e->index == NULL) return;
+    if (a->lead_end > 0 && a->lead_done == a->lead_end) { /* the recomputed leading blocks */
+        for (int i = 0; i < a->lead_end / e->opt.block_tokens; i++)
+            index_insert(e->index, &a->hashes[i], a->seq.blocks[i]);
+        a->lead_end = a->lead_done = 0;
+    }
     int full = a->n_done / e->opt.block_tokens;
     if (full > a->n_registered) active_hash_blocks(e, a, full * e->opt.block_tokens);
     for (; a->n_registered < full; a->n_registered++)
@@ -658,17 +691,24 @@ static void engine_step(Engine *e) {
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < e->n_running && budget > 0; i++) {
             Active *a = e->running[i];
-            int pending = a->n_tokens - a->n_done;
+            int lead = a->lead_end - a->lead_done, tail = a->n_tokens - a->n_done, pending = lead + tail;
             if ((pass == 0) != (pending == 1) || pending <= 0) continue;
-            int take = pending < budget ? pending : budget;
-            e->b_seqs[i] = seq_view(&a->seq);
-            for (int k = 0; k < take; k++) {
+            /* the two-range form: the leading range first, and the tail only
+             * in a batch that completes the leading range (it attends to it) */
+            int take_lead = lead < budget ? lead : budget;
+            for (int k = 0; k < take_lead; k++, n++) {
+                e->b_tok[n] = a->tokens[a->lead_done + k];
+                e->b_seq[n] = i;
+                e->b_pos[n] = a->lead_done + k;
+            }
+            budget -= take_lead;
+            int take = take_lead == lead ? (tail < budget ? tail : budget) : 0;
+            for (int k = 0; k < take; k++, n++) {
                 e->b_tok[n] = a->tokens[a->n_done + k];
                 e->b_seq[n] = i;
                 e->b_pos[n] = a->n_done + k;
-                n++;
             }
-            if (take == pending && !a->is_completed) {
+            if (take_lead + take == pending && !a->is_completed) {
                 e->b_logit[n_logits] = n - 1;
                 e->b_owner[n_logits++] = a;
             }
@@ -687,7 +727,9 @@ static void engine_step(Engine *e) {
     /* advance, register full blocks */
     for (int t = 0; t < n; t++) {
         Active *a = e->running[e->b_seq[t]];
-        if (e->b_pos[t] + 1 > a->n_done) a->n_done = e->b_pos[t] + 1;
+        int32_t p = e->b_pos[t];
+        if (p < a->lead_end) a->lead_done = p + 1 > a->lead_done ? p + 1 : a->lead_done;
+        else if (p + 1 > a->n_done) a->n_done = p + 1;
     }
     for (int i = 0; i < e->n_running; i++) register_blocks(e, e->running[i]);
     for (int i = 0; i < e->n_running; i++) /* completed ones have computed their last KV */
