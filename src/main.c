@@ -627,7 +627,7 @@ static int pick_template(const Model *m, const char *name, ChatTemplate *out) {
 
 static int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *alias = NULL, *tmpl_name = NULL, *kv_type_name = "f16",
-               *schedule = "fcfs";
+               *schedule = "fcfs", *evict = NULL;
     int port = 8080, max_body_kb = 1024;
     uint64_t pool_mb = 0;
     float drain_timeout = 30.0f, cache_ttl = 0.0f;
@@ -656,6 +656,7 @@ static int cmd_serve(int argc, char **argv) {
         {"no-prefix-cache", 0, CLI_FLAG, &no_prefix_cache, NULL, "compute every prompt from scratch"},
         {"drain-timeout", 0, CLI_FLOAT, &drain_timeout, "S", "on SIGTERM, let running requests finish this long (30)"},
         {"cache-ttl", 0, CLI_FLOAT, &cache_ttl, "S", "drop cached blocks idle longer than S seconds (0: never)"},
+        {"evict", 0, CLI_STR, &evict, "POLICY", "lru|fifo|pensieve|lookahead|pensieve+lookahead (default the last)"},
     };
     const char *pos[1];
     int n_pos;
@@ -675,6 +676,11 @@ static int cmd_serve(int argc, char **argv) {
     else if (strcmp(schedule, "relaxed-fpf") == 0) eo.schedule = SCHED_RELAXED_FPF;
     else {
         fprintf(stderr, "mnemo serve: --schedule must be fcfs, fpf or relaxed-fpf\n");
+        goto out;
+    }
+    MnErr perr = {0};
+    if (evict && policy_parse(evict, &eo.evict, &perr) != MN_OK) {
+        fprintf(stderr, "mnemo serve: %s\n", perr.msg);
         goto out;
     }
     if (model_path == NULL || ttype_from_name(kv_type_name, &eo.kv_type) ||
@@ -717,8 +723,9 @@ static int cmd_serve(int argc, char **argv) {
     }
     EngineStats st;
     engine_stats(e, &st);
-    LOG_INFO("KV pool: %d blocks of %d tokens, %.1f MiB (%s), prefix cache %s", st.pool_blocks, st.block_tokens,
-             (double)st.pool_bytes / 1048576.0, kv_type_name, eo.prefix_cache ? "on" : "off");
+    LOG_INFO("KV pool: %d blocks of %d tokens, %.1f MiB (%s), prefix cache %s, eviction %s", st.pool_blocks,
+             st.block_tokens, (double)st.pool_bytes / 1048576.0, kv_type_name, eo.prefix_cache ? "on" : "off",
+             policy_name(eo.evict));
     LOG_INFO("serving %s on http://%s:%d (context %d, %d parallel)", so.model_name, host, server_port(srv), st.n_ctx,
              eo.parallel);
     int sig = 0;

@@ -79,6 +79,11 @@ void kvpool_set_evict_fn(KvPool *p, KvEvictFn fn, void *ctx) {
     p->evict_ctx = ctx;
 }
 
+void kvpool_set_choose_fn(KvPool *p, KvChooseFn fn, void *ctx) {
+    p->choose_fn = fn;
+    p->choose_ctx = ctx;
+}
+
 /* ---- LRU list of CACHED slots --------------------------------------------- */
 
 static void lru_unlink(KvPool *p, int32_t s) {
@@ -106,7 +111,11 @@ int kvpool_alloc(KvPool *p, int32_t *out) {
     if (p->n_free > 0) {
         slot = p->free_list[--p->n_free];
     } else if (p->lru_head >= 0) {
-        slot = p->lru_head;
+        slot = p->choose_fn ? p->choose_fn(p->choose_ctx, p) : p->lru_head;
+        if (slot < 0 || slot >= p->n_blocks || p->state[slot] != SLOT_CACHED) {
+            LOG_ERROR("kv pool: the eviction policy chose slot %d, which is not cached", slot);
+            abort();
+        }
         lru_unlink(p, slot);
         if (p->evict_fn) p->evict_fn(p->evict_ctx, slot);
         p->n_evictions++;

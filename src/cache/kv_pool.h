@@ -36,10 +36,15 @@
 
 typedef enum SlotState { SLOT_FREE = 0, SLOT_IN_USE, SLOT_CACHED } SlotState;
 
+typedef struct KvPool KvPool;
+
 /* Called when a CACHED slot is about to be reused. */
 typedef void (*KvEvictFn)(void *ctx, int32_t slot);
+/* Chooses which CACHED slot to reuse (the eviction policy); must return a
+ * CACHED slot. Without one the least recently cached goes. */
+typedef int32_t (*KvChooseFn)(void *ctx, const KvPool *p);
 
-typedef struct KvPool {
+struct KvPool {
     int n_layer;
     int kv_dim;          /* K (and V) elements per token per layer */
     int block_tokens;
@@ -58,14 +63,17 @@ typedef struct KvPool {
     int n_cached;
     KvEvictFn evict_fn;
     void *evict_ctx;
+    KvChooseFn choose_fn;
+    void *choose_ctx;
     uint64_t n_evictions;
-} KvPool;
+};
 
 /* Build a pool of n_blocks blocks. MN_EINVAL for bad sizes or a kv_type other
  * than f16/f32, MN_ENOMEM. On failure the pool is left zeroed. */
 int kvpool_init(KvPool *p, int n_layer, int kv_dim, int block_tokens, int n_blocks, MnType kv_type);
 void kvpool_deinit(KvPool *p);
 void kvpool_set_evict_fn(KvPool *p, KvEvictFn fn, void *ctx);
+void kvpool_set_choose_fn(KvPool *p, KvChooseFn fn, void *ctx);
 
 /* Bytes a pool of n_blocks would take. */
 uint64_t kvpool_bytes_for(int n_layer, int kv_dim, int block_tokens, int n_blocks, MnType kv_type);

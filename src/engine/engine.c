@@ -186,6 +186,7 @@ typedef struct Active {
     uint64_t arrival;        /* order of arrival */
     double t_submit, t_first;
     Hash128 ns_id;
+    uint64_t conv;           /* conversation for the eviction policy: session id hash, or 0 */
     Seq seq;
     Sampler *smp;
     TokStream ts;
@@ -222,6 +223,12 @@ struct Engine {
     ReplyMemory *replies;
     uint32_t kv_format;
     int reserve_blocks;
+    /* eviction policy state, per pool slot (engine thread) */
+    int32_t *slot_pos;       /* position of the block's first token in its sequence */
+    uint64_t *slot_conv;     /* its conversation (0: none) */
+    int32_t *slot_window;    /* index of its request in the look-ahead window, -1 */
+    EvictCand *cands;        /* (n_blocks) scratch for choose_victim */
+    EvictKey *keys;          /* (n_blocks) */
     uint64_t n_arrivals;
     /* engine thread only */
     Active **running;        /* (parallel) */
@@ -259,6 +266,7 @@ void engine_options_default(EngineOptions *o) {
     o->kv_type = MN_TYPE_F16;
     o->prefix_cache = true;
     o->schedule = SCHED_FCFS;
+    o->evict = EVICT_DEFAULT;
 }
 
 Hash128 engine_namespace_id(const char *ns) { return index_namespace_id(ns); }
@@ -298,6 +306,10 @@ static Active *active_new(Engine *e, Request *r) {
     a->arrival = e->n_arrivals++;
     a->t_submit = r->t_created;
     a->ns_id = index_namespace_id(r->ns);
+    if (r->session) {
+        Hash128 h = hash128(r->session, strlen(r->session));
+        memcpy(&a->conv, h.b, sizeof a->conv);
+    }
     a->n_prompt = (int)r->n_prompt;
     a->cap_tokens = (int)r->n_prompt + r->params.max_tokens + 1;
     a->tokens = mn_malloc((size_t)a->cap_tokens * sizeof *a->tokens);
@@ -660,18 +672,60 @@ static bool ensure_blocks(Engine *e, Active *a) {
     return true;
 }
 
+/* Index block i of a (its KV is complete) and note what the policy needs. */
+static void record_block(Engine *e, Active *a, int i) {
+    int32_t slot = a->seq.blocks[i];
+    if (index_insert(e->index, &a->hashes[i], slot) != 1) return;
+    e->slot_pos[slot] = i * e->opt.block_tokens;
+    e->slot_conv[slot] = a->conv;
+}
+
+/* The eviction policy (KvChooseFn): score every CACHED slot and take the
+ * lowest. Cached blocks' last access is when they became CACHED: the blocks
+ * of a finished request all do so together. */
+static int32_t choose_victim(void *ctx, const KvPool *p) {
+    Engine *e = ctx;
+    PolicyCtx pc = {e->opt.evict, NULL, kvpool_now()};
+    int n = 0;
+    for (int32_t s = p->lru_head; s >= 0; s = p->lru_next[s], n++)
+        e->cands[n] = (EvictCand){(uint64_t)s, e->slot_conv[s], e->slot_pos[s], e->slot_window[s],
+                                  p->cached_at[s], p->cached_at[s]};
+    policy_keys(&pc, e->cands, n, e->keys);
+    return (int32_t)e->cands[policy_victim(e->keys, n)].id;
+}
+
+/* Mark the cached blocks of the requests in the look-ahead window (the
+ * first waiting requests, as many as the free capacity holds on average),
+ * so the policy keeps them, tail of the window first when it must. */
+static void mark_window(Engine *e) {
+    if (e->index == NULL || !policy_uses_window(e->opt.evict)) return;
+    for (int i = 0; i < e->pool.n_blocks; i++) e->slot_window[i] = -1;
+    if (e->n_waiting == 0) return;
+    double mean = 0;
+    for (Active *a = e->waiting; a; a = a->next) mean += (double)blocks_needed(e, a, 0);
+    mean /= e->n_waiting;
+    int len = policy_window_len((double)kvpool_n_available(&e->pool), mean, e->n_waiting);
+    int idx = 0;
+    for (Active *a = e->waiting; a && idx < len; a = a->next, idx++) {
+        int first, end;
+        cached_blocks(e, a, &first, &end);
+        for (int b = first; b < end; b++) {
+            int32_t slot = index_lookup(e->index, &a->hashes[b]);
+            if (slot >= 0 && e->slot_window[slot] < 0) e->slot_window[slot] = idx;
+        }
+    }
+}
+
 /* Offer a's newly completed full blocks to the index. */
 static void register_blocks(Engine *e, Active *a) {
     if (e->index == NULL) return;
     if (a->lead_end > 0 && a->lead_done == a->lead_end) { /* the recomputed leading blocks */
-        for (int i = 0; i < a->lead_end / e->opt.block_tokens; i++)
-            index_insert(e->index, &a->hashes[i], a->seq.blocks[i]);
+        for (int i = 0; i < a->lead_end / e->opt.block_tokens; i++) record_block(e, a, i);
         a->lead_end = a->lead_done = 0;
     }
     int full = a->n_done / e->opt.block_tokens;
     if (full > a->n_registered) active_hash_blocks(e, a, full * e->opt.block_tokens);
-    for (; a->n_registered < full; a->n_registered++)
-        index_insert(e->index, &a->hashes[a->n_registered], a->seq.blocks[a->n_registered]);
+    for (; a->n_registered < full; a->n_registered++) record_block(e, a, a->n_registered);
 }
 
 /* ---- one step ------------------------------------------------------------------- */
@@ -681,6 +735,7 @@ static void fail_all_running(Engine *e, const char *msg) {
 }
 
 static void engine_step(Engine *e) {
+    mark_window(e);
     admit_waiting(e);
     /* every running sequence needs blocks for its pending tokens */
     for (int i = 0; i < e->n_running; i++)
@@ -942,6 +997,17 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         e->b_seq = mn_calloc((size_t)bt, sizeof(int32_t));
         e->b_pos = mn_calloc((size_t)bt, sizeof(int32_t));
         e->b_logit = mn_calloc((size_t)np, sizeof(int32_t));
+        size_t nb = (size_t)e->pool.n_blocks;
+        e->slot_pos = mn_calloc(nb, sizeof *e->slot_pos);
+        e->slot_conv = mn_calloc(nb, sizeof *e->slot_conv);
+        e->slot_window = mn_malloc(nb * sizeof *e->slot_window);
+        e->cands = mn_malloc(nb * sizeof *e->cands);
+        e->keys = mn_malloc(nb * sizeof *e->keys);
+        if (!e->slot_pos || !e->slot_conv || !e->slot_window || !e->cands || !e->keys) rc = MN_ENOMEM;
+        else {
+            for (size_t i = 0; i < nb; i++) e->slot_window[i] = -1;
+            if (e->index) kvpool_set_choose_fn(&e->pool, choose_victim, e);
+        }
         e->piece_cap = tok_max_piece_bytes(m->tok) + 16;
         e->piece = mn_malloc(e->piece_cap);
         if (rc || !e->replies || !e->running || !e->b_owner || !e->b_seqs || !e->b_tok || !e->b_seq || !e->b_pos ||
@@ -1017,6 +1083,11 @@ void engine_free(Engine *e) {
     mn_free(e->b_pos);
     mn_free(e->b_logit);
     mn_free(e->piece);
+    mn_free(e->slot_pos);
+    mn_free(e->slot_conv);
+    mn_free(e->slot_window);
+    mn_free(e->cands);
+    mn_free(e->keys);
     pthread_mutex_destroy(&e->inbox_lock);
     pthread_cond_destroy(&e->inbox_cond);
     pthread_mutex_destroy(&e->stats_lock);

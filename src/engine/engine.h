@@ -26,6 +26,7 @@
 
 #include "base/err.h"
 #include "base/ttype.h"
+#include "cache/policy.h"
 #include "cache/reply_mem.h"
 #include "engine/sampler.h"
 #include "model/model.h"
@@ -46,6 +47,7 @@ typedef struct EngineOptions {
     bool prefix_cache;    /* default true */
     SchedPolicy schedule; /* default FCFS */
     double cache_ttl_s;   /* cached blocks idle longer than this are dropped; 0 = never */
+    EvictPolicy evict;    /* which cached pool block goes first (default pensieve+lookahead) */
 } EngineOptions;
 
 #define ENGINE_MAX_STOP 4
