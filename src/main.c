@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <math.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,7 @@
 #include "bench/bench.h"
 #include "bench/client.h"
 #include "engine/engine.h"
+#include "engine/profile.h"
 #include "engine/mref.h"
 #include "engine/runner.h"
 #include "engine/sampler.h"
@@ -627,7 +629,7 @@ static int pick_template(const Model *m, const char *name, ChatTemplate *out) {
 
 static int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *alias = NULL, *tmpl_name = NULL, *kv_type_name = "f16",
-               *schedule = "fcfs", *evict = NULL;
+               *schedule = "fcfs", *evict = NULL, *profile_file = NULL;
     int port = 8080, max_body_kb = 1024;
     uint64_t pool_mb = 0;
     float drain_timeout = 30.0f, cache_ttl = 0.0f;
@@ -657,6 +659,7 @@ static int cmd_serve(int argc, char **argv) {
         {"drain-timeout", 0, CLI_FLOAT, &drain_timeout, "S", "on SIGTERM, let running requests finish this long (30)"},
         {"cache-ttl", 0, CLI_FLOAT, &cache_ttl, "S", "drop cached blocks idle longer than S seconds (0: never)"},
         {"evict", 0, CLI_STR, &evict, "POLICY", "lru|fifo|pensieve|lookahead|pensieve+lookahead (default the last)"},
+        {"profile-file", 0, CLI_STR, &profile_file, "FILE", "where the machine's cost profile is cached (default ~/.cache/mnemo/cost-MODEL.txt)"},
     };
     const char *pos[1];
     int n_pos;
@@ -710,6 +713,35 @@ static int cmd_serve(int argc, char **argv) {
     const char *base = strrchr(model_path, '/');
     so.model_name = alias ? alias : base ? base + 1 : model_path;
     if (pick_template(m, tmpl_name, &so.chat_template)) goto out_model;
+    /* the pensieve policy's recompute cost: a profile of this machine, taken
+     * once and cached (a cache that cannot be written only costs time) */
+    CostModel cost;
+    if (!no_prefix_cache && policy_uses_cost(eo.evict)) {
+        char path[1024], hex[33];
+        hash128_hex(&m->fingerprint, hex);
+        const char *home = getenv("HOME");
+        if (profile_file == NULL && home != NULL) {
+            snprintf(path, sizeof path, "%s/.cache", home);
+            mkdir(path, 0755);
+            snprintf(path, sizeof path, "%s/.cache/mnemo", home);
+            mkdir(path, 0755);
+            snprintf(path, sizeof path, "%s/.cache/mnemo/cost-%s.txt", home, hex);
+            profile_file = path;
+        }
+        ProfileOptions po;
+        profile_options_default(&po);
+        po.n_threads = eo.n_threads;
+        po.block_tokens = eo.block_tokens;
+        po.kv_type = eo.kv_type;
+        bool was_loaded = false;
+        if (profile_load_or_measure(m, &po, profile_file, &cost, &was_loaded, &err) == MN_OK) {
+            eo.cost = &cost;
+            LOG_INFO("cost profile %s %s", was_loaded ? "loaded from" : "measured, cached in",
+                     profile_file ? profile_file : "(nowhere)");
+        } else {
+            LOG_WARN("no cost profile (%s): pensieve ranks blocks by position", err.msg);
+        }
+    }
     /* signals are taken by sigwait below; every thread inherits the mask */
     sigset_t sigs;
     sigemptyset(&sigs);

@@ -228,6 +228,8 @@ struct Engine {
     uint64_t *slot_conv;     /* its conversation (0: none) */
     int32_t *slot_window;    /* index of its request in the look-ahead window, -1 */
     EvictCand *cands;        /* (n_blocks) scratch for choose_victim */
+    CostModel cost;          /* valid when has_cost */
+    bool has_cost;
     EvictKey *keys;          /* (n_blocks) */
     uint64_t n_arrivals;
     /* engine thread only */
@@ -685,7 +687,7 @@ static void record_block(Engine *e, Active *a, int i) {
  * of a finished request all do so together. */
 static int32_t choose_victim(void *ctx, const KvPool *p) {
     Engine *e = ctx;
-    PolicyCtx pc = {e->opt.evict, NULL, kvpool_now()};
+    PolicyCtx pc = {e->opt.evict, e->has_cost ? &e->cost : NULL, kvpool_now()};
     int n = 0;
     for (int32_t s = p->lru_head; s >= 0; s = p->lru_next[s], n++)
         e->cands[n] = (EvictCand){(uint64_t)s, e->slot_conv[s], e->slot_pos[s], e->slot_window[s],
@@ -961,6 +963,11 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
     pthread_cond_init(&e->inbox_cond, NULL);
     pthread_mutex_init(&e->stats_lock, NULL);
     EngineOptions *op = &e->opt;
+    if (o->cost) {
+        e->cost = *o->cost;
+        e->has_cost = true;
+    }
+    op->cost = NULL; /* the copy above is the engine's */
     if (op->n_ctx <= 0 || op->n_ctx > m->cfg.n_ctx) op->n_ctx = m->cfg.n_ctx;
     int rc = MN_OK;
     if (op->block_tokens < 1 || op->block_tokens > 1024 || op->batch_tokens < 1 || op->parallel < 1 ||

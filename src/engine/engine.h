@@ -26,6 +26,7 @@
 
 #include "base/err.h"
 #include "base/ttype.h"
+#include "cache/cost.h"
 #include "cache/policy.h"
 #include "cache/reply_mem.h"
 #include "engine/sampler.h"
@@ -48,6 +49,7 @@ typedef struct EngineOptions {
     SchedPolicy schedule; /* default FCFS */
     double cache_ttl_s;   /* cached blocks idle longer than this are dropped; 0 = never */
     EvictPolicy evict;    /* which cached pool block goes first (default pensieve+lookahead) */
+    const CostModel *cost; /* recompute cost by position for pensieve (copied); NULL: grows with position */
 } EngineOptions;
 
 #define ENGINE_MAX_STOP 4
