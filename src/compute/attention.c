@@ -80,11 +80,9 @@ static void attn_tile(const AttnJob *job, int t0, int n_q, int kvh, float *scrat
             float *sg = S_OF(i, g);
             float max = sg[0];
             for (int p = 1; p < n_ctx; p++) max = sg[p] > max ? sg[p] : max;
-            double sum = 0.0;
-            for (int p = 0; p < n_ctx; p++) {
-                sg[p] = expf(sg[p] - max);
-                sum += (double)sg[p];
-            }
+            for (int p = 0; p < n_ctx; p++) sg[p] = expf(sg[p] - max);
+            double sum = 0.0; /* in ascending positions, apart from the exps so they pipeline */
+            for (int p = 0; p < n_ctx; p++) sum += (double)sg[p];
             float inv = (float)(1.0 / sum);
             for (int p = 0; p < n_ctx; p++) sg[p] *= inv;
         }
