@@ -19,7 +19,8 @@ enum { ATTN_TILE_MAX = 16 }; /* = ATTN_TILE below */
 
 size_t attn_scratch_floats(int max_ctx, int n_head, int n_head_kv, int head_dim) {
     size_t group = (size_t)(n_head / n_head_kv);
-    return ATTN_TILE_MAX * group * (size_t)max_ctx + 2 * (size_t)head_dim + 16;
+    /* scores (tile, group, ctx) + a K row + V rows as f32 (ctx, head_dim) + an accumulator */
+    return ATTN_TILE_MAX * group * (size_t)max_ctx + (size_t)max_ctx * (size_t)head_dim + 3 * (size_t)head_dim + 16;
 }
 
 typedef struct AttnJob {
@@ -42,6 +43,16 @@ static const float *kv_row(const AttnKv *kv, const AttnSeq *s, int32_t p, int kv
     return buf;
 }
 
+/* acc = sum over p < n_ctx of w[p] * v[p] (rows of hd), in ascending p. */
+static inline void accum_v(float *restrict acc, const float *restrict w, const float *restrict v, int n_ctx, int hd) {
+    for (int d = 0; d < hd; d++) acc[d] = 0.0f;
+    for (int p = 0; p < n_ctx; p++) {
+        const float wp = w[p];
+        const float *vp = v + (size_t)p * (size_t)hd;
+        for (int d = 0; d < hd; d++) acc[d] += wp * vp[d];
+    }
+}
+
 /* Queries of one sequence taken together: each K and V row is converted
  * once per tile instead of once per query. */
 enum { ATTN_TILE = ATTN_TILE_MAX };
@@ -62,6 +73,8 @@ static void attn_tile(const AttnJob *job, int t0, int n_q, int kvh, float *scrat
     const size_t stride = (size_t)max_pos + 1;
     float *scores = scratch;                                  /* (n_q, group, stride) */
     float *kbuf = scratch + (size_t)n_q * (size_t)group * stride; /* (head_dim) */
+    float *acc = kbuf + hd;                                   /* (head_dim) */
+    float *vbuf = acc + hd;                                   /* (max_pos + 1, head_dim) */
     const float scale = 1.0f / sqrtf((float)hd);
 #define Q_OF(i) (b->q + ((size_t)(t0 + (i)) * (size_t)b->n_head + (size_t)kvh * (size_t)group) * (size_t)hd)
 #define S_OF(i, g) (scores + ((size_t)(i) * (size_t)group + (size_t)(g)) * stride)
@@ -86,19 +99,20 @@ static void attn_tile(const AttnJob *job, int t0, int n_q, int kvh, float *scrat
             float inv = (float)(1.0 / sum);
             for (int p = 0; p < n_ctx; p++) sg[p] *= inv;
         }
-        memset(job->out + ((size_t)(t0 + i) * (size_t)b->n_head + (size_t)kvh * (size_t)group) * (size_t)hd, 0,
-               (size_t)group * (size_t)hd * sizeof(float));
     }
+    /* V rows converted once, then each output accumulated over ascending
+     * positions in a local row */
     for (int32_t p = 0; p <= max_pos; p++) {
-        const float *v = kv_row(kv, s, p, kvh, hd, 1, kbuf);
-        for (int i = 0; i < n_q; i++) {
-            if (p > b->pos[t0 + i]) continue;
-            float *o0 = job->out + ((size_t)(t0 + i) * (size_t)b->n_head + (size_t)kvh * (size_t)group) * (size_t)hd;
-            for (int g = 0; g < group; g++) {
-                float w = S_OF(i, g)[p];
-                float *o = o0 + (size_t)g * hd;
-                for (int d = 0; d < hd; d++) o[d] += w * v[d];
-            }
+        const float *v = kv_row(kv, s, p, kvh, hd, 1, vbuf + (size_t)p * (size_t)hd);
+        if (v != vbuf + (size_t)p * (size_t)hd) memcpy(vbuf + (size_t)p * (size_t)hd, v, (size_t)hd * sizeof(float));
+    }
+    for (int i = 0; i < n_q; i++) {
+        float *o0 = job->out + ((size_t)(t0 + i) * (size_t)b->n_head + (size_t)kvh * (size_t)group) * (size_t)hd;
+        const int n_ctx = b->pos[t0 + i] + 1;
+        for (int g = 0; g < group; g++) {
+            if (hd == 64) accum_v(acc, S_OF(i, g), vbuf, n_ctx, 64);
+            else accum_v(acc, S_OF(i, g), vbuf, n_ctx, hd);
+            memcpy(o0 + (size_t)g * hd, acc, (size_t)hd * sizeof(float));
         }
     }
 #undef Q_OF
