@@ -30,6 +30,7 @@
 #include "base/ttype.h"
 #include "bench/bench.h"
 #include "bench/client.h"
+#include "compute/matmul.h"
 #include "engine/engine.h"
 #include "engine/profile.h"
 #include "engine/mref.h"

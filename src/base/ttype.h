@@ -42,6 +42,16 @@ typedef struct TypeTraits {
     bool is_quantized;
 } TypeTraits;
 
+/* A row-major weight matrix in one of these types: n_out rows of n_in
+ * elements (GGUF ne[0] = n_in, ne[1] = n_out). A view: data is borrowed,
+ * e.g. from a GGUF mapping. The model builds them, compute/ multiplies them. */
+typedef struct MatW {
+    MnType type;
+    int64_t n_in;     /* elements per row (a multiple of 32 for quantized types) */
+    int64_t n_out;    /* rows */
+    const void *data; /* (n_out, row_bytes) */
+} MatW;
+
 /* Traits of a supported type, or NULL if mnemo does not support it. */
 const TypeTraits *ttype_traits(uint32_t type);
 

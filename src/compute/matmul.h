@@ -25,12 +25,8 @@
 #include "base/threadpool.h"
 #include "base/ttype.h"
 
-typedef struct MatW {
-    MnType type;
-    int64_t n_in;     /* elements per row (a multiple of 32 for quantized types) */
-    int64_t n_out;    /* rows */
-    const void *data; /* (n_out, row_bytes) borrowed, e.g. from the GGUF mmap */
-} MatW;
+/* MatW, the weight-matrix view, is in base/ttype.h: the model layer below
+ * builds them, this layer multiplies them. */
 
 /* out (n_tok, n_out) = x (n_tok, n_in) * W^T, parallel over tp (may be NULL
  * for single-threaded). Never allocates. */

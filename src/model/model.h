@@ -23,7 +23,7 @@
 
 #include "base/err.h"
 #include "base/hash.h"
-#include "compute/matmul.h"
+#include "base/ttype.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 
