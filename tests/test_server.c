@@ -318,6 +318,8 @@ static void test_errors(void **st) {
     expect_error(&s, "/v1/completions", "{\"prompt\": [1, 99999]}", NULL, 400, "out of range");
     expect_error(&s, "/detokenize", "{\"tokens\": [5, 100000]}", NULL, 400, "range");
     expect_error(&s, "/v1/nothing", "{}", NULL, 404, NULL);
+    expect_error(&s, "/v1/chat/completions", NULL, NULL, 405, "GET");
+    expect_error(&s, "/v1/chat/completions", "{\"messages\": [{\"role\":\"user\",\"content\":\"hi\"}], \"stop\": [\"a\",\"b\",\"c\",\"d\",\"e\"]}", NULL, 400, "stop");
     char big[2048];
     memset(big, ' ', sizeof big - 1);
     big[0] = '{';
