@@ -23,6 +23,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/cli.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -42,12 +43,6 @@
 #include "server/server.h"
 
 #define N_OPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Parse options or print usage; returns -1 to continue, else an exit code. */
 static int parse_or_usage(int argc, char **argv, const char *synopsis, const CliOpt *opts, int n_opts,
@@ -299,13 +294,13 @@ static int cmd_generate(int argc, char **argv) {
     fputs(prompt, stdout);
     fflush(stdout);
     for (size_t i = 0; i < ids.n; i++) sampler_accept(smp, ids.ids[i]);
-    double t0 = now_s();
+    double t0 = mn_now();
     if (runner_eval(&r, ids.ids, (int)ids.n, dump != NULL, gen_row, &gc, &err)) goto done;
     if (dump) {
         gc.mref = NULL;
         if (mref_finish(&mw, gc.last, &err)) goto done;
     }
-    double t_prompt = now_s() - t0;
+    double t_prompt = mn_now() - t0;
     TokStream ts;
     tok_stream_init(&ts, m->tok, false);
     if (prompt[0] != '\0') ts.at_start = false;
@@ -313,7 +308,7 @@ static int cmd_generate(int argc, char **argv) {
     char *piece = mn_malloc(cap);
     if (piece == NULL) goto done;
     int n_done = 0;
-    double t1 = now_s();
+    double t1 = mn_now();
     for (; n_done < n_gen; n_done++) {
         int32_t next = sampler_sample(smp, gc.last);
         if (!ignore_eos && tok_is_eog(m->tok, next)) break;
@@ -332,7 +327,7 @@ static int cmd_generate(int argc, char **argv) {
     fwrite(piece, 1, n_out, stdout);
     printf("\n");
     mn_free(piece);
-    double t_gen = now_s() - t1;
+    double t_gen = mn_now() - t1;
     fprintf(stderr, "mnemo: prompt %zu tokens in %.3f s (%.1f t/s), generated %d tokens in %.3f s (%.1f t/s), seed %" PRIu64 "\n",
             ids.n, t_prompt, (double)ids.n / t_prompt, n_done, t_gen, n_done / (t_gen > 0 ? t_gen : 1), seed);
     status = 0;
@@ -411,12 +406,12 @@ static int cmd_speed(int argc, char **argv) {
     double t_pp = 0, t_tg = 0;
     for (int rep = 0; rep < reps; rep++) {
         runner_reset(&r);
-        double t0 = now_s();
+        double t0 = mn_now();
         if (runner_eval(&r, prompt, n_prompt, false, speed_keep_argmax, &next, &err)) goto done;
-        double t1 = now_s();
+        double t1 = mn_now();
         for (int i = 0; i < n_gen; i++)
             if (runner_eval(&r, &next, 1, false, speed_keep_argmax, &next, &err)) goto done;
-        double t2 = now_s();
+        double t2 = mn_now();
         t_pp += t1 - t0;
         t_tg += t2 - t1;
     }

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/mem.h"
 
 struct ChatClient {
@@ -23,12 +24,6 @@ struct ChatClient {
     long connect_ms, idle_s; /* 0: no limit */
     const atomic_int *cancel; /* NULL: never */
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 int client_global_init(void) { return curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK ? MN_OK : MN_EIO; }
 
@@ -130,7 +125,7 @@ static void on_line(Stream *s, const char *line, size_t len) {
     if (text == NULL) text = json_string_value(json_object_get(choice, "text"));
     size_t tl = text ? strlen(text) : 0;
     if (tl > 0) {
-        if (s->res->ttft_s < 0) s->res->ttft_s = now_s() - s->t0;
+        if (s->res->ttft_s < 0) s->res->ttft_s = mn_now() - s->t0;
         s->res->n_deltas++;
         if (!grow(&s->content, &s->cap_content, s->n_content + tl + 1)) s->is_oom = true;
         else {
@@ -220,9 +215,9 @@ int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientPara
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &s);
     set_common(c, h);
-    s.t0 = now_s();
+    s.t0 = mn_now();
     CURLcode rc = curl_easy_perform(h);
-    res->total_s = now_s() - s.t0;
+    res->total_s = mn_now() - s.t0;
     long status = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
     res->http_status = (int)status;

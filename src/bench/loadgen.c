@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/mem.h"
 #include "bench/client.h"
 
@@ -60,12 +61,6 @@ typedef struct Run {
 } Run;
 
 /* ---- clock -------------------------------------------------------------------------- */
-
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static struct timespec abs_time(double t) {
     struct timespec ts;
@@ -192,7 +187,7 @@ static void on_delta(void *ctx, const char *text, size_t len) {
         d->t = t;
         d->cap = c;
     }
-    d->t[d->n++] = mono_s();
+    d->t[d->n++] = mn_now();
 }
 
 static char *messages_json(const ClientMsg *msgs, size_t n) {
@@ -223,7 +218,7 @@ static int send_turn(Run *r, ChatClient *c, int ci, int turn, ConvState *cs, Ben
                       .ignore_eos = true, .seed = (long)u->seed};
     Deltas d = {0};
     ClientResult res;
-    double t_send = mono_s();
+    double t_send = mn_now();
     int rc = client_chat(c, cs->msgs, cs->n_msgs, &p, on_delta, &d, &res);
     rec->send_s = t_send - r->t0;
     rec->e2e_s = res.total_s;
@@ -307,7 +302,7 @@ static void *worker_main(void *arg) {
         }
         int ci = r->heap[0];
         ConvState *cs = &r->convs[ci];
-        double now = mono_s() - r->t0;
+        double now = mn_now() - r->t0;
         bool is_late = o->duration_s > 0 && cs->next_turn == 0 && cs->ready_s >= o->duration_s;
         if (cs->ready_s > now && !is_late) {
             struct timespec ts = abs_time(r->t0 + cs->ready_s);
@@ -388,7 +383,7 @@ static void progress(Run *r, bool is_tty, bool is_final) {
     int in_flight = r->n_in_flight;
     pthread_mutex_unlock(&r->mu);
     fprintf(stderr, "%sbench: %ld/%ld requests, %ld errors, %d in flight, %.1f s%s", is_tty ? "\r\033[K" : "", done,
-            total, failed, in_flight, mono_s() - r->t0, is_tty && !is_final ? "" : "\n");
+            total, failed, in_flight, mn_now() - r->t0, is_tty && !is_final ? "" : "\n");
     fflush(stderr);
 }
 
@@ -444,7 +439,7 @@ int bench_run(const BenchPlan *plan, const BenchRunOpts *o, BenchResults **out, 
     sigaddset(&sigs, SIGTERM);
     if (o->handle_signals) pthread_sigmask(SIG_BLOCK, &sigs, &old); /* workers inherit the mask */
 
-    r.t0 = mono_s();
+    r.t0 = mn_now();
     for (int i = 0; i < plan->n_convs; i++) {
         r.convs[i].ready_s = plan->convs[i].start_s;
         heap_push(&r, i);
@@ -459,10 +454,10 @@ int bench_run(const BenchPlan *plan, const BenchRunOpts *o, BenchResults **out, 
         rc = mn_err_set(err, MN_ENOMEM, "cannot start worker threads");
     }
     bool is_tty = isatty(STDERR_FILENO);
-    double next_print = mono_s() + (is_tty ? 0.25 : 10.0);
+    double next_print = mn_now() + (is_tty ? 0.25 : 10.0);
     pthread_mutex_lock(&r.mu);
     while (r.n_active > 0) {
-        struct timespec ts = abs_time(mono_s() + 0.1);
+        struct timespec ts = abs_time(mn_now() + 0.1);
         pthread_cond_timedwait(&r.cv, &r.mu, &ts);
         pthread_mutex_unlock(&r.mu);
         if (o->handle_signals) {
@@ -477,9 +472,9 @@ int bench_run(const BenchPlan *plan, const BenchRunOpts *o, BenchResults **out, 
                 pthread_mutex_unlock(&r.mu);
             }
         }
-        if (o->show_progress && mono_s() >= next_print) {
+        if (o->show_progress && mn_now() >= next_print) {
             progress(&r, is_tty, false);
-            next_print = mono_s() + (is_tty ? 0.25 : 10.0);
+            next_print = mn_now() + (is_tty ? 0.25 : 10.0);
         }
         pthread_mutex_lock(&r.mu);
     }

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "base/mem.h"
@@ -148,18 +149,12 @@ void kvpool_release(KvPool *p, int32_t slot) {
     if (--p->refcount[slot] > 0) return;
     if (p->is_cacheable[slot]) {
         p->state[slot] = SLOT_CACHED;
-        p->cached_at[slot] = kvpool_now();
+        p->cached_at[slot] = mn_now();
         lru_push_tail(p, slot);
     } else {
         p->state[slot] = SLOT_FREE;
         p->free_list[p->n_free++] = slot;
     }
-}
-
-double kvpool_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* The LRU list is in the order slots became CACHED (revival only removes),

@@ -85,11 +85,10 @@ int kvpool_alloc(KvPool *p, int32_t *out);
 void kvpool_retain(KvPool *p, int32_t slot);
 void kvpool_release(KvPool *p, int32_t slot);
 void kvpool_set_cacheable(KvPool *p, int32_t slot);
-/* Free every CACHED slot that became CACHED before `cutoff` (monotonic
- * seconds, see kvpool_now); the evict callback hears of each. Returns how
+/* Free every CACHED slot that became CACHED before `cutoff` (mn_now()
+ * seconds, base/clock.h); the evict callback hears of each. Returns how
  * many were freed. */
 int kvpool_expire(KvPool *p, double cutoff);
-double kvpool_now(void);
 
 /* Slots an allocation can take now: FREE + CACHED. */
 int kvpool_n_available(const KvPool *p);

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "base/mem.h"
@@ -66,12 +67,6 @@ struct Tier {
 };
 
 /* ---- helpers: time, map -------------------------------------------------- */
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static uint64_t key_hash(const Hash128 *h) {
     uint64_t a, b;
@@ -315,9 +310,9 @@ int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *poo
     }
 
     uint64_t io_bytes = 0;
-    double t0 = now_seconds();
+    double t0 = mn_now();
     rc = t->ops->write(t->kind, r, pool, slots, &io_bytes);
-    double dt = now_seconds() - t0;
+    double dt = mn_now() - t0;
     if (rc != MN_OK) {
         t->ops->release(t->kind, r);
         mn_free(r);
@@ -391,9 +386,9 @@ int tier_read_layer(Tier *t, const Hash128 *hashes, int n_blocks, int layer, KvP
                 t->read_run[j] = NULL;
             }
         uint64_t io_bytes = 0;
-        double t0 = now_seconds();
+        double t0 = mn_now();
         rc = t->ops->read_layer(t->kind, r, layer, t->group_idx, t->group_slot, n, pool, &io_bytes);
-        t->st.read_seconds += now_seconds() - t0;
+        t->st.read_seconds += mn_now() - t0;
         t->st.bytes_read += io_bytes;
         if (rc == MN_ECHECKSUM) {
             LOG_WARN("%s tier: layer %d of run %llu failed its checksum; dropping the run", t->ops->name, layer,

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "cache/index.h"
@@ -58,12 +59,6 @@ struct Request {
     ReqResult result;
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 Request *request_new(const int32_t *prompt, size_t n, const ReqParams *p, const char *ns, const char *session) {
     if (n == 0 || p->max_tokens <= 0 || p->n_stop < 0 || p->n_stop > ENGINE_MAX_STOP) return NULL;
     Request *r = mn_calloc(1, sizeof *r);
@@ -71,7 +66,7 @@ Request *request_new(const int32_t *prompt, size_t n, const ReqParams *p, const 
     pthread_mutex_init(&r->lock, NULL);
     pthread_cond_init(&r->cond, NULL);
     r->refs = 1;
-    r->t_created = now_s();
+    r->t_created = mn_now();
     r->params = *p;
     r->n_prompt = n;
     r->prompt = mn_malloc(n * sizeof *prompt);
@@ -227,6 +222,7 @@ struct Engine {
     int32_t *slot_pos;       /* position of the block's first token in its sequence */
     uint64_t *slot_conv;     /* its conversation (0: none) */
     int32_t *slot_window;    /* index of its request in the look-ahead window, -1 */
+    bool has_window_marks;   /* some slot_window entry may be set */
     EvictCand *cands;        /* (n_blocks) scratch for choose_victim */
     CostModel cost;          /* valid when has_cost */
     bool has_cost;
@@ -429,7 +425,7 @@ static void active_complete(Engine *e, Active *a, FinishReason why, const char *
     res.n_cached = a->n_cached;
     res.n_generated = a->n_generated;
     res.ttft_s = a->t_first > 0 ? a->t_first - a->t_submit : 0;
-    res.total_s = now_s() - a->t_submit;
+    res.total_s = mn_now() - a->t_submit;
     if (error) snprintf(res.error, sizeof res.error, "%s", error);
     pthread_mutex_lock(&e->stats_lock);
     e->stats.requests_finished[why]++;
@@ -493,7 +489,7 @@ static bool active_push_text(Engine *e, Active *a, int32_t id) {
 /* Sample the next token of a; returns false when a has finished (and is freed). */
 static bool active_sample(Engine *e, Active *a, float *logits) {
     int32_t next = sampler_sample(a->smp, logits);
-    if (a->t_first == 0) a->t_first = now_s();
+    if (a->t_first == 0) a->t_first = mn_now();
     const ReqParams *p = &a->req->params;
     if (!p->ignore_eos && tok_is_eog(e->m->tok, next)) {
         active_finish(e, a, FINISH_STOP, NULL);
@@ -637,7 +633,7 @@ static void admit_waiting(Engine *e) {
      * arrives at once finds its whole reply cached. */
     for (int i = 0; i < e->n_running; i++)
         if (e->running[i]->is_completed) return;
-    double now = now_s();
+    double now = mn_now();
     while (e->n_running < e->opt.parallel && e->waiting) {
         Active *best = NULL;
         double best_p = -INFINITY;
@@ -687,7 +683,7 @@ static void record_block(Engine *e, Active *a, int i) {
  * of a finished request all do so together. */
 static int32_t choose_victim(void *ctx, const KvPool *p) {
     Engine *e = ctx;
-    PolicyCtx pc = {e->opt.evict, e->has_cost ? &e->cost : NULL, kvpool_now()};
+    PolicyCtx pc = {e->opt.evict, e->has_cost ? &e->cost : NULL, mn_now()};
     int n = 0;
     for (int32_t s = p->lru_head; s >= 0; s = p->lru_next[s], n++)
         e->cands[n] = (EvictCand){(uint64_t)s, e->slot_conv[s], e->slot_pos[s], e->slot_window[s],
@@ -701,7 +697,9 @@ static int32_t choose_victim(void *ctx, const KvPool *p) {
  * so the policy keeps them, tail of the window first when it must. */
 static void mark_window(Engine *e) {
     if (e->index == NULL || !policy_uses_window(e->opt.evict)) return;
+    if (e->n_waiting == 0 && !e->has_window_marks) return; /* the common decode step */
     for (int i = 0; i < e->pool.n_blocks; i++) e->slot_window[i] = -1;
+    e->has_window_marks = e->n_waiting > 0;
     if (e->n_waiting == 0) return;
     double mean = 0;
     for (Active *a = e->waiting; a; a = a->next) mean += (double)blocks_needed(e, a, 0);
@@ -850,7 +848,7 @@ static void handle_msgs(Engine *e, Msg *m) {
 /* Drop cached blocks idle longer than cache_ttl_s. */
 static void expire_cached(Engine *e) {
     if (e->opt.cache_ttl_s <= 0) return;
-    int n = kvpool_expire(&e->pool, kvpool_now() - e->opt.cache_ttl_s);
+    int n = kvpool_expire(&e->pool, mn_now() - e->opt.cache_ttl_s);
     if (n == 0) return;
     pthread_mutex_lock(&e->stats_lock);
     e->stats.expired_blocks += (uint64_t)n;
@@ -1046,7 +1044,7 @@ bool engine_drain(Engine *e, double timeout_s) {
     pthread_mutex_lock(&e->inbox_lock);
     e->is_draining = true;
     pthread_mutex_unlock(&e->inbox_lock);
-    double deadline = now_s() + timeout_s;
+    double deadline = mn_now() + timeout_s;
     for (;;) {
         pthread_mutex_lock(&e->inbox_lock);
         bool idle = e->inbox_head == NULL && e->n_waiting_pub == 0;
@@ -1054,7 +1052,7 @@ bool engine_drain(Engine *e, double timeout_s) {
         EngineStats st;
         engine_stats(e, &st);
         if (idle && st.running == 0 && st.queue_depth == 0) return true;
-        if (now_s() >= deadline) return false;
+        if (mn_now() >= deadline) return false;
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }

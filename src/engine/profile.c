@@ -26,6 +26,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "engine/forward.h"
@@ -47,20 +48,14 @@ typedef struct Bench {
 
 /* ---- helpers -------------------------------------------------------------- */
 
-static double now_sec(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Time one block whose first token is at position first. */
 static int run_block(Bench *b, int32_t first, double *sec, MnErr *err) {
     for (int i = 0; i < b->bt; i++) b->pos[i] = first + i;
     FwdBatch batch = {b->bt, b->tokens, b->seqidx, b->pos, &b->view, 1, NULL, 0};
     const float *logits;
-    double t0 = now_sec();
+    double t0 = mn_now();
     int rc = fwd_run(b->fwd, &batch, &logits, err);
-    *sec = now_sec() - t0;
+    *sec = mn_now() - t0;
     return rc;
 }
 
@@ -168,7 +163,7 @@ int profile_measure(const Model *m, const ProfileOptions *o, CostModel *out, MnE
     double t_warm;
     if ((rc = run_block(&b, 0, &t_warm, err))) goto done;
 
-    const double t_start = now_sec();
+    const double t_start = mn_now();
     const double point_sec = o->budget_sec / (2.0 * (n_knots + 1));
     double base;
     if ((rc = time_point(&b, 0, o->reps, point_sec, &base, err))) goto done;
@@ -183,7 +178,7 @@ int profile_measure(const Model *m, const ProfileOptions *o, CostModel *out, MnE
     double last_t = base;
     for (int k = 0; k < n_knots; k++) {
         double predicted = k == 0 ? base : base + (last_t - base) * ((double)knot_pos[k] / knot_pos[k - 1]);
-        if (k > 0 && now_sec() - t_start + predicted > o->budget_sec) break;
+        if (k > 0 && mn_now() - t_start + predicted > o->budget_sec) break;
         double t;
         if ((rc = time_point(&b, knot_pos[k], o->reps, point_sec, &t, err))) goto done;
         last_t = t;
@@ -200,7 +195,7 @@ int profile_measure(const Model *m, const ProfileOptions *o, CostModel *out, MnE
     if (rc == MN_OK)
         LOG_INFO("cost profile: %d of %d contexts up to %d in %.3f s (warm-up %.3f s); "
                  "block at 0: %.3g s, at %d: %.3g s",
-                 n, n_knots, cap, now_sec() - t_start, t_warm, cost_block(out, 0), cap - bt,
+                 n, n_knots, cap, mn_now() - t_start, t_warm, cost_block(out, 0), cap - bt,
                  cost_block(out, cap - bt));
 done:
     fwd_free(b.fwd);

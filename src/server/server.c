@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "engine/prompt.h"
@@ -44,12 +45,6 @@ typedef struct Conn {
     size_t len, cap;
     bool is_too_big;
 } Conn;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 void server_options_default(ServerOptions *o) {
     memset(o, 0, sizeof *o);
@@ -208,7 +203,7 @@ static void fill_usage(const ReqResult *res, ApiUsage *u) {
 
 static void log_request(const Gen *g, int status) {
     LOG_INFO("POST %s %d prompt=%d cached=%d generated=%d ttft=%.3fs total=%.3fs%s", g->path, status,
-             g->res.n_prompt, g->res.n_cached, g->res.n_generated, g->res.ttft_s, now_s() - g->t0,
+             g->res.n_prompt, g->res.n_cached, g->res.n_generated, g->res.ttft_s, mn_now() - g->t0,
              g->res.finish == FINISH_CANCELLED ? " cancelled" : "");
 }
 
@@ -432,7 +427,7 @@ static enum MHD_Result handle_generation(Server *s, struct MHD_Connection *c, Ap
     g->is_stream = ar.is_stream;
     g->include_usage = ar.include_usage;
     g->created = (int64_t)time(NULL);
-    g->t0 = now_s();
+    g->t0 = mn_now();
     snprintf(g->id, sizeof g->id, "%s-%llu", g->is_chat ? "chatcmpl" : "cmpl",
              (unsigned long long)atomic_fetch_add(&s->next_id, 1));
     rc = engine_submit(s->e, g->req, &err);

@@ -1,0 +1,10 @@
+/* clock.c — see clock.h. */
+#include "base/clock.h"
+
+#include <time.h>
+
+double mn_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
