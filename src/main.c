@@ -7,6 +7,7 @@
  *   speed       prefill and decode throughput, like llama-bench
  *   serve       the OpenAI HTTP server      chat   a terminal chat client
  *   bench       multi-turn load generator and report
+ *   disk-probe  raw sequential bandwidth of a directory, as the disk tier moves data
  *
  * Each cmd_* parses its options (base/cli), does its job with the library
  * and returns the process exit status. This file only wires things together.
@@ -31,6 +32,7 @@
 #include "base/ttype.h"
 #include "bench/bench.h"
 #include "bench/client.h"
+#include "bench/diskprobe.h"
 #include "compute/matmul.h"
 #include "engine/engine.h"
 #include "engine/profile.h"
@@ -646,6 +648,7 @@ static int cmd_serve(int argc, char **argv) {
         {"block-tokens", 0, CLI_INT, &eo.block_tokens, "N", "tokens per KV block (default 32)"},
         {"ctx", 'c', CLI_INT, &eo.n_ctx, "N", "context per sequence (default: the model's)"},
         {"pool-mb", 0, CLI_U64, &pool_mb, "N", "KV pool size in MiB (default: a quarter of free RAM, at most 4 GiB)"},
+        {"pool-blocks", 0, CLI_INT, &eo.pool_blocks, "N", "KV pool size in blocks (overrides --pool-mb)"},
         {"decode-reserve", 0, CLI_FLOAT, &eo.decode_reserve, "F", "pool fraction kept for running sequences (0.1)"},
         {"schedule", 0, CLI_STR, &schedule, "fcfs|fpf|relaxed-fpf", "admission order (default fcfs)"},
         {"max-queue", 0, CLI_INT, &eo.max_queue, "N", "waiting requests at most, then 503 (default 64)"},
@@ -656,6 +659,10 @@ static int cmd_serve(int argc, char **argv) {
         {"cache-ttl", 0, CLI_FLOAT, &cache_ttl, "S", "drop cached blocks idle longer than S seconds (0: never)"},
         {"evict", 0, CLI_STR, &evict, "POLICY", "lru|fifo|pensieve|lookahead|pensieve+lookahead (default the last)"},
         {"profile-file", 0, CLI_STR, &profile_file, "FILE", "where the machine's cost profile is cached (default ~/.cache/mnemo/cost-MODEL.txt)"},
+        {"ram-tier-mb", 0, CLI_U64, &eo.ram_tier_mb, "N", "host RAM tier below the pool, in MiB (default 0: none)"},
+        {"disk-tier", 0, CLI_STR, &eo.disk_tier_dir, "DIR", "disk tier directory, kept across restarts (default: none)"},
+        {"disk-tier-mb", 0, CLI_U64, &eo.disk_tier_mb, "N", "disk tier budget in MiB (default 4096)"},
+        {"swap-watermark", 0, CLI_FLOAT, &eo.swap_watermark, "F", "copy cold blocks down when free pool blocks fall under F (0.25)"},
     };
     const char *pos[1];
     int n_pos;
@@ -754,6 +761,9 @@ static int cmd_serve(int argc, char **argv) {
     LOG_INFO("KV pool: %d blocks of %d tokens, %.1f MiB (%s), prefix cache %s, eviction %s", st.pool_blocks,
              st.block_tokens, (double)st.pool_bytes / 1048576.0, kv_type_name, eo.prefix_cache ? "on" : "off",
              policy_name(eo.evict));
+    for (int i = 0; i < st.n_tiers; i++)
+        LOG_INFO("cache tier %d: %s, %.1f MiB, %llu blocks held", i + 1, st.tiers[i].tier.name,
+                 (double)st.tiers[i].tier.capacity_bytes / 1048576.0, (unsigned long long)st.tiers[i].tier.n_blocks);
     LOG_INFO("serving %s on http://%s:%d (context %d, %d parallel)", so.model_name, host, server_port(srv), st.n_ctx,
              eo.parallel);
     int sig = 0;
@@ -908,6 +918,7 @@ static const Command commands[] = {
     {"serve", cmd_serve, "serve the OpenAI HTTP API"},
     {"chat", cmd_chat, "chat in the terminal with a server (or a model in-process)"},
     {"bench", bench_main, "load-test a server with multi-turn conversations"},
+    {"disk-probe", diskprobe_main, "sequential O_DIRECT bandwidth of a directory, as the disk tier"},
     {"generate", cmd_generate, "run a prompt and stream new tokens"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"detokenize", cmd_detokenize, "print the text of token ids"},

@@ -5,7 +5,11 @@
  * summary.json agree with the summary; report.svg is well-formed XML.
  * Against a fake server (libmicrohttpd) and a closed port, HTTP 500s, cut
  * streams and refused connections are counted as failures and the report
- * is still written. */
+ * is still written. A fake mnemo with tiers has its usage split by tier,
+ * recomputed tokens and /metrics tier I/O (restore bandwidth) reported; a
+ * fake plain OpenAI server without them has none of it shown. `mnemo
+ * disk-probe` measures a temporary directory, leaves nothing behind, and
+ * names missing directories and a full disk (injected ENOSPC). */
 #include "test_util.h"
 #include "test_serve_util.h"
 
@@ -14,11 +18,14 @@
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -27,18 +34,23 @@
 #include "base/mem.h"
 #include "bench/bench.h"
 #include "bench/client.h"
+#include "bench/diskprobe.h"
 #include "bench/loadgen.h"
 #include "bench/report.h"
 #include "bench/workload.h"
 
 /* ---- a fake server: 500s and cut streams ------------------------------------------ */
 
-typedef enum FakeMode { FAKE_500, FAKE_CUT, FAKE_NO_DONE } FakeMode;
+/* FAKE_TIERS: a mnemo with RAM and disk tiers (usage split by tier, tier
+ * I/O in /metrics); FAKE_PLAIN: another OpenAI server (usage with cached
+ * tokens only, no /metrics). Both answer every turn with two deltas. */
+typedef enum FakeMode { FAKE_500, FAKE_CUT, FAKE_NO_DONE, FAKE_TIERS, FAKE_PLAIN } FakeMode;
 
 typedef struct Fake {
     struct MHD_Daemon *d;
     FakeMode mode;
     int port;
+    atomic_int n_metrics; /* GET /metrics answered so far */
 } Fake;
 
 typedef struct FakeStream {
@@ -47,6 +59,50 @@ typedef struct FakeStream {
 } FakeStream;
 
 static const char CHUNK[] = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi \"}}]}\n\n";
+static const char USAGE_TIERS[] =
+    "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":2,\"total_tokens\":102,"
+    "\"prompt_tokens_details\":{\"cached_tokens\":70,\"cached_tokens_by_tier\":{\"disk\":20,\"pool\":40,\"ram\":10},"
+    "\"recomputed_tokens\":30}}}\n\n";
+static const char USAGE_PLAIN[] = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":2,"
+                                  "\"prompt_tokens_details\":{\"cached_tokens\":50}}}\n\n";
+static const char DONE[] = "data: [DONE]\n\n";
+
+/* /metrics of FAKE_TIERS before the run and after it: over the run the
+ * disk tier read 300 MB in 0.25 s (1200 MB/s); write and eviction series
+ * and dropped blocks appear only after (they count from 0). */
+static const char METRICS_BEFORE[] =
+    "# HELP mnemo_cached_tokens_total Prompt tokens served from cache, by tier\n"
+    "# TYPE mnemo_cached_tokens_total counter\n"
+    "mnemo_cached_tokens_total{tier=\"pool\"} 100\n"
+    "mnemo_recomputed_tokens_total 1000\n"
+    "mnemo_tier_bytes_read_total{tier=\"disk\"} 100000000\n"
+    "mnemo_tier_read_seconds_bucket{tier=\"disk\",le=\"0.001\"} 3\n"
+    "mnemo_tier_read_seconds_bucket{tier=\"disk\",le=\"+Inf\"} 4\n"
+    "mnemo_tier_read_seconds_sum{tier=\"disk\"} 0.5\n"
+    "mnemo_tier_read_seconds_count{tier=\"disk\"} 4\n"
+    "mnemo_tier_occupancy_bytes{tier=\"disk\"} 5000\n";
+static const char METRICS_AFTER[] =
+    "mnemo_cached_tokens_total{tier=\"pool\"} 180\n"
+    "mnemo_cached_tokens_total{tier=\"ram\"} 30\n"
+    "mnemo_cached_tokens_total{tier=\"disk\"} 60\n"
+    "mnemo_recomputed_tokens_total 1090\n"
+    "mnemo_tier_bytes_read_total{tier=\"disk\"} 400000000\n"
+    "mnemo_tier_read_seconds_bucket{tier=\"disk\",le=\"0.001\"} 9\n"
+    "mnemo_tier_read_seconds_sum{tier=\"disk\"} 0.75\n"
+    "mnemo_tier_read_seconds_count{tier=\"disk\"} 10\n"
+    "mnemo_tier_bytes_written_total{tier=\"disk\"} 2097152\n"
+    "mnemo_tier_write_seconds_sum{tier=\"disk\"} 0.01\n"
+    "mnemo_tier_occupancy_bytes{tier=\"disk\"} 7000\n"
+    "mnemo_tier_evictions_total{tier=\"disk\"} 2\n"
+    "mnemo_tier_checksum_failures_total{tier=\"disk\"} 0\n"
+    "mnemo_tier_bytes_read_total{tier=\"ram\"} 5000000\n"
+    "mnemo_dropped_blocks_total 3\n";
+
+static ssize_t put_str(char *buf, size_t max, const char *s, size_t n) {
+    if (max < n) return 0; /* libmicrohttpd asks again with room */
+    memcpy(buf, s, n);
+    return (ssize_t)n;
+}
 
 static ssize_t fake_read(void *cls, uint64_t pos, char *buf, size_t max) {
     FakeStream *st = cls;
@@ -54,6 +110,20 @@ static ssize_t fake_read(void *cls, uint64_t pos, char *buf, size_t max) {
         st->step++;
         memcpy(buf, CHUNK, sizeof CHUNK - 1);
         return (ssize_t)(sizeof CHUNK - 1);
+    }
+    if (st->mode == FAKE_TIERS || st->mode == FAKE_PLAIN) {
+        if (st->step == 2) {
+            const char *u = st->mode == FAKE_TIERS ? USAGE_TIERS : USAGE_PLAIN;
+            ssize_t n = put_str(buf, max, u, strlen(u));
+            if (n > 0) st->step++;
+            return n;
+        }
+        if (st->step == 3) {
+            ssize_t n = put_str(buf, max, DONE, sizeof DONE - 1);
+            if (n > 0) st->step++;
+            return n;
+        }
+        return MHD_CONTENT_READER_END_OF_STREAM;
     }
     return st->mode == FAKE_CUT ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
 }
@@ -73,7 +143,10 @@ static enum MHD_Result fake_handler(void *cls, struct MHD_Connection *c, const c
     }
     struct MHD_Response *r;
     unsigned status = 200;
-    if (strcmp(url, "/v1/chat/completions") != 0 || f->mode == FAKE_500) {
+    if (strcmp(url, "/metrics") == 0 && f->mode == FAKE_TIERS) {
+        const char *m = atomic_fetch_add(&f->n_metrics, 1) == 0 ? METRICS_BEFORE : METRICS_AFTER;
+        r = MHD_create_response_from_buffer(strlen(m), (void *)m, MHD_RESPMEM_PERSISTENT);
+    } else if (strcmp(url, "/v1/chat/completions") != 0 || f->mode == FAKE_500) {
         static const char err[] = "{\"error\":{\"message\":\"fake failure\",\"type\":\"server_error\"}}";
         r = MHD_create_response_from_buffer(sizeof err - 1, (void *)err, MHD_RESPMEM_PERSISTENT);
         status = strcmp(url, "/v1/chat/completions") == 0 ? 500 : 404;
@@ -90,6 +163,7 @@ static enum MHD_Result fake_handler(void *cls, struct MHD_Connection *c, const c
 
 static void fake_start(Fake *f, FakeMode mode) {
     f->mode = mode;
+    atomic_init(&f->n_metrics, 0);
     f->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0, NULL, NULL,
                             fake_handler, f, MHD_OPTION_END);
     assert_non_null(f->d);
@@ -401,6 +475,83 @@ static void test_metrics_parse(void **state) {
     assert_true(m.cached[0] == 120 && m.cached[1] == 7 && m.recomputed == 55);
     bench_metrics_parse("some_other_metric 1\n", &m);
     assert_false(m.is_valid);
+    assert_int_equal(m.n_tiers, 0);
+
+    /* tier I/O: labels in any order, escapes, histogram buckets ignored */
+    BenchMetrics a, b, d;
+    bench_metrics_parse("mnemo_tier_bytes_read_total{kind=\"x\\\"}\",tier=\"disk\"} 1e6\n"
+                        "mnemo_tier_read_seconds_bucket{tier=\"disk\",le=\"0.5\"} 99\n"
+                        "mnemo_tier_read_seconds_sum{tier=\"disk\"} 0.5\n"
+                        "mnemo_tier_occupancy_bytes{tier=\"ram\"} 10\n"
+                        "mnemo_tier_bytes_read_total 5\n" /* no tier label: not used */
+                        "mnemo_tier_evictions_total{tier=\"disk\"} garbage\n"
+                        "mnemo_recomputed_tokens_total 7\n",
+                        &a);
+    assert_true(a.is_valid);
+    assert_int_equal(a.n_tiers, 2);
+    assert_string_equal(a.tier[0], "disk");
+    assert_string_equal(a.tier[1], "ram");
+    assert_false(a.has_cached[0]);
+    assert_int_equal(a.has_io[0], 1u << BENCH_IO_BYTES_READ | 1u << BENCH_IO_READ_S);
+    assert_true(a.io[0][BENCH_IO_BYTES_READ] == 1e6 && a.io[0][BENCH_IO_READ_S] == 0.5);
+    assert_int_equal(a.has_io[1], 1u << BENCH_IO_OCCUPANCY);
+    assert_false(a.has_dropped);
+    assert_true(fabs(bench_tier_read_mbps(&a, 0) - 2.0) < 1e-12); /* 1e6 bytes in 0.5 s */
+    assert_true(isnan(bench_tier_read_mbps(&a, 1)));                /* ram: no read series */
+    assert_true(isnan(bench_tier_read_mbps(&a, 5)));
+    bench_metrics_parse("mnemo_tier_bytes_read_total{tier=\"disk\"} 3e6\n"
+                        "mnemo_tier_read_seconds_sum{tier=\"disk\"} 1.5\n"
+                        "mnemo_tier_occupancy_bytes{tier=\"ram\"} 4\n"
+                        "mnemo_tier_bytes_written_total{tier=\"ram\"} 8\n"
+                        "mnemo_dropped_blocks_total 2\n"
+                        "mnemo_recomputed_tokens_total 10\n",
+                        &b);
+    bench_metrics_delta(&a, &b, &d);
+    assert_true(d.is_valid);
+    assert_true(d.io[0][BENCH_IO_BYTES_READ] == 2e6 && d.io[0][BENCH_IO_READ_S] == 1.0);
+    assert_true(fabs(bench_tier_read_mbps(&d, 0) - 2.0) < 1e-12);
+    assert_true(d.io[1][BENCH_IO_OCCUPANCY] == 4);     /* a gauge: the value after */
+    assert_true(d.io[1][BENCH_IO_BYTES_WRITTEN] == 8); /* new series: from 0 */
+    assert_true(d.has_dropped && d.dropped_blocks == 2 && d.recomputed == 3);
+    bench_metrics_parse("mnemo_tier_read_seconds_sum{tier=\"disk\"} 0.5\n", &b); /* no reads over the run */
+    bench_metrics_delta(&a, &b, &d);
+    assert_true(isnan(bench_tier_read_mbps(&d, 0)));
+    bench_metrics_parse("other 1\n", &b);
+    bench_metrics_delta(&a, &b, &d);
+    assert_false(d.is_valid);
+}
+
+/* The /metrics fallback of the tier split: no answer carried usage details. */
+static void test_tiers_from_metrics(void **state) {
+    BenchRecord rec = {.status = BENCH_OK, .prompt_tokens = 100, .cached_tokens = -1, .recomputed_tokens = -1,
+                       .output_tokens = 2, .ttft_s = 0.1, .tpot_s = 0.1, .e2e_s = 0.2, .end_s = 1};
+    BenchResults r = {.n_records = 1, .records = &rec, .n_planned = 1, .wall_s = 1};
+    bench_metrics_parse("mnemo_cached_tokens_total{tier=\"disk\"} 25\nmnemo_cached_tokens_total{tier=\"pool\"} 50\n"
+                        "mnemo_recomputed_tokens_total 25\nmnemo_tier_bytes_read_total{tier=\"ram\"} 1\n",
+                        &r.delta);
+    BenchSummary s;
+    assert_int_equal(bench_summarize(&r, &s), MN_OK);
+    assert_string_equal(s.tier_source, "metrics");
+    assert_int_equal(s.n_tiers, 2); /* ram has I/O but no cached series */
+    assert_string_equal(s.tier[0], "pool");
+    assert_string_equal(s.tier[1], "disk");
+    assert_true(fabs(s.tier_hit_rate[0] - 0.5) < 1e-12 && fabs(s.tier_hit_rate[1] - 0.25) < 1e-12);
+    assert_int_equal(s.recomputed_tokens, 25);
+    assert_true(isnan(s.disk_restore_mbps));
+    rec.cached_by_tier = (ClientTierTokens){.n = 1, .name = {"pool"}, .tokens = {60}}; /* usage wins */
+    rec.recomputed_tokens = 40;
+    assert_int_equal(bench_summarize(&r, &s), MN_OK);
+    assert_string_equal(s.tier_source, "usage");
+    assert_int_equal(s.n_tiers, 1);
+    assert_true(fabs(s.tier_hit_rate[0] - 0.6) < 1e-12);
+    assert_int_equal(s.recomputed_tokens, 40);
+    memset(&r.delta, 0, sizeof r.delta); /* neither */
+    rec.cached_by_tier.n = 0;
+    rec.recomputed_tokens = -1;
+    assert_int_equal(bench_summarize(&r, &s), MN_OK);
+    assert_string_equal(s.tier_source, "none");
+    assert_int_equal(s.n_tiers, 0);
+    assert_int_equal(s.recomputed_tokens, -1);
 }
 
 static void test_config_resolve(void **state) {
@@ -620,6 +771,12 @@ static void test_real_server(void **state) {
         assert_true(x->prompt_tokens > 0 && x->ttft_s >= 0 && x->ttft_s <= x->e2e_s);
         assert_true(x->tpot_s >= 0); /* gaps: a delta may carry several tokens, or none */
         n_gaps += x->n_gaps;
+        /* mnemo's usage details: the tiers add up to the cached tokens, the rest is recomputed */
+        assert_int_equal(x->recomputed_tokens, x->prompt_tokens - x->cached_tokens);
+        assert_true(x->cached_by_tier.n >= 1);
+        long by_tier = 0;
+        for (int k = 0; k < x->cached_by_tier.n; k++) by_tier += x->cached_by_tier.tokens[k];
+        assert_int_equal(by_tier, x->cached_tokens);
     }
     assert_true(n_gaps > 0);
     /* closed loops and history */
@@ -678,6 +835,9 @@ static void test_real_server(void **state) {
     assert_int_equal(sum.ttft_first.n, p->n_convs);
     assert_int_equal(sum.ttft_returning.n, p->n_requests - p->n_convs);
     assert_true(sum.cached_fraction > 0 && sum.cached_fraction < 1 && strcmp(sum.cached_source, "usage") == 0);
+    assert_string_equal(sum.tier_source, "usage");
+    assert_true(sum.n_tiers >= 1 && strcmp(sum.tier[0], "pool") == 0 && sum.tier_hit_rate[0] > 0);
+    assert_int_equal(sum.recomputed_tokens, sum.prompt_tokens - sum.cached_tokens);
     assert_true(sum.throughput_rps > 0 && sum.output_tps > 0);
     char *dir = tmp_dir();
     BenchInfo info = {"multiturn", url, "test", c.seed, p->n_convs, p->tokens_per_word, p->is_measured};
@@ -825,6 +985,248 @@ static void test_duration(void **state) {
     fake_stop(&f);
 }
 
+/* ---- tiers: a fake mnemo with tiers, a fake plain server ------------------------------ */
+
+/* The summary as printed, in a malloc'd string. */
+static char *summary_text(const BenchSummary *s, const BenchResults *r) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    BenchInfo info = {"multiturn", "x", "test", 1, 3, 1.3, false};
+    bench_print_summary(f, s, r, &info);
+    fclose(f);
+    return text;
+}
+
+static void test_tiers_fake_mnemo(void **state) {
+    Fake f;
+    fake_start(&f, FAKE_TIERS);
+    BenchConfig c;
+    small_config(&c, BENCH_MULTITURN, 3, 2);
+    MnErr err = {0};
+    BenchPlan *p;
+    assert_int_equal(bench_plan_new(&c, NULL, NULL, &p, &err), MN_OK);
+    BenchResults *r = run_plan(p, f.port, 2, false);
+    assert_int_equal(r->n_records, 6);
+    for (long i = 0; i < r->n_records; i++) { /* per request, as usage said */
+        const BenchRecord *x = &r->records[i];
+        if (x->status != BENCH_OK) fail_msg("request %ld failed: %s", i, x->error);
+        assert_int_equal(x->prompt_tokens, 100);
+        assert_int_equal(x->cached_tokens, 70);
+        assert_int_equal(x->recomputed_tokens, 30);
+        assert_int_equal(x->cached_by_tier.n, 3);
+        assert_string_equal(x->cached_by_tier.name[0], "disk"); /* the server's order */
+        assert_int_equal(x->cached_by_tier.tokens[0], 20);
+        assert_int_equal(x->cached_by_tier.tokens[2], 10);
+    }
+    BenchSummary s;
+    assert_int_equal(bench_summarize(r, &s), MN_OK);
+    assert_string_equal(s.tier_source, "usage");
+    assert_int_equal(s.n_tiers, 3);
+    static const char *const names[] = {"pool", "ram", "disk"}; /* shown from the top down */
+    static const double rates[] = {0.4, 0.1, 0.2};
+    for (int i = 0; i < 3; i++) {
+        assert_string_equal(s.tier[i], names[i]);
+        assert_true(fabs(s.tier_hit_rate[i] - rates[i]) < 1e-12);
+    }
+    assert_int_equal(s.recomputed_tokens, 180);
+    assert_true(fabs(s.disk_restore_mbps - 1200.0) < 1e-6); /* 300 MB in 0.25 s */
+    const BenchMetrics *d = &r->delta;
+    assert_true(d->is_valid);
+    assert_true(d->has_dropped && d->dropped_blocks == 3);
+    char *text = summary_text(&s, r);
+    if (!strstr(text, "hit rate by tier (from usage): pool 0.400, ram 0.100, disk 0.200") ||
+        !strstr(text, ", 180 recomputed") || !strstr(text, "restore 1200.0 MB/s") ||
+        !strstr(text, "server cache (/metrics): pool 80, ram 30, disk 60, recomputed 90 tokens, 3 blocks dropped") ||
+        !strstr(text, "2 evictions, 0 checksum failures"))
+        fail_msg("summary:\n%s", text);
+    free(text);
+
+    char *dir = tmp_dir();
+    BenchInfo info = {"multiturn", "x", "test", 1, 3, 1.3, false};
+    assert_int_equal(bench_write_report(dir, &s, r, &info, &err), MN_OK);
+    check_report(dir, &s, r);
+    char path[160];
+    snprintf(path, sizeof path, "%s/summary.json", dir);
+    json_t *j = json_load_file(path, 0, NULL);
+    assert_non_null(j);
+    assert_int_equal(json_integer_value(json_object_get(j, "recomputed_tokens")), 180);
+    assert_string_equal(json_string_value(json_object_get(j, "tier_source")), "usage");
+    assert_close(json_num(json_object_get(j, "tier_hit_rates"), "disk"), 0.2, 1e-9);
+    assert_close(json_num(json_object_get(j, "cached_tokens_by_tier"), "pool"), 240, 1e-9);
+    assert_close(json_num(j, "disk_restore_mbps"), 1200.0, 1e-6);
+    json_t *disk = json_object_get(json_object_get(json_object_get(j, "server_metrics"), "tiers"), "disk");
+    assert_close(json_num(disk, "bytes_read"), 3e8, 1e-3);
+    assert_close(json_num(disk, "read_seconds"), 0.25, 1e-9);
+    assert_close(json_num(disk, "restore_mbps"), 1200.0, 1e-6);
+    assert_close(json_num(disk, "occupancy_bytes"), 7000, 1e-9);
+    assert_close(json_num(json_object_get(j, "server_metrics"), "dropped_blocks"), 3, 1e-9);
+    json_t *ram = json_object_get(json_object_get(json_object_get(j, "server_metrics"), "tiers"), "ram");
+    assert_true(json_is_null(json_object_get(ram, "restore_mbps"))); /* bytes but no seconds */
+    json_decref(j);
+    rm_dir(dir);
+    free(dir);
+    bench_results_free(r);
+    bench_plan_free(p);
+    fake_stop(&f);
+}
+
+static void test_tiers_plain_server(void **state) {
+    Fake f;
+    fake_start(&f, FAKE_PLAIN);
+    BenchConfig c;
+    small_config(&c, BENCH_MULTITURN, 2, 2);
+    MnErr err = {0};
+    BenchPlan *p;
+    assert_int_equal(bench_plan_new(&c, NULL, NULL, &p, &err), MN_OK);
+    BenchResults *r = run_plan(p, f.port, 2, false);
+    assert_int_equal(r->n_records, 4);
+    for (long i = 0; i < r->n_records; i++) {
+        assert_int_equal(r->records[i].status, BENCH_OK);
+        assert_int_equal(r->records[i].cached_tokens, 50);
+        assert_int_equal(r->records[i].recomputed_tokens, -1);
+        assert_int_equal(r->records[i].cached_by_tier.n, 0);
+    }
+    assert_false(r->delta.is_valid); /* /metrics is a 404 */
+    BenchSummary s;
+    assert_int_equal(bench_summarize(r, &s), MN_OK);
+    assert_true(fabs(s.cached_fraction - 0.5) < 1e-12);
+    assert_int_equal(s.n_tiers, 0);
+    assert_string_equal(s.tier_source, "none");
+    assert_int_equal(s.recomputed_tokens, -1);
+    assert_true(isnan(s.disk_restore_mbps));
+    char *text = summary_text(&s, r);
+    if (strstr(text, "tier") || strstr(text, "recomputed") || strstr(text, "/metrics")) fail_msg("summary:\n%s", text);
+    free(text);
+    char *dir = tmp_dir();
+    BenchInfo info = {"multiturn", "x", "test", 1, 2, 1.3, false};
+    assert_int_equal(bench_write_report(dir, &s, r, &info, &err), MN_OK);
+    check_report(dir, &s, r);
+    char path[160];
+    snprintf(path, sizeof path, "%s/summary.json", dir);
+    json_t *j = json_load_file(path, 0, NULL);
+    assert_non_null(j);
+    static const char *const nulls[] = {"recomputed_tokens", "tier_hit_rates", "cached_tokens_by_tier",
+                                        "disk_restore_mbps", "server_metrics"};
+    for (int i = 0; i < 5; i++)
+        if (!json_is_null(json_object_get(j, nulls[i]))) fail_msg("%s is not null", nulls[i]);
+    json_decref(j);
+    rm_dir(dir);
+    free(dir);
+    bench_results_free(r);
+    bench_plan_free(p);
+    fake_stop(&f);
+}
+
+/* ---- disk-probe ---------------------------------------------------------------------------- */
+
+static int n_dir_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) n++;
+    closedir(d);
+    return n;
+}
+
+typedef struct Fault {
+    unsigned op_mask;
+    int n_skip, errnum;
+} Fault;
+
+static void inject(Aio *a, void *ctx) {
+    const Fault *f = ctx;
+    aio_fault_set(a, f->op_mask, f->n_skip, 1000, f->errnum);
+}
+
+static void test_disk_probe(void **state) {
+    char dir[] = "/tmp/mnemo-test-diskprobe-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    MnErr err = {0};
+    DiskProbeResult res;
+    int rc = diskprobe_run(dir, 4u << 20, &res, &err);
+    if (rc) fail_msg("diskprobe_run: %s", err.msg);
+    assert_true(res.bytes == 4u << 20);
+    assert_true(res.read_mbps > 0 && res.write_mbps > 0 && res.read_s > 0 && res.write_s > 0);
+    assert_true(fabs(res.read_mbps - (double)res.bytes / res.read_s / 1e6) < 1e-6 * res.read_mbps);
+    assert_true(res.backend == AIO_BACKEND_URING || res.backend == AIO_BACKEND_SYNC);
+    assert_int_equal(n_dir_entries(dir), 0); /* the file is gone */
+
+    /* a size the requests do not divide, few in flight, both backends */
+    for (int b = 0; b < 2; b++) {
+        DiskProbeOpts o = {.request_bytes = 64 * 1024, .queue_depth = 3,
+                           .backend = b ? AIO_BACKEND_SYNC : AIO_BACKEND_AUTO};
+        rc = diskprobe_run_opts(dir, (1u << 20) + 12 * 1024, &o, &res, &err);
+        if (rc) fail_msg("diskprobe_run_opts: %s", err.msg);
+        if (b) assert_int_equal(res.backend, AIO_BACKEND_SYNC);
+        assert_int_equal(n_dir_entries(dir), 0);
+    }
+
+    /* a full disk, at reservation and in the middle of writing; a failing read */
+    Fault faults[] = {{AIO_OP_FALLOCATE, 0, ENOSPC}, {AIO_OP_WRITE, 2, ENOSPC}, {AIO_OP_READ, 1, EIO}};
+    int codes[] = {MN_EFULL, MN_EFULL, MN_EIO};
+    for (int i = 0; i < 3; i++) {
+        DiskProbeOpts o = {.aio_hook_fn = inject, .aio_hook_ctx = &faults[i]};
+        err.msg[0] = '\0';
+        assert_int_equal(diskprobe_run_opts(dir, 4u << 20, &o, &res, &err), codes[i]);
+        assert_non_null(strstr(err.msg, dir));
+        if (codes[i] == MN_EFULL) assert_non_null(strstr(err.msg, "no space left"));
+        assert_true(res.bytes == 0 && res.read_mbps == 0);
+        assert_int_equal(n_dir_entries(dir), 0);
+    }
+
+    /* bad places and sizes */
+    char missing[96];
+    snprintf(missing, sizeof missing, "%s/nope", dir);
+    assert_int_equal(diskprobe_run(missing, 1u << 20, &res, &err), MN_ENOTFOUND);
+    assert_non_null(strstr(err.msg, missing));
+    char file[96];
+    snprintf(file, sizeof file, "%s/f", dir);
+    close(open(file, O_CREAT | O_WRONLY, 0600));
+    assert_int_equal(diskprobe_run(file, 1u << 20, &res, &err), MN_EINVAL);
+    assert_non_null(strstr(err.msg, "not a directory"));
+    unlink(file);
+    assert_int_equal(diskprobe_run(dir, 1000, &res, &err), MN_EINVAL);
+    assert_int_equal(diskprobe_run(dir, 0, &res, &err), MN_EINVAL);
+
+    /* the command: its two lines on stdout, exit codes */
+    char out_path[] = "/tmp/mnemo-test-diskprobe-out-XXXXXX";
+    int out_fd = mkstemp(out_path);
+    fflush(stdout);
+    int saved = dup(STDOUT_FILENO);
+    dup2(out_fd, STDOUT_FILENO);
+    char *argv[] = {dir, "--mb", "2"};
+    rc = diskprobe_main(3, argv);
+    fflush(stdout);
+    dup2(saved, STDOUT_FILENO);
+    close(saved);
+    close(out_fd);
+    assert_int_equal(rc, 0);
+    char *text = test_read_file(out_path, NULL);
+    unlink(out_path);
+    assert_non_null(text);
+    char head[128];
+    snprintf(head, sizeof head, "disk-probe %s: write ", dir);
+    double w = 0, r = 0;
+    char *line2 = strstr(text, "read_mbps=");
+    if (strncmp(text, head, strlen(head)) != 0 || !strstr(text, " MB/s, read ") || !strstr(text, " MB/s (2 MiB, ") ||
+        line2 == NULL || sscanf(line2, "read_mbps=%lf write_mbps=%lf", &r, &w) != 2 || !(r > 0 && w > 0))
+        fail_msg("disk-probe printed:\n%s", text);
+    free(text);
+    assert_int_equal(n_dir_entries(dir), 0);
+    char *missing_argv[] = {missing, "--mb", "1"};
+    assert_int_equal(diskprobe_main(3, missing_argv), 1);
+    char *bad_mb[] = {dir, "--mb", "0"};
+    assert_int_equal(diskprobe_main(3, bad_mb), 2);
+    char *no_dir[] = {"--mb", "1"};
+    assert_int_equal(diskprobe_main(2, no_dir), 2);
+    char *bad_kb[] = {dir, "--request-kb", "6"};
+    assert_int_equal(diskprobe_main(3, bad_kb), 2);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 int main(void) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
     const struct CMUnitTest tests[] = {
@@ -840,6 +1242,10 @@ int main(void) {
         cmocka_unit_test(test_stream_cut),
         cmocka_unit_test(test_command_failures),
         cmocka_unit_test(test_duration),
+        cmocka_unit_test(test_tiers_from_metrics),
+        cmocka_unit_test(test_tiers_fake_mnemo),
+        cmocka_unit_test(test_tiers_plain_server),
+        cmocka_unit_test(test_disk_probe),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();

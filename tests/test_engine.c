@@ -128,11 +128,17 @@ static void *job_main(void *arg) {
 
 /* 16 concurrent requests through a small pool (suspensions happen) give the
  * same text as each alone; with and without the prefix cache. */
-static void check_concurrent(const char *model, bool prefix_cache, int pool_blocks, int parallel) {
+static void settle(Engine *e);
+static char *make_tmpdir(void);
+static void remove_tmpdir(char *d);
+
+static void check_concurrent_tiers(const char *model, bool prefix_cache, int pool_blocks, int parallel,
+                                   uint64_t ram_tier_mb) {
     Model *m = load(model);
     if (!m) return;
     EngineOptions o;
     engine_options_default(&o);
+    o.ram_tier_mb = ram_tier_mb;
     o.prefix_cache = prefix_cache;
     o.pool_blocks = pool_blocks;
     o.parallel = parallel;
@@ -153,6 +159,7 @@ static void check_concurrent(const char *model, bool prefix_cache, int pool_bloc
         pthread_create(&th[i], NULL, job_main, &jobs[i]);
     }
     for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    if (ram_tier_mb) settle(e);
     for (int i = 0; i < N; i++) {
         char *ref = reference_text(m, jobs[i].prompt, jobs[i].n_prompt, jobs[i].n_gen);
         if (strcmp(ref, jobs[i].text) != 0) fail_msg("request %d: '%s' != alone '%s'", i, jobs[i].text, ref);
@@ -167,15 +174,23 @@ static void check_concurrent(const char *model, bool prefix_cache, int pool_bloc
     assert_int_equal(st.pool_used, 0);
     assert_int_equal(st.requests_finished[FINISH_LENGTH], N);
     if (pool_blocks > 0 && pool_blocks < 40) assert_true(st.suspensions > 0);
+    /* suspended sequences leave unsaved cached blocks: the watermark copies them down */
+    if (ram_tier_mb) assert_true(st.writebehind_blocks > 0);
     free(jobs);
     engine_free(e);
     model_free(m);
+}
+
+static void check_concurrent(const char *model, bool prefix_cache, int pool_blocks, int parallel) {
+    check_concurrent_tiers(model, prefix_cache, pool_blocks, parallel, 0);
 }
 
 static void test_concurrent_cache(void **s) { check_concurrent("tiny-llama-spm-q8_0", true, 0, 4); }
 static void test_concurrent_nocache(void **s) { check_concurrent("tiny-qwen2-gpt2-f32", false, 0, 3); }
 /* a pool of a few blocks forces suspensions */
 static void test_concurrent_tiny_pool(void **s) { check_concurrent("stories260K", true, 24, 6); }
+/* ... and with a RAM tier below it: write-behind under the watermark */
+static void test_concurrent_tiny_pool_tiered(void **s) { check_concurrent_tiers("stories260K", true, 24, 6, 1); }
 
 /* A returning conversation finds its earlier prompt + reply in the pool. */
 static void test_prefix_reuse(void **s) {
@@ -275,13 +290,16 @@ static void test_leading_blocks_recomputed(void **s) {
 
 /* --cache-ttl: blocks idle longer than the TTL leave the pool, even while
  * the engine has nothing else to do. */
-static void test_cache_ttl(void **s) {
+static void check_cache_ttl(bool has_tiers) {
     Model *m = load("stories260K");
     if (!m) return;
+    char *dir = has_tiers ? make_tmpdir() : NULL;
     EngineOptions o;
     engine_options_default(&o);
     o.block_tokens = 8;
     o.cache_ttl_s = 0.3;
+    o.ram_tier_mb = has_tiers ? 1 : 0;
+    o.disk_tier_dir = dir;
     Engine *e;
     MnErr err = {0};
     assert_int_equal(engine_new(m, &o, &e, &err), MN_OK);
@@ -302,9 +320,16 @@ static void test_cache_ttl(void **s) {
     EngineStats st;
     engine_stats(e, &st);
     assert_true(st.expired_blocks > 0);
+    /* every tier dropped them too (the last round's copies are fresh) */
+    for (int i = 0; i < st.n_tiers; i++) assert_true(st.tiers[i].tier.n_expired_blocks > 0);
     engine_free(e);
+    if (dir) remove_tmpdir(dir);
     model_free(m);
 }
+
+static void test_cache_ttl(void **s) { check_cache_ttl(false); }
+/* --cache-ttl applies to every tier: round 2 finds nothing in RAM or disk */
+static void test_cache_ttl_tiers(void **s) { check_cache_ttl(true); }
 
 static void test_stop_and_cancel(void **s) {
     Model *m = load("stories260K");
@@ -433,6 +458,211 @@ static void test_schedule_fcfs(void **s) { check_schedule(SCHED_FCFS, false); }
 static void test_schedule_fpf(void **s) { check_schedule(SCHED_FPF, true); }
 static void test_schedule_relaxed_fpf(void **s) { check_schedule(SCHED_RELAXED_FPF, true); }
 
+
+/* ---- tiers below the pool ------------------------------------------------------ */
+
+/* Logits of the token after prompt, by the runner (a full recompute). */
+typedef struct RowCopy {
+    float *out;
+    int n_vocab;
+} RowCopy;
+static int row_copy(void *ctx, int idx, const float *logits) {
+    RowCopy *c = ctx;
+    memcpy(c->out, logits, (size_t)c->n_vocab * sizeof *logits);
+    return 0;
+}
+static float *reference_logits(Model *m, const int32_t *prompt, int n_prompt) {
+    Runner r;
+    RunnerOptions ro;
+    runner_options_default(&ro);
+    ro.n_ctx = n_prompt + 1;
+    MnErr err = {0};
+    assert_int_equal(runner_init(&r, m, &ro, &err), MN_OK);
+    RowCopy c = {malloc(sizeof(float) * (size_t)m->cfg.n_vocab), m->cfg.n_vocab};
+    assert_int_equal(runner_eval(&r, prompt, n_prompt, false, row_copy, &c, &err), MN_OK);
+    runner_deinit(&r);
+    return c.out;
+}
+
+/* Run one greedy request; its first logits into logits (n_vocab). */
+static char *run_one(Engine *e, const int32_t *prompt, int n, int n_gen, float *logits, ReqResult *res) {
+    ReqParams p;
+    greedy_params(&p, n_gen);
+    p.first_logits = logits;
+    Request *r = request_new(prompt, (size_t)n, &p, "", NULL);
+    MnErr err = {0};
+    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    char *t = drain(r, res);
+    request_unref(r);
+    return t;
+}
+
+/* Wait until the engine holds no pool block (saves in flight hold some). */
+static void settle(Engine *e) {
+    EngineStats st;
+    for (int i = 0; i < 500; i++) {
+        engine_stats(e, &st);
+        if (st.pool_used == 0 && st.running == 0) return;
+        usleep(10000);
+    }
+    fail_msg("the engine still uses %d pool blocks", st.pool_used);
+}
+
+static char *make_tmpdir(void) { return test_make_dir(strdup("/tmp/mnemo-test-tier-XXXXXX")); }
+static void remove_tmpdir(char *d) {
+    test_rm_dir(d);
+    free(d);
+}
+
+/* Overwrite the data area of every slab file in dir with garbage. */
+static void corrupt_slabs(const char *dir) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "for f in %s/slab-*.dat; do dd if=/dev/urandom of=$f bs=4096 seek=1 count=64 conv=notrunc "
+             "status=none || exit 1; done",
+             dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* A conversation's blocks leave the pool (two other requests need it) and
+ * come back from the tiers: its first logits are bit-identical to a full
+ * recompute, its text to a solo run, and usage names the tier. With
+ * corrupt, the disk's data is damaged first: the restore fails its
+ * checksum and the blocks are recomputed, with the same results. */
+static void check_restore(uint64_t ram_mb, bool has_disk, CacheSource want, bool corrupt) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = has_disk ? make_tmpdir() : NULL;
+    EngineOptions o;
+    engine_options_default(&o);
+    o.block_tokens = 8;
+    o.pool_blocks = 16;
+    o.parallel = 1;
+    o.ram_tier_mb = ram_mb;
+    o.disk_tier_dir = dir;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    const int nv = m->cfg.n_vocab;
+    int32_t a[80], b[80], c[80];
+    make_prompt(a, 65, nv, 41, 1);
+    make_prompt(b, 65, nv, 42, 1);
+    make_prompt(c, 65, nv, 43, 1);
+    float *ref = reference_logits(m, a, 65), *got = malloc(sizeof(float) * (size_t)nv);
+    char *ref_text = reference_text(m, a, 65, 4);
+    ReqResult res;
+    char *t = run_one(e, a, 65, 4, got, &res);
+    assert_string_equal(t, ref_text);
+    assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
+    free(t);
+    settle(e);
+    free(run_one(e, b, 65, 4, NULL, &res));
+    settle(e);
+    free(run_one(e, c, 65, 4, NULL, &res));
+    settle(e);
+    if (corrupt) corrupt_slabs(dir);
+    memset(got, 0, sizeof(float) * (size_t)nv);
+    t = run_one(e, a, 65, 4, got, &res);
+    assert_string_equal(t, ref_text);
+    assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
+    EngineStats st;
+    engine_stats(e, &st);
+    if (corrupt) {
+        assert_int_equal(res.n_cached_by[want], 0);
+        assert_true(st.restore_failures >= 1);
+        assert_true(st.tiers[st.n_tiers - 1].tier.n_checksum_failures >= 1);
+    } else {
+        assert_int_equal(res.n_cached, 64);
+        assert_true(res.n_cached_by[want] > 0);
+        assert_int_equal(st.restore_failures, 0);
+    }
+    assert_int_equal(res.n_cached_by[SRC_POOL] + res.n_cached_by[SRC_RAM] + res.n_cached_by[SRC_DISK], res.n_cached);
+    free(t);
+    free(ref);
+    free(got);
+    free(ref_text);
+    engine_free(e);
+    if (dir) remove_tmpdir(dir);
+    model_free(m);
+}
+
+static void test_restore_from_ram(void **s) { check_restore(1, false, SRC_RAM, false); }
+static void test_restore_from_disk(void **s) { check_restore(0, true, SRC_DISK, false); }
+static void test_restore_ram_and_disk(void **s) { check_restore(1, true, SRC_RAM, false); }
+static void test_restore_corrupt_disk(void **s) { check_restore(0, true, SRC_DISK, true); }
+
+/* Many more conversations than the pool holds, two turns each, all at
+ * once, through a pool of 24 blocks with RAM and disk tiers below it:
+ * every answer equals its solo run, and the second turns find their
+ * history in the tiers. */
+typedef struct Conv {
+    Engine *e;
+    int32_t prompt[160];
+    int n1, n2, n_gen;
+    char *text[2];
+    ReqResult res[2];
+} Conv;
+
+static void *conv_main(void *arg) {
+    Conv *c = arg;
+    for (int turn = 0; turn < 2; turn++) {
+        ReqParams p;
+        greedy_params(&p, c->n_gen);
+        Request *r = request_new(c->prompt, (size_t)(turn ? c->n2 : c->n1), &p, "", NULL);
+        MnErr err = {0};
+        if (engine_submit(c->e, r, &err) != MN_OK) c->text[turn] = strdup("SUBMIT FAILED");
+        else c->text[turn] = drain(r, &c->res[turn]);
+        request_unref(r);
+    }
+    return NULL;
+}
+
+static void test_many_conversations_tiered(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = make_tmpdir();
+    EngineOptions o;
+    engine_options_default(&o);
+    o.block_tokens = 8;
+    o.pool_blocks = 24;
+    o.parallel = 3;
+    o.batch_tokens = 64;
+    o.n_ctx = 256;
+    o.ram_tier_mb = 1;
+    o.disk_tier_dir = dir;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    enum { N = 12 };
+    Conv *cv = calloc(N, sizeof *cv);
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        cv[i].e = e;
+        cv[i].n1 = 40 + 7 * (i % 5);
+        cv[i].n2 = cv[i].n1 + 30;
+        cv[i].n_gen = 6 + i % 4;
+        make_prompt(cv[i].prompt, cv[i].n2, m->cfg.n_vocab, 100 + (uint64_t)i, tok_bos(m->tok));
+        pthread_create(&th[i], NULL, conv_main, &cv[i]);
+    }
+    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    uint64_t from_tiers = 0;
+    for (int i = 0; i < N; i++)
+        for (int turn = 0; turn < 2; turn++) {
+            char *ref = reference_text(m, cv[i].prompt, turn ? cv[i].n2 : cv[i].n1, cv[i].n_gen);
+            if (strcmp(ref, cv[i].text[turn]) != 0)
+                fail_msg("conversation %d turn %d: '%s' != alone '%s'", i, turn, cv[i].text[turn], ref);
+            if (turn == 1) from_tiers += (uint64_t)(cv[i].res[1].n_cached_by[SRC_RAM] + cv[i].res[1].n_cached_by[SRC_DISK]);
+            free(ref);
+            free(cv[i].text[turn]);
+        }
+    assert_true(from_tiers > 0);
+    settle(e);
+    free(cv);
+    engine_free(e);
+    remove_tmpdir(dir);
+    model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefix_reuse),
@@ -441,11 +671,18 @@ int main(void) {
         cmocka_unit_test(test_schedule_relaxed_fpf),
         cmocka_unit_test(test_stop_and_cancel),
         cmocka_unit_test(test_cache_ttl),
+        cmocka_unit_test(test_cache_ttl_tiers),
         cmocka_unit_test(test_leading_blocks_recomputed),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_concurrent_cache),
         cmocka_unit_test(test_concurrent_nocache),
         cmocka_unit_test(test_concurrent_tiny_pool),
+        cmocka_unit_test(test_concurrent_tiny_pool_tiered),
+        cmocka_unit_test(test_restore_from_ram),
+        cmocka_unit_test(test_restore_from_disk),
+        cmocka_unit_test(test_restore_ram_and_disk),
+        cmocka_unit_test(test_restore_corrupt_disk),
+        cmocka_unit_test(test_many_conversations_tiered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

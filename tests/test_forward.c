@@ -220,7 +220,8 @@ static void run_items(Bench *b, const Item *items, int n, const AttnSeq *seqs, i
         pos[i] = items[i].pos;
         if (items[i].want) li[n_l++] = i;
     }
-    FwdBatch fb = {n, tok, seq, pos, seqs, n_seqs, li, n_l};
+    FwdBatch fb = {.n_tok = n, .tokens = tok, .seq = seq, .pos = pos, .seqs = seqs, .n_seqs = n_seqs, .logit_idx = li,
+                   .n_logits = n_l};
     const float *logits;
     MnErr err = {0};
     if (fwd_run(b->fwd, &fb, &logits, &err)) fail_msg("%s", err.msg);
@@ -328,7 +329,8 @@ static void test_bad_batches(void **s) {
     int32_t table[2] = {0, 1};
     AttnSeq sq = {table, 2};
     int32_t tok[2] = {1, 600}, seq[2] = {0, 0}, pos[2] = {0, 1}, li[1] = {1};
-    FwdBatch fb = {2, tok, seq, pos, &sq, 1, li, 1};
+    FwdBatch fb = {.n_tok = 2, .tokens = tok, .seq = seq, .pos = pos, .seqs = &sq, .n_seqs = 1, .logit_idx = li,
+                   .n_logits = 1};
     const float *logits;
     MnErr err = {0};
     assert_int_equal(fwd_run(b.fwd, &fb, &logits, &err), MN_EINVAL); /* token id past the vocabulary */

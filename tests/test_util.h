@@ -1,5 +1,5 @@
 /* test_util.h — helpers shared by the cmocka tests: where the shared test
- * data lives, and reading small files. Header-only (each test is one .c). */
+ * data lives, reading small files, temporary directories. Header-only (each test is one .c). */
 #ifndef MN_TEST_UTIL_H
 #define MN_TEST_UTIL_H
 
@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include <dirent.h>
+#include <unistd.h>
 
 /* Path of a file under ../shared/data (or $MNEMO_DATA) in a static buffer
  * per call site is not thread-safe; tests are single-threaded. */
@@ -45,6 +47,30 @@ static inline char *test_read_file(const char *path, size_t *len) {
     fclose(f);
     if (buf) { buf[n] = '\0'; if (len) *len = (size_t)n; }
     return buf;
+}
+
+/* Make a fresh directory from a mkdtemp template ("/tmp/name-XXXXXX",
+ * rewritten in place); fails the test when it cannot. */
+static inline char *test_make_dir(char *tmpl) {
+    if (mkdtemp(tmpl) == NULL) fail_msg("mkdtemp %s failed", tmpl);
+    return tmpl;
+}
+
+/* Remove a directory and the files in it (one level: the tests make no
+ * subdirectories). */
+static inline void test_rm_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d != NULL) {
+        struct dirent *e;
+        char path[1024];
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
 }
 
 #endif

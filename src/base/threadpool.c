@@ -5,6 +5,7 @@
  * job (a decode step issues hundreds of small jobs back to back, and a futex
  * wake-up per job would cost more than the job), then sleep on the condition
  * variable. Completion is a count of finished workers the caller spins on.
+ * Both spins yield the CPU every TPOOL_YIELD_EVERY rounds.
  * The pool struct is owned by the thread that created it; workers only read
  * the job fields after seeing a new generation, and write `n_done`.
  */
@@ -12,6 +13,7 @@
 
 #include <assert.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 
@@ -24,7 +26,10 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-enum { TPOOL_SPIN_ITERS = 200000 };
+/* Spinning yields the CPU now and then: when the machine has more runnable
+ * threads than cores (several servers, tests in parallel), a spinner that
+ * never yields can keep the very worker it waits for off the CPU. */
+enum { TPOOL_SPIN_ITERS = 200000, TPOOL_YIELD_EVERY = 1024 };
 
 struct ThreadPool {
     int n_threads;
@@ -56,7 +61,7 @@ static void *worker_main(void *arg_) {
         while ((gen = atomic_load_explicit(&tp->generation, memory_order_acquire)) == seen &&
                spins < TPOOL_SPIN_ITERS) {
             CPU_RELAX();
-            spins++;
+            if (++spins % TPOOL_YIELD_EVERY == 0) sched_yield();
         }
         if (gen == seen) {
             pthread_mutex_lock(&tp->lock);
@@ -130,7 +135,10 @@ void tpool_run(ThreadPool *tp, TpoolFn fn, void *ctx) {
     pthread_cond_broadcast(&tp->wake);
     pthread_mutex_unlock(&tp->lock);
     fn(ctx, 0, tp->n_threads);
-    while (atomic_load_explicit(&tp->n_done, memory_order_acquire) != tp->n_threads - 1) CPU_RELAX();
+    for (int spins = 1; atomic_load_explicit(&tp->n_done, memory_order_acquire) != tp->n_threads - 1; spins++) {
+        CPU_RELAX();
+        if (spins % TPOOL_YIELD_EVERY == 0) sched_yield();
+    }
 }
 
 void tpool_split(long n, long grain, int ith, int nth, long *lo, long *hi) {

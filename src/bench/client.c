@@ -110,6 +110,19 @@ static bool grow(char **buf, size_t *cap, size_t need) {
     return true;
 }
 
+/* usage's cached_tokens_by_tier object -> t (see ClientTierTokens). */
+static void parse_tiers(json_t *obj, ClientTierTokens *t) {
+    t->n = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach(obj, key, v) { /* a NULL or non-object obj has no members */
+        if (t->n == CLIENT_MAX_TIERS) break;
+        if (!json_is_integer(v) || strlen(key) >= sizeof t->name[0]) continue;
+        snprintf(t->name[t->n], sizeof t->name[0], "%s", key);
+        t->tokens[t->n++] = (long)json_integer_value(v);
+    }
+}
+
 static void on_line(Stream *s, const char *line, size_t len) {
     if (len < 6 || memcmp(line, "data: ", 6) != 0) return;
     line += 6;
@@ -139,8 +152,13 @@ static void on_line(Stream *s, const char *line, size_t len) {
     if (json_is_object(u)) {
         s->res->prompt_tokens = (long)json_integer_value(json_object_get(u, "prompt_tokens"));
         s->res->completion_tokens = (long)json_integer_value(json_object_get(u, "completion_tokens"));
-        json_t *cached = json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens");
+        json_t *details = json_object_get(u, "prompt_tokens_details");
+        json_t *cached = json_object_get(details, "cached_tokens");
         if (json_is_integer(cached)) s->res->cached_tokens = (long)json_integer_value(cached);
+        json_t *recomputed = json_object_get(details, "recomputed_tokens");
+        if (!json_is_integer(recomputed)) recomputed = json_object_get(u, "recomputed_tokens");
+        if (json_is_integer(recomputed)) s->res->recomputed_tokens = (long)json_integer_value(recomputed);
+        parse_tiers(json_object_get(details, "cached_tokens_by_tier"), &s->res->cached_by_tier);
     }
     json_t *err = json_object_get(j, "error");
     if (json_is_object(err)) {
@@ -192,7 +210,7 @@ static char *request_json(const ClientMsg *msgs, size_t n, const ClientParams *p
 int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientParams *p, ClientDeltaFn fn, void *ctx,
                 ClientResult *res) {
     memset(res, 0, sizeof *res);
-    res->prompt_tokens = res->cached_tokens = res->completion_tokens = -1;
+    res->prompt_tokens = res->cached_tokens = res->completion_tokens = res->recomputed_tokens = -1;
     res->ttft_s = -1;
     char *body = request_json(msgs, n, p);
     char url[1024];

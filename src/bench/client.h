@@ -3,8 +3,9 @@
  * client_chat sends one chat completion with stream=true and
  * stream_options.include_usage to any server, hands each content delta to a
  * callback as it arrives, and reports what the usage chunk said (prompt,
- * cached and generated tokens, when the server reports them) and the time
- * to the first content delta. Used by `mnemo chat` and `mnemo bench`.
+ * cached and generated tokens, and mnemo's split of the cached tokens by
+ * tier and its recomputed tokens, when the server reports them) and the
+ * time to the first content delta. Used by `mnemo chat` and `mnemo bench`.
  * Blocking; one ChatClient per thread.
  */
 #ifndef MN_CLIENT_H
@@ -31,9 +32,23 @@ typedef struct ClientParams {
     long seed;           /* < 0: not sent */
 } ClientParams;
 
+#define CLIENT_MAX_TIERS 8
+
+/* Cached prompt tokens per cache tier, as usage's
+ * prompt_tokens_details.cached_tokens_by_tier gave them (mnemo: "pool",
+ * "ram", "disk"), in the server's order. Names longer than 15 bytes, values
+ * that are not integers and tiers past CLIENT_MAX_TIERS are left out. */
+typedef struct ClientTierTokens {
+    int n;                              /* 0: not reported */
+    char name[CLIENT_MAX_TIERS][16];
+    long tokens[CLIENT_MAX_TIERS];
+} ClientTierTokens;
+
 typedef struct ClientResult {
     int http_status;     /* 0 when the connection failed */
     long prompt_tokens, cached_tokens, completion_tokens; /* -1 when not reported */
+    long recomputed_tokens;          /* prompt_tokens_details.recomputed_tokens (or usage's); -1: not reported */
+    ClientTierTokens cached_by_tier; /* n == 0: not reported */
     double ttft_s;       /* request sent -> first content delta (-1 if none) */
     double total_s;
     int n_deltas;

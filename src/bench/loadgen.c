@@ -21,9 +21,11 @@
 #include "bench/loadgen.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -111,27 +113,145 @@ static int heap_pop(Run *r) {
 
 /* ---- metrics -------------------------------------------------------------------------- */
 
+/* The series read, by family name (histograms by their _sum/_count). */
+typedef struct TierFamily {
+    const char *name;
+    int io; /* a BenchTierIo, or -1 for mnemo_cached_tokens_total */
+} TierFamily;
+
+static const TierFamily TIER_FAMILIES[] = {
+    {"mnemo_cached_tokens_total", -1},
+    {"mnemo_tier_bytes_read_total", BENCH_IO_BYTES_READ},
+    {"mnemo_tier_bytes_written_total", BENCH_IO_BYTES_WRITTEN},
+    {"mnemo_tier_read_seconds_sum", BENCH_IO_READ_S},
+    {"mnemo_tier_read_seconds_count", BENCH_IO_READS},
+    {"mnemo_tier_write_seconds_sum", BENCH_IO_WRITE_S},
+    {"mnemo_tier_write_seconds_count", BENCH_IO_WRITES},
+    {"mnemo_tier_occupancy_bytes", BENCH_IO_OCCUPANCY},
+    {"mnemo_tier_evictions_total", BENCH_IO_EVICTIONS},
+    {"mnemo_tier_checksum_failures_total", BENCH_IO_CHECKSUM_FAILURES},
+};
+
+/* One sample line of the text format: name, optional {labels}, value. */
+typedef struct Sample {
+    const char *name;
+    size_t name_len;
+    const char *labels; /* inside the braces; NULL when there are none */
+    size_t labels_len;
+    double value;
+} Sample;
+
+/* Parse [line, end) as a sample; false for comments, blank or malformed lines. */
+static bool sample_parse(const char *line, const char *end, Sample *s) {
+    const char *p = line;
+    while (p < end && (*p == ' ' || *p == '\t')) p++;
+    if (p == end || *p == '#') return false;
+    s->name = p;
+    while (p < end && *p != '{' && *p != ' ' && *p != '\t') p++;
+    s->name_len = (size_t)(p - s->name);
+    s->labels = NULL;
+    s->labels_len = 0;
+    if (p < end && *p == '{') {
+        s->labels = ++p;
+        bool in_quotes = false;
+        for (; p < end && (in_quotes || *p != '}'); p++) {
+            if (in_quotes && *p == '\\' && p + 1 < end) p++;
+            else if (*p == '"') in_quotes = !in_quotes;
+        }
+        if (p == end) return false;
+        s->labels_len = (size_t)(p - s->labels);
+        p++;
+    }
+    char num[64];
+    while (p < end && (*p == ' ' || *p == '\t')) p++;
+    size_t n = 0;
+    while (p + n < end && p[n] != ' ' && p[n] != '\t' && p[n] != '\r' && n < sizeof num - 1) n++;
+    if (n == 0) return false;
+    memcpy(num, p, n);
+    num[n] = '\0';
+    char *stop;
+    s->value = strtod(num, &stop);
+    return stop != num && *stop == '\0';
+}
+
+/* The value of label key in a sample's labels, unescaped into out; false
+ * when absent or longer than cap - 1. */
+static bool label_value(const Sample *s, const char *key, char *out, size_t cap) {
+    const char *p = s->labels, *end = s->labels ? s->labels + s->labels_len : NULL;
+    size_t key_len = strlen(key);
+    while (p && p < end) {
+        while (p < end && (*p == ' ' || *p == ',')) p++;
+        const char *name = p;
+        while (p < end && *p != '=') p++;
+        size_t name_len = (size_t)(p - name);
+        while (name_len > 0 && name[name_len - 1] == ' ') name_len--;
+        if (p + 1 >= end || p[1] != '"') return false;
+        p += 2;
+        size_t n = 0;
+        bool fits = true;
+        for (; p < end && *p != '"'; p++) {
+            char c = *p;
+            if (c == '\\' && p + 1 < end) {
+                c = *++p;
+                if (c == 'n') c = '\n';
+            }
+            if (n + 1 < cap) out[n++] = c;
+            else fits = false;
+        }
+        if (p == end) return false;
+        p++;
+        if (name_len == key_len && memcmp(name, key, key_len) == 0) {
+            out[n] = '\0';
+            return fits;
+        }
+    }
+    return false;
+}
+
+/* Index of tier name in m, added when new; -1 when there is no room. */
+static int tier_slot(BenchMetrics *m, const char *name) {
+    for (int i = 0; i < m->n_tiers; i++)
+        if (strcmp(m->tier[i], name) == 0) return i;
+    if (m->n_tiers == BENCH_MAX_TIERS) return -1;
+    int k = m->n_tiers++;
+    snprintf(m->tier[k], sizeof m->tier[k], "%s", name);
+    return k;
+}
+
+static bool name_is(const Sample *s, const char *name) {
+    return strlen(name) == s->name_len && memcmp(s->name, name, s->name_len) == 0;
+}
+
 void bench_metrics_parse(const char *text, BenchMetrics *m) {
     memset(m, 0, sizeof *m);
-    static const char cached[] = "mnemo_cached_tokens_total{", recomputed[] = "mnemo_recomputed_tokens_total ";
     for (const char *line = text; line && *line;) {
-        const char *eol = strchr(line, '\n');
-        if (strncmp(line, cached, sizeof cached - 1) == 0) {
-            const char *t = strstr(line, "tier=\"");
-            const char *close = strchr(line, '}');
-            if (t && close && (eol == NULL || close < eol) && m->n_tiers < BENCH_MAX_TIERS) {
-                t += 6;
-                const char *q = strchr(t, '"');
-                if (q && q < close) {
-                    int k = m->n_tiers++;
-                    snprintf(m->tier[k], sizeof m->tier[k], "%.*s", (int)(q - t), t);
-                    m->cached[k] = strtod(close + 1, NULL);
+        const char *eol = strchr(line, '\n'), *end = eol ? eol : line + strlen(line);
+        Sample s;
+        if (sample_parse(line, end, &s)) {
+            if (name_is(&s, "mnemo_recomputed_tokens_total")) {
+                m->recomputed = s.value;
+                m->is_valid = true;
+            } else if (name_is(&s, "mnemo_dropped_blocks_total")) {
+                m->dropped_blocks = s.value;
+                m->has_dropped = m->is_valid = true;
+            } else {
+                char tier[24];
+                for (size_t f = 0; f < sizeof TIER_FAMILIES / sizeof TIER_FAMILIES[0]; f++) {
+                    if (!name_is(&s, TIER_FAMILIES[f].name)) continue;
+                    int k = label_value(&s, "tier", tier, sizeof tier) ? tier_slot(m, tier) : -1;
+                    if (k < 0) break;
+                    int io = TIER_FAMILIES[f].io;
+                    if (io < 0) {
+                        m->cached[k] = s.value;
+                        m->has_cached[k] = true;
+                    } else {
+                        m->io[k][io] = s.value;
+                        m->has_io[k] |= 1u << io;
+                    }
                     m->is_valid = true;
+                    break;
                 }
             }
-        } else if (strncmp(line, recomputed, sizeof recomputed - 1) == 0) {
-            m->recomputed = strtod(line + sizeof recomputed - 1, NULL);
-            m->is_valid = true;
         }
         line = eol ? eol + 1 : NULL;
     }
@@ -145,14 +265,25 @@ static void scrape_metrics(ChatClient *c, BenchMetrics *m) {
     mn_free(body);
 }
 
-static void metrics_delta(const BenchMetrics *a, const BenchMetrics *b, BenchMetrics *d) {
+void bench_metrics_delta(const BenchMetrics *a, const BenchMetrics *b, BenchMetrics *d) {
     memset(d, 0, sizeof *d);
     if (!a->is_valid || !b->is_valid) return;
     *d = *b;
     for (int i = 0; i < d->n_tiers; i++)
-        for (int k = 0; k < a->n_tiers; k++)
-            if (strcmp(a->tier[k], d->tier[i]) == 0) d->cached[i] -= a->cached[k];
+        for (int k = 0; k < a->n_tiers; k++) {
+            if (strcmp(a->tier[k], d->tier[i]) != 0) continue;
+            d->cached[i] -= a->cached[k];
+            for (int f = 0; f < BENCH_IO__COUNT; f++)
+                if (f != BENCH_IO_OCCUPANCY && (a->has_io[k] & (1u << f))) d->io[i][f] -= a->io[k][f];
+        }
     d->recomputed -= a->recomputed;
+    if (a->has_dropped) d->dropped_blocks -= a->dropped_blocks;
+}
+
+double bench_tier_read_mbps(const BenchMetrics *d, int i) {
+    unsigned need = 1u << BENCH_IO_BYTES_READ | 1u << BENCH_IO_READ_S;
+    if (i < 0 || i >= d->n_tiers || (d->has_io[i] & need) != need || !(d->io[i][BENCH_IO_READ_S] > 0)) return NAN;
+    return d->io[i][BENCH_IO_BYTES_READ] / d->io[i][BENCH_IO_READ_S] / 1e6;
 }
 
 /* ---- one request ------------------------------------------------------------------------ */
@@ -226,6 +357,8 @@ static int send_turn(Run *r, ChatClient *c, int ci, int turn, ConvState *cs, Ben
     rec->http_status = res.http_status;
     rec->prompt_tokens = res.prompt_tokens;
     rec->cached_tokens = res.cached_tokens;
+    rec->recomputed_tokens = res.recomputed_tokens;
+    rec->cached_by_tier = res.cached_by_tier;
     rec->output_tokens = res.completion_tokens >= 0 ? res.completion_tokens : res.n_deltas;
     rec->ttft_s = res.ttft_s;
     if (rec->ttft_s >= 0 && rec->output_tokens >= 2 && rec->e2e_s > rec->ttft_s)
@@ -486,7 +619,7 @@ int bench_run(const BenchPlan *plan, const BenchRunOpts *o, BenchResults **out, 
     pthread_mutex_destroy(&r.mu);
 
     scrape_metrics(meta, &res->after);
-    metrics_delta(&res->before, &res->after, &res->delta);
+    bench_metrics_delta(&res->before, &res->after, &res->delta);
     if (rc == MN_OK && r.rc) rc = mn_err_set(err, r.rc, "out of memory during the run");
     res->records = r.records;
     res->n_records = r.n_records;

@@ -8,7 +8,10 @@
  * client each) caps the requests in flight; ready turns go out in order of
  * the time they became ready. Each request is recorded (BenchRecord). A
  * failed turn ends its conversation (its later turns count as skipped).
- * When the server is mnemo, /metrics is scraped before and after.
+ * When the server is mnemo, /metrics is scraped before and after: cached
+ * tokens per tier, recomputed tokens, and each tier's I/O counters (bytes
+ * and seconds of reads and writes, occupancy, evictions, checksum
+ * failures), from which the report derives restore bandwidth.
  */
 #ifndef MN_BENCH_LOADGEN_H
 #define MN_BENCH_LOADGEN_H
@@ -17,6 +20,7 @@
 #include <stddef.h>
 
 #include "base/err.h"
+#include "bench/client.h"
 #include "bench/workload.h"
 
 typedef enum BenchStatus {
@@ -34,6 +38,8 @@ typedef struct BenchRecord {
     int http_status;     /* 0: none */
     long prompt_tokens;  /* from usage; -1 when not reported */
     long cached_tokens;  /* from usage; -1 when not reported */
+    long recomputed_tokens;          /* from usage; -1 when not reported */
+    ClientTierTokens cached_by_tier; /* from usage; n == 0 when not reported */
     long output_tokens;  /* usage's completion_tokens, else the content deltas counted */
     double ready_s;      /* when the turn was due, seconds since the run started */
     double send_s, end_s;/* request sent / answer complete, same clock */
@@ -49,13 +55,35 @@ typedef struct BenchRecord {
 
 #define BENCH_MAX_TIERS 8
 
-/* mnemo's cache counters at one moment (or their change over a run). */
+/* mnemo's per-tier I/O series (label tier="..."); all counters but
+ * occupancy, a gauge. The histograms give their _sum and _count. */
+typedef enum BenchTierIo {
+    BENCH_IO_BYTES_READ,        /* mnemo_tier_bytes_read_total */
+    BENCH_IO_BYTES_WRITTEN,     /* mnemo_tier_bytes_written_total */
+    BENCH_IO_READ_S,            /* mnemo_tier_read_seconds_sum */
+    BENCH_IO_READS,             /* mnemo_tier_read_seconds_count */
+    BENCH_IO_WRITE_S,           /* mnemo_tier_write_seconds_sum */
+    BENCH_IO_WRITES,            /* mnemo_tier_write_seconds_count */
+    BENCH_IO_OCCUPANCY,         /* mnemo_tier_occupancy_bytes (gauge) */
+    BENCH_IO_EVICTIONS,         /* mnemo_tier_evictions_total */
+    BENCH_IO_CHECKSUM_FAILURES, /* mnemo_tier_checksum_failures_total */
+    BENCH_IO__COUNT
+} BenchTierIo;
+
+/* mnemo's cache counters at one moment (or their change over a run). A
+ * tier is listed once any series names it; a series that is absent reads
+ * as 0 with its bit clear in has_io. */
 typedef struct BenchMetrics {
     bool is_valid;       /* /metrics answered with mnemo's counters */
     int n_tiers;
     char tier[BENCH_MAX_TIERS][24];
     double cached[BENCH_MAX_TIERS]; /* mnemo_cached_tokens_total{tier} */
+    bool has_cached[BENCH_MAX_TIERS];
     double recomputed;   /* mnemo_recomputed_tokens_total */
+    double io[BENCH_MAX_TIERS][BENCH_IO__COUNT];
+    unsigned has_io[BENCH_MAX_TIERS]; /* bit (1 << BenchTierIo) per series present */
+    bool has_dropped;
+    double dropped_blocks; /* mnemo_dropped_blocks_total */
 } BenchMetrics;
 
 typedef struct BenchRunOpts {
@@ -79,7 +107,9 @@ typedef struct BenchResults {
     int n_convs_started;
     double wall_s;        /* run start -> the last answer */
     bool is_interrupted;
-    BenchMetrics before, after, delta; /* delta = after - before when both valid */
+    BenchMetrics before, after, delta; /* delta = after - before when both valid
+                                          (gauges: the value after; a series
+                                          missing before counts from 0) */
 } BenchResults;
 
 /* Run the plan. MN_OK with *out (free with bench_results_free) however many
@@ -89,6 +119,15 @@ void bench_results_free(BenchResults *r);
 
 /* Parse a Prometheus text body for mnemo's cache counters. */
 void bench_metrics_parse(const char *text, BenchMetrics *m);
+
+/* The change from a to b (see BenchResults.delta); d is all zero (not
+ * valid) unless both are valid. */
+void bench_metrics_delta(const BenchMetrics *a, const BenchMetrics *b, BenchMetrics *d);
+
+/* Restore bandwidth of tier i of a delta in MB/s (10^6 bytes): bytes read
+ * over the summed read time; NaN when either series is absent or no read
+ * time passed. */
+double bench_tier_read_mbps(const BenchMetrics *d, int i);
 
 /* "ok", "http_500" style name of a record's status (buf >= 16 bytes). */
 const char *bench_status_name(const BenchRecord *r, char *buf, size_t cap);

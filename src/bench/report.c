@@ -89,6 +89,87 @@ static int cmp_error(const void *a, const void *b) {
     return x > y ? -1 : x < y;
 }
 
+/* Index of tier name in the summary, added when new; -1 when full. */
+static int summary_tier(BenchSummary *s, const char *name) {
+    for (int i = 0; i < s->n_tiers; i++)
+        if (strcmp(s->tier[i], name) == 0) return i;
+    if (s->n_tiers == BENCH_MAX_TIERS) return -1;
+    int k = s->n_tiers++;
+    snprintf(s->tier[k], sizeof s->tier[k], "%s", name);
+    return k;
+}
+
+/* Display order: mnemo's tiers from the top down, then any other. */
+static int tier_rank(const char *name) {
+    static const char *const ORDER[] = {"pool", "ram", "disk"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, ORDER[i]) == 0) return i;
+    return 3;
+}
+
+static void sort_tiers(BenchSummary *s) { /* insertion sort: stable, a handful of tiers */
+    for (int i = 1; i < s->n_tiers; i++)
+        for (int k = i; k > 0 && tier_rank(s->tier[k - 1]) > tier_rank(s->tier[k]); k--) {
+            char name[sizeof s->tier[0]];
+            memcpy(name, s->tier[k], sizeof name);
+            memcpy(s->tier[k], s->tier[k - 1], sizeof name);
+            memcpy(s->tier[k - 1], name, sizeof name);
+            double c = s->tier_cached[k];
+            s->tier_cached[k] = s->tier_cached[k - 1];
+            s->tier_cached[k - 1] = c;
+        }
+}
+
+/* The tier split, recomputed tokens and disk restore bandwidth (see
+ * BenchSummary): usage first, /metrics when no answer carried the split. */
+static void summarize_tiers(const BenchResults *r, BenchSummary *s) {
+    long tier_prompt = 0, recomputed = 0;
+    bool has_recomputed = false;
+    for (long i = 0; i < r->n_records; i++) {
+        const BenchRecord *x = &r->records[i];
+        if (x->status != BENCH_OK) continue;
+        if (x->recomputed_tokens >= 0) {
+            recomputed += x->recomputed_tokens;
+            has_recomputed = true;
+        }
+        if (x->cached_by_tier.n == 0 || x->prompt_tokens <= 0) continue;
+        tier_prompt += x->prompt_tokens;
+        for (int k = 0; k < x->cached_by_tier.n; k++) {
+            int t = summary_tier(s, x->cached_by_tier.name[k]);
+            if (t >= 0) s->tier_cached[t] += (double)x->cached_by_tier.tokens[k];
+        }
+    }
+    const BenchMetrics *d = &r->delta;
+    s->tier_source = "none";
+    if (tier_prompt > 0) {
+        s->tier_source = "usage";
+        sort_tiers(s);
+        for (int t = 0; t < s->n_tiers; t++) s->tier_hit_rate[t] = s->tier_cached[t] / (double)tier_prompt;
+    } else if (d->is_valid) {
+        s->n_tiers = 0;
+        double total = d->recomputed;
+        for (int i = 0; i < d->n_tiers; i++)
+            if (d->has_cached[i]) {
+                total += d->cached[i];
+                int t = summary_tier(s, d->tier[i]);
+                if (t >= 0) s->tier_cached[t] = d->cached[i];
+            }
+        if (total > 0 && s->n_tiers > 0) {
+            s->tier_source = "metrics";
+            sort_tiers(s);
+            for (int t = 0; t < s->n_tiers; t++) s->tier_hit_rate[t] = s->tier_cached[t] / total;
+        } else {
+            s->n_tiers = 0;
+        }
+    } else {
+        s->n_tiers = 0;
+    }
+    s->recomputed_tokens = has_recomputed ? recomputed : d->is_valid ? (long)(d->recomputed + 0.5) : -1;
+    s->disk_restore_mbps = NAN;
+    for (int i = 0; i < d->n_tiers; i++)
+        if (strcmp(d->tier[i], "disk") == 0) s->disk_restore_mbps = bench_tier_read_mbps(d, i);
+}
+
 int bench_summarize(const BenchResults *r, BenchSummary *s) {
     memset(s, 0, sizeof *s);
     long n = r->n_records, n_gaps = 0;
@@ -169,6 +250,7 @@ int bench_summarize(const BenchResults *r, BenchSummary *s) {
             s->cached_source = "metrics";
         }
     }
+    summarize_tiers(r, s);
     qsort(s->errors, (size_t)s->n_errors, sizeof s->errors[0], cmp_error);
     return MN_OK;
 }
@@ -185,6 +267,39 @@ static void print_row(FILE *f, const char *name, const BenchDist *d, double unit
     fprintf(f, "  %-26s %10s %10s %10s   (n=%ld, %s)\n", name, cells[0], cells[1], cells[2], d->n, unit_name);
 }
 
+/* One line of tier i's I/O over the run, with only the series it has. */
+static void print_tier_io(FILE *f, const BenchMetrics *d, int i) {
+    const double *v = d->io[i];
+    unsigned has = d->has_io[i];
+    const char *sep = "";
+    fprintf(f, "  tier %s (/metrics):", d->tier[i]);
+    if (has & (1u << BENCH_IO_BYTES_READ)) {
+        fprintf(f, " read %.1f MiB", v[BENCH_IO_BYTES_READ] / 1048576.0);
+        if (has & (1u << BENCH_IO_READ_S)) fprintf(f, " in %.3f s", v[BENCH_IO_READ_S]);
+        double mbps = bench_tier_read_mbps(d, i);
+        if (!isnan(mbps)) fprintf(f, " (restore %.1f MB/s)", mbps);
+        sep = ",";
+    }
+    if (has & (1u << BENCH_IO_BYTES_WRITTEN)) {
+        fprintf(f, "%s wrote %.1f MiB", sep, v[BENCH_IO_BYTES_WRITTEN] / 1048576.0);
+        if ((has & (1u << BENCH_IO_WRITE_S)) && v[BENCH_IO_WRITE_S] > 0)
+            fprintf(f, " in %.3f s (%.1f MB/s)", v[BENCH_IO_WRITE_S],
+                    v[BENCH_IO_BYTES_WRITTEN] / v[BENCH_IO_WRITE_S] / 1e6);
+        sep = ",";
+    }
+    if (has & (1u << BENCH_IO_OCCUPANCY)) {
+        fprintf(f, "%s holds %.1f MiB", sep, v[BENCH_IO_OCCUPANCY] / 1048576.0);
+        sep = ",";
+    }
+    if (has & (1u << BENCH_IO_EVICTIONS)) {
+        fprintf(f, "%s %.0f evictions", sep, v[BENCH_IO_EVICTIONS]);
+        sep = ",";
+    }
+    if (has & (1u << BENCH_IO_CHECKSUM_FAILURES))
+        fprintf(f, "%s %.0f checksum failures", sep, v[BENCH_IO_CHECKSUM_FAILURES]);
+    fprintf(f, "\n");
+}
+
 void bench_print_summary(FILE *f, const BenchSummary *s, const BenchResults *r, const BenchInfo *info) {
     fprintf(f, "mnemo bench: %s, seed %llu, %d conversations, %s (model %s)\n", info->workload, info->seed,
             info->n_convs, info->url, info->model);
@@ -199,15 +314,27 @@ void bench_print_summary(FILE *f, const BenchSummary *s, const BenchResults *r, 
     print_row(f, "normalized latency", &s->norm_latency, 1e3, "ms/token");
     print_row(f, "end-to-end latency", &s->e2e, 1e3, "ms");
     fprintf(f, "  throughput: %.3f requests/s, %.2f output tokens/s\n", s->throughput_rps, s->output_tps);
-    fprintf(f, "  tokens: %ld prompt, %ld cached, %ld output\n", s->prompt_tokens, s->cached_tokens,
-            s->output_tokens);
+    fprintf(f, "  tokens: %ld prompt, %ld cached, %ld output", s->prompt_tokens, s->cached_tokens, s->output_tokens);
+    if (s->recomputed_tokens >= 0) fprintf(f, ", %ld recomputed", s->recomputed_tokens);
+    fprintf(f, "\n");
     if (isnan(s->cached_fraction)) fprintf(f, "  cached fraction: unknown (no answer reported cached tokens)\n");
     else fprintf(f, "  cached fraction: %.3f (from %s)\n", s->cached_fraction, s->cached_source);
-    if (r->delta.is_valid) {
-        fprintf(f, "  server cache (/metrics):");
-        for (int i = 0; i < r->delta.n_tiers; i++) fprintf(f, " %s %.0f,", r->delta.tier[i], r->delta.cached[i]);
-        fprintf(f, " recomputed %.0f tokens\n", r->delta.recomputed);
+    if (s->n_tiers > 0) {
+        fprintf(f, "  hit rate by tier (from %s):", s->tier_source);
+        for (int i = 0; i < s->n_tiers; i++) fprintf(f, "%s %s %.3f", i ? "," : "", s->tier[i], s->tier_hit_rate[i]);
+        fprintf(f, " of prompt tokens\n");
     }
+    const BenchMetrics *d = &r->delta;
+    if (d->is_valid) {
+        fprintf(f, "  server cache (/metrics):");
+        for (int i = 0; i < d->n_tiers; i++)
+            if (d->has_cached[i]) fprintf(f, " %s %.0f,", d->tier[i], d->cached[i]);
+        fprintf(f, " recomputed %.0f tokens", d->recomputed);
+        if (d->has_dropped) fprintf(f, ", %.0f blocks dropped", d->dropped_blocks);
+        fprintf(f, "\n");
+    }
+    for (int i = 0; d->is_valid && i < d->n_tiers; i++)
+        if (d->has_io[i]) print_tier_io(f, d, i);
     for (int i = 0; i < s->n_errors; i++) fprintf(f, "  error x%ld: %s\n", s->errors[i].n, s->errors[i].msg);
 }
 
@@ -246,6 +373,12 @@ int bench_write_csv(const char *path, const BenchResults *r, MnErr *err) {
 }
 
 static json_t *jnum(double v) { return isnan(v) ? json_null() : json_real(v); }
+
+/* summary.json keys of BenchTierIo's series, in its order. */
+static const char *const TIER_IO_KEYS[BENCH_IO__COUNT] = {
+    "bytes_read", "bytes_written", "read_seconds", "reads", "write_seconds",
+    "writes", "occupancy_bytes", "evictions", "checksum_failures",
+};
 
 static void put_dist(json_t *o, const char *prefix, const BenchDist *d, bool with_p99) {
     char key[64];
@@ -290,6 +423,22 @@ int bench_write_json(const char *path, const BenchSummary *s, const BenchResults
     json_object_set_new(o, "output_tokens", json_integer(s->output_tokens));
     json_object_set_new(o, "cached_fraction", jnum(s->cached_fraction));
     json_object_set_new(o, "cached_fraction_source", json_string(s->cached_source));
+    json_object_set_new(o, "recomputed_tokens",
+                        s->recomputed_tokens >= 0 ? json_integer((json_int_t)s->recomputed_tokens) : json_null());
+    if (s->n_tiers > 0) {
+        json_t *cached = json_object(), *rates = json_object();
+        for (int i = 0; i < s->n_tiers; i++) {
+            json_object_set_new(cached, s->tier[i], json_real(s->tier_cached[i]));
+            json_object_set_new(rates, s->tier[i], json_real(s->tier_hit_rate[i]));
+        }
+        json_object_set_new(o, "cached_tokens_by_tier", cached);
+        json_object_set_new(o, "tier_hit_rates", rates);
+    } else {
+        json_object_set_new(o, "cached_tokens_by_tier", json_null());
+        json_object_set_new(o, "tier_hit_rates", json_null());
+    }
+    json_object_set_new(o, "tier_source", json_string(s->tier_source));
+    json_object_set_new(o, "disk_restore_mbps", jnum(s->disk_restore_mbps));
     json_object_set_new(o, "tokens_per_word", json_real(info->tokens_per_word));
     json_object_set_new(o, "tokens_per_word_measured", json_boolean(info->is_measured));
     json_t *st = json_object();
@@ -304,11 +453,22 @@ int bench_write_json(const char *path, const BenchSummary *s, const BenchResults
         json_array_append_new(errs, json_pack("{s:s,s:I}", "message", s->errors[i].msg, "count",
                                               (json_int_t)s->errors[i].n));
     json_object_set_new(o, "errors", errs);
-    if (r->delta.is_valid) {
-        json_t *m = json_object(), *tiers = json_object();
-        for (int i = 0; i < r->delta.n_tiers; i++) json_object_set_new(tiers, r->delta.tier[i], json_real(r->delta.cached[i]));
-        json_object_set_new(m, "cached_tokens_by_tier", tiers);
-        json_object_set_new(m, "recomputed_tokens", json_real(r->delta.recomputed));
+    const BenchMetrics *d = &r->delta;
+    if (d->is_valid) {
+        json_t *m = json_object(), *cached = json_object(), *tiers = json_object();
+        for (int i = 0; i < d->n_tiers; i++) {
+            if (d->has_cached[i]) json_object_set_new(cached, d->tier[i], json_real(d->cached[i]));
+            if (d->has_io[i] == 0) continue;
+            json_t *t = json_object();
+            for (int k = 0; k < BENCH_IO__COUNT; k++)
+                if (d->has_io[i] & (1u << k)) json_object_set_new(t, TIER_IO_KEYS[k], json_real(d->io[i][k]));
+            json_object_set_new(t, "restore_mbps", jnum(bench_tier_read_mbps(d, i)));
+            json_object_set_new(tiers, d->tier[i], t);
+        }
+        json_object_set_new(m, "cached_tokens_by_tier", cached);
+        json_object_set_new(m, "recomputed_tokens", json_real(d->recomputed));
+        json_object_set_new(m, "tiers", tiers);
+        json_object_set_new(m, "dropped_blocks", d->has_dropped ? json_real(d->dropped_blocks) : json_null());
         json_object_set_new(o, "server_metrics", m);
     } else {
         json_object_set_new(o, "server_metrics", json_null());

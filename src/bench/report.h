@@ -5,7 +5,9 @@
  * the sample at 1-based rank ceil(p/100 * n), so it is always an observed
  * value. Latency statistics (TTFT, TPOT, inter-token gaps, normalized
  * latency, end-to-end) are over successful requests only; a statistic
- * without samples is NaN on stdout ("-") and null in JSON.
+ * without samples is NaN on stdout ("-") and null in JSON. What a server
+ * does not report (usage details, mnemo's /metrics) is left out of the
+ * summary table and null in summary.json.
  */
 #ifndef MN_BENCH_REPORT_H
 #define MN_BENCH_REPORT_H
@@ -40,6 +42,18 @@ typedef struct BenchSummary {
     long prompt_tokens, cached_tokens, output_tokens; /* sums over successful requests */
     double cached_fraction; /* cached / prompt tokens; NaN when unknown */
     const char *cached_source; /* "usage", "metrics" or "none" */
+    /* the cache split by tier (pool, ram, disk first, then as reported):
+     * from usage's cached_tokens_by_tier over the successful requests that
+     * report it (hit rate = the tier's cached tokens / those requests'
+     * prompt tokens), else from mnemo's /metrics (cached / cached +
+     * recomputed); n_tiers == 0 when the server tells neither */
+    int n_tiers;
+    char tier[BENCH_MAX_TIERS][24];
+    double tier_cached[BENCH_MAX_TIERS];
+    double tier_hit_rate[BENCH_MAX_TIERS];
+    const char *tier_source;    /* "usage", "metrics" or "none" */
+    long recomputed_tokens;     /* usage's sum, else /metrics' change; -1 when unknown */
+    double disk_restore_mbps;   /* /metrics: tier "disk" bytes read / read seconds, MB/s; NaN when absent */
     int n_errors;
     BenchErrorCount errors[BENCH_MAX_ERRORS]; /* distinct failure messages, most frequent first */
 } BenchSummary;

@@ -11,9 +11,14 @@
  * Hashes are written in XXH3's canonical (big-endian) byte form, so equal
  * prefixes give equal hashes across requests, restarts and machines.
  *
- * For now a record says which pool slot holds the block; the pool (KvPool)
- * keeps the slot's CACHED/IN USE state and tells the index, through its
- * evict callback, when a slot is reused. Owned by the engine thread.
+ * A record says where the block is: the pool slot holding it (or none)
+ * and the set of lower tiers holding a copy (a bit mask, bit i = tier i of
+ * the chain below the pool, in the mover's order). A record lives while
+ * either says something: when the pool reuses a slot (evict callback) the
+ * record loses its slot but stays if a tier still holds the block, so a
+ * returning request finds it and restores it instead of recomputing. The
+ * pool keeps the slot's CACHED/IN USE state; the index only names slots.
+ * Owned by the engine thread; the table grows as records are added.
  */
 #ifndef MN_INDEX_H
 #define MN_INDEX_H
@@ -30,16 +35,32 @@ typedef struct BlockIndex BlockIndex;
 BlockIndex *index_new(KvPool *pool);
 void index_free(BlockIndex *ix);
 
-/* Slot of the block with this hash, or -1. */
+/* Slot of the block with this hash, or -1 (not in the pool). */
 int32_t index_lookup(const BlockIndex *ix, const Hash128 *h);
+/* Lower tiers holding the block (bit mask), 0 when none or unknown. */
+uint32_t index_tiers(const BlockIndex *ix, const Hash128 *h);
+/* Whether the block is anywhere: in the pool or in a lower tier. */
+int index_has(const BlockIndex *ix, const Hash128 *h);
 /* Record that slot holds the block h and make the slot cacheable. Returns
- * 1 if recorded, 0 if h was already indexed (to another slot: the caller's
- * copy stays private and is freed on release). MN_ENOMEM is not possible:
- * the table is sized for every slot at creation. */
+ * 1 if recorded, 0 if h already has a slot (the caller's copy stays
+ * private and is freed on release) or slot already holds a block,
+ * MN_ENOMEM negated (-MN_ENOMEM) when the table could not grow. */
 int index_insert(BlockIndex *ix, const Hash128 *h, int32_t slot);
-/* Forget whatever slot holds (no-op when it holds nothing indexed). */
+/* Forget whatever slot holds (no-op when it holds nothing indexed); the
+ * block's record stays if a tier holds it. The slot stops being
+ * cacheable: its contents are no longer what the record names. */
 void index_remove_slot(BlockIndex *ix, int32_t slot);
+/* Add and remove tier bits of h's record (creating or deleting it as
+ * needed). MN_OK or MN_ENOMEM. */
+int index_set_tiers(BlockIndex *ix, const Hash128 *h, uint32_t add, uint32_t remove);
+/* The hash of the block slot holds, or NULL when it holds none indexed. */
+const Hash128 *index_slot_hash(const BlockIndex *ix, int32_t slot);
+/* Records with a pool slot. */
 int index_count(const BlockIndex *ix);
+/* Records in all (pool or tiers). */
+int index_records(const BlockIndex *ix);
+/* Records deleted so far: blocks that left the pool and every tier. */
+uint64_t index_n_deleted(const BlockIndex *ix);
 
 uint32_t index_kv_format(MnType kv_type, int block_tokens);
 Hash128 index_namespace_id(const char *ns);

@@ -173,6 +173,11 @@ int kvpool_expire(KvPool *p, double cutoff) {
     return n;
 }
 
+void kvpool_clear_cacheable(KvPool *p, int32_t slot) {
+    assert(slot >= 0 && slot < p->n_blocks);
+    p->is_cacheable[slot] = false;
+}
+
 void kvpool_set_cacheable(KvPool *p, int32_t slot) {
     assert(slot >= 0 && slot < p->n_blocks && p->state[slot] == SLOT_IN_USE);
     p->is_cacheable[slot] = true;

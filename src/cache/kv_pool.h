@@ -85,6 +85,9 @@ int kvpool_alloc(KvPool *p, int32_t *out);
 void kvpool_retain(KvPool *p, int32_t slot);
 void kvpool_release(KvPool *p, int32_t slot);
 void kvpool_set_cacheable(KvPool *p, int32_t slot);
+/* The slot's content is no longer final (a failed restore) or it is being
+ * evicted: when its last reference goes it is freed, not cached. */
+void kvpool_clear_cacheable(KvPool *p, int32_t slot);
 /* Free every CACHED slot that became CACHED before `cutoff` (mn_now()
  * seconds, base/clock.h); the evict callback hears of each. Returns how
  * many were freed. */

@@ -15,7 +15,8 @@
  *     once);
  *   - occupancy_bytes is the sum of the listed runs' n_bytes and never
  *     exceeds capacity_bytes;
- *   - in the error state (is_failed) no call touches the medium.
+ *   - in the error state (is_failed) no call touches the medium;
+ *   - next_run_id is above every id the tier has used or adopted.
  * The map is open addressing with linear probing and backward-shift
  * deletion (no tombstones), at most half full.
  */
@@ -173,6 +174,29 @@ static int run_drop(Tier *t, TierRun *r, TierDropReason why) {
     return n_report;
 }
 
+/* Map the blocks of the listed run r here, except those held by a run
+ * with a larger id (in a put r has the largest id, so all move). A run
+ * that loses its last live block to r goes (its blocks are still held,
+ * so nothing is reported). r itself may end with n_live 0 (adoption). */
+static void map_run(Tier *t, TierRun *r) {
+    for (int i = 0; i < r->n_blocks; i++) {
+        uint64_t s = map_find(t, &r->hashes[i]);
+        MapSlot *ms = &t->map[s];
+        if (ms->run != NULL) {
+            TierRun *old = ms->run;
+            if (old->id > r->id) continue; /* a later copy wins */
+            old->n_live--;
+            if (old != r && old->n_live == 0) run_destroy(t, old);
+        } else {
+            ms->key = r->hashes[i];
+            t->map_count++;
+        }
+        ms->run = r;
+        ms->index = i;
+        r->n_live++;
+    }
+}
+
 static void evict_lru(Tier *t) {
     TierRun *r = t->lru_head;
     int n = run_drop(t, r, TIER_DROP_EVICTED);
@@ -248,6 +272,7 @@ int tier_new_kind(const TierKindOps *ops, void *kind, int n_layer, size_t block_
 
 void tier_free(Tier *t) {
     if (t == NULL) return;
+    if (t->ops->close) t->ops->close(t->kind); /* what is stored stays stored */
     while (t->lru_head) run_destroy(t, t->lru_head);
     t->ops->free(t->kind);
     mn_free(t->map);
@@ -310,6 +335,7 @@ int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *poo
     }
 
     uint64_t io_bytes = 0;
+    r->last_used = mn_wall_now();
     double t0 = mn_now();
     rc = t->ops->write(t->kind, r, pool, slots, &io_bytes);
     double dt = mn_now() - t0;
@@ -326,24 +352,41 @@ int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *poo
     lru_push_mru(t, r);
     t->occupancy_bytes += need;
     t->n_runs++;
-    /* map the blocks here; an older run that loses its last live block to
-     * this one goes (its blocks are still held, so nothing is reported) */
-    for (int i = 0; i < n_blocks; i++) {
-        uint64_t s = map_find(t, &hashes[i]);
-        MapSlot *ms = &t->map[s];
-        if (ms->run != NULL) {
-            TierRun *old = ms->run;
-            old->n_live--;
-            if (old != r && old->n_live == 0) run_destroy(t, old);
-        } else {
-            ms->key = hashes[i];
-            t->map_count++;
-        }
-        ms->run = r;
-        ms->index = i;
-        r->n_live++;
-    }
+    map_run(t, r);
     return MN_OK;
+}
+
+/* ---- adopt (opening a persistent tier) ------------------------------------ */
+
+int tier_adopt_run(Tier *t, uint64_t run_id, const Hash128 *hashes, int n_blocks, void *data, uint64_t n_bytes,
+                   double last_used) {
+    if (n_blocks < 1 || hashes == NULL || run_id == 0 || run_id >= (1ull << 48)) return MN_EINVAL;
+    if (n_bytes > t->capacity_bytes) return MN_EFULL;
+    int rc = scratch_reserve(t, n_blocks);
+    if (rc == MN_OK) rc = map_reserve(t, (uint64_t)n_blocks);
+    if (rc != MN_OK) return rc;
+    TierRun *r = mn_malloc(sizeof *r + (size_t)n_blocks * sizeof(Hash128));
+    if (r == NULL) return MN_ENOMEM;
+    memset(r, 0, sizeof *r);
+    r->id = run_id;
+    r->n_blocks = n_blocks;
+    r->n_bytes = n_bytes;
+    r->last_used = last_used;
+    r->data = data;
+    memcpy(r->hashes, hashes, (size_t)n_blocks * sizeof(Hash128));
+    if (run_id >= t->next_run_id) t->next_run_id = run_id + 1;
+    while (t->occupancy_bytes + n_bytes > t->capacity_bytes) evict_lru(t); /* n_bytes <= capacity: ends */
+    lru_push_mru(t, r);
+    t->occupancy_bytes += n_bytes;
+    t->n_runs++;
+    t->st.n_adopted_runs++;
+    map_run(t, r);
+    if (r->n_live == 0) run_destroy(t, r); /* every block lives in a later run */
+    return MN_OK;
+}
+
+void tier_skip_run_ids(Tier *t, uint64_t id) {
+    if (id >= t->next_run_id) t->next_run_id = id + 1;
 }
 
 /* ---- lookups ------------------------------------------------------------- */
@@ -401,6 +444,10 @@ int tier_read_layer(Tier *t, const Hash128 *hashes, int n_blocks, int layer, KvP
         if (rc != MN_OK) return rc;
         lru_unlink(t, r);
         lru_push_mru(t, r);
+        if (layer == 0) { /* a restore starts at layer 0: once per use is enough */
+            r->last_used = mn_wall_now();
+            if (t->ops->touch) t->ops->touch(t->kind, r);
+        }
     }
     t->st.n_layer_reads++;
     return MN_OK;
@@ -424,6 +471,19 @@ int tier_drop_run(Tier *t, const Hash128 *hash) {
     return MN_OK;
 }
 
+int tier_expire(Tier *t, double cutoff) {
+    int n_blocks = 0;
+    for (TierRun *r = t->lru_head, *next; r != NULL; r = next) {
+        next = r->lru_next; /* run_drop frees r and nothing else */
+        if (!(r->last_used < cutoff)) continue;
+        int n = run_drop(t, r, TIER_DROP_EXPIRED);
+        t->st.n_expired_runs++;
+        t->st.n_expired_blocks += (uint64_t)n;
+        n_blocks += n;
+    }
+    return n_blocks;
+}
+
 int tier_reset(Tier *t) {
     while (t->lru_head) run_drop(t, t->lru_head, TIER_DROP_CALLER);
     int rc = t->ops->reset ? t->ops->reset(t->kind) : MN_OK;
@@ -433,6 +493,20 @@ int tier_reset(Tier *t) {
     }
     t->is_failed = false;
     return MN_OK;
+}
+
+/* ---- listing ---------------------------------------------------------------- */
+
+void tier_foreach_run(const Tier *t, TierRunFn fn, void *ctx) {
+    for (const TierRun *r = t->lru_head; r != NULL; r = r->lru_next) {
+        int n = 0;
+        for (int i = 0; i < r->n_blocks; i++) {
+            const MapSlot *s = map_get(t, &r->hashes[i]);
+            if (s != NULL && s->run == r && s->index == i)
+                t->report[n++] = r->hashes[i]; /* scratch_cap >= every run's n_blocks */
+        }
+        fn(ctx, t->report, n);
+    }
 }
 
 /* ---- stats, check, dump ---------------------------------------------------- */
@@ -454,11 +528,14 @@ void tier_dump(const Tier *t) {
     const TierStats *s = &t->st;
     fprintf(stderr,
             "  puts %llu (full %llu), layer reads %llu, written %llu B in %.6f s, read %llu B in %.6f s, "
-            "evicted %llu runs / %llu blocks, checksum failures %llu, io errors %llu\n",
+            "evicted %llu runs / %llu blocks, expired %llu runs / %llu blocks, adopted %llu runs, "
+            "checksum failures %llu, io errors %llu\n",
             (unsigned long long)s->n_puts, (unsigned long long)s->n_puts_full, (unsigned long long)s->n_layer_reads,
             (unsigned long long)s->bytes_written, s->write_seconds, (unsigned long long)s->bytes_read, s->read_seconds,
             (unsigned long long)s->n_evicted_runs, (unsigned long long)s->n_evicted_blocks,
-            (unsigned long long)s->n_checksum_failures, (unsigned long long)s->n_io_errors);
+            (unsigned long long)s->n_expired_runs, (unsigned long long)s->n_expired_blocks,
+            (unsigned long long)s->n_adopted_runs, (unsigned long long)s->n_checksum_failures,
+            (unsigned long long)s->n_io_errors);
     int k = 0;
     for (const TierRun *r = t->lru_head; r != NULL; r = r->lru_next, k++) {
         if (k == 64) {
@@ -467,8 +544,8 @@ void tier_dump(const Tier *t) {
         }
         char hex[33];
         hash128_hex(&r->hashes[0], hex);
-        fprintf(stderr, "  run %llu: %d blocks (%d live), %llu bytes, first %s\n", (unsigned long long)r->id,
-                r->n_blocks, r->n_live, (unsigned long long)r->n_bytes, hex);
+        fprintf(stderr, "  run %llu: %d blocks (%d live), %llu bytes, last used %.3f, first %s\n",
+                (unsigned long long)r->id, r->n_blocks, r->n_live, (unsigned long long)r->n_bytes, r->last_used, hex);
     }
     if (t->ops->dump) t->ops->dump(t->kind);
 }
@@ -507,5 +584,9 @@ void tier_check(const Tier *t) {
         n_seen += (uint64_t)r->check_live;
     }
     if (n_seen != n_map) check_fail(t, "map entry pointing at a run not listed");
+    for (TierRun *r = t->lru_head; r != NULL; r = r->lru_next) {
+        if (r->id >= t->next_run_id) check_fail(t, "run id not below next_run_id");
+        if (r->n_blocks > t->scratch_cap) check_fail(t, "scratch smaller than a run");
+    }
     if (t->ops->check) t->ops->check(t->kind, t->occupancy_bytes);
 }

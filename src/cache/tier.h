@@ -16,13 +16,19 @@
  *
  *            tier_put_run                tier_read_layer (moves it to MRU)
  *   (none) ---------------> STORED ----------------------------+
- *                            |  ^                               |
- *                            |  +-------------------------------+
- *                            |
- *                            +--> (gone) by: eviction inside tier_put_run
+ *      |                     ^   |  ^                           |
+ *      +---------------------+   |  +---------------------------+
+ *      tier_disk_new, adopting   |
+ *      a stored run              +--> (gone) by: eviction inside tier_put_run
  *                                 (least recently used first), tier_drop_run,
  *                                 tier_drop of its last live block, a checksum
- *                                 failure in tier_read_layer, tier_reset
+ *                                 failure in tier_read_layer, tier_expire,
+ *                                 tier_reset
+ *
+ * Each run carries the wall-clock time it was last used (put, or a read of
+ * its layer 0); tier_expire drops the runs not used since a cutoff. With a
+ * CacheStore (store.h) the disk tier is persistent: its runs survive
+ * tier_free and a crash, and tier_disk_new adopts them again.
  *
  * A block hash maps to at most one run. Putting a run that contains blocks
  * already held moves them to the new run (the new copy wins); a run none of
@@ -35,7 +41,7 @@
  * whole runs (tier_locate tells a block's run) to move no extra bytes.
  *
  * Blocks that leave a tier are reported through the drop callback
- * (tier_set_drop_fn) — evictions, checksum failures, tier_drop_run,
+ * (tier_set_drop_fn) — evictions, checksum failures, expiry, tier_drop_run,
  * tier_reset — except the block named in a tier_drop call, which the caller
  * already knows about. The callback runs inside the tier call that dropped
  * them and must not call back into the tier. An eviction inside
@@ -63,11 +69,13 @@
 #include "cache/kv_pool.h"
 
 typedef struct Tier Tier;
+typedef struct CacheStore CacheStore; /* store.h */
 
 typedef enum TierDropReason {
     TIER_DROP_EVICTED = 1, /* made room for a put */
     TIER_DROP_CHECKSUM,    /* a layer failed its checksum: never used again */
     TIER_DROP_CALLER,      /* tier_drop_run, tier_reset */
+    TIER_DROP_EXPIRED,     /* not used since tier_expire's cutoff */
 } TierDropReason;
 
 /* Blocks hashes[0..n_hashes) left the tier (the live blocks of one run). */
@@ -93,6 +101,8 @@ typedef struct TierStats {
     uint64_t n_puts, n_layer_reads;      /* successful calls */
     uint64_t n_puts_full;                /* puts refused with MN_EFULL */
     uint64_t n_evicted_runs, n_evicted_blocks;
+    uint64_t n_expired_runs, n_expired_blocks; /* tier_expire */
+    uint64_t n_adopted_runs;             /* taken over from the store at open */
     uint64_t n_checksum_failures;        /* layer extents that failed */
     uint64_t n_io_errors;                /* sticky failures entered */
     bool is_failed;                      /* in the sticky error state now */
@@ -116,14 +126,24 @@ typedef struct TierDiskConfig {
     AioBackend aio_backend;    /* AIO_BACKEND_AUTO normally */
     int queue_depth;           /* requests in flight; 0 = 32 */
     bool is_durable;           /* fdatasync each run before it is visible */
+    CacheStore *store;         /* borrowed, outlives the tier: the run
+                                  records' home; NULL = not persistent */
 } TierDiskConfig;
 
 /* Files under cfg->dir, written and read with aio (O_DIRECT where the
- * filesystem allows). Format: top of tier_disk.c. MN_EINVAL (bad sizes,
- * with a message in err), MN_EIO / MN_ENOTFOUND (directory), MN_ENOMEM. */
+ * filesystem allows). Format: top of tier_disk.c.
+ * Without a store the tier starts empty and its slab files are recreated.
+ * With one (opened on cfg->dir, same identity) it reopens the slab files
+ * and adopts every valid stored run (invalid records are deleted, logged;
+ * beyond the budget the least recently used go); no drop callback hears of
+ * those, as none is set yet. tier_foreach_run then lists what is held.
+ * MN_EINVAL (bad sizes, a store of another identity, with a message in
+ * err), MN_EIO / MN_ENOTFOUND (directory), MN_ENOMEM, a store's code. */
 int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err);
 
-void tier_free(Tier *t); /* NULL is fine; no drop callbacks */
+/* NULL is fine; no drop callbacks. A persistent disk tier keeps its runs
+ * (records and bytes) for the next tier_disk_new. */
+void tier_free(Tier *t);
 
 /* ---- operations ------------------------------------------------------------ */
 
@@ -160,10 +180,23 @@ int tier_drop(Tier *t, const Hash128 *hash);
  * one included, are reported (TIER_DROP_CALLER). MN_OK or MN_ENOTFOUND. */
 int tier_drop_run(Tier *t, const Hash128 *hash);
 
+/* Drop every run last used before cutoff (unix seconds, CLOCK_REALTIME),
+ * reported with TIER_DROP_EXPIRED. Returns the number of live blocks
+ * dropped. Works in the error state too (touches no medium). */
+int tier_expire(Tier *t, double cutoff);
+
 /* Drop everything (reported) and leave the error state; the disk tier
- * starts over with fresh files and a fresh Aio. MN_OK, or the code of
- * what failed while starting over (the tier is then in the error state). */
+ * starts over with fresh files and a fresh Aio (and no stored runs). MN_OK,
+ * or the code of what failed while starting over (the tier is then in the
+ * error state). */
 int tier_reset(Tier *t);
+
+/* Call fn once per stored run, least recently used first, with the run's
+ * live blocks in run order (hashes valid during the call only). fn must
+ * not call into the tier. After a restart the engine seeds its directory
+ * from this. */
+typedef void (*TierRunFn)(void *ctx, const Hash128 *hashes, int n_hashes);
+void tier_foreach_run(const Tier *t, TierRunFn fn, void *ctx);
 
 void tier_stats(const Tier *t, TierStats *out);
 const char *tier_name(const Tier *t);

@@ -7,19 +7,22 @@
  * (first fit, freed extents coalesce); each run takes one contiguous region
  * of a slab, laid out [layer][block], so one layer of a run is one
  * contiguous 4 KiB-aligned extent with its own checksum. Headers — what
- * each run is, where, and its checksums — are kept apart from the data (in
- * memory in this version; rows of the SQLite index later), so a data file
- * holds nothing but slab headers and extents.
+ * each run is, where, and its checksums — are kept apart from the data, as
+ * rows of the cache's SQLite database (store.h), so a data file holds
+ * nothing but slab headers and extents.
  *
  * Owner: the mover thread, through the core; nothing locks. The Aio, the
- * staging buffer and the request array are this tier's and used by one
- * call at a time.
+ * staging buffer, the request array and the borrowed CacheStore are used
+ * by one call at a time.
  *
  * ON-DISK FORMAT, version 1. All integers little-endian.
  *
  * Directory DIR:
  *     slab-NNNNN.dat   data slab N (5 decimal digits, from 00000)
- *     (later)          the SQLite database holding the run records below
+ *     mnemo.db         the SQLite database (store.c; with mnemo.db-wal
+ *                      while open): its table `runs` holds one row per
+ *                      stored run — run id, the run record below verbatim,
+ *                      the last-used time
  *
  * Slab file = a 4096-byte slab header, then a data area of D bytes (D a
  * multiple of 4096); file size 4096 + D, reserved with fallocate when the
@@ -48,13 +51,13 @@
  *                      and layer: stale bytes of an earlier run on the
  *                      same pages, or the wrong layer, fail the check.
  *
- * Run record (the header of a run; kept in memory in this version, the
- * row of the SQLite index later):
+ * Run record (the header of a run; the `record` column of its row):
  *     offset size  field
  *          0    8  magic "MNEMORUN"
  *          8    4  format version, 1
  *         12    4  n, blocks in the run (>= 1)
- *         16    8  run id R (< 2^48, unique in the directory)
+ *         16    8  run id R (1 <= R < 2^48, unique in the directory; the
+ *                  row's run_id)
  *         24    4  slab id N
  *         28    4  n_layer (<= 65536)
  *         32    8  O, file offset of layer 0's extent
@@ -68,27 +71,65 @@
  *        end    8  XXH3-64, seed 0, of all the record's earlier bytes
  *
  * Validity: a slab is usable when its header's magic, version, checksum,
- * fingerprint, KV format, n_layer and block_bytes match the tier and D
- * matches the file size. A run record is valid when its magic, version and
- * checksum match, its fingerprint, KV format, n_layer and block_bytes are
- * the tier's, S == round_up(n * block_bytes, 4096), and [O, O + n_layer*S)
- * lies inside its slab's data area. A layer of a valid run is used only
+ * slab id, fingerprint, KV format, n_layer and block_bytes match the tier
+ * and D matches the file size. A run record is valid when its magic,
+ * version and checksum match, its length is that of n blocks and n_layer
+ * layers, R is its row's id, its fingerprint, KV format, n_layer and
+ * block_bytes are the tier's, S == round_up(n * block_bytes, 4096), its
+ * slab is usable and [O, O + n_layer*S) lies inside that slab's data area
+ * and overlaps no other adopted run (of two that overlap, the larger R
+ * wins: its bytes were written last). A layer of a valid run is used only
  * when its extent's checksum matches; otherwise the whole run is dropped.
  * A record is made visible only after its extents are durable (written,
  * then fdatasync when is_durable). Another format version is refused.
  *
- * What this version does: writes slab headers and extents exactly as
- * above and keeps run records in memory (struct DiskRun plus the core's
- * TierRun carry every record field). It does not reopen earlier data: a
- * slab file is recreated (truncated) when first needed, so nothing
- * survives a restart until the SQLite index stores the records.
+ * Reopening (tier_disk_new with a store). Slab files 0, 1, ... are
+ * adopted as they are (not truncated) up to the first missing or unusable
+ * one; that one and every later slab file are deleted (their runs cannot
+ * be adopted) and made afresh when needed. Each row of `runs` is then
+ * validated as above; invalid rows are deleted (LOG_WARN with the reason)
+ * and their pages stay free. Valid runs are adopted in order of last use,
+ * so the least recently used go first when the budget has shrunk; a block
+ * named by two runs belongs to the later run, as after the put that moved
+ * it. New run ids continue above the largest id seen. A block dropped
+ * alone (tier_drop) is not recorded, so after a restart it is held again:
+ * its bytes are still exactly right. Slab files past the budget are
+ * removed once they hold no run. Without a store nothing is reopened:
+ * slab files are recreated (truncated) when first needed.
  *
- * Errors: ENOSPC (from fallocate or a write) -> MN_EFULL, the run is not
- * stored and the tier keeps working; any other I/O failure -> MN_EIO,
- * which the core makes sticky; a short read (a truncated file) counts as
- * a checksum failure.
+ * Crashes. A process killed at any instant (SIGKILL, or a power cut when
+ * is_durable) leaves a directory that reopens to a consistent tier:
+ *   - a put writes the extents, fdatasyncs the slab (is_durable), then
+ *     commits the run's row (WAL, synchronous=FULL: atomic and durable).
+ *     Killed before the commit, no row names those pages, so they are free
+ *     at the next open; killed after, the row and its bytes are both on
+ *     disk. A row is never visible before its data.
+ *   - releasing a run deletes (commits) its row before its pages return to
+ *     the free list, so no committed row names pages that another run may
+ *     be overwriting. (Were the delete lost, the stale row would overlap a
+ *     later run and lose to it, or fail its checksums.)
+ *   - a slab is usable only once its header is written and its data area
+ *     reserved (size 4096 + D): a half-made slab fails that test and is
+ *     made again; no row can name it before a put into it completed.
+ *     With a store and is_durable the directory is synced after a slab
+ *     is made, so a power cut cannot lose a slab file that rows name.
+ *   - a touch (last-used time) is its own atomic transaction; losing one
+ *     only changes the LRU order.
+ *   - whatever slips past this (no is_durable and a power cut, a disk that
+ *     lies, a hand edit) is caught by the layer checksums, whose seeds bind
+ *     bytes to their run and layer: a bad extent is found when read
+ *     (MN_ECHECKSUM), its run dropped and its row deleted. Never served.
+ *
+ * Errors: ENOSPC (from fallocate or a write) or SQLITE_FULL -> MN_EFULL,
+ * the run is not stored and the tier keeps working; any other I/O or
+ * database failure while storing -> MN_EIO, which the core makes sticky;
+ * a short read (a truncated file) counts as a checksum failure. A failed
+ * touch or row delete is logged and otherwise ignored (see Crashes).
  */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +142,7 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "cache/store.h"
 #include "cache/tier_impl.h"
 
 /* ---- types --------------------------------------------------------------- */
@@ -111,6 +153,8 @@
 #define DISK_DEFAULT_SLAB (256ull << 20)
 #define DISK_MAX_SLABS 4096
 #define DISK_CHUNK (1u << 20) /* bytes per aio request: several in flight */
+#define DISK_RECORD_HEAD 80u  /* run record bytes before the hashes */
+#define DISK_MAX_RUN_ID (1ull << 48)
 
 typedef struct FreeExt {
     uint64_t off, len; /* file offsets, multiples of DISK_PAGE */
@@ -127,6 +171,7 @@ typedef struct Slab {
 
 typedef struct DiskRun {
     int slab;
+    bool is_stored;       /* its row is committed (deleted on release) */
     uint64_t offset;      /* O: file offset of layer 0's extent */
     uint64_t stride;      /* S */
     uint64_t checksums[]; /* (n_layer) */
@@ -143,14 +188,18 @@ typedef struct DiskTier {
     int queue_depth;
     Aio *aio;
     uint64_t capacity_bytes;
-    uint64_t slab_bytes;  /* data bytes of every slab but perhaps the last */
-    int max_slabs;
-    Slab *slabs;          /* (max_slabs); the first n_slabs exist */
-    int n_slabs;
+    uint64_t slab_bytes;  /* data bytes of a new slab (the last may be less) */
+    Slab *slabs;          /* (slabs_cap); the first n_slabs exist */
+    int slabs_cap, n_slabs;
+    uint64_t slabs_data_bytes; /* sum of the existing slabs' data_bytes */
     uint8_t *staging;     /* (staging_bytes) DISK_PAGE aligned */
     size_t staging_bytes;
     AioReq *reqs;         /* (reqs_cap) */
     int reqs_cap;
+    CacheStore *store;    /* borrowed; NULL: records in memory only */
+    bool is_closing;      /* tier_free under way: releases keep the rows */
+    uint8_t *record;      /* (record_cap) a run record being stored */
+    size_t record_cap;
 } DiskTier;
 
 /* ---- helpers: bytes, buffers --------------------------------------------- */
@@ -163,8 +212,17 @@ static void put_u32(uint8_t *p, uint32_t v) {
 static void put_u64(uint8_t *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
+static uint32_t get_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
 
 static uint64_t layer_seed(uint64_t run_id, int layer) { return (run_id << 16) | (uint64_t)layer; }
+
+/* Bytes of the record of a run of n blocks (n <= INT_MAX: fits). */
+static size_t record_len(int n_blocks, int n_layer) {
+    return DISK_RECORD_HEAD + 16 * (size_t)n_blocks + 8 * (size_t)n_layer + 8;
+}
 
 static int staging_reserve(DiskTier *d, uint64_t n) {
     if (n <= d->staging_bytes) return MN_OK;
@@ -227,8 +285,40 @@ static bool ext_alloc(Slab *s, uint64_t len, uint64_t *off) {
     return false;
 }
 
+/* Take exactly [off, off+len) out of the free list (a run being adopted):
+ * false when any of it is not free. May split a hole: the caller made
+ * room (slab_room). */
+static bool ext_take(Slab *s, uint64_t off, uint64_t len) {
+    int lo = 0, hi = s->n_free; /* first hole starting after off */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (s->free[mid].off <= off) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo == 0) return false;
+    FreeExt *e = &s->free[lo - 1]; /* e->off <= off */
+    uint64_t end = e->off + e->len;
+    if (off + len > end) return false;
+    if (e->off == off && end == off + len) {
+        memmove(e, e + 1, (size_t)(s->n_free - lo) * sizeof *e);
+        s->n_free--;
+    } else if (e->off == off) {
+        e->off += len;
+        e->len -= len;
+    } else if (end == off + len) {
+        e->len -= len;
+    } else {
+        memmove(&s->free[lo + 1], &s->free[lo], (size_t)(s->n_free - lo) * sizeof *s->free);
+        s->free[lo] = (FreeExt){off + len, end - (off + len)};
+        s->free[lo - 1].len = off - s->free[lo - 1].off;
+        s->n_free++;
+    }
+    s->free_bytes -= len;
+    return true;
+}
+
 /* Return [off, off+len) to the slab, merging with its neighbours. Never
- * allocates: cap_free >= n_runs + 1 is kept by reserve. */
+ * allocates: cap_free >= n_runs + 1 is kept by slab_room. */
 static void ext_free(Slab *s, uint64_t off, uint64_t len) {
     int lo = 0, hi = s->n_free; /* first hole after off */
     while (lo < hi) {
@@ -259,34 +349,51 @@ static void ext_free(Slab *s, uint64_t off, uint64_t len) {
     s->free_bytes += len;
 }
 
+/* Room in the free list for every hole one more run may open. */
+static int slab_room(Slab *s) {
+    if (s->cap_free >= s->n_runs + 2) return MN_OK;
+    int cap = 2 * (s->n_runs + 2);
+    FreeExt *fl = mn_realloc(s->free, (size_t)cap * sizeof *fl);
+    if (fl == NULL) return MN_ENOMEM;
+    s->free = fl;
+    s->cap_free = cap;
+    return MN_OK;
+}
+
+/* ---- helpers: slab files --------------------------------------------------- */
+
 static void slab_path(const DiskTier *d, int id, char *buf, size_t cap) {
     snprintf(buf, cap, "%s/slab-%05d.dat", d->dir, id);
 }
 
-static uint64_t slab_data_bytes(const DiskTier *d, int id) {
-    uint64_t start = (uint64_t)id * d->slab_bytes;
-    uint64_t left = d->capacity_bytes - start;
+/* Data bytes of the next slab: what the budget has left, at most
+ * slab_bytes (0: the slabs already cover the budget). */
+static uint64_t next_slab_bytes(const DiskTier *d) {
+    if (d->slabs_data_bytes >= d->capacity_bytes) return 0;
+    uint64_t left = d->capacity_bytes - d->slabs_data_bytes;
     return left < d->slab_bytes ? left : d->slab_bytes;
 }
 
-/* Create slab `id` (the next one): header, then the data area reserved.
- * On failure nothing is left behind. */
-static int slab_create(DiskTier *d, int id) {
-    Slab *s = &d->slabs[id];
-    char path[4096];
-    slab_path(d, id, path, sizeof path);
-    uint64_t data_bytes = slab_data_bytes(d, id);
-    int rc = staging_reserve(d, DISK_SLAB_HEADER);
-    if (rc != MN_OK) return rc;
-    FreeExt *fl = mn_calloc(4, sizeof *fl);
-    if (fl == NULL) return MN_ENOMEM;
-    rc = aio_open(d->aio, path, AIO_OPEN_CREATE | AIO_OPEN_TRUNC, &s->file);
-    if (rc != MN_OK) {
-        LOG_ERROR("disk tier: cannot create %s: %s", path, mn_strerror(rc));
-        mn_free(fl);
-        return medium_code(rc);
-    }
-    uint8_t *h = d->staging;
+static void slab_init(Slab *s, FreeExt *fl, uint64_t data_bytes) {
+    s->data_bytes = data_bytes;
+    s->free = fl;
+    s->cap_free = 4;
+    s->free[0] = (FreeExt){DISK_SLAB_HEADER, data_bytes};
+    s->n_free = 1;
+    s->n_runs = 0;
+    s->free_bytes = data_bytes;
+}
+
+/* Make the directory entries of new files durable. */
+static int sync_dir(const DiskTier *d) {
+    int fd = open(d->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return aio_errno_to_mn(errno);
+    int rc = fsync(fd) == 0 ? MN_OK : aio_errno_to_mn(errno);
+    close(fd);
+    return rc;
+}
+
+static void slab_header(const DiskTier *d, int id, uint64_t data_bytes, uint8_t *h) {
     memset(h, 0, DISK_SLAB_HEADER);
     memcpy(h, "MNEMOSLB", 8);
     put_u32(h + 8, DISK_FORMAT_VERSION);
@@ -297,8 +404,48 @@ static int slab_create(DiskTier *d, int id) {
     put_u32(h + 44, (uint32_t)d->n_layer);
     put_u64(h + 48, (uint64_t)d->block_bytes);
     put_u64(h + 56, XXH3_64bits_withSeed(h, 56, 0));
-    rc = transfer(d, AIO_OP_WRITE, &s->file, h, 0, DISK_SLAB_HEADER);
+}
+
+/* Why slab `id`'s header h (64 bytes) with file size file_bytes is not
+ * usable for this tier, or NULL (then *data_bytes = D). */
+static const char *slab_header_check(const DiskTier *d, int id, const uint8_t *h, uint64_t file_bytes,
+                                     uint64_t *data_bytes) {
+    if (memcmp(h, "MNEMOSLB", 8) != 0) return "not a slab file (bad magic)";
+    if (get_u32(h + 8) != DISK_FORMAT_VERSION) return "another format version";
+    if (get_u64(h + 56) != XXH3_64bits_withSeed(h, 56, 0)) return "header checksum mismatch";
+    if (get_u32(h + 12) != (uint32_t)id) return "slab id differs from its name";
+    if (memcmp(h + 24, d->fingerprint.b, 16) != 0 || get_u32(h + 40) != d->kv_format ||
+        get_u32(h + 44) != (uint32_t)d->n_layer || get_u64(h + 48) != (uint64_t)d->block_bytes)
+        return "made for another model or KV layout";
+    uint64_t data = get_u64(h + 16);
+    if (data == 0 || data % DISK_PAGE != 0) return "bad data area size";
+    if (file_bytes < DISK_SLAB_HEADER || file_bytes - DISK_SLAB_HEADER != data)
+        return "file size does not match its header (truncated or unfinished)";
+    *data_bytes = data;
+    return NULL;
+}
+
+/* Create slab `id` (the next one): header, then the data area reserved.
+ * On failure nothing is left behind. */
+static int slab_create(DiskTier *d, int id) {
+    Slab *s = &d->slabs[id];
+    char path[4096];
+    slab_path(d, id, path, sizeof path);
+    uint64_t data_bytes = next_slab_bytes(d);
+    int rc = staging_reserve(d, DISK_SLAB_HEADER);
+    if (rc != MN_OK) return rc;
+    FreeExt *fl = mn_calloc(4, sizeof *fl);
+    if (fl == NULL) return MN_ENOMEM;
+    rc = aio_open(d->aio, path, AIO_OPEN_CREATE | AIO_OPEN_TRUNC, &s->file);
+    if (rc != MN_OK) {
+        LOG_ERROR("disk tier: cannot create %s: %s", path, mn_strerror(rc));
+        mn_free(fl);
+        return medium_code(rc);
+    }
+    slab_header(d, id, data_bytes, d->staging);
+    rc = transfer(d, AIO_OP_WRITE, &s->file, d->staging, 0, DISK_SLAB_HEADER);
     if (rc == MN_OK) rc = aio_fallocate(d->aio, &s->file, DISK_SLAB_HEADER, data_bytes);
+    if (rc == MN_OK && d->is_durable && d->store != NULL) rc = sync_dir(d);
     if (rc != MN_OK) {
         if (rc == MN_EFULL) LOG_WARN("disk tier: no space for %s (%llu bytes)", path, (unsigned long long)data_bytes);
         else LOG_ERROR("disk tier: cannot set up %s: %s", path, mn_strerror(rc));
@@ -307,15 +454,305 @@ static int slab_create(DiskTier *d, int id) {
         mn_free(fl);
         return medium_code(rc);
     }
-    s->data_bytes = data_bytes;
-    s->free = fl;
-    s->cap_free = 4;
-    s->free[0] = (FreeExt){DISK_SLAB_HEADER, data_bytes};
-    s->n_free = 1;
-    s->n_runs = 0;
-    s->free_bytes = data_bytes;
+    slab_init(s, fl, data_bytes);
     d->n_slabs = id + 1;
+    d->slabs_data_bytes += data_bytes;
     return MN_OK;
+}
+
+static int slabs_grow(DiskTier *d, int cap) {
+    if (cap <= d->slabs_cap) return MN_OK;
+    Slab *s = mn_realloc(d->slabs, (size_t)cap * sizeof *s);
+    if (s == NULL) return MN_ENOMEM;
+    memset(s + d->slabs_cap, 0, (size_t)(cap - d->slabs_cap) * sizeof *s);
+    for (int i = d->slabs_cap; i < cap; i++) s[i].file.fd = -1;
+    d->slabs = s;
+    d->slabs_cap = cap;
+    return MN_OK;
+}
+
+/* Close the first n_slabs slabs (unlinking their files when asked). */
+static void slabs_close(DiskTier *d, bool unlink_files) {
+    for (int i = 0; i < d->n_slabs; i++) {
+        aio_close(&d->slabs[i].file);
+        mn_free(d->slabs[i].free);
+        if (unlink_files) {
+            char path[4096];
+            slab_path(d, i, path, sizeof path);
+            unlink(path);
+        }
+        memset(&d->slabs[i], 0, sizeof d->slabs[i]);
+        d->slabs[i].file.fd = -1;
+    }
+    d->n_slabs = 0;
+    d->slabs_data_bytes = 0;
+}
+
+/* Slab id of a file name "slab-NNNNN.dat", or -1. */
+static int slab_file_id(const char *name) {
+    if (strlen(name) != 14 || memcmp(name, "slab-", 5) != 0 || strcmp(name + 10, ".dat") != 0) return -1;
+    int id = 0;
+    for (int i = 5; i < 10; i++) {
+        if (name[i] < '0' || name[i] > '9') return -1;
+        id = 10 * id + (name[i] - '0');
+    }
+    return id;
+}
+
+/* Adopt slab files 0, 1, ... while they exist and are usable for this
+ * tier; delete the first unusable one and every later one. */
+static int slabs_reopen(DiskTier *d) {
+    for (int id = 0; id < DISK_MAX_SLABS; id++) {
+        char path[4096];
+        slab_path(d, id, path, sizeof path);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            if (errno != ENOENT) LOG_WARN("disk tier: cannot open %s: %s; starting it over", path, strerror(errno));
+            break;
+        }
+        uint8_t h[64];
+        struct stat st;
+        uint64_t data_bytes = 0;
+        const char *why = NULL;
+        if (fstat(fd, &st) != 0) why = "cannot stat it";
+        else if (pread(fd, h, sizeof h, 0) != (ssize_t)sizeof h) why = "shorter than a slab header";
+        else why = slab_header_check(d, id, h, (uint64_t)st.st_size, &data_bytes);
+        close(fd);
+        if (why != NULL) {
+            LOG_WARN("disk tier: %s: %s; starting it over", path, why);
+            break;
+        }
+        int rc = id < d->slabs_cap ? MN_OK : slabs_grow(d, 2 * id + 2);
+        FreeExt *fl = rc == MN_OK ? mn_calloc(4, sizeof *fl) : NULL;
+        if (fl == NULL) return MN_ENOMEM;
+        Slab *s = &d->slabs[id];
+        rc = aio_open(d->aio, path, 0, &s->file);
+        if (rc != MN_OK) {
+            LOG_WARN("disk tier: cannot reopen %s: %s; starting it over", path, mn_strerror(rc));
+            mn_free(fl);
+            if (rc == MN_ENOMEM) return rc;
+            break;
+        }
+        slab_init(s, fl, data_bytes);
+        d->n_slabs = id + 1;
+        d->slabs_data_bytes += data_bytes;
+    }
+    /* later slab files cannot be adopted: nothing may name them */
+    DIR *dir = opendir(d->dir);
+    if (dir == NULL) return MN_OK;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        int id = slab_file_id(e->d_name);
+        if (id < d->n_slabs) continue;
+        char path[4096];
+        slab_path(d, id, path, sizeof path);
+        if (unlink(path) == 0) LOG_INFO("disk tier: removed %s (after the last usable slab)", path);
+    }
+    closedir(dir);
+    return MN_OK;
+}
+
+/* Remove trailing slabs that hold no run while the slabs exceed the budget
+ * (it shrank since they were made). */
+static void slabs_shrink(DiskTier *d) {
+    while (d->n_slabs > 0 && d->slabs_data_bytes > d->capacity_bytes && d->slabs[d->n_slabs - 1].n_runs == 0) {
+        Slab *s = &d->slabs[d->n_slabs - 1];
+        char path[4096];
+        slab_path(d, d->n_slabs - 1, path, sizeof path);
+        aio_close(&s->file);
+        mn_free(s->free);
+        d->slabs_data_bytes -= s->data_bytes;
+        memset(s, 0, sizeof *s);
+        s->file.fd = -1;
+        d->n_slabs--;
+        unlink(path);
+        LOG_INFO("disk tier: removed %s (beyond the budget)", path);
+    }
+}
+
+/* ---- helpers: run records ---------------------------------------------------- */
+
+/* The record of run (format above) into d->record; *len its bytes. */
+static int record_encode(DiskTier *d, const TierRun *run, const DiskRun *dr, size_t *len) {
+    size_t n = record_len(run->n_blocks, d->n_layer);
+    if (n > d->record_cap) {
+        uint8_t *b = mn_realloc(d->record, n);
+        if (b == NULL) return MN_ENOMEM;
+        d->record = b;
+        d->record_cap = n;
+    }
+    uint8_t *p = d->record;
+    memset(p, 0, DISK_RECORD_HEAD);
+    memcpy(p, "MNEMORUN", 8);
+    put_u32(p + 8, DISK_FORMAT_VERSION);
+    put_u32(p + 12, (uint32_t)run->n_blocks);
+    put_u64(p + 16, run->id);
+    put_u32(p + 24, (uint32_t)dr->slab);
+    put_u32(p + 28, (uint32_t)d->n_layer);
+    put_u64(p + 32, dr->offset);
+    put_u64(p + 40, dr->stride);
+    put_u64(p + 48, (uint64_t)d->block_bytes);
+    put_u32(p + 56, d->kv_format);
+    memcpy(p + 64, d->fingerprint.b, 16);
+    memcpy(p + DISK_RECORD_HEAD, run->hashes, 16 * (size_t)run->n_blocks);
+    uint8_t *c = p + DISK_RECORD_HEAD + 16 * (size_t)run->n_blocks;
+    for (int l = 0; l < d->n_layer; l++) put_u64(c + 8 * l, dr->checksums[l]);
+    put_u64(p + n - 8, XXH3_64bits_withSeed(p, n - 8, 0));
+    *len = n;
+    return MN_OK;
+}
+
+/* A row of the runs table, read at open. */
+typedef struct Found {
+    uint64_t run_id;
+    double last_used;
+    uint8_t *record;    /* (len) a copy */
+    size_t len;
+    const char *why;    /* NULL while it may be adopted */
+    int n_blocks, slab; /* decoded, once valid */
+    uint64_t offset, stride, n_bytes;
+} Found;
+
+typedef struct FoundList {
+    Found *v; /* (cap) */
+    int n, cap;
+} FoundList;
+
+static int found_collect(void *ctx, uint64_t run_id, const void *record, size_t len, double last_used) {
+    FoundList *fl = ctx;
+    if (fl->n == fl->cap) {
+        int cap = fl->cap ? 2 * fl->cap : 64;
+        Found *v = mn_realloc(fl->v, (size_t)cap * sizeof *v);
+        if (v == NULL) return MN_ENOMEM;
+        fl->v = v;
+        fl->cap = cap;
+    }
+    uint8_t *copy = mn_malloc(len ? len : 1);
+    if (copy == NULL) return MN_ENOMEM;
+    memcpy(copy, record, len);
+    if (isnan(last_used)) last_used = 0; /* a hand-edited row must not upset the sort */
+    fl->v[fl->n++] = (Found){.run_id = run_id, .last_used = last_used, .record = copy, .len = len};
+    return 0;
+}
+
+/* Why the row f cannot be adopted (format above, all but overlap), or
+ * NULL; fills f's decoded fields. */
+static const char *record_check(const DiskTier *d, Found *f) {
+    const uint8_t *p = f->record;
+    if (f->len < record_len(1, 1)) return "shorter than a run record";
+    if (memcmp(p, "MNEMORUN", 8) != 0) return "not a run record (bad magic)";
+    if (get_u32(p + 8) != DISK_FORMAT_VERSION) return "another format version";
+    uint32_t n = get_u32(p + 12), n_layer = get_u32(p + 28);
+    if (n < 1 || n > (uint32_t)INT32_MAX / 32 || n_layer < 1 || n_layer > 65536 ||
+        f->len != record_len((int)n, (int)n_layer))
+        return "its length does not match its block and layer counts";
+    if (get_u64(p + f->len - 8) != XXH3_64bits_withSeed(p, f->len - 8, 0)) return "record checksum mismatch";
+    uint64_t run_id = get_u64(p + 16);
+    if (run_id != f->run_id) return "its run id differs from its row's";
+    if (run_id == 0 || run_id >= DISK_MAX_RUN_ID) return "run id out of range";
+    if (n_layer != (uint32_t)d->n_layer || get_u64(p + 48) != (uint64_t)d->block_bytes ||
+        get_u32(p + 56) != d->kv_format || memcmp(p + 64, d->fingerprint.b, 16) != 0)
+        return "made for another model or KV layout";
+    if (get_u32(p + 60) != 0) return "reserved field not zero";
+    uint32_t slab = get_u32(p + 24);
+    if (slab >= (uint32_t)d->n_slabs) return "its slab file is missing or unusable";
+    uint64_t offset = get_u64(p + 32), stride = get_u64(p + 40);
+    if (stride != round_page((uint64_t)n * d->block_bytes)) return "wrong layer stride";
+    uint64_t end = DISK_SLAB_HEADER + d->slabs[slab].data_bytes;
+    /* [O, O + n_layer*S) inside [4096, end), without overflowing */
+    if (offset % DISK_PAGE != 0 || offset < DISK_SLAB_HEADER || offset >= end || stride > end - offset ||
+        (uint64_t)n_layer > (end - offset) / stride)
+        return "its extent lies outside its slab's data area";
+    f->n_blocks = (int)n;
+    f->slab = (int)slab;
+    f->offset = offset;
+    f->stride = stride;
+    f->n_bytes = (uint64_t)n_layer * stride;
+    return NULL;
+}
+
+static int found_by_id_desc(const void *a, const void *b) {
+    const Found *x = a, *y = b;
+    return x->run_id < y->run_id ? 1 : x->run_id > y->run_id ? -1 : 0;
+}
+
+static int found_by_last_use(const void *a, const void *b) {
+    const Found *x = a, *y = b;
+    if (x->last_used != y->last_used) return x->last_used < y->last_used ? -1 : 1;
+    return x->run_id < y->run_id ? -1 : x->run_id > y->run_id ? 1 : 0;
+}
+
+/* Adopt the stored runs into t (see "Reopening" above). On failure the
+ * caller frees the tier and this kind whole, so claimed room needs no
+ * giving back, and rows stay (tier_free keeps what is stored). */
+static int runs_adopt(DiskTier *d, Tier *t) {
+    FoundList fl = {0};
+    int rc = store_run_foreach(d->store, found_collect, &fl);
+    if (rc != MN_OK) goto done;
+    uint64_t max_id = 0;
+    for (int i = 0; i < fl.n; i++) {
+        Found *f = &fl.v[i];
+        if (f->run_id < DISK_MAX_RUN_ID && f->run_id > max_id) max_id = f->run_id;
+        f->why = record_check(d, f);
+    }
+    tier_skip_run_ids(t, max_id);
+    if (fl.n == 0) goto done;
+    /* claim the extents, later runs first: of two that overlap, the later
+     * one wrote its bytes last */
+    qsort(fl.v, (size_t)fl.n, sizeof *fl.v, found_by_id_desc);
+    for (int i = 0; i < fl.n; i++) {
+        Found *f = &fl.v[i];
+        if (f->why != NULL) continue;
+        Slab *s = &d->slabs[f->slab];
+        rc = slab_room(s);
+        if (rc != MN_OK) goto done;
+        if (ext_take(s, f->offset, f->n_bytes)) s->n_runs++;
+        else f->why = "its extent overlaps a later run";
+    }
+    /* adopt, least recently used first */
+    qsort(fl.v, (size_t)fl.n, sizeof *fl.v, found_by_last_use);
+    int n_dropped = 0;
+    for (int i = 0; i < fl.n; i++) {
+        Found *f = &fl.v[i];
+        if (f->why == NULL) {
+            DiskRun *dr = mn_malloc(sizeof *dr + (size_t)d->n_layer * sizeof(uint64_t));
+            if (dr == NULL) {
+                rc = MN_ENOMEM;
+                goto done;
+            }
+            dr->slab = f->slab;
+            dr->is_stored = true;
+            dr->offset = f->offset;
+            dr->stride = f->stride;
+            const uint8_t *c = f->record + DISK_RECORD_HEAD + 16 * (size_t)f->n_blocks;
+            for (int l = 0; l < d->n_layer; l++) dr->checksums[l] = get_u64(c + 8 * l);
+            /* Hash128 is 16 bytes with alignment 1: the record's bytes are hashes */
+            rc = tier_adopt_run(t, f->run_id, (const Hash128 *)(const void *)(f->record + DISK_RECORD_HEAD),
+                                f->n_blocks, dr, f->n_bytes, f->last_used);
+            if (rc == MN_OK) continue;
+            mn_free(dr);
+            ext_free(&d->slabs[f->slab], f->offset, f->n_bytes);
+            d->slabs[f->slab].n_runs--;
+            if (rc != MN_EFULL) goto done;
+            rc = MN_OK;
+            f->why = "larger than the whole budget";
+        }
+        LOG_WARN("disk tier %s: dropping the record of run %llu: %s", d->dir, (unsigned long long)f->run_id, f->why);
+        store_run_delete(d->store, f->run_id); /* logged when it fails; a stale row is harmless (Crashes) */
+        n_dropped++;
+    }
+    slabs_shrink(d);
+    TierStats st;
+    tier_stats(t, &st);
+    if (st.n_adopted_runs > 0 || n_dropped > 0)
+        LOG_INFO("disk tier %s: reopened %llu runs (%llu blocks, %llu bytes); %d records dropped, %llu runs evicted "
+                 "for the budget",
+                 d->dir, (unsigned long long)st.n_runs, (unsigned long long)st.n_blocks,
+                 (unsigned long long)st.occupancy_bytes, n_dropped, (unsigned long long)st.n_evicted_runs);
+done:
+    for (int i = 0; i < fl.n; i++) mn_free(fl.v[i].record);
+    mn_free(fl.v);
+    return rc;
 }
 
 /* ---- kind operations ----------------------------------------------------- */
@@ -332,10 +769,11 @@ static int disk_reserve(void *kind, TierRun *run) {
     DiskRun *dr = mn_malloc(sizeof *dr + (size_t)d->n_layer * sizeof(uint64_t));
     if (dr == NULL) return MN_ENOMEM;
     dr->stride = round_page((uint64_t)run->n_blocks * d->block_bytes);
+    dr->is_stored = false;
     int found = -1;
     for (int i = 0; i < d->n_slabs && found < 0; i++)
         if (d->slabs[i].free_bytes >= run->n_bytes && ext_alloc(&d->slabs[i], run->n_bytes, &dr->offset)) found = i;
-    if (found < 0 && d->n_slabs < d->max_slabs && slab_data_bytes(d, d->n_slabs) >= run->n_bytes) {
+    if (found < 0 && d->n_slabs < d->slabs_cap && next_slab_bytes(d) >= run->n_bytes) {
         int rc = slab_create(d, d->n_slabs);
         if (rc != MN_OK) {
             mn_free(dr);
@@ -348,16 +786,10 @@ static int disk_reserve(void *kind, TierRun *run) {
         return MN_EFULL;
     }
     Slab *s = &d->slabs[found];
-    if (s->cap_free < s->n_runs + 2) { /* room for every hole ext_free may open */
-        int cap = 2 * (s->n_runs + 2);
-        FreeExt *fl = mn_realloc(s->free, (size_t)cap * sizeof *fl);
-        if (fl == NULL) {
-            ext_free(s, dr->offset, run->n_bytes);
-            mn_free(dr);
-            return MN_ENOMEM;
-        }
-        s->free = fl;
-        s->cap_free = cap;
+    if (slab_room(s) != MN_OK) {
+        ext_free(s, dr->offset, run->n_bytes);
+        mn_free(dr);
+        return MN_ENOMEM;
     }
     s->n_runs++;
     dr->slab = found;
@@ -382,6 +814,13 @@ static int disk_write(void *kind, TierRun *run, const KvPool *pool, const int32_
     rc = transfer(d, AIO_OP_WRITE, f, d->staging, dr->offset, run->n_bytes);
     if (rc == MN_OK && d->is_durable) rc = aio_fdatasync(d->aio, f);
     if (rc != MN_OK) return medium_code(rc);
+    if (d->store != NULL) { /* the bytes are durable: now the record may be visible */
+        size_t len = 0;
+        rc = record_encode(d, run, dr, &len);
+        if (rc == MN_OK) rc = store_run_put(d->store, run->id, d->record, len, run->last_used);
+        if (rc != MN_OK) return medium_code(rc);
+        dr->is_stored = true;
+    }
     *io_bytes = run->n_bytes;
     return MN_OK;
 }
@@ -404,10 +843,18 @@ static int disk_read_layer(void *kind, TierRun *run, int layer, const int32_t *i
     return MN_OK;
 }
 
+static void disk_touch(void *kind, TierRun *run) {
+    DiskTier *d = kind;
+    const DiskRun *dr = run->data;
+    if (d->store != NULL && dr->is_stored) store_run_touch(d->store, run->id, run->last_used); /* logged on failure */
+}
+
 static void disk_release(void *kind, TierRun *run) {
     DiskTier *d = kind;
     DiskRun *dr = run->data;
     if (dr == NULL) return;
+    /* the row goes before the pages can be reused (see Crashes) */
+    if (dr->is_stored && d->store != NULL && !d->is_closing) store_run_delete(d->store, run->id);
     Slab *s = &d->slabs[dr->slab];
     ext_free(s, dr->offset, run->n_bytes);
     s->n_runs--;
@@ -415,22 +862,13 @@ static void disk_release(void *kind, TierRun *run) {
     run->data = NULL;
 }
 
-static void slabs_close(DiskTier *d, bool unlink_files) {
-    for (int i = 0; i < d->n_slabs; i++) {
-        aio_close(&d->slabs[i].file);
-        mn_free(d->slabs[i].free);
-        if (unlink_files) {
-            char path[4096];
-            slab_path(d, i, path, sizeof path);
-            unlink(path);
-        }
-    }
-    memset(d->slabs, 0, (size_t)d->max_slabs * sizeof *d->slabs);
-    d->n_slabs = 0;
+static void disk_close(void *kind) {
+    DiskTier *d = kind;
+    d->is_closing = true;
 }
 
 /* Start over: fresh slab files and a fresh Aio (a failed ring stays
- * failed). Every run was released by the core before. */
+ * failed). Every run was released by the core before (rows deleted). */
 static int disk_reset(void *kind) {
     DiskTier *d = kind;
     slabs_close(d, true);
@@ -441,11 +879,15 @@ static int disk_reset(void *kind) {
 
 static void disk_check(const void *kind, uint64_t occupancy_bytes) {
     const DiskTier *d = kind;
-    uint64_t used = 0;
+    uint64_t used = 0, total = 0;
+    if (d->n_slabs > d->slabs_cap) {
+        fprintf(stderr, "tier_disk check: %d slabs, room for %d\n", d->n_slabs, d->slabs_cap);
+        abort();
+    }
     for (int i = 0; i < d->n_slabs; i++) {
         const Slab *s = &d->slabs[i];
         uint64_t free_sum = 0, end = DISK_SLAB_HEADER;
-        bool ok = s->n_free <= s->n_runs + 1 && s->n_free <= s->cap_free;
+        bool ok = s->n_free <= s->n_runs + 1 && s->n_free <= s->cap_free && s->n_runs >= 0;
         for (int k = 0; k < s->n_free && ok; k++) {
             const FreeExt *e = &s->free[k];
             ok = e->len > 0 && e->off % DISK_PAGE == 0 && e->len % DISK_PAGE == 0 &&
@@ -458,18 +900,21 @@ static void disk_check(const void *kind, uint64_t occupancy_bytes) {
             abort();
         }
         used += s->data_bytes - s->free_bytes;
+        total += s->data_bytes;
     }
-    if (used != occupancy_bytes) {
-        fprintf(stderr, "tier_disk check: slabs hold %llu bytes, runs %llu\n", (unsigned long long)used,
-                (unsigned long long)occupancy_bytes);
+    if (used != occupancy_bytes || total != d->slabs_data_bytes) {
+        fprintf(stderr, "tier_disk check: slabs hold %llu bytes, runs %llu; slabs %llu bytes, counted %llu\n",
+                (unsigned long long)used, (unsigned long long)occupancy_bytes, (unsigned long long)total,
+                (unsigned long long)d->slabs_data_bytes);
         abort();
     }
 }
 
 static void disk_dump(const void *kind) {
     const DiskTier *d = kind;
-    fprintf(stderr, "  disk %s (aio %s): %d of %d slabs of %llu bytes\n", d->dir,
-            aio_backend_name(aio_backend(d->aio)), d->n_slabs, d->max_slabs, (unsigned long long)d->slab_bytes);
+    fprintf(stderr, "  disk %s (aio %s, %s): %d slabs, %llu data bytes, new slabs of %llu bytes\n", d->dir,
+            aio_backend_name(aio_backend(d->aio)), d->store ? "persistent" : "not persistent", d->n_slabs,
+            (unsigned long long)d->slabs_data_bytes, (unsigned long long)d->slab_bytes);
     for (int i = 0; i < d->n_slabs; i++) {
         const Slab *s = &d->slabs[i];
         fprintf(stderr, "  slab %d: %llu data bytes, %llu free in %d holes, %d runs%s\n", i,
@@ -486,6 +931,7 @@ static void disk_free(void *kind) {
     aio_free(d->aio);
     mn_free_aligned(d->staging);
     mn_free(d->reqs);
+    mn_free(d->record);
     mn_free(d->dir);
     mn_free(d);
 }
@@ -496,7 +942,9 @@ static const TierKindOps disk_ops = {
     .reserve = disk_reserve,
     .write = disk_write,
     .read_layer = disk_read_layer,
+    .touch = disk_touch,
     .release = disk_release,
+    .close = disk_close,
     .reset = disk_reset,
     .check = disk_check,
     .dump = disk_dump,
@@ -516,6 +964,13 @@ int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err) {
         return mn_err_set(err, MN_EINVAL, "disk tier: capacity %llu bytes is under one page",
                           (unsigned long long)cfg->capacity_bytes);
     if (strlen(cfg->dir) > 4000) return mn_err_set(err, MN_EINVAL, "disk tier: directory path too long");
+    if (cfg->store != NULL) {
+        const StoreIdentity *id = store_identity(cfg->store);
+        if (!hash128_eq(&id->model_fingerprint, &cfg->model_fingerprint) || id->kv_format != cfg->kv_format ||
+            id->n_layer != cfg->n_layer || id->block_bytes != (uint64_t)cfg->block_bytes)
+            return mn_err_set(err, MN_EINVAL, "disk tier: the cache store %s is bound to another model or KV layout",
+                              store_path(cfg->store));
+    }
     if (mkdir(cfg->dir, 0700) != 0 && errno != EEXIST)
         return mn_err_set(err, errno == ENOENT ? MN_ENOTFOUND : MN_EIO,
                           "disk tier: cannot create %s: %s", cfg->dir, strerror(errno));
@@ -528,6 +983,7 @@ int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err) {
     if (slab > capacity) slab = capacity;
     if ((capacity + slab - 1) / slab > DISK_MAX_SLABS) /* keep the file count sane */
         slab = round_page((capacity + DISK_MAX_SLABS - 1) / DISK_MAX_SLABS);
+    int max_new_slabs = (int)((capacity + slab - 1) / slab);
 
     DiskTier *d = mn_calloc(1, sizeof *d);
     if (d == NULL) return mn_err_set(err, MN_ENOMEM, "disk tier: out of memory");
@@ -541,19 +997,39 @@ int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err) {
     d->queue_depth = cfg->queue_depth > 0 ? cfg->queue_depth : 32;
     d->capacity_bytes = capacity;
     d->slab_bytes = slab;
-    d->max_slabs = (int)((capacity + slab - 1) / slab);
-    d->slabs = mn_calloc((size_t)d->max_slabs, sizeof *d->slabs);
-    if (d->dir == NULL || d->slabs == NULL) {
+    d->store = cfg->store;
+    int rc = d->dir != NULL ? slabs_grow(d, max_new_slabs) : MN_ENOMEM;
+    if (rc != MN_OK) {
         disk_free(d);
         return mn_err_set(err, MN_ENOMEM, "disk tier: out of memory");
     }
-    int rc = aio_new(d->backend, d->queue_depth, &d->aio);
+    rc = aio_new(d->backend, d->queue_depth, &d->aio);
     if (rc != MN_OK) {
         disk_free(d);
         return mn_err_set(err, rc, "disk tier: no %s I/O: %s", aio_backend_name(cfg->aio_backend), mn_strerror(rc));
     }
-    rc = tier_new_kind(&disk_ops, d, cfg->n_layer, cfg->block_bytes, capacity, out);
+    if (d->store != NULL) {
+        /* adopted slabs may be more (or other) than this budget would make;
+         * new ones are made only while the slabs fall short of it */
+        rc = slabs_reopen(d);
+        if (rc == MN_OK) rc = slabs_grow(d, d->n_slabs + max_new_slabs);
+        if (rc != MN_OK) {
+            disk_free(d);
+            return mn_err_set(err, rc, "disk tier: reopening %s: %s", cfg->dir, mn_strerror(rc));
+        }
+    }
+    Tier *t;
+    rc = tier_new_kind(&disk_ops, d, cfg->n_layer, cfg->block_bytes, capacity, &t);
     if (rc != MN_OK) return mn_err_set(err, rc, "disk tier: %s", mn_strerror(rc));
+    if (d->store != NULL) {
+        rc = runs_adopt(d, t);
+        if (rc != MN_OK) {
+            tier_free(t); /* keeps what is stored */
+            return mn_err_set(err, rc, "disk tier: reading the run records of %s: %s", store_path(cfg->store),
+                              mn_strerror(rc));
+        }
+    }
+    *out = t;
     return MN_OK;
 }
 

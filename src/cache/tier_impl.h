@@ -7,8 +7,15 @@
  * tier's owner thread only, never while another call into it is running,
  * and only for runs it has reserved and not yet released:
  *
- *   reserve -> write -> { read_layer }* -> release
+ *   reserve -> write -> { read_layer [touch] }* -> release
  *   (a failed reserve needs no release; a failed write does)
+ *
+ * A persistent kind also brings back runs it stored in an earlier life:
+ * while the tier is being opened it sets up run->data itself and hands
+ * the run to tier_adopt_run; from then on the run follows the same path
+ * (read_layer, touch, release). tier_free calls close before releasing
+ * every run, so a persistent kind can tell "forget it, the process is
+ * going" (keep the record) from "it is gone" (delete the record).
  */
 #ifndef MN_TIER_IMPL_H
 #define MN_TIER_IMPL_H
@@ -21,6 +28,7 @@ typedef struct TierRun {
     int n_blocks;
     int n_live;                         /* blocks the map points here */
     uint64_t n_bytes;                   /* kind->run_bytes(n_blocks) */
+    double last_used;                   /* unix seconds: put, or a read of layer 0 */
     struct TierRun *lru_prev, *lru_next; /* head of the core's list = LRU */
     void *data;                         /* the kind's: where the bytes are */
     int check_live;                     /* scratch for tier_check */
@@ -37,14 +45,24 @@ typedef struct TierKindOps {
      * MN_EIO. */
     int (*reserve)(void *kind, TierRun *run);
     /* Copy all layers of the run out of pool (block i from slots[i]);
-     * *io_bytes = bytes moved to the medium. MN_EFULL, MN_EIO, MN_ENOMEM. */
+     * *io_bytes = bytes moved to the medium. run->id and run->last_used
+     * are set. A persistent kind records the run only once its bytes are
+     * durable. MN_EFULL, MN_EIO, MN_ENOMEM. */
     int (*write)(void *kind, TierRun *run, const KvPool *pool, const int32_t *slots, uint64_t *io_bytes);
     /* Copy layer `layer` of blocks idx[k] of the run into slots[k], k < n,
      * after verifying what the medium returned; *io_bytes = bytes read
      * from the medium. MN_ECHECKSUM, MN_EIO, MN_ENOMEM. */
     int (*read_layer)(void *kind, TierRun *run, int layer, const int32_t *idx, const int32_t *slots, int n,
                       KvPool *pool, uint64_t *io_bytes);
+    /* run->last_used changed (a read of layer 0); may be NULL. Failures
+     * are the kind's to log: the read itself succeeded. */
+    void (*touch)(void *kind, TierRun *run);
+    /* Free the run's room (and, for a persistent kind, its record unless
+     * close was called). */
     void (*release)(void *kind, TierRun *run);
+    /* The tier is being freed: the releases that follow keep what is
+     * stored. May be NULL. */
+    void (*close)(void *kind);
     /* Start over after the core released every run (tier_reset); may be
      * NULL. */
     int (*reset)(void *kind);
@@ -61,5 +79,22 @@ const TierKindOps *tier_kind_ops(const Tier *t);
 void *tier_kind(const Tier *t);
 /* The run holding hash and the block's index in it, or NULL. */
 TierRun *tier_find_run(const Tier *t, const Hash128 *hash, int *index);
+
+/* While the tier is being opened: take over a run the kind stored earlier
+ * (its room already claimed, data set up as reserve would). Call in
+ * ascending last_used order: the run becomes the most recently used, and
+ * least recently used runs are evicted (released, reported, counted)
+ * while the budget lacks room. A block already held by a run with a
+ * larger id stays there (the later put won); one held by a smaller id
+ * moves here, as in tier_put_run. A run left with no live block is
+ * released at once. MN_OK: the core owns data (released through the kind
+ * from now on). MN_EFULL: n_bytes exceeds the whole budget; MN_EINVAL:
+ * n_blocks < 1, run_id 0 or >= 2^48; MN_ENOMEM — in these cases nothing
+ * changed and data is still the caller's. */
+int tier_adopt_run(Tier *t, uint64_t run_id, const Hash128 *hashes, int n_blocks, void *data, uint64_t n_bytes,
+                   double last_used);
+/* New runs get ids above `id`: ids seen in the store, adopted or not, are
+ * never reused (the format wants run ids unique in the directory). */
+void tier_skip_run_ids(Tier *t, uint64_t id);
 
 #endif

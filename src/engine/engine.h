@@ -27,6 +27,7 @@
 #include "base/err.h"
 #include "base/ttype.h"
 #include "cache/cost.h"
+#include "cache/mover.h"
 #include "cache/policy.h"
 #include "cache/reply_mem.h"
 #include "engine/sampler.h"
@@ -50,7 +51,16 @@ typedef struct EngineOptions {
     double cache_ttl_s;   /* cached blocks idle longer than this are dropped; 0 = never */
     EvictPolicy evict;    /* which cached pool block goes first (default pensieve+lookahead) */
     const CostModel *cost; /* recompute cost by position for pensieve (copied); NULL: grows with position */
+    /* tiers below the pool (cache/mover.h); need the prefix cache */
+    uint64_t ram_tier_mb;      /* host RAM tier; 0 = none */
+    const char *disk_tier_dir; /* disk tier directory; NULL = none (borrowed during engine_new) */
+    uint64_t disk_tier_mb;     /* disk tier budget (default 4096 when a directory is given) */
+    float swap_watermark;      /* write-behind of cold blocks when free pool blocks fall under this fraction (0.25) */
 } EngineOptions;
+
+/* Where the cached prompt tokens of a request came from. */
+typedef enum CacheSource { SRC_POOL = 0, SRC_RAM, SRC_DISK, SRC_COUNT } CacheSource;
+const char *engine_source_name(CacheSource s); /* "pool", "ram", "disk" */
 
 #define ENGINE_MAX_STOP 4
 
@@ -60,6 +70,9 @@ typedef struct ReqParams {
     bool ignore_eos;
     const char *stop[ENGINE_MAX_STOP]; /* copied by request_new */
     int n_stop;
+    float *first_logits;  /* optional (n_vocab) floats: the logits the first token was
+                             sampled from are copied here before the request finishes
+                             (tests compare restore paths with a recompute) */
 } ReqParams;
 
 typedef enum FinishReason {
@@ -73,7 +86,8 @@ typedef enum FinishReason {
 typedef struct ReqResult {
     FinishReason finish;
     int n_prompt;
-    int n_cached;      /* prompt tokens found in the pool at admission */
+    int n_cached;      /* prompt tokens found cached at admission (all sources) */
+    int n_cached_by[SRC_COUNT]; /* ... split by where they were */
     int n_generated;
     double ttft_s;     /* submit -> first token */
     double total_s;    /* submit -> finish */
@@ -117,6 +131,12 @@ void engine_cancel(Engine *e, Request *r);
 typedef struct EngineStats {
     uint64_t requests_finished[FINISH_ERROR + 1];
     uint64_t prompt_tokens, generated_tokens, cached_tokens, recomputed_tokens;
+    uint64_t cached_tokens_by[SRC_COUNT];
+    uint64_t dropped_blocks;   /* blocks gone from every tier (recomputed if needed again) */
+    uint64_t restore_failures; /* restores that failed (checksum, I/O) and were recomputed */
+    uint64_t writebehind_blocks; /* cold cached blocks copied down under the swap watermark */
+    int n_tiers;               /* tiers below the pool */
+    MoverTierStats tiers[MOVER_MAX_TIERS]; /* the mover's latest snapshots */
     uint64_t suspensions;
     uint64_t expired_blocks; /* dropped by cache_ttl_s */
     int queue_depth, running;

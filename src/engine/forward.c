@@ -205,6 +205,7 @@ static void layer_forward(Forward *f, const FwdBatch *b, int il) {
     mm_matmul(f->tp, f->k, &lw->wk, f->xb, T);
     mm_matmul(f->tp, f->v, &lw->wv, f->xb, T);
     run_stage(f, b, il, STAGE_QKV_POST);
+    if (b->wait_layer) b->wait_layer(b->wait_ctx, il);
     const KvPool *p = f->pool;
     AttnKv kv = {p->arenas[il], p->block_bytes, p->block_bytes / 2, p->block_tokens, p->kv_dim, p->kv_type};
     AttnBatch ab = {T, f->q, b->seq, b->pos, b->seqs, c->n_head, c->n_head_kv, c->head_dim};

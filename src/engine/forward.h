@@ -34,6 +34,11 @@ typedef struct FwdBatch {
     int n_seqs;
     const int32_t *logit_idx; /* (n_logits) batch rows whose logits are wanted */
     int n_logits;
+    /* Called before layer l's attention reads the pool, after the batch's
+     * own K/V of that layer are written, so KV being restored into the
+     * pool can be waited for one layer at a time. NULL: nothing to wait. */
+    void (*wait_layer)(void *ctx, int layer);
+    void *wait_ctx;
 } FwdBatch;
 
 typedef struct FwdOptions {

@@ -51,7 +51,8 @@ typedef struct Bench {
 /* Time one block whose first token is at position first. */
 static int run_block(Bench *b, int32_t first, double *sec, MnErr *err) {
     for (int i = 0; i < b->bt; i++) b->pos[i] = first + i;
-    FwdBatch batch = {b->bt, b->tokens, b->seqidx, b->pos, &b->view, 1, NULL, 0};
+    FwdBatch batch = {.n_tok = b->bt, .tokens = b->tokens, .seq = b->seqidx, .pos = b->pos, .seqs = &b->view,
+                      .n_seqs = 1, .logit_idx = NULL, .n_logits = 0};
     const float *logits;
     double t0 = mn_now();
     int rc = fwd_run(b->fwd, &batch, &logits, err);

@@ -64,7 +64,8 @@ int runner_eval(Runner *r, const int32_t *tokens, int n, bool all_logits, Runner
             if (all_logits) r->logit_idx[n_logits++] = i;
         }
         if (!all_logits && last_chunk) r->logit_idx[n_logits++] = chunk - 1;
-        FwdBatch b = {chunk, tokens + done, r->seqidx, r->pos, &view, 1, r->logit_idx, n_logits};
+        FwdBatch b = {.n_tok = chunk, .tokens = tokens + done, .seq = r->seqidx, .pos = r->pos, .seqs = &view,
+                      .n_seqs = 1, .logit_idx = r->logit_idx, .n_logits = n_logits};
         const float *logits;
         rc = fwd_run(r->fwd, &b, &logits, err);
         if (rc) return rc;

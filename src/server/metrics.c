@@ -415,6 +415,34 @@ int metrics_histogram_observe(MetricFamily *f, const char *labels, double v) {
     return update(f, labels, OP_OBSERVE, v);
 }
 
+int metrics_counter_set(MetricFamily *f, const char *labels, double v) {
+    if (f->type != METRIC_COUNTER || !(v >= 0.0)) return MN_EINVAL;
+    pthread_mutex_lock(&f->owner->lock);
+    MetricSeries *s;
+    int rc = series_get(f, labels ? labels : "", &s);
+    if (rc == MN_OK && v < s->value) rc = MN_EINVAL;
+    if (rc == MN_OK) s->value = v;
+    pthread_mutex_unlock(&f->owner->lock);
+    return rc;
+}
+
+int metrics_histogram_set(MetricFamily *f, const char *labels, const uint64_t *counts, size_t n_counts, double sum) {
+    if (f->type != METRIC_HISTOGRAM || n_counts != f->n_buckets + 1) return MN_EINVAL;
+    pthread_mutex_lock(&f->owner->lock);
+    MetricSeries *s;
+    int rc = series_get(f, labels ? labels : "", &s);
+    if (rc == MN_OK) {
+        s->count = 0;
+        for (size_t k = 0; k < n_counts; k++) {
+            if (k < f->n_buckets) s->bucket_counts[k] = counts[k];
+            s->count += counts[k];
+        }
+        s->sum = sum;
+    }
+    pthread_mutex_unlock(&f->owner->lock);
+    return rc;
+}
+
 int metrics_value(MetricFamily *f, const char *labels, double *out) {
     assert(f != NULL && out != NULL);
     pthread_mutex_lock(&f->owner->lock);

@@ -20,6 +20,7 @@
 #define MN_METRICS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/err.h"
 
@@ -62,6 +63,15 @@ int metrics_gauge_add(MetricFamily *f, const char *labels, double v);
 /* Counts v into the first bucket whose bound is >= v (else +Inf) and adds
  * it to _sum and _count. */
 int metrics_histogram_observe(MetricFamily *f, const char *labels, double v);
+
+/* Mirror totals kept elsewhere (another component's counters, read at
+ * scrape time). A counter is set to v — MN_EINVAL if that would lower it;
+ * a histogram takes per-bucket (not cumulative) counts[0..n_buckets], the
+ * last one being the +Inf bucket, their total as _count, and sum —
+ * MN_EINVAL when n_counts != n_buckets + 1. Also MN_EINVAL for a wrong
+ * type or labels, MN_EFULL, MN_ENOMEM as for updates. */
+int metrics_counter_set(MetricFamily *f, const char *labels, double v);
+int metrics_histogram_set(MetricFamily *f, const char *labels, const uint64_t *counts, size_t n_counts, double sum);
 
 /* Read a series back: the value of a counter or gauge, the _count of a
  * histogram. MN_OK, or MN_ENOTFOUND when the series does not exist. */

@@ -35,6 +35,8 @@ struct Server {
     struct MHD_Daemon *daemon;
     int port;
     Metrics *metrics;
+    MetricFamily *f_tier_read, *f_tier_written, *f_tier_read_s, *f_tier_write_s, *f_tier_occupancy, *f_tier_evictions,
+        *f_tier_checksum, *f_dropped;
     MetricFamily *f_requests, *f_prompt, *f_generated, *f_cached, *f_recomputed, *f_ttft, *f_tpot, *f_pool,
         *f_queue, *f_running;
     atomic_uint_fast64_t next_id;
@@ -97,6 +99,12 @@ static enum MHD_Result send_error(Server *s, struct MHD_Connection *c, int statu
 
 /* ---- metrics --------------------------------------------------------------- */
 
+/* `tier="NAME"` of a cache source. */
+static const char *tier_label(CacheSource src) {
+    static const char *const labels[SRC_COUNT] = {"tier=\"pool\"", "tier=\"ram\"", "tier=\"disk\""};
+    return labels[src];
+}
+
 static int metrics_setup(Server *s) {
     static const double ttft_b[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
     static const double tpot_b[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
@@ -120,12 +128,26 @@ static int metrics_setup(Server *s) {
         {"mnemo_pool_blocks", "KV pool blocks by state", METRIC_GAUGE, NULL, 0, &s->f_pool},
         {"mnemo_queue_depth", "Requests waiting for admission", METRIC_GAUGE, NULL, 0, &s->f_queue},
         {"mnemo_running_sequences", "Sequences being served", METRIC_GAUGE, NULL, 0, &s->f_running},
+        {"mnemo_tier_bytes_read_total", "Bytes read from a cache tier", METRIC_COUNTER, NULL, 0, &s->f_tier_read},
+        {"mnemo_tier_bytes_written_total", "Bytes written to a cache tier", METRIC_COUNTER, NULL, 0,
+         &s->f_tier_written},
+        {"mnemo_tier_read_seconds", "Time of one layer read from a cache tier", METRIC_HISTOGRAM, mover_io_bounds,
+         MOVER_IO_BUCKETS, &s->f_tier_read_s},
+        {"mnemo_tier_write_seconds", "Time of one run written to a cache tier", METRIC_HISTOGRAM, mover_io_bounds,
+         MOVER_IO_BUCKETS, &s->f_tier_write_s},
+        {"mnemo_tier_occupancy_bytes", "Bytes held by a cache tier", METRIC_GAUGE, NULL, 0, &s->f_tier_occupancy},
+        {"mnemo_tier_evictions_total", "Blocks evicted from a cache tier", METRIC_COUNTER, NULL, 0,
+         &s->f_tier_evictions},
+        {"mnemo_tier_checksum_failures_total", "Stored extents that failed their checksum (recomputed)",
+         METRIC_COUNTER, NULL, 0, &s->f_tier_checksum},
+        {"mnemo_dropped_blocks_total", "Cached blocks gone from every tier", METRIC_COUNTER, NULL, 0, &s->f_dropped},
     };
     for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++)
         if ((rc = metrics_register(s->metrics, fams[i].name, fams[i].help, fams[i].type, fams[i].b, fams[i].nb,
                                    fams[i].out)))
             return rc;
-    metrics_counter_add(s->f_cached, "tier=\"pool\"", 0);
+    for (int i = 0; i < SRC_COUNT; i++) metrics_counter_add(s->f_cached, tier_label(i), 0);
+    metrics_counter_add(s->f_dropped, "", 0);
     metrics_counter_add(s->f_prompt, "", 0);
     metrics_counter_add(s->f_generated, "", 0);
     metrics_counter_add(s->f_recomputed, "", 0);
@@ -135,7 +157,7 @@ static int metrics_setup(Server *s) {
 static void metrics_on_finish(Server *s, const ReqResult *res) {
     metrics_counter_add(s->f_prompt, "", res->n_prompt);
     metrics_counter_add(s->f_generated, "", res->n_generated);
-    metrics_counter_add(s->f_cached, "tier=\"pool\"", res->n_cached);
+    for (int i = 0; i < SRC_COUNT; i++) metrics_counter_add(s->f_cached, tier_label(i), res->n_cached_by[i]);
     metrics_counter_add(s->f_recomputed, "", res->n_prompt - res->n_cached);
     if (res->n_generated > 0) metrics_histogram_observe(s->f_ttft, "", res->ttft_s);
     if (res->n_generated > 1)
@@ -150,6 +172,19 @@ static enum MHD_Result handle_metrics(Server *s, struct MHD_Connection *c) {
     metrics_gauge_set(s->f_pool, "state=\"cached\"", st.pool_cached);
     metrics_gauge_set(s->f_queue, "", st.queue_depth);
     metrics_gauge_set(s->f_running, "", st.running);
+    metrics_counter_set(s->f_dropped, "", (double)st.dropped_blocks);
+    for (int i = 0; i < st.n_tiers; i++) {
+        const MoverTierStats *t = &st.tiers[i];
+        char label[64];
+        snprintf(label, sizeof label, "tier=\"%s\"", t->tier.name);
+        metrics_counter_set(s->f_tier_read, label, (double)t->tier.bytes_read);
+        metrics_counter_set(s->f_tier_written, label, (double)t->tier.bytes_written);
+        metrics_histogram_set(s->f_tier_read_s, label, t->reads.counts, MOVER_IO_BUCKETS + 1, t->reads.sum);
+        metrics_histogram_set(s->f_tier_write_s, label, t->writes.counts, MOVER_IO_BUCKETS + 1, t->writes.sum);
+        metrics_gauge_set(s->f_tier_occupancy, label, (double)t->tier.occupancy_bytes);
+        metrics_counter_set(s->f_tier_evictions, label, (double)t->tier.n_evicted_blocks);
+        metrics_counter_set(s->f_tier_checksum, label, (double)t->tier.n_checksum_failures);
+    }
     count_request(s, 200);
     char *text;
     size_t len;
@@ -198,7 +233,7 @@ static void fill_usage(const ReqResult *res, ApiUsage *u) {
     u->completion_tokens = res->n_generated;
     u->cached_tokens = res->n_cached;
     u->recomputed_tokens = res->n_prompt - res->n_cached;
-    api_usage_add_tier(u, "pool", res->n_cached);
+    for (int i = 0; i < SRC_COUNT; i++) api_usage_add_tier(u, engine_source_name(i), res->n_cached_by[i]);
 }
 
 static void log_request(const Gen *g, int status) {

@@ -1,0 +1,306 @@
+/* diskprobe.c — raw sequential bandwidth of a directory (see diskprobe.h).
+ *
+ * What the disk tier's restore bandwidth is compared with. The probe does
+ * what tier_disk.c does with a slab, on a scratch file: open it with
+ * O_DIRECT through cache/aio (falling back to buffered I/O where the
+ * filesystem refuses, as aio_open does for the tier), reserve its space
+ * with fallocate, write it front to back in request_bytes requests with
+ * queue_depth of them in flight, fdatasync, then read it back front to
+ * back the same way. Each slot of the request window owns one aligned
+ * buffer; a slot whose request completes is refilled with the next offset
+ * at once, so the queue stays full until the file is done (the sliding
+ * window aio_run keeps when it is handed more requests than its depth).
+ *
+ * Checking the data: the buffers are filled once with a pseudo-random
+ * pattern; before a write the first 16 bytes of each 4 KiB page are set to
+ * its file offset and the offset's complement, and after a read they must
+ * read back so. A device or a backend that completes a read without
+ * delivering the bytes is caught instead of measured as fast.
+ *
+ * Nothing here is shared: one call owns its Aio, buffers and file, and the
+ * file is unlinked on every path once it exists. Timing uses mn_now; the
+ * write time covers the writes and the fdatasync, not the fallocate (the
+ * tier reserves a slab once, long before it moves blocks into it).
+ */
+#include "bench/diskprobe.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/cli.h"
+#include "base/clock.h"
+#include "base/mem.h"
+
+#define N_OPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
+#define STAMP_MAGIC 0x6d6e656d6f70726full /* "mnemopro" */
+
+/* ---- types ------------------------------------------------------------------ */
+
+typedef struct Probe {
+    Aio *aio;
+    AioFile file;
+    uint8_t *bufs;        /* (n_slots, request_bytes) AIO_ALIGN aligned */
+    AioReq *reqs;         /* (n_slots) reqs[i] always uses buffer i */
+    int n_slots;
+    uint64_t request_bytes;
+    uint64_t bytes;       /* file size */
+    uint64_t bad_offset;  /* a read whose stamp was wrong: the page's offset */
+} Probe;
+
+/* ---- stamps ---------------------------------------------------------------------- */
+
+static void fill_pattern(uint8_t *p, uint64_t n) {
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (uint64_t i = 0; i + 8 <= n; i += 8) { /* xorshift64: incompressible, cheap */
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        memcpy(p + i, &x, 8);
+    }
+}
+
+static void stamp_pages(uint8_t *buf, uint64_t offset, size_t len) {
+    for (size_t at = 0; at < len; at += AIO_ALIGN) {
+        uint64_t s[2] = {offset + at, (offset + at) ^ STAMP_MAGIC};
+        memcpy(buf + at, s, sizeof s);
+    }
+}
+
+static void clear_stamps(uint8_t *buf, size_t len) {
+    for (size_t at = 0; at < len; at += AIO_ALIGN) memset(buf + at, 0xff, 16);
+}
+
+/* True when every page of buf carries its own offset; else *bad the first
+ * page that does not. */
+static bool check_stamps(const uint8_t *buf, uint64_t offset, size_t len, uint64_t *bad) {
+    for (size_t at = 0; at < len; at += AIO_ALIGN) {
+        uint64_t s[2];
+        memcpy(s, buf + at, sizeof s);
+        if (s[0] != offset + at || s[1] != ((offset + at) ^ STAMP_MAGIC)) {
+            *bad = offset + at;
+            return false;
+        }
+    }
+    return true;
+}
+
+/* ---- one pass over the file ------------------------------------------------------- */
+
+/* Point slot i's request at the next part of the file and submit it. */
+static int slot_start(Probe *p, int i, unsigned op, uint64_t offset) {
+    AioReq *r = &p->reqs[i];
+    uint64_t left = p->bytes - offset;
+    size_t len = (size_t)(left < p->request_bytes ? left : p->request_bytes);
+    uint8_t *buf = p->bufs + (size_t)i * p->request_bytes;
+    if (op == AIO_OP_WRITE) stamp_pages(buf, offset, len);
+    else clear_stamps(buf, len);
+    *r = (AioReq){.op = op, .file = &p->file, .buf = buf, .offset = offset, .len = len};
+    return aio_submit(p->aio, r, 1);
+}
+
+/* Write or read [0, bytes) of the file with n_slots requests in flight.
+ * Every submitted request is waited for, also after a failure; returns the
+ * first failure (MN_EFORMAT for data that came back wrong). */
+static int run_pass(Probe *p, unsigned op) {
+    uint64_t next = 0;
+    int rc = MN_OK;
+    for (int i = 0; i < p->n_slots && next < p->bytes; i++) {
+        rc = slot_start(p, i, op, next);
+        if (rc != MN_OK) break;
+        next += p->request_bytes;
+    }
+    AioReq *done[64];
+    while (aio_n_outstanding(p->aio) > 0) {
+        int n_done = 0;
+        int max = aio_n_outstanding(p->aio) < 64 ? aio_n_outstanding(p->aio) : 64;
+        int wrc = aio_wait(p->aio, 1, max, done, &n_done);
+        if (wrc != MN_OK) return wrc; /* the ring broke: nothing more comes back */
+        for (int k = 0; k < n_done; k++) {
+            AioReq *r = done[k];
+            if (rc == MN_OK && r->result != MN_OK) {
+                rc = r->result;
+                if (rc == MN_EFORMAT) p->bad_offset = r->offset; /* end of file before the request's end */
+            }
+            if (rc == MN_OK && op == AIO_OP_READ && !check_stamps(r->buf, r->offset, r->len, &p->bad_offset))
+                rc = MN_EFORMAT;
+            if (rc == MN_OK && next < p->bytes) {
+                rc = slot_start(p, (int)(r - p->reqs), op, next);
+                next += p->request_bytes;
+            }
+        }
+    }
+    return rc;
+}
+
+/* ---- the probe ----------------------------------------------------------------------- */
+
+static int fail_io(MnErr *err, int rc, const char *dir, const char *what, uint64_t bytes) {
+    if (rc == MN_EFULL)
+        return mn_err_set(err, rc, "%s: no space left for a %g MiB probe file (%s)", dir, (double)bytes / 1048576.0,
+                          what);
+    return mn_err_set(err, rc, "%s: %s failed: %s", dir, what, mn_strerror(rc));
+}
+
+int diskprobe_run(const char *dir, uint64_t bytes, DiskProbeResult *out, MnErr *err) {
+    return diskprobe_run_opts(dir, bytes, NULL, out, err);
+}
+
+int diskprobe_run_opts(const char *dir, uint64_t bytes, const DiskProbeOpts *o, DiskProbeResult *out, MnErr *err) {
+    memset(out, 0, sizeof *out);
+    DiskProbeOpts opts = o ? *o : (DiskProbeOpts){0};
+    if (opts.request_bytes == 0) opts.request_bytes = DISKPROBE_REQUEST_BYTES;
+    if (opts.queue_depth == 0) opts.queue_depth = DISKPROBE_QUEUE_DEPTH;
+    if (bytes == 0 || bytes % AIO_ALIGN != 0 || bytes > (uint64_t)INT64_MAX)
+        return mn_err_set(err, MN_EINVAL, "probe size %" PRIu64 " is not a positive multiple of %u bytes", bytes,
+                          AIO_ALIGN);
+    if (opts.request_bytes % AIO_ALIGN != 0 || opts.request_bytes > (1u << 30))
+        return mn_err_set(err, MN_EINVAL, "request size %" PRIu64 " is not a multiple of %u bytes up to 1 GiB",
+                          opts.request_bytes, AIO_ALIGN);
+    if (opts.queue_depth < 1 || opts.queue_depth > 1024)
+        return mn_err_set(err, MN_EINVAL, "queue depth %d is not in 1..1024", opts.queue_depth);
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return mn_err_set(err, errno == ENOENT ? MN_ENOTFOUND : MN_EIO, "%s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return mn_err_set(err, MN_EINVAL, "%s: not a directory", dir);
+
+    Probe p = {.file = {.fd = -1}, .request_bytes = opts.request_bytes, .bytes = bytes};
+    uint64_t n_req = (bytes + p.request_bytes - 1) / p.request_bytes;
+    p.n_slots = n_req < (uint64_t)opts.queue_depth ? (int)n_req : opts.queue_depth;
+    char path[4096];
+    bool has_file = false;
+    int rc = MN_OK;
+    size_t buf_bytes = 0;
+    if (mn_mul_size((size_t)p.n_slots, (size_t)p.request_bytes, &buf_bytes) != 0) /* at most 1024 GiB: 64-bit */
+        return mn_err_set(err, MN_ENOMEM, "probe buffers: size overflow");
+    p.bufs = mn_alloc_aligned(buf_bytes, AIO_ALIGN);
+    p.reqs = mn_calloc((size_t)p.n_slots, sizeof *p.reqs);
+    if (p.bufs == NULL || p.reqs == NULL) {
+        rc = mn_err_set(err, MN_ENOMEM, "out of memory for %d probe buffers of %" PRIu64 " bytes", p.n_slots,
+                        p.request_bytes);
+        goto done;
+    }
+    fill_pattern(p.bufs, buf_bytes);
+    rc = aio_new(opts.backend, opts.queue_depth, &p.aio);
+    if (rc != MN_OK) {
+        rc = mn_err_set(err, rc, "cannot set up aio (%s backend): %s", aio_backend_name(opts.backend),
+                        mn_strerror(rc));
+        goto done;
+    }
+    if (opts.aio_hook_fn) opts.aio_hook_fn(p.aio, opts.aio_hook_ctx);
+
+    /* a unique name, then the file reopened through aio (O_DIRECT) */
+    if (snprintf(path, sizeof path, "%s/.mnemo-disk-probe-XXXXXX", dir) >= (int)sizeof path) {
+        rc = mn_err_set(err, MN_EINVAL, "%s: path too long", dir);
+        goto done;
+    }
+    int fd = mkstemp(path);
+    if (fd < 0) {
+        int e = errno;
+        rc = aio_errno_to_mn(e);
+        if (rc == MN_EFULL) {
+            fail_io(err, rc, dir, "creating the file", bytes);
+        } else {
+            if (rc != MN_ENOTFOUND) rc = MN_EIO;
+            mn_err_set(err, rc, "%s: cannot create a file: %s", dir, strerror(e));
+        }
+        goto done;
+    }
+    close(fd);
+    has_file = true;
+    rc = aio_open(p.aio, path, AIO_OPEN_TRUNC, &p.file);
+    if (rc != MN_OK) {
+        fail_io(err, rc, dir, "opening the probe file", bytes);
+        goto done;
+    }
+    rc = aio_fallocate(p.aio, &p.file, 0, bytes);
+    if (rc != MN_OK) {
+        fail_io(err, rc, dir, "reserving the probe file", bytes);
+        goto done;
+    }
+
+    double t0 = mn_now();
+    rc = run_pass(&p, AIO_OP_WRITE);
+    if (rc == MN_OK) rc = aio_fdatasync(p.aio, &p.file);
+    double t1 = mn_now();
+    if (rc != MN_OK) {
+        fail_io(err, rc, dir, "writing the probe file", bytes);
+        goto done;
+    }
+    if (!p.file.is_direct) /* buffered: read from the device, not the page cache */
+        posix_fadvise(p.file.fd, 0, (off_t)bytes, POSIX_FADV_DONTNEED);
+    double t2 = mn_now();
+    rc = run_pass(&p, AIO_OP_READ);
+    double t3 = mn_now();
+    if (rc == MN_EFORMAT) {
+        rc = mn_err_set(err, rc, "%s: the probe file read back wrong at offset %" PRIu64 " (short read or bad data)",
+                        dir, p.bad_offset);
+        goto done;
+    }
+    if (rc != MN_OK) {
+        fail_io(err, rc, dir, "reading the probe file", bytes);
+        goto done;
+    }
+    out->bytes = bytes;
+    out->write_s = t1 - t0;
+    out->read_s = t3 - t2;
+    out->write_mbps = out->write_s > 0 ? (double)bytes / out->write_s / 1e6 : 0;
+    out->read_mbps = out->read_s > 0 ? (double)bytes / out->read_s / 1e6 : 0;
+    out->backend = aio_backend(p.aio);
+    out->is_direct = p.file.is_direct;
+
+done:
+    aio_close(&p.file);
+    if (has_file) unlink(path);
+    aio_free(p.aio); /* waits for anything still in flight before the buffers go */
+    mn_free(p.reqs);
+    mn_free_aligned(p.bufs);
+    return rc;
+}
+
+/* ---- the command ----------------------------------------------------------------------- */
+
+int diskprobe_main(int argc, char **argv) {
+    uint64_t mb = 512, request_kb = DISKPROBE_REQUEST_BYTES / 1024;
+    int queue_depth = DISKPROBE_QUEUE_DEPTH;
+    CliOpt opts[] = {
+        {"mb", 0, CLI_U64, &mb, "N", "size of the probe file in MiB (default 512)"},
+        {"request-kb", 0, CLI_U64, &request_kb, "KB", "bytes per request in KiB, a multiple of 4 (default 1024)"},
+        {"queue-depth", 0, CLI_INT, &queue_depth, "N", "requests in flight (default 32, as the disk tier)"},
+    };
+    const char *synopsis = "mnemo disk-probe DIR [--mb N] [--request-kb KB] [--queue-depth N]";
+    const char *pos[1];
+    int n_pos = 0;
+    MnErr err = {0};
+    int rc = cli_parse(argc, argv, opts, N_OPTS(opts), pos, 1, &n_pos, &err);
+    if (rc == MN_ECANCELED) {
+        cli_usage(stdout, synopsis, opts, N_OPTS(opts));
+        return 0;
+    }
+    if (rc == MN_OK && n_pos != 1) rc = mn_err_set(&err, MN_EINVAL, "needs one DIR argument");
+    if (rc == MN_OK && (mb < 1 || mb > (1u << 20))) rc = mn_err_set(&err, MN_EINVAL, "--mb must be in 1..1048576");
+    if (rc == MN_OK && (request_kb < 4 || request_kb % 4 != 0 || request_kb > (1u << 20)))
+        rc = mn_err_set(&err, MN_EINVAL, "--request-kb must be a multiple of 4 in 4..1048576");
+    if (rc == MN_OK && (queue_depth < 1 || queue_depth > 1024))
+        rc = mn_err_set(&err, MN_EINVAL, "--queue-depth must be in 1..1024");
+    if (rc != MN_OK) {
+        fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
+        cli_usage(stderr, synopsis, opts, N_OPTS(opts));
+        return 2;
+    }
+    DiskProbeOpts o = {.request_bytes = request_kb * 1024, .queue_depth = queue_depth};
+    DiskProbeResult res;
+    if (diskprobe_run_opts(pos[0], mb << 20, &o, &res, &err) != MN_OK) {
+        fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
+        return 1;
+    }
+    printf("disk-probe %s: write %.1f MB/s, read %.1f MB/s (%" PRIu64 " MiB, %s%s)\n", pos[0], res.write_mbps,
+           res.read_mbps, mb, aio_backend_name(res.backend), res.is_direct ? "" : ", buffered: O_DIRECT refused");
+    printf("read_mbps=%.1f write_mbps=%.1f\n", res.read_mbps, res.write_mbps);
+    return 0;
+}

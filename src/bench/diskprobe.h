@@ -1,0 +1,61 @@
+/* diskprobe.h — `mnemo disk-probe DIR`: the raw sequential bandwidth of a
+ * directory, measured the way the disk tier moves its data.
+ *
+ * One probe writes a file of the given size under DIR with O_DIRECT through
+ * cache/aio (the disk tier's Aio: AIO_BACKEND_AUTO, 1 MiB requests, 32 in
+ * flight — tier_disk.c's DISK_CHUNK and default queue depth), fdatasyncs
+ * it, reads it back sequentially the same way, checks what came back and
+ * removes the file. Rates are in MB/s of 10^6 bytes; the write figure
+ * includes the fdatasync. The disk tier's restore bandwidth that `mnemo
+ * bench` reports from /metrics is meant to be compared with read_mbps.
+ */
+#ifndef MN_BENCH_DISKPROBE_H
+#define MN_BENCH_DISKPROBE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "cache/aio.h"
+
+#define DISKPROBE_REQUEST_BYTES (1u << 20) /* as tier_disk.c's DISK_CHUNK */
+#define DISKPROBE_QUEUE_DEPTH 32           /* as the disk tier's default */
+
+typedef struct DiskProbeOpts {
+    uint64_t request_bytes; /* bytes per aio request, a multiple of AIO_ALIGN; 0: 1 MiB */
+    int queue_depth;        /* requests in flight; 0: 32 */
+    AioBackend backend;     /* AIO_BACKEND_AUTO normally */
+    /* Test hook: called once with the probe's Aio right after it is made
+     * (e.g. to aio_fault_set a failure); NULL normally. */
+    void (*aio_hook_fn)(Aio *a, void *ctx);
+    void *aio_hook_ctx;
+} DiskProbeOpts;
+
+typedef struct DiskProbeResult {
+    uint64_t bytes;          /* the file's size */
+    double write_s, read_s;  /* wall time: writes + fdatasync; reads */
+    double write_mbps, read_mbps; /* bytes / time / 10^6 */
+    AioBackend backend;      /* the backend that ran (never AUTO) */
+    bool is_direct;          /* O_DIRECT; false when the filesystem refused it
+                                (the page cache is dropped before reading then) */
+} DiskProbeResult;
+
+/* Probe dir with a file of bytes (> 0, a multiple of AIO_ALIGN) and the
+ * disk tier's request size and queue depth. MN_OK and *out; otherwise *out
+ * is zeroed, err says what failed and where, and no file is left behind:
+ * MN_ENOTFOUND (dir missing), MN_EINVAL (dir is not a directory, bad
+ * sizes), MN_EFULL (no space for the file), MN_EFORMAT (the data read back
+ * differs from what was written), MN_EIO, MN_ENOMEM. */
+int diskprobe_run(const char *dir, uint64_t bytes, DiskProbeResult *out, MnErr *err);
+
+/* The same with other request sizes, queue depth or backend (o may be NULL). */
+int diskprobe_run_opts(const char *dir, uint64_t bytes, const DiskProbeOpts *o, DiskProbeResult *out, MnErr *err);
+
+/* The command: argv[0] is the first argument after "disk-probe". Prints
+ *   disk-probe DIR: write W MB/s, read R MB/s (N MiB, BACKEND)
+ *   read_mbps=R write_mbps=W
+ * and returns 0; 1 when the probe failed (a message on stderr), 2 for bad
+ * options. */
+int diskprobe_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,398 @@
+/* mover.c — the mover thread (see mover.h).
+ *
+ * One thread, two FIFO queues under one mutex: loads (reads) and
+ * everything else (writes). The thread always takes a load first, so a
+ * restore waiting to be computed never queues behind write-behind. A job
+ * runs to completion without the lock; its events go out through the
+ * on_event callback as they happen.
+ *
+ * Invariants: only this thread calls into the tiers once mover_new has
+ * returned; the stats snapshots are the only state another thread reads,
+ * under stats_lock.
+ */
+#include "cache/mover.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "cache/store.h"
+
+typedef struct DropCtx {
+    struct Mover *m;
+    int tier;
+} DropCtx;
+
+struct Mover {
+    MoverConfig cfg;
+    CacheStore *store;     /* with a disk tier: its directory's database */
+    int n_reply_puts;      /* since the last trim */
+    Tier *tiers[MOVER_MAX_TIERS];
+    DropCtx drop_ctx[MOVER_MAX_TIERS];
+    int n_tiers;
+    /* queues */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    MoverJob *reads_head, *reads_tail;
+    MoverJob *writes_head, *writes_tail;
+    bool is_stopped;       /* STOP queued: submits refused */
+    pthread_t thread;
+    bool has_thread;
+    MoverJob *stop_job;    /* made up front, so stopping cannot fail */
+    /* mover thread scratch: one tier's share of a load */
+    Hash128 *sub_hashes;
+    int32_t *sub_slots;
+    int sub_cap;
+    MoverIoHist reads[MOVER_MAX_TIERS], writes[MOVER_MAX_TIERS]; /* mover thread */
+    /* published counters */
+    pthread_mutex_t stats_lock;
+    MoverTierStats stats[MOVER_MAX_TIERS];
+};
+
+const double mover_io_bounds[MOVER_IO_BUCKETS] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                                  0.01,   0.025,   0.05,   0.1,   0.25,   1};
+
+/* ---- jobs and events -------------------------------------------------------- */
+
+MoverJob *mover_job_new(MoverJobKind kind, int n, int n_layer) {
+    MoverJob *j = mn_calloc(1, sizeof *j);
+    if (j == NULL) return NULL;
+    j->kind = kind;
+    j->n = n;
+    j->failed_tier = -1;
+    j->n_events = kind == MOVER_LOAD ? n_layer + 1 : 1;
+    j->events = mn_calloc((size_t)j->n_events, sizeof *j->events);
+    bool ok = j->events != NULL;
+    if (n > 0) {
+        j->hashes = mn_calloc((size_t)n, sizeof *j->hashes);
+        j->slots = mn_calloc((size_t)n, sizeof *j->slots);
+        j->tier = mn_calloc((size_t)n, 1);
+        ok = ok && j->hashes && j->slots && j->tier;
+    }
+    if (!ok) {
+        mover_job_free(j);
+        return NULL;
+    }
+    for (int i = 0; i < j->n_events; i++) {
+        j->events[i].job = j;
+        j->events[i].is_embedded = true;
+        j->events[i].kind = i + 1 < j->n_events ? MOVER_EV_LAYER : MOVER_EV_DONE;
+        j->events[i].layer = i;
+    }
+    return j;
+}
+
+void mover_job_free(MoverJob *j) {
+    if (j == NULL) return;
+    mn_free(j->hashes);
+    mn_free(j->slots);
+    mn_free(j->tier);
+    mn_free(j->events);
+    mn_free(j->text);
+    mn_free(j->ids);
+    mn_free(j);
+}
+
+void mover_event_free(MoverEvent *ev) {
+    if (ev == NULL || ev->is_embedded) return;
+    mn_free(ev->hashes);
+    mn_free(ev);
+}
+
+static void post_layer(Mover *m, MoverJob *j, int layer) {
+    j->n_layers_done = layer + 1;
+    m->cfg.on_event(m->cfg.event_ctx, &j->events[layer]);
+}
+
+static void post_done(Mover *m, MoverJob *j) { m->cfg.on_event(m->cfg.event_ctx, &j->events[j->n_events - 1]); }
+
+/* A tier dropped blocks (TierDropFn, inside a tier call on this thread). */
+static void on_drop(void *ctx, const Hash128 *hashes, int n, TierDropReason why) {
+    DropCtx *dc = ctx;
+    MoverEvent *ev = mn_calloc(1, sizeof *ev);
+    Hash128 *copy = n > 0 ? mn_malloc((size_t)n * sizeof *copy) : NULL;
+    if (ev == NULL || (n > 0 && copy == NULL)) {
+        /* the engine keeps believing the tier holds them; a load then
+         * fails with MN_ENOTFOUND and the blocks are recomputed */
+        LOG_WARN("mover: out of memory reporting %d dropped blocks", n);
+        mn_free(ev);
+        mn_free(copy);
+        return;
+    }
+    memcpy(copy, hashes, (size_t)n * sizeof *copy);
+    *ev = (MoverEvent){.kind = MOVER_EV_DROPPED, .tier = dc->tier, .why = why, .n = n, .hashes = copy};
+    dc->m->cfg.on_event(dc->m->cfg.event_ctx, ev);
+}
+
+/* ---- running jobs ------------------------------------------------------------- */
+
+static void publish_stats(Mover *m, int i) {
+    MoverTierStats st;
+    tier_stats(m->tiers[i], &st.tier);
+    st.reads = m->reads[i];
+    st.writes = m->writes[i];
+    pthread_mutex_lock(&m->stats_lock);
+    m->stats[i] = st;
+    pthread_mutex_unlock(&m->stats_lock);
+}
+
+static void observe(MoverIoHist *h, double seconds) {
+    int b = 0;
+    while (b < MOVER_IO_BUCKETS && seconds > mover_io_bounds[b]) b++;
+    h->counts[b]++;
+    h->n++;
+    h->sum += seconds;
+}
+
+/* Copy the run into every tier; a tier that refuses it (full, failed) is
+ * skipped. rc is the last failure when no tier took it. */
+static void run_save(Mover *m, MoverJob *j) {
+    j->rc = m->n_tiers > 0 ? MN_EFULL : MN_OK;
+    for (int i = 0; i < m->n_tiers; i++) {
+        double t0 = mn_now();
+        int rc = tier_put_run(m->tiers[i], j->hashes, j->n, m->cfg.pool, j->slots);
+        if (rc == MN_OK) {
+            j->saved_tiers |= 1u << i;
+            j->rc = MN_OK;
+            observe(&m->writes[i], mn_now() - t0);
+        } else if (j->saved_tiers == 0) {
+            j->rc = rc;
+        }
+        if (rc != MN_OK && rc != MN_EFULL)
+            LOG_WARN("mover: saving %d blocks to the %s tier failed: %s", j->n, tier_name(m->tiers[i]), mn_strerror(rc));
+        publish_stats(m, i);
+    }
+}
+
+static int sub_reserve(Mover *m, int n) {
+    if (n <= m->sub_cap) return MN_OK;
+    Hash128 *h = mn_realloc(m->sub_hashes, (size_t)n * sizeof *h);
+    if (h == NULL) return MN_ENOMEM;
+    m->sub_hashes = h;
+    int32_t *s = mn_realloc(m->sub_slots, (size_t)n * sizeof *s);
+    if (s == NULL) return MN_ENOMEM;
+    m->sub_slots = s;
+    m->sub_cap = n;
+    return MN_OK;
+}
+
+/* Layer by layer: each tier's share of the layer, then the LAYER event. */
+static void run_load(Mover *m, MoverJob *j) {
+    const int n_layer = m->cfg.pool->n_layer;
+    j->rc = sub_reserve(m, j->n);
+    for (int k = 0; k < j->n && j->rc == MN_OK; k++)
+        if (j->tier[k] >= m->n_tiers) j->rc = MN_EINVAL;
+    for (int l = 0; l < n_layer && j->rc == MN_OK; l++) {
+        for (int i = 0; i < m->n_tiers && j->rc == MN_OK; i++) {
+            int n = 0;
+            for (int k = 0; k < j->n; k++)
+                if (j->tier[k] == i) {
+                    m->sub_hashes[n] = j->hashes[k];
+                    m->sub_slots[n++] = j->slots[k];
+                }
+            if (n == 0) continue;
+            double t0 = mn_now();
+            int rc = tier_read_layer(m->tiers[i], m->sub_hashes, n, l, m->cfg.pool, m->sub_slots);
+            if (rc != MN_OK) {
+                j->rc = rc;
+                j->failed_tier = i;
+                LOG_WARN("mover: restoring layer %d of %d blocks from the %s tier failed: %s", l, n,
+                         tier_name(m->tiers[i]), mn_strerror(rc));
+            } else {
+                observe(&m->reads[i], mn_now() - t0);
+            }
+            if (rc != MN_OK || l == n_layer - 1) publish_stats(m, i);
+        }
+        if (j->rc == MN_OK) post_layer(m, j, l);
+    }
+}
+
+static void run_expire(Mover *m, MoverJob *j) {
+    for (int i = 0; i < m->n_tiers; i++) {
+        if (tier_expire(m->tiers[i], j->cutoff) > 0) publish_stats(m, i);
+    }
+    j->rc = m->store ? store_conv_expire(m->store, j->cutoff) : MN_OK;
+}
+
+/* The database keeps the newest max_replies entries: trimmed every so
+ * often, not on every put. */
+static void run_reply(Mover *m, MoverJob *j) {
+    if (m->store == NULL) {
+        j->rc = MN_OK;
+        return;
+    }
+    j->rc = store_reply_put(m->store, &j->key, j->text ? j->text : "", j->text_len, j->ids, j->n_ids, j->when);
+    if (++m->n_reply_puts >= 256 && m->cfg.max_replies > 0) {
+        m->n_reply_puts = 0;
+        store_reply_trim(m->store, m->cfg.max_replies);
+    }
+}
+
+static void run_conv(Mover *m, MoverJob *j) {
+    j->rc = m->store ? store_conv_put(m->store, j->conv, &j->ns_id, j->when, j->n_tokens) : MN_OK;
+}
+
+static void *mover_main(void *arg) {
+    Mover *m = arg;
+    for (;;) {
+        pthread_mutex_lock(&m->lock);
+        while (!m->reads_head && !m->writes_head) pthread_cond_wait(&m->cond, &m->lock);
+        MoverJob *j;
+        if (m->reads_head) {
+            j = m->reads_head;
+            if ((m->reads_head = j->next) == NULL) m->reads_tail = NULL;
+        } else {
+            j = m->writes_head;
+            if ((m->writes_head = j->next) == NULL) m->writes_tail = NULL;
+        }
+        pthread_mutex_unlock(&m->lock);
+        j->next = NULL;
+        switch (j->kind) {
+        case MOVER_SAVE: run_save(m, j); break;
+        case MOVER_LOAD: run_load(m, j); break;
+        case MOVER_EXPIRE: run_expire(m, j); break;
+        case MOVER_REPLY: run_reply(m, j); break;
+        case MOVER_CONV: run_conv(m, j); break;
+        case MOVER_FLUSH: j->rc = MN_OK; break;
+        case MOVER_STOP: mover_job_free(j); return NULL;
+        }
+        post_done(m, j);
+    }
+}
+
+/* ---- API ------------------------------------------------------------------------ */
+
+int mover_submit(Mover *m, MoverJob *j) {
+    pthread_mutex_lock(&m->lock);
+    int rc = m->is_stopped ? MN_ECANCELED : MN_OK;
+    if (rc == MN_OK) {
+        j->next = NULL;
+        bool is_read = j->kind == MOVER_LOAD;
+        MoverJob **head = is_read ? &m->reads_head : &m->writes_head;
+        MoverJob **tail = is_read ? &m->reads_tail : &m->writes_tail;
+        if (*tail) (*tail)->next = j;
+        else *head = j;
+        *tail = j;
+        if (j->kind == MOVER_STOP) m->is_stopped = true;
+        pthread_cond_signal(&m->cond);
+    }
+    pthread_mutex_unlock(&m->lock);
+    return rc;
+}
+
+static int add_tier(Mover *m, Tier *t) {
+    int i = m->n_tiers++;
+    m->tiers[i] = t;
+    m->drop_ctx[i] = (DropCtx){m, i};
+    tier_set_drop_fn(t, on_drop, &m->drop_ctx[i]);
+    tier_stats(t, &m->stats[i].tier);
+    return MN_OK;
+}
+
+/* The directory's database, created with it; the reply memory is filled
+ * from it. */
+static int open_store(Mover *m, const MoverConfig *cfg, MnErr *err) {
+    const KvPool *p = cfg->pool;
+    if (mkdir(cfg->disk_dir, 0755) != 0 && errno != EEXIST)
+        return mn_err_set(err, MN_EIO, "cannot create the disk tier directory %s: %s", cfg->disk_dir, strerror(errno));
+    StoreIdentity id = {cfg->model_fingerprint, cfg->kv_format, p->n_layer, p->block_bytes};
+    int rc = store_open(cfg->disk_dir, &id, &m->store, err);
+    if (rc != MN_OK) return rc;
+    if (cfg->replies && (rc = store_reply_load(m->store, cfg->replies, cfg->max_replies)) != MN_OK)
+        LOG_WARN("the reply memory in %s could not be read (%s): starting without it", cfg->disk_dir,
+                 mn_strerror(rc));
+    return MN_OK;
+}
+
+typedef struct HeldCtx {
+    const MoverConfig *cfg;
+    int tier;
+} HeldCtx;
+
+static void report_held(void *ctx, const Hash128 *hashes, int n) {
+    HeldCtx *hc = ctx;
+    hc->cfg->on_held(hc->cfg->held_ctx, hc->tier, hashes, n);
+}
+
+int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err) {
+    *out = NULL;
+    if (cfg->pool == NULL || cfg->on_event == NULL) return mn_err_set(err, MN_EINVAL, "mover: no pool or event sink");
+    Mover *m = mn_calloc(1, sizeof *m);
+    if (m == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    m->cfg = *cfg;
+    m->cfg.disk_dir = NULL; /* not kept: only used here */
+    pthread_mutex_init(&m->lock, NULL);
+    pthread_cond_init(&m->cond, NULL);
+    pthread_mutex_init(&m->stats_lock, NULL);
+    const KvPool *p = cfg->pool;
+    int rc = (m->stop_job = mover_job_new(MOVER_STOP, 0, 0)) ? MN_OK : mn_err_set(err, MN_ENOMEM, "out of memory");
+    if (rc == MN_OK && cfg->ram_bytes > 0) {
+        Tier *t;
+        if ((rc = tier_ram_new(p->n_layer, p->block_bytes, cfg->ram_bytes, &t)) != MN_OK)
+            mn_err_set(err, rc, "cannot create the RAM tier (%llu bytes)", (unsigned long long)cfg->ram_bytes);
+        else add_tier(m, t);
+    }
+    if (rc == MN_OK && cfg->disk_dir) rc = open_store(m, cfg, err);
+    if (rc == MN_OK && cfg->disk_dir) {
+        TierDiskConfig dc = {.dir = cfg->disk_dir,
+                             .store = m->store,
+                             .capacity_bytes = cfg->disk_bytes,
+                             .n_layer = p->n_layer,
+                             .block_bytes = p->block_bytes,
+                             .model_fingerprint = cfg->model_fingerprint,
+                             .kv_format = cfg->kv_format,
+                             .aio_backend = AIO_BACKEND_AUTO,
+                             .is_durable = cfg->is_durable};
+        Tier *t;
+        MnErr derr = {0};
+        if ((rc = tier_disk_new(&dc, &t, &derr)) != MN_OK)
+            mn_err_set(err, rc, "cannot open the disk tier in %s: %s", cfg->disk_dir, derr.msg);
+        else add_tier(m, t);
+    }
+    for (int i = 0; rc == MN_OK && cfg->on_held && i < m->n_tiers; i++) {
+        HeldCtx hc = {cfg, i};
+        tier_foreach_run(m->tiers[i], report_held, &hc);
+    }
+    if (rc == MN_OK) {
+        if (pthread_create(&m->thread, NULL, mover_main, m) != 0)
+            rc = mn_err_set(err, MN_ENOMEM, "cannot start the mover thread");
+        else m->has_thread = true;
+    }
+    if (rc != MN_OK) {
+        mover_free(m);
+        return rc;
+    }
+    *out = m;
+    return MN_OK;
+}
+
+void mover_free(Mover *m) {
+    if (m == NULL) return;
+    if (m->has_thread) {
+        if (mover_submit(m, m->stop_job) == MN_OK) m->stop_job = NULL; /* the thread frees it */
+        pthread_join(m->thread, NULL);
+    }
+    mover_job_free(m->stop_job);
+    for (int i = 0; i < m->n_tiers; i++) tier_free(m->tiers[i]);
+    store_close(m->store); /* checkpoints the WAL into the database */
+    mn_free(m->sub_hashes);
+    mn_free(m->sub_slots);
+    pthread_mutex_destroy(&m->lock);
+    pthread_cond_destroy(&m->cond);
+    pthread_mutex_destroy(&m->stats_lock);
+    mn_free(m);
+}
+
+int mover_n_tiers(const Mover *m) { return m->n_tiers; }
+const char *mover_tier_name(const Mover *m, int i) { return tier_name(m->tiers[i]); }
+
+void mover_stats(Mover *m, int i, MoverTierStats *out) {
+    pthread_mutex_lock(&m->stats_lock);
+    *out = m->stats[i];
+    pthread_mutex_unlock(&m->stats_lock);
+}

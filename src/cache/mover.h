@@ -1,0 +1,171 @@
+/* mover.h — the mover thread: all I/O of the tiers below the pool.
+ *
+ * The mover owns the chain of tiers (tier.h: ram, then disk) and runs every
+ * operation on them on its own thread, so the engine thread never waits on
+ * I/O except for a layer it is about to compute. The engine talks to it
+ * through two queues:
+ *
+ *   engine --mover_submit--> [reads] [writes] --> mover thread
+ *   engine <--on_event------------------------- mover thread
+ *
+ * With a disk tier the mover also owns the directory's database (store.h):
+ * the disk tier's run records, the reply memory and the conversations are
+ * written there on this thread, and read back when the mover starts, so a
+ * restarted server finds what the last one acknowledged.
+ *
+ * Jobs: SAVE copies a run of pool slots into every tier of the chain (the
+ * chain is inclusive: RAM holds the most recently used runs, disk holds
+ * everything that fits, so a RAM eviction loses nothing); LOAD restores
+ * blocks into pool slots layer by layer, reporting each layer as soon as it
+ * is in place; EXPIRE drops runs (and database rows) idle since a
+ * wall-clock cutoff; REPLY and CONV persist a reply-memory entry and a
+ * conversation's row; FLUSH
+ * reports once every job submitted before it is done; STOP ends the
+ * thread. Loads are served before anything else (reads before writes);
+ * jobs of one queue run in submission order.
+ *
+ * Events go to the on_event callback, on the mover thread, in the order
+ * they happen: LAYER (a load's layers [0, layer] are in the pool), DONE
+ * (the job is finished; it comes back to the receiver with its results)
+ * and DROPPED (a tier dropped blocks: eviction, a checksum failure,
+ * expiry). The events of a job are embedded in it — posting them never
+ * allocates — and a job's LAYER events always precede its DONE event.
+ *
+ * Ownership: a submitted job belongs to the mover until its DONE event
+ * hands it back; the pool slots it names must stay referenced by the
+ * submitter and untouched by compute (a SAVE's slots are read, a LOAD's
+ * written) until then. The mover reads only the pool's geometry and
+ * arenas. Counters of each tier are published as snapshots (mover_stats).
+ */
+#ifndef MN_MOVER_H
+#define MN_MOVER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "base/hash.h"
+#include "cache/kv_pool.h"
+#include "cache/reply_mem.h"
+#include "cache/tier.h"
+
+#define MOVER_MAX_TIERS 4
+
+typedef enum MoverJobKind {
+    MOVER_SAVE = 1, /* copy pool slots down the chain */
+    MOVER_LOAD,     /* restore blocks into pool slots, layer by layer */
+    MOVER_EXPIRE,   /* drop what was not used since cutoff, everywhere */
+    MOVER_REPLY,    /* persist one reply-memory entry */
+    MOVER_CONV,     /* persist one conversation's row */
+    MOVER_FLUSH,    /* nothing: DONE says everything before it is done */
+    MOVER_STOP,
+} MoverJobKind;
+typedef enum MoverEventKind { MOVER_EV_LAYER = 1, MOVER_EV_DONE, MOVER_EV_DROPPED } MoverEventKind;
+
+typedef struct MoverJob MoverJob;
+
+typedef struct MoverEvent {
+    MoverEventKind kind;
+    MoverJob *job;       /* LAYER, DONE: the job (after DONE, the receiver's) */
+    int layer;           /* LAYER */
+    int tier;            /* DROPPED: which tier */
+    TierDropReason why;  /* DROPPED */
+    int n;               /* DROPPED: blocks */
+    Hash128 *hashes;     /* DROPPED: (n), owned by the event */
+    bool is_embedded;    /* part of its job: freed with it */
+    struct MoverEvent *next; /* free for the receiver's queue */
+} MoverEvent;
+
+struct MoverJob {
+    MoverJobKind kind;
+    uint64_t id;         /* the submitter's */
+    void *owner;         /* the submitter's; the mover never touches it */
+    int n;               /* SAVE, LOAD: blocks */
+    Hash128 *hashes;     /* (n) */
+    int32_t *slots;      /* (n) pool slots */
+    uint8_t *tier;       /* LOAD: (n) the tier each block is read from */
+    double cutoff;       /* EXPIRE: wall-clock seconds (mn_wall_now) */
+    /* REPLY: key -> (text, ids); CONV: conv, ns_id, n_tokens; both at `when` */
+    Hash128 key, ns_id;
+    char *text;          /* (text_len), owned */
+    size_t text_len;
+    int32_t *ids;        /* (n_ids), owned */
+    size_t n_ids;
+    uint64_t conv;
+    int64_t n_tokens;
+    double when;         /* wall-clock seconds */
+    /* results */
+    int rc;              /* MN_OK, or the failure that ended the job */
+    uint32_t saved_tiers;/* SAVE: tiers now holding the run (bit mask) */
+    int failed_tier;     /* LOAD: the tier whose read failed, or -1 */
+    int n_layers_done;   /* LOAD */
+    /* embedded events: LOAD has n_layer LAYER events, then DONE */
+    MoverEvent *events;  /* (n_events) */
+    int n_events;
+    MoverJob *next;      /* in the mover's queue */
+};
+
+/* A job with room for n blocks (and n_layer layer events for a LOAD).
+ * NULL on allocation failure. */
+MoverJob *mover_job_new(MoverJobKind kind, int n, int n_layer);
+void mover_job_free(MoverJob *j);
+/* Free a DROPPED event, or nothing for an embedded one. */
+void mover_event_free(MoverEvent *ev);
+
+typedef void (*MoverEventFn)(void *ctx, MoverEvent *ev);
+
+/* Durations of one kind of tier operation (a run's put, a layer's read),
+ * counted into fixed buckets: counts[i] holds those <= mover_io_bounds[i]
+ * (and above the bound before), counts[MOVER_IO_BUCKETS] the rest. */
+#define MOVER_IO_BUCKETS 12
+extern const double mover_io_bounds[MOVER_IO_BUCKETS];
+typedef struct MoverIoHist {
+    uint64_t counts[MOVER_IO_BUCKETS + 1];
+    uint64_t n;
+    double sum;
+} MoverIoHist;
+
+typedef struct MoverTierStats {
+    TierStats tier;
+    MoverIoHist reads, writes; /* tier_read_layer, tier_put_run */
+} MoverTierStats;
+
+/* Blocks hashes[0..n) are held by tier `tier` when the mover starts (a
+ * persistent tier reopened): called from mover_new, before the thread. */
+typedef void (*MoverHeldFn)(void *ctx, int tier, const Hash128 *hashes, int n);
+
+typedef struct MoverConfig {
+    KvPool *pool;             /* geometry and arenas (borrowed) */
+    uint64_t ram_bytes;       /* RAM tier budget; 0 = no RAM tier */
+    const char *disk_dir;     /* disk tier directory; NULL = no disk tier */
+    uint64_t disk_bytes;      /* disk tier budget */
+    Hash128 model_fingerprint;
+    uint32_t kv_format;
+    bool is_durable;          /* fdatasync each disk run before it counts */
+    MoverEventFn on_event;    /* required */
+    void *event_ctx;
+    MoverHeldFn on_held;      /* may be NULL */
+    void *held_ctx;
+    ReplyMemory *replies;     /* filled from the database at start; may be NULL */
+    int max_replies;          /* reply rows kept in the database */
+} MoverConfig;
+
+typedef struct Mover Mover;
+
+/* Build the tiers the config names (none is fine) and start the thread.
+ * MN_EINVAL / MN_EIO / MN_ENOMEM with a message in err. */
+int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err);
+/* Post STOP after everything queued, wait for the thread, free the tiers.
+ * NULL is fine. */
+void mover_free(Mover *m);
+
+/* Queue a job (the mover owns it until its DONE event). MN_ECANCELED
+ * after STOP. */
+int mover_submit(Mover *m, MoverJob *j);
+
+int mover_n_tiers(const Mover *m);
+const char *mover_tier_name(const Mover *m, int i); /* "ram", "disk" */
+/* The latest snapshot of tier i's counters (thread-safe). */
+void mover_stats(Mover *m, int i, MoverTierStats *out);
+
+#endif

@@ -1,0 +1,364 @@
+/* test_mover.c — the mover thread (cache/mover.h) and the restore paths
+ * under the engine: saves and layer-by-layer loads through the RAM and disk
+ * tiers, the order of events, reads served before writes, a failed load,
+ * and the mixed restore — leading blocks recomputed, the middle loaded from
+ * disk while the forward pass waits per layer, the tail in the pool — whose
+ * logits must be bit-identical to a full recompute. */
+#include "test_util.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include "base/err.h"
+#include "base/mem.h"
+#include "cache/index.h"
+#include "cache/mover.h"
+#include "engine/forward.h"
+#include "engine/runner.h"
+#include "model/model.h"
+
+/* ---- an event sink ------------------------------------------------------------ */
+
+typedef struct Sink {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int layers;            /* LAYER events of the current load */
+    MoverJob *done[16];    /* DONE jobs in order */
+    int n_done;
+    int n_dropped;         /* blocks reported dropped */
+    bool is_layer_after_done;
+} Sink;
+
+static void on_event(void *ctx, MoverEvent *ev) {
+    Sink *s = ctx;
+    pthread_mutex_lock(&s->lock);
+    if (ev->kind == MOVER_EV_LAYER) {
+        assert_int_equal(ev->layer, s->layers); /* in order, none skipped */
+        s->layers = ev->layer + 1;
+    } else if (ev->kind == MOVER_EV_DONE) {
+        if (s->n_done < 16) s->done[s->n_done++] = ev->job;
+    } else {
+        s->n_dropped += ev->n;
+        mover_event_free(ev);
+    }
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void sink_init(Sink *s) {
+    memset(s, 0, sizeof *s);
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->cond, NULL);
+}
+
+/* Wait until n jobs are done. */
+static void sink_wait_done(Sink *s, int n) {
+    pthread_mutex_lock(&s->lock);
+    while (s->n_done < n) pthread_cond_wait(&s->cond, &s->lock);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void sink_free(Sink *s) {
+    for (int i = 0; i < s->n_done; i++) mover_job_free(s->done[i]);
+    pthread_mutex_destroy(&s->lock);
+    pthread_cond_destroy(&s->cond);
+}
+
+static char *make_tmpdir(void) { return test_make_dir(strdup("/tmp/mnemo-test-mover-XXXXXX")); }
+static void remove_tmpdir(char *d) {
+    test_rm_dir(d);
+    free(d);
+}
+
+static Hash128 block_hash(int i) {
+    Hash128 h;
+    memset(&h, 0, sizeof h);
+    h.b[0] = (uint8_t)(i + 1);
+    h.b[15] = 0x5a;
+    return h;
+}
+
+static void fill_slot(KvPool *p, int32_t slot, uint8_t seed) {
+    for (int l = 0; l < p->n_layer; l++) {
+        uint8_t *b = kvpool_k(p, l, slot);
+        for (size_t i = 0; i < p->block_bytes; i++) b[i] = (uint8_t)(seed * 31 + l * 7 + i);
+    }
+}
+
+static MoverJob *save_job(int first, int n) {
+    MoverJob *j = mover_job_new(MOVER_SAVE, n, 0);
+    for (int i = 0; i < n; i++) {
+        j->hashes[i] = block_hash(first + i);
+        j->slots[i] = first + i;
+    }
+    return j;
+}
+
+static MoverJob *load_job(int first, int n, int to_slot, int tier, int n_layer) {
+    MoverJob *j = mover_job_new(MOVER_LOAD, n, n_layer);
+    for (int i = 0; i < n; i++) {
+        j->hashes[i] = block_hash(first + i);
+        j->slots[i] = to_slot + i;
+        j->tier[i] = (uint8_t)tier;
+    }
+    return j;
+}
+
+/* ---- saves, loads, events ------------------------------------------------------- */
+
+/* Runs saved to RAM and disk come back bit for bit from each, with one
+ * LAYER event per layer in order before DONE. */
+static void test_save_load_roundtrip(void **state) {
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 3, 32, 8, 32, MN_TYPE_F16), MN_OK);
+    for (int s = 0; s < 8; s++) fill_slot(&p, s, (uint8_t)s);
+    char *dir = make_tmpdir();
+    Sink sink;
+    sink_init(&sink);
+    MoverConfig mc = {.pool = &p, .ram_bytes = 1 << 20, .disk_dir = dir, .disk_bytes = 16 << 20, .is_durable = true,
+                      .on_event = on_event, .event_ctx = &sink};
+    Mover *m;
+    MnErr err = {0};
+    assert_int_equal(mover_new(&mc, &m, &err), MN_OK);
+    assert_int_equal(mover_n_tiers(m), 2);
+    assert_string_equal(mover_tier_name(m, 0), "ram");
+    assert_string_equal(mover_tier_name(m, 1), "disk");
+    assert_int_equal(mover_submit(m, save_job(0, 8)), MN_OK);
+    sink_wait_done(&sink, 1);
+    assert_int_equal(sink.done[0]->rc, MN_OK);
+    assert_int_equal(sink.done[0]->saved_tiers, 3u);
+    for (int tier = 0; tier < 2; tier++) {
+        sink.layers = 0;
+        assert_int_equal(mover_submit(m, load_job(0, 8, 16, tier, 3)), MN_OK);
+        sink_wait_done(&sink, 2 + tier);
+        MoverJob *j = sink.done[1 + tier];
+        assert_int_equal(j->rc, MN_OK);
+        assert_int_equal(sink.layers, 3);
+        for (int l = 0; l < 3; l++)
+            for (int s = 0; s < 8; s++)
+                assert_memory_equal(kvpool_k(&p, l, 16 + s), kvpool_k(&p, l, s), p.block_bytes);
+        for (int s = 16; s < 24; s++) memset(kvpool_k(&p, 0, s), 0, p.block_bytes);
+    }
+    MoverTierStats st;
+    mover_stats(m, 1, &st);
+    assert_true(st.tier.bytes_read > 0 && st.tier.bytes_written > 0);
+    assert_int_equal(st.reads.n, 3);
+    assert_int_equal(st.writes.n, 1);
+    mover_free(m);
+    sink_free(&sink);
+    remove_tmpdir(dir);
+    kvpool_deinit(&p);
+}
+
+/* A load queued behind saves runs before the later ones; a load of a block
+ * no tier holds fails with MN_ENOTFOUND and no LAYER event. */
+static void test_reads_before_writes(void **state) {
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 2, 64, 8, 64, MN_TYPE_F16), MN_OK);
+    for (int s = 0; s < 32; s++) fill_slot(&p, s, (uint8_t)s);
+    Sink sink;
+    sink_init(&sink);
+    MoverConfig mc = {.pool = &p, .ram_bytes = 4 << 20, .on_event = on_event, .event_ctx = &sink};
+    Mover *m;
+    MnErr err = {0};
+    assert_int_equal(mover_new(&mc, &m, &err), MN_OK);
+    assert_int_equal(mover_submit(m, save_job(0, 4)), MN_OK);
+    sink_wait_done(&sink, 1);
+    for (int k = 0; k < 4; k++) assert_int_equal(mover_submit(m, save_job(4 + 4 * k, 4)), MN_OK);
+    MoverJob *ld = load_job(0, 4, 40, 0, 2);
+    ld->id = 99;
+    assert_int_equal(mover_submit(m, ld), MN_OK);
+    sink_wait_done(&sink, 6);
+    int at = -1;
+    for (int i = 0; i < 6; i++)
+        if (sink.done[i]->id == 99) at = i;
+    assert_true(at >= 1 && at <= 2); /* after at most the save already running */
+    assert_int_equal(sink.done[at]->rc, MN_OK);
+    sink.layers = 0;
+    assert_int_equal(mover_submit(m, load_job(50, 2, 44, 0, 2)), MN_OK);
+    sink_wait_done(&sink, 7);
+    assert_int_equal(sink.done[6]->rc, MN_ENOTFOUND);
+    assert_int_equal(sink.done[6]->failed_tier, 0);
+    assert_int_equal(sink.layers, 0);
+    mover_free(m);
+    sink_free(&sink);
+    kvpool_deinit(&p);
+}
+
+/* A damaged disk extent: the load fails with MN_ECHECKSUM before that
+ * layer's event, and the run is reported dropped. */
+static void test_load_checksum_failure(void **state) {
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 3, 32, 8, 32, MN_TYPE_F16), MN_OK);
+    for (int s = 0; s < 4; s++) fill_slot(&p, s, (uint8_t)s);
+    char *dir = make_tmpdir();
+    Sink sink;
+    sink_init(&sink);
+    MoverConfig mc = {.pool = &p, .disk_dir = dir, .disk_bytes = 16 << 20, .on_event = on_event,
+                      .event_ctx = &sink};
+    Mover *m;
+    MnErr err = {0};
+    assert_int_equal(mover_new(&mc, &m, &err), MN_OK);
+    assert_int_equal(mover_submit(m, save_job(0, 4)), MN_OK);
+    sink_wait_done(&sink, 1);
+    /* damage layer 1's extent: layer 0 still arrives */
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "dd if=/dev/urandom of=%s/slab-00000.dat bs=4096 seek=2 count=1 conv=notrunc status=none", dir);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(mover_submit(m, load_job(0, 4, 8, 0, 3)), MN_OK);
+    sink_wait_done(&sink, 2);
+    assert_int_equal(sink.done[1]->rc, MN_ECHECKSUM);
+    assert_int_equal(sink.layers, 1);
+    assert_int_equal(sink.n_dropped, 4);
+    mover_free(m);
+    sink_free(&sink);
+    remove_tmpdir(dir);
+    kvpool_deinit(&p);
+}
+
+/* ---- the mixed restore ------------------------------------------------------------- */
+
+typedef struct Waiter {
+    Sink *sink;
+    int n_waits;
+} Waiter;
+
+static void wait_layer(void *ctx, int layer) {
+    Waiter *w = ctx;
+    pthread_mutex_lock(&w->sink->lock);
+    while (w->sink->layers <= layer && w->sink->n_done < 2) pthread_cond_wait(&w->sink->cond, &w->sink->lock);
+    pthread_mutex_unlock(&w->sink->lock);
+    w->n_waits++;
+}
+
+typedef struct RowCopy {
+    float *out;
+    int n_vocab;
+} RowCopy;
+static int row_copy(void *ctx, int idx, const float *logits) {
+    RowCopy *c = ctx;
+    memcpy(c->out, logits, (size_t)c->n_vocab * sizeof *logits);
+    return 0;
+}
+
+/* A 70-token sequence whose KV blocks 0-1 were dropped (recomputed in the
+ * same pass), 2-5 are on disk (loaded while the pass runs, waited for per
+ * layer) and 6-7 are in the pool: the next token's logits equal a full
+ * recompute's bit for bit. */
+static void test_mixed_restore_logits(void **state) {
+    char path[512];
+    test_data_path(path, sizeof path, "models/stories260K.gguf");
+    if (!test_require_file(path)) return;
+    Model *md;
+    MnErr err = {0};
+    assert_int_equal(model_load(path, &md, &err), MN_OK);
+    const int N = 70, bt = 8, nv = md->cfg.n_vocab;
+    int32_t toks[70];
+    uint64_t seed = 7;
+    for (int i = 0; i < N; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        toks[i] = (int32_t)(3 + (seed >> 33) % (uint64_t)(nv - 3));
+    }
+    toks[0] = 1;
+    /* the reference: a full recompute */
+    Runner r;
+    RunnerOptions ro;
+    runner_options_default(&ro);
+    ro.n_ctx = N + 1;
+    ro.block_tokens = bt;
+    assert_int_equal(runner_init(&r, md, &ro, &err), MN_OK);
+    float *ref = malloc(sizeof(float) * (size_t)nv), *got = malloc(sizeof(float) * (size_t)nv);
+    RowCopy rc = {ref, nv};
+    assert_int_equal(runner_eval(&r, toks, N, false, row_copy, &rc, &err), MN_OK);
+    runner_deinit(&r);
+    /* turn 1 in our own pool: all 70 tokens in slots 0..8 */
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, md->cfg.n_layer, md->cfg.kv_dim, bt, 32, MN_TYPE_F16), MN_OK);
+    Forward *f;
+    FwdOptions fo = {.max_tokens = 128, .max_logits = 4, .max_ctx = 128, .n_threads = 2};
+    assert_int_equal(fwd_new(md, &p, &fo, &f, &err), MN_OK);
+    int32_t tok[128], seq[128], pos[128], li[1];
+    int32_t table1[9] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+    AttnSeq s1 = {table1, 9};
+    for (int i = 0; i < N; i++) {
+        tok[i] = toks[i];
+        seq[i] = 0;
+        pos[i] = i;
+    }
+    li[0] = N - 1;
+    FwdBatch b1 = {.n_tok = N, .tokens = tok, .seq = seq, .pos = pos, .seqs = &s1, .n_seqs = 1, .logit_idx = li,
+                   .n_logits = 1};
+    const float *logits;
+    assert_int_equal(fwd_run(f, &b1, &logits, &err), MN_OK);
+    assert_memory_equal(logits, ref, sizeof(float) * (size_t)nv);
+    /* blocks 2..5 go to disk */
+    char *dir = make_tmpdir();
+    Sink sink;
+    sink_init(&sink);
+    MoverConfig mc = {.pool = &p, .disk_dir = dir, .disk_bytes = 16 << 20, .is_durable = true,
+                      .on_event = on_event, .event_ctx = &sink};
+    Mover *m;
+    assert_int_equal(mover_new(&mc, &m, &err), MN_OK);
+    MoverJob *sv = mover_job_new(MOVER_SAVE, 4, 0);
+    for (int i = 0; i < 4; i++) {
+        sv->hashes[i] = block_hash(2 + i);
+        sv->slots[i] = 2 + i;
+    }
+    assert_int_equal(mover_submit(m, sv), MN_OK);
+    sink_wait_done(&sink, 1);
+    assert_int_equal(sink.done[0]->rc, MN_OK);
+    /* the returning turn: fresh slots 10,11 for the dropped leading blocks,
+     * 12..15 loaded from disk, 6 and 7 as they are, 16 for the new tokens */
+    int32_t table2[9] = {10, 11, 12, 13, 14, 15, 6, 7, 16};
+    for (int s = 10; s <= 16; s++)
+        for (int l = 0; l < p.n_layer; l++) memset(kvpool_k(&p, l, s), 0xff, p.block_bytes); /* NaN garbage */
+    MoverJob *ld = mover_job_new(MOVER_LOAD, 4, p.n_layer);
+    for (int i = 0; i < 4; i++) {
+        ld->hashes[i] = block_hash(2 + i);
+        ld->slots[i] = 12 + i;
+        ld->tier[i] = 0;
+    }
+    sink.layers = 0;
+    assert_int_equal(mover_submit(m, ld), MN_OK);
+    int n = 0;
+    for (int i = 0; i < 2 * bt; i++, n++) { /* leading range */
+        tok[n] = toks[i];
+        seq[n] = 0;
+        pos[n] = i;
+    }
+    for (int i = 8 * bt; i < N; i++, n++) { /* the tail */
+        tok[n] = toks[i];
+        seq[n] = 0;
+        pos[n] = i;
+    }
+    li[0] = n - 1;
+    AttnSeq s2 = {table2, 9};
+    Waiter w = {&sink, 0};
+    FwdBatch b2 = {.n_tok = n, .tokens = tok, .seq = seq, .pos = pos, .seqs = &s2, .n_seqs = 1, .logit_idx = li,
+                   .n_logits = 1, .wait_layer = wait_layer, .wait_ctx = &w};
+    assert_int_equal(fwd_run(f, &b2, &logits, &err), MN_OK);
+    memcpy(got, logits, sizeof(float) * (size_t)nv);
+    sink_wait_done(&sink, 2);
+    assert_int_equal(sink.done[1]->rc, MN_OK);
+    assert_int_equal(w.n_waits, p.n_layer);
+    assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
+    mover_free(m);
+    sink_free(&sink);
+    remove_tmpdir(dir);
+    fwd_free(f);
+    kvpool_deinit(&p);
+    free(ref);
+    free(got);
+    model_free(md);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_save_load_roundtrip),
+        cmocka_unit_test(test_reads_before_writes),
+        cmocka_unit_test(test_load_checksum_failure),
+        cmocka_unit_test(test_mixed_restore_logits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

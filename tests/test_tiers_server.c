@@ -1,0 +1,750 @@
+/* test_tiers_server.c — `mnemo serve` with KV cache tiers below the pool
+ * (--ram-tier-mb, --disk-tier), end to end over HTTP.
+ *
+ * Every case starts real servers (srv_start: stories260K, blocks of 8
+ * tokens) with a pool too small for its conversations, so cached blocks
+ * move down to RAM and disk and come back, and compares every greedy answer
+ * (temperature 0, ignore_eos) with the answer of a `--no-prefix-cache`
+ * server for the same messages: a tier may change how fast an answer
+ * comes, never what it says. The cases: many concurrent conversations
+ * through RAM and disk; a restart after SIGKILL with writes in flight; a
+ * restart on slab files whose data was overwritten (checksums catch it, the
+ * blocks are recomputed); a disk that really runs out of space (a 192 KiB
+ * tmpfs); a restart after SIGTERM, which must flush what the pool held.
+ * Every answer's usage must add up (cached_tokens_by_tier sums to
+ * cached_tokens, recomputed_tokens = prompt - cached), and the per-tier
+ * /metrics families are checked along the way.
+ *
+ * Each case owns a fixture (servers, conversations, a temporary directory,
+ * a mount) that its teardown releases even after a failed assertion;
+ * servers still running then belong to a failed case, and the tail of their
+ * logs is printed. Helper threads never assert (cmocka's asserts work only
+ * on the test's thread): they record failures as text, checked after the
+ * join. MNEMO_SANITIZED=1 (the ASan build) runs fewer conversations.
+ * For debugging: MNEMO_TEST_VERBOSE=1 prints each answer's usage,
+ * MNEMO_TEST_FILTER="*flush*" runs matching cases, MNEMO_TEST_NO_MOUNT=1
+ * takes the disk-full case's fallback as if the mount had failed. */
+#include "test_util.h"
+#include "test_serve_util.h"
+
+#include <stdbool.h>
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <glob.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* One compute thread per server: the tests run two or three servers at
+ * once, often on a loaded machine, and spinning compute workers there made
+ * a 12-token answer take seconds instead of milliseconds. */
+#define MODEL "stories260K"
+#define POOL2_FLAGS "--threads 1 --pool-blocks 24" /* two turns (19 blocks) fit, not two conversations */
+#define POOL3_FLAGS "--threads 1 --pool-blocks 32" /* three turns (27 blocks) fit */
+#define REF_FLAGS "--threads 1 --no-prefix-cache"
+#define REPLY_TOKENS 12 /* max_tokens of every turn (ignore_eos: exactly this many) */
+#define MAX_TURNS 3
+#define MAX_CONVS 16
+#define MAX_SRV 2
+
+enum { T_POOL, T_RAM, T_DISK, T_COUNT };
+static const char *const tier_names[T_COUNT] = {"pool", "ram", "disk"};
+
+static bool env_is(const char *name, const char *value) {
+    const char *v = getenv(name);
+    return v && strcmp(v, value) == 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- HTTP (thread-safe, never asserts) ---------------------------------------- */
+
+typedef struct Buf {
+    char *data;
+    size_t len;
+} Buf;
+
+static size_t on_data(char *p, size_t sz, size_t n, void *ctx) {
+    Buf *b = ctx;
+    char *grown = realloc(b->data, b->len + sz * n + 1);
+    if (grown == NULL) return 0;
+    b->data = grown;
+    memcpy(b->data + b->len, p, sz * n);
+    b->len += sz * n;
+    b->data[b->len] = '\0';
+    return sz * n;
+}
+
+/* GET when body is NULL, else POST. Returns the status (-1: no answer);
+ * *out the body (malloc'd, never NULL). */
+static long http(const Srv *s, const char *path, const char *body, char **out) {
+    CURL *c = curl_easy_init();
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", s->port, path);
+    Buf b = {calloc(1, 1), 0};
+    struct curl_slist *hs = curl_slist_append(NULL, "Content-Type: application/json");
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hs);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    if (body) curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    CURLcode rc = curl_easy_perform(c);
+    long status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    if (rc != CURLE_OK) status = -1;
+    curl_slist_free_all(hs);
+    curl_easy_cleanup(c);
+    *out = b.data;
+    return status;
+}
+
+/* ---- answers ------------------------------------------------------------------- */
+
+typedef struct Answer {
+    long status;
+    char *text;  /* the response body (malloc'd) */
+    char *reply; /* choices[0].message.content (malloc'd); NULL unless it parsed */
+    long prompt_tokens, completion_tokens, cached_tokens, recomputed_tokens;
+    long by_tier[T_COUNT]; /* cached_tokens_by_tier; -1 when missing */
+} Answer;
+
+static void answer_free(Answer *a) {
+    free(a->text);
+    free(a->reply);
+    memset(a, 0, sizeof *a);
+}
+
+static long jint(json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    return json_is_integer(v) ? (long)json_integer_value(v) : -1;
+}
+
+/* The usage part of an answer's body, for messages. */
+static const char *usage_of(const Answer *a) {
+    const char *u = a->text ? strstr(a->text, "\"usage\"") : NULL;
+    return u ? u : "(no usage)";
+}
+
+/* POST a chat request. 0 when it answered 200 with a well-formed
+ * completion whose usage adds up; otherwise -1 and why in err. *a is
+ * filled either way (answer_free it). */
+static int ask(const Srv *s, const char *req, Answer *a, char *err, size_t cap) {
+    memset(a, 0, sizeof *a);
+    a->status = http(s, "/v1/chat/completions", req, &a->text);
+    if (a->status != 200) {
+        snprintf(err, cap, "status %ld: %.300s", a->status, a->text);
+        return -1;
+    }
+    json_t *j = json_loads(a->text, 0, NULL);
+    json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    const char *content = json_string_value(json_object_get(msg, "content"));
+    json_t *u = json_object_get(j, "usage");
+    json_t *d = json_object_get(u, "prompt_tokens_details");
+    json_t *bt = json_object_get(d, "cached_tokens_by_tier");
+    if (content == NULL || !json_is_object(bt)) {
+        snprintf(err, cap, "malformed completion: %.300s", a->text);
+        json_decref(j);
+        return -1;
+    }
+    a->reply = strdup(content);
+    a->prompt_tokens = jint(u, "prompt_tokens");
+    a->completion_tokens = jint(u, "completion_tokens");
+    a->cached_tokens = jint(d, "cached_tokens");
+    a->recomputed_tokens = jint(d, "recomputed_tokens");
+    long sum = 0;
+    bool has_all = true;
+    for (int t = 0; t < T_COUNT; t++) {
+        a->by_tier[t] = jint(bt, tier_names[t]);
+        has_all = has_all && a->by_tier[t] >= 0;
+        sum += a->by_tier[t];
+    }
+    json_decref(j);
+    if (!has_all || sum != a->cached_tokens || a->recomputed_tokens != a->prompt_tokens - a->cached_tokens ||
+        a->completion_tokens != REPLY_TOKENS) {
+        snprintf(err, cap,
+                 "usage does not add up (pool + ram + disk = cached_tokens, recomputed = prompt - cached, %d "
+                 "completion tokens): %s", REPLY_TOKENS, usage_of(a));
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- conversations ---------------------------------------------------------------- */
+
+static const char *const follow_ups[MAX_TURNS - 1] = {"Tell me more.", "And then?"};
+
+typedef struct Conv {
+    const Srv *s;          /* the server under test (threads) */
+    int n_turns;           /* turns to run (threads) */
+    char first[96];        /* the first user message */
+    char *req[MAX_TURNS];  /* request body of each turn (malloc'd) */
+    Answer ans[MAX_TURNS]; /* the server's answer of each turn */
+    int n_done;            /* turns answered */
+    char failure[640];     /* why the last turn failed, "" if none did */
+} Conv;
+
+/* Distinct first messages: conversations share only the template's head. */
+static void conv_init(Conv *c, const char *tag, int i) {
+    static const char *const who[] = {"Lily", "Tom", "Ben", "Sue", "Max", "Anna", "Tim", "Mia", "Sam", "Zoe", "Jack", "Emma"};
+    static const char *const what[] = {"red ball", "small dog", "big tree", "blue boat", "funny hat", "shiny key", "old map"};
+    static const char *const where[] = {"park", "garden", "forest", "house", "sea", "school", "sky", "town", "shop"};
+    memset(c, 0, sizeof *c);
+    snprintf(c->first, sizeof c->first, "%s and the %s in the %s (%s %d).", who[i % 12], what[i % 7], where[i % 9], tag,
+             i);
+}
+
+static void conv_free(Conv *c) {
+    for (int t = 0; t < MAX_TURNS; t++) {
+        free(c->req[t]);
+        answer_free(&c->ans[t]);
+    }
+    memset(c, 0, sizeof *c);
+}
+
+/* The request of turn `turn` (0-based): the first message, then for each
+ * earlier turn its reply and the next follow-up. */
+static char *conv_request(const Conv *c, int turn) {
+    json_t *msgs = json_array();
+    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", c->first));
+    for (int t = 0; t < turn; t++) {
+        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "assistant", "content", c->ans[t].reply));
+        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", follow_ups[t]));
+    }
+    json_t *req = json_pack("{s:s,s:o,s:i,s:f,s:b,s:i}", "model", "test", "messages", msgs, "max_tokens",
+                            REPLY_TOKENS, "temperature", 0.0, "ignore_eos", 1, "seed", 1);
+    char *text = json_dumps(req, 0);
+    json_decref(req);
+    return text;
+}
+
+/* Run the next turn on s. 0, or -1 with c->failure set (thread-safe). */
+static int conv_next(Conv *c, const Srv *s) {
+    int turn = c->n_done;
+    if (turn >= MAX_TURNS) {
+        snprintf(c->failure, sizeof c->failure, "'%s': no turn %d", c->first, turn + 1);
+        return -1;
+    }
+    char err[512];
+    c->req[turn] = conv_request(c, turn);
+    if (ask(s, c->req[turn], &c->ans[turn], err, sizeof err) != 0) {
+        snprintf(c->failure, sizeof c->failure, "'%s' turn %d: %s", c->first, turn + 1, err);
+        return -1;
+    }
+    c->n_done++;
+    if (getenv("MNEMO_TEST_VERBOSE"))
+        fprintf(stderr, "  '%s' turn %d: prompt %ld, cached pool %ld ram %ld disk %ld, recomputed %ld\n", c->first,
+                turn + 1, c->ans[turn].prompt_tokens, c->ans[turn].by_tier[T_POOL], c->ans[turn].by_tier[T_RAM],
+                c->ans[turn].by_tier[T_DISK], c->ans[turn].recomputed_tokens);
+    return 0;
+}
+
+/* On the test's thread: the next turn must succeed. */
+static void conv_step(Conv *c, const Srv *s) {
+    if (conv_next(c, s) != 0) fail_msg("%s", c->failure);
+}
+
+static void *conv_thread(void *arg) {
+    Conv *c = arg;
+    for (int t = 0; t < c->n_turns; t++)
+        if (conv_next(c, c->s) != 0) break;
+    return NULL;
+}
+
+/* Every turn answered must equal the no-cache server's answer to the same
+ * request. */
+static void expect_reference(const Srv *ref, const Conv *c) {
+    for (int t = 0; t < c->n_done; t++) {
+        Answer want;
+        char err[512], msg[1024] = "";
+        if (ask(ref, c->req[t], &want, err, sizeof err) != 0)
+            snprintf(msg, sizeof msg, "reference server: %s", err);
+        else if (strcmp(want.reply, c->ans[t].reply) != 0)
+            snprintf(msg, sizeof msg,
+                     "'%s' turn %d differs from the no-cache answer:\n  tiered:   \"%s\" (%s)\n  no cache: \"%s\"",
+                     c->first, t + 1, c->ans[t].reply, usage_of(&c->ans[t]), want.reply);
+        answer_free(&want);
+        if (msg[0]) fail_msg("%s", msg);
+    }
+}
+
+/* ---- metrics ------------------------------------------------------------------- */
+
+static char *metrics_text(const Srv *s) {
+    char *out;
+    long st = http(s, "/metrics", NULL, &out);
+    if (st != 200) {
+        free(out);
+        fail_msg("/metrics: status %ld", st);
+    }
+    return out;
+}
+
+/* The value of the sample line `series` (name and labels), -1 if absent. */
+static double metric_in(const char *text, const char *series) {
+    size_t n = strlen(series);
+    for (const char *p = text; p != NULL && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (strncmp(p, series, n) == 0 && p[n] == ' ') return atof(p + n + 1);
+    return -1;
+}
+
+static double metric(const Srv *s, const char *series) {
+    char *text = metrics_text(s);
+    double v = metric_in(text, series);
+    free(text);
+    return v;
+}
+
+static double tier_metric(const Srv *s, const char *name, const char *tier) {
+    char series[128];
+    snprintf(series, sizeof series, "%s{tier=\"%s\"}", name, tier);
+    return metric(s, series);
+}
+
+/* Every per-tier family is exported with tier="<tier>". */
+static void expect_tier_families(const Srv *s, const char *tier) {
+    static const char *const plain[] = {"mnemo_tier_bytes_read_total", "mnemo_tier_bytes_written_total",
+                                        "mnemo_tier_occupancy_bytes", "mnemo_tier_evictions_total",
+                                        "mnemo_tier_checksum_failures_total", "mnemo_cached_tokens_total"};
+    static const char *const hist[] = {"mnemo_tier_read_seconds", "mnemo_tier_write_seconds"};
+    static const char *const hist_parts[] = {"_bucket{tier=\"%s\",le=\"+Inf\"}", "_sum{tier=\"%s\"}", "_count{tier=\"%s\"}"};
+    char *text = metrics_text(s), series[160], missing[160] = "";
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0] && !missing[0]; i++) {
+        snprintf(series, sizeof series, "%s{tier=\"%s\"}", plain[i], tier);
+        if (metric_in(text, series) < 0) snprintf(missing, sizeof missing, "%s", series);
+    }
+    for (size_t i = 0; i < sizeof hist / sizeof hist[0] && !missing[0]; i++)
+        for (size_t k = 0; k < sizeof hist_parts / sizeof hist_parts[0] && !missing[0]; k++) {
+            char part[64];
+            snprintf(part, sizeof part, hist_parts[k], tier);
+            snprintf(series, sizeof series, "%s%s", hist[i], part);
+            if (metric_in(text, series) < 0) snprintf(missing, sizeof missing, "%s", series);
+        }
+    for (int t = 0; t < T_COUNT && !missing[0]; t++) {
+        snprintf(series, sizeof series, "mnemo_cached_tokens_total{tier=\"%s\"}", tier_names[t]);
+        if (metric_in(text, series) < 0) snprintf(missing, sizeof missing, "%s", series);
+    }
+    if (!missing[0] && metric_in(text, "mnemo_dropped_blocks_total") < 0)
+        snprintf(missing, sizeof missing, "mnemo_dropped_blocks_total");
+    free(text);
+    if (missing[0]) fail_msg("/metrics lacks %s", missing);
+}
+
+/* ---- fixture: servers, conversations, a directory, a mount ------------------------------ */
+
+typedef struct Fix {
+    Srv srv[MAX_SRV];       /* [0] under test, [1] the no-cache reference; pid 0: not running */
+    Conv cs[MAX_CONVS + 1]; /* the case's conversations (+1 spare) */
+    char dir[64];           /* temporary directory, "" before it is made */
+    bool is_mounted;        /* a tmpfs is mounted on dir */
+    double t0;              /* when the case started */
+} Fix;
+
+static int fix_setup(void **state) {
+    Fix *f = calloc(1, sizeof *f);
+    if (f == NULL) return -1;
+    f->t0 = now_s();
+    *state = f;
+    return 0;
+}
+
+static void print_log_tail(const Srv *s, int n_lines) {
+    char *log = test_read_file(s->log, NULL);
+    if (log == NULL) return;
+    const char *p = log + strlen(log);
+    for (int n = 0; p > log && n <= n_lines; p--)
+        if (p[-1] == '\n') n++;
+    fprintf(stderr, "---- last lines of server %d's log (%s):\n%s\n", (int)s->pid, s->log, p);
+    free(log);
+}
+
+static int fix_teardown(void **state) {
+    Fix *f = *state;
+    for (int i = 0; i < MAX_SRV; i++) {
+        Srv *s = &f->srv[i];
+        if (s->pid <= 0) continue;
+        print_log_tail(s, 25); /* still running: the case failed */
+        kill(s->pid, SIGKILL);
+        waitpid(s->pid, NULL, 0);
+        unlink(s->log);
+    }
+    for (int i = 0; i <= MAX_CONVS; i++) conv_free(&f->cs[i]);
+    /* a killed server's io_uring may hold its files a moment longer */
+    for (int i = 0; f->is_mounted && i < 100; i++) {
+        if (umount(f->dir) == 0) f->is_mounted = false;
+        else usleep(20000);
+    }
+    if (f->is_mounted && umount2(f->dir, MNT_DETACH) != 0)
+        fprintf(stderr, "umount %s failed: %s\n", f->dir, strerror(errno));
+    if (f->dir[0]) {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", f->dir);
+    }
+    fprintf(stderr, "(case took %.1f s)\n", now_s() - f->t0);
+    free(f);
+    return 0;
+}
+
+static void fix_mkdir(Fix *f) {
+    snprintf(f->dir, sizeof f->dir, "/tmp/mnemo-tiers-%d-XXXXXX", (int)getpid());
+    if (mkdtemp(f->dir) == NULL) {
+        f->dir[0] = '\0';
+        fail_msg("mkdtemp failed: %s", strerror(errno));
+    }
+}
+
+static Srv *fix_start(Fix *f, int i, const char *flags) {
+    Srv *s = &f->srv[i];
+    memset(s, 0, sizeof *s);
+    srv_start(s, MODEL, flags); /* skips the case when the model is missing */
+    return s;
+}
+
+/* Start srv[0], the server under test: pool_flags, the disk tier in
+ * f->dir, and extra flags. */
+static Srv *fix_start_tiered(Fix *f, const char *pool_flags, const char *extra) {
+    char flags[512];
+    snprintf(flags, sizeof flags, "%s --disk-tier %s %s", pool_flags, f->dir, extra);
+    return fix_start(f, 0, flags);
+}
+
+static bool log_has(const Srv *s, const char *needle) {
+    char *log = test_read_file(s->log, NULL);
+    bool has = log && strstr(log, needle);
+    free(log);
+    return has;
+}
+
+/* Fail when a sanitizer reported, or (unless allowed) the server logged an
+ * error. print_tail: print the log first (for a server already reaped,
+ * which the teardown no longer prints). */
+static void expect_clean_log(const Srv *s, bool allow_errors, bool print_tail) {
+    static const char *const bad[] = {"AddressSanitizer", "LeakSanitizer", "runtime error", "mnemo: error:"};
+    int n_bad = allow_errors ? 3 : 4;
+    for (int i = 0; i < n_bad; i++) {
+        if (!log_has(s, bad[i])) continue;
+        if (print_tail) print_log_tail(s, 40);
+        fail_msg("server %d logged '%s'", (int)s->pid, bad[i]);
+    }
+}
+
+/* SIGTERM: the server must exit 0 without a sanitizer report. */
+static void fix_term(Fix *f, int i) {
+    Srv *s = &f->srv[i];
+    kill(s->pid, SIGTERM);
+    int st = 0;
+    waitpid(s->pid, &st, 0);
+    Srv gone = *s;
+    s->pid = 0; /* reaped: the teardown must not signal this pid again */
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+        print_log_tail(&gone, 40);
+        fail_msg("server %d did not exit 0 on SIGTERM (status 0x%x)", (int)gone.pid, st);
+    }
+    expect_clean_log(&gone, true, true);
+    unlink(gone.log);
+}
+
+static void fix_kill(Fix *f, int i) {
+    Srv *s = &f->srv[i];
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, NULL, 0);
+    s->pid = 0;
+    unlink(s->log);
+}
+
+static void expect_health(const Srv *s) {
+    char *out;
+    long st = http(s, "/health", NULL, &out);
+    free(out);
+    if (st != 200) fail_msg("/health answered %ld: the server stopped serving", st);
+}
+
+/* Wait until the tier's written bytes stop growing (two equal samples
+ * 100 ms apart, once something was written) or timeout_s passed. */
+static void wait_writes_settle(const Srv *s, const char *tier, double timeout_s) {
+    double prev = -1, t0 = now_s();
+    while (now_s() - t0 < timeout_s) {
+        double v = tier_metric(s, "mnemo_tier_bytes_written_total", tier);
+        if (v > 0 && v == prev) return;
+        prev = v;
+        usleep(100000);
+    }
+}
+
+/* Overwrite the data area (everything after the 4096-byte header) of every
+ * slab file in dir with random bytes; returns the bytes overwritten. */
+static long corrupt_slabs(const char *dir) {
+    char pattern[128], cmd[512] = "";
+    snprintf(pattern, sizeof pattern, "%s/slab-*.dat", dir);
+    glob_t g;
+    long total = 0;
+    if (glob(pattern, 0, NULL, &g) != 0) return 0;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        struct stat sb;
+        if (stat(g.gl_pathv[i], &sb) != 0 || sb.st_size <= 4096) continue;
+        long pages = (long)((sb.st_size - 4096) / 4096);
+        snprintf(cmd, sizeof cmd, "dd if=/dev/urandom of='%s' bs=4096 seek=1 count=%ld conv=notrunc status=none",
+                 g.gl_pathv[i], pages);
+        if (system(cmd) != 0) break;
+        total += pages * 4096;
+        cmd[0] = '\0';
+    }
+    globfree(&g);
+    if (cmd[0]) fail_msg("failed: %s", cmd);
+    return total;
+}
+
+/* ---- 1. many conversations through RAM and disk --------------------------------------- */
+
+/* 12 conversations x 3 turns from threads against a pool of 32 blocks, a
+ * 1 MiB RAM tier (about 100 blocks) and a disk tier: later turns find
+ * their earlier turns in RAM or on disk, and the answers do not change. */
+static void test_tiers_many_conversations(void **state) {
+    Fix *f = *state;
+    fix_mkdir(f);
+    Srv *s = fix_start_tiered(f, POOL3_FLAGS, "--disk-tier-mb 8 --ram-tier-mb 1");
+    Srv *ref = fix_start(f, 1, REF_FLAGS);
+    int n = env_is("MNEMO_SANITIZED", "1") ? 8 : 12;
+    Conv *cs = f->cs;
+    pthread_t th[MAX_CONVS];
+    for (int i = 0; i < n; i++) {
+        conv_init(&cs[i], "many", i);
+        cs[i].s = s;
+        cs[i].n_turns = 3;
+        pthread_create(&th[i], NULL, conv_thread, &cs[i]);
+    }
+    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < n; i++)
+        if (cs[i].failure[0]) fail_msg("%s", cs[i].failure);
+    long by_tier[T_COUNT] = {0};
+    for (int i = 0; i < n; i++) {
+        expect_reference(ref, &cs[i]);
+        for (int t = 0; t < cs[i].n_done; t++)
+            for (int k = 0; k < T_COUNT; k++) by_tier[k] += cs[i].ans[t].by_tier[k];
+    }
+    if (by_tier[T_RAM] + by_tier[T_DISK] <= 0)
+        fail_msg("no later turn found tokens in RAM or on disk (pool %ld, ram %ld, disk %ld)", by_tier[T_POOL],
+                 by_tier[T_RAM], by_tier[T_DISK]);
+    /* the counters agree with what the answers reported */
+    for (int k = 0; k < T_COUNT; k++) {
+        double v = tier_metric(s, "mnemo_cached_tokens_total", tier_names[k]);
+        if (v != (double)by_tier[k])
+            fail_msg("mnemo_cached_tokens_total{tier=\"%s\"} is %.0f, the answers reported %ld", tier_names[k], v,
+                     by_tier[k]);
+    }
+    double ram_w = tier_metric(s, "mnemo_tier_bytes_written_total", "ram");
+    double disk_w = tier_metric(s, "mnemo_tier_bytes_written_total", "disk");
+    if (!(ram_w > 0 && disk_w > 0)) fail_msg("bytes written: ram %.0f, disk %.0f; both must be > 0", ram_w, disk_w);
+    expect_tier_families(s, "ram");
+    expect_tier_families(s, "disk");
+    expect_health(s);
+    fix_term(f, 0);
+    fix_term(f, 1);
+}
+
+/* ---- 2. restart after SIGKILL ---------------------------------------------------- */
+
+/* Turn 1 of 6 conversations, written down; turn 1 of 3 more, then SIGKILL
+ * with their writes possibly in flight. A server restarted on the same
+ * directory starts cleanly, finds the settled conversations on disk, and
+ * answers all 9 second turns right. */
+static void test_tiers_restart_after_sigkill(void **state) {
+    Fix *f = *state;
+    fix_mkdir(f);
+    Srv *s = fix_start_tiered(f, POOL2_FLAGS, "--disk-tier-mb 4");
+    Srv *ref = fix_start(f, 1, REF_FLAGS);
+    enum { N_SETTLED = 6, N_LATE = 3, N = N_SETTLED + N_LATE };
+    Conv *cs = f->cs;
+    for (int i = 0; i < N; i++) conv_init(&cs[i], "kill", i);
+    for (int i = 0; i < N_SETTLED; i++) conv_step(&cs[i], s);
+    wait_writes_settle(s, "disk", env_is("MNEMO_SANITIZED", "1") ? 2.0 : 1.0);
+    for (int i = N_SETTLED; i < N; i++) conv_step(&cs[i], s);
+    fix_kill(f, 0); /* right after the last answer */
+
+    s = fix_start_tiered(f, POOL2_FLAGS, "--disk-tier-mb 4");
+    if (log_has(s, "mnemo: error:")) fail_msg("the server restarted after SIGKILL logged an error");
+    int n_disk = 0;
+    for (int i = 0; i < N; i++) {
+        conv_step(&cs[i], s);
+        if (i < N_SETTLED) n_disk += cs[i].ans[1].by_tier[T_DISK] > 0;
+    }
+    if (cs[0].ans[1].by_tier[T_POOL] != 0)
+        fail_msg("the first request after the restart found %ld tokens in the empty pool", cs[0].ans[1].by_tier[T_POOL]);
+    for (int i = 0; i < N; i++) expect_reference(ref, &cs[i]);
+    if (n_disk == 0)
+        fail_msg("none of the %d settled conversations found its first turn on disk after the restart", N_SETTLED);
+    expect_health(s);
+    expect_clean_log(s, false, false);
+    fix_term(f, 0);
+    fix_term(f, 1);
+}
+
+/* ---- 3. corrupted data files --------------------------------------------------- */
+
+/* Turn 1 of 6 conversations, a clean stop, then random bytes over every
+ * slab's data area (headers and the database intact). The restarted server
+ * adopts the runs, finds every extent's checksum wrong when it reads them,
+ * recomputes, and answers turns 2 and 3 right; it keeps serving. */
+static void test_tiers_corrupt_data_file(void **state) {
+    Fix *f = *state;
+    fix_mkdir(f);
+    Srv *s = fix_start_tiered(f, POOL3_FLAGS, "--disk-tier-mb 4");
+    Srv *ref = fix_start(f, 1, REF_FLAGS);
+    enum { N = 6 };
+    Conv *cs = f->cs;
+    for (int i = 0; i < N; i++) conv_init(&cs[i], "corrupt", i);
+    for (int i = 0; i < N; i++) conv_step(&cs[i], s);
+    double written = tier_metric(s, "mnemo_tier_bytes_written_total", "disk");
+    fix_term(f, 0);
+    if (written <= 0) fail_msg("nothing was written to disk before the corruption");
+    if (corrupt_slabs(f->dir) == 0) fail_msg("no slab file with a data area in %s", f->dir);
+
+    s = fix_start_tiered(f, POOL3_FLAGS, "--disk-tier-mb 4");
+    for (int turn = 1; turn < 3; turn++)
+        for (int i = 0; i < N; i++) conv_step(&cs[i], s);
+    for (int i = 0; i < N; i++) expect_reference(ref, &cs[i]);
+    double failures = tier_metric(s, "mnemo_tier_checksum_failures_total", "disk");
+    if (failures <= 0)
+        fail_msg("mnemo_tier_checksum_failures_total{tier=\"disk\"} is %.0f after the data was overwritten", failures);
+    /* still serving, and right */
+    Conv *extra = &cs[N];
+    conv_init(extra, "corrupt-after", 0);
+    conv_step(extra, s);
+    conv_step(extra, s);
+    expect_reference(ref, extra);
+    expect_health(s);
+    fix_term(f, 0);
+    fix_term(f, 1);
+}
+
+/* ---- 4. a disk that runs out of space ---------------------------------------------- */
+
+/* The disk tier on a 192 KiB tmpfs with a 64 MiB budget: the slab cannot
+ * be reserved (ENOSPC) and the database's WAL fills the filesystem (it does
+ * with 10 conversations; the ASan build's 6 leave some room). Every answer is still
+ * right, the server keeps serving, stops cleanly and restarts on the full
+ * filesystem, and an idle server does not keep retrying. */
+static void test_tiers_disk_full(void **state) {
+    Fix *f = *state;
+    fix_mkdir(f);
+    bool is_fallback = false;
+    int mount_errno = 0;
+    if (!env_is("MNEMO_TEST_NO_MOUNT", "1") && mount("tmpfs", f->dir, "tmpfs", 0, "size=192k") == 0)
+        f->is_mounted = true;
+    else
+        mount_errno = env_is("MNEMO_TEST_NO_MOUNT", "1") ? EPERM : errno;
+    if (!f->is_mounted && !env_is("CI", "true")) {
+        fprintf(stderr, "skipping: cannot mount a 192 KiB tmpfs on %s (%s); needs root (with CI=true the case "
+                        "fills a 1 MiB disk budget instead)\n", f->dir, strerror(mount_errno));
+        skip();
+        return;
+    }
+    if (!f->is_mounted) {
+        /* No mount: fill a budget instead of a disk. 1 MiB holds about 100
+         * blocks of stories260K (5 layers x 2 KiB per block, runs in 4 KiB
+         * pages); 16 conversations of two turns cache about 270, so the
+         * tier evicts (10 fell just short). */
+        fprintf(stderr, "cannot mount a tmpfs (%s): filling a 1 MiB disk budget instead\n", strerror(mount_errno));
+        is_fallback = true;
+    }
+    const char *budget = is_fallback ? "--disk-tier-mb 1" : "--disk-tier-mb 64";
+    Srv *s = fix_start_tiered(f, POOL2_FLAGS, budget);
+    Srv *ref = fix_start(f, 1, REF_FLAGS);
+    int n = is_fallback ? MAX_CONVS : env_is("MNEMO_SANITIZED", "1") ? 6 : 10;
+    Conv *cs = f->cs;
+    for (int i = 0; i < n; i++) conv_init(&cs[i], "full", i);
+    for (int turn = 0; turn < 2; turn++)
+        for (int i = 0; i < n; i++) conv_step(&cs[i], s);
+    for (int i = 0; i < n; i++) expect_reference(ref, &cs[i]);
+    expect_health(s);
+    if (is_fallback) wait_writes_settle(s, "disk", 1.0);
+    if (is_fallback && tier_metric(s, "mnemo_tier_evictions_total", "disk") <= 0)
+        fail_msg("the 1 MiB disk budget never filled: no evictions; %.0f bytes written, %.0f held",
+                 tier_metric(s, "mnemo_tier_bytes_written_total", "disk"),
+                 tier_metric(s, "mnemo_tier_occupancy_bytes", "disk"));
+    struct statvfs vfs;
+    if (f->is_mounted && statvfs(f->dir, &vfs) == 0)
+        fprintf(stderr, "(the tmpfs has %llu of %llu KiB free)\n",
+                (unsigned long long)vfs.f_bavail * vfs.f_frsize / 1024,
+                (unsigned long long)vfs.f_blocks * vfs.f_frsize / 1024);
+    /* idle now: a full disk must not be retried in a loop (checked last) */
+    size_t len0 = 0, len1 = 0;
+    usleep(300000);
+    free(test_read_file(s->log, &len0));
+    usleep(500000);
+    free(test_read_file(s->log, &len1));
+    /* a clean stop, and a restart on the full filesystem */
+    fix_term(f, 0);
+    s = fix_start_tiered(f, POOL2_FLAGS, budget);
+    Conv *extra = &cs[n];
+    conv_init(extra, "full-after", 0);
+    conv_step(extra, s);
+    conv_step(extra, s);
+    expect_reference(ref, extra);
+    expect_health(s);
+    fix_term(f, 0);
+    fix_term(f, 1);
+    if (len1 > len0 + 2048)
+        fail_msg("with the disk full, the idle server logged %zu bytes in 0.5 s (it retries in a loop)", len1 - len0);
+}
+
+/* ---- 5. SIGTERM flushes the pool to disk --------------------------------------------- */
+
+/* Turn 1 of 6 conversations, SIGTERM at once: what only the pool held is
+ * written down before the exit, so the restarted server finds every
+ * conversation's first turn on disk. */
+static void test_tiers_sigterm_flush(void **state) {
+    Fix *f = *state;
+    fix_mkdir(f);
+    Srv *s = fix_start_tiered(f, POOL2_FLAGS, "--disk-tier-mb 4");
+    Srv *ref = fix_start(f, 1, REF_FLAGS);
+    enum { N = 6 };
+    Conv *cs = f->cs;
+    for (int i = 0; i < N; i++) conv_init(&cs[i], "flush", i);
+    for (int i = 0; i < N; i++) conv_step(&cs[i], s);
+    expect_tier_families(s, "disk");
+    fix_term(f, 0);
+
+    s = fix_start_tiered(f, POOL2_FLAGS, "--disk-tier-mb 4");
+    int n_disk = 0;
+    for (int i = 0; i < N; i++) {
+        conv_step(&cs[i], s);
+        n_disk += cs[i].ans[1].by_tier[T_DISK] > 0;
+    }
+    for (int i = 0; i < N; i++) expect_reference(ref, &cs[i]);
+    if (cs[N - 1].ans[1].by_tier[T_DISK] <= 0)
+        fail_msg("the last conversation before SIGTERM found nothing on disk after the restart (%d of %d did): %s",
+                 n_disk, N, usage_of(&cs[N - 1].ans[1]));
+    if (n_disk < N) fail_msg("only %d of %d conversations found their first turn on disk after SIGTERM", n_disk, N);
+    expect_health(s);
+    fix_term(f, 0);
+    fix_term(f, 1);
+}
+
+int main(void) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_tiers_many_conversations, fix_setup, fix_teardown),
+        cmocka_unit_test_setup_teardown(test_tiers_restart_after_sigkill, fix_setup, fix_teardown),
+        cmocka_unit_test_setup_teardown(test_tiers_corrupt_data_file, fix_setup, fix_teardown),
+        cmocka_unit_test_setup_teardown(test_tiers_disk_full, fix_setup, fix_teardown),
+        cmocka_unit_test_setup_teardown(test_tiers_sigterm_flush, fix_setup, fix_teardown),
+    };
+    if (getenv("MNEMO_TEST_FILTER")) cmocka_set_test_filter(getenv("MNEMO_TEST_FILTER"));
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    curl_global_cleanup();
+    return rc;
+}
