@@ -586,6 +586,34 @@ static void check_restore(uint64_t ram_mb, bool has_disk, CacheSource want, bool
     model_free(m);
 }
 
+/* From the pool: the second run of a prompt uses its cached blocks in
+ * place; its first logits equal a full recompute's bit for bit. */
+static void test_restore_from_pool(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    EngineOptions o;
+    engine_options_default(&o);
+    o.block_tokens = 8;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    const int nv = m->cfg.n_vocab;
+    int32_t a[80];
+    make_prompt(a, 65, nv, 41, 1);
+    float *ref = reference_logits(m, a, 65), *got = malloc(sizeof(float) * (size_t)nv);
+    ReqResult res;
+    for (int round = 0; round < 2; round++) {
+        memset(got, 0, sizeof(float) * (size_t)nv);
+        free(run_one(e, a, 65, 4, got, &res));
+        assert_int_equal(res.n_cached_by[SRC_POOL], round ? 64 : 0);
+        assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
+    }
+    free(ref);
+    free(got);
+    engine_free(e);
+    model_free(m);
+}
+
 static void test_restore_from_ram(void **s) { check_restore(1, false, SRC_RAM, false); }
 static void test_restore_from_disk(void **s) { check_restore(0, true, SRC_DISK, false); }
 static void test_restore_ram_and_disk(void **s) { check_restore(1, true, SRC_RAM, false); }
@@ -678,6 +706,7 @@ int main(void) {
         cmocka_unit_test(test_concurrent_nocache),
         cmocka_unit_test(test_concurrent_tiny_pool),
         cmocka_unit_test(test_concurrent_tiny_pool_tiered),
+        cmocka_unit_test(test_restore_from_pool),
         cmocka_unit_test(test_restore_from_ram),
         cmocka_unit_test(test_restore_from_disk),
         cmocka_unit_test(test_restore_ram_and_disk),

@@ -5,8 +5,13 @@
  *     Active (a request being served: its block table, sampler, token list);
  *   - other threads own their Request references; a Request's output channel
  *     (text, done, result) is guarded by the Request's own mutex;
- *   - the inbox (submit/cancel/stop messages) is guarded by the engine's
- *     inbox mutex; engine statistics by the stats mutex.
+ *   - the inbox (submit/cancel/stop messages, and the mover's events) is
+ *     guarded by the engine's inbox mutex; engine statistics by the stats
+ *     mutex.
+ *
+ * The engine's state is in engine_impl.h; what moves between the pool and
+ * the tiers below it (saves, restores, prefetch, persistence) is in
+ * engine_tiers.c.
  *
  * Life of a request:
  *
@@ -14,9 +19,10 @@
  *                                 ^                  |
  *                                 +----suspend-------+  (pool full while decoding)
  *
- * Admission looks up the longest cached prefix (full blocks, by chain hash),
- * takes references on those blocks and allocates blocks for the rest of the
- * prompt. Each step: decode tokens of running sequences first, then prefill
+ * Admission looks up the longest cached prefix (full blocks, by chain hash:
+ * in the pool, or in a tier to be restored), takes references on those
+ * blocks and allocates blocks for the rest of the prompt. A request whose
+ * restore fails goes back to the queue and is planned again. Each step: decode tokens of running sequences first, then prefill
  * chunks, under batch_tokens; then admission of waiting requests by the
  * scheduling policy, as long as the pool keeps its reserve. After the forward
  * pass, each sequence whose last pending token was in the batch samples its
@@ -33,10 +39,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
-#include "cache/index.h"
-#include "cache/kv_pool.h"
-#include "engine/forward.h"
-#include "engine/seq.h"
+#include "engine/engine_impl.h"
 
 /* ---- requests and their output channel ---------------------------------------- */
 
@@ -165,125 +168,6 @@ int request_read(Request *r, char **text, size_t *len, bool *done, ReqResult *re
     return rc;
 }
 
-/* ---- engine state ------------------------------------------------------------ */
-
-typedef enum MsgKind { MSG_SUBMIT, MSG_CANCEL } MsgKind;
-
-typedef struct Msg {
-    MsgKind kind;
-    Request *req; /* one reference travels with the message */
-    struct Msg *next;
-} Msg;
-
-/* A request being served: owned by the engine thread. */
-typedef struct Active {
-    Request *req;
-    uint64_t arrival;        /* order of arrival */
-    double t_submit, t_first;
-    Hash128 ns_id;
-    uint64_t conv;           /* conversation for the eviction policy: session id hash, or 0 */
-    Seq seq;
-    Sampler *smp;
-    TokStream ts;
-    int32_t *tokens;         /* prompt, then generated */
-    int n_tokens, cap_tokens;
-    int n_done;              /* tail: tokens [0, n_done) have KV, except the
-                                leading range below while it is recomputed */
-    int lead_end;            /* leading range [0, lead_end) being recomputed
-                                (its blocks were evicted, later ones were not) */
-    int lead_done;           /* [0, lead_done) of the leading range has KV */
-    int n_prompt;
-    int n_generated;
-    int n_cached;            /* prompt tokens found cached at first admission */
-    bool is_admitted_once;
-    Hash128 *hashes;         /* chain hashes of full blocks, (cap_tokens / bt) */
-    int n_hashed;            /* full blocks whose hash is computed */
-    int n_registered;        /* full blocks offered to the index */
-    char *pending;           /* generated text not yet emitted (stop-string hold-back) */
-    size_t n_pending, cap_pending;
-    char *reply;             /* all emitted text (for the reply memory) */
-    size_t n_reply, cap_reply;
-    bool is_stop_cut;        /* a stop string cut the text */
-    bool is_completed;       /* the request has its answer; the Active only
-                                finishes computing KV for the next turn */
-    bool is_restore_failed;  /* a block it holds failed to restore: requeue it */
-    bool is_held_back;       /* restoring, and not expected in time for this step */
-    bool is_in_batch;        /* has tokens in this step's batch */
-    int n_cached_by[SRC_COUNT]; /* n_cached split by source */
-    struct Active *next;     /* in the waiting list */
-} Active;
-
-/* A restore in flight: one LOAD job of the mover, writing fresh pool slots
- * (each indexed under its block's hash, so other requests share it). The
- * load holds one reference on each slot until its DONE event. */
-typedef struct Load {
-    MoverJob *job;           /* the mover's until DONE: only its immutable
-                                request fields (n, hashes, slots, tier) are read */
-    int layers_done;         /* from LAYER events */
-    struct Load *next;       /* in submission order */
-} Load;
-
-struct Engine {
-    const Model *m;
-    EngineOptions opt;
-    KvPool pool;
-    BlockIndex *index;       /* NULL with the prefix cache off */
-    Forward *fwd;
-    ReplyMemory *replies;
-    uint32_t kv_format;
-    int reserve_blocks;
-    /* eviction policy state, per pool slot (engine thread) */
-    int32_t *slot_pos;       /* position of the block's first token in its sequence */
-    uint64_t *slot_conv;     /* its conversation (0: none) */
-    int32_t *slot_window;    /* index of its request in the look-ahead window, -1 */
-    bool has_window_marks;   /* some slot_window entry may be set */
-    EvictCand *cands;        /* (n_blocks) scratch for choose_victim */
-    CostModel cost;          /* valid when has_cost */
-    bool has_cost;
-    EvictKey *keys;          /* (n_blocks) */
-    uint64_t n_arrivals;
-    /* the tiers below the pool (engine thread; NULL mover: none) */
-    Mover *mover;
-    int n_tiers;
-    CacheSource tier_src[MOVER_MAX_TIERS]; /* the usage bucket of each tier */
-    Load **slot_load;        /* (n_blocks) the restore writing the slot, or NULL */
-    uint8_t *slot_saving;    /* (n_blocks) a SAVE job holds the slot */
-    Load *loads, *loads_tail;/* restores in flight, in submission order */
-    int n_load_blocks;       /* blocks being restored */
-    int n_save_blocks;       /* blocks being saved */
-    int watermark_blocks;    /* write-behind below this many free blocks */
-    double step_s;           /* recent seconds per forward pass */
-    uint64_t restore_failures;
-    double t_tier_expire;    /* when the tiers were last asked to expire */
-    uint64_t n_writebehind;  /* blocks copied down by the watermark */
-    double save_backoff_s;   /* after saves no tier took: wait this long ... */
-    double t_save_retry;     /* ... until then (mn_now) before saving again */
-    /* engine thread only */
-    Active **running;        /* (parallel) */
-    int n_running;
-    Active *waiting;         /* list in arrival order */
-    int n_waiting;
-    int32_t *b_tok, *b_seq, *b_pos, *b_logit; /* (batch_tokens) */
-    Active **b_owner;        /* (parallel) owner of logit row i */
-    AttnSeq *b_seqs;         /* (parallel) */
-    char *piece;             /* (piece_cap) */
-    size_t piece_cap;
-    /* inbox */
-    pthread_t thread;
-    bool has_thread;
-    pthread_mutex_t inbox_lock;
-    pthread_cond_t inbox_cond;
-    Msg *inbox_head, *inbox_tail;
-    MoverEvent *ev_head, *ev_tail; /* events from the mover */
-    int n_inbox_submits;     /* submit messages in the inbox */
-    int n_waiting_pub;       /* n_waiting as last published by the engine thread */
-    bool is_stopping;
-    bool is_draining;        /* no new requests; the running ones finish */
-    /* statistics */
-    pthread_mutex_t stats_lock;
-    EngineStats stats;
-};
-
 void engine_options_default(EngineOptions *o) {
     memset(o, 0, sizeof *o);
     o->n_threads = 2;
@@ -320,355 +204,11 @@ static uint64_t mem_available(void) {
     return (uint64_t)kb * 1024;
 }
 
-/* ---- the tiers below the pool: saves, restores, mover events -------------------
- *
- * The engine thread decides what moves; the mover thread (cache/mover.h)
- * moves it. A SAVE copies cached pool blocks down the chain: the blocks a
- * finished request leaves behind (so a turn's KV is in a lower tier soon
- * after it ends), and the coldest unsaved cached blocks whenever free pool
- * blocks fall under the watermark. The save holds a reference on its slots
- * until it is done; afterwards the slots stay cached and are reclaimed
- * lazily, when the pool needs them, while their index records keep naming
- * the tiers. A restore (Load) brings blocks that only a tier holds back
- * into fresh pool slots, layer by layer; the forward pass waits per layer
- * (wait_layer). A failed restore (checksum, I/O, a block the tier no longer
- * has) unindexes its slots, and every sequence holding one goes back to
- * the queue to be planned again: what was lost is recomputed, never used. */
-
-#define SAVE_MAX_RUN 32        /* blocks per SAVE job */
-#define ENGINE_MAX_REPLIES 4096 /* reply memory entries, in RAM and in the database */
-
-static void on_mover_event(void *ctx, MoverEvent *ev) {
-    Engine *e = ctx;
-    pthread_mutex_lock(&e->inbox_lock);
-    ev->next = NULL;
-    if (e->ev_tail) e->ev_tail->next = ev;
-    else e->ev_head = ev;
-    e->ev_tail = ev;
-    pthread_cond_signal(&e->inbox_cond);
-    pthread_mutex_unlock(&e->inbox_lock);
-}
-
-/* Copy cached blocks (hashes[i] in slots[i], indexed, in no tier) down the
- * chain. Blocks that cannot be saved now simply stay unsaved. */
-static void save_blocks(Engine *e, const Hash128 *hashes, const int32_t *slots, int n) {
-    if (n == 0) return;
-    MoverJob *j = mover_job_new(MOVER_SAVE, n, 0);
-    if (j == NULL) return;
-    memcpy(j->hashes, hashes, (size_t)n * sizeof *hashes);
-    memcpy(j->slots, slots, (size_t)n * sizeof *slots);
-    for (int i = 0; i < n; i++) {
-        kvpool_retain(&e->pool, slots[i]);
-        e->slot_saving[slots[i]] = 1;
-    }
-    if (mover_submit(e->mover, j) != MN_OK) {
-        for (int i = 0; i < n; i++) {
-            e->slot_saving[slots[i]] = 0;
-            kvpool_release(&e->pool, slots[i]);
-        }
-        mover_job_free(j);
-        return;
-    }
-    e->n_save_blocks += n;
-}
-
-/* Whether block h, in slot, is this slot's indexed copy that no tier holds
- * and nothing moves now. */
-static bool is_unsaved(const Engine *e, const Hash128 *h, int32_t slot) {
-    return index_lookup(e->index, h) == slot && index_tiers(e->index, h) == 0 && !e->slot_saving[slot] &&
-           e->slot_load[slot] == NULL;
-}
-
-/* Save a's indexed full blocks that no tier holds yet, in runs. */
-static void save_active_blocks(Engine *e, Active *a) {
-    if (e->mover == NULL || mn_now() < e->t_save_retry) return;
-    Hash128 hs[SAVE_MAX_RUN];
-    int32_t ss[SAVE_MAX_RUN];
-    int n = 0, n_full = a->n_hashed < a->seq.n_blocks ? a->n_hashed : a->seq.n_blocks;
-    for (int i = 0; i < n_full; i++) {
-        int32_t slot = a->seq.blocks[i];
-        if (!is_unsaved(e, &a->hashes[i], slot)) continue;
-        hs[n] = a->hashes[i];
-        ss[n++] = slot;
-        if (n == SAVE_MAX_RUN) {
-            save_blocks(e, hs, ss, n);
-            n = 0;
-        }
-    }
-    save_blocks(e, hs, ss, n);
-}
-
-static EvictCand slot_cand(const Engine *e, int32_t s) {
-    return (EvictCand){(uint64_t)s, e->slot_conv[s], e->slot_pos[s], e->slot_window[s], e->pool.cached_at[s],
-                       e->pool.cached_at[s]};
-}
-
-/* Write-behind (the swap watermark): while free pool blocks plus cached
- * ones a tier already holds (reclaimable without I/O) are under the
- * watermark, copy the coldest unsaved cached blocks — in eviction-policy
- * order — down the chain, one run in flight at a time, while compute goes
- * on. Their slots stay cached until the pool needs them. */
-static void save_cold_blocks(Engine *e) {
-    if (e->mover == NULL || e->n_save_blocks > 0 || mn_now() < e->t_save_retry) return;
-    int n_free = kvpool_n_free(&e->pool);
-    if (n_free >= e->watermark_blocks) return;
-    int n_clean = 0, n = 0;
-    for (int32_t s = e->pool.lru_head; s >= 0; s = e->pool.lru_next[s]) {
-        const Hash128 *h = index_slot_hash(e->index, s);
-        if (h == NULL) continue;
-        if (index_tiers(e->index, h) != 0) n_clean++;
-        else if (is_unsaved(e, h, s)) e->cands[n++] = slot_cand(e, s);
-    }
-    int want = policy_writebehind_want(n_free, n_clean, e->pool.n_blocks, e->opt.swap_watermark);
-    if (want == 0 || n == 0) return;
-    PolicyCtx pc = {e->opt.evict, e->has_cost ? &e->cost : NULL, mn_now()};
-    policy_keys(&pc, e->cands, n, e->keys);
-    int32_t idx[SAVE_MAX_RUN];
-    int k = policy_select(e->keys, n, want < SAVE_MAX_RUN ? want : SAVE_MAX_RUN, idx);
-    Hash128 hs[SAVE_MAX_RUN];
-    int32_t ss[SAVE_MAX_RUN];
-    for (int i = 0; i < k; i++) {
-        ss[i] = (int32_t)e->cands[idx[i]].id;
-        hs[i] = *index_slot_hash(e->index, ss[i]);
-    }
-    save_blocks(e, hs, ss, k);
-    e->n_writebehind += (uint64_t)k;
-}
-
-static void save_done(Engine *e, MoverJob *j) {
-    /* no tier took the run (full, failing): back off write-behind, doubling
-     * up to a minute, so a full disk is not retried in a loop */
-    if (j->rc != MN_OK) {
-        e->save_backoff_s = e->save_backoff_s > 0 ? fmin(2 * e->save_backoff_s, 60) : 1;
-        e->t_save_retry = mn_now() + e->save_backoff_s;
-    } else {
-        e->save_backoff_s = 0;
-    }
-    for (int i = 0; i < j->n; i++) {
-        if (j->rc == MN_OK && index_set_tiers(e->index, &j->hashes[i], j->saved_tiers, 0) != MN_OK)
-            LOG_WARN("out of memory recording a saved block");
-        e->slot_saving[j->slots[i]] = 0;
-        kvpool_release(&e->pool, j->slots[i]);
-    }
-    e->n_save_blocks -= j->n;
-}
-
-/* The fastest tier holding h (tiers are in chain order), or -1. */
-static int best_tier(const Engine *e, const Hash128 *h) {
-    uint32_t t = index_tiers(e->index, h);
-    for (int i = 0; i < e->n_tiers; i++)
-        if (t & (1u << i)) return i;
-    return -1;
-}
-
-/* Start restoring blocks hs[0..n), each held by a tier and in no pool
- * slot: a fresh slot for each, indexed at once so other requests share the
- * restore, and one LOAD job. The load holds a reference on each slot
- * until it is done. MN_EFULL (nothing started) when the pool has too few
- * slots; with free_only, only FREE slots are taken (no eviction). */
-static int start_load(Engine *e, const Hash128 *hs, int n, bool free_only) {
-    if (n == 0) return MN_OK;
-    if ((free_only ? kvpool_n_free(&e->pool) : kvpool_n_available(&e->pool)) < n) return MN_EFULL;
-    Load *ld = mn_calloc(1, sizeof *ld);
-    MoverJob *j = mover_job_new(MOVER_LOAD, n, e->pool.n_layer);
-    if (ld == NULL || j == NULL) {
-        mn_free(ld);
-        mover_job_free(j);
-        return MN_ENOMEM;
-    }
-    int k = 0, rc = MN_OK;
-    for (; k < n && rc == MN_OK; k++) {
-        int tier = best_tier(e, &hs[k]);
-        if (tier < 0 || index_lookup(e->index, &hs[k]) >= 0) rc = MN_EINVAL; /* the caller checked */
-        else if ((rc = kvpool_alloc(&e->pool, &j->slots[k])) == MN_OK) {
-            j->hashes[k] = hs[k];
-            j->tier[k] = (uint8_t)tier;
-            if (index_insert(e->index, &hs[k], j->slots[k]) != 1) {
-                kvpool_release(&e->pool, j->slots[k]);
-                rc = MN_ENOMEM;
-            }
-        }
-    }
-    if (rc == MN_OK) {
-        j->owner = ld;
-        ld->job = j;
-        rc = mover_submit(e->mover, j);
-    }
-    if (rc != MN_OK) { /* undo: k-1 slots were taken and indexed */
-        for (int i = 0; i < k - 1; i++) {
-            index_remove_slot(e->index, j->slots[i]);
-            kvpool_release(&e->pool, j->slots[i]);
-        }
-        mn_free(ld);
-        mover_job_free(j);
-        return rc;
-    }
-    for (int i = 0; i < n; i++) e->slot_load[j->slots[i]] = ld;
-    if (e->loads_tail) e->loads_tail->next = ld;
-    else e->loads = ld;
-    e->loads_tail = ld;
-    e->n_load_blocks += n;
-    return MN_OK;
-}
-
-/* Every running sequence holding slot must be planned again. */
-static void mark_holders_failed(Engine *e, int32_t slot) {
-    for (int i = 0; i < e->n_running; i++) {
-        Active *a = e->running[i];
-        for (int b = 0; b < a->seq.n_blocks; b++)
-            if (a->seq.blocks[b] == slot) a->is_restore_failed = true;
-    }
-}
-
-static void load_done(Engine *e, Load *ld, MoverJob *j) {
-    bool is_failed = j->rc != MN_OK;
-    for (int k = 0; k < j->n; k++) {
-        int32_t slot = j->slots[k];
-        e->slot_load[slot] = NULL;
-        if (is_failed) {
-            mark_holders_failed(e, slot);
-            index_remove_slot(e->index, slot);
-            /* a block the failing tier could not give is not in it any more
-             * (a checksum failure also reports the drop) */
-            if (j->tier[k] == j->failed_tier) index_set_tiers(e->index, &j->hashes[k], 0, 1u << j->tier[k]);
-        }
-        kvpool_release(&e->pool, slot);
-    }
-    if (is_failed) e->restore_failures++;
-    Load **pp = &e->loads;
-    while (*pp != ld) pp = &(*pp)->next;
-    *pp = ld->next;
-    if (e->loads_tail == ld) {
-        e->loads_tail = NULL;
-        for (Load *l = e->loads; l; l = l->next) e->loads_tail = l;
-    }
-    e->n_load_blocks -= j->n;
-    mn_free(ld);
-}
-
-static void handle_event(Engine *e, MoverEvent *ev) {
-    MoverJob *j = ev->job;
-    switch (ev->kind) {
-    case MOVER_EV_LAYER: ((Load *)j->owner)->layers_done = ev->layer + 1; break;
-    case MOVER_EV_DROPPED:
-        for (int i = 0; i < ev->n; i++) index_set_tiers(e->index, &ev->hashes[i], 0, 1u << ev->tier);
-        mover_event_free(ev);
-        break;
-    case MOVER_EV_DONE:
-        if (j->kind == MOVER_SAVE) save_done(e, j);
-        else if (j->kind == MOVER_LOAD) load_done(e, j->owner, j);
-        mover_job_free(j);
-        break;
-    }
-}
-
-/* Handle the mover's events; with block, wait for at least one first. */
-static void take_events(Engine *e, bool block) {
-    pthread_mutex_lock(&e->inbox_lock);
-    while (block && e->ev_head == NULL) pthread_cond_wait(&e->inbox_cond, &e->inbox_lock);
-    MoverEvent *ev = e->ev_head;
-    e->ev_head = e->ev_tail = NULL;
-    pthread_mutex_unlock(&e->inbox_lock);
-    while (ev) {
-        MoverEvent *next = ev->next;
-        handle_event(e, ev);
-        ev = next;
-    }
-}
-
-/* Whether a block of a's table is still being restored up to layer. */
-static bool is_waiting_for(const Engine *e, const Active *a, int layer) {
-    for (int b = 0; b < a->seq.n_blocks; b++) {
-        const Load *ld = e->slot_load[a->seq.blocks[b]];
-        if (ld && ld->layers_done <= layer) return true;
-    }
-    return false;
-}
-
-/* FwdBatch.wait_layer: before layer's attention, wait until the blocks of
- * every sequence in the batch have that layer in place (or failed). */
-static void wait_layer(void *ctx, int layer) {
-    Engine *e = ctx;
-    for (;;) {
-        bool is_waiting = false;
-        for (int i = 0; i < e->n_running && !is_waiting; i++)
-            if (e->running[i]->is_in_batch) is_waiting = is_waiting_for(e, e->running[i], layer);
-        if (!is_waiting) return;
-        take_events(e, true);
-    }
-}
-
-/* Read bandwidth of tier i so far, with a guess before any read. */
-static double tier_read_bw(Engine *e, int i) {
-    MoverTierStats ms;
-    mover_stats(e->mover, i, &ms);
-    const TierStats *st = &ms.tier;
-    if (st->read_seconds > 0.01 && st->bytes_read > 0) return (double)st->bytes_read / st->read_seconds;
-    return e->tier_src[i] == SRC_RAM ? 4e9 : 1e9;
-}
-
-/* Seconds until a's restores are expected to be done: the loads ahead of
- * them in the mover's queue count too (it serves them in order). */
-static double restore_eta(Engine *e, const Active *a) {
-    double eta = 0, last = 0;
-    for (const Load *ld = e->loads; ld; ld = ld->next) {
-        double bytes = (double)(e->pool.n_layer - ld->layers_done) * (double)ld->job->n * (double)e->pool.block_bytes;
-        eta += bytes / tier_read_bw(e, ld->job->tier[0]);
-        for (int b = 0; b < a->seq.n_blocks; b++)
-            if (e->slot_load[a->seq.blocks[b]] == ld) last = eta;
-    }
-    return last;
-}
-
-/* Which running sequences sit out this step: those still restoring whose
- * loads are not expected to finish within the step's compute, unless no
- * other sequence has work (then waiting per layer costs no one). */
-static void hold_back_restoring(Engine *e) {
-    bool any_ready = false;
-    for (int i = 0; i < e->n_running; i++) {
-        Active *a = e->running[i];
-        a->is_held_back = e->n_load_blocks > 0 && is_waiting_for(e, a, e->pool.n_layer - 1) &&
-                          restore_eta(e, a) > e->step_s;
-        if (!a->is_held_back) any_ready = true;
-    }
-    if (!any_ready)
-        for (int i = 0; i < e->n_running; i++) e->running[i]->is_held_back = false;
-}
-
-/* The reply memory entry of a's finished reply, into the database (with a
- * disk tier), so a restarted server still recognises its replies. */
-static void persist_reply(Engine *e, const Hash128 *key, const Active *a) {
-    if (e->mover == NULL) return;
-    MoverJob *j = mover_job_new(MOVER_REPLY, 0, 0);
-    size_t n_ids = (size_t)(a->n_tokens - a->n_prompt);
-    if (j == NULL) return;
-    j->key = *key;
-    j->text = mn_strndup(a->reply ? a->reply : "", a->n_reply);
-    j->text_len = a->n_reply;
-    j->ids = mn_malloc((n_ids ? n_ids : 1) * sizeof *j->ids);
-    j->n_ids = n_ids;
-    j->when = mn_wall_now();
-    if (j->text && j->ids) memcpy(j->ids, a->tokens + a->n_prompt, n_ids * sizeof *j->ids);
-    if (!j->text || !j->ids || mover_submit(e->mover, j) != MN_OK) mover_job_free(j);
-}
-
-/* A conversation's row (session id, namespace, last activity, tokens). */
-static void persist_conversation(Engine *e, const Active *a) {
-    if (e->mover == NULL || a->conv == 0) return;
-    MoverJob *j = mover_job_new(MOVER_CONV, 0, 0);
-    if (j == NULL) return;
-    j->conv = a->conv;
-    j->ns_id = a->ns_id;
-    j->n_tokens = a->n_tokens;
-    j->when = mn_wall_now();
-    if (mover_submit(e->mover, j) != MN_OK) mover_job_free(j);
-}
-
 /* ---- actives ------------------------------------------------------------------ */
 
 static void active_free(Engine *e, Active *a) {
     if (a == NULL) return;
-    save_active_blocks(e, a);
+    tiers_save_active(e, a);
     seq_release(&a->seq, &e->pool);
     sampler_free(a->smp);
     mn_free(a->tokens);
@@ -805,9 +345,9 @@ static void active_complete(Engine *e, Active *a, FinishReason why, const char *
         Hash128 key = replymem_prefix_key(&a->ns_id, a->tokens, (size_t)a->n_prompt);
         replymem_put(e->replies, &key, a->reply ? a->reply : "", a->n_reply, a->tokens + a->n_prompt,
                      (size_t)(a->n_tokens - a->n_prompt));
-        persist_reply(e, &key, a);
+        tiers_persist_reply(e, &key, a);
     }
-    persist_conversation(e, a);
+    tiers_persist_conversation(e, a);
     ReqResult res = {0};
     res.finish = why;
     res.n_prompt = a->n_prompt;
@@ -935,24 +475,12 @@ static int blocks_needed(const Engine *e, const Active *a, int n_hit) {
     return need - n_hit;
 }
 
-/* Where block h (indexed) comes from: the pool, or the tier restoring it
- * or to restore it from. */
-static CacheSource block_source(const Engine *e, const Hash128 *h) {
-    int32_t slot = index_lookup(e->index, h);
-    if (slot < 0) return e->tier_src[best_tier(e, h)];
-    const Load *ld = e->slot_load[slot];
-    if (ld == NULL) return SRC_POOL;
-    for (int k = 0; k < ld->job->n; k++)
-        if (ld->job->slots[k] == slot) return e->tier_src[ld->job->tier[k]];
-    return SRC_POOL;
-}
-
 static void count_admission(Engine *e, Active *a, int first, int end) {
     const int bt = e->opt.block_tokens;
     a->is_admitted_once = true;
     a->n_cached = (end - first) * bt;
     memset(a->n_cached_by, 0, sizeof a->n_cached_by);
-    for (int i = first; i < end; i++) a->n_cached_by[block_source(e, &a->hashes[i])] += bt;
+    for (int i = first; i < end; i++) a->n_cached_by[tiers_block_source(e, &a->hashes[i])] += bt;
     pthread_mutex_lock(&e->stats_lock);
     e->stats.prompt_tokens += (uint64_t)a->n_prompt;
     e->stats.cached_tokens += (uint64_t)a->n_cached;
@@ -1010,7 +538,7 @@ static bool try_admit(Engine *e, Active *a) {
         if (blocks[i] >= 0) kvpool_retain(&e->pool, blocks[i]);
         else to_load[n_load++] = a->hashes[i];
     }
-    bool ok = start_load(e, to_load, n_load, false) == MN_OK;
+    bool ok = tiers_start_load(e, to_load, n_load, false) == MN_OK;
     mn_free(to_load);
     for (int i = first; i < end; i++) {
         if (!ok) {
@@ -1160,19 +688,6 @@ static int32_t choose_victim(void *ctx, const KvPool *p) {
     return (int32_t)e->cands[policy_victim(e->keys, n)].id;
 }
 
-/* Scheduler-aware prefetch: start restoring the blocks of waiting request
- * a (cached run [first, end)) that only a tier holds into free pool slots,
- * so they are in the pool, or on their way, when a is admitted. Takes only
- * FREE slots beyond the decode reserve: prefetching never evicts. */
-static void prefetch(Engine *e, Active *a, int first, int end) {
-    if (e->mover == NULL) return;
-    Hash128 hs[SAVE_MAX_RUN];
-    int n = 0;
-    for (int b = first; b < end && n < SAVE_MAX_RUN; b++)
-        if (index_lookup(e->index, &a->hashes[b]) < 0) hs[n++] = a->hashes[b];
-    if (n > 0 && kvpool_n_free(&e->pool) - n >= e->reserve_blocks) start_load(e, hs, n, true);
-}
-
 /* The look-ahead window: the first waiting requests, as many as the free
  * capacity holds on average. With a window policy, mark their cached
  * blocks so the policy keeps them (tail of the window first when it must);
@@ -1193,7 +708,7 @@ static void mark_window(Engine *e) {
     for (Active *a = e->waiting; a && idx < len; a = a->next, idx++) {
         int first, end;
         cached_blocks(e, a, &first, &end);
-        prefetch(e, a, first, end);
+        tiers_prefetch(e, a, first, end);
         for (int b = first; is_marking && b < end; b++) {
             int32_t slot = index_lookup(e->index, &a->hashes[b]);
             if (slot >= 0 && e->slot_window[slot] < 0) e->slot_window[slot] = idx;
@@ -1221,9 +736,9 @@ static void fail_all_running(Engine *e, const char *msg) {
 
 static void engine_step(Engine *e) {
     if (e->mover) {
-        take_events(e, false);
+        tiers_take_events(e, false);
         requeue_all_failed(e);
-        save_cold_blocks(e);
+        tiers_save_cold(e);
     }
     mark_window(e);
     admit_waiting(e);
@@ -1231,7 +746,7 @@ static void engine_step(Engine *e) {
     for (int i = 0; i < e->n_running; i++)
         if (!ensure_blocks(e, e->running[i])) i = -1; /* the list changed: start over */
     if (e->n_running == 0) return;
-    hold_back_restoring(e);
+    tiers_hold_back(e);
     int budget = e->opt.batch_tokens, n = 0, n_logits = 0;
     for (int i = 0; i < e->n_running; i++) e->running[i]->is_in_batch = false;
     /* decodes first (one pending token), then prefill chunks */
@@ -1267,7 +782,7 @@ static void engine_step(Engine *e) {
     FwdBatch b = {.n_tok = n, .tokens = e->b_tok, .seq = e->b_seq, .pos = e->b_pos, .seqs = e->b_seqs,
                   .n_seqs = e->n_running, .logit_idx = e->b_logit, .n_logits = n_logits};
     if (e->n_load_blocks > 0) {
-        b.wait_layer = wait_layer;
+        b.wait_layer = tiers_wait_layer;
         b.wait_ctx = e;
     }
     const float *logits;
@@ -1354,15 +869,7 @@ static void handle_msgs(Engine *e, Msg *m) {
  * carry their last use in wall-clock time (it survives restarts). */
 static void expire_cached(Engine *e) {
     if (e->opt.cache_ttl_s <= 0) return;
-    double now = mn_now();
-    if (e->mover && now - e->t_tier_expire >= 1.0) {
-        e->t_tier_expire = now;
-        MoverJob *j = mover_job_new(MOVER_EXPIRE, 0, 0);
-        if (j) {
-            j->cutoff = mn_wall_now() - e->opt.cache_ttl_s;
-            if (mover_submit(e->mover, j) != MN_OK) mover_job_free(j);
-        }
-    }
+    tiers_expire(e);
     int n = kvpool_expire(&e->pool, mn_now() - e->opt.cache_ttl_s);
     if (n == 0) return;
     pthread_mutex_lock(&e->stats_lock);
@@ -1398,7 +905,7 @@ static void *engine_main(void *arg) {
         engine_step(e);
         if (e->n_running == 0 && e->n_waiting > 0) admit_waiting(e); /* finished ones made room */
         if (e->n_running == 0 && e->n_waiting > 0 && e->n_save_blocks + e->n_load_blocks > 0) {
-            take_events(e, true); /* moves in flight hold pool slots: wait for one to end */
+            tiers_take_events(e, true); /* moves in flight hold pool slots: wait for one to end */
         } else if (e->n_running == 0 && e->n_waiting > 0) {
             /* nothing fits and nothing runs: the head request can never be served */
             Active *a = e->waiting;
@@ -1467,53 +974,6 @@ void engine_cancel(Engine *e, Request *r) {
 }
 
 /* ---- construction ------------------------------------------------------------- */
-
-/* A reopened tier holds these blocks (mover_new, before any request). */
-static void on_tier_held(void *ctx, int tier, const Hash128 *hashes, int n) {
-    Engine *e = ctx;
-    for (int i = 0; i < n; i++)
-        if (index_set_tiers(e->index, &hashes[i], 1u << tier, 0) != MN_OK) LOG_WARN("out of memory indexing tiers");
-}
-
-/* The tiers below the pool and their mover, when the options ask for any. */
-static int start_tiers(Engine *e, MnErr *err) {
-    EngineOptions *op = &e->opt;
-    e->step_s = 0.05;
-    e->watermark_blocks = (int)(op->swap_watermark * (float)e->pool.n_blocks);
-    bool has_disk = op->disk_tier_dir && op->disk_tier_dir[0];
-    if (op->ram_tier_mb == 0 && !has_disk) return MN_OK;
-    if (e->index == NULL) return mn_err_set(err, MN_EINVAL, "cache tiers need the prefix cache");
-    MoverConfig mc = {.pool = &e->pool,
-                      .ram_bytes = op->ram_tier_mb << 20,
-                      .disk_dir = has_disk ? op->disk_tier_dir : NULL,
-                      .disk_bytes = (op->disk_tier_mb ? op->disk_tier_mb : 4096) << 20,
-                      .model_fingerprint = e->m->fingerprint,
-                      .kv_format = e->kv_format,
-                      .is_durable = true,
-                      .on_event = on_mover_event,
-                      .event_ctx = e,
-                      .on_held = on_tier_held,
-                      .held_ctx = e,
-                      .replies = e->replies,
-                      .max_replies = ENGINE_MAX_REPLIES};
-    op->disk_tier_dir = NULL; /* borrowed for engine_new only */
-    int rc = mover_new(&mc, &e->mover, err);
-    if (rc != MN_OK) return rc;
-    e->n_tiers = mover_n_tiers(e->mover);
-    for (int i = 0; i < e->n_tiers; i++)
-        e->tier_src[i] = strcmp(mover_tier_name(e->mover, i), "ram") == 0 ? SRC_RAM : SRC_DISK;
-    e->stats.n_tiers = e->n_tiers;
-    return MN_OK;
-}
-
-/* After the engine thread is gone: let the mover finish what is queued
- * (write-behind is flushed), then settle its last events. */
-static void stop_tiers(Engine *e) {
-    if (e->mover == NULL) return;
-    mover_free(e->mover);
-    e->mover = NULL;
-    take_events(e, false);
-}
 
 int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err) {
     *out = NULL;
@@ -1591,7 +1051,7 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         FwdOptions fo = {op->batch_tokens, op->parallel, op->n_ctx, op->n_threads};
         rc = fwd_new(m, &e->pool, &fo, &e->fwd, err);
     }
-    if (rc == MN_OK) rc = start_tiers(e, err);
+    if (rc == MN_OK) rc = tiers_start(e, err);
     if (rc == MN_OK) {
         e->stats.pool_blocks = e->pool.n_blocks;
         e->stats.pool_bytes = per_block * n_blocks;
@@ -1645,7 +1105,7 @@ void engine_free(Engine *e) {
         request_unref(m->req);
         mn_free(m);
     }
-    stop_tiers(e);
+    tiers_stop(e);
     fwd_free(e->fwd);
     index_free(e->index);
     kvpool_deinit(&e->pool);
