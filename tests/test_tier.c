@@ -129,8 +129,10 @@ static uint64_t run_bytes(const Param *pa, const KvPool *p, int n) {
     return payload * (uint64_t)p->n_layer;
 }
 
-static void fx_open(Fixture *fx, const Param *pa, const KvPool *p, uint64_t capacity, uint64_t slab_bytes,
-                    bool is_durable) {
+/* A tier of this kind; a disk tier keeps read_window bytes of a streamed
+ * read in flight (0: its default). */
+static void fx_open_window(Fixture *fx, const Param *pa, const KvPool *p, uint64_t capacity, uint64_t slab_bytes,
+                           bool is_durable, uint64_t read_window) {
     memset(fx, 0, sizeof *fx);
     if (pa->kind == KIND_RAM) {
         assert_int_equal(tier_ram_new(p->n_layer, p->block_bytes, capacity, &fx->tier), MN_OK);
@@ -148,6 +150,7 @@ static void fx_open(Fixture *fx, const Param *pa, const KvPool *p, uint64_t capa
         .slab_bytes = slab_bytes,
         .aio_backend = pa->backend,
         .queue_depth = 4,
+        .read_window_bytes = read_window,
         .is_durable = is_durable,
     };
     memset(cfg.model_fingerprint.b, 0x3c, 16);
@@ -157,6 +160,11 @@ static void fx_open(Fixture *fx, const Param *pa, const KvPool *p, uint64_t capa
     Aio *a = tier_disk_aio(fx->tier);
     assert_non_null(a);
     assert_int_equal(aio_backend(a), pa->backend);
+}
+
+static void fx_open(Fixture *fx, const Param *pa, const KvPool *p, uint64_t capacity, uint64_t slab_bytes,
+                    bool is_durable) {
+    fx_open_window(fx, pa, p, capacity, slab_bytes, is_durable, 0);
 }
 
 static void fx_close(Fixture *fx) {
@@ -526,6 +534,172 @@ static void test_tier_layers_and_spans(void **state) {
     kvpool_deinit(&p);
 }
 
+static void corrupt_byte(const char *path, uint64_t offset) {
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, (off_t)offset), 1);
+    b ^= 0x10;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)offset), 1);
+    assert_int_equal(fsync(fd), 0);
+    close(fd);
+}
+
+/* ---- tiers: streamed reads of every layer ---------------------------------------- */
+
+/* A TierLayerFn that checks, as each layer is reported, that the layers
+ * come in order, that the reported layer of every block is in place, and
+ * that the next one has not been written yet (the pool was scrambled). */
+typedef struct LayerLog {
+    const KvPool *p;
+    const uint32_t *ids;
+    const int32_t *slots;
+    int n;
+    int n_calls;
+} LayerLog;
+
+static void on_layer(void *ctx, int layer) {
+    LayerLog *lg = ctx;
+    assert_int_equal(layer, lg->n_calls);
+    lg->n_calls++;
+    for (int i = 0; i < lg->n; i++) assert_true(slot_is(lg->p, layer, lg->slots[i], lg->ids[i]));
+    if (layer + 1 < lg->p->n_layer) assert_false(slot_is(lg->p, layer + 1, lg->slots[0], lg->ids[0]));
+}
+
+static int read_all_layers(Tier *t, KvPool *p, const uint32_t *ids, const int32_t *slots, int n, LayerLog *lg) {
+    Hash128 h[64];
+    for (int i = 0; i < n; i++) h[i] = h_of(ids[i]);
+    *lg = (LayerLog){p, ids, slots, n, 0};
+    return tier_read_layers(t, h, n, p, slots, on_layer, lg);
+}
+
+/* tier_read_layers across three runs (two partly), with a window of two
+ * layers' extents on disk so the staging slots are reused, and with the
+ * default window: every layer arrives in order, in place when reported;
+ * whole extents are counted; a missing block reads nothing. */
+static void test_tier_read_layers(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 6, 8, 4, 64, MN_TYPE_F16), MN_OK); /* 128-byte blocks */
+    for (int w = 0; w < 2; w++) {
+        Fixture fx;
+        fx_open_window(&fx, pa, &p, 1 << 20, 0, false, w == 0 ? 2 * 3 * 4096 : 0);
+        Tier *t = fx.tier;
+        assert_int_equal(put_range(t, &p, 0, 6, 0), MN_OK);
+        assert_int_equal(put_range(t, &p, 6, 7, 6), MN_OK);
+        assert_int_equal(put_range(t, &p, 20, 3, 13), MN_OK);
+        scramble_pool(&p, 17 + (uint64_t)w);
+        uint32_t ids[8] = {3, 4, 5, 6, 7, 8, 9, 21};
+        int32_t slots[8] = {63, 40, 41, 42, 20, 1, 2, 50};
+        LayerLog lg;
+        assert_int_equal(read_all_layers(t, &p, ids, slots, 8, &lg), MN_OK);
+        assert_int_equal(lg.n_calls, p.n_layer);
+        for (int l = 0; l < p.n_layer; l++)
+            for (int i = 0; i < 8; i++) assert_true(slot_is(&p, l, slots[i], ids[i]));
+        TierStats s;
+        tier_stats(t, &s);
+        assert_int_equal(s.n_layer_reads, p.n_layer);
+        uint64_t want = pa->kind == KIND_RAM ? 8ull * p.block_bytes * 6 : 3ull * 4096 * 6; /* whole extents */
+        assert_int_equal(s.bytes_read, want);
+        /* the same without a callback, and into other slots */
+        Hash128 h[3] = {h_of(0), h_of(12), h_of(22)};
+        int32_t other[3] = {30, 31, 32};
+        assert_int_equal(tier_read_layers(t, h, 3, &p, other, NULL, NULL), MN_OK);
+        for (int l = 0; l < p.n_layer; l++) {
+            assert_true(slot_is(&p, l, 30, 0));
+            assert_true(slot_is(&p, l, 31, 12));
+            assert_true(slot_is(&p, l, 32, 22));
+        }
+        /* refused: a block not held (nothing read), a bad slot */
+        uint32_t missing[2] = {1, 77};
+        assert_int_equal(read_all_layers(t, &p, missing, slots, 2, &lg), MN_ENOTFOUND);
+        assert_int_equal(lg.n_calls, 0);
+        int32_t bad_slot[1] = {64};
+        assert_int_equal(read_all_layers(t, &p, ids, bad_slot, 1, &lg), MN_EINVAL);
+        tier_stats(t, &s);
+        assert_int_equal(s.n_layer_reads, 2 * p.n_layer);
+        assert_false(s.is_failed);
+        tier_check(t);
+        fx_close(&fx);
+    }
+    kvpool_deinit(&p);
+}
+
+/* A streamed read that meets a bad extent: layers before it are reported
+ * (and in place), the bad run is dropped and counted, the other run stays;
+ * a short file likewise; an injected EIO mid-stream is sticky. Windows of
+ * one and two layers, so requests are in flight past the failure. */
+static void test_disk_read_layers_faults(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 6, 8, 4, 64, MN_TYPE_F16), MN_OK);
+    for (int w = 1; w <= 2; w++) {
+        Fixture fx;
+        fx_open_window(&fx, pa, &p, 1 << 20, 0, true, (uint64_t)w * 2 * 4096);
+        Tier *t = fx.tier;
+        Drops drops = {0};
+        tier_set_drop_fn(t, on_drop, &drops);
+        assert_int_equal(put_range(t, &p, 0, 4, 0), MN_OK);
+        assert_int_equal(put_range(t, &p, 10, 4, 4), MN_OK);
+        char path[256];
+        uint64_t off, len;
+        Hash128 h = h_of(11);
+        assert_int_equal(tier_disk_extent(t, &h, 3, path, sizeof path, &off, &len), MN_OK);
+        corrupt_byte(path, off + 5);
+        scramble_pool(&p, 3);
+        uint32_t ids[4] = {1, 2, 11, 12};
+        int32_t slots[4] = {20, 21, 22, 23};
+        LayerLog lg;
+        assert_int_equal(read_all_layers(t, &p, ids, slots, 4, &lg), MN_ECHECKSUM);
+        assert_int_equal(lg.n_calls, 3); /* layers 0, 1, 2 */
+        TierStats s;
+        tier_stats(t, &s);
+        assert_int_equal(s.n_checksum_failures, 1);
+        assert_false(s.is_failed);
+        assert_int_equal(drops.n_blocks, 4);
+        assert_int_equal(drops.last_why, TIER_DROP_CHECKSUM);
+        assert_true(dropped(&drops, 10) && dropped(&drops, 13) && !dropped(&drops, 0));
+        assert_int_equal(read_all_layers(t, &p, ids, slots, 4, &lg), MN_ENOTFOUND);
+        scramble_pool(&p, 6);
+        assert_int_equal(read_all_layers(t, &p, ids, slots, 2, &lg), MN_OK);
+        assert_int_equal(lg.n_calls, p.n_layer);
+
+        /* the data file cut short inside layer 4 of the second run */
+        assert_int_equal(put_range(t, &p, 10, 4, 4), MN_OK);
+        h = h_of(10);
+        assert_int_equal(tier_disk_extent(t, &h, 4, path, sizeof path, &off, &len), MN_OK);
+        assert_int_equal(truncate(path, (off_t)off), 0);
+        scramble_pool(&p, 4);
+        assert_int_equal(read_all_layers(t, &p, (uint32_t[]){10}, slots, 1, &lg), MN_ECHECKSUM);
+        assert_int_equal(lg.n_calls, 4);
+        tier_stats(t, &s);
+        assert_int_equal(s.n_checksum_failures, 2);
+        assert_false(s.is_failed);
+        tier_check(t);
+
+        /* an I/O error on the fifth read request (layer 2's first): sticky */
+        assert_int_equal(tier_reset(t), MN_OK);
+        assert_int_equal(put_range(t, &p, 0, 4, 0), MN_OK);
+        assert_int_equal(put_range(t, &p, 10, 4, 4), MN_OK);
+        scramble_pool(&p, 5);
+        aio_fault_set(tier_disk_aio(t), AIO_OP_READ, 4, 1, EIO);
+        assert_int_equal(read_all_layers(t, &p, ids, slots, 4, &lg), MN_EIO);
+        assert_int_equal(lg.n_calls, 2);
+        tier_stats(t, &s);
+        assert_true(s.is_failed);
+        assert_int_equal(read_all_layers(t, &p, ids, slots, 2, &lg), MN_EIO);
+        assert_int_equal(lg.n_calls, 0);
+        assert_int_equal(tier_reset(t), MN_OK);
+        assert_int_equal(put_range(t, &p, 0, 4, 0), MN_OK);
+        scramble_pool(&p, 7);
+        assert_int_equal(read_all_layers(t, &p, ids, slots, 2, &lg), MN_OK);
+        assert_int_equal(lg.n_calls, p.n_layer);
+        tier_check(t);
+        fx_close(&fx);
+    }
+    kvpool_deinit(&p);
+}
+
 /* ---- tiers: eviction, drop ----------------------------------------------------- */
 
 static void test_tier_lru(void **state) {
@@ -668,17 +842,6 @@ static void test_tier_has_drop(void **state) {
 }
 
 /* ---- disk: corruption, space, I/O errors --------------------------------------- */
-
-static void corrupt_byte(const char *path, uint64_t offset) {
-    int fd = open(path, O_RDWR);
-    assert_true(fd >= 0);
-    uint8_t b;
-    assert_int_equal(pread(fd, &b, 1, (off_t)offset), 1);
-    b ^= 0x10;
-    assert_int_equal(pwrite(fd, &b, 1, (off_t)offset), 1);
-    assert_int_equal(fsync(fd), 0);
-    close(fd);
-}
 
 static void test_disk_checksum(void **state) {
     const Param *pa = *state;
@@ -1742,6 +1905,8 @@ int main(void) {
         cmocka_unit_test(test_aio_auto),
         TIER_TESTS(test_tier_roundtrip),
         TIER_TESTS(test_tier_layers_and_spans),
+        TIER_TESTS(test_tier_read_layers),
+        DISK_TESTS(test_disk_read_layers_faults),
         TIER_TESTS(test_tier_lru),
         TIER_TESTS(test_tier_has_drop),
         DISK_TESTS(test_disk_checksum),

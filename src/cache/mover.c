@@ -181,34 +181,48 @@ static int sub_reserve(Mover *m, int n) {
     return MN_OK;
 }
 
-/* Layer by layer: each tier's share of the layer, then the LAYER event. */
+typedef struct LoadCtx {
+    Mover *m;
+    MoverJob *j;
+} LoadCtx;
+
+static void on_layer(void *ctx, int layer) {
+    LoadCtx *lc = ctx;
+    post_layer(lc->m, lc->j, layer);
+}
+
+/* Each tier's share of the job in chain order, every layer of it; the
+ * share of the last (slowest) tier involved is streamed and posts a LAYER
+ * event as each layer is in place, the faster tiers' shares being in the
+ * pool by then. */
 static void run_load(Mover *m, MoverJob *j) {
-    const int n_layer = m->cfg.pool->n_layer;
     j->rc = sub_reserve(m, j->n);
-    for (int k = 0; k < j->n && j->rc == MN_OK; k++)
+    int last = -1;
+    for (int k = 0; k < j->n && j->rc == MN_OK; k++) {
         if (j->tier[k] >= m->n_tiers) j->rc = MN_EINVAL;
-    for (int l = 0; l < n_layer && j->rc == MN_OK; l++) {
-        for (int i = 0; i < m->n_tiers && j->rc == MN_OK; i++) {
-            int n = 0;
-            for (int k = 0; k < j->n; k++)
-                if (j->tier[k] == i) {
-                    m->sub_hashes[n] = j->hashes[k];
-                    m->sub_slots[n++] = j->slots[k];
-                }
-            if (n == 0) continue;
-            double t0 = mn_now();
-            int rc = tier_read_layer(m->tiers[i], m->sub_hashes, n, l, m->cfg.pool, m->sub_slots);
-            if (rc != MN_OK) {
-                j->rc = rc;
-                j->failed_tier = i;
-                LOG_WARN("mover: restoring layer %d of %d blocks from the %s tier failed: %s", l, n,
-                         tier_name(m->tiers[i]), mn_strerror(rc));
-            } else {
-                observe(&m->reads[i], mn_now() - t0);
+        else if (j->tier[k] > last) last = j->tier[k];
+    }
+    LoadCtx lc = {m, j};
+    for (int i = 0; i <= last && j->rc == MN_OK; i++) {
+        int n = 0;
+        for (int k = 0; k < j->n; k++)
+            if (j->tier[k] == i) {
+                m->sub_hashes[n] = j->hashes[k];
+                m->sub_slots[n++] = j->slots[k];
             }
-            if (rc != MN_OK || l == n_layer - 1) publish_stats(m, i);
+        if (n == 0) continue;
+        double t0 = mn_now();
+        int rc = tier_read_layers(m->tiers[i], m->sub_hashes, n, m->cfg.pool, m->sub_slots, i == last ? on_layer : NULL,
+                                  &lc);
+        if (rc != MN_OK) {
+            j->rc = rc;
+            j->failed_tier = i;
+            LOG_WARN("mover: restoring %d blocks from the %s tier failed: %s", n, tier_name(m->tiers[i]),
+                     mn_strerror(rc));
+        } else {
+            observe(&m->reads[i], mn_now() - t0);
         }
-        if (j->rc == MN_OK) post_layer(m, j, l);
+        publish_stats(m, i);
     }
 }
 

@@ -127,7 +127,7 @@ typedef struct MoverIoHist {
 
 typedef struct MoverTierStats {
     TierStats tier;
-    MoverIoHist reads, writes; /* tier_read_layer, tier_put_run */
+    MoverIoHist reads, writes; /* tier_read_layers (one load), tier_put_run */
 } MoverTierStats;
 
 /* Blocks hashes[0..n) are held by tier `tier` when the mover starts (a

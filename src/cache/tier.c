@@ -62,7 +62,8 @@ struct Tier {
     Hash128 *report;     /* (scratch_cap) live hashes of a run being dropped */
     TierRun **read_run;  /* (scratch_cap) run of each requested block */
     int32_t *read_idx;   /* (scratch_cap) its index in that run */
-    int32_t *group_idx, *group_slot; /* (scratch_cap) one run's share */
+    int32_t *group_idx, *group_slot; /* (scratch_cap) the runs' shares, run by run */
+    TierReadGroup *groups;           /* (scratch_cap) one per run touched */
     int scratch_cap;
     TierStats st;        /* counters; the "now" fields are filled by tier_stats */
 };
@@ -227,7 +228,9 @@ static int scratch_reserve(Tier *t, int n) {
     if (gi) t->group_idx = gi;
     int32_t *gs = mn_realloc(t->group_slot, (size_t)cap * sizeof *gs);
     if (gs) t->group_slot = gs;
-    if (!report || !rr || !ri || !gi || !gs) return MN_ENOMEM;
+    TierReadGroup *g = mn_realloc(t->groups, (size_t)cap * sizeof *g);
+    if (g) t->groups = g;
+    if (!report || !rr || !ri || !gi || !gs || !g) return MN_ENOMEM;
     t->scratch_cap = cap;
     return MN_OK;
 }
@@ -281,6 +284,7 @@ void tier_free(Tier *t) {
     mn_free(t->read_idx);
     mn_free(t->group_idx);
     mn_free(t->group_slot);
+    mn_free(t->groups);
     mn_free(t);
 }
 
@@ -404,10 +408,14 @@ int tier_locate(const Tier *t, const Hash128 *hash, TierLoc *out) {
 
 /* ---- read ---------------------------------------------------------------- */
 
-int tier_read_layer(Tier *t, const Hash128 *hashes, int n_blocks, int layer, KvPool *pool, const int32_t *slots) {
+/* Split a read of hashes[0..n) into slots[] by run: t->groups[0..*n_groups)
+ * in order of each run's first block, their idx/slots in group_idx/slot.
+ * MN_ENOTFOUND when a block is not held, MN_EINVAL, MN_ENOMEM. */
+static int group_by_run(Tier *t, const Hash128 *hashes, int n_blocks, KvPool *pool, const int32_t *slots,
+                        int *n_groups) {
+    *n_groups = 0;
     if (t->is_failed) return MN_EIO;
-    if (n_blocks < 1 || hashes == NULL || layer < 0 || layer >= t->n_layer || !pool_fits(t, pool, slots, n_blocks))
-        return MN_EINVAL;
+    if (n_blocks < 1 || hashes == NULL || !pool_fits(t, pool, slots, n_blocks)) return MN_EINVAL;
     int rc = scratch_reserve(t, n_blocks);
     if (rc != MN_OK) return rc;
     for (int i = 0; i < n_blocks; i++) {
@@ -416,40 +424,94 @@ int tier_read_layer(Tier *t, const Hash128 *hashes, int n_blocks, int layer, KvP
         t->read_run[i] = s->run;
         t->read_idx[i] = s->index;
     }
-    /* one kind call per run touched, with that run's share of the request */
+    int n = 0, g = 0;
     for (int i = 0; i < n_blocks; i++) {
         TierRun *r = t->read_run[i];
         if (r == NULL) continue;
-        int n = 0;
+        t->groups[g] = (TierReadGroup){.run = r, .idx = &t->group_idx[n], .slots = &t->group_slot[n]};
         for (int j = i; j < n_blocks; j++)
             if (t->read_run[j] == r) {
                 t->group_idx[n] = t->read_idx[j];
-                t->group_slot[n] = slots[j];
-                n++;
+                t->group_slot[n++] = slots[j];
+                t->groups[g].n++;
                 t->read_run[j] = NULL;
             }
+        g++;
+    }
+    *n_groups = g;
+    return MN_OK;
+}
+
+/* What a read of group g's run returned: a checksum failure drops the run,
+ * an I/O error is sticky, success makes the run most recently used (and a
+ * read of layer 0 counts as a use). */
+static int read_outcome(Tier *t, TierRun *r, int layer, int rc) {
+    if (rc == MN_ECHECKSUM) {
+        assert(r != NULL);
+        LOG_WARN("%s tier: layer %d of run %llu failed its checksum; dropping the run", t->ops->name, layer,
+                 (unsigned long long)r->id);
+        t->st.n_checksum_failures++;
+        run_drop(t, r, TIER_DROP_CHECKSUM);
+        return rc;
+    }
+    if (rc == MN_EIO) return enter_failed(t, "reading a layer");
+    if (rc != MN_OK) return rc;
+    lru_unlink(t, r);
+    lru_push_mru(t, r);
+    if (layer == 0) {
+        r->last_used = mn_wall_now();
+        if (t->ops->touch) t->ops->touch(t->kind, r);
+    }
+    return MN_OK;
+}
+
+/* One kind call per run touched, with that run's share of the request. */
+static int read_groups_layer(Tier *t, int n_groups, int layer, KvPool *pool) {
+    for (int g = 0; g < n_groups; g++) {
+        TierReadGroup *gr = &t->groups[g];
         uint64_t io_bytes = 0;
         double t0 = mn_now();
-        rc = t->ops->read_layer(t->kind, r, layer, t->group_idx, t->group_slot, n, pool, &io_bytes);
+        int rc = t->ops->read_layer(t->kind, gr->run, layer, gr->idx, gr->slots, gr->n, pool, &io_bytes);
         t->st.read_seconds += mn_now() - t0;
         t->st.bytes_read += io_bytes;
-        if (rc == MN_ECHECKSUM) {
-            LOG_WARN("%s tier: layer %d of run %llu failed its checksum; dropping the run", t->ops->name, layer,
-                     (unsigned long long)r->id);
-            t->st.n_checksum_failures++;
-            run_drop(t, r, TIER_DROP_CHECKSUM);
-            return rc;
-        }
-        if (rc == MN_EIO) return enter_failed(t, "reading a layer");
-        if (rc != MN_OK) return rc;
-        lru_unlink(t, r);
-        lru_push_mru(t, r);
-        if (layer == 0) { /* a restore starts at layer 0: once per use is enough */
-            r->last_used = mn_wall_now();
-            if (t->ops->touch) t->ops->touch(t->kind, r);
-        }
+        if ((rc = read_outcome(t, gr->run, layer, rc)) != MN_OK) return rc;
     }
     t->st.n_layer_reads++;
+    return MN_OK;
+}
+
+int tier_read_layer(Tier *t, const Hash128 *hashes, int n_blocks, int layer, KvPool *pool, const int32_t *slots) {
+    if (layer < 0 || layer >= t->n_layer) return MN_EINVAL;
+    int n_groups;
+    int rc = group_by_run(t, hashes, n_blocks, pool, slots, &n_groups);
+    return rc != MN_OK ? rc : read_groups_layer(t, n_groups, layer, pool);
+}
+
+int tier_read_layers(Tier *t, const Hash128 *hashes, int n_blocks, KvPool *pool, const int32_t *slots,
+                     TierLayerFn layer_fn, void *ctx) {
+    int n_groups;
+    int rc = group_by_run(t, hashes, n_blocks, pool, slots, &n_groups);
+    if (rc != MN_OK) return rc;
+    if (t->ops->read_layers == NULL) {
+        for (int l = 0; l < t->n_layer; l++) {
+            if ((rc = read_groups_layer(t, n_groups, l, pool)) != MN_OK) return rc;
+            if (layer_fn) layer_fn(ctx, l);
+        }
+        return MN_OK;
+    }
+    uint64_t io_bytes = 0;
+    TierReadFailure bad = {-1, -1};
+    double t0 = mn_now();
+    rc = t->ops->read_layers(t->kind, t->groups, n_groups, pool, layer_fn, ctx, &io_bytes, &bad);
+    t->st.read_seconds += mn_now() - t0;
+    t->st.bytes_read += io_bytes;
+    if (rc == MN_ECHECKSUM) {
+        assert(bad.group >= 0 && bad.group < n_groups);
+        return read_outcome(t, t->groups[bad.group].run, bad.layer, rc);
+    }
+    if (rc != MN_OK) return read_outcome(t, NULL, -1, rc);
+    for (int g = 0; g < n_groups; g++) read_outcome(t, t->groups[g].run, 0, MN_OK);
+    t->st.n_layer_reads += (uint64_t)t->n_layer;
     return MN_OK;
 }
 

@@ -14,7 +14,7 @@
  *
  * Life cycle of a run:
  *
- *            tier_put_run                tier_read_layer (moves it to MRU)
+ *            tier_put_run                tier_read_layer(s) (moves it to MRU)
  *   (none) ---------------> STORED ----------------------------+
  *      |                     ^   |  ^                           |
  *      +---------------------+   |  +---------------------------+
@@ -125,6 +125,9 @@ typedef struct TierDiskConfig {
     uint64_t slab_bytes;       /* data bytes per slab file; 0 = 256 MiB */
     AioBackend aio_backend;    /* AIO_BACKEND_AUTO normally */
     int queue_depth;           /* requests in flight; 0 = 32 */
+    uint64_t read_window_bytes; /* extents a tier_read_layers keeps in
+                                  flight (whole layers, at least one);
+                                  0 = 8 MiB */
     bool is_durable;           /* fdatasync each run before it is visible */
     CacheStore *store;         /* borrowed, outlives the tier: the run
                                   records' home; NULL = not persistent */
@@ -172,6 +175,22 @@ int tier_locate(const Tier *t, const Hash128 *hash, TierLoc *out);
  * slots' contents are then undefined. MN_EINVAL, MN_ENOMEM, MN_EIO
  * (sticky). */
 int tier_read_layer(Tier *t, const Hash128 *hashes, int n_blocks, int layer, KvPool *pool, const int32_t *slots);
+
+/* Called by tier_read_layers once layer `layer` of every requested block
+ * is verified and in the pool, for layer 0, 1, ... in order. */
+typedef void (*TierLayerFn)(void *ctx, int layer);
+
+/* Restore every layer of the blocks hashes[0..n_blocks) into pool slots
+ * slots[i], layer 0 first, calling layer_fn (may be NULL) as each layer is
+ * in place, so a consumer can use the early layers while later ones are
+ * still arriving. The disk tier keeps extents of several layers and runs in
+ * flight at once (read_window_bytes of them), so a restore moves
+ * at close to the device's sequential read rate; other kinds copy layer by
+ * layer. Results as tier_read_layer; after a failure layer_fn has been
+ * called exactly for the layers completed before it, and the slots'
+ * contents in the other layers are undefined. */
+int tier_read_layers(Tier *t, const Hash128 *hashes, int n_blocks, KvPool *pool, const int32_t *slots,
+                     TierLayerFn layer_fn, void *ctx);
 
 /* Forget one block (its run's storage is freed with its last live block).
  * MN_OK or MN_ENOTFOUND. */

@@ -153,6 +153,11 @@
 #define DISK_DEFAULT_SLAB (256ull << 20)
 #define DISK_MAX_SLABS 4096
 #define DISK_CHUNK (1u << 20) /* bytes per aio request: several in flight */
+/* A streamed restore keeps up to this many bytes of extents (whole layers,
+ * at least one) in flight by default, so small extents still fill the
+ * device queue */
+#define DISK_READ_WINDOW (8ull << 20)
+#define DISK_STREAM_MAX_DEPTH 256 /* layers in flight, at most */
 #define DISK_RECORD_HEAD 80u  /* run record bytes before the hashes */
 #define DISK_MAX_RUN_ID (1ull << 48)
 
@@ -186,6 +191,7 @@ typedef struct DiskTier {
     bool is_durable;
     AioBackend backend;
     int queue_depth;
+    uint64_t read_window_bytes; /* disk_read_layers' bytes in flight */
     Aio *aio;
     uint64_t capacity_bytes;
     uint64_t slab_bytes;  /* data bytes of a new slab (the last may be less) */
@@ -237,27 +243,41 @@ static int staging_reserve(DiskTier *d, uint64_t n) {
     return MN_OK;
 }
 
+static int reqs_reserve(DiskTier *d, uint64_t n) {
+    if (n <= (uint64_t)d->reqs_cap) return MN_OK;
+    if (n > (uint64_t)INT32_MAX) return MN_ENOMEM;
+    AioReq *r = mn_realloc(d->reqs, (size_t)n * sizeof *r);
+    if (r == NULL) return MN_ENOMEM;
+    d->reqs = r;
+    d->reqs_cap = (int)n;
+    return MN_OK;
+}
+
+static uint64_t n_chunks(uint64_t len) { return (len + DISK_CHUNK - 1) / DISK_CHUNK; }
+
+/* Fill reqs[0..n_chunks(len)) for [buf, buf+len) <-> [offset, offset+len)
+ * of file, DISK_CHUNK bytes each; returns how many. */
+static int chunk_reqs(AioReq *reqs, unsigned op, const AioFile *file, uint8_t *buf, uint64_t offset, uint64_t len,
+                      void *user) {
+    int n = (int)n_chunks(len);
+    for (int i = 0; i < n; i++) {
+        uint64_t at = (uint64_t)i * DISK_CHUNK;
+        reqs[i] = (AioReq){.op = op,
+                           .file = file,
+                           .buf = buf + at,
+                           .offset = offset + at,
+                           .len = (size_t)(len - at < DISK_CHUNK ? len - at : DISK_CHUNK),
+                           .user = user};
+    }
+    return n;
+}
+
 /* Run [buf, buf+len) <-> [offset, offset+len) of file as DISK_CHUNK-sized
  * requests in flight together. */
 static int transfer(DiskTier *d, unsigned op, const AioFile *file, uint8_t *buf, uint64_t offset, uint64_t len) {
-    uint64_t n64 = (len + DISK_CHUNK - 1) / DISK_CHUNK;
-    if (n64 > (uint64_t)INT32_MAX) return MN_ENOMEM;
-    int n = (int)n64;
-    if (n > d->reqs_cap) {
-        AioReq *r = mn_realloc(d->reqs, (size_t)n * sizeof *r);
-        if (r == NULL) return MN_ENOMEM;
-        d->reqs = r;
-        d->reqs_cap = n;
-    }
-    for (int i = 0; i < n; i++) {
-        uint64_t at = (uint64_t)i * DISK_CHUNK;
-        d->reqs[i] = (AioReq){.op = op,
-                              .file = file,
-                              .buf = buf + at,
-                              .offset = offset + at,
-                              .len = (size_t)(len - at < DISK_CHUNK ? len - at : DISK_CHUNK)};
-    }
-    return aio_run(d->aio, d->reqs, n);
+    int rc = reqs_reserve(d, n_chunks(len));
+    if (rc != MN_OK) return rc;
+    return aio_run(d->aio, d->reqs, chunk_reqs(d->reqs, op, file, buf, offset, len, NULL));
 }
 
 /* Codes a medium failure may surface as, narrowed to what the core expects. */
@@ -843,6 +863,125 @@ static int disk_read_layer(void *kind, TierRun *run, int layer, const int32_t *i
     return MN_OK;
 }
 
+/* ---- streamed restore ------------------------------------------------------ */
+
+/* A restore of every layer of several runs, with the extents of `depth`
+ * consecutive layers in flight at once: layer l is read into staging slot
+ * l % depth (layer_bytes: the groups' extents side by side, in group
+ * order); its requests are reqs[slot * per_layer ...], each tagged with its
+ * group. When layer `next` has fully arrived it is checked, copied into the
+ * pool and reported, and its slot takes layer next + depth. A failed
+ * request stops the read when its layer's turn comes, so exactly the layers
+ * before it are reported. */
+typedef struct Stream {
+    DiskTier *d;
+    const TierReadGroup *groups;
+    int n_groups;
+    int depth;             /* layers in flight */
+    int per_layer;         /* requests per layer */
+    uint64_t layer_bytes;
+    int left[DISK_STREAM_MAX_DEPTH];      /* requests of each slot not yet back */
+    int rc[DISK_STREAM_MAX_DEPTH];        /* first failure in each slot */
+    int bad_group[DISK_STREAM_MAX_DEPTH]; /* whose request that was */
+} Stream;
+
+static int stream_submit(Stream *st, int layer) {
+    DiskTier *d = st->d;
+    int slot = layer % st->depth, k = slot * st->per_layer;
+    uint8_t *buf = d->staging + (uint64_t)slot * st->layer_bytes;
+    for (int g = 0; g < st->n_groups; g++) {
+        const DiskRun *dr = st->groups[g].run->data;
+        k += chunk_reqs(&d->reqs[k], AIO_OP_READ, &d->slabs[dr->slab].file, buf,
+                        dr->offset + (uint64_t)layer * dr->stride, dr->stride, (void *)(intptr_t)g);
+        buf += dr->stride;
+    }
+    st->left[slot] = st->per_layer;
+    st->rc[slot] = MN_OK;
+    return aio_submit(d->aio, &d->reqs[slot * st->per_layer], st->per_layer);
+}
+
+/* Take completions until the requests of staging slot `slot` are all back
+ * (or, with slot < 0, until nothing is outstanding). MN_EIO when the ring
+ * itself broke (requests may be lost in it). */
+static int stream_reap(Stream *st, int slot) {
+    DiskTier *d = st->d;
+    while (slot < 0 ? aio_n_outstanding(d->aio) > 0 : st->left[slot] > 0) {
+        AioReq *done[64];
+        int n_done;
+        int rc = aio_wait(d->aio, 1, 64, done, &n_done);
+        if (rc != MN_OK) return rc;
+        for (int i = 0; i < n_done; i++) {
+            int s = (int)((done[i] - d->reqs) / st->per_layer);
+            st->left[s]--;
+            if (done[i]->result != MN_OK && st->rc[s] == MN_OK) {
+                st->rc[s] = done[i]->result == MN_EFORMAT ? MN_ECHECKSUM : medium_code(done[i]->result);
+                st->bad_group[s] = (int)(intptr_t)done[i]->user;
+            }
+        }
+    }
+    return MN_OK;
+}
+
+/* Layer `layer` has arrived in its slot: verify each group's extent and
+ * copy its blocks into the pool; on a bad extent *bad_group says whose. */
+static int stream_place(Stream *st, int layer, KvPool *pool, int *bad_group) {
+    DiskTier *d = st->d;
+    const uint8_t *ext = d->staging + (uint64_t)(layer % st->depth) * st->layer_bytes;
+    for (int g = 0; g < st->n_groups; g++) {
+        const TierReadGroup *gr = &st->groups[g];
+        const DiskRun *dr = gr->run->data;
+        if (XXH3_64bits_withSeed(ext, (size_t)dr->stride, layer_seed(gr->run->id, layer)) != dr->checksums[layer]) {
+            *bad_group = g;
+            return MN_ECHECKSUM;
+        }
+        for (int k = 0; k < gr->n; k++)
+            memcpy(kvpool_k(pool, layer, gr->slots[k]), ext + (size_t)gr->idx[k] * d->block_bytes, d->block_bytes);
+        ext += dr->stride;
+    }
+    return MN_OK;
+}
+
+static int disk_read_layers(void *kind, const TierReadGroup *groups, int n_groups, KvPool *pool,
+                            TierLayerFn layer_fn, void *ctx, uint64_t *io_bytes, TierReadFailure *bad) {
+    DiskTier *d = kind;
+    Stream st = {.d = d, .groups = groups, .n_groups = n_groups};
+    uint64_t per_layer = 0;
+    for (int g = 0; g < n_groups; g++) {
+        uint64_t stride = ((const DiskRun *)groups[g].run->data)->stride;
+        st.layer_bytes += stride;
+        per_layer += n_chunks(stride);
+    }
+    uint64_t depth = d->read_window_bytes / st.layer_bytes;
+    if (depth < 1) depth = 1;
+    if (depth > (uint64_t)d->n_layer) depth = (uint64_t)d->n_layer;
+    st.depth = depth > DISK_STREAM_MAX_DEPTH ? DISK_STREAM_MAX_DEPTH : (int)depth;
+    st.per_layer = (int)per_layer;
+    int rc = staging_reserve(d, (uint64_t)st.depth * st.layer_bytes);
+    if (rc == MN_OK) rc = reqs_reserve(d, (uint64_t)st.depth * per_layer);
+    if (rc != MN_OK) return rc;
+
+    int n_submitted = 0, result = MN_OK;
+    for (; n_submitted < st.depth && rc == MN_OK; n_submitted++) rc = stream_submit(&st, n_submitted);
+    for (int l = 0; l < d->n_layer && rc == MN_OK; l++) {
+        int slot = l % st.depth;
+        if ((rc = stream_reap(&st, slot)) != MN_OK) break;
+        if ((result = st.rc[slot]) == MN_OK) {
+            *io_bytes += st.layer_bytes;
+            result = stream_place(&st, l, pool, &st.bad_group[slot]);
+        }
+        if (result != MN_OK) {
+            *bad = (TierReadFailure){st.bad_group[slot], l};
+            break;
+        }
+        if (layer_fn) layer_fn(ctx, l);
+        if (n_submitted < d->n_layer) rc = stream_submit(&st, n_submitted++);
+    }
+    /* the staging slots and requests must outlive every request in flight */
+    int drain = stream_reap(&st, -1);
+    if (rc == MN_OK) rc = drain;
+    return rc != MN_OK ? medium_code(rc) : result;
+}
+
 static void disk_touch(void *kind, TierRun *run) {
     DiskTier *d = kind;
     const DiskRun *dr = run->data;
@@ -942,6 +1081,7 @@ static const TierKindOps disk_ops = {
     .reserve = disk_reserve,
     .write = disk_write,
     .read_layer = disk_read_layer,
+    .read_layers = disk_read_layers,
     .touch = disk_touch,
     .release = disk_release,
     .close = disk_close,
@@ -995,6 +1135,7 @@ int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err) {
     d->is_durable = cfg->is_durable;
     d->backend = cfg->aio_backend;
     d->queue_depth = cfg->queue_depth > 0 ? cfg->queue_depth : 32;
+    d->read_window_bytes = cfg->read_window_bytes > 0 ? cfg->read_window_bytes : DISK_READ_WINDOW;
     d->capacity_bytes = capacity;
     d->slab_bytes = slab;
     d->store = cfg->store;

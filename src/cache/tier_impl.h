@@ -7,7 +7,7 @@
  * tier's owner thread only, never while another call into it is running,
  * and only for runs it has reserved and not yet released:
  *
- *   reserve -> write -> { read_layer [touch] }* -> release
+ *   reserve -> write -> { read_layer | read_layers [touch] }* -> release
  *   (a failed reserve needs no release; a failed write does)
  *
  * A persistent kind also brings back runs it stored in an earlier life:
@@ -35,6 +35,19 @@ typedef struct TierRun {
     Hash128 hashes[];                   /* (n_blocks) */
 } TierRun;
 
+/* One run's share of a multi-layer read: blocks idx[k] of run go to pool
+ * slots[k], k < n. */
+typedef struct TierReadGroup {
+    TierRun *run;
+    const int32_t *idx, *slots;
+    int n;
+} TierReadGroup;
+
+/* Where a multi-layer read found a bad extent. */
+typedef struct TierReadFailure {
+    int group, layer;
+} TierReadFailure;
+
 typedef struct TierKindOps {
     const char *name;
     /* Bytes a run of n_blocks takes on the medium (counted against the
@@ -54,6 +67,13 @@ typedef struct TierKindOps {
      * from the medium. MN_ECHECKSUM, MN_EIO, MN_ENOMEM. */
     int (*read_layer)(void *kind, TierRun *run, int layer, const int32_t *idx, const int32_t *slots, int n,
                       KvPool *pool, uint64_t *io_bytes);
+    /* Copy every layer of the groups into the pool, layer 0 first, calling
+     * layer_fn(ctx, l) (when not NULL) once layer l of every group is
+     * verified and in place; *io_bytes = bytes read from the medium. On
+     * MN_ECHECKSUM *bad = the group and layer whose extent failed. May be
+     * NULL: the core then calls read_layer per layer and group. */
+    int (*read_layers)(void *kind, const TierReadGroup *groups, int n_groups, KvPool *pool, TierLayerFn layer_fn,
+                       void *ctx, uint64_t *io_bytes, TierReadFailure *bad);
     /* run->last_used changed (a read of layer 0); may be NULL. Failures
      * are the kind's to log: the read itself succeeded. */
     void (*touch)(void *kind, TierRun *run);

@@ -131,7 +131,7 @@ static int metrics_setup(Server *s) {
         {"mnemo_tier_bytes_read_total", "Bytes read from a cache tier", METRIC_COUNTER, NULL, 0, &s->f_tier_read},
         {"mnemo_tier_bytes_written_total", "Bytes written to a cache tier", METRIC_COUNTER, NULL, 0,
          &s->f_tier_written},
-        {"mnemo_tier_read_seconds", "Time of one layer read from a cache tier", METRIC_HISTOGRAM, mover_io_bounds,
+        {"mnemo_tier_read_seconds", "Time of one restore read from a cache tier (every layer of a load)", METRIC_HISTOGRAM, mover_io_bounds,
          MOVER_IO_BUCKETS, &s->f_tier_read_s},
         {"mnemo_tier_write_seconds", "Time of one run written to a cache tier", METRIC_HISTOGRAM, mover_io_bounds,
          MOVER_IO_BUCKETS, &s->f_tier_write_s},
