@@ -676,10 +676,15 @@ static void test_tiers_disk_full(void **state) {
                  tier_metric(s, "mnemo_tier_bytes_written_total", "disk"),
                  tier_metric(s, "mnemo_tier_occupancy_bytes", "disk"));
     struct statvfs vfs;
-    if (f->is_mounted && statvfs(f->dir, &vfs) == 0)
-        fprintf(stderr, "(the tmpfs has %llu of %llu KiB free)\n",
-                (unsigned long long)vfs.f_bavail * vfs.f_frsize / 1024,
+    if (f->is_mounted) {
+        assert_int_equal(statvfs(f->dir, &vfs), 0);
+        unsigned long long left = (unsigned long long)vfs.f_bavail * vfs.f_frsize;
+        fprintf(stderr, "(the tmpfs has %llu of %llu KiB free)\n", left / 1024,
                 (unsigned long long)vfs.f_blocks * vfs.f_frsize / 1024);
+        /* the device really ran out: less room is left than one run takes
+         * (5 layers of at least a 4 KiB page) */
+        if (left >= 20 * 1024) fail_msg("the tmpfs never filled up: %llu bytes free", left);
+    }
     /* idle now: a full disk must not be retried in a loop (checked last) */
     size_t len0 = 0, len1 = 0;
     usleep(300000);

@@ -689,7 +689,7 @@ static int32_t choose_victim(void *ctx, const KvPool *p) {
 }
 
 /* The look-ahead window: the first waiting requests, as many as the free
- * capacity holds on average. With a window policy, mark their cached
+ * capacity holds at their mean cached size. With a window policy, mark their cached
  * blocks so the policy keeps them (tail of the window first when it must);
  * with tiers, prefetch what they will restore. */
 static void mark_window(Engine *e) {
@@ -700,8 +700,15 @@ static void mark_window(Engine *e) {
         for (int i = 0; i < e->pool.n_blocks; i++) e->slot_window[i] = -1;
     e->has_window_marks = is_marking && e->n_waiting > 0;
     if (e->n_waiting == 0) return;
+    /* AttentionStore's window: as many requests as the capacity left for
+     * cached KV (free slots and reclaimable cached ones) holds, at the mean
+     * cached size of a waiting request */
     double mean = 0;
-    for (Active *a = e->waiting; a; a = a->next) mean += (double)blocks_needed(e, a, 0);
+    for (Active *a = e->waiting; a; a = a->next) {
+        int first, end;
+        cached_blocks(e, a, &first, &end);
+        mean += (double)(end - first);
+    }
     mean /= e->n_waiting;
     int len = policy_window_len((double)kvpool_n_available(&e->pool), mean, e->n_waiting);
     int idx = 0;
