@@ -86,7 +86,9 @@
  * Reopening (tier_disk_new with a store). Slab files 0, 1, ... are
  * adopted as they are (not truncated) up to the first missing or unusable
  * one; that one and every later slab file are deleted (their runs cannot
- * be adopted) and made afresh when needed. Each row of `runs` is then
+ * be adopted) and made afresh when needed — except a slab of another
+ * format version (valid magic, version != 1): the directory is then
+ * refused (MN_EFORMAT, a message naming both versions), nothing deleted. Each row of `runs` is then
  * validated as above; invalid rows are deleted (LOG_WARN with the reason)
  * and their pages stay free. Valid runs are adopted in order of last use,
  * so the least recently used go first when the budget has shrunk; a block
@@ -520,8 +522,10 @@ static int slab_file_id(const char *name) {
 }
 
 /* Adopt slab files 0, 1, ... while they exist and are usable for this
- * tier; delete the first unusable one and every later one. */
-static int slabs_reopen(DiskTier *d) {
+ * tier; delete the first unusable one and every later one. A slab of
+ * another format version is not ours to delete: MN_EFORMAT, nothing
+ * touched, and *version says which. */
+static int slabs_reopen(DiskTier *d, uint32_t *version) {
     for (int id = 0; id < DISK_MAX_SLABS; id++) {
         char path[4096];
         slab_path(d, id, path, sizeof path);
@@ -530,7 +534,7 @@ static int slabs_reopen(DiskTier *d) {
             if (errno != ENOENT) LOG_WARN("disk tier: cannot open %s: %s; starting it over", path, strerror(errno));
             break;
         }
-        uint8_t h[64];
+        uint8_t h[64] = {0};
         struct stat st;
         uint64_t data_bytes = 0;
         const char *why = NULL;
@@ -538,6 +542,10 @@ static int slabs_reopen(DiskTier *d) {
         else if (pread(fd, h, sizeof h, 0) != (ssize_t)sizeof h) why = "shorter than a slab header";
         else why = slab_header_check(d, id, h, (uint64_t)st.st_size, &data_bytes);
         close(fd);
+        if (why != NULL && memcmp(h, "MNEMOSLB", 8) == 0 && get_u32(h + 8) != DISK_FORMAT_VERSION) {
+            *version = get_u32(h + 8);
+            return MN_EFORMAT;
+        }
         if (why != NULL) {
             LOG_WARN("disk tier: %s: %s; starting it over", path, why);
             break;
@@ -1152,10 +1160,16 @@ int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err) {
     if (d->store != NULL) {
         /* adopted slabs may be more (or other) than this budget would make;
          * new ones are made only while the slabs fall short of it */
-        rc = slabs_reopen(d);
+        uint32_t version = 0;
+        rc = slabs_reopen(d, &version);
         if (rc == MN_OK) rc = slabs_grow(d, d->n_slabs + max_new_slabs);
         if (rc != MN_OK) {
             disk_free(d);
+            if (rc == MN_EFORMAT)
+                return mn_err_set(err, rc,
+                                  "disk tier: %s holds data of format version %u, this build uses %u: move the "
+                                  "directory away (its cache is then rebuilt) or use the mnemo that wrote it",
+                                  cfg->dir, version, DISK_FORMAT_VERSION);
             return mn_err_set(err, rc, "disk tier: reopening %s: %s", cfg->dir, mn_strerror(rc));
         }
     }
