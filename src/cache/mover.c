@@ -1,8 +1,10 @@
 /* mover.c — the mover thread (see mover.h).
  *
  * One thread, two FIFO queues under one mutex: loads (reads) and
- * everything else (writes). The thread always takes a load first, so a
- * restore waiting to be computed never queues behind write-behind. A job
+ * everything else (writes). The thread always takes loads first, so a
+ * restore waiting to be computed never queues behind write-behind; the
+ * loads queued at that moment (up to MOVER_MAX_BATCH) are read together,
+ * one streamed read per tier. A job
  * runs to completion without the lock; its events go out through the
  * on_event callback as they happen.
  *
@@ -181,48 +183,60 @@ static int sub_reserve(Mover *m, int n) {
     return MN_OK;
 }
 
-typedef struct LoadCtx {
+/* Loads taken together: one streamed read per tier for all of them, so
+ * small restores queued at once move as one larger transfer. */
+#define MOVER_MAX_BATCH 8
+
+typedef struct LoadBatch {
     Mover *m;
-    MoverJob *j;
-} LoadCtx;
+    MoverJob *jobs[MOVER_MAX_BATCH];
+    int n_jobs;
+} LoadBatch;
 
 static void on_layer(void *ctx, int layer) {
-    LoadCtx *lc = ctx;
-    post_layer(lc->m, lc->j, layer);
+    LoadBatch *b = ctx;
+    for (int i = 0; i < b->n_jobs; i++) post_layer(b->m, b->jobs[i], layer);
 }
 
-/* Each tier's share of the job in chain order, every layer of it; the
- * share of the last (slowest) tier involved is streamed and posts a LAYER
- * event as each layer is in place, the faster tiers' shares being in the
- * pool by then. */
-static void run_load(Mover *m, MoverJob *j) {
-    j->rc = sub_reserve(m, j->n);
-    int last = -1;
-    for (int k = 0; k < j->n && j->rc == MN_OK; k++) {
-        if (j->tier[k] >= m->n_tiers) j->rc = MN_EINVAL;
-        else if (j->tier[k] > last) last = j->tier[k];
+/* Each tier's share of the batch's blocks in chain order, every layer of
+ * it; the share of the last (slowest) tier involved is streamed and posts
+ * a LAYER event of every job as each layer is in place, the faster tiers'
+ * shares being in the pool by then. A failure fails every job of the
+ * batch (their blocks are recomputed). */
+static void run_loads(Mover *m, LoadBatch *b) {
+    int n_total = 0, last = -1, rc = MN_OK, failed_tier = -1;
+    for (int i = 0; i < b->n_jobs; i++) {
+        MoverJob *j = b->jobs[i];
+        n_total += j->n;
+        for (int k = 0; k < j->n; k++) {
+            if (j->tier[k] >= m->n_tiers) rc = MN_EINVAL;
+            else if (j->tier[k] > last) last = j->tier[k];
+        }
     }
-    LoadCtx lc = {m, j};
-    for (int i = 0; i <= last && j->rc == MN_OK; i++) {
+    if (rc == MN_OK) rc = sub_reserve(m, n_total);
+    for (int t = 0; t <= last && rc == MN_OK; t++) {
         int n = 0;
-        for (int k = 0; k < j->n; k++)
-            if (j->tier[k] == i) {
-                m->sub_hashes[n] = j->hashes[k];
-                m->sub_slots[n++] = j->slots[k];
-            }
+        for (int i = 0; i < b->n_jobs; i++)
+            for (int k = 0; k < b->jobs[i]->n; k++)
+                if (b->jobs[i]->tier[k] == t) {
+                    m->sub_hashes[n] = b->jobs[i]->hashes[k];
+                    m->sub_slots[n++] = b->jobs[i]->slots[k];
+                }
         if (n == 0) continue;
         double t0 = mn_now();
-        int rc = tier_read_layers(m->tiers[i], m->sub_hashes, n, m->cfg.pool, m->sub_slots, i == last ? on_layer : NULL,
-                                  &lc);
+        rc = tier_read_layers(m->tiers[t], m->sub_hashes, n, m->cfg.pool, m->sub_slots, t == last ? on_layer : NULL, b);
         if (rc != MN_OK) {
-            j->rc = rc;
-            j->failed_tier = i;
-            LOG_WARN("mover: restoring %d blocks from the %s tier failed: %s", n, tier_name(m->tiers[i]),
+            failed_tier = t;
+            LOG_WARN("mover: restoring %d blocks from the %s tier failed: %s", n, tier_name(m->tiers[t]),
                      mn_strerror(rc));
         } else {
-            observe(&m->reads[i], mn_now() - t0);
+            observe(&m->reads[t], mn_now() - t0);
         }
-        publish_stats(m, i);
+        publish_stats(m, t);
+    }
+    for (int i = 0; i < b->n_jobs; i++) {
+        b->jobs[i]->rc = rc;
+        b->jobs[i]->failed_tier = failed_tier;
     }
 }
 
@@ -257,9 +271,19 @@ static void *mover_main(void *arg) {
         pthread_mutex_lock(&m->lock);
         while (!m->reads_head && !m->writes_head) pthread_cond_wait(&m->cond, &m->lock);
         MoverJob *j;
-        if (m->reads_head) {
-            j = m->reads_head;
-            if ((m->reads_head = j->next) == NULL) m->reads_tail = NULL;
+        if (m->reads_head) { /* every queued load, up to a batch */
+            LoadBatch b = {.m = m};
+            while (m->reads_head && b.n_jobs < MOVER_MAX_BATCH) {
+                b.jobs[b.n_jobs++] = m->reads_head;
+                if ((m->reads_head = m->reads_head->next) == NULL) m->reads_tail = NULL;
+            }
+            pthread_mutex_unlock(&m->lock);
+            run_loads(m, &b);
+            for (int i = 0; i < b.n_jobs; i++) {
+                b.jobs[i]->next = NULL;
+                post_done(m, b.jobs[i]);
+            }
+            continue;
         } else {
             j = m->writes_head;
             if ((m->writes_head = j->next) == NULL) m->writes_tail = NULL;
@@ -268,7 +292,7 @@ static void *mover_main(void *arg) {
         j->next = NULL;
         switch (j->kind) {
         case MOVER_SAVE: run_save(m, j); break;
-        case MOVER_LOAD: run_load(m, j); break;
+        case MOVER_LOAD: break; /* taken above */
         case MOVER_EXPIRE: run_expire(m, j); break;
         case MOVER_REPLY: run_reply(m, j); break;
         case MOVER_CONV: run_conv(m, j); break;
