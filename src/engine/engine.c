@@ -543,9 +543,10 @@ static bool try_admit(Engine *e, Active *a) {
     for (int i = first; i < end; i++) {
         if (!ok) {
             if (blocks[i] >= 0) kvpool_release(&e->pool, blocks[i]);
-        } else if (blocks[i] < 0) {
+        } else if (blocks[i] < 0) { /* restoring into a fresh slot */
             blocks[i] = index_lookup(e->index, &a->hashes[i]);
             kvpool_retain(&e->pool, blocks[i]);
+            note_block(e, blocks[i], a, i);
         }
     }
     for (int i = 0; ok && i < total; i++) {
@@ -672,8 +673,7 @@ static bool ensure_blocks(Engine *e, Active *a) {
 static void record_block(Engine *e, Active *a, int i) {
     int32_t slot = a->seq.blocks[i];
     if (index_insert(e->index, &a->hashes[i], slot) != 1) return;
-    e->slot_pos[slot] = i * e->opt.block_tokens;
-    e->slot_conv[slot] = a->conv;
+    note_block(e, slot, a, i);
 }
 
 /* The eviction policy (KvChooseFn): score every CACHED slot and take the
@@ -1035,13 +1035,14 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         e->b_logit = mn_calloc((size_t)np, sizeof(int32_t));
         size_t nb = (size_t)e->pool.n_blocks;
         e->slot_pos = mn_calloc(nb, sizeof *e->slot_pos);
+        e->slot_inserted = mn_calloc(nb, sizeof *e->slot_inserted);
         e->slot_conv = mn_calloc(nb, sizeof *e->slot_conv);
         e->slot_window = mn_malloc(nb * sizeof *e->slot_window);
         e->cands = mn_malloc(nb * sizeof *e->cands);
         e->keys = mn_malloc(nb * sizeof *e->keys);
         e->slot_load = mn_calloc(nb, sizeof *e->slot_load);
         e->slot_saving = mn_calloc(nb, 1);
-        if (!e->slot_pos || !e->slot_conv || !e->slot_window || !e->cands || !e->keys || !e->slot_load ||
+        if (!e->slot_pos || !e->slot_inserted || !e->slot_conv || !e->slot_window || !e->cands || !e->keys || !e->slot_load ||
             !e->slot_saving)
             rc = MN_ENOMEM;
         else {
@@ -1126,6 +1127,7 @@ void engine_free(Engine *e) {
     mn_free(e->b_logit);
     mn_free(e->piece);
     mn_free(e->slot_pos);
+    mn_free(e->slot_inserted);
     mn_free(e->slot_conv);
     mn_free(e->slot_window);
     mn_free(e->cands);

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "base/clock.h"
 #include "cache/index.h"
 #include "cache/kv_pool.h"
 #include "cache/mover.h"
@@ -90,6 +91,7 @@ struct Engine {
     /* eviction policy state, per pool slot (engine thread) */
     int32_t *slot_pos;       /* position of the block's first token in its sequence */
     uint64_t *slot_conv;     /* its conversation (0: none) */
+    double *slot_inserted;   /* when it was indexed (computed or restored) */
     int32_t *slot_window;    /* index of its request in the look-ahead window, -1 */
     bool has_window_marks;   /* some slot_window entry may be set */
     EvictCand *cands;        /* (n_blocks) scratch for choose_victim */
@@ -140,8 +142,20 @@ struct Engine {
 };
 
 static inline EvictCand slot_cand(const Engine *e, int32_t s) {
-    return (EvictCand){(uint64_t)s, e->slot_conv[s], e->slot_pos[s], e->slot_window[s], e->pool.cached_at[s],
-                       e->pool.cached_at[s]};
+    return (EvictCand){.id = (uint64_t)s,
+                       .conv = e->slot_conv[s],
+                       .pos = e->slot_pos[s],
+                       .window_idx = e->slot_window[s],
+                       .last_access = e->pool.cached_at[s],
+                       .inserted = e->slot_inserted[s]};
+}
+
+/* Slot holds block i of a's sequence, just indexed: what the policies
+ * need of it (position, conversation, insertion time for fifo). */
+static inline void note_block(Engine *e, int32_t slot, const Active *a, int i) {
+    e->slot_pos[slot] = i * e->opt.block_tokens;
+    e->slot_conv[slot] = a->conv;
+    e->slot_inserted[slot] = mn_now();
 }
 
 /* ---- engine_tiers.c ------------------------------------------------------------- */

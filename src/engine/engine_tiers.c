@@ -364,10 +364,15 @@ CacheSource tiers_block_source(const Engine *e, const Hash128 *h) {
 void tiers_prefetch(Engine *e, Active *a, int first, int end) {
     if (e->mover == NULL) return;
     Hash128 hs[SAVE_MAX_RUN];
+    int at[SAVE_MAX_RUN];
     int n = 0;
     for (int b = first; b < end && n < SAVE_MAX_RUN; b++)
-        if (index_lookup(e->index, &a->hashes[b]) < 0) hs[n++] = a->hashes[b];
-    if (n > 0 && kvpool_n_free(&e->pool) - n >= e->reserve_blocks) tiers_start_load(e, hs, n, true);
+        if (index_lookup(e->index, &a->hashes[b]) < 0) {
+            at[n] = b;
+            hs[n++] = a->hashes[b];
+        }
+    if (n == 0 || kvpool_n_free(&e->pool) - n < e->reserve_blocks || tiers_start_load(e, hs, n, true) != MN_OK) return;
+    for (int k = 0; k < n; k++) note_block(e, index_lookup(e->index, &hs[k]), a, at[k]);
 }
 
 /* A reopened tier holds these blocks (mover_new, before any request). */
