@@ -162,7 +162,10 @@ static void check_concurrent_tiers(const char *model, bool prefix_cache, int poo
     if (ram_tier_mb) settle(e);
     for (int i = 0; i < N; i++) {
         char *ref = reference_text(m, jobs[i].prompt, jobs[i].n_prompt, jobs[i].n_gen);
-        if (strcmp(ref, jobs[i].text) != 0) fail_msg("request %d: '%s' != alone '%s'", i, jobs[i].text, ref);
+        if (strcmp(ref, jobs[i].text) != 0)
+            fail_msg("request %d (finish %d, %d of %d tokens generated, %d prompt): '%s' != alone '%s'", i,
+                     (int)jobs[i].res.finish, jobs[i].res.n_generated, jobs[i].n_gen, jobs[i].n_prompt, jobs[i].text,
+                     ref);
         assert_int_equal(jobs[i].res.finish, FINISH_LENGTH);
         assert_int_equal(jobs[i].res.n_generated, jobs[i].n_gen);
         free(ref);
