@@ -292,7 +292,11 @@ static void *mover_main(void *arg) {
         j->next = NULL;
         switch (j->kind) {
         case MOVER_SAVE: run_save(m, j); break;
-        case MOVER_LOAD: break; /* taken above */
+        case MOVER_LOAD: { /* not queued here (mover_submit), but served alike */
+            LoadBatch b = {.m = m, .jobs = {j}, .n_jobs = 1};
+            run_loads(m, &b);
+            break;
+        }
         case MOVER_EXPIRE: run_expire(m, j); break;
         case MOVER_REPLY: run_reply(m, j); break;
         case MOVER_CONV: run_conv(m, j); break;

@@ -442,9 +442,9 @@ static int group_by_run(Tier *t, const Hash128 *hashes, int n_blocks, KvPool *po
     return MN_OK;
 }
 
-/* What a read of group g's run returned: a checksum failure drops the run,
- * an I/O error is sticky, success makes the run most recently used (and a
- * read of layer 0 counts as a use). */
+/* Settle what a read of run r's layer returned: a checksum failure drops
+ * the run, an I/O error is sticky (r may be NULL then), success makes the
+ * run most recently used (and a read of layer 0 counts as a use). */
 static int read_outcome(Tier *t, TierRun *r, int layer, int rc) {
     if (rc == MN_ECHECKSUM) {
         assert(r != NULL);

@@ -853,6 +853,18 @@ static int disk_write(void *kind, TierRun *run, const KvPool *pool, const int32_
     return MN_OK;
 }
 
+/* Layer `layer` of run has arrived at ext (its whole extent): verify it and
+ * copy blocks idx[k] into pool slots[k]. MN_ECHECKSUM when it is damaged. */
+static int extent_place(const DiskTier *d, const TierRun *run, int layer, const uint8_t *ext, const int32_t *idx,
+                        const int32_t *slots, int n, KvPool *pool) {
+    const DiskRun *dr = run->data;
+    if (XXH3_64bits_withSeed(ext, (size_t)dr->stride, layer_seed(run->id, layer)) != dr->checksums[layer])
+        return MN_ECHECKSUM;
+    for (int k = 0; k < n; k++)
+        memcpy(kvpool_k(pool, layer, slots[k]), ext + (size_t)idx[k] * d->block_bytes, d->block_bytes);
+    return MN_OK;
+}
+
 static int disk_read_layer(void *kind, TierRun *run, int layer, const int32_t *idx, const int32_t *slots, int n,
                            KvPool *pool, uint64_t *io_bytes) {
     DiskTier *d = kind;
@@ -864,11 +876,7 @@ static int disk_read_layer(void *kind, TierRun *run, int layer, const int32_t *i
     if (rc == MN_EFORMAT) return MN_ECHECKSUM; /* the file is shorter than the extent */
     if (rc != MN_OK) return medium_code(rc);
     *io_bytes = dr->stride;
-    if (XXH3_64bits_withSeed(d->staging, (size_t)dr->stride, layer_seed(run->id, layer)) != dr->checksums[layer])
-        return MN_ECHECKSUM;
-    for (int k = 0; k < n; k++)
-        memcpy(kvpool_k(pool, layer, slots[k]), d->staging + (size_t)idx[k] * d->block_bytes, d->block_bytes);
-    return MN_OK;
+    return extent_place(d, run, layer, d->staging, idx, slots, n, pool);
 }
 
 /* ---- streamed restore ------------------------------------------------------ */
@@ -937,14 +945,11 @@ static int stream_place(Stream *st, int layer, KvPool *pool, int *bad_group) {
     const uint8_t *ext = d->staging + (uint64_t)(layer % st->depth) * st->layer_bytes;
     for (int g = 0; g < st->n_groups; g++) {
         const TierReadGroup *gr = &st->groups[g];
-        const DiskRun *dr = gr->run->data;
-        if (XXH3_64bits_withSeed(ext, (size_t)dr->stride, layer_seed(gr->run->id, layer)) != dr->checksums[layer]) {
+        if (extent_place(d, gr->run, layer, ext, gr->idx, gr->slots, gr->n, pool) != MN_OK) {
             *bad_group = g;
             return MN_ECHECKSUM;
         }
-        for (int k = 0; k < gr->n; k++)
-            memcpy(kvpool_k(pool, layer, gr->slots[k]), ext + (size_t)gr->idx[k] * d->block_bytes, d->block_bytes);
-        ext += dr->stride;
+        ext += ((const DiskRun *)gr->run->data)->stride;
     }
     return MN_OK;
 }
