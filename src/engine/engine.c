@@ -525,7 +525,7 @@ static bool try_admit(Engine *e, Active *a) {
      * hits are taken first, so restoring and allocating cannot evict them. */
     int total = n_hit + need;
     int32_t *blocks = mn_malloc((size_t)(total > 0 ? total : 1) * sizeof *blocks);
-    Hash128 *to_load = mn_malloc((size_t)(n_load > 0 ? n_load : 1) * sizeof *to_load);
+    int *to_load = mn_malloc((size_t)(n_load > 0 ? n_load : 1) * sizeof *to_load);
     if (blocks == NULL || to_load == NULL) {
         mn_free(blocks);
         mn_free(to_load);
@@ -536,9 +536,9 @@ static bool try_admit(Engine *e, Active *a) {
     for (int i = first; i < end; i++) {
         blocks[i] = index_lookup(e->index, &a->hashes[i]);
         if (blocks[i] >= 0) kvpool_retain(&e->pool, blocks[i]);
-        else to_load[n_load++] = a->hashes[i];
+        else to_load[n_load++] = i;
     }
-    bool ok = tiers_start_load(e, to_load, n_load, false) == MN_OK;
+    bool ok = tiers_start_load(e, a, to_load, n_load, false) == MN_OK;
     mn_free(to_load);
     for (int i = first; i < end; i++) {
         if (!ok) {
@@ -546,7 +546,6 @@ static bool try_admit(Engine *e, Active *a) {
         } else if (blocks[i] < 0) { /* restoring into a fresh slot */
             blocks[i] = index_lookup(e->index, &a->hashes[i]);
             kvpool_retain(&e->pool, blocks[i]);
-            note_block(e, blocks[i], a, i);
         }
     }
     for (int i = 0; ok && i < total; i++) {
@@ -689,9 +688,9 @@ static int32_t choose_victim(void *ctx, const KvPool *p) {
 }
 
 /* The look-ahead window: the first waiting requests, as many as the free
- * capacity holds at their mean cached size. With a window policy, mark their cached
- * blocks so the policy keeps them (tail of the window first when it must);
- * with tiers, prefetch what they will restore. */
+ * capacity holds at their mean cached size. With a window policy, mark
+ * their cached blocks so the policy keeps them (tail of the window first
+ * when it must); with tiers, prefetch what they will restore. */
 static void mark_window(Engine *e) {
     bool is_marking = policy_uses_window(e->opt.evict);
     if (e->index == NULL || (!is_marking && e->mover == NULL)) return;
@@ -1042,8 +1041,8 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         e->keys = mn_malloc(nb * sizeof *e->keys);
         e->slot_load = mn_calloc(nb, sizeof *e->slot_load);
         e->slot_saving = mn_calloc(nb, 1);
-        if (!e->slot_pos || !e->slot_inserted || !e->slot_conv || !e->slot_window || !e->cands || !e->keys || !e->slot_load ||
-            !e->slot_saving)
+        if (!e->slot_pos || !e->slot_inserted || !e->slot_conv || !e->slot_window || !e->cands || !e->keys ||
+            !e->slot_load || !e->slot_saving)
             rc = MN_ENOMEM;
         else {
             for (size_t i = 0; i < nb; i++) e->slot_window[i] = -1;

@@ -172,10 +172,10 @@ void tiers_take_events(Engine *e, bool block);
 void tiers_save_active(Engine *e, Active *a);
 /* Write-behind under the swap watermark. */
 void tiers_save_cold(Engine *e);
-/* Start restoring blocks hs[0..n) (each held by a tier, in no pool slot)
- * into fresh slots, indexed at once; MN_EFULL when the pool lacks slots
- * (with free_only: FREE ones), MN_ENOMEM. */
-int tiers_start_load(Engine *e, const Hash128 *hs, int n, bool free_only);
+/* Start restoring blocks at[0..n) of a (each held by a tier, in no pool
+ * slot) into fresh slots, indexed at once; MN_EFULL when the pool lacks
+ * slots (with free_only: FREE ones), MN_ENOMEM. */
+int tiers_start_load(Engine *e, const Active *a, const int *at, int n, bool free_only);
 /* Prefetch the blocks of waiting request a's cached run [first, end) that
  * only a tier holds into free slots. */
 void tiers_prefetch(Engine *e, Active *a, int first, int end);

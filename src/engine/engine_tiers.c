@@ -141,12 +141,13 @@ static int best_tier(const Engine *e, const Hash128 *h) {
     return -1;
 }
 
-/* Start restoring blocks hs[0..n), each held by a tier and in no pool
- * slot: a fresh slot for each, indexed at once so other requests share the
- * restore, and one LOAD job. The load holds a reference on each slot
- * until it is done. MN_EFULL (nothing started) when the pool has too few
- * slots; with free_only, only FREE slots are taken (no eviction). */
-int tiers_start_load(Engine *e, const Hash128 *hs, int n, bool free_only) {
+/* Start restoring blocks at[0..n) of a, each held by a tier and in no
+ * pool slot: a fresh slot for each, indexed at once (with what the
+ * policies need of it) so other requests share the restore, and one LOAD
+ * job. The load holds a reference on each slot until it is done. MN_EFULL
+ * (nothing started) when the pool has too few slots; with free_only, only
+ * FREE slots are taken (no eviction). */
+int tiers_start_load(Engine *e, const Active *a, const int *at, int n, bool free_only) {
     if (n == 0) return MN_OK;
     if ((free_only ? kvpool_n_free(&e->pool) : kvpool_n_available(&e->pool)) < n) return MN_EFULL;
     Load *ld = mn_calloc(1, sizeof *ld);
@@ -158,12 +159,13 @@ int tiers_start_load(Engine *e, const Hash128 *hs, int n, bool free_only) {
     }
     int k = 0, rc = MN_OK;
     for (; k < n && rc == MN_OK; k++) {
-        int tier = best_tier(e, &hs[k]);
-        if (tier < 0 || index_lookup(e->index, &hs[k]) >= 0) rc = MN_EINVAL; /* the caller checked */
+        const Hash128 *h = &a->hashes[at[k]];
+        int tier = best_tier(e, h);
+        if (tier < 0 || index_lookup(e->index, h) >= 0) rc = MN_EINVAL; /* the caller checked */
         else if ((rc = kvpool_alloc(&e->pool, &j->slots[k])) == MN_OK) {
-            j->hashes[k] = hs[k];
+            j->hashes[k] = *h;
             j->tier[k] = (uint8_t)tier;
-            if (index_insert(e->index, &hs[k], j->slots[k]) != 1) {
+            if (index_insert(e->index, h, j->slots[k]) != 1) {
                 kvpool_release(&e->pool, j->slots[k]);
                 rc = MN_ENOMEM;
             }
@@ -183,7 +185,10 @@ int tiers_start_load(Engine *e, const Hash128 *hs, int n, bool free_only) {
         mover_job_free(j);
         return rc;
     }
-    for (int i = 0; i < n; i++) e->slot_load[j->slots[i]] = ld;
+    for (int i = 0; i < n; i++) {
+        e->slot_load[j->slots[i]] = ld;
+        note_block(e, j->slots[i], a, at[i]);
+    }
     if (e->loads_tail) e->loads_tail->next = ld;
     else e->loads = ld;
     e->loads_tail = ld;
@@ -363,16 +368,11 @@ CacheSource tiers_block_source(const Engine *e, const Hash128 *h) {
  * FREE slots beyond the decode reserve: prefetching never evicts. */
 void tiers_prefetch(Engine *e, Active *a, int first, int end) {
     if (e->mover == NULL) return;
-    Hash128 hs[SAVE_MAX_RUN];
     int at[SAVE_MAX_RUN];
     int n = 0;
     for (int b = first; b < end && n < SAVE_MAX_RUN; b++)
-        if (index_lookup(e->index, &a->hashes[b]) < 0) {
-            at[n] = b;
-            hs[n++] = a->hashes[b];
-        }
-    if (n == 0 || kvpool_n_free(&e->pool) - n < e->reserve_blocks || tiers_start_load(e, hs, n, true) != MN_OK) return;
-    for (int k = 0; k < n; k++) note_block(e, index_lookup(e->index, &hs[k]), a, at[k]);
+        if (index_lookup(e->index, &a->hashes[b]) < 0) at[n++] = b;
+    if (n > 0 && kvpool_n_free(&e->pool) - n >= e->reserve_blocks) tiers_start_load(e, a, at, n, true);
 }
 
 /* A reopened tier holds these blocks (mover_new, before any request). */
