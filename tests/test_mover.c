@@ -70,10 +70,27 @@ static void sink_wait_done(Sink *s, int n) {
     pthread_mutex_unlock(&s->lock);
 }
 
+/* Let the mover out of the DONE it is held in (is_holding). */
+static void sink_release(Sink *s) {
+    pthread_mutex_lock(&s->lock);
+    s->is_holding = false;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
 static void sink_free(Sink *s) {
     for (int i = 0; i < s->n_done; i++) mover_job_free(s->done[i]);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->cond);
+}
+
+/* A mover with only a 16 MiB disk tier in dir, reporting to sink. */
+static Mover *disk_mover(KvPool *p, const char *dir, Sink *sink) {
+    MoverConfig mc = {.pool = p, .disk_dir = dir, .disk_bytes = 16 << 20, .on_event = on_event, .event_ctx = sink};
+    Mover *m;
+    MnErr err = {0};
+    if (mover_new(&mc, &m, &err) != MN_OK) fail_msg("mover_new: %s", err.msg);
+    return m;
 }
 
 static char *make_tmpdir(void) { return test_make_dir(strdup("/tmp/mnemo-test-mover-XXXXXX")); }
@@ -183,10 +200,7 @@ static void test_reads_before_writes(void **state) {
     MoverJob *ld = load_job(0, 4, 40, 0, 2);
     ld->id = 99;
     assert_int_equal(mover_submit(m, ld), MN_OK);
-    pthread_mutex_lock(&sink.lock);
-    sink.is_holding = false;
-    pthread_cond_broadcast(&sink.cond);
-    pthread_mutex_unlock(&sink.lock);
+    sink_release(&sink);
     sink_wait_done(&sink, 6);
     assert_int_equal(sink.done[1]->id, 99); /* before every save queued ahead of it */
     assert_int_equal(sink.done[1]->rc, MN_OK);
@@ -212,21 +226,14 @@ static void test_loads_batched(void **state) {
     char *dir = make_tmpdir();
     Sink sink;
     sink_init(&sink);
-    MoverConfig mc = {.pool = &p, .disk_dir = dir, .disk_bytes = 16 << 20, .on_event = on_event,
-                      .event_ctx = &sink};
-    Mover *m;
-    MnErr err = {0};
-    assert_int_equal(mover_new(&mc, &m, &err), MN_OK);
+    Mover *m = disk_mover(&p, dir, &sink);
     for (int k = 0; k < 3; k++) assert_int_equal(mover_submit(m, save_job(4 * k, 4)), MN_OK);
     sink_wait_done(&sink, 3);
     sink.is_holding = true;
     assert_int_equal(mover_submit(m, save_job(0, 4)), MN_OK); /* the mover waits in its DONE */
     sink_wait_done(&sink, 4);
     for (int k = 0; k < 3; k++) assert_int_equal(mover_submit(m, load_job(4 * k, 4, 20 + 4 * k, 0, 3)), MN_OK);
-    pthread_mutex_lock(&sink.lock);
-    sink.is_holding = false;
-    pthread_cond_broadcast(&sink.cond);
-    pthread_mutex_unlock(&sink.lock);
+    sink_release(&sink);
     sink_wait_done(&sink, 7);
     for (int k = 0; k < 3; k++) {
         assert_int_equal(sink.done[4 + k]->rc, MN_OK);
@@ -245,10 +252,7 @@ static void test_loads_batched(void **state) {
     sink_wait_done(&sink, 8);
     assert_int_equal(mover_submit(m, load_job(0, 4, 40, 0, 3)), MN_OK);
     assert_int_equal(mover_submit(m, load_job(30, 2, 44, 0, 3)), MN_OK); /* never saved */
-    pthread_mutex_lock(&sink.lock);
-    sink.is_holding = false;
-    pthread_cond_broadcast(&sink.cond);
-    pthread_mutex_unlock(&sink.lock);
+    sink_release(&sink);
     sink_wait_done(&sink, 10);
     assert_int_equal(sink.done[8]->rc, MN_ENOTFOUND);
     assert_int_equal(sink.done[9]->rc, MN_ENOTFOUND);
@@ -268,11 +272,7 @@ static void test_load_checksum_failure(void **state) {
     char *dir = make_tmpdir();
     Sink sink;
     sink_init(&sink);
-    MoverConfig mc = {.pool = &p, .disk_dir = dir, .disk_bytes = 16 << 20, .on_event = on_event,
-                      .event_ctx = &sink};
-    Mover *m;
-    MnErr err = {0};
-    assert_int_equal(mover_new(&mc, &m, &err), MN_OK);
+    Mover *m = disk_mover(&p, dir, &sink);
     assert_int_equal(mover_submit(m, save_job(0, 4)), MN_OK);
     sink_wait_done(&sink, 1);
     /* damage layer 1's extent: layer 0 still arrives */
