@@ -344,6 +344,7 @@ static void test_pool_model(void **state) {
 }
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_dense_f32),
         cmocka_unit_test(test_matches_dense_f16),

@@ -1228,6 +1228,7 @@ static void test_disk_probe(void **state) {
 }
 
 int main(void) {
+    test_apply_filter();
     curl_global_init(CURL_GLOBAL_DEFAULT);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_percentile),

@@ -543,6 +543,7 @@ static void test_apply_alloc_failure(void **state) {
 }
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_cases),
         cmocka_unit_test(test_bailing_case),

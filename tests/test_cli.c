@@ -234,6 +234,7 @@ static void test_chat(void **s) {
 }
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_golden),
         cmocka_unit_test(test_dump_logits),

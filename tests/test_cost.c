@@ -452,6 +452,7 @@ static void test_profile_stories(void **state) {
 }
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_interpolation),
         cmocka_unit_test(test_monotonic),

@@ -106,42 +106,54 @@ typedef struct Job {
     Engine *e;
     int32_t prompt[200];
     int n_prompt, n_gen;
+    Request *r;
     char *text;
     ReqResult res;
 } Job;
 
-static void *job_main(void *arg) {
-    Job *j = arg;
+static void job_prepare(Job *j) {
     ReqParams p;
     greedy_params(&p, j->n_gen);
-    Request *r = request_new(j->prompt, (size_t)j->n_prompt, &p, "", NULL);
+    j->r = request_new(j->prompt, (size_t)j->n_prompt, &p, "", NULL);
+}
+
+static void job_submit(Job *j) {
     MnErr err = {0};
-    if (engine_submit(j->e, r, &err) != MN_OK) {
-        j->text = strdup("SUBMIT FAILED");
-        request_unref(r);
-        return NULL;
-    }
-    j->text = drain(r, &j->res);
-    request_unref(r);
+    if (engine_submit(j->e, j->r, &err) != MN_OK) fail_msg("submit: %s", err.msg);
+}
+
+static void *job_drain(void *arg) {
+    Job *j = arg;
+    j->text = drain(j->r, &j->res);
+    request_unref(j->r);
     return NULL;
 }
 
 /* 16 concurrent requests through a small pool (suspensions happen) give the
- * same text as each alone; with and without the prefix cache. */
+ * same text as each alone; with and without the prefix cache. Request i
+ * has 5 + prompt_step * (i % prompt_mod) prompt tokens and generates
+ * gen_base + (gen_step * i) % 13 tokens. */
+typedef struct Concurrent {
+    const char *model;
+    bool prefix_cache;
+    int pool_blocks, parallel;
+    uint64_t ram_tier_mb;
+    int prompt_step, prompt_mod, gen_base, gen_step;
+} Concurrent;
+
 static void settle(Engine *e);
 static char *make_tmpdir(void);
 static void remove_tmpdir(char *d);
 
-static void check_concurrent_tiers(const char *model, bool prefix_cache, int pool_blocks, int parallel,
-                                   uint64_t ram_tier_mb) {
-    Model *m = load(model);
+static void check_concurrent(Concurrent c) {
+    Model *m = load(c.model);
     if (!m) return;
     EngineOptions o;
     engine_options_default(&o);
-    o.ram_tier_mb = ram_tier_mb;
-    o.prefix_cache = prefix_cache;
-    o.pool_blocks = pool_blocks;
-    o.parallel = parallel;
+    o.ram_tier_mb = c.ram_tier_mb;
+    o.prefix_cache = c.prefix_cache;
+    o.pool_blocks = c.pool_blocks;
+    o.parallel = c.parallel;
     o.batch_tokens = 64;
     o.block_tokens = 8;
     o.n_ctx = 256;
@@ -153,13 +165,17 @@ static void check_concurrent_tiers(const char *model, bool prefix_cache, int poo
     pthread_t th[N];
     for (int i = 0; i < N; i++) {
         jobs[i].e = e;
-        jobs[i].n_prompt = 5 + 11 * (i % 7);
-        jobs[i].n_gen = 12 + i;
+        jobs[i].n_prompt = 5 + c.prompt_step * (i % c.prompt_mod);
+        jobs[i].n_gen = c.gen_base + (c.gen_step * i) % 13;
         make_prompt(jobs[i].prompt, jobs[i].n_prompt, m->cfg.n_vocab, (uint64_t)i / 2, tok_bos(m->tok));
-        pthread_create(&th[i], NULL, job_main, &jobs[i]);
     }
+    /* all are submitted at once (so the pool is contended), then read by a
+     * client thread each */
+    for (int i = 0; i < N; i++) job_prepare(&jobs[i]);
+    for (int i = 0; i < N; i++) job_submit(&jobs[i]);
+    for (int i = 0; i < N; i++) pthread_create(&th[i], NULL, job_drain, &jobs[i]);
     for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
-    if (ram_tier_mb) settle(e);
+    if (c.ram_tier_mb) settle(e);
     for (int i = 0; i < N; i++) {
         char *ref = reference_text(m, jobs[i].prompt, jobs[i].n_prompt, jobs[i].n_gen);
         if (strcmp(ref, jobs[i].text) != 0)
@@ -176,16 +192,12 @@ static void check_concurrent_tiers(const char *model, bool prefix_cache, int poo
     assert_int_equal(st.running, 0);
     assert_int_equal(st.pool_used, 0);
     assert_int_equal(st.requests_finished[FINISH_LENGTH], N);
-    if (pool_blocks > 0 && pool_blocks < 40) assert_true(st.suspensions > 0);
+    if (c.pool_blocks > 0 && c.pool_blocks < 40) assert_true(st.suspensions > 0);
     /* suspended sequences leave unsaved cached blocks: the watermark copies them down */
-    if (ram_tier_mb) assert_true(st.writebehind_blocks > 0);
+    if (c.ram_tier_mb) assert_true(st.writebehind_blocks > 0);
     free(jobs);
     engine_free(e);
     model_free(m);
-}
-
-static void check_concurrent(const char *model, bool prefix_cache, int pool_blocks, int parallel) {
-    check_concurrent_tiers(model, prefix_cache, pool_blocks, parallel, 0);
 }
 
 /* Wait until the engine holds no pool block (saves in flight hold some). */
@@ -199,12 +211,27 @@ static void settle(Engine *e) {
     fail_msg("the engine still uses %d pool blocks", st.pool_used);
 }
 
-static void test_concurrent_cache(void **s) { check_concurrent("tiny-llama-spm-q8_0", true, 0, 4); }
-static void test_concurrent_nocache(void **s) { check_concurrent("tiny-qwen2-gpt2-f32", false, 0, 3); }
+static void test_concurrent_cache(void **s) {
+    check_concurrent((Concurrent){"tiny-llama-spm-q8_0", true, 0, 4, 0, 11, 7, 12, 1});
+}
+static void test_concurrent_nocache(void **s) {
+    check_concurrent((Concurrent){"tiny-qwen2-gpt2-f32", false, 0, 3, 0, 11, 7, 12, 1});
+}
 /* a pool of a few blocks forces suspensions */
-static void test_concurrent_tiny_pool(void **s) { check_concurrent("stories260K", true, 24, 6); }
+static void test_concurrent_tiny_pool(void **s) {
+    check_concurrent((Concurrent){"stories260K", true, 24, 6, 0, 11, 7, 12, 1});
+}
+/* A shape where sequences finish out of arrival order, so a suspension
+ * victim sits before the running sequence that needs a block, and the
+ * last sequence moves into its place: that one must still get its blocks
+ * (it once went into the forward pass short of a block). */
+static void test_concurrent_suspend_reorders(void **s) {
+    check_concurrent((Concurrent){"stories260K", true, 24, 8, 0, 11, 5, 8, 5});
+}
 /* ... and with a RAM tier below it: write-behind under the watermark */
-static void test_concurrent_tiny_pool_tiered(void **s) { check_concurrent_tiers("stories260K", true, 24, 6, 1); }
+static void test_concurrent_tiny_pool_tiered(void **s) {
+    check_concurrent((Concurrent){"stories260K", true, 24, 6, 1, 11, 7, 12, 1});
+}
 
 /* A returning conversation finds its earlier prompt + reply in the pool. */
 static void test_prefix_reuse(void **s) {
@@ -694,6 +721,7 @@ static void test_many_conversations_tiered(void **s) {
 }
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_schedule_fcfs),
@@ -707,6 +735,7 @@ int main(void) {
         cmocka_unit_test(test_concurrent_cache),
         cmocka_unit_test(test_concurrent_nocache),
         cmocka_unit_test(test_concurrent_tiny_pool),
+        cmocka_unit_test(test_concurrent_suspend_reorders),
         cmocka_unit_test(test_concurrent_tiny_pool_tiered),
         cmocka_unit_test(test_restore_from_pool),
         cmocka_unit_test(test_restore_from_ram),

@@ -362,6 +362,7 @@ static void test_unknown_arch(void **s) {
 }
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ref_stories),
         cmocka_unit_test(test_ref_llama_f32),

@@ -923,6 +923,7 @@ static void test_handmade_tensors(void **state) {
 }
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_open_stories),
         cmocka_unit_test(test_open_missing),

@@ -137,6 +137,7 @@ static void test_reply_memory(void **s) {
 }
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_hash_layout),
         cmocka_unit_test(test_index_model),

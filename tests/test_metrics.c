@@ -463,6 +463,7 @@ static void test_alloc_failure(void **state) {
 }
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render_exact),
         cmocka_unit_test(test_histogram_buckets),

@@ -87,6 +87,7 @@ static void test_wrong_shape(void **s) {
 }
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_missing_tensor),
         cmocka_unit_test(test_inconsistent_metadata),

@@ -428,6 +428,7 @@ static void test_mixed_restore_logits(void **state) {
 }
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_save_load_roundtrip),
         cmocka_unit_test(test_reads_before_writes),

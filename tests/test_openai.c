@@ -959,6 +959,7 @@ static void test_parse_alloc_failure(void **state) {
 }
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_defaults),
         cmocka_unit_test(test_chat_all_fields),

@@ -338,6 +338,7 @@ static void test_writebehind_want(void **state) {
 }
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_lru_fifo),

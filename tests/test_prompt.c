@@ -104,6 +104,7 @@ static void test_bad_role(void **s) {
 }
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reply_memory_used),
         cmocka_unit_test(test_rewriting_template_falls_back),

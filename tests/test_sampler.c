@@ -634,6 +634,7 @@ static void test_broken_logits(void **state) {
 }
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_invalid_params),

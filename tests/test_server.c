@@ -510,6 +510,7 @@ static void test_sigterm_drains(void **st) {
 }
 
 int main(void) {
+    test_apply_filter();
     curl_global_init(CURL_GLOBAL_DEFAULT);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_multi_turn_stories),

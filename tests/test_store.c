@@ -431,6 +431,7 @@ static void test_store_convs(void **state) {
 /* ---- main ------------------------------------------------------------------ */
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_create_reopen), cmocka_unit_test(test_store_version),
         cmocka_unit_test(test_store_identity),      cmocka_unit_test(test_store_garbage),

@@ -1946,6 +1946,7 @@ static void test_tier_model(void **state) {
     cmocka_unit_test_prestate(f, (void *)&P_DISK_URING), cmocka_unit_test_prestate(f, (void *)&P_DISK_SYNC)
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_prestate(test_aio_roundtrip, (void *)&P_URING),
         cmocka_unit_test_prestate(test_aio_roundtrip, (void *)&P_SYNC),

@@ -740,6 +740,7 @@ static void test_tiers_sigterm_flush(void **state) {
 }
 
 int main(void) {
+    test_apply_filter();
     curl_global_init(CURL_GLOBAL_DEFAULT);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_tiers_many_conversations, fix_setup, fix_teardown),

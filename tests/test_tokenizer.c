@@ -758,6 +758,7 @@ static void test_threads_and_speed(void **state) {
 }
 
 int main(void) {
+    test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vocab_llama_spm),
         cmocka_unit_test(test_vocab_phi_3),

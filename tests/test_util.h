@@ -14,6 +14,13 @@
 #include <dirent.h>
 #include <unistd.h>
 
+/* Run only the cases whose names match $MNEMO_TEST_FILTER (a cmocka
+ * pattern: '*' and '?'), when it is set; call first thing in main. */
+static inline void test_apply_filter(void) {
+    const char *f = getenv("MNEMO_TEST_FILTER");
+    if (f && f[0]) cmocka_set_test_filter(f);
+}
+
 /* Path of a file under ../shared/data (or $MNEMO_DATA) in a static buffer
  * per call site is not thread-safe; tests are single-threaded. */
 static inline const char *test_data_path(char *buf, size_t cap, const char *rel) {

@@ -654,18 +654,24 @@ static void admit_waiting(Engine *e) {
     }
 }
 
-/* Make sure a's block table covers a->n_tokens tokens; may suspend others
- * (most recent arrival first). Returns false if a itself was suspended. */
-static bool ensure_blocks(Engine *e, Active *a) {
-    while (seq_reserve(&a->seq, &e->pool, a->n_tokens) == MN_EFULL) {
-        int victim = 0;
-        for (int i = 1; i < e->n_running; i++)
-            if (e->running[i]->arrival > e->running[victim]->arrival) victim = i;
-        bool is_self = e->running[victim] == a;
-        suspend(e, victim);
-        if (is_self) return false;
+/* Make sure running sequence i's block table covers its tokens. When the
+ * pool cannot, suspend the most recent arrival (perhaps i itself) and
+ * return false: the running list changed, and the caller starts over, since
+ * the suspended slot now holds a sequence it may not have checked yet. */
+static bool ensure_blocks(Engine *e, int i) {
+    Active *a = e->running[i];
+    int rc = seq_reserve(&a->seq, &e->pool, a->n_tokens);
+    if (rc == MN_OK) return true;
+    if (rc != MN_EFULL) { /* out of memory growing its table: it alone fails */
+        e->running[i] = e->running[--e->n_running];
+        active_finish(e, a, FINISH_ERROR, "out of memory growing a block table");
+        return false;
     }
-    return true;
+    int victim = 0;
+    for (int k = 1; k < e->n_running; k++)
+        if (e->running[k]->arrival > e->running[victim]->arrival) victim = k;
+    suspend(e, victim);
+    return false;
 }
 
 /* Index block i of a (its KV is complete) and note what the policy needs. */
@@ -750,7 +756,7 @@ static void engine_step(Engine *e) {
     admit_waiting(e);
     /* every running sequence needs blocks for its pending tokens */
     for (int i = 0; i < e->n_running; i++)
-        if (!ensure_blocks(e, e->running[i])) i = -1; /* the list changed: start over */
+        if (!ensure_blocks(e, i)) i = -1; /* the list changed: start over */
     if (e->n_running == 0) return;
     tiers_hold_back(e);
     int budget = e->opt.batch_tokens, n = 0, n_logits = 0;
@@ -827,7 +833,8 @@ static void engine_step(Engine *e) {
                     break;
                 }
         }
-    }    if (e->mover) requeue_all_failed(e);
+    }
+    if (e->mover) requeue_all_failed(e);
 }
 
 /* ---- the engine thread --------------------------------------------------------- */
