@@ -215,6 +215,46 @@ static void test_reads_before_writes(void **state) {
     kvpool_deinit(&p);
 }
 
+/* The mover hands --evict and the look-ahead window (a WINDOW job) to its
+ * tiers: with room for two runs, a third evicts the run outside the window,
+ * though pensieve alone would take the window's cheaper leading run. */
+static void test_window_reaches_tiers(void **state) {
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 2, 64, 8, 64, MN_TYPE_F16), MN_OK);
+    for (int s = 0; s < 12; s++) fill_slot(&p, s, (uint8_t)s);
+    Sink sink;
+    sink_init(&sink);
+    uint64_t run = 4 * (uint64_t)p.block_bytes * (uint64_t)p.n_layer;
+    MoverConfig mc = {.pool = &p, .ram_bytes = 2 * run + run / 2, .on_event = on_event, .event_ctx = &sink,
+                      .evict = EVICT_PENSIEVE_LOOKAHEAD};
+    Mover *m;
+    MnErr err = {0};
+    assert_int_equal(mover_new(&mc, &m, &err), MN_OK);
+    MoverJob *a = save_job(0, 4), *b = save_job(4, 4), *c = save_job(8, 4);
+    a->pos = 0; /* leading: the cheapest */
+    b->pos = 32;
+    c->pos = 64;
+    assert_int_equal(mover_submit(m, a), MN_OK);
+    assert_int_equal(mover_submit(m, b), MN_OK);
+    MoverJob *w = mover_job_new(MOVER_WINDOW, 1, 0);
+    w->hashes[0] = block_hash(2); /* a block of A: the request at the window's head */
+    w->slots[0] = 0;
+    assert_int_equal(mover_submit(m, w), MN_OK);
+    assert_int_equal(mover_submit(m, c), MN_OK);
+    sink_wait_done(&sink, 4);
+    for (int i = 0; i < 4; i++) assert_int_equal(sink.done[i]->rc, MN_OK);
+    assert_int_equal(sink.n_dropped, 4);
+    assert_int_equal(mover_submit(m, load_job(0, 4, 20, 0, 2)), MN_OK); /* A is still held */
+    sink_wait_done(&sink, 5);
+    assert_int_equal(sink.done[4]->rc, MN_OK);
+    assert_int_equal(mover_submit(m, load_job(4, 4, 24, 0, 2)), MN_OK); /* B went */
+    sink_wait_done(&sink, 6);
+    assert_int_equal(sink.done[5]->rc, MN_ENOTFOUND);
+    mover_free(m);
+    sink_free(&sink);
+    kvpool_deinit(&p);
+}
+
 /* Loads queued together are read together: three loads from the disk
  * tier, queued while the mover is held, come back bit for bit, each with
  * its own LAYER events in order, in one streamed read of the tier; a batch
@@ -433,6 +473,7 @@ int main(void) {
         cmocka_unit_test(test_save_load_roundtrip),
         cmocka_unit_test(test_reads_before_writes),
         cmocka_unit_test(test_loads_batched),
+        cmocka_unit_test(test_window_reaches_tiers),
         cmocka_unit_test(test_load_checksum_failure),
         cmocka_unit_test(test_mixed_restore_logits),
     };

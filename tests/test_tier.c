@@ -174,24 +174,34 @@ static void fx_close(Fixture *fx) {
 }
 
 /* Put blocks ids[0..n) from pool slots (filled with their content here). */
-static int put_ids(Tier *t, KvPool *p, const uint32_t *ids, const int32_t *slots, int n) {
+static int put_ids_at(Tier *t, KvPool *p, const uint32_t *ids, const int32_t *slots, int n, int32_t pos) {
     Hash128 h[64];
     assert_true(n <= 64);
     for (int i = 0; i < n; i++) {
         h[i] = h_of(ids[i]);
         fill_slot(p, slots[i], ids[i]);
     }
-    return tier_put_run(t, h, n, p, slots);
+    TierRunInfo info = {.pos = pos};
+    return tier_put_run(t, h, n, p, slots, &info);
 }
 
-static int put_range(Tier *t, KvPool *p, uint32_t first, int n, int32_t first_slot) {
+static int put_ids(Tier *t, KvPool *p, const uint32_t *ids, const int32_t *slots, int n) {
+    return put_ids_at(t, p, ids, slots, n, 0);
+}
+
+/* Put blocks first .. first+n-1 as a run whose first token is at pos. */
+static int put_range_at(Tier *t, KvPool *p, uint32_t first, int n, int32_t first_slot, int32_t pos) {
     uint32_t ids[64];
     int32_t slots[64];
     for (int i = 0; i < n; i++) {
         ids[i] = first + (uint32_t)i;
         slots[i] = (first_slot + i) % p->n_blocks;
     }
-    return put_ids(t, p, ids, slots, n);
+    return put_ids_at(t, p, ids, slots, n, pos);
+}
+
+static int put_range(Tier *t, KvPool *p, uint32_t first, int n, int32_t first_slot) {
+    return put_range_at(t, p, first, n, first_slot, 0);
 }
 
 static int read_ids(Tier *t, KvPool *p, const uint32_t *ids, const int32_t *slots, int n, int layer) {
@@ -524,10 +534,10 @@ static void test_tier_layers_and_spans(void **state) {
     int32_t bad_slot[1] = {40};
     assert_int_equal(read_ids(t, &p, ids, bad_slot, 1, 0), MN_EINVAL);
     Hash128 hs[1] = {h_of(500)};
-    assert_int_equal(tier_put_run(t, hs, 0, &p, slots), MN_EINVAL);
+    assert_int_equal(tier_put_run(t, hs, 0, &p, slots, NULL), MN_EINVAL);
     KvPool other;
     assert_int_equal(kvpool_init(&other, 4, 16, 4, 8, MN_TYPE_F16), MN_OK);
-    assert_int_equal(tier_put_run(t, hs, 1, &other, slots), MN_EINVAL);
+    assert_int_equal(tier_put_run(t, hs, 1, &other, slots, NULL), MN_EINVAL);
     kvpool_deinit(&other);
     tier_check(t);
     fx_close(&fx);
@@ -764,6 +774,74 @@ static void test_tier_lru(void **state) {
     assert_int_equal(s.n_runs, is_disk ? 1 : 2);
     assert_int_equal(s.n_blocks, is_disk ? 8 : 12);
     assert_true(s.occupancy_bytes <= s.capacity_bytes);
+    fx_close(&fx);
+    kvpool_deinit(&p);
+}
+
+/* Put a run of 4 blocks (first .. first+3, at pos) into a tier with room
+ * for three; the run it evicts must be the one holding `victim`. */
+static void put_evicts(Tier *t, KvPool *p, Drops *d, uint32_t first, int32_t pos, uint32_t victim) {
+    d->n_calls = d->n_blocks = 0;
+    assert_int_equal(put_range_at(t, p, first, 4, (int32_t)first % p->n_blocks, pos), MN_OK);
+    tier_check(t);
+    assert_int_equal(d->n_calls, 1);
+    assert_int_equal(d->n_blocks, 4);
+    if (!dropped(d, victim)) fail_msg("putting run %u evicted run %u, not %u", first, d->ids[0], victim);
+}
+
+/* Runs of 4 in the order B (blocks 100.., at position 256), A (0.., at 0:
+ * leading, the cheapest) and C (200.., at 128). */
+static void put_bac(Tier *t, KvPool *p) {
+    assert_int_equal(put_range_at(t, p, 100, 4, 0, 256), MN_OK);
+    assert_int_equal(put_range_at(t, p, 0, 4, 4, 0), MN_OK);
+    assert_int_equal(put_range_at(t, p, 200, 4, 8, 128), MN_OK);
+}
+
+/* --evict below the pool: the tiers score whole runs by the policy
+ * (pensieve: cheap leading runs first, whatever the recency), runs in the
+ * look-ahead window go last and the window's tail first, and a cleared
+ * window gives the plain order back. */
+static void test_tier_policy(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 2, 128, 8, 64, MN_TYPE_F16), MN_OK);
+    uint64_t rb = run_bytes(pa, &p, 4);
+    Fixture fx;
+    fx_open(&fx, pa, &p, 3 * rb + rb / 2, 4 * rb, false); /* room for three runs of 4 */
+    Tier *t = fx.tier;
+    Drops d = {0};
+    tier_set_drop_fn(t, on_drop, &d);
+    tier_set_policy(t, EVICT_PENSIEVE, NULL); /* cost grows with the position */
+    put_bac(t, &p);
+    put_evicts(t, &p, &d, 300, 512, 0);                           /* D: A goes (lru would take B) */
+
+    /* the window: C at its head, B behind it; D outside goes first, though
+     * pensieve alone would pick C */
+    tier_set_policy(t, EVICT_PENSIEVE_LOOKAHEAD, NULL);
+    Hash128 wh[3] = {h_of(201), h_of(100), h_of(0)};
+    int32_t wi[3] = {0, 1, 2};
+    assert_int_equal(tier_set_window(t, wh, wi, 3), MN_OK);
+    put_evicts(t, &p, &d, 400, 0, 300); /* E (pos 0, outside) */
+    /* everything in the window (E too, behind C): its tail goes first, B */
+    wh[1] = h_of(403);
+    wh[2] = h_of(100);
+    assert_int_equal(tier_set_window(t, wh, wi, 3), MN_OK);
+    put_evicts(t, &p, &d, 500, 1024, 100); /* F */
+    /* a plain lookahead keeps the window and orders the rest by recency */
+    tier_set_policy(t, EVICT_LOOKAHEAD, NULL);
+    assert_int_equal(tier_set_window(t, wh + 1, wi, 1), MN_OK); /* E only */
+    put_evicts(t, &p, &d, 600, 2048, 200);                     /* G: C, the least recent outside */
+    /* window cleared: pensieve again picks the cheapest, E */
+    tier_set_policy(t, EVICT_PENSIEVE_LOOKAHEAD, NULL);
+    assert_int_equal(tier_set_window(t, NULL, NULL, 0), MN_OK);
+    put_evicts(t, &p, &d, 700, 4096, 400);
+    /* fifo: the earliest put of what is left (F, G, H) goes, even after a read */
+    tier_set_policy(t, EVICT_FIFO, NULL);
+    expect_range(t, &p, 500, 4, 16);
+    put_evicts(t, &p, &d, 800, 0, 500);
+    TierStats s;
+    tier_stats(t, &s);
+    assert_int_equal(s.n_evicted_runs, 6);
     fx_close(&fx);
     kvpool_deinit(&p);
 }
@@ -1529,6 +1607,25 @@ static void stamp_slab_version(const char *path, uint32_t version) {
     close(fd);
 }
 
+/* A run's position is part of its record: after a restart pensieve still
+ * evicts the cheap leading run before an older expensive one. */
+static void test_persist_policy(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 2, 128, 8, 64, MN_TYPE_F16), MN_OK);
+    uint64_t rb = run_bytes(pa, &p, 4);
+    PFix fx;
+    pfx_new(&fx, pa, &p, 3 * rb + rb / 2, 4 * rb);
+    put_bac(fx.tier, &p);
+    pfx_reopen(&fx, &p);
+    tier_set_policy(fx.tier, EVICT_PENSIEVE, NULL);
+    put_evicts(fx.tier, &p, &fx.drops, 300, 512, 0);
+    put_evicts(fx.tier, &p, &fx.drops, 400, 1024, 200);
+    pfx_close(&fx);
+    test_rm_dir(fx.dir);
+    kvpool_deinit(&p);
+}
+
 /* A directory whose data is of another format version is refused with a
  * message naming both versions, and nothing in it is deleted; put back,
  * it opens as before. */
@@ -1958,6 +2055,7 @@ int main(void) {
         TIER_TESTS(test_tier_read_layers),
         DISK_TESTS(test_disk_read_layers_faults),
         TIER_TESTS(test_tier_lru),
+        TIER_TESTS(test_tier_policy),
         TIER_TESTS(test_tier_has_drop),
         DISK_TESTS(test_disk_checksum),
         DISK_TESTS(test_disk_enospc),
@@ -1969,6 +2067,7 @@ int main(void) {
         DISK_TESTS(test_persist_bad_rows),
         DISK_TESTS(test_persist_truncated_slab),
         DISK_TESTS(test_persist_other_format),
+        DISK_TESTS(test_persist_policy),
         DISK_TESTS(test_persist_shrink),
         DISK_TESTS(test_persist_store_faults),
         DISK_TESTS(test_persist_crash_copy),

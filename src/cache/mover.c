@@ -157,7 +157,8 @@ static void run_save(Mover *m, MoverJob *j) {
     j->rc = m->n_tiers > 0 ? MN_EFULL : MN_OK;
     for (int i = 0; i < m->n_tiers; i++) {
         double t0 = mn_now();
-        int rc = tier_put_run(m->tiers[i], j->hashes, j->n, m->cfg.pool, j->slots);
+        TierRunInfo info = {.pos = j->pos};
+        int rc = tier_put_run(m->tiers[i], j->hashes, j->n, m->cfg.pool, j->slots, &info);
         if (rc == MN_OK) {
             j->saved_tiers |= 1u << i;
             j->rc = MN_OK;
@@ -261,6 +262,16 @@ static void run_reply(Mover *m, MoverJob *j) {
     }
 }
 
+/* Every tier takes the window; one that cannot (no memory) keeps its
+ * previous one, which costs only eviction quality. */
+static void run_window(Mover *m, MoverJob *j) {
+    j->rc = MN_OK;
+    for (int i = 0; i < m->n_tiers; i++) {
+        int rc = tier_set_window(m->tiers[i], j->hashes, j->slots, j->n);
+        if (rc != MN_OK) j->rc = rc;
+    }
+}
+
 static void run_conv(Mover *m, MoverJob *j) {
     j->rc = m->store ? store_conv_put(m->store, j->conv, &j->ns_id, j->when, j->n_tokens) : MN_OK;
 }
@@ -300,6 +311,7 @@ static void *mover_main(void *arg) {
         case MOVER_EXPIRE: run_expire(m, j); break;
         case MOVER_REPLY: run_reply(m, j); break;
         case MOVER_CONV: run_conv(m, j); break;
+        case MOVER_WINDOW: run_window(m, j); break;
         case MOVER_FLUSH: j->rc = MN_OK; break;
         case MOVER_STOP: mover_job_free(j); return NULL;
         }
@@ -330,6 +342,7 @@ int mover_submit(Mover *m, MoverJob *j) {
 static int add_tier(Mover *m, Tier *t) {
     int i = m->n_tiers++;
     m->tiers[i] = t;
+    tier_set_policy(t, m->cfg.evict, m->cfg.cost);
     m->drop_ctx[i] = (DropCtx){m, i};
     tier_set_drop_fn(t, on_drop, &m->drop_ctx[i]);
     tier_stats(t, &m->stats[i].tier);
@@ -400,6 +413,7 @@ int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err) {
         HeldCtx hc = {cfg, i};
         tier_foreach_run(m->tiers[i], report_held, &hc);
     }
+    m->cfg.cost = NULL; /* copied into the tiers (add_tier): not kept */
     if (rc == MN_OK) {
         if (pthread_create(&m->thread, NULL, mover_main, m) != 0)
             rc = mn_err_set(err, MN_ENOMEM, "cannot start the mover thread");

@@ -19,7 +19,8 @@
  * blocks into pool slots layer by layer, reporting each layer as soon as it
  * is in place; EXPIRE drops runs (and database rows) idle since a
  * wall-clock cutoff; REPLY and CONV persist a reply-memory entry and a
- * conversation's row; FLUSH
+ * conversation's row; WINDOW hands the scheduler's look-ahead window to
+ * every tier's eviction policy (tier_set_window); FLUSH
  * reports once every job submitted before it is done; STOP ends the
  * thread. Loads are served before anything else (reads before writes);
  * jobs of one queue run in submission order.
@@ -57,6 +58,7 @@ typedef enum MoverJobKind {
     MOVER_EXPIRE,   /* drop what was not used since cutoff, everywhere */
     MOVER_REPLY,    /* persist one reply-memory entry */
     MOVER_CONV,     /* persist one conversation's row */
+    MOVER_WINDOW,   /* the look-ahead window, for the tiers' eviction */
     MOVER_FLUSH,    /* nothing: DONE says everything before it is done */
     MOVER_STOP,
 } MoverJobKind;
@@ -80,9 +82,11 @@ struct MoverJob {
     MoverJobKind kind;
     uint64_t id;         /* the submitter's */
     void *owner;         /* the submitter's; the mover never touches it */
-    int n;               /* SAVE, LOAD: blocks */
+    int n;               /* SAVE, LOAD, WINDOW: blocks */
     Hash128 *hashes;     /* (n) */
-    int32_t *slots;      /* (n) pool slots */
+    int32_t *slots;      /* (n) pool slots; WINDOW: the window index of
+                            each block's request */
+    int32_t pos;         /* SAVE: TierRunInfo.pos of the run */
     uint8_t *tier;       /* LOAD: (n) the tier each block is read from */
     double cutoff;       /* EXPIRE: wall-clock seconds (mn_wall_now) */
     /* REPLY: key -> (text, ids); CONV: conv, ns_id, n_tokens; both at `when` */
@@ -148,6 +152,8 @@ typedef struct MoverConfig {
     void *held_ctx;
     ReplyMemory *replies;     /* filled from the database at start; may be NULL */
     int max_replies;          /* reply rows kept in the database */
+    EvictPolicy evict;        /* every tier's (tier_set_policy); 0 = lru */
+    const CostModel *cost;    /* copied; may be NULL */
 } MoverConfig;
 
 typedef struct Mover Mover;

@@ -2,8 +2,9 @@
  *
  * A Tier is a set of runs plus a map from block hash to (run, index). The
  * runs sit on one LRU list (head = least recently used); tier_put_run
- * evicts from the head while the budget or the medium (the kind's reserve)
- * lacks room. The bytes themselves belong to the kind behind TierKindOps
+ * evicts while the budget or the medium (the kind's reserve) lacks room:
+ * the head under lru, else the run the eviction policy scores lowest
+ * (policy.h; one scan of the runs per victim). The bytes themselves belong to the kind behind TierKindOps
  * (tier_impl.h): host RAM or disk files.
  *
  * Owner: the mover thread; nothing locks (tier.h).
@@ -65,6 +66,13 @@ struct Tier {
     int32_t *group_idx, *group_slot; /* (scratch_cap) the runs' shares, run by run */
     TierReadGroup *groups;           /* (scratch_cap) one per run touched */
     int scratch_cap;
+    /* eviction policy (tier_set_policy) and the look-ahead window */
+    EvictPolicy policy;
+    CostModel cost;
+    bool has_cost;
+    Hash128 *win_hashes; /* (n_win) */
+    int32_t *win_idx;    /* (n_win) */
+    int n_win;
     TierStats st;        /* counters; the "now" fields are filled by tier_stats */
 };
 
@@ -198,9 +206,41 @@ static void map_run(Tier *t, TierRun *r) {
     }
 }
 
-static void evict_lru(Tier *t) {
-    TierRun *r = t->lru_head;
-    int n = run_drop(t, r, TIER_DROP_EVICTED);
+/* Each run's window index: the smallest of its live blocks' (-1: none). */
+static void mark_window(Tier *t) {
+    for (TierRun *r = t->lru_head; r != NULL; r = r->lru_next) r->window_idx = -1;
+    for (int i = 0; i < t->n_win; i++) {
+        MapSlot *s = map_get(t, &t->win_hashes[i]);
+        if (s != NULL && (s->run->window_idx < 0 || t->win_idx[i] < s->run->window_idx))
+            s->run->window_idx = t->win_idx[i];
+    }
+}
+
+/* The run to evict next: the LRU head, or the policy's lowest key. */
+static TierRun *choose_victim(Tier *t) {
+    if (t->policy == EVICT_LRU || t->lru_head == NULL) return t->lru_head;
+    if (policy_uses_window(t->policy)) mark_window(t);
+    PolicyCtx pc = {t->policy, t->has_cost ? &t->cost : NULL, mn_wall_now()};
+    TierRun *best = NULL;
+    EvictKey best_key;
+    for (TierRun *r = t->lru_head; r != NULL; r = r->lru_next) {
+        EvictCand c = {.id = r->id,
+                       .pos = r->pos,
+                       .window_idx = policy_uses_window(t->policy) ? r->window_idx : -1,
+                       .last_access = r->last_used,
+                       .inserted = r->inserted};
+        EvictKey k;
+        policy_key(&pc, &c, &k);
+        if (best == NULL || policy_key_cmp(&k, &best_key) < 0) {
+            best = r;
+            best_key = k;
+        }
+    }
+    return best;
+}
+
+static void evict_one(Tier *t) {
+    int n = run_drop(t, choose_victim(t), TIER_DROP_EVICTED);
     t->st.n_evicted_runs++;
     t->st.n_evicted_blocks += (uint64_t)n;
 }
@@ -285,12 +325,42 @@ void tier_free(Tier *t) {
     mn_free(t->group_idx);
     mn_free(t->group_slot);
     mn_free(t->groups);
+    mn_free(t->win_hashes);
+    mn_free(t->win_idx);
     mn_free(t);
 }
 
 const TierKindOps *tier_kind_ops(const Tier *t) { return t->ops; }
 void *tier_kind(const Tier *t) { return t->kind; }
 const char *tier_name(const Tier *t) { return t->ops->name; }
+
+void tier_set_policy(Tier *t, EvictPolicy policy, const CostModel *cost) {
+    t->policy = (unsigned)policy < EVICT__COUNT ? policy : EVICT_LRU;
+    t->has_cost = cost != NULL;
+    if (cost != NULL) t->cost = *cost;
+}
+
+int tier_set_window(Tier *t, const Hash128 *hashes, const int32_t *idx, int n) {
+    Hash128 *h = NULL;
+    int32_t *ix = NULL;
+    if (n > 0) {
+        h = mn_malloc((size_t)n * sizeof *h);
+        ix = mn_malloc((size_t)n * sizeof *ix);
+        if (h == NULL || ix == NULL) {
+            mn_free(h);
+            mn_free(ix);
+            return MN_ENOMEM;
+        }
+        memcpy(h, hashes, (size_t)n * sizeof *h);
+        memcpy(ix, idx, (size_t)n * sizeof *ix);
+    }
+    mn_free(t->win_hashes);
+    mn_free(t->win_idx);
+    t->win_hashes = h;
+    t->win_idx = ix;
+    t->n_win = n > 0 ? n : 0;
+    return MN_OK;
+}
 
 void tier_set_drop_fn(Tier *t, TierDropFn fn, void *ctx) {
     t->drop_fn = fn;
@@ -306,7 +376,8 @@ TierRun *tier_find_run(const Tier *t, const Hash128 *hash, int *index) {
 
 /* ---- put ----------------------------------------------------------------- */
 
-int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *pool, const int32_t *slots) {
+int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *pool, const int32_t *slots,
+                 const TierRunInfo *info) {
     if (t->is_failed) return MN_EIO;
     if (n_blocks < 1 || hashes == NULL || !pool_fits(t, pool, slots, n_blocks)) return MN_EINVAL;
     uint64_t need = t->ops->run_bytes(t->kind, n_blocks);
@@ -323,14 +394,15 @@ int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *poo
     r->id = t->next_run_id++;
     r->n_blocks = n_blocks;
     r->n_bytes = need;
+    r->pos = info != NULL && info->pos > 0 ? info->pos : 0;
     memcpy(r->hashes, hashes, (size_t)n_blocks * sizeof(Hash128));
 
     /* room: first the budget, then the medium */
-    while (t->occupancy_bytes + need > t->capacity_bytes) evict_lru(t); /* need <= capacity: ends */
+    while (t->occupancy_bytes + need > t->capacity_bytes) evict_one(t); /* need <= capacity: ends */
     for (;;) {
         rc = t->ops->reserve(t->kind, r);
         if (rc != MN_EFULL || t->lru_head == NULL) break;
-        evict_lru(t);
+        evict_one(t);
     }
     if (rc != MN_OK) {
         mn_free(r);
@@ -339,7 +411,7 @@ int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *poo
     }
 
     uint64_t io_bytes = 0;
-    r->last_used = mn_wall_now();
+    r->last_used = r->inserted = mn_wall_now();
     double t0 = mn_now();
     rc = t->ops->write(t->kind, r, pool, slots, &io_bytes);
     double dt = mn_now() - t0;
@@ -363,7 +435,7 @@ int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *poo
 /* ---- adopt (opening a persistent tier) ------------------------------------ */
 
 int tier_adopt_run(Tier *t, uint64_t run_id, const Hash128 *hashes, int n_blocks, void *data, uint64_t n_bytes,
-                   double last_used) {
+                   double last_used, int32_t pos) {
     if (n_blocks < 1 || hashes == NULL || run_id == 0 || run_id >= (1ull << 48)) return MN_EINVAL;
     if (n_bytes > t->capacity_bytes) return MN_EFULL;
     int rc = scratch_reserve(t, n_blocks);
@@ -375,11 +447,12 @@ int tier_adopt_run(Tier *t, uint64_t run_id, const Hash128 *hashes, int n_blocks
     r->id = run_id;
     r->n_blocks = n_blocks;
     r->n_bytes = n_bytes;
-    r->last_used = last_used;
+    r->last_used = r->inserted = last_used;
+    r->pos = pos > 0 ? pos : 0;
     r->data = data;
     memcpy(r->hashes, hashes, (size_t)n_blocks * sizeof(Hash128));
     if (run_id >= t->next_run_id) t->next_run_id = run_id + 1;
-    while (t->occupancy_bytes + n_bytes > t->capacity_bytes) evict_lru(t); /* n_bytes <= capacity: ends */
+    while (t->occupancy_bytes + n_bytes > t->capacity_bytes) evict_one(t); /* n_bytes <= capacity: ends */
     lru_push_mru(t, r);
     t->occupancy_bytes += n_bytes;
     t->n_runs++;

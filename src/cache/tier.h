@@ -20,7 +20,7 @@
  *      +---------------------+   |  +---------------------------+
  *      tier_disk_new, adopting   |
  *      a stored run              +--> (gone) by: eviction inside tier_put_run
- *                                 (least recently used first), tier_drop_run,
+ *                                 (by tier_set_policy), tier_drop_run,
  *                                 tier_drop of its last live block, a checksum
  *                                 failure in tier_read_layer, tier_expire,
  *                                 tier_reset
@@ -66,7 +66,9 @@
 #include "base/err.h"
 #include "base/hash.h"
 #include "cache/aio.h"
+#include "cache/cost.h"
 #include "cache/kv_pool.h"
+#include "cache/policy.h"
 
 typedef struct Tier Tier;
 typedef struct CacheStore CacheStore; /* store.h */
@@ -80,6 +82,13 @@ typedef enum TierDropReason {
 
 /* Blocks hashes[0..n_hashes) left the tier (the live blocks of one run). */
 typedef void (*TierDropFn)(void *ctx, const Hash128 *hashes, int n_hashes, TierDropReason why);
+
+/* What the eviction policy knows of a run besides its use times: the
+ * position (in tokens) of its first block's first token in its sequence.
+ * The runs the engine saves are blocks of one sequence, in order. */
+typedef struct TierRunInfo {
+    int32_t pos;
+} TierRunInfo;
 
 /* Where a held block lives. */
 typedef struct TierLoc {
@@ -110,8 +119,8 @@ typedef struct TierStats {
 
 /* ---- constructors ---------------------------------------------------------- */
 
-/* Host RAM: runs in heap buffers, at most capacity_bytes of them (LRU
- * eviction). The tier stores blocks of pools with these n_layer and
+/* Host RAM: runs in heap buffers, at most capacity_bytes of them
+ * (evicting by tier_set_policy). The tier stores blocks of pools with these n_layer and
  * block_bytes only. MN_EINVAL, MN_ENOMEM; *out NULL on failure. */
 int tier_ram_new(int n_layer, size_t block_bytes, uint64_t capacity_bytes, Tier **out);
 
@@ -154,13 +163,30 @@ void tier_free(Tier *t);
 void tier_set_drop_fn(Tier *t, TierDropFn fn, void *ctx);
 
 /* Copy the run of n_blocks blocks (hashes[i] lives in pool slot slots[i],
- * all layers) into the tier, evicting least recently used runs while the
- * budget or the medium lacks room. MN_OK: every hashes[i] is held, in this
+ * all layers; info may be NULL: position 0) into the tier, evicting runs
+ * (tier_set_policy) while the budget or the medium lacks room. MN_OK: every hashes[i] is held, in this
  * run. MN_EFULL: the run cannot fit at all (bigger than the budget, or the
  * medium is out of space even with everything evicted) — not stored, the
  * tier keeps working. MN_EINVAL: n_blocks < 1, a slot out of range, a pool
  * of another geometry. MN_ENOMEM, MN_EIO (sticky). */
-int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *pool, const int32_t *slots);
+int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *pool, const int32_t *slots,
+                 const TierRunInfo *info);
+
+/* Which run goes when room is needed (policy.h), whole runs at a time:
+ * EVICT_LRU (the default) takes the least recently used run. The others
+ * score each run as one candidate: its last use (put or restore) stands
+ * for its conversation's last access, its put for its insertion, its
+ * TierRunInfo.pos for its position, and its window index is the smallest
+ * of its live blocks' (tier_set_window). cost may be NULL (cost grows as
+ * pos + 1); it is copied. */
+void tier_set_policy(Tier *t, EvictPolicy policy, const CostModel *cost);
+
+/* The scheduler's look-ahead window: block hashes[i] belongs to the cached
+ * history of the waiting request at window index idx[i] (0 = next to be
+ * scheduled). With a window policy, runs holding such blocks go only after
+ * every other run, the tail of the window first. Replaces the previous
+ * window (copied); n = 0 clears it. MN_ENOMEM keeps the previous one. */
+int tier_set_window(Tier *t, const Hash128 *hashes, const int32_t *idx, int n);
 
 /* Whether the block is held. */
 bool tier_has(const Tier *t, const Hash128 *hash);

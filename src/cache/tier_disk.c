@@ -64,7 +64,9 @@
  *         40    8  S, layer stride
  *         48    8  block_bytes
  *         56    4  KV format id
- *         60    4  zero
+ *         60    4  position of the run's first token in its sequence
+ *                  (TierRunInfo.pos, < 2^31; 0 when unknown), for the
+ *                  eviction policy
  *         64   16  model fingerprint
  *         80 16*n  block hashes in run order (canonical bytes)
  *     80+16n 8*n_layer  layer checksums, layer 0 first
@@ -621,6 +623,7 @@ static int record_encode(DiskTier *d, const TierRun *run, const DiskRun *dr, siz
     put_u64(p + 40, dr->stride);
     put_u64(p + 48, (uint64_t)d->block_bytes);
     put_u32(p + 56, d->kv_format);
+    put_u32(p + 60, (uint32_t)run->pos);
     memcpy(p + 64, d->fingerprint.b, 16);
     memcpy(p + DISK_RECORD_HEAD, run->hashes, 16 * (size_t)run->n_blocks);
     uint8_t *c = p + DISK_RECORD_HEAD + 16 * (size_t)run->n_blocks;
@@ -639,6 +642,7 @@ typedef struct Found {
     const char *why;    /* NULL while it may be adopted */
     int n_blocks, slab; /* decoded, once valid */
     uint64_t offset, stride, n_bytes;
+    int32_t pos;
 } Found;
 
 typedef struct FoundList {
@@ -681,7 +685,7 @@ static const char *record_check(const DiskTier *d, Found *f) {
     if (n_layer != (uint32_t)d->n_layer || get_u64(p + 48) != (uint64_t)d->block_bytes ||
         get_u32(p + 56) != d->kv_format || memcmp(p + 64, d->fingerprint.b, 16) != 0)
         return "made for another model or KV layout";
-    if (get_u32(p + 60) != 0) return "reserved field not zero";
+    if (get_u32(p + 60) > (uint32_t)INT32_MAX) return "position out of range";
     uint32_t slab = get_u32(p + 24);
     if (slab >= (uint32_t)d->n_slabs) return "its slab file is missing or unusable";
     uint64_t offset = get_u64(p + 32), stride = get_u64(p + 40);
@@ -696,6 +700,7 @@ static const char *record_check(const DiskTier *d, Found *f) {
     f->offset = offset;
     f->stride = stride;
     f->n_bytes = (uint64_t)n_layer * stride;
+    f->pos = (int32_t)get_u32(p + 60);
     return NULL;
 }
 
@@ -756,7 +761,7 @@ static int runs_adopt(DiskTier *d, Tier *t) {
             for (int l = 0; l < d->n_layer; l++) dr->checksums[l] = get_u64(c + 8 * l);
             /* Hash128 is 16 bytes with alignment 1: the record's bytes are hashes */
             rc = tier_adopt_run(t, f->run_id, (const Hash128 *)(const void *)(f->record + DISK_RECORD_HEAD),
-                                f->n_blocks, dr, f->n_bytes, f->last_used);
+                                f->n_blocks, dr, f->n_bytes, f->last_used, f->pos);
             if (rc == MN_OK) continue;
             mn_free(dr);
             ext_free(&d->slabs[f->slab], f->offset, f->n_bytes);

@@ -29,6 +29,9 @@ typedef struct TierRun {
     int n_live;                         /* blocks the map points here */
     uint64_t n_bytes;                   /* kind->run_bytes(n_blocks) */
     double last_used;                   /* unix seconds: put, or a read of layer 0 */
+    double inserted;                    /* unix seconds: put (adopted: last_used) */
+    int32_t pos;                        /* TierRunInfo.pos */
+    int32_t window_idx;                 /* scratch of choose_victim: -1 = not in the window */
     struct TierRun *lru_prev, *lru_next; /* head of the core's list = LRU */
     void *data;                         /* the kind's: where the bytes are */
     int check_live;                     /* scratch for tier_check */
@@ -58,8 +61,8 @@ typedef struct TierKindOps {
      * MN_EIO. */
     int (*reserve)(void *kind, TierRun *run);
     /* Copy all layers of the run out of pool (block i from slots[i]);
-     * *io_bytes = bytes moved to the medium. run->id and run->last_used
-     * are set. A persistent kind records the run only once its bytes are
+     * *io_bytes = bytes moved to the medium. run->id, run->last_used and
+     * run->pos are set. A persistent kind records the run only once its bytes are
      * durable. MN_EFULL, MN_EIO, MN_ENOMEM. */
     int (*write)(void *kind, TierRun *run, const KvPool *pool, const int32_t *slots, uint64_t *io_bytes);
     /* Copy layer `layer` of blocks idx[k] of the run into slots[k], k < n,
@@ -112,7 +115,7 @@ TierRun *tier_find_run(const Tier *t, const Hash128 *hash, int *index);
  * n_blocks < 1, run_id 0 or >= 2^48; MN_ENOMEM — in these cases nothing
  * changed and data is still the caller's. */
 int tier_adopt_run(Tier *t, uint64_t run_id, const Hash128 *hashes, int n_blocks, void *data, uint64_t n_bytes,
-                   double last_used);
+                   double last_used, int32_t pos);
 /* New runs get ids above `id`: ids seen in the store, adopted or not, are
  * never reused (the format wants run ids unique in the directory). */
 void tier_skip_run_ids(Tier *t, uint64_t id);

@@ -696,7 +696,8 @@ static int32_t choose_victim(void *ctx, const KvPool *p) {
 /* The look-ahead window: the first waiting requests, as many as the free
  * capacity holds at their mean cached size. With a window policy, mark
  * their cached blocks so the policy keeps them (tail of the window first
- * when it must); with tiers, prefetch what they will restore. */
+ * when it must), in the pool and in the tiers below; with tiers, prefetch
+ * what they will restore. */
 static void mark_window(Engine *e) {
     bool is_marking = policy_uses_window(e->opt.evict);
     if (e->index == NULL || (!is_marking && e->mover == NULL)) return;
@@ -704,28 +705,23 @@ static void mark_window(Engine *e) {
     if (e->has_window_marks)
         for (int i = 0; i < e->pool.n_blocks; i++) e->slot_window[i] = -1;
     e->has_window_marks = is_marking && e->n_waiting > 0;
-    if (e->n_waiting == 0) return;
     /* AttentionStore's window: as many requests as the capacity left for
      * cached KV (free slots and reclaimable cached ones) holds, at the mean
      * cached size of a waiting request */
     double mean = 0;
-    for (Active *a = e->waiting; a; a = a->next) {
-        int first, end;
-        cached_blocks(e, a, &first, &end);
-        mean += (double)(end - first);
-    }
-    mean /= e->n_waiting;
-    int len = policy_window_len((double)kvpool_n_available(&e->pool), mean, e->n_waiting);
+    for (Active *a = e->waiting; a; a = a->next) mean += cached_blocks(e, a, &a->win_first, &a->win_end);
+    int len = 0;
+    if (e->n_waiting > 0)
+        len = policy_window_len((double)kvpool_n_available(&e->pool), mean / e->n_waiting, e->n_waiting);
     int idx = 0;
     for (Active *a = e->waiting; a && idx < len; a = a->next, idx++) {
-        int first, end;
-        cached_blocks(e, a, &first, &end);
-        tiers_prefetch(e, a, first, end);
-        for (int b = first; is_marking && b < end; b++) {
+        tiers_prefetch(e, a, a->win_first, a->win_end);
+        for (int b = a->win_first; is_marking && b < a->win_end; b++) {
             int32_t slot = index_lookup(e->index, &a->hashes[b]);
             if (slot >= 0 && e->slot_window[slot] < 0) e->slot_window[slot] = idx;
         }
     }
+    tiers_send_window(e, len);
 }
 
 /* Offer a's newly completed full blocks to the index. */

@@ -66,6 +66,7 @@ typedef struct Active {
     bool is_held_back;       /* restoring, and not expected in time for this step */
     bool is_in_batch;        /* has tokens in this step's batch */
     int n_cached_by[SRC_COUNT]; /* n_cached split by source */
+    int win_first, win_end;  /* mark_window's scratch: its cached run */
     struct Active *next;     /* in the waiting list */
 } Active;
 
@@ -115,6 +116,7 @@ struct Engine {
     uint64_t n_writebehind;  /* blocks copied down by the watermark */
     double save_backoff_s;   /* after saves no tier took: wait this long ... */
     double t_save_retry;     /* ... until then (mn_now) before saving again */
+    Hash128 window_sent;     /* digest of the window last sent to the tiers */
     /* engine thread only */
     Active **running;        /* (parallel) */
     int n_running;
@@ -181,6 +183,10 @@ int tiers_start_load(Engine *e, const Active *a, const int *at, int n, bool free
 void tiers_prefetch(Engine *e, Active *a, int first, int end);
 /* Where indexed block h comes from: the pool, or the tier restoring it. */
 CacheSource tiers_block_source(const Engine *e, const Hash128 *h);
+/* Hand the look-ahead window — the first len waiting requests, with their
+ * cached runs [win_first, win_end) — to the tiers' eviction policy, when
+ * it changed since the last time (a window policy only). */
+void tiers_send_window(Engine *e, int len);
 /* Mark which running sequences sit out this step (still restoring). */
 void tiers_hold_back(Engine *e);
 /* FwdBatch.wait_layer for a batch with restores in flight. */

@@ -35,13 +35,15 @@ static void on_mover_event(void *ctx, MoverEvent *ev) {
 }
 
 /* Copy cached blocks (hashes[i] in slots[i], indexed, in no tier) down the
- * chain. Blocks that cannot be saved now simply stay unsaved. */
-static void save_blocks(Engine *e, const Hash128 *hashes, const int32_t *slots, int n) {
+ * chain as one run whose first token sits at position pos. Blocks that
+ * cannot be saved now simply stay unsaved. */
+static void save_blocks(Engine *e, const Hash128 *hashes, const int32_t *slots, int n, int32_t pos) {
     if (n == 0) return;
     MoverJob *j = mover_job_new(MOVER_SAVE, n, 0);
     if (j == NULL) return;
     memcpy(j->hashes, hashes, (size_t)n * sizeof *hashes);
     memcpy(j->slots, slots, (size_t)n * sizeof *slots);
+    j->pos = pos;
     for (int i = 0; i < n; i++) {
         kvpool_retain(&e->pool, slots[i]);
         e->slot_saving[slots[i]] = 1;
@@ -64,30 +66,34 @@ static bool is_unsaved(const Engine *e, const Hash128 *h, int32_t slot) {
            e->slot_load[slot] == NULL;
 }
 
-/* Save a's indexed full blocks that no tier holds yet, in runs. */
+/* Save a's indexed full blocks that no tier holds yet, in runs of
+ * consecutive blocks (at most SAVE_MAX_RUN each). */
 void tiers_save_active(Engine *e, Active *a) {
     if (e->mover == NULL || mn_now() < e->t_save_retry) return;
     Hash128 hs[SAVE_MAX_RUN];
     int32_t ss[SAVE_MAX_RUN];
-    int n = 0, n_full = a->n_hashed < a->seq.n_blocks ? a->n_hashed : a->seq.n_blocks;
+    int n = 0, first = 0, n_full = a->n_hashed < a->seq.n_blocks ? a->n_hashed : a->seq.n_blocks;
     for (int i = 0; i < n_full; i++) {
         int32_t slot = a->seq.blocks[i];
-        if (!is_unsaved(e, &a->hashes[i], slot)) continue;
-        hs[n] = a->hashes[i];
-        ss[n++] = slot;
-        if (n == SAVE_MAX_RUN) {
-            save_blocks(e, hs, ss, n);
+        bool take = is_unsaved(e, &a->hashes[i], slot);
+        if (n > 0 && (!take || n == SAVE_MAX_RUN)) { /* the run ends */
+            save_blocks(e, hs, ss, n, first * e->opt.block_tokens);
             n = 0;
         }
+        if (!take) continue;
+        if (n == 0) first = i;
+        hs[n] = a->hashes[i];
+        ss[n++] = slot;
     }
-    save_blocks(e, hs, ss, n);
+    save_blocks(e, hs, ss, n, first * e->opt.block_tokens);
 }
 
 /* Write-behind (the swap watermark): while free pool blocks plus cached
  * ones a tier already holds (reclaimable without I/O) are under the
  * watermark, copy the coldest unsaved cached blocks — in eviction-policy
- * order — down the chain, one run in flight at a time, while compute goes
- * on. Their slots stay cached until the pool needs them. */
+ * order — down the chain, one batch in flight at a time, while compute
+ * goes on: a run per conversation (its position the smallest of its
+ * blocks'). Their slots stay cached until the pool needs them. */
 void tiers_save_cold(Engine *e) {
     if (e->mover == NULL || e->n_save_blocks > 0 || mn_now() < e->t_save_retry) return;
     int n_free = kvpool_n_free(&e->pool);
@@ -105,13 +111,23 @@ void tiers_save_cold(Engine *e) {
     policy_keys(&pc, e->cands, n, e->keys);
     int32_t idx[SAVE_MAX_RUN];
     int k = policy_select(e->keys, n, want < SAVE_MAX_RUN ? want : SAVE_MAX_RUN, idx);
-    Hash128 hs[SAVE_MAX_RUN];
-    int32_t ss[SAVE_MAX_RUN];
+    bool taken[SAVE_MAX_RUN] = {false};
     for (int i = 0; i < k; i++) {
-        ss[i] = (int32_t)e->cands[idx[i]].id;
-        hs[i] = *index_slot_hash(e->index, ss[i]);
+        if (taken[i]) continue;
+        Hash128 hs[SAVE_MAX_RUN];
+        int32_t ss[SAVE_MAX_RUN];
+        int m = 0;
+        int32_t pos = e->cands[idx[i]].pos;
+        for (int j = i; j < k; j++) {
+            const EvictCand *c = &e->cands[idx[j]];
+            if (taken[j] || c->conv != e->cands[idx[i]].conv) continue;
+            taken[j] = true;
+            ss[m] = (int32_t)c->id;
+            hs[m++] = *index_slot_hash(e->index, (int32_t)c->id);
+            if (c->pos < pos) pos = c->pos;
+        }
+        save_blocks(e, hs, ss, m, pos);
     }
-    save_blocks(e, hs, ss, k);
     e->n_writebehind += (uint64_t)k;
 }
 
@@ -375,6 +391,33 @@ void tiers_prefetch(Engine *e, Active *a, int first, int end) {
     if (n > 0 && kvpool_n_free(&e->pool) - n >= e->reserve_blocks) tiers_start_load(e, a, at, n, true);
 }
 
+void tiers_send_window(Engine *e, int len) {
+    if (e->mover == NULL || !policy_uses_window(e->opt.evict)) return;
+    Hasher hs;
+    hasher_init(&hs);
+    int n = 0, idx = 0;
+    for (Active *a = e->waiting; a && idx < len; a = a->next, idx++) {
+        hasher_u32(&hs, (uint32_t)idx);
+        hasher_u32(&hs, (uint32_t)(a->win_end - a->win_first));
+        if (a->win_end > a->win_first)
+            hasher_update(&hs, &a->hashes[a->win_first], (size_t)(a->win_end - a->win_first) * sizeof(Hash128));
+        n += a->win_end - a->win_first;
+    }
+    Hash128 digest = hasher_final(&hs);
+    if (hash128_eq(&digest, &e->window_sent)) return;
+    MoverJob *j = mover_job_new(MOVER_WINDOW, n, 0);
+    if (j == NULL) return; /* the tiers keep the previous window */
+    int k = 0;
+    idx = 0;
+    for (Active *a = e->waiting; a && idx < len; a = a->next, idx++)
+        for (int b = a->win_first; b < a->win_end; b++, k++) {
+            j->hashes[k] = a->hashes[b];
+            j->slots[k] = idx;
+        }
+    if (mover_submit(e->mover, j) != MN_OK) mover_job_free(j);
+    else e->window_sent = digest;
+}
+
 /* A reopened tier holds these blocks (mover_new, before any request). */
 static void on_tier_held(void *ctx, int tier, const Hash128 *hashes, int n) {
     Engine *e = ctx;
@@ -402,7 +445,9 @@ int tiers_start(Engine *e, MnErr *err) {
                       .on_held = on_tier_held,
                       .held_ctx = e,
                       .replies = e->replies,
-                      .max_replies = ENGINE_MAX_REPLIES};
+                      .max_replies = ENGINE_MAX_REPLIES,
+                      .evict = op->evict,
+                      .cost = e->has_cost ? &e->cost : NULL};
     op->disk_tier_dir = NULL; /* borrowed for engine_new only */
     int rc = mover_new(&mc, &e->mover, err);
     if (rc != MN_OK) return rc;
