@@ -543,13 +543,14 @@ static void remove_tmpdir(char *d) {
     free(d);
 }
 
-/* Overwrite the data area of every slab file in dir with garbage. */
-static void corrupt_slabs(const char *dir) {
+/* Overwrite the first n_pages 4 KiB pages of the data area of every slab
+ * file in dir with garbage. */
+static void corrupt_slabs(const char *dir, int n_pages) {
     char cmd[512];
     snprintf(cmd, sizeof cmd,
-             "for f in %s/slab-*.dat; do dd if=/dev/urandom of=$f bs=4096 seek=1 count=64 conv=notrunc "
+             "for f in %s/slab-*.dat; do dd if=/dev/urandom of=$f bs=4096 seek=1 count=%d conv=notrunc "
              "status=none || exit 1; done",
-             dir);
+             dir, n_pages);
     assert_int_equal(system(cmd), 0);
 }
 
@@ -589,7 +590,7 @@ static void check_restore(uint64_t ram_mb, bool has_disk, CacheSource want, bool
     settle(e);
     free(run_one(e, c, 65, 4, NULL, &res));
     settle(e);
-    if (corrupt) corrupt_slabs(dir);
+    if (corrupt) corrupt_slabs(dir, 64);
     memset(got, 0, sizeof(float) * (size_t)nv);
     t = run_one(e, a, 65, 4, got, &res);
     assert_string_equal(t, ref_text);
@@ -640,6 +641,65 @@ static void test_restore_from_pool(void **s) {
     free(ref);
     free(got);
     engine_free(e);
+    model_free(m);
+}
+
+/* The mixed restore, planned by the engine: a conversation's leading
+ * blocks are in no tier, its middle only on disk, its tail in the pool. It
+ * is recomputed / loaded / used in one pass, with first logits
+ * bit-identical to a full recompute. Set-up: turn 1 (33 tokens) saves
+ * blocks 0..3 as the disk's first run, turn 2 (65 tokens) saves 4..7; two
+ * other requests push blocks 0..5 out of the pool (lru); the first run's
+ * layer 0 is then damaged, so the first restore fails its checksum and
+ * the disk drops blocks 0..3 only. */
+static void test_restore_mixed(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = make_tmpdir();
+    EngineOptions o;
+    engine_options_default(&o);
+    o.block_tokens = 8;
+    o.pool_blocks = 16;
+    o.parallel = 1;
+    o.evict = EVICT_LRU;
+    o.disk_tier_dir = dir;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    const int nv = m->cfg.n_vocab;
+    int32_t a[80], b[80], c[80];
+    make_prompt(a, 65, nv, 51, 1);
+    make_prompt(b, 65, nv, 52, 1);
+    make_prompt(c, 41, nv, 53, 1);
+    ReqResult res;
+    free(run_one(e, a, 33, 4, NULL, &res)); /* blocks 0..3 */
+    settle(e);
+    free(run_one(e, a, 65, 4, NULL, &res)); /* 4..7 */
+    assert_int_equal(res.n_cached, 32);
+    settle(e);
+    free(run_one(e, b, 65, 4, NULL, &res)); /* 9 blocks: a's block 0 goes */
+    settle(e);
+    free(run_one(e, c, 41, 4, NULL, &res)); /* 6 blocks: a's 1..5 go */
+    settle(e);
+    corrupt_slabs(dir, 1);
+    float *ref = reference_logits(m, a, 65), *got = calloc((size_t)nv, sizeof(float));
+    char *ref_text = reference_text(m, a, 65, 4);
+    char *t = run_one(e, a, 65, 4, got, &res);
+    assert_string_equal(t, ref_text);
+    assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
+    assert_int_equal(res.n_cached_by[SRC_DISK], 16); /* blocks 4, 5 */
+    assert_int_equal(res.n_cached_by[SRC_POOL], 16); /* 6, 7 */
+    assert_int_equal(res.n_cached, 32);              /* 0..3 recomputed */
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.restore_failures, 1);
+    assert_int_equal(st.tiers[0].tier.n_checksum_failures, 1);
+    free(t);
+    free(ref);
+    free(got);
+    free(ref_text);
+    engine_free(e);
+    remove_tmpdir(dir);
     model_free(m);
 }
 
@@ -742,6 +802,7 @@ int main(void) {
         cmocka_unit_test(test_restore_from_disk),
         cmocka_unit_test(test_restore_ram_and_disk),
         cmocka_unit_test(test_restore_corrupt_disk),
+        cmocka_unit_test(test_restore_mixed),
         cmocka_unit_test(test_many_conversations_tiered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

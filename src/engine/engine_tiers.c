@@ -229,9 +229,11 @@ static void load_done(Engine *e, Load *ld, MoverJob *j) {
         if (is_failed) {
             mark_holders_failed(e, slot);
             index_remove_slot(e->index, slot);
-            /* a block the failing tier could not give is not in it any more
-             * (a checksum failure also reports the drop) */
-            if (j->tier[k] == j->failed_tier) index_set_tiers(e->index, &j->hashes[k], 0, 1u << j->tier[k]);
+            /* a block the failing tier could not give may not be in it any
+             * more; a checksum failure names what it dropped (DROPPED,
+             * before this DONE), and the rest of the batch is still there */
+            if (j->tier[k] == j->failed_tier && j->rc != MN_ECHECKSUM)
+                index_set_tiers(e->index, &j->hashes[k], 0, 1u << j->tier[k]);
         }
         kvpool_release(&e->pool, slot);
     }
