@@ -554,6 +554,24 @@ static void corrupt_slabs(const char *dir, int n_pages) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* An engine for the restore tests: blocks of 8 tokens, a pool of 16, one
+ * sequence at a time, a RAM tier of ram_mb (0: none), a disk tier in dir
+ * (NULL: none). */
+static Engine *restore_engine(Model *m, uint64_t ram_mb, const char *dir, EvictPolicy evict) {
+    EngineOptions o;
+    engine_options_default(&o);
+    o.block_tokens = 8;
+    o.pool_blocks = 16;
+    o.parallel = 1;
+    o.ram_tier_mb = ram_mb;
+    o.disk_tier_dir = dir;
+    o.evict = evict;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    return e;
+}
+
 /* A conversation's blocks leave the pool (two other requests need it) and
  * come back from the tiers: its first logits are bit-identical to a full
  * recompute, its text to a solo run, and usage names the tier. With
@@ -563,16 +581,7 @@ static void check_restore(uint64_t ram_mb, bool has_disk, CacheSource want, bool
     Model *m = load("stories260K");
     if (!m) return;
     char *dir = has_disk ? make_tmpdir() : NULL;
-    EngineOptions o;
-    engine_options_default(&o);
-    o.block_tokens = 8;
-    o.pool_blocks = 16;
-    o.parallel = 1;
-    o.ram_tier_mb = ram_mb;
-    o.disk_tier_dir = dir;
-    Engine *e;
-    MnErr err = {0};
-    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    Engine *e = restore_engine(m, ram_mb, dir, EVICT_DEFAULT);
     const int nv = m->cfg.n_vocab;
     int32_t a[80], b[80], c[80];
     make_prompt(a, 65, nv, 41, 1);
@@ -656,16 +665,7 @@ static void test_restore_mixed(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
     char *dir = make_tmpdir();
-    EngineOptions o;
-    engine_options_default(&o);
-    o.block_tokens = 8;
-    o.pool_blocks = 16;
-    o.parallel = 1;
-    o.evict = EVICT_LRU;
-    o.disk_tier_dir = dir;
-    Engine *e;
-    MnErr err = {0};
-    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    Engine *e = restore_engine(m, 0, dir, EVICT_LRU);
     const int nv = m->cfg.n_vocab;
     int32_t a[80], b[80], c[80];
     make_prompt(a, 65, nv, 51, 1);
