@@ -554,14 +554,14 @@ static void corrupt_slabs(const char *dir, int n_pages) {
     assert_int_equal(system(cmd), 0);
 }
 
-/* An engine for the restore tests: blocks of 8 tokens, a pool of 16, one
- * sequence at a time, a RAM tier of ram_mb (0: none), a disk tier in dir
- * (NULL: none). */
-static Engine *restore_engine(Model *m, uint64_t ram_mb, const char *dir, EvictPolicy evict) {
+/* An engine for the restore tests: blocks of 8 tokens, a pool of
+ * pool_blocks, one sequence at a time, a RAM tier of ram_mb (0: none), a
+ * disk tier in dir (NULL: none). */
+static Engine *tier_engine(Model *m, int pool_blocks, uint64_t ram_mb, const char *dir, EvictPolicy evict) {
     EngineOptions o;
     engine_options_default(&o);
     o.block_tokens = 8;
-    o.pool_blocks = 16;
+    o.pool_blocks = pool_blocks;
     o.parallel = 1;
     o.ram_tier_mb = ram_mb;
     o.disk_tier_dir = dir;
@@ -581,7 +581,7 @@ static void check_restore(uint64_t ram_mb, bool has_disk, CacheSource want, bool
     Model *m = load("stories260K");
     if (!m) return;
     char *dir = has_disk ? make_tmpdir() : NULL;
-    Engine *e = restore_engine(m, ram_mb, dir, EVICT_DEFAULT);
+    Engine *e = tier_engine(m, 16, ram_mb, dir, EVICT_DEFAULT);
     const int nv = m->cfg.n_vocab;
     int32_t a[80], b[80], c[80];
     make_prompt(a, 65, nv, 41, 1);
@@ -665,7 +665,7 @@ static void test_restore_mixed(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
     char *dir = make_tmpdir();
-    Engine *e = restore_engine(m, 0, dir, EVICT_LRU);
+    Engine *e = tier_engine(m, 16, 0, dir, EVICT_LRU);
     const int nv = m->cfg.n_vocab;
     int32_t a[80], b[80], c[80];
     make_prompt(a, 65, nv, 51, 1);
@@ -701,6 +701,95 @@ static void test_restore_mixed(void **s) {
     engine_free(e);
     remove_tmpdir(dir);
     model_free(m);
+}
+
+/* Submit a request (greedy, n_gen tokens); the caller reads and unrefs it. */
+static Request *submit_one(Engine *e, const int32_t *prompt, int n, int n_gen) {
+    ReqParams p;
+    greedy_params(&p, n_gen);
+    Request *r = request_new(prompt, (size_t)n, &p, "", NULL);
+    MnErr err = {0};
+    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    return r;
+}
+
+/* Prefetch: a restarted server knows a conversation only from disk; it
+ * arrives while another request runs (one at a time), and its blocks are
+ * loaded into free pool slots while it waits. Its answer is the full
+ * recompute's, bit for bit. */
+static void test_prefetch_waiting(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = make_tmpdir();
+    const int nv = m->cfg.n_vocab;
+    int32_t a[80], d[16];
+    make_prompt(a, 65, nv, 61, 1);
+    make_prompt(d, 9, nv, 62, 1);
+    Engine *e = tier_engine(m, 32, 0, dir, EVICT_DEFAULT);
+    ReqResult res;
+    free(run_one(e, a, 65, 4, NULL, &res));
+    settle(e);
+    engine_free(e);
+    e = tier_engine(m, 32, 0, dir, EVICT_DEFAULT); /* a's 8 blocks are on disk only */
+    float *ref = reference_logits(m, a, 65), *got = calloc((size_t)nv, sizeof(float));
+    char *ref_text = reference_text(m, a, 65, 4);
+    Request *rd = submit_one(e, d, 9, 100); /* runs first: a waits behind it */
+    char *t = run_one(e, a, 65, 4, got, &res);
+    assert_string_equal(t, ref_text);
+    assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
+    assert_int_equal(res.n_cached, 64);
+    free(t);
+    free(drain(rd, &res));
+    request_unref(rd);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.prefetched_blocks, 8);
+    free(ref);
+    free(got);
+    free(ref_text);
+    engine_free(e);
+    remove_tmpdir(dir);
+    model_free(m);
+}
+
+/* Look-ahead in the pool: a conversation waiting behind a long request
+ * keeps its cached blocks while that request's growth evicts others (the
+ * newer ones, which lru would keep). Returns its cached prompt tokens. */
+static int window_keeps(EvictPolicy evict) {
+    Model *m = load("stories260K");
+    if (!m) return -1;
+    const int nv = m->cfg.n_vocab;
+    int32_t a[80], b[80], d[16];
+    make_prompt(a, 65, nv, 71, 1);
+    make_prompt(b, 65, nv, 72, 1);
+    make_prompt(d, 9, nv, 73, 1);
+    char *ref_text = reference_text(m, a, 65, 4);
+    Engine *e = tier_engine(m, 40, 0, NULL, evict);
+    ReqResult res;
+    free(run_one(e, a, 65, 4, NULL, &res)); /* 8 cached blocks, the oldest */
+    free(run_one(e, b, 65, 4, NULL, &res)); /* 8 more; 24 free */
+    /* d grows to 30 blocks, so its last 6 evict, the first of them at its
+     * 184th token; a, submitted right behind it, waits meanwhile */
+    Request *rd = submit_one(e, d, 9, 230);
+    Request *ra = submit_one(e, a, 65, 4);
+    char *ta = drain(ra, &res);
+    assert_string_equal(ta, ref_text);
+    int n_cached = res.n_cached;
+    free(ta);
+    free(ref_text);
+    request_unref(ra);
+    free(drain(rd, &res));
+    request_unref(rd);
+    engine_free(e);
+    model_free(m);
+    return n_cached;
+}
+
+static void test_window_keeps_waiting(void **s) {
+    int with_window = window_keeps(EVICT_LOOKAHEAD);
+    if (with_window < 0) return;
+    assert_int_equal(with_window, 64);
+    assert_int_equal(window_keeps(EVICT_LRU), 16); /* lru took a's blocks 0..5 */
 }
 
 static void test_restore_from_ram(void **s) { check_restore(1, false, SRC_RAM, false); }
@@ -803,6 +892,8 @@ int main(void) {
         cmocka_unit_test(test_restore_ram_and_disk),
         cmocka_unit_test(test_restore_corrupt_disk),
         cmocka_unit_test(test_restore_mixed),
+        cmocka_unit_test(test_prefetch_waiting),
+        cmocka_unit_test(test_window_keeps_waiting),
         cmocka_unit_test(test_many_conversations_tiered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

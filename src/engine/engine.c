@@ -314,6 +314,7 @@ static void stats_update_gauges(Engine *e) {
     if (e->index) e->stats.dropped_blocks = index_n_deleted(e->index);
     e->stats.restore_failures = e->restore_failures;
     e->stats.writebehind_blocks = e->n_writebehind;
+    e->stats.prefetched_blocks = e->n_prefetched;
     pthread_mutex_unlock(&e->stats_lock);
 }
 

@@ -135,6 +135,7 @@ typedef struct EngineStats {
     uint64_t dropped_blocks;   /* blocks gone from every tier (recomputed if needed again) */
     uint64_t restore_failures; /* restores that failed (checksum, I/O) and were recomputed */
     uint64_t writebehind_blocks; /* cold cached blocks copied down under the swap watermark */
+    uint64_t prefetched_blocks;  /* blocks of waiting requests restored before admission */
     int n_tiers;               /* tiers below the pool */
     MoverTierStats tiers[MOVER_MAX_TIERS]; /* the mover's latest snapshots */
     uint64_t suspensions;

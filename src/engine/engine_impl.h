@@ -114,6 +114,7 @@ struct Engine {
     uint64_t restore_failures;
     double t_tier_expire;    /* when the tiers were last asked to expire */
     uint64_t n_writebehind;  /* blocks copied down by the watermark */
+    uint64_t n_prefetched;   /* blocks restored for the look-ahead window */
     double save_backoff_s;   /* after saves no tier took: wait this long ... */
     double t_save_retry;     /* ... until then (mn_now) before saving again */
     Hash128 window_sent;     /* digest of the window last sent to the tiers */

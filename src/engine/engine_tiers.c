@@ -390,7 +390,8 @@ void tiers_prefetch(Engine *e, Active *a, int first, int end) {
     int n = 0;
     for (int b = first; b < end && n < SAVE_MAX_RUN; b++)
         if (index_lookup(e->index, &a->hashes[b]) < 0) at[n++] = b;
-    if (n > 0 && kvpool_n_free(&e->pool) - n >= e->reserve_blocks) tiers_start_load(e, a, at, n, true);
+    if (n > 0 && kvpool_n_free(&e->pool) - n >= e->reserve_blocks && tiers_start_load(e, a, at, n, true) == MN_OK)
+        e->n_prefetched += (uint64_t)n;
 }
 
 void tiers_send_window(Engine *e, int len) {
