@@ -238,6 +238,7 @@ static int conv_next(Conv *c, const Srv *s) {
         return -1;
     }
     char err[512];
+    free(c->req[turn]); /* an earlier try of this turn failed */
     c->req[turn] = conv_request(c, turn);
     if (ask(s, c->req[turn], &c->ans[turn], err, sizeof err) != 0) {
         snprintf(c->failure, sizeof c->failure, "'%s' turn %d: %s", c->first, turn + 1, err);
@@ -557,10 +558,13 @@ static void test_tiers_many_conversations(void **state) {
 
 /* ---- 2. restart after SIGKILL ---------------------------------------------------- */
 
-/* Turn 1 of 6 conversations, written down; turn 1 of 3 more, then SIGKILL
- * with their writes possibly in flight. A server restarted on the same
- * directory starts cleanly, finds the settled conversations on disk, and
- * answers all 9 second turns right. */
+/* Turn 1 of 6 conversations, written down. Then turn 1 of 3 more
+ * conversations from threads, and the server gets SIGKILL as soon as the
+ * first of their writes is seen to land (the metric moves), with the
+ * others queued or in flight. A server restarted on the same directory
+ * starts cleanly, finds the settled conversations on disk, and answers
+ * every conversation's next turn right (a turn the kill cut off is asked
+ * again). */
 static void test_tiers_restart_after_sigkill(void **state) {
     Fix *f = *state;
     fix_mkdir(f);
@@ -571,13 +575,23 @@ static void test_tiers_restart_after_sigkill(void **state) {
     for (int i = 0; i < N; i++) conv_init(&cs[i], "kill", i);
     for (int i = 0; i < N_SETTLED; i++) conv_step(&cs[i], s);
     wait_writes_settle(s, "disk", env_is("MNEMO_SANITIZED", "1") ? 2.0 : 1.0);
-    for (int i = N_SETTLED; i < N; i++) conv_step(&cs[i], s);
-    fix_kill(f, 0); /* right after the last answer */
+    double written = tier_metric(s, "mnemo_tier_bytes_written_total", "disk");
+    pthread_t th[N_LATE];
+    for (int i = N_SETTLED; i < N; i++) {
+        cs[i].s = s;
+        cs[i].n_turns = 1; /* two turns fit the pool, three do not */
+        pthread_create(&th[i - N_SETTLED], NULL, conv_thread, &cs[i]);
+    }
+    double t0 = now_s();
+    while (tier_metric(s, "mnemo_tier_bytes_written_total", "disk") <= written && now_s() - t0 < 60) usleep(2000);
+    fix_kill(f, 0);
+    for (int i = 0; i < N_LATE; i++) pthread_join(th[i], NULL);
 
     s = fix_start_tiered(f, POOL2_FLAGS, "--disk-tier-mb 4");
     if (log_has(s, "mnemo: error:")) fail_msg("the server restarted after SIGKILL logged an error");
     int n_disk = 0;
     for (int i = 0; i < N; i++) {
+        cs[i].failure[0] = '\0';
         conv_step(&cs[i], s);
         if (i < N_SETTLED) n_disk += cs[i].ans[1].by_tier[T_DISK] > 0;
     }
