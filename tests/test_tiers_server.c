@@ -551,6 +551,12 @@ static void test_tiers_many_conversations(void **state) {
     if (!(ram_w > 0 && disk_w > 0)) fail_msg("bytes written: ram %.0f, disk %.0f; both must be > 0", ram_w, disk_w);
     expect_tier_families(s, "ram");
     expect_tier_families(s, "disk");
+    /* the pool is a tier too: what it holds, and the cached blocks whose
+     * slots it reused (its 32 blocks cannot hold 12 conversations) */
+    double pool_occ = tier_metric(s, "mnemo_tier_occupancy_bytes", "pool");
+    double pool_ev = tier_metric(s, "mnemo_tier_evictions_total", "pool");
+    if (!(pool_occ > 0 && pool_ev > 0))
+        fail_msg("pool: occupancy %.0f bytes, %.0f evictions; both must be > 0", pool_occ, pool_ev);
     expect_health(s);
     fix_term(f, 0);
     fix_term(f, 1);

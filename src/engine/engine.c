@@ -310,6 +310,7 @@ static void stats_update_gauges(Engine *e) {
     e->stats.pool_free = kvpool_n_free(&e->pool);
     e->stats.pool_cached = kvpool_n_cached(&e->pool);
     e->stats.pool_used = kvpool_n_used(&e->pool);
+    e->stats.pool_evictions = e->pool.n_evictions;
     for (int i = 0; i < e->n_tiers; i++) mover_stats(e->mover, i, &e->stats.tiers[i]);
     if (e->index) e->stats.dropped_blocks = index_n_deleted(e->index);
     e->stats.restore_failures = e->restore_failures;

@@ -143,6 +143,7 @@ typedef struct EngineStats {
     int queue_depth, running;
     int pool_free, pool_used, pool_cached, pool_blocks;
     uint64_t pool_bytes;
+    uint64_t pool_evictions; /* cached blocks whose slot was reused */
     int block_tokens, n_ctx;
 } EngineStats;
 

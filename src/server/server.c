@@ -173,6 +173,10 @@ static enum MHD_Result handle_metrics(Server *s, struct MHD_Connection *c) {
     metrics_gauge_set(s->f_queue, "", st.queue_depth);
     metrics_gauge_set(s->f_running, "", st.running);
     metrics_counter_set(s->f_dropped, "", (double)st.dropped_blocks);
+    /* the pool as a tier: the bytes of its used and cached blocks */
+    double block_bytes = st.pool_blocks > 0 ? (double)st.pool_bytes / st.pool_blocks : 0;
+    metrics_gauge_set(s->f_tier_occupancy, "tier=\"pool\"", block_bytes * (st.pool_used + st.pool_cached));
+    metrics_counter_set(s->f_tier_evictions, "tier=\"pool\"", (double)st.pool_evictions);
     for (int i = 0; i < st.n_tiers; i++) {
         const MoverTierStats *t = &st.tiers[i];
         char label[64];
