@@ -4,8 +4,8 @@
  * runs sit on one LRU list (head = least recently used); tier_put_run
  * evicts while the budget or the medium (the kind's reserve) lacks room:
  * the head under lru, else the run the eviction policy scores lowest
- * (policy.h; one scan of the runs per victim). The bytes themselves belong to the kind behind TierKindOps
- * (tier_impl.h): host RAM or disk files.
+ * (policy.h; one scan of the runs per victim). The bytes themselves belong
+ * to the kind behind TierKindOps (tier_impl.h): host RAM or disk files.
  *
  * Owner: the mover thread; nothing locks (tier.h).
  *

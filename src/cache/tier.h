@@ -120,8 +120,8 @@ typedef struct TierStats {
 /* ---- constructors ---------------------------------------------------------- */
 
 /* Host RAM: runs in heap buffers, at most capacity_bytes of them
- * (evicting by tier_set_policy). The tier stores blocks of pools with these n_layer and
- * block_bytes only. MN_EINVAL, MN_ENOMEM; *out NULL on failure. */
+ * (evicting by tier_set_policy). The tier stores blocks of pools with
+ * these n_layer and block_bytes only. MN_EINVAL, MN_ENOMEM; *out NULL on failure. */
 int tier_ram_new(int n_layer, size_t block_bytes, uint64_t capacity_bytes, Tier **out);
 
 typedef struct TierDiskConfig {
@@ -164,10 +164,10 @@ void tier_set_drop_fn(Tier *t, TierDropFn fn, void *ctx);
 
 /* Copy the run of n_blocks blocks (hashes[i] lives in pool slot slots[i],
  * all layers; info may be NULL: position 0) into the tier, evicting runs
- * (tier_set_policy) while the budget or the medium lacks room. MN_OK: every hashes[i] is held, in this
- * run. MN_EFULL: the run cannot fit at all (bigger than the budget, or the
- * medium is out of space even with everything evicted) — not stored, the
- * tier keeps working. MN_EINVAL: n_blocks < 1, a slot out of range, a pool
+ * (tier_set_policy) while the budget or the medium lacks room. MN_OK:
+ * every hashes[i] is held, in this run. MN_EFULL: the run cannot fit at
+ * all (bigger than the budget, or the medium is out of space even with
+ * everything evicted) — not stored, the tier keeps working. MN_EINVAL: n_blocks < 1, a slot out of range, a pool
  * of another geometry. MN_ENOMEM, MN_EIO (sticky). */
 int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *pool, const int32_t *slots,
                  const TierRunInfo *info);
