@@ -239,6 +239,7 @@ static int conv_next(Conv *c, const Srv *s) {
     }
     char err[512];
     free(c->req[turn]); /* an earlier try of this turn failed */
+    answer_free(&c->ans[turn]);
     c->req[turn] = conv_request(c, turn);
     if (ask(s, c->req[turn], &c->ans[turn], err, sizeof err) != 0) {
         snprintf(c->failure, sizeof c->failure, "'%s' turn %d: %s", c->first, turn + 1, err);
