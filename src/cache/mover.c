@@ -4,9 +4,8 @@
  * everything else (writes). The thread always takes loads first, so a
  * restore waiting to be computed never queues behind write-behind; the
  * loads queued at that moment (up to MOVER_MAX_BATCH) are read together,
- * one streamed read per tier. A job
- * runs to completion without the lock; its events go out through the
- * on_event callback as they happen.
+ * one streamed read per tier. A job runs to completion without the lock;
+ * its events go out through the on_event callback as they happen.
  *
  * Invariants: only this thread calls into the tiers once mover_new has
  * returned; the stats snapshots are the only state another thread reads,
@@ -196,29 +195,43 @@ typedef struct LoadBatch {
 
 static void on_layer(void *ctx, int layer) {
     LoadBatch *b = ctx;
-    for (int i = 0; i < b->n_jobs; i++) post_layer(b->m, b->jobs[i], layer);
+    for (int i = 0; i < b->n_jobs; i++)
+        if (b->jobs[i]->rc == MN_OK) post_layer(b->m, b->jobs[i], layer);
 }
 
-/* Each tier's share of the batch's blocks in chain order, every layer of
- * it; the share of the last (slowest) tier involved is streamed and posts
- * a LAYER event of every job as each layer is in place, the faster tiers'
- * shares being in the pool by then. A failure fails every job of the
- * batch (their blocks are recomputed). */
+/* A job that names a tier the chain lacks, or a block its tier no longer
+ * holds (dropped since the engine planned the load), fails alone, before
+ * anything is read: MN_EINVAL / MN_ENOTFOUND. */
+static void check_load(Mover *m, MoverJob *j) {
+    j->rc = MN_OK;
+    j->failed_tier = -1;
+    for (int k = 0; k < j->n && j->rc == MN_OK; k++) {
+        if (j->tier[k] >= m->n_tiers) j->rc = MN_EINVAL;
+        else if (!tier_has(m->tiers[j->tier[k]], &j->hashes[k])) j->rc = MN_ENOTFOUND;
+        if (j->rc != MN_OK) j->failed_tier = j->tier[k] < m->n_tiers ? j->tier[k] : -1;
+    }
+}
+
+/* Each tier's share of the sound jobs' blocks in chain order, every layer
+ * of it; the share of the last (slowest) tier involved is streamed and
+ * posts a LAYER event of every job as each layer is in place, the faster
+ * tiers' shares being in the pool by then. A read that fails fails every
+ * job in it (their blocks are recomputed). */
 static void run_loads(Mover *m, LoadBatch *b) {
     int n_total = 0, last = -1, rc = MN_OK, failed_tier = -1;
     for (int i = 0; i < b->n_jobs; i++) {
         MoverJob *j = b->jobs[i];
+        check_load(m, j);
+        if (j->rc != MN_OK) continue;
         n_total += j->n;
-        for (int k = 0; k < j->n; k++) {
-            if (j->tier[k] >= m->n_tiers) rc = MN_EINVAL;
-            else if (j->tier[k] > last) last = j->tier[k];
-        }
+        for (int k = 0; k < j->n; k++)
+            if (j->tier[k] > last) last = j->tier[k];
     }
-    if (rc == MN_OK) rc = sub_reserve(m, n_total);
+    rc = sub_reserve(m, n_total);
     for (int t = 0; t <= last && rc == MN_OK; t++) {
         int n = 0;
         for (int i = 0; i < b->n_jobs; i++)
-            for (int k = 0; k < b->jobs[i]->n; k++)
+            for (int k = 0; b->jobs[i]->rc == MN_OK && k < b->jobs[i]->n; k++)
                 if (b->jobs[i]->tier[k] == t) {
                     m->sub_hashes[n] = b->jobs[i]->hashes[k];
                     m->sub_slots[n++] = b->jobs[i]->slots[k];
@@ -235,10 +248,11 @@ static void run_loads(Mover *m, LoadBatch *b) {
         }
         publish_stats(m, t);
     }
-    for (int i = 0; i < b->n_jobs; i++) {
-        b->jobs[i]->rc = rc;
-        b->jobs[i]->failed_tier = failed_tier;
-    }
+    for (int i = 0; i < b->n_jobs; i++)
+        if (b->jobs[i]->rc == MN_OK && rc != MN_OK) {
+            b->jobs[i]->rc = rc;
+            b->jobs[i]->failed_tier = failed_tier;
+        }
 }
 
 static void run_expire(Mover *m, MoverJob *j) {
@@ -303,11 +317,7 @@ static void *mover_main(void *arg) {
         j->next = NULL;
         switch (j->kind) {
         case MOVER_SAVE: run_save(m, j); break;
-        case MOVER_LOAD: { /* not queued here (mover_submit), but served alike */
-            LoadBatch b = {.m = m, .jobs = {j}, .n_jobs = 1};
-            run_loads(m, &b);
-            break;
-        }
+        case MOVER_LOAD: j->rc = MN_EINVAL; break; /* never queued here (mover_submit) */
         case MOVER_EXPIRE: run_expire(m, j); break;
         case MOVER_REPLY: run_reply(m, j); break;
         case MOVER_CONV: run_conv(m, j); break;
