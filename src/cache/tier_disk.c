@@ -90,12 +90,13 @@
  * one; that one and every later slab file are deleted (their runs cannot
  * be adopted) and made afresh when needed — except a slab of another
  * format version (valid magic, version != 1): the directory is then
- * refused (MN_EFORMAT, a message naming both versions), nothing deleted. Each row of `runs` is then
- * validated as above; invalid rows are deleted (LOG_WARN with the reason)
- * and their pages stay free. Valid runs are adopted in order of last use,
- * so the least recently used go first when the budget has shrunk; a block
- * named by two runs belongs to the later run, as after the put that moved
- * it. New run ids continue above the largest id seen. A block dropped
+ * refused (MN_EFORMAT, a message naming both versions), nothing deleted.
+ * Each row of `runs` is then validated as above; invalid rows are
+ * deleted (LOG_WARN with the reason) and their pages stay free. Valid runs
+ * are adopted in order of last use, so the least recently used go first
+ * when the budget has shrunk (the tier's policy is set only afterwards);
+ * a block named by two runs belongs to the later run, as after the put
+ * that moved it. New run ids continue above the largest id seen. A block dropped
  * alone (tier_drop) is not recorded, so after a restart it is held again:
  * its bytes are still exactly right. Slab files past the budget are
  * removed once they hold no run. Without a store nothing is reopened:

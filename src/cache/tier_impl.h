@@ -62,8 +62,8 @@ typedef struct TierKindOps {
     int (*reserve)(void *kind, TierRun *run);
     /* Copy all layers of the run out of pool (block i from slots[i]);
      * *io_bytes = bytes moved to the medium. run->id, run->last_used and
-     * run->pos are set. A persistent kind records the run only once its bytes are
-     * durable. MN_EFULL, MN_EIO, MN_ENOMEM. */
+     * run->pos are set. A persistent kind records the run only once its
+     * bytes are durable. MN_EFULL, MN_EIO, MN_ENOMEM. */
     int (*write)(void *kind, TierRun *run, const KvPool *pool, const int32_t *slots, uint64_t *io_bytes);
     /* Copy layer `layer` of blocks idx[k] of the run into slots[k], k < n,
      * after verifying what the medium returned; *io_bytes = bytes read
