@@ -427,6 +427,63 @@ static void test_aio_errors(void **state) {
     test_rm_dir(dir);
 }
 
+/* A ring that breaks with reads in flight: aio_free still waits until
+ * the kernel is done with their buffers (every byte is in place when it
+ * returns), and does not wait for requests a failed submit left queued. */
+static void test_aio_ring_broken(void **state) {
+    (void)state;
+    char dir[64], path[128];
+    make_tmp(dir);
+    snprintf(path, sizeof path, "%s/f.dat", dir);
+    enum { N = 8, LEN = 1 << 20 };
+    Aio *a;
+    assert_int_equal(aio_new(AIO_BACKEND_URING, N, &a), MN_OK);
+    AioFile f;
+    assert_int_equal(aio_open(a, path, AIO_OPEN_CREATE | AIO_OPEN_TRUNC, &f), MN_OK);
+    uint8_t *src = mn_alloc_aligned((size_t)N * LEN, 4096), *dst = mn_alloc_aligned((size_t)N * LEN, 4096);
+    uint64_t seed = 11;
+    for (size_t i = 0; i < (size_t)N * LEN; i += 8) {
+        uint64_t x = splitmix(&seed);
+        memcpy(src + i, &x, 8);
+    }
+    AioReq w = {.op = AIO_OP_WRITE, .file = &f, .buf = src, .offset = 0, .len = (size_t)N * LEN};
+    assert_int_equal(aio_run(a, &w, 1), MN_OK);
+    assert_int_equal(aio_fdatasync(a, &f), MN_OK);
+
+    /* the wait breaks: the kernel still holds all N reads */
+    memset(dst, 0, (size_t)N * LEN);
+    AioReq r[N];
+    for (int i = 0; i < N; i++)
+        r[i] = (AioReq){.op = AIO_OP_READ, .file = &f, .buf = dst + (size_t)i * LEN, .offset = (uint64_t)i * LEN,
+                        .len = LEN};
+    assert_int_equal(aio_submit(a, r, N), MN_OK);
+    aio_fault_set(a, AIO_OP_RING, 0, 1, EIO);
+    AioReq *done[N];
+    int n_done;
+    assert_int_equal(aio_wait(a, N, N, done, &n_done), MN_EIO);
+    assert_int_equal(aio_submit(a, r, 1), MN_EIO); /* broken from now on */
+    assert_int_equal(aio_wait(a, 0, N, done, &n_done), MN_EIO);
+    aio_free(a);
+    assert_memory_equal(src, dst, (size_t)N * LEN);
+
+    /* the submit breaks: nothing was taken, aio_free returns at once */
+    assert_int_equal(aio_new(AIO_BACKEND_URING, N, &a), MN_OK);
+    aio_fault_set(a, AIO_OP_RING, 0, 1, EIO);
+    assert_int_equal(aio_submit(a, r, N), MN_EIO);
+    aio_free(a);
+
+    /* the sync backend never waits on a ring: the fault does nothing */
+    assert_int_equal(aio_new(AIO_BACKEND_SYNC, N, &a), MN_OK);
+    aio_fault_set(a, AIO_OP_RING, 0, 1, EIO);
+    assert_int_equal(aio_run(a, r, N), MN_OK);
+    aio_free(a);
+
+    aio_close(&f);
+    mn_free_aligned(src);
+    mn_free_aligned(dst);
+    test_rm_dir(dir);
+}
+
 static void test_aio_auto(void **state) {
     Aio *a;
     assert_int_equal(aio_new(AIO_BACKEND_AUTO, 8, &a), MN_OK);
@@ -705,6 +762,26 @@ static void test_disk_read_layers_faults(void **state) {
         assert_int_equal(read_all_layers(t, &p, ids, slots, 2, &lg), MN_OK);
         assert_int_equal(lg.n_calls, p.n_layer);
         tier_check(t);
+
+        /* the ring itself breaks mid-stream (io_uring only): sticky like
+         * an I/O error; the reset waits out the reads the kernel holds
+         * (their staging buffer is reused) and starts a new ring */
+        if (pa->backend == AIO_BACKEND_URING) {
+            assert_int_equal(put_range(t, &p, 10, 4, 4), MN_OK);
+            scramble_pool(&p, 9);
+            aio_fault_set(tier_disk_aio(t), AIO_OP_RING, 2, 1, EIO);
+            assert_int_equal(read_all_layers(t, &p, ids, slots, 4, &lg), MN_EIO);
+            assert_true(lg.n_calls < p.n_layer);
+            tier_stats(t, &s);
+            assert_true(s.is_failed);
+            assert_int_equal(tier_reset(t), MN_OK);
+            assert_int_equal(put_range(t, &p, 0, 4, 0), MN_OK);
+            assert_int_equal(put_range(t, &p, 10, 4, 4), MN_OK);
+            scramble_pool(&p, 8);
+            assert_int_equal(read_all_layers(t, &p, ids, slots, 4, &lg), MN_OK);
+            assert_int_equal(lg.n_calls, p.n_layer);
+            tier_check(t);
+        }
         fx_close(&fx);
     }
     kvpool_deinit(&p);
@@ -2049,6 +2126,7 @@ int main(void) {
         cmocka_unit_test_prestate(test_aio_roundtrip, (void *)&P_SYNC),
         cmocka_unit_test_prestate(test_aio_errors, (void *)&P_URING),
         cmocka_unit_test_prestate(test_aio_errors, (void *)&P_SYNC),
+        cmocka_unit_test(test_aio_ring_broken),
         cmocka_unit_test(test_aio_auto),
         TIER_TESTS(test_tier_roundtrip),
         TIER_TESTS(test_tier_layers_and_spans),

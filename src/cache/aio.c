@@ -17,7 +17,9 @@
  *   its completion and the aio_wait that hands it back.
  * A failure of the ring itself (io_uring_submit or io_uring_wait_cqe
  * returning an error other than EINTR/EAGAIN) sets is_broken: from then on
- * every call returns MN_EIO, because requests may be lost in it.
+ * every call returns MN_EIO, because requests may be lost in it. Only
+ * aio_free still waits on a broken ring, for the requests the kernel took:
+ * their buffers belong to the caller, who frees them after aio_free.
  */
 #include "cache/aio.h"
 
@@ -28,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/err.h"
@@ -132,6 +135,10 @@ static void sync_run(Aio *a, AioReq *r) {
 
 /* Hand queued SQEs to the kernel. */
 static int uring_flush(Aio *a) {
+    if (fault_take(a, AIO_OP_RING)) {
+        a->is_broken = true;
+        return MN_EIO;
+    }
     for (;;) {
         int rc = io_uring_submit(&a->ring);
         if (rc >= 0) return MN_OK;
@@ -174,6 +181,10 @@ static int uring_prep(Aio *a, AioReq *r) {
  * none was ready, -MN_EIO when the ring failed (the Aio is then broken). */
 static int uring_reap(Aio *a, bool wait) {
     struct io_uring_cqe *cqe = NULL;
+    if (wait && fault_take(a, AIO_OP_RING)) {
+        a->is_broken = true;
+        return -MN_EIO;
+    }
     for (;;) {
         int rc = wait ? io_uring_wait_cqe(&a->ring, &cqe) : io_uring_peek_cqe(&a->ring, &cqe);
         if (rc == 0) break;
@@ -237,11 +248,38 @@ int aio_new(AioBackend backend, int queue_depth, Aio **out) {
     return MN_OK;
 }
 
+/* Wait until the kernel is done with every request it took, discarding
+ * the completions (the Aio is going away). SQEs still queued in the ring
+ * (a failed submit left them there) were never taken and are not waited
+ * for. Works on a broken ring: when waiting fails, the completion queue,
+ * which needs no system call to read, is polled instead. */
+static void uring_drain(Aio *a) {
+    unsigned queued = io_uring_sq_ready(&a->ring);
+    int held = a->n_inflight - (int)queued;
+    while (held > 0) {
+        struct io_uring_cqe *cqe = NULL;
+        int rc = io_uring_wait_cqe(&a->ring, &cqe);
+        if (rc == -EINTR || rc == -EAGAIN) continue;
+        if (rc < 0 && io_uring_peek_cqe(&a->ring, &cqe) != 0) {
+            nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+            continue;
+        }
+        io_uring_cqe_seen(&a->ring, cqe);
+        held--;
+    }
+    a->n_inflight = 0;
+}
+
 void aio_free(Aio *a) {
     if (a == NULL) return;
     if (a->has_ring) {
-        while (a->n_inflight > 0 && !a->is_broken)
-            if (uring_reap(a, true) < 0) break;
+        if (a->is_broken) uring_drain(a);
+        else
+            while (a->n_inflight > 0)
+                if (uring_reap(a, true) < 0) { /* the ring broke now */
+                    uring_drain(a);
+                    break;
+                }
         io_uring_queue_exit(&a->ring);
     }
     mn_free(a);

@@ -43,6 +43,9 @@ enum {
     AIO_OP_FDATASYNC = 1u << 2,
     AIO_OP_FALLOCATE = 1u << 3, /* aio_fallocate */
     AIO_OP_OPEN = 1u << 4,      /* the open(2) calls of aio_open */
+    AIO_OP_RING = 1u << 5,      /* io_uring only: handing requests to the
+                                   ring or waiting on it fails as if the ring
+                                   itself broke (errnum unused) */
 };
 
 /* aio_open flags */
@@ -81,7 +84,10 @@ typedef struct Aio Aio;
  * kernel, seccomp). Asking for AIO_BACKEND_URING where it is unavailable
  * returns MN_EUNSUPPORTED. MN_ENOMEM. *out is NULL on failure. */
 int aio_new(AioBackend backend, int queue_depth, Aio **out);
-void aio_free(Aio *a); /* requests still in flight are waited for first */
+/* Requests still in flight are waited for first, also on a broken ring:
+ * every request the kernel took is finished with its buffer when this
+ * returns, so the caller may free the buffers right after. */
+void aio_free(Aio *a);
 
 /* The backend in use (never AUTO) and its name ("io_uring", "sync"). */
 AioBackend aio_backend(const Aio *a);
