@@ -792,6 +792,118 @@ static void test_window_keeps_waiting(void **s) {
     assert_int_equal(window_keeps(EVICT_LRU), 16); /* lru took a's blocks 0..5 */
 }
 
+/* A mover layer gate (EngineOptions.mover_layer_gate): sleeps sleep_ms
+ * per layer (a slow disk), or, while closed, holds the load where it is
+ * until opened or until 5 s have passed (then it opens itself and says
+ * so, so a test that waits on the wrong thing fails instead of hanging).
+ * n_calls counts the layers that came through. */
+typedef struct Gate {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int sleep_ms;
+    bool is_closed;
+    bool timed_out;
+    int n_calls;
+} Gate;
+
+static void gate_layer(void *ctx, int layer) {
+    (void)layer;
+    Gate *g = ctx;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 5;
+    pthread_mutex_lock(&g->lock);
+    g->n_calls++;
+    int ms = g->sleep_ms;
+    while (g->is_closed)
+        if (pthread_cond_timedwait(&g->cond, &g->lock, &until) != 0) {
+            g->timed_out = true;
+            g->is_closed = false;
+        }
+    pthread_mutex_unlock(&g->lock);
+    if (ms > 0) usleep((useconds_t)ms * 1000);
+}
+
+/* A slow restore sits out the steps it would stall (tiers_hold_back): the
+ * disk tier has read slowly before (the gate slept 30 ms a layer while x's
+ * 8 blocks came back), so y's one block is expected to take ~19 ms, far
+ * longer than a step's compute. While y's load is held at the gate, a
+ * request running beside it decodes all 40 of its tokens; then the load
+ * finishes and y's first logits are a full recompute's, bit for bit.
+ * Without the hold-back, the first step with both waits on the gate and
+ * the other request cannot finish before the gate gives up. The step time
+ * it compares with leaves out the ~150 ms x's step waited for its layers:
+ * counted in, it would make a step look longer (~30 ms by y's turn) than
+ * y's restore, and y would join the batch. */
+static void test_hold_back_slow_restore(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = make_tmpdir();
+    const int nv = m->cfg.n_vocab;
+    int32_t x[80], y[16], d[16];
+    make_prompt(x, 65, nv, 81, 1);
+    make_prompt(y, 9, nv, 82, 1);
+    make_prompt(d, 9, nv, 83, 1);
+    Engine *e = tier_engine(m, 32, 0, dir, EVICT_DEFAULT);
+    ReqResult res;
+    free(run_one(e, x, 65, 4, NULL, &res));
+    free(run_one(e, y, 9, 4, NULL, &res));
+    settle(e);
+    engine_free(e); /* x's 8 blocks and y's first are on disk only now */
+
+    Gate g = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .sleep_ms = 30};
+    EngineOptions o;
+    engine_options_default(&o);
+    o.block_tokens = 8;
+    o.pool_blocks = 32;
+    o.parallel = 2;
+    o.disk_tier_dir = dir;
+    o.mover_layer_gate = gate_layer;
+    o.mover_layer_gate_ctx = &g;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    free(run_one(e, d, 9, 20, NULL, &res)); /* steps of plain compute */
+    float *ref = reference_logits(m, x, 65), *got = calloc((size_t)nv, sizeof(float));
+    free(run_one(e, x, 65, 1, got, &res)); /* alone: restored slowly, not held back */
+    assert_int_equal(res.n_cached_by[SRC_DISK], 64);
+    assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
+    free(ref);
+    EngineStats st; /* the engine sees the slow read once the mover publishes it */
+    for (int i = 0; i < 500 && (engine_stats(e, &st), st.tiers[0].tier.read_seconds < 0.1); i++) usleep(10000);
+    assert_true(st.tiers[0].tier.read_seconds >= 0.1);
+
+    pthread_mutex_lock(&g.lock);
+    g.sleep_ms = 0;
+    g.is_closed = true;
+    pthread_mutex_unlock(&g.lock);
+    Request *rd = submit_one(e, d, 9, 40);
+    ReqParams p;
+    greedy_params(&p, 4);
+    p.first_logits = got;
+    Request *ry = request_new(y, 9, &p, "", NULL);
+    assert_int_equal(engine_submit(e, ry, &err), MN_OK);
+    free(drain(rd, &res));
+    assert_int_equal(res.n_generated, 40);
+    pthread_mutex_lock(&g.lock);
+    bool was_held = !g.timed_out;
+    g.is_closed = false;
+    pthread_cond_broadcast(&g.cond);
+    pthread_mutex_unlock(&g.lock);
+    assert_true(was_held); /* d finished while y's load was held */
+    request_unref(rd);
+    free(drain(ry, &res));
+    request_unref(ry);
+    assert_int_equal(res.n_cached_by[SRC_DISK], 8);
+    assert_int_equal(g.n_calls, 2 * m->cfg.n_layer); /* both came through the gate */
+    ref = reference_logits(m, y, 9);
+    assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
+    free(ref);
+    free(got);
+    engine_free(e);
+    remove_tmpdir(dir);
+    model_free(m);
+}
+
 static void test_restore_from_ram(void **s) { check_restore(1, false, SRC_RAM, false); }
 static void test_restore_from_disk(void **s) { check_restore(0, true, SRC_DISK, false); }
 static void test_restore_ram_and_disk(void **s) { check_restore(1, true, SRC_RAM, false); }
@@ -894,6 +1006,7 @@ int main(void) {
         cmocka_unit_test(test_restore_mixed),
         cmocka_unit_test(test_prefetch_waiting),
         cmocka_unit_test(test_window_keeps_waiting),
+        cmocka_unit_test(test_hold_back_slow_restore),
         cmocka_unit_test(test_many_conversations_tiered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -195,6 +195,7 @@ typedef struct LoadBatch {
 
 static void on_layer(void *ctx, int layer) {
     LoadBatch *b = ctx;
+    if (b->m->cfg.layer_gate) b->m->cfg.layer_gate(b->m->cfg.layer_gate_ctx, layer);
     for (int i = 0; i < b->n_jobs; i++)
         if (b->jobs[i]->rc == MN_OK) post_layer(b->m, b->jobs[i], layer);
 }

@@ -137,6 +137,11 @@ typedef struct MoverTierStats {
 /* Blocks hashes[0..n) are held by tier `tier` when the mover starts (a
  * persistent tier reopened): called from mover_new, before the thread. */
 typedef void (*MoverHeldFn)(void *ctx, int tier, const Hash128 *hashes, int n);
+/* Test hook: called on the mover thread as each layer of a streamed load
+ * is in place, before its LAYER events, inside the tier's timed read. A
+ * gate that sleeps reads as a slow tier (its measured bandwidth drops); one
+ * that blocks holds the load at that layer. */
+typedef void (*MoverLayerGateFn)(void *ctx, int layer);
 
 typedef struct MoverConfig {
     KvPool *pool;             /* geometry and arenas (borrowed) */
@@ -154,6 +159,8 @@ typedef struct MoverConfig {
     int max_replies;          /* reply rows kept in the database */
     EvictPolicy evict;        /* every tier's (tier_set_policy); 0 = lru */
     const CostModel *cost;    /* copied; may be NULL */
+    MoverLayerGateFn layer_gate; /* tests only; NULL normally */
+    void *layer_gate_ctx;
 } MoverConfig;
 
 typedef struct Mover Mover;

@@ -798,12 +798,13 @@ static void engine_step(Engine *e) {
     const float *logits;
     MnErr err = {0};
     double t0 = mn_now();
+    e->step_wait_s = 0;
     if (fwd_run(e->fwd, &b, &logits, &err) != MN_OK) {
         LOG_ERROR("forward pass failed: %s", err.msg);
         fail_all_running(e, err.msg);
         return;
     }
-    e->step_s = 0.7 * e->step_s + 0.3 * (mn_now() - t0);
+    e->step_s = 0.7 * e->step_s + 0.3 * (mn_now() - t0 - e->step_wait_s);
     /* advance, register full blocks (not for a sequence whose restore
      * failed during the pass: its work is discarded below) */
     for (int t = 0; t < n; t++) {

@@ -110,7 +110,9 @@ struct Engine {
     int n_load_blocks;       /* blocks being restored */
     int n_save_blocks;       /* blocks being saved */
     int watermark_blocks;    /* write-behind below this many free blocks */
-    double step_s;           /* recent seconds per forward pass */
+    double step_s;           /* recent compute seconds per forward pass
+                                (the time it waited for restores left out) */
+    double step_wait_s;      /* this pass's wait for restored layers */
     uint64_t restore_failures;
     double t_tier_expire;    /* when the tiers were last asked to expire */
     uint64_t n_writebehind;  /* blocks copied down by the watermark */

@@ -289,7 +289,9 @@ static bool is_waiting_for(const Engine *e, const Active *a, int layer) {
 }
 
 /* FwdBatch.wait_layer: before layer's attention, wait until the blocks of
- * every sequence in the batch have that layer in place (or failed). */
+ * every sequence in the batch have that layer in place (or failed). The
+ * time waited is kept apart from the step's compute time (step_s), which
+ * tiers_hold_back compares restores with. */
 void tiers_wait_layer(void *ctx, int layer) {
     Engine *e = ctx;
     for (;;) {
@@ -297,7 +299,9 @@ void tiers_wait_layer(void *ctx, int layer) {
         for (int i = 0; i < e->n_running && !is_waiting; i++)
             if (e->running[i]->is_in_batch) is_waiting = is_waiting_for(e, e->running[i], layer);
         if (!is_waiting) return;
+        double t0 = mn_now();
         tiers_take_events(e, true);
+        e->step_wait_s += mn_now() - t0;
     }
 }
 
@@ -450,7 +454,9 @@ int tiers_start(Engine *e, MnErr *err) {
                       .replies = e->replies,
                       .max_replies = ENGINE_MAX_REPLIES,
                       .evict = op->evict,
-                      .cost = e->has_cost ? &e->cost : NULL};
+                      .cost = e->has_cost ? &e->cost : NULL,
+                      .layer_gate = op->mover_layer_gate,
+                      .layer_gate_ctx = op->mover_layer_gate_ctx};
     op->disk_tier_dir = NULL; /* borrowed for engine_new only */
     int rc = mover_new(&mc, &e->mover, err);
     if (rc != MN_OK) return rc;
