@@ -1227,6 +1227,88 @@ static void test_disk_probe(void **state) {
     assert_int_equal(rmdir(dir), 0);
 }
 
+typedef struct TierFault {
+    Fault f;
+    bool hit; /* the hook ran */
+} TierFault;
+
+static void inject_tier(Tier *t, void *ctx) {
+    TierFault *tf = ctx;
+    tf->hit = true;
+    inject(tier_disk_aio(t), &tf->f);
+}
+
+/* The disk tier's restores alone: whole restores of the runs put, every
+ * extent counted, the scratch directory gone on every path. */
+static void test_disk_probe_restore(void **state) {
+    char dir[] = "/tmp/mnemo-test-restoreprobe-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    MnErr err = {0};
+    DiskRestoreResult res;
+    /* 16 MiB: four runs of 5 blocks (160 KiB a layer, 22 layers), two restores */
+    int rc = diskprobe_restore(dir, 16u << 20, NULL, &res, &err);
+    if (rc) fail_msg("diskprobe_restore: %s", err.msg);
+    assert_int_equal(res.n_restores, 2);
+    assert_true(res.bytes == 2ull * 2 * 22 * 5 * 32768);
+    assert_true(res.read_s > 0 && res.restore_mbps > 0);
+    assert_true(fabs(res.restore_mbps - (double)res.bytes / res.read_s / 1e6) < 1e-6 * res.restore_mbps);
+    assert_int_equal(n_dir_entries(dir), 0);
+
+    /* runs of one block, three to a restore: 23 runs fit, 21 are read */
+    DiskRestoreOpts o = {.run_blocks = 1, .runs_per_restore = 3};
+    rc = diskprobe_restore(dir, 16u << 20, &o, &res, &err);
+    if (rc) fail_msg("diskprobe_restore: %s", err.msg);
+    assert_int_equal(res.n_restores, 7);
+    assert_true(res.bytes == 7ull * 3 * 22 * 32768);
+    assert_int_equal(n_dir_entries(dir), 0);
+
+    /* a failing read, a full disk while storing */
+    TierFault faults[] = {{{AIO_OP_READ, 30, EIO}, false}, {{AIO_OP_WRITE, 3, ENOSPC}, false}};
+    int codes[] = {MN_EIO, MN_EFULL};
+    const char *what[] = {"restoring", "no space left"};
+    for (int i = 0; i < 2; i++) {
+        DiskRestoreOpts fo = {.tier_hook_fn = inject_tier, .tier_hook_ctx = &faults[i]};
+        err.msg[0] = '\0';
+        assert_int_equal(diskprobe_restore(dir, 16u << 20, &fo, &res, &err), codes[i]);
+        assert_true(faults[i].hit);
+        assert_non_null(strstr(err.msg, what[i]));
+        assert_true(res.bytes == 0 && res.n_restores == 0);
+        assert_int_equal(n_dir_entries(dir), 0);
+    }
+
+    /* too small for one restore; no such directory */
+    assert_int_equal(diskprobe_restore(dir, 1u << 20, NULL, &res, &err), MN_EINVAL);
+    assert_non_null(strstr(err.msg, "no whole restore"));
+    char missing[96];
+    snprintf(missing, sizeof missing, "%s/nope", dir);
+    assert_int_equal(diskprobe_restore(missing, 16u << 20, NULL, &res, &err), MN_ENOTFOUND);
+
+    /* the command with --restore: the third and fourth lines */
+    char out_path[] = "/tmp/mnemo-test-restoreprobe-out-XXXXXX";
+    int out_fd = mkstemp(out_path);
+    fflush(stdout);
+    int saved = dup(STDOUT_FILENO);
+    dup2(out_fd, STDOUT_FILENO);
+    char *argv[] = {dir, "--mb", "8", "--restore"};
+    rc = diskprobe_main(4, argv);
+    fflush(stdout);
+    dup2(saved, STDOUT_FILENO);
+    close(saved);
+    close(out_fd);
+    assert_int_equal(rc, 0);
+    char *text = test_read_file(out_path, NULL);
+    unlink(out_path);
+    assert_non_null(text);
+    double t = 0;
+    char *line = strstr(text, "restore_mbps=");
+    if (!strstr(text, "the disk tier restores at ") || !strstr(text, "(1 restores of 2 runs x 5 blocks") ||
+        line == NULL || sscanf(line, "restore_mbps=%lf", &t) != 1 || !(t > 0))
+        fail_msg("disk-probe --restore printed:\n%s", text);
+    free(text);
+    assert_int_equal(n_dir_entries(dir), 0);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 int main(void) {
     test_apply_filter();
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -1247,6 +1329,7 @@ int main(void) {
         cmocka_unit_test(test_tiers_fake_mnemo),
         cmocka_unit_test(test_tiers_plain_server),
         cmocka_unit_test(test_disk_probe),
+        cmocka_unit_test(test_disk_probe_restore),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();

@@ -24,6 +24,7 @@
  */
 #include "bench/diskprobe.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -35,7 +36,9 @@
 
 #include "base/cli.h"
 #include "base/clock.h"
+#include "base/hash.h"
 #include "base/mem.h"
+#include "cache/kv_pool.h"
 
 #define N_OPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 #define STAMP_MAGIC 0x6d6e656d6f70726full /* "mnemopro" */
@@ -147,6 +150,14 @@ static int fail_io(MnErr *err, int rc, const char *dir, const char *what, uint64
     return mn_err_set(err, rc, "%s: %s failed: %s", dir, what, mn_strerror(rc));
 }
 
+static int check_dir(const char *dir, MnErr *err) {
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return mn_err_set(err, errno == ENOENT ? MN_ENOTFOUND : MN_EIO, "%s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return mn_err_set(err, MN_EINVAL, "%s: not a directory", dir);
+    return MN_OK;
+}
+
 int diskprobe_run(const char *dir, uint64_t bytes, DiskProbeResult *out, MnErr *err) {
     return diskprobe_run_opts(dir, bytes, NULL, out, err);
 }
@@ -164,17 +175,14 @@ int diskprobe_run_opts(const char *dir, uint64_t bytes, const DiskProbeOpts *o, 
                           opts.request_bytes, AIO_ALIGN);
     if (opts.queue_depth < 1 || opts.queue_depth > 1024)
         return mn_err_set(err, MN_EINVAL, "queue depth %d is not in 1..1024", opts.queue_depth);
-    struct stat st;
-    if (stat(dir, &st) != 0)
-        return mn_err_set(err, errno == ENOENT ? MN_ENOTFOUND : MN_EIO, "%s: %s", dir, strerror(errno));
-    if (!S_ISDIR(st.st_mode)) return mn_err_set(err, MN_EINVAL, "%s: not a directory", dir);
+    int rc = check_dir(dir, err);
+    if (rc != MN_OK) return rc;
 
     Probe p = {.file = {.fd = -1}, .request_bytes = opts.request_bytes, .bytes = bytes};
     uint64_t n_req = (bytes + p.request_bytes - 1) / p.request_bytes;
     p.n_slots = n_req < (uint64_t)opts.queue_depth ? (int)n_req : opts.queue_depth;
     char path[4096];
     bool has_file = false;
-    int rc = MN_OK;
     size_t buf_bytes = 0;
     if (mn_mul_size((size_t)p.n_slots, (size_t)p.request_bytes, &buf_bytes) != 0) /* at most 1024 GiB: 64-bit */
         return mn_err_set(err, MN_ENOMEM, "probe buffers: size overflow");
@@ -263,17 +271,168 @@ done:
     return rc;
 }
 
+/* ---- the disk tier's restore path ------------------------------------------------------ */
+
+/* The 1.1B model's KV shape (scripts/bench): 22 layers, 4 KV heads of 64,
+ * blocks of 32 tokens in f16. */
+#define RESTORE_N_LAYER 22
+#define RESTORE_KV_DIM 256
+#define RESTORE_BLOCK_TOKENS 32
+
+/* Block i of run r: a hash no two blocks share. */
+static Hash128 restore_hash(uint64_t run, int i) {
+    uint64_t key[2] = {run, (uint64_t)i};
+    return hash128(key, sizeof key);
+}
+
+/* Remove the tier's scratch directory: its slab files, then itself. */
+static void remove_scratch(const char *path) {
+    DIR *d = opendir(path);
+    if (d != NULL) {
+        struct dirent *de;
+        char file[4096 + 256];
+        while ((de = readdir(d)) != NULL) {
+            if (de->d_name[0] == '.') continue;
+            snprintf(file, sizeof file, "%s/%s", path, de->d_name);
+            unlink(file);
+        }
+        closedir(d);
+    }
+    rmdir(path);
+}
+
+/* Put n_runs runs of run_blocks blocks (from pool slots 0..run_blocks). */
+static int restore_fill(Tier *t, KvPool *pool, int n_runs, int run_blocks, Hash128 *hashes, int32_t *slots) {
+    for (int r = 0; r < n_runs; r++) {
+        for (int i = 0; i < run_blocks; i++) {
+            hashes[i] = restore_hash((uint64_t)r, i);
+            slots[i] = i;
+        }
+        TierRunInfo info = {.pos = 0};
+        int rc = tier_put_run(t, hashes, run_blocks, pool, slots, &info);
+        if (rc != MN_OK) return rc;
+    }
+    return MN_OK;
+}
+
+static int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
+
+/* Read the runs back rpr at a time, the groups in a scattered order (a
+ * stride prime to their count), into pool slots 0..rpr*run_blocks. */
+static int restore_read(Tier *t, KvPool *pool, int n_runs, int run_blocks, int rpr, Hash128 *hashes,
+                        int32_t *slots, int *n_restores) {
+    int n_groups = n_runs / rpr, stride = 1;
+    for (int c = 7; c < n_groups; c++)
+        if (gcd(c, n_groups) == 1) {
+            stride = c;
+            break;
+        }
+    for (int k = 0; k < n_groups; k++) {
+        int g = (int)(((int64_t)k * stride) % n_groups), n = 0;
+        for (int r = g * rpr; r < (g + 1) * rpr; r++)
+            for (int i = 0; i < run_blocks; i++, n++) {
+                hashes[n] = restore_hash((uint64_t)r, i);
+                slots[n] = n;
+            }
+        int rc = tier_read_layers(t, hashes, n, pool, slots, NULL, NULL);
+        if (rc != MN_OK) return rc;
+        (*n_restores)++;
+    }
+    return MN_OK;
+}
+
+int diskprobe_restore(const char *dir, uint64_t bytes, const DiskRestoreOpts *o, DiskRestoreResult *out,
+                      MnErr *err) {
+    memset(out, 0, sizeof *out);
+    DiskRestoreOpts opts = o ? *o : (DiskRestoreOpts){0};
+    int run_blocks = opts.run_blocks > 0 ? opts.run_blocks : 5;
+    int rpr = opts.runs_per_restore > 0 ? opts.runs_per_restore : 2;
+    if (run_blocks > 4096 || rpr > 64)
+        return mn_err_set(err, MN_EINVAL, "runs of %d blocks, %d per restore: too many", run_blocks, rpr);
+    int rc = check_dir(dir, err);
+    if (rc != MN_OK) return rc;
+    KvPool pool;
+    rc = kvpool_init(&pool, RESTORE_N_LAYER, RESTORE_KV_DIM, RESTORE_BLOCK_TOKENS, run_blocks * rpr, MN_TYPE_F16);
+    if (rc != MN_OK) return mn_err_set(err, rc, "the restore probe's pool: %s", mn_strerror(rc));
+    uint64_t run_bytes = (uint64_t)run_blocks * pool.block_bytes * RESTORE_N_LAYER;
+    uint64_t n_runs = bytes / run_bytes / (uint64_t)rpr * (uint64_t)rpr;
+    uint64_t stored = n_runs * (run_bytes + (uint64_t)AIO_ALIGN * RESTORE_N_LAYER);
+    Hash128 *hashes = mn_malloc((size_t)(run_blocks * rpr) * sizeof *hashes);
+    int32_t *slots = mn_malloc((size_t)(run_blocks * rpr) * sizeof *slots);
+    char path[4096];
+    bool has_dir = false;
+    Tier *t = NULL;
+    if (n_runs == 0 || n_runs > (1u << 20)) {
+        rc = mn_err_set(err, MN_EINVAL, "%" PRIu64 " bytes hold no whole restore of %d runs of %" PRIu64 " bytes",
+                        bytes, rpr, run_bytes);
+        goto done;
+    }
+    if (hashes == NULL || slots == NULL) {
+        rc = mn_err_set(err, MN_ENOMEM, "out of memory for the restore probe");
+        goto done;
+    }
+    for (int l = 0; l < RESTORE_N_LAYER; l++) /* incompressible, like KV */
+        fill_pattern(kvpool_k(&pool, l, 0), (uint64_t)pool.n_blocks * pool.block_bytes);
+    if (snprintf(path, sizeof path, "%s/.mnemo-restore-probe-XXXXXX", dir) >= (int)sizeof path) {
+        rc = mn_err_set(err, MN_EINVAL, "%s: path too long", dir);
+        goto done;
+    }
+    if (mkdtemp(path) == NULL) {
+        rc = mn_err_set(err, aio_errno_to_mn(errno), "%s: cannot make a scratch directory: %s", dir, strerror(errno));
+        goto done;
+    }
+    has_dir = true;
+    TierDiskConfig cfg = {.dir = path,
+                          /* room for every run with its padding, and
+                             for what the slabs' ends waste: none goes */
+                          .capacity_bytes = stored + stored / 16 + (8u << 20),
+                          .n_layer = RESTORE_N_LAYER,
+                          .block_bytes = pool.block_bytes,
+                          .aio_backend = AIO_BACKEND_AUTO};
+    rc = tier_disk_new(&cfg, &t, err);
+    if (rc != MN_OK) goto done;
+    if (opts.tier_hook_fn) opts.tier_hook_fn(t, opts.tier_hook_ctx);
+    rc = restore_fill(t, &pool, (int)n_runs, run_blocks, hashes, slots);
+    if (rc != MN_OK) {
+        rc = fail_io(err, rc, dir, "storing the probe's runs", bytes);
+        goto done;
+    }
+    TierStats before, after;
+    tier_stats(t, &before);
+    rc = restore_read(t, &pool, (int)n_runs, run_blocks, rpr, hashes, slots, &out->n_restores);
+    if (rc != MN_OK) {
+        rc = fail_io(err, rc == MN_ECHECKSUM ? MN_EIO : rc, dir, "restoring the probe's runs", bytes);
+        out->n_restores = 0;
+        goto done;
+    }
+    tier_stats(t, &after);
+    out->bytes = after.bytes_read - before.bytes_read;
+    out->read_s = after.read_seconds - before.read_seconds;
+    out->restore_mbps = out->read_s > 0 ? (double)out->bytes / out->read_s / 1e6 : 0;
+
+done:
+    tier_free(t);
+    if (has_dir) remove_scratch(path);
+    mn_free(hashes);
+    mn_free(slots);
+    kvpool_deinit(&pool);
+    return rc;
+}
+
 /* ---- the command ----------------------------------------------------------------------- */
 
 int diskprobe_main(int argc, char **argv) {
     uint64_t mb = 512, request_kb = DISKPROBE_REQUEST_BYTES / 1024;
     int queue_depth = DISKPROBE_QUEUE_DEPTH;
+    bool restore = false;
     CliOpt opts[] = {
         {"mb", 0, CLI_U64, &mb, "N", "size of the probe file in MiB (default 512)"},
         {"request-kb", 0, CLI_U64, &request_kb, "KB", "bytes per request in KiB, a multiple of 4 (default 1024)"},
         {"queue-depth", 0, CLI_INT, &queue_depth, "N", "requests in flight (default 32, as the disk tier)"},
+        {"restore", 0, CLI_FLAG, &restore, NULL,
+         "also time the disk tier's own restores of --mb MiB (2 runs of 5 blocks of the 1.1B model each)"},
     };
-    const char *synopsis = "mnemo disk-probe DIR [--mb N] [--request-kb KB] [--queue-depth N]";
+    const char *synopsis = "mnemo disk-probe DIR [--mb N] [--request-kb KB] [--queue-depth N] [--restore]";
     const char *pos[1];
     int n_pos = 0;
     MnErr err = {0};
@@ -302,5 +461,16 @@ int diskprobe_main(int argc, char **argv) {
     printf("disk-probe %s: write %.1f MB/s, read %.1f MB/s (%" PRIu64 " MiB, %s%s)\n", pos[0], res.write_mbps,
            res.read_mbps, mb, aio_backend_name(res.backend), res.is_direct ? "" : ", buffered: O_DIRECT refused");
     printf("read_mbps=%.1f write_mbps=%.1f\n", res.read_mbps, res.write_mbps);
+    if (!restore) return 0;
+    DiskRestoreResult rr;
+    if (diskprobe_restore(pos[0], mb << 20, NULL, &rr, &err) != MN_OK) {
+        fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
+        return 1;
+    }
+    printf("disk-probe %s: the disk tier restores at %.1f MB/s, %.2f of the raw read (%d restores of 2 runs x 5 "
+           "blocks, %.1f MB)\n",
+           pos[0], rr.restore_mbps, res.read_mbps > 0 ? rr.restore_mbps / res.read_mbps : 0.0, rr.n_restores,
+           (double)rr.bytes / 1e6);
+    printf("restore_mbps=%.1f\n", rr.restore_mbps);
     return 0;
 }

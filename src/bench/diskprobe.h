@@ -17,6 +17,7 @@
 
 #include "base/err.h"
 #include "cache/aio.h"
+#include "cache/tier.h"
 
 #define DISKPROBE_REQUEST_BYTES (1u << 20) /* as tier_disk.c's DISK_CHUNK */
 #define DISKPROBE_QUEUE_DEPTH 32           /* as the disk tier's default */
@@ -51,9 +52,47 @@ int diskprobe_run(const char *dir, uint64_t bytes, DiskProbeResult *out, MnErr *
 /* The same with other request sizes, queue depth or backend (o may be NULL). */
 int diskprobe_run_opts(const char *dir, uint64_t bytes, const DiskProbeOpts *o, DiskProbeResult *out, MnErr *err);
 
+/* ---- the disk tier's own restore path ---------------------------------------
+ *
+ * diskprobe_restore measures what the tier does with a restore, alone: a
+ * fresh disk tier (cache/tier.h) in a scratch directory under DIR, blocks
+ * of the 1.1B model's shape (22 layers, 32 tokens of a 256-wide f16 K and V:
+ * 32 KiB per block and layer), runs of run_blocks blocks put until about
+ * `bytes` are stored, then read back runs_per_restore runs at a time with
+ * tier_read_layers (streamed, every layer) in a scattered order, as a
+ * conversation's turns come back. The figure is the tier's own: bytes read
+ * over read seconds (TierStats, what /metrics reports), so beside a raw
+ * read of the same directory it tells the restore path's efficiency apart
+ * from what serving adds (compute on the same cores, other I/O). */
+typedef struct DiskRestoreOpts {
+    int run_blocks;       /* blocks per run (one turn's save); 0: 5 */
+    int runs_per_restore; /* 0: 2 */
+    /* Test hook: called once with the tier right after it is made; NULL normally. */
+    void (*tier_hook_fn)(Tier *t, void *ctx);
+    void *tier_hook_ctx;
+} DiskRestoreOpts;
+
+typedef struct DiskRestoreResult {
+    uint64_t bytes;      /* read by the restores (whole extents) */
+    int n_restores;
+    double read_s;       /* the tier's read seconds */
+    double restore_mbps; /* bytes / read_s / 10^6 */
+} DiskRestoreResult;
+
+/* Measure as above (bytes >= one restore's worth). MN_OK and *out;
+ * otherwise *out is zeroed and err says what failed. The scratch
+ * directory and its files are removed on every path. Codes as
+ * diskprobe_run's; a restore that fails (checksum, I/O) is MN_EIO. */
+int diskprobe_restore(const char *dir, uint64_t bytes, const DiskRestoreOpts *o, DiskRestoreResult *out,
+                      MnErr *err);
+
 /* The command: argv[0] is the first argument after "disk-probe". Prints
  *   disk-probe DIR: write W MB/s, read R MB/s (N MiB, BACKEND)
  *   read_mbps=R write_mbps=W
+ * and with --restore also
+ *   disk-probe DIR: the disk tier restores at T MB/s, X of the raw read
+ *     (K restores of 2 runs x 5 blocks, M MB)
+ *   restore_mbps=T
  * and returns 0; 1 when the probe failed (a message on stderr), 2 for bad
  * options. */
 int diskprobe_main(int argc, char **argv);
