@@ -1141,6 +1141,26 @@ static void inject(Aio *a, void *ctx) {
     aio_fault_set(a, f->op_mask, f->n_skip, 1000, f->errnum);
 }
 
+/* What `mnemo disk-probe argv...` prints on stdout (it must succeed). */
+static char *probe_output(int argc, char **argv) {
+    char out_path[] = "/tmp/mnemo-test-diskprobe-out-XXXXXX";
+    int out_fd = mkstemp(out_path);
+    assert_true(out_fd >= 0);
+    fflush(stdout);
+    int saved = dup(STDOUT_FILENO);
+    dup2(out_fd, STDOUT_FILENO);
+    int rc = diskprobe_main(argc, argv);
+    fflush(stdout);
+    dup2(saved, STDOUT_FILENO);
+    close(saved);
+    close(out_fd);
+    assert_int_equal(rc, 0);
+    char *text = test_read_file(out_path, NULL);
+    unlink(out_path);
+    assert_non_null(text);
+    return text;
+}
+
 static void test_disk_probe(void **state) {
     char dir[] = "/tmp/mnemo-test-diskprobe-XXXXXX";
     assert_non_null(mkdtemp(dir));
@@ -1192,21 +1212,8 @@ static void test_disk_probe(void **state) {
     assert_int_equal(diskprobe_run(dir, 0, &res, &err), MN_EINVAL);
 
     /* the command: its two lines on stdout, exit codes */
-    char out_path[] = "/tmp/mnemo-test-diskprobe-out-XXXXXX";
-    int out_fd = mkstemp(out_path);
-    fflush(stdout);
-    int saved = dup(STDOUT_FILENO);
-    dup2(out_fd, STDOUT_FILENO);
     char *argv[] = {dir, "--mb", "2"};
-    rc = diskprobe_main(3, argv);
-    fflush(stdout);
-    dup2(saved, STDOUT_FILENO);
-    close(saved);
-    close(out_fd);
-    assert_int_equal(rc, 0);
-    char *text = test_read_file(out_path, NULL);
-    unlink(out_path);
-    assert_non_null(text);
+    char *text = probe_output(3, argv);
     char head[128];
     snprintf(head, sizeof head, "disk-probe %s: write ", dir);
     double w = 0, r = 0;
@@ -1284,21 +1291,8 @@ static void test_disk_probe_restore(void **state) {
     assert_int_equal(diskprobe_restore(missing, 16u << 20, NULL, &res, &err), MN_ENOTFOUND);
 
     /* the command with --restore: the third and fourth lines */
-    char out_path[] = "/tmp/mnemo-test-restoreprobe-out-XXXXXX";
-    int out_fd = mkstemp(out_path);
-    fflush(stdout);
-    int saved = dup(STDOUT_FILENO);
-    dup2(out_fd, STDOUT_FILENO);
     char *argv[] = {dir, "--mb", "8", "--restore"};
-    rc = diskprobe_main(4, argv);
-    fflush(stdout);
-    dup2(saved, STDOUT_FILENO);
-    close(saved);
-    close(out_fd);
-    assert_int_equal(rc, 0);
-    char *text = test_read_file(out_path, NULL);
-    unlink(out_path);
-    assert_non_null(text);
+    char *text = probe_output(4, argv);
     double t = 0;
     char *line = strstr(text, "restore_mbps=");
     if (!strstr(text, "the disk tier restores at ") || !strstr(text, "(1 restores of 2 runs x 5 blocks") ||
