@@ -4,6 +4,7 @@
  * (runner) of the same prompt: batching and caching must not change a bit. */
 #include "test_util.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -557,7 +558,8 @@ static void corrupt_slabs(const char *dir, int n_pages) {
 /* An engine for the restore tests: blocks of 8 tokens, a pool of
  * pool_blocks, one sequence at a time, a RAM tier of ram_mb (0: none), a
  * disk tier in dir (NULL: none). */
-static Engine *tier_engine(Model *m, int pool_blocks, uint64_t ram_mb, const char *dir, EvictPolicy evict) {
+static Engine *tier_engine_hooked(Model *m, int pool_blocks, uint64_t ram_mb, const char *dir, EvictPolicy evict,
+                                  const MoverTestHooks *hooks) {
     EngineOptions o;
     engine_options_default(&o);
     o.block_tokens = 8;
@@ -566,10 +568,15 @@ static Engine *tier_engine(Model *m, int pool_blocks, uint64_t ram_mb, const cha
     o.ram_tier_mb = ram_mb;
     o.disk_tier_dir = dir;
     o.evict = evict;
+    o.mover_hooks = hooks;
     Engine *e;
     MnErr err = {0};
     if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
     return e;
+}
+
+static Engine *tier_engine(Model *m, int pool_blocks, uint64_t ram_mb, const char *dir, EvictPolicy evict) {
+    return tier_engine_hooked(m, pool_blocks, ram_mb, dir, evict, NULL);
 }
 
 /* A conversation's blocks leave the pool (two other requests need it) and
@@ -792,7 +799,7 @@ static void test_window_keeps_waiting(void **s) {
     assert_int_equal(window_keeps(EVICT_LRU), 16); /* lru took a's blocks 0..5 */
 }
 
-/* A mover layer gate (EngineOptions.mover_layer_gate): sleeps sleep_ms
+/* A mover layer gate (MoverTestHooks.layer_gate): sleeps sleep_ms
  * per layer (a slow disk), or, while closed, holds the load where it is
  * until opened or until 5 s have passed (then it opens itself and says
  * so, so a test that waits on the wrong thing fails instead of hanging).
@@ -858,8 +865,8 @@ static void test_hold_back_slow_restore(void **s) {
     o.pool_blocks = 32;
     o.parallel = 2;
     o.disk_tier_dir = dir;
-    o.mover_layer_gate = gate_layer;
-    o.mover_layer_gate_ctx = &g;
+    MoverTestHooks hooks = {.layer_gate = gate_layer, .ctx = &g};
+    o.mover_hooks = &hooks;
     MnErr err = {0};
     if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
     free(run_one(e, d, 9, 20, NULL, &res)); /* steps of plain compute */
@@ -901,6 +908,60 @@ static void test_hold_back_slow_restore(void **s) {
     free(got);
     engine_free(e);
     remove_tmpdir(dir);
+    model_free(m);
+}
+
+/* MoverTestHooks.disk_aio for test_disk_full: every operation of the
+ * kinds in *ctx fails with ENOSPC. */
+static void full_disk(void *ctx, Aio *a) { aio_fault_set(a, *(const unsigned *)ctx, 0, 1 << 30, ENOSPC); }
+
+/* A disk tier that is full (ENOSPC injected where the slab is reserved, or
+ * where the runs are written) takes nothing, and no request fails: a
+ * conversation whose blocks left the pool is recomputed, with the same
+ * first logits and text as a full recompute, and the refused save is
+ * counted (the engine then backs off saving for a while). */
+static void test_disk_full(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    const int nv = m->cfg.n_vocab;
+    int32_t a[80], b[80], c[80];
+    make_prompt(a, 65, nv, 91, 1);
+    make_prompt(b, 65, nv, 92, 1);
+    make_prompt(c, 65, nv, 93, 1);
+    float *ref = reference_logits(m, a, 65), *got = calloc((size_t)nv, sizeof(float));
+    char *ref_text = reference_text(m, a, 65, 4);
+    const unsigned kinds[2] = {AIO_OP_FALLOCATE, AIO_OP_WRITE};
+    for (int k = 0; k < 2; k++) {
+        char *dir = make_tmpdir();
+        MoverTestHooks hooks = {.disk_aio = full_disk, .ctx = (void *)&kinds[k]};
+        Engine *e = tier_engine_hooked(m, 16, 0, dir, EVICT_DEFAULT, &hooks);
+        ReqResult res;
+        free(run_one(e, a, 65, 4, NULL, &res));
+        settle(e);
+        free(run_one(e, b, 65, 4, NULL, &res)); /* a's blocks leave the pool */
+        settle(e);
+        free(run_one(e, c, 65, 4, NULL, &res));
+        settle(e);
+        char *t = run_one(e, a, 65, 4, got, &res);
+        assert_int_equal(res.finish, FINISH_LENGTH);
+        assert_string_equal(t, ref_text);
+        assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
+        assert_int_equal(res.n_cached_by[SRC_DISK], 0);
+        free(t);
+        EngineStats st;
+        engine_stats(e, &st);
+        assert_int_equal(st.requests_finished[FINISH_ERROR], 0);
+        assert_int_equal(st.n_tiers, 1);
+        assert_true(st.tiers[0].tier.n_puts_full >= 1); /* then saves back off (a second, doubling) */
+        assert_int_equal(st.tiers[0].tier.n_puts, 0);
+        assert_int_equal(st.tiers[0].tier.n_runs, 0);
+        assert_false(st.tiers[0].tier.is_failed);
+        engine_free(e);
+        remove_tmpdir(dir);
+    }
+    free(ref);
+    free(got);
+    free(ref_text);
     model_free(m);
 }
 
@@ -1007,6 +1068,7 @@ int main(void) {
         cmocka_unit_test(test_prefetch_waiting),
         cmocka_unit_test(test_window_keeps_waiting),
         cmocka_unit_test(test_hold_back_slow_restore),
+        cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_many_conversations_tiered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -195,7 +195,8 @@ typedef struct LoadBatch {
 
 static void on_layer(void *ctx, int layer) {
     LoadBatch *b = ctx;
-    if (b->m->cfg.layer_gate) b->m->cfg.layer_gate(b->m->cfg.layer_gate_ctx, layer);
+    const MoverTestHooks *hk = b->m->cfg.hooks;
+    if (hk && hk->layer_gate) hk->layer_gate(hk->ctx, layer);
     for (int i = 0; i < b->n_jobs; i++)
         if (b->jobs[i]->rc == MN_OK) post_layer(b->m, b->jobs[i], layer);
 }
@@ -416,9 +417,12 @@ int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err) {
                              .is_durable = cfg->is_durable};
         Tier *t;
         MnErr derr = {0};
-        if ((rc = tier_disk_new(&dc, &t, &derr)) != MN_OK)
+        if ((rc = tier_disk_new(&dc, &t, &derr)) != MN_OK) {
             mn_err_set(err, rc, "cannot open the disk tier in %s: %s", cfg->disk_dir, derr.msg);
-        else add_tier(m, t);
+        } else {
+            if (cfg->hooks && cfg->hooks->disk_aio) cfg->hooks->disk_aio(cfg->hooks->ctx, tier_disk_aio(t));
+            add_tier(m, t);
+        }
     }
     for (int i = 0; rc == MN_OK && cfg->on_held && i < m->n_tiers; i++) {
         HeldCtx hc = {cfg, i};

@@ -46,6 +46,7 @@
 
 #include "base/err.h"
 #include "base/hash.h"
+#include "cache/aio.h"
 #include "cache/kv_pool.h"
 #include "cache/reply_mem.h"
 #include "cache/tier.h"
@@ -137,11 +138,19 @@ typedef struct MoverTierStats {
 /* Blocks hashes[0..n) are held by tier `tier` when the mover starts (a
  * persistent tier reopened): called from mover_new, before the thread. */
 typedef void (*MoverHeldFn)(void *ctx, int tier, const Hash128 *hashes, int n);
-/* Test hook: called on the mover thread as each layer of a streamed load
- * is in place, before its LAYER events, inside the tier's timed read. A
- * gate that sleeps reads as a slow tier (its measured bandwidth drops); one
- * that blocks holds the load at that layer. */
-typedef void (*MoverLayerGateFn)(void *ctx, int layer);
+/* Hooks for tests; a production config has none. */
+typedef struct MoverTestHooks {
+    /* Called on the mover thread as each layer of a streamed load is in
+     * place, before its LAYER events, inside the tier's timed read. A gate
+     * that sleeps reads as a slow tier (its measured bandwidth drops); one
+     * that blocks holds the load at that layer. May be NULL. */
+    void (*layer_gate)(void *ctx, int layer);
+    /* Called once with the disk tier's Aio as soon as the tier is open,
+     * before the mover thread starts (to aio_fault_set a failure). May be
+     * NULL. */
+    void (*disk_aio)(void *ctx, Aio *a);
+    void *ctx;
+} MoverTestHooks;
 
 typedef struct MoverConfig {
     KvPool *pool;             /* geometry and arenas (borrowed) */
@@ -159,8 +168,7 @@ typedef struct MoverConfig {
     int max_replies;          /* reply rows kept in the database */
     EvictPolicy evict;        /* every tier's (tier_set_policy); 0 = lru */
     const CostModel *cost;    /* copied; may be NULL */
-    MoverLayerGateFn layer_gate; /* tests only; NULL normally */
-    void *layer_gate_ctx;
+    const MoverTestHooks *hooks; /* borrowed, outlives the mover; NULL normally */
 } MoverConfig;
 
 typedef struct Mover Mover;

@@ -56,8 +56,7 @@ typedef struct EngineOptions {
     const char *disk_tier_dir; /* disk tier directory; NULL = none (borrowed during engine_new) */
     uint64_t disk_tier_mb;     /* disk tier budget (default 4096 when a directory is given) */
     float swap_watermark;      /* write-behind of cold blocks when free pool blocks fall under this fraction (0.25) */
-    MoverLayerGateFn mover_layer_gate; /* tests only: MoverConfig.layer_gate; NULL normally */
-    void *mover_layer_gate_ctx;
+    const MoverTestHooks *mover_hooks; /* tests only: MoverConfig.hooks; NULL normally */
 } EngineOptions;
 
 /* Where the cached prompt tokens of a request came from. */

@@ -455,8 +455,7 @@ int tiers_start(Engine *e, MnErr *err) {
                       .max_replies = ENGINE_MAX_REPLIES,
                       .evict = op->evict,
                       .cost = e->has_cost ? &e->cost : NULL,
-                      .layer_gate = op->mover_layer_gate,
-                      .layer_gate_ctx = op->mover_layer_gate_ctx};
+                      .hooks = op->mover_hooks};
     op->disk_tier_dir = NULL; /* borrowed for engine_new only */
     int rc = mover_new(&mc, &e->mover, err);
     if (rc != MN_OK) return rc;
