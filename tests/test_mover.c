@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "base/mem.h"
 #include "cache/index.h"
@@ -218,18 +219,38 @@ static void test_reads_before_writes(void **state) {
 /* The mover hands --evict and the look-ahead window (a WINDOW job) to its
  * tiers: with room for two runs, a third evicts the run outside the window,
  * though pensieve alone would take the window's cheaper leading run. */
-static void test_window_reaches_tiers(void **state) {
-    KvPool p;
-    assert_int_equal(kvpool_init(&p, 2, 64, 8, 64, MN_TYPE_F16), MN_OK);
-    for (int s = 0; s < 12; s++) fill_slot(&p, s, (uint8_t)s);
-    Sink sink;
-    sink_init(&sink);
-    uint64_t run = 4 * (uint64_t)p.block_bytes * (uint64_t)p.n_layer;
-    MoverConfig mc = {.pool = &p, .ram_bytes = 2 * run + run / 2, .on_event = on_event, .event_ctx = &sink,
-                      .evict = EVICT_PENSIEVE_LOOKAHEAD};
+/* A mover over a RAM tier with room for two and a half runs of 4 blocks
+ * (slots 0..11 filled), evicting by evict. */
+static Mover *two_run_mover(KvPool *p, Sink *sink, EvictPolicy evict) {
+    assert_int_equal(kvpool_init(p, 2, 64, 8, 64, MN_TYPE_F16), MN_OK);
+    for (int s = 0; s < 12; s++) fill_slot(p, s, (uint8_t)s);
+    sink_init(sink);
+    uint64_t run = 4 * (uint64_t)p->block_bytes * (uint64_t)p->n_layer;
+    MoverConfig mc = {.pool = p, .ram_bytes = 2 * run + run / 2, .on_event = on_event, .event_ctx = sink,
+                      .evict = evict};
     Mover *m;
     MnErr err = {0};
     assert_int_equal(mover_new(&mc, &m, &err), MN_OK);
+    return m;
+}
+
+/* After four jobs: run A (blocks 0..3) is still held, run B (4..7) went. */
+static void expect_a_kept_b_gone(Mover *m, Sink *sink) {
+    sink_wait_done(sink, 4);
+    for (int i = 0; i < 4; i++) assert_int_equal(sink->done[i]->rc, MN_OK);
+    assert_int_equal(sink->n_dropped, 4);
+    assert_int_equal(mover_submit(m, load_job(0, 4, 20, 0, 2)), MN_OK);
+    sink_wait_done(sink, 5);
+    assert_int_equal(sink->done[4]->rc, MN_OK);
+    assert_int_equal(mover_submit(m, load_job(4, 4, 24, 0, 2)), MN_OK);
+    sink_wait_done(sink, 6);
+    assert_int_equal(sink->done[5]->rc, MN_ENOTFOUND);
+}
+
+static void test_window_reaches_tiers(void **state) {
+    KvPool p;
+    Sink sink;
+    Mover *m = two_run_mover(&p, &sink, EVICT_PENSIEVE_LOOKAHEAD);
     MoverJob *a = save_job(0, 4), *b = save_job(4, 4), *c = save_job(8, 4);
     a->pos = 0; /* leading: the cheapest */
     b->pos = 32;
@@ -241,15 +262,28 @@ static void test_window_reaches_tiers(void **state) {
     w->slots[0] = 0;
     assert_int_equal(mover_submit(m, w), MN_OK);
     assert_int_equal(mover_submit(m, c), MN_OK);
-    sink_wait_done(&sink, 4);
-    for (int i = 0; i < 4; i++) assert_int_equal(sink.done[i]->rc, MN_OK);
-    assert_int_equal(sink.n_dropped, 4);
-    assert_int_equal(mover_submit(m, load_job(0, 4, 20, 0, 2)), MN_OK); /* A is still held */
-    sink_wait_done(&sink, 5);
-    assert_int_equal(sink.done[4]->rc, MN_OK);
-    assert_int_equal(mover_submit(m, load_job(4, 4, 24, 0, 2)), MN_OK); /* B went */
-    sink_wait_done(&sink, 6);
-    assert_int_equal(sink.done[5]->rc, MN_ENOTFOUND);
+    expect_a_kept_b_gone(m, &sink);
+    mover_free(m);
+    sink_free(&sink);
+    kvpool_deinit(&p);
+}
+
+/* A finished turn (a CONV job, here without a session id) makes the tier
+ * runs holding its blocks used now: lru then takes the other run. Without
+ * it, the older run A would go. */
+static void test_conv_touches_tiers(void **state) {
+    KvPool p;
+    Sink sink;
+    Mover *m = two_run_mover(&p, &sink, EVICT_LRU);
+    assert_int_equal(mover_submit(m, save_job(0, 4)), MN_OK); /* A */
+    assert_int_equal(mover_submit(m, save_job(4, 4)), MN_OK); /* B */
+    MoverJob *t = mover_job_new(MOVER_CONV, 2, 0);
+    t->hashes[0] = block_hash(1); /* A's blocks, as a turn that found them in the pool */
+    t->hashes[1] = block_hash(3);
+    t->when = mn_wall_now() + 10;
+    assert_int_equal(mover_submit(m, t), MN_OK);
+    assert_int_equal(mover_submit(m, save_job(8, 4)), MN_OK); /* C evicts B */
+    expect_a_kept_b_gone(m, &sink);
     mover_free(m);
     sink_free(&sink);
     kvpool_deinit(&p);
@@ -479,6 +513,7 @@ int main(void) {
         cmocka_unit_test(test_reads_before_writes),
         cmocka_unit_test(test_loads_batched),
         cmocka_unit_test(test_window_reaches_tiers),
+        cmocka_unit_test(test_conv_touches_tiers),
         cmocka_unit_test(test_load_checksum_failure),
         cmocka_unit_test(test_mixed_restore_logits),
     };

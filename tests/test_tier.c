@@ -38,6 +38,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "base/hash.h"
 #include "base/mem.h"
@@ -1193,11 +1194,6 @@ static void test_disk_config(void **state) {
 
 /* ---- expiry (every tier) -------------------------------------------------------- */
 
-static double wall_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Sleep a little so that wall-clock stamps before and after differ. */
 static void tick(void) {
@@ -1232,7 +1228,7 @@ static void test_tier_expire(void **state) {
     tier_set_drop_fn(t, on_drop, &drops);
     assert_int_equal(put_range(t, &p, 0, 3, 0), MN_OK);  /* A */
     tick();
-    double t1 = wall_now();
+    double t1 = mn_wall_now();
     tick();
     assert_int_equal(put_range(t, &p, 10, 2, 3), MN_OK); /* B */
     assert_int_equal(put_range(t, &p, 20, 2, 5), MN_OK); /* C */
@@ -1245,7 +1241,7 @@ static void test_tier_expire(void **state) {
     h = h_of(0);
     assert_false(tier_has(t, &h));
     tick();
-    double t2 = wall_now();
+    double t2 = mn_wall_now();
     tick();
     /* a read of layer 0 makes B recent; a read of another layer does not (C) */
     uint32_t ids[2] = {10, 11};
@@ -1265,7 +1261,7 @@ static void test_tier_expire(void **state) {
     h = h_of(10);
     assert_true(tier_has(t, &h));
     assert_int_equal(tier_expire(t, t2), 0);
-    assert_int_equal(tier_expire(t, wall_now() + 1), 2); /* B */
+    assert_int_equal(tier_expire(t, mn_wall_now() + 1), 2); /* B */
     TierStats s;
     tier_stats(t, &s);
     assert_int_equal(s.n_runs + s.n_blocks + s.occupancy_bytes, 0);
@@ -1571,7 +1567,7 @@ static void test_persist_bad_rows(void **state) {
     assert_int_equal(store_run_foreach(fx.store, on_row, &rows), MN_OK);
     assert_int_equal(rows.n, 4);
     CacheStore *s = fx.store;
-    double now = wall_now();
+    double now = mn_wall_now();
     /* A: a flipped byte (record checksum) */
     rows.recs[0][90] ^= 1;
     assert_int_equal(store_run_put(s, rows.ids[0], rows.recs[0], rows.lens[0], now), MN_OK);
@@ -1682,6 +1678,53 @@ static void stamp_slab_version(const char *path, uint32_t version) {
     for (int i = 0; i < 8; i++) h[56 + i] = (uint8_t)(sum >> (8 * i));
     assert_int_equal(pwrite(fd, h, sizeof h, 0), (ssize_t)sizeof h);
     close(fd);
+}
+
+/* tier_touch: a run whose blocks a finished turn names becomes the most
+ * recently used, so lru takes the other one; an older time or a block not
+ * held moves nothing. On disk the time is kept in the run's row: after a
+ * reopen the order holds. */
+static void touch_order(Tier *t, KvPool *p, Drops *drops, bool put_first) {
+    if (put_first) {
+        assert_int_equal(put_range(t, p, 0, 4, 0), MN_OK);  /* A */
+        assert_int_equal(put_range(t, p, 10, 4, 4), MN_OK); /* B, used later */
+        Hash128 h[2] = {h_of(2), h_of(99)};
+        assert_int_equal(tier_touch(t, h, 2, mn_wall_now() + 10), 1);      /* A's run, 99 not held */
+        assert_int_equal(tier_touch(t, h, 1, mn_wall_now() - 100), 0);     /* older: nothing moves */
+        Hash128 twice[2] = {h_of(1), h_of(3)};
+        assert_int_equal(tier_touch(t, twice, 2, mn_wall_now() + 20), 1); /* one run, moved once */
+    }
+    drops->n_calls = drops->n_blocks = 0;
+    assert_int_equal(put_range(t, p, 20, 4, 8), MN_OK); /* C evicts B, not A */
+    assert_int_equal(drops->n_blocks, 4);
+    assert_true(dropped(drops, 10) && !dropped(drops, 0));
+    tier_check(t);
+}
+
+static void test_tier_touch(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 2, 128, 8, 32, MN_TYPE_F16), MN_OK); /* 4096-byte blocks */
+    uint64_t rb = run_bytes(pa, &p, 4);
+    Fixture fx;
+    fx_open(&fx, pa, &p, 2 * rb + rb / 2, 0, false);
+    Drops drops = {0};
+    tier_set_drop_fn(fx.tier, on_drop, &drops);
+    touch_order(fx.tier, &p, &drops, true);
+    fx_close(&fx);
+    if (pa->kind == KIND_DISK) {
+        PFix pf;
+        pfx_new(&pf, pa, &p, 2 * rb + rb / 2, 4 * rb);
+        assert_int_equal(put_range(pf.tier, &p, 0, 4, 0), MN_OK);
+        assert_int_equal(put_range(pf.tier, &p, 10, 4, 4), MN_OK);
+        Hash128 h = h_of(0);
+        assert_int_equal(tier_touch(pf.tier, &h, 1, mn_wall_now() + 10), 1);
+        pfx_reopen(&pf, &p);
+        touch_order(pf.tier, &p, &pf.drops, false);
+        pfx_close(&pf);
+        test_rm_dir(pf.dir);
+    }
+    kvpool_deinit(&p);
 }
 
 /* A run's position is part of its record: after a restart pensieve still
@@ -2133,6 +2176,7 @@ int main(void) {
         TIER_TESTS(test_tier_read_layers),
         DISK_TESTS(test_disk_read_layers_faults),
         TIER_TESTS(test_tier_lru),
+        TIER_TESTS(test_tier_touch),
         TIER_TESTS(test_tier_policy),
         TIER_TESTS(test_tier_has_drop),
         DISK_TESTS(test_disk_checksum),

@@ -288,8 +288,12 @@ static void run_window(Mover *m, MoverJob *j) {
     }
 }
 
+/* A sequence's turn ended: its conversation's row (when it has a session
+ * id and there is a database), and the tier runs holding its blocks are
+ * used now. */
 static void run_conv(Mover *m, MoverJob *j) {
-    j->rc = m->store ? store_conv_put(m->store, j->conv, &j->ns_id, j->when, j->n_tokens) : MN_OK;
+    for (int i = 0; i < m->n_tiers; i++) tier_touch(m->tiers[i], j->hashes, j->n, j->when);
+    j->rc = m->store && j->conv != 0 ? store_conv_put(m->store, j->conv, &j->ns_id, j->when, j->n_tokens) : MN_OK;
 }
 
 static void *mover_main(void *arg) {

@@ -58,7 +58,8 @@ typedef enum MoverJobKind {
     MOVER_LOAD,     /* restore blocks into pool slots, layer by layer */
     MOVER_EXPIRE,   /* drop what was not used since cutoff, everywhere */
     MOVER_REPLY,    /* persist one reply-memory entry */
-    MOVER_CONV,     /* persist one conversation's row */
+    MOVER_CONV,     /* a turn ended: the conversation's row (conv != 0),
+                       and the tier runs holding hashes[0..n) are used now */
     MOVER_WINDOW,   /* the look-ahead window, for the tiers' eviction */
     MOVER_FLUSH,    /* nothing: DONE says everything before it is done */
     MOVER_STOP,
@@ -83,7 +84,7 @@ struct MoverJob {
     MoverJobKind kind;
     uint64_t id;         /* the submitter's */
     void *owner;         /* the submitter's; the mover never touches it */
-    int n;               /* SAVE, LOAD, WINDOW: blocks */
+    int n;               /* SAVE, LOAD, WINDOW, CONV: blocks */
     Hash128 *hashes;     /* (n) */
     int32_t *slots;      /* (n) pool slots; WINDOW: the window index of
                             each block's request */

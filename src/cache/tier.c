@@ -515,6 +515,12 @@ static int group_by_run(Tier *t, const Hash128 *hashes, int n_blocks, KvPool *po
     return MN_OK;
 }
 
+/* Run r was used at `when` (the kind keeps it, the disk in its record). */
+static void run_used(Tier *t, TierRun *r, double when) {
+    r->last_used = when;
+    if (t->ops->touch && !t->is_failed) t->ops->touch(t->kind, r);
+}
+
 /* Settle what a read of run r's layer returned: a checksum failure drops
  * the run, an I/O error is sticky (r may be NULL then), success makes the
  * run most recently used (and a read of layer 0 counts as a use). */
@@ -531,10 +537,7 @@ static int read_outcome(Tier *t, TierRun *r, int layer, int rc) {
     if (rc != MN_OK) return rc;
     lru_unlink(t, r);
     lru_push_mru(t, r);
-    if (layer == 0) {
-        r->last_used = mn_wall_now();
-        if (t->ops->touch) t->ops->touch(t->kind, r);
-    }
+    if (layer == 0) run_used(t, r, mn_wall_now());
     return MN_OK;
 }
 
@@ -586,6 +589,19 @@ int tier_read_layers(Tier *t, const Hash128 *hashes, int n_blocks, KvPool *pool,
     for (int g = 0; g < n_groups; g++) read_outcome(t, t->groups[g].run, 0, MN_OK);
     t->st.n_layer_reads += (uint64_t)t->n_layer;
     return MN_OK;
+}
+
+int tier_touch(Tier *t, const Hash128 *hashes, int n, double when) {
+    int n_runs = 0;
+    for (int i = 0; i < n; i++) {
+        MapSlot *s = map_get(t, &hashes[i]);
+        if (s == NULL || s->run->last_used >= when) continue;
+        lru_unlink(t, s->run);
+        lru_push_mru(t, s->run);
+        run_used(t, s->run, when);
+        n_runs++;
+    }
+    return n_runs;
 }
 
 /* ---- drop, reset ----------------------------------------------------------- */

@@ -218,6 +218,15 @@ typedef void (*TierLayerFn)(void *ctx, int layer);
 int tier_read_layers(Tier *t, const Hash128 *hashes, int n_blocks, KvPool *pool, const int32_t *slots,
                      TierLayerFn layer_fn, void *ctx);
 
+/* The blocks hashes[0..n) were used at `when` (unix seconds, as
+ * mn_wall_now): each run holding one, unless already used since, takes
+ * that as its last use and becomes most recently used, as if read. The
+ * engine says so of every block of a sequence when its turn ends, so a
+ * conversation's runs age together — also those it did not need to read
+ * because their blocks were still in the pool. Blocks not held are
+ * skipped. Returns how many runs moved. */
+int tier_touch(Tier *t, const Hash128 *hashes, int n, double when);
+
 /* Forget one block (its run's storage is freed with its last live block).
  * MN_OK or MN_ENOTFOUND. */
 int tier_drop(Tier *t, const Hash128 *hash);

@@ -359,11 +359,19 @@ void tiers_persist_reply(Engine *e, const Hash128 *key, const Active *a) {
     if (!j->text || !j->ids || mover_submit(e->mover, j) != MN_OK) mover_job_free(j);
 }
 
-/* A conversation's row (session id, namespace, last activity, tokens). */
+/* A turn ended: the conversation's row (session id, namespace, last
+ * activity, tokens), and every tier run holding one of its full blocks is
+ * used now — the runs of a conversation age with the conversation, not
+ * with their last read (Pensieve's time since it was last active). */
 void tiers_persist_conversation(Engine *e, const Active *a) {
-    if (e->mover == NULL || a->conv == 0) return;
-    MoverJob *j = mover_job_new(MOVER_CONV, 0, 0);
+    if (e->mover == NULL) return;
+    int n_full = a->n_hashed < a->seq.n_blocks ? a->n_hashed : a->seq.n_blocks, n = 0;
+    for (int i = 0; i < n_full; i++) n += index_tiers(e->index, &a->hashes[i]) != 0;
+    if (a->conv == 0 && n == 0) return;
+    MoverJob *j = mover_job_new(MOVER_CONV, n, 0);
     if (j == NULL) return;
+    for (int i = 0, k = 0; i < n_full; i++)
+        if (index_tiers(e->index, &a->hashes[i]) != 0) j->hashes[k++] = a->hashes[i];
     j->conv = a->conv;
     j->ns_id = a->ns_id;
     j->n_tokens = a->n_tokens;
