@@ -449,7 +449,8 @@ static void test_queue_full(void **st) {
     srv_stop(&s);
 }
 
-/* SIGTERM drains: a stream in flight runs to its end, then the server exits 0. */
+/* SIGTERM drains: a stream in flight runs to its end, then the server
+ * exits 0; with --drain-timeout it is cancelled when the time is up. */
 typedef struct Drain {
     const Srv *s;
     atomic_int got_bytes;
@@ -485,27 +486,53 @@ static void *drain_main(void *arg) {
     return NULL;
 }
 
-static void test_sigterm_drains(void **st) {
+/* Start a server with flags, stream a long answer, SIGTERM it while the
+ * answer streams; the server must exit 0. d->out: the stream's bytes (the
+ * caller frees it); returns the server's log (freed by the caller), or
+ * NULL when the model is missing. */
+static char *sigterm_mid_stream(const char *flags, Drain *d) {
     Srv s;
-    if (srv_start(&s, "stories260K", "--threads 1 --drain-timeout 60") != 0) return;
-    Drain d = {.s = &s, .out = calloc(1, 1)};
-    atomic_init(&d.got_bytes, 0);
+    if (srv_start(&s, "stories260K", flags) != 0) return NULL;
+    *d = (Drain){.s = &s, .out = calloc(1, 1)};
+    atomic_init(&d->got_bytes, 0);
     pthread_t th;
-    pthread_create(&th, NULL, drain_main, &d);
-    while (!atomic_load(&d.got_bytes)) usleep(1000);
-    kill(s.pid, SIGTERM); /* while the answer streams */
+    pthread_create(&th, NULL, drain_main, d);
+    while (!atomic_load(&d->got_bytes)) usleep(1000);
+    kill(s.pid, SIGTERM);
     pthread_join(th, NULL);
-    assert_int_equal(d.status, 200);
-    assert_non_null(strstr(d.out, "\"finish_reason\":\"length\""));
-    assert_non_null(strstr(d.out, "data: [DONE]"));
+    assert_int_equal(d->status, 200); /* the stream had begun */
     int status;
     waitpid(s.pid, &status, 0);
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     char *log = test_read_file(s.log, NULL);
+    assert_non_null(log);
+    unlink(s.log);
+    return log;
+}
+
+static void test_sigterm_drains(void **st) {
+    Drain d;
+    char *log = sigterm_mid_stream("--threads 1 --drain-timeout 60", &d);
+    if (log == NULL) return;
+    assert_non_null(strstr(d.out, "\"finish_reason\":\"length\""));
+    assert_non_null(strstr(d.out, "data: [DONE]"));
     assert_non_null(strstr(log, "draining"));
     assert_null(strstr(log, "cancelled"));
     free(log);
-    unlink(s.log);
+    free(d.out);
+}
+
+/* SIGTERM with --drain-timeout 0: the stream in flight is cancelled (it
+ * ends early, without "length", and the log says so), and the server
+ * still exits 0. */
+static void test_sigterm_drain_timeout(void **st) {
+    Drain d;
+    char *log = sigterm_mid_stream("--threads 1 --drain-timeout 0", &d);
+    if (log == NULL) return;
+    assert_null(strstr(d.out, "\"finish_reason\":\"length\""));
+    assert_non_null(strstr(log, "drain timeout: cancelling"));
+    assert_non_null(strstr(log, " cancelled"));
+    free(log);
     free(d.out);
 }
 
@@ -527,6 +554,7 @@ int main(void) {
         cmocka_unit_test(test_disconnect_and_queue),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_sigterm_drains),
+        cmocka_unit_test(test_sigterm_drain_timeout),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();
