@@ -799,6 +799,43 @@ static void test_window_keeps_waiting(void **s) {
     assert_int_equal(window_keeps(EVICT_LRU), 16); /* lru took a's blocks 0..5 */
 }
 
+/* The pool's --evict: a's blocks are put in first, then b's; a comes back
+ * (its blocks are now the most recently used), then c needs 9 slots where
+ * 4 are free, so 5 of the 16 cached blocks go. lru takes b's (used longer
+ * ago), fifo a's (in the pool longer). Returns how many of a's 64 prompt
+ * tokens are still cached when it comes back once more. */
+static int pool_keeps_a(EvictPolicy evict) {
+    Model *m = load("stories260K");
+    if (!m) return -1;
+    const int nv = m->cfg.n_vocab;
+    int32_t a[80], b[80], c[80];
+    make_prompt(a, 65, nv, 101, 1);
+    make_prompt(b, 65, nv, 102, 1);
+    make_prompt(c, 65, nv, 103, 1);
+    Engine *e = tier_engine(m, 20, 0, NULL, evict);
+    ReqResult res;
+    free(run_one(e, a, 65, 4, NULL, &res)); /* 8 cached blocks */
+    free(run_one(e, b, 65, 4, NULL, &res)); /* 8 more, 4 free */
+    free(run_one(e, a, 65, 4, NULL, &res));
+    assert_int_equal(res.n_cached, 64);
+    free(run_one(e, c, 65, 4, NULL, &res)); /* 9 blocks: 5 of the cached ones go */
+    char *ref_text = reference_text(m, a, 65, 4);
+    char *t = run_one(e, a, 65, 4, NULL, &res);
+    assert_string_equal(t, ref_text);
+    free(t);
+    free(ref_text);
+    engine_free(e);
+    model_free(m);
+    return res.n_cached;
+}
+
+static void test_pool_fifo_vs_lru(void **s) {
+    int lru = pool_keeps_a(EVICT_LRU);
+    if (lru < 0) return;
+    assert_int_equal(lru, 64);
+    assert_int_equal(pool_keeps_a(EVICT_FIFO), 24); /* blocks 0..4 went: 5..7 are reused, 0..4 recomputed */
+}
+
 /* A mover layer gate (MoverTestHooks.layer_gate): sleeps sleep_ms
  * per layer (a slow disk), or, while closed, holds the load where it is
  * until opened or until 5 s have passed (then it opens itself and says
@@ -1067,6 +1104,7 @@ int main(void) {
         cmocka_unit_test(test_restore_mixed),
         cmocka_unit_test(test_prefetch_waiting),
         cmocka_unit_test(test_window_keeps_waiting),
+        cmocka_unit_test(test_pool_fifo_vs_lru),
         cmocka_unit_test(test_hold_back_slow_restore),
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_many_conversations_tiered),
