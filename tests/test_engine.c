@@ -6,8 +6,10 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sqlite3.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "base/mem.h"
 #include "engine/engine.h"
@@ -799,6 +801,51 @@ static void test_window_keeps_waiting(void **s) {
     assert_int_equal(window_keeps(EVICT_LRU), 16); /* lru took a's blocks 0..5 */
 }
 
+/* The earliest last use of the disk tier's runs in dir's database, and how
+ * many runs there are (read with sqlite directly, after the engine). */
+static double runs_oldest_use(const char *dir, int *n_runs) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/mnemo.db", dir);
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT COUNT(*), MIN(last_used) FROM runs", -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    *n_runs = sqlite3_column_int(st, 0);
+    double oldest = sqlite3_column_double(st, 1);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return oldest;
+}
+
+/* A conversation's disk runs age with it: turn 2 finds turn 1's blocks in
+ * the pool (nothing is read from disk), yet turn 1's run counts as used
+ * when turn 2 ends, as turn 2's own run does — on disk too, so the order
+ * survives a restart. */
+static void test_turn_touches_disk_runs(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = make_tmpdir();
+    const int nv = m->cfg.n_vocab;
+    int32_t a[80];
+    make_prompt(a, 65, nv, 111, 1);
+    Engine *e = tier_engine(m, 32, 0, dir, EVICT_DEFAULT);
+    ReqResult res;
+    free(run_one(e, a, 33, 4, NULL, &res)); /* turn 1: blocks 0..3, one run */
+    settle(e);
+    usleep(20000);
+    double t2 = mn_wall_now();
+    free(run_one(e, a, 65, 4, NULL, &res)); /* turn 2: 0..3 from the pool, 4..7 new */
+    assert_int_equal(res.n_cached_by[SRC_POOL], 32);
+    engine_free(e); /* the mover finishes what is queued */
+    int n_runs = 0;
+    double oldest = runs_oldest_use(dir, &n_runs);
+    assert_int_equal(n_runs, 2);
+    assert_true(oldest >= t2);
+    remove_tmpdir(dir);
+    model_free(m);
+}
+
 /* The pool's --evict: a's blocks are put in first, then b's; a comes back
  * (its blocks are now the most recently used), then c needs 9 slots where
  * 4 are free, so 5 of the 16 cached blocks go. lru takes b's (used longer
@@ -1105,6 +1152,7 @@ int main(void) {
         cmocka_unit_test(test_prefetch_waiting),
         cmocka_unit_test(test_window_keeps_waiting),
         cmocka_unit_test(test_pool_fifo_vs_lru),
+        cmocka_unit_test(test_turn_touches_disk_runs),
         cmocka_unit_test(test_hold_back_slow_restore),
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_many_conversations_tiered),
