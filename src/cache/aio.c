@@ -252,7 +252,10 @@ int aio_new(AioBackend backend, int queue_depth, Aio **out) {
  * the completions (the Aio is going away). SQEs still queued in the ring
  * (a failed submit left them there) were never taken and are not waited
  * for. Works on a broken ring: when waiting fails, the completion queue,
- * which needs no system call to read, is polled instead. */
+ * which needs no system call to read, is polled instead. This counts on
+ * the kernel posting a completion for every request it took, which it
+ * does since Linux 5.5 (IORING_FEAT_NODROP: none is dropped when the
+ * completion queue is full); a kernel that lost one would keep us here. */
 static void uring_drain(Aio *a) {
     unsigned queued = io_uring_sq_ready(&a->ring);
     int held = a->n_inflight - (int)queued;
