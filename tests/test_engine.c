@@ -12,6 +12,8 @@
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/mem.h"
+#include "cache/aio.h"
+#include "cache/tier.h"
 #include "engine/engine.h"
 #include "engine/runner.h"
 #include "model/model.h"
@@ -722,6 +724,16 @@ static Request *submit_one(Engine *e, const int32_t *prompt, int n, int n_gen) {
     return r;
 }
 
+/* Run each prompt (4 tokens generated) on a tier engine over dir, then
+ * stop it: their full blocks are on disk only, for the next engine there. */
+static void put_on_disk(Model *m, const char *dir, const int32_t *const *prompts, const int *lens, int n) {
+    Engine *e = tier_engine(m, 32, 0, dir, EVICT_DEFAULT);
+    ReqResult res;
+    for (int i = 0; i < n; i++) free(run_one(e, prompts[i], lens[i], 4, NULL, &res));
+    settle(e);
+    engine_free(e);
+}
+
 /* Prefetch: a restarted server knows a conversation only from disk; it
  * arrives while another request runs (one at a time), and its blocks are
  * loaded into free pool slots while it waits. Its answer is the full
@@ -734,12 +746,9 @@ static void test_prefetch_waiting(void **s) {
     int32_t a[80], d[16];
     make_prompt(a, 65, nv, 61, 1);
     make_prompt(d, 9, nv, 62, 1);
-    Engine *e = tier_engine(m, 32, 0, dir, EVICT_DEFAULT);
+    put_on_disk(m, dir, (const int32_t *[]){a}, (int[]){65}, 1);
+    Engine *e = tier_engine(m, 32, 0, dir, EVICT_DEFAULT); /* a's 8 blocks are on disk only */
     ReqResult res;
-    free(run_one(e, a, 65, 4, NULL, &res));
-    settle(e);
-    engine_free(e);
-    e = tier_engine(m, 32, 0, dir, EVICT_DEFAULT); /* a's 8 blocks are on disk only */
     float *ref = reference_logits(m, a, 65), *got = calloc((size_t)nv, sizeof(float));
     char *ref_text = reference_text(m, a, 65, 4);
     Request *rd = submit_one(e, d, 9, 100); /* runs first: a waits behind it */
@@ -935,12 +944,9 @@ static void test_hold_back_slow_restore(void **s) {
     make_prompt(x, 65, nv, 81, 1);
     make_prompt(y, 9, nv, 82, 1);
     make_prompt(d, 9, nv, 83, 1);
-    Engine *e = tier_engine(m, 32, 0, dir, EVICT_DEFAULT);
+    put_on_disk(m, dir, (const int32_t *[]){x, y}, (int[]){65, 9}, 2); /* x's 8 blocks, y's first */
+    Engine *e;
     ReqResult res;
-    free(run_one(e, x, 65, 4, NULL, &res));
-    free(run_one(e, y, 9, 4, NULL, &res));
-    settle(e);
-    engine_free(e); /* x's 8 blocks and y's first are on disk only now */
 
     Gate g = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .sleep_ms = 30};
     EngineOptions o;
@@ -995,9 +1001,11 @@ static void test_hold_back_slow_restore(void **s) {
     model_free(m);
 }
 
-/* MoverTestHooks.disk_aio for test_disk_full: every operation of the
+/* MoverTestHooks.disk_tier for test_disk_full: every operation of the
  * kinds in *ctx fails with ENOSPC. */
-static void full_disk(void *ctx, Aio *a) { aio_fault_set(a, *(const unsigned *)ctx, 0, 1 << 30, ENOSPC); }
+static void full_disk(void *ctx, Tier *t) {
+    aio_fault_set(tier_disk_aio(t), *(const unsigned *)ctx, 0, 1 << 30, ENOSPC);
+}
 
 /* A disk tier that is full (ENOSPC injected where the slab is reserved, or
  * where the runs are written) takes nothing, and no request fails: a
@@ -1017,7 +1025,7 @@ static void test_disk_full(void **s) {
     const unsigned kinds[2] = {AIO_OP_FALLOCATE, AIO_OP_WRITE};
     for (int k = 0; k < 2; k++) {
         char *dir = make_tmpdir();
-        MoverTestHooks hooks = {.disk_aio = full_disk, .ctx = (void *)&kinds[k]};
+        MoverTestHooks hooks = {.disk_tier = full_disk, .ctx = (void *)&kinds[k]};
         Engine *e = tier_engine_hooked(m, 16, 0, dir, EVICT_DEFAULT, &hooks);
         ReqResult res;
         free(run_one(e, a, 65, 4, NULL, &res));
@@ -1046,6 +1054,45 @@ static void test_disk_full(void **s) {
     free(ref);
     free(got);
     free(ref_text);
+    model_free(m);
+}
+
+/* MoverTestHooks.disk_tier for test_restore_out_of_memory: the disk
+ * tier's next buffer growth fails. */
+static void short_of_memory(void *ctx, Tier *t) { tier_disk_fault_alloc(t, 1); }
+
+/* Out of memory where the disk tier sets up a restore (its first streamed
+ * read must grow the staging buffer): the load fails, the request is
+ * planned again and recomputes, with first logits bit-identical to a full
+ * recompute, and the failed restore is counted; the tier stays up. */
+static void test_restore_out_of_memory(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = make_tmpdir();
+    const int nv = m->cfg.n_vocab;
+    int32_t a[80];
+    make_prompt(a, 65, nv, 121, 1);
+    put_on_disk(m, dir, (const int32_t *[]){a}, (int[]){65}, 1);
+    MoverTestHooks hooks = {.disk_tier = short_of_memory};
+    Engine *e = tier_engine_hooked(m, 32, 0, dir, EVICT_DEFAULT, &hooks);
+    ReqResult res;
+    float *ref = reference_logits(m, a, 65), *got = calloc((size_t)nv, sizeof(float));
+    char *ref_text = reference_text(m, a, 65, 4);
+    char *t = run_one(e, a, 65, 4, got, &res);
+    assert_int_equal(res.finish, FINISH_LENGTH);
+    assert_string_equal(t, ref_text);
+    assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
+    assert_int_equal(res.n_cached_by[SRC_DISK], 0);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.restore_failures, 1);
+    assert_false(st.tiers[0].tier.is_failed);
+    free(t);
+    free(ref);
+    free(got);
+    free(ref_text);
+    engine_free(e);
+    remove_tmpdir(dir);
     model_free(m);
 }
 
@@ -1155,6 +1202,7 @@ int main(void) {
         cmocka_unit_test(test_turn_touches_disk_runs),
         cmocka_unit_test(test_hold_back_slow_restore),
         cmocka_unit_test(test_disk_full),
+        cmocka_unit_test(test_restore_out_of_memory),
         cmocka_unit_test(test_many_conversations_tiered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -788,6 +788,37 @@ static void test_disk_read_layers_faults(void **state) {
     kvpool_deinit(&p);
 }
 
+/* Out of memory while setting up a streamed read (its staging buffer must
+ * grow: a put needs one run's room, the read two runs' layers): MN_ENOMEM,
+ * no layer reported, nothing dropped, the tier stays up; the next read of
+ * the same blocks works. */
+static void test_disk_read_out_of_memory(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 6, 8, 4, 64, MN_TYPE_F16), MN_OK);
+    Fixture fx;
+    fx_open(&fx, pa, &p, 1 << 20, 0, false);
+    Tier *t = fx.tier;
+    assert_int_equal(put_range(t, &p, 0, 4, 0), MN_OK);
+    assert_int_equal(put_range(t, &p, 10, 4, 4), MN_OK);
+    uint32_t ids[4] = {1, 2, 11, 12};
+    int32_t slots[4] = {20, 21, 22, 23};
+    LayerLog lg;
+    scramble_pool(&p, 51);
+    tier_disk_fault_alloc(t, 1);
+    assert_int_equal(read_all_layers(t, &p, ids, slots, 4, &lg), MN_ENOMEM);
+    assert_int_equal(lg.n_calls, 0);
+    TierStats s;
+    tier_stats(t, &s);
+    assert_false(s.is_failed);
+    assert_int_equal(s.n_runs, 2);
+    assert_int_equal(read_all_layers(t, &p, ids, slots, 4, &lg), MN_OK);
+    assert_int_equal(lg.n_calls, p.n_layer);
+    tier_check(t);
+    fx_close(&fx);
+    kvpool_deinit(&p);
+}
+
 /* ---- tiers: eviction, drop ----------------------------------------------------- */
 
 static void test_tier_lru(void **state) {
@@ -2175,6 +2206,7 @@ int main(void) {
         TIER_TESTS(test_tier_layers_and_spans),
         TIER_TESTS(test_tier_read_layers),
         DISK_TESTS(test_disk_read_layers_faults),
+        DISK_TESTS(test_disk_read_out_of_memory),
         TIER_TESTS(test_tier_lru),
         TIER_TESTS(test_tier_touch),
         TIER_TESTS(test_tier_policy),

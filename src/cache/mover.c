@@ -424,7 +424,7 @@ int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err) {
         if ((rc = tier_disk_new(&dc, &t, &derr)) != MN_OK) {
             mn_err_set(err, rc, "cannot open the disk tier in %s: %s", cfg->disk_dir, derr.msg);
         } else {
-            if (cfg->hooks && cfg->hooks->disk_aio) cfg->hooks->disk_aio(cfg->hooks->ctx, tier_disk_aio(t));
+            if (cfg->hooks && cfg->hooks->disk_tier) cfg->hooks->disk_tier(cfg->hooks->ctx, t);
             add_tier(m, t);
         }
     }

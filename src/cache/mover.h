@@ -46,7 +46,6 @@
 
 #include "base/err.h"
 #include "base/hash.h"
-#include "cache/aio.h"
 #include "cache/kv_pool.h"
 #include "cache/reply_mem.h"
 #include "cache/tier.h"
@@ -146,10 +145,10 @@ typedef struct MoverTestHooks {
      * that sleeps reads as a slow tier (its measured bandwidth drops); one
      * that blocks holds the load at that layer. May be NULL. */
     void (*layer_gate)(void *ctx, int layer);
-    /* Called once with the disk tier's Aio as soon as the tier is open,
-     * before the mover thread starts (to aio_fault_set a failure). May be
-     * NULL. */
-    void (*disk_aio)(void *ctx, Aio *a);
+    /* Called once with the disk tier as soon as it is open, before the
+     * mover thread starts (to inject a failure: aio_fault_set on
+     * tier_disk_aio, tier_disk_fault_alloc). May be NULL. */
+    void (*disk_tier)(void *ctx, Tier *t);
     void *ctx;
 } MoverTestHooks;
 

@@ -265,6 +265,10 @@ void tier_dump(const Tier *t);
 
 /* The Aio the disk tier uses (fault injection in tests); NULL for others. */
 Aio *tier_disk_aio(Tier *t);
+/* Test hook: the next n_fail times the disk tier must grow its staging
+ * buffer or its request array, the allocation fails (MN_ENOMEM), as a
+ * real one would; 0 clears it. No-op for other kinds. */
+void tier_disk_fault_alloc(Tier *t, int n_fail);
 /* The data file and extent holding layer `layer` of the run that holds
  * hash: path (NUL-terminated, truncated to cap), file offset, length.
  * MN_ENOTFOUND, MN_EINVAL (not a disk tier, bad layer). */

@@ -211,6 +211,7 @@ typedef struct DiskTier {
     bool is_closing;      /* tier_free under way: releases keep the rows */
     uint8_t *record;      /* (record_cap) a run record being stored */
     size_t record_cap;
+    int n_alloc_faults;   /* tier_disk_fault_alloc: growths still to fail */
 } DiskTier;
 
 /* ---- helpers: bytes, buffers --------------------------------------------- */
@@ -235,9 +236,16 @@ static size_t record_len(int n_blocks, int n_layer) {
     return DISK_RECORD_HEAD + 16 * (size_t)n_blocks + 8 * (size_t)n_layer + 8;
 }
 
+/* Whether this growth of a buffer fails by injection (tests). */
+static bool alloc_fault(DiskTier *d) {
+    if (d->n_alloc_faults <= 0) return false;
+    d->n_alloc_faults--;
+    return true;
+}
+
 static int staging_reserve(DiskTier *d, uint64_t n) {
     if (n <= d->staging_bytes) return MN_OK;
-    if (n > SIZE_MAX / 2) return MN_ENOMEM;
+    if (n > SIZE_MAX / 2 || alloc_fault(d)) return MN_ENOMEM;
     size_t cap = d->staging_bytes ? d->staging_bytes : (size_t)DISK_CHUNK;
     while (cap < n) cap *= 2;
     uint8_t *b = mn_alloc_aligned(cap, DISK_PAGE);
@@ -250,7 +258,7 @@ static int staging_reserve(DiskTier *d, uint64_t n) {
 
 static int reqs_reserve(DiskTier *d, uint64_t n) {
     if (n <= (uint64_t)d->reqs_cap) return MN_OK;
-    if (n > (uint64_t)INT32_MAX) return MN_ENOMEM;
+    if (n > (uint64_t)INT32_MAX || alloc_fault(d)) return MN_ENOMEM;
     AioReq *r = mn_realloc(d->reqs, (size_t)n * sizeof *r);
     if (r == NULL) return MN_ENOMEM;
     d->reqs = r;
@@ -1202,6 +1210,10 @@ int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err) {
 Aio *tier_disk_aio(Tier *t) {
     if (tier_kind_ops(t) != &disk_ops) return NULL;
     return ((DiskTier *)tier_kind(t))->aio;
+}
+
+void tier_disk_fault_alloc(Tier *t, int n_fail) {
+    if (tier_kind_ops(t) == &disk_ops) ((DiskTier *)tier_kind(t))->n_alloc_faults = n_fail;
 }
 
 int tier_disk_extent(const Tier *t, const Hash128 *hash, int layer, char *path, size_t cap, uint64_t *offset,
