@@ -1096,6 +1096,57 @@ static void test_restore_out_of_memory(void **s) {
     model_free(m);
 }
 
+/* Out of memory growing a block table (injected: the first growth fails;
+ * 9-token prompts fill two blocks of 8 at admission, so the table grows at
+ * the 17th token): of two requests running together, the one that met it
+ * fails with a message, the other's answer is untouched, and the engine
+ * goes on serving. */
+static void test_table_out_of_memory(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    const int nv = m->cfg.n_vocab;
+    int32_t a[16], b[16];
+    make_prompt(a, 9, nv, 131, 1);
+    make_prompt(b, 9, nv, 132, 1);
+    EngineOptions o;
+    engine_options_default(&o);
+    o.block_tokens = 8;
+    o.pool_blocks = 32;
+    o.parallel = 2;
+    o.test_table_faults = 1;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    Request *ra = submit_one(e, a, 9, 12), *rb = submit_one(e, b, 9, 12);
+    ReqResult res[2];
+    char *text[2] = {drain(ra, &res[0]), drain(rb, &res[1])};
+    const int32_t *prompts[2] = {a, b};
+    int n_failed = 0;
+    for (int i = 0; i < 2; i++) {
+        if (res[i].finish == FINISH_ERROR) {
+            n_failed++;
+            assert_non_null(strstr(res[i].error, "out of memory growing a block table"));
+            continue;
+        }
+        char *ref = reference_text(m, prompts[i], 9, 12);
+        assert_string_equal(text[i], ref);
+        free(ref);
+    }
+    assert_int_equal(n_failed, 1);
+    ReqResult r3;
+    char *t3 = run_one(e, a, 9, 12, NULL, &r3); /* still serving */
+    char *ref = reference_text(m, a, 9, 12);
+    assert_int_equal(r3.finish, FINISH_LENGTH);
+    assert_string_equal(t3, ref);
+    free(ref);
+    free(t3);
+    for (int i = 0; i < 2; i++) free(text[i]);
+    request_unref(ra);
+    request_unref(rb);
+    engine_free(e);
+    model_free(m);
+}
+
 static void test_restore_from_ram(void **s) { check_restore(1, false, SRC_RAM, false); }
 static void test_restore_from_disk(void **s) { check_restore(0, true, SRC_DISK, false); }
 static void test_restore_ram_and_disk(void **s) { check_restore(1, true, SRC_RAM, false); }
@@ -1203,6 +1254,7 @@ int main(void) {
         cmocka_unit_test(test_hold_back_slow_restore),
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_restore_out_of_memory),
+        cmocka_unit_test(test_table_out_of_memory),
         cmocka_unit_test(test_many_conversations_tiered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

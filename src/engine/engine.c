@@ -662,7 +662,9 @@ static void admit_waiting(Engine *e) {
  * the suspended slot now holds a sequence it may not have checked yet. */
 static bool ensure_blocks(Engine *e, int i) {
     Active *a = e->running[i];
-    int rc = seq_reserve(&a->seq, &e->pool, a->n_tokens);
+    int rc = MN_ENOMEM;
+    if (e->opt.test_table_faults > 0 && seq_table_grows(&a->seq, &e->pool, a->n_tokens)) e->opt.test_table_faults--;
+    else rc = seq_reserve(&a->seq, &e->pool, a->n_tokens);
     if (rc == MN_OK) return true;
     if (rc != MN_EFULL) { /* out of memory growing its table: it alone fails */
         e->running[i] = e->running[--e->n_running];

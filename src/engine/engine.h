@@ -57,6 +57,8 @@ typedef struct EngineOptions {
     uint64_t disk_tier_mb;     /* disk tier budget (default 4096 when a directory is given) */
     float swap_watermark;      /* write-behind of cold blocks when free pool blocks fall under this fraction (0.25) */
     const MoverTestHooks *mover_hooks; /* tests only: MoverConfig.hooks; NULL normally */
+    int test_table_faults;             /* tests only: the next N block-table growths fail
+                                          as out of memory; 0 normally */
 } EngineOptions;
 
 /* Where the cached prompt tokens of a request came from. */

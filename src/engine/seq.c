@@ -6,8 +6,12 @@
 #include "base/err.h"
 #include "base/mem.h"
 
+static int blocks_for(const KvPool *p, int n_tokens) { return (n_tokens + p->block_tokens - 1) / p->block_tokens; }
+
+bool seq_table_grows(const Seq *s, const KvPool *p, int n_tokens) { return blocks_for(p, n_tokens) > s->cap; }
+
 int seq_reserve(Seq *s, KvPool *p, int n_tokens) {
-    int need = (n_tokens + p->block_tokens - 1) / p->block_tokens;
+    int need = blocks_for(p, n_tokens);
     if (need <= s->n_blocks) return MN_OK;
     if (need - s->n_blocks > kvpool_n_available(p)) return MN_EFULL;
     if (need > s->cap) {

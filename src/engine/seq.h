@@ -7,6 +7,7 @@
 #ifndef MN_SEQ_H
 #define MN_SEQ_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "cache/kv_pool.h"
@@ -22,6 +23,9 @@ typedef struct Seq {
  * pool. MN_EFULL when the pool has too few free blocks (the table is left as
  * it was), MN_ENOMEM. */
 int seq_reserve(Seq *s, KvPool *p, int n_tokens);
+/* Whether seq_reserve for n_tokens would have to grow the table itself
+ * (an allocation that can fail). */
+bool seq_table_grows(const Seq *s, const KvPool *p, int n_tokens);
 /* Release every block and free the table; the Seq is empty afterwards. */
 void seq_release(Seq *s, KvPool *p);
 /* View for the attention kernel, valid until the table changes. */
