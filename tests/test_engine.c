@@ -894,7 +894,7 @@ static void test_pool_fifo_vs_lru(void **s) {
 
 /* A mover layer gate (MoverTestHooks.layer_gate): sleeps sleep_ms
  * per layer (a slow disk), or, while closed, holds the load where it is
- * until opened or until 5 s have passed (then it opens itself and says
+ * until opened or until 20 s have passed (then it opens itself and says
  * so, so a test that waits on the wrong thing fails instead of hanging).
  * n_calls counts the layers that came through. */
 typedef struct Gate {
@@ -911,7 +911,7 @@ static void gate_layer(void *ctx, int layer) {
     Gate *g = ctx;
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 5;
+    until.tv_sec += 20;
     pthread_mutex_lock(&g->lock);
     g->n_calls++;
     int ms = g->sleep_ms;
@@ -925,16 +925,17 @@ static void gate_layer(void *ctx, int layer) {
 }
 
 /* A slow restore sits out the steps it would stall (tiers_hold_back): the
- * disk tier has read slowly before (the gate slept 30 ms a layer while x's
- * 8 blocks came back), so y's one block is expected to take ~19 ms, far
- * longer than a step's compute. While y's load is held at the gate, a
- * request running beside it decodes all 40 of its tokens; then the load
- * finishes and y's first logits are a full recompute's, bit for bit.
- * Without the hold-back, the first step with both waits on the gate and
- * the other request cannot finish before the gate gives up. The step time
- * it compares with leaves out the ~150 ms x's step waited for its layers:
- * counted in, it would make a step look longer (~30 ms by y's turn) than
- * y's restore, and y would join the batch. */
+ * disk tier has read slowly before (the gate slept 200 ms a layer while
+ * x's 8 blocks came back, 1 s), so y's one block is expected to take
+ * ~125 ms, longer than a step's compute even under a sanitizer on a busy
+ * machine. While y's load is held at the gate, a request running beside it
+ * decodes all 40 of its tokens; then the load finishes and y's first
+ * logits are a full recompute's, bit for bit. Without the hold-back, the
+ * first step with both waits on the gate and the other request cannot
+ * finish before the gate gives up. The step time it compares with leaves
+ * out the ~1 s x's step waited for its layers: counted in, it would make a
+ * step look longer (~0.2 s by y's turn) than y's restore, and y would join
+ * the batch. */
 static void test_hold_back_slow_restore(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
@@ -948,7 +949,7 @@ static void test_hold_back_slow_restore(void **s) {
     Engine *e;
     ReqResult res;
 
-    Gate g = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .sleep_ms = 30};
+    Gate g = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .sleep_ms = 200};
     EngineOptions o;
     engine_options_default(&o);
     o.block_tokens = 8;
@@ -966,8 +967,8 @@ static void test_hold_back_slow_restore(void **s) {
     assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
     free(ref);
     EngineStats st; /* the engine sees the slow read once the mover publishes it */
-    for (int i = 0; i < 500 && (engine_stats(e, &st), st.tiers[0].tier.read_seconds < 0.1); i++) usleep(10000);
-    assert_true(st.tiers[0].tier.read_seconds >= 0.1);
+    for (int i = 0; i < 500 && (engine_stats(e, &st), st.tiers[0].tier.read_seconds < 0.9); i++) usleep(10000);
+    assert_true(st.tiers[0].tier.read_seconds >= 0.9);
 
     pthread_mutex_lock(&g.lock);
     g.sleep_ms = 0;
