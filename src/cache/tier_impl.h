@@ -77,8 +77,9 @@ typedef struct TierKindOps {
      * NULL: the core then calls read_layer per layer and group. */
     int (*read_layers)(void *kind, const TierReadGroup *groups, int n_groups, KvPool *pool, TierLayerFn layer_fn,
                        void *ctx, uint64_t *io_bytes, TierReadFailure *bad);
-    /* run->last_used changed (a read of layer 0); may be NULL. Failures
-     * are the kind's to log: the read itself succeeded. */
+    /* run->last_used changed (a read of layer 0, or tier_touch); may be
+     * NULL. Failures are the kind's to log: the read or touch itself
+     * succeeded. */
     void (*touch)(void *kind, TierRun *run);
     /* Free the run's room (and, for a persistent kind, its record unless
      * close was called). */

@@ -59,6 +59,9 @@ static void save_blocks(Engine *e, const Hash128 *hashes, const int32_t *slots, 
     e->n_save_blocks += n;
 }
 
+/* How many of a's blocks are full and hashed: those a tier may hold. */
+static int full_blocks(const Active *a) { return a->n_hashed < a->seq.n_blocks ? a->n_hashed : a->seq.n_blocks; }
+
 /* Whether block h, in slot, is this slot's indexed copy that no tier holds
  * and nothing moves now. */
 static bool is_unsaved(const Engine *e, const Hash128 *h, int32_t slot) {
@@ -72,7 +75,7 @@ void tiers_save_active(Engine *e, Active *a) {
     if (e->mover == NULL || mn_now() < e->t_save_retry) return;
     Hash128 hs[SAVE_MAX_RUN];
     int32_t ss[SAVE_MAX_RUN];
-    int n = 0, first = 0, n_full = a->n_hashed < a->seq.n_blocks ? a->n_hashed : a->seq.n_blocks;
+    int n = 0, first = 0, n_full = full_blocks(a);
     for (int i = 0; i < n_full; i++) {
         int32_t slot = a->seq.blocks[i];
         bool take = is_unsaved(e, &a->hashes[i], slot);
@@ -365,13 +368,16 @@ void tiers_persist_reply(Engine *e, const Hash128 *key, const Active *a) {
  * with their last read (Pensieve's time since it was last active). */
 void tiers_persist_conversation(Engine *e, const Active *a) {
     if (e->mover == NULL) return;
-    int n_full = a->n_hashed < a->seq.n_blocks ? a->n_hashed : a->seq.n_blocks, n = 0;
-    for (int i = 0; i < n_full; i++) n += index_tiers(e->index, &a->hashes[i]) != 0;
-    if (a->conv == 0 && n == 0) return;
-    MoverJob *j = mover_job_new(MOVER_CONV, n, 0);
+    int n_full = full_blocks(a);
+    MoverJob *j = mover_job_new(MOVER_CONV, n_full, 0);
     if (j == NULL) return;
-    for (int i = 0, k = 0; i < n_full; i++)
-        if (index_tiers(e->index, &a->hashes[i]) != 0) j->hashes[k++] = a->hashes[i];
+    j->n = 0; /* the blocks a tier holds */
+    for (int i = 0; i < n_full; i++)
+        if (index_tiers(e->index, &a->hashes[i]) != 0) j->hashes[j->n++] = a->hashes[i];
+    if (a->conv == 0 && j->n == 0) {
+        mover_job_free(j);
+        return;
+    }
     j->conv = a->conv;
     j->ns_id = a->ns_id;
     j->n_tokens = a->n_tokens;
