@@ -467,6 +467,16 @@ static void test_aio_ring_broken(void **state) {
     aio_free(a);
     assert_memory_equal(src, dst, (size_t)N * LEN);
 
+    /* the same, and aio_free's own waits fail too: it polls the completion
+     * queue until every read is back */
+    assert_int_equal(aio_new(AIO_BACKEND_URING, N, &a), MN_OK);
+    memset(dst, 0, (size_t)N * LEN);
+    assert_int_equal(aio_submit(a, r, N), MN_OK);
+    aio_fault_set(a, AIO_OP_RING, 0, 1 << 30, EIO);
+    assert_int_equal(aio_wait(a, N, N, done, &n_done), MN_EIO);
+    aio_free(a);
+    assert_memory_equal(src, dst, (size_t)N * LEN);
+
     /* the submit breaks: nothing was taken, aio_free returns at once */
     assert_int_equal(aio_new(AIO_BACKEND_URING, N, &a), MN_OK);
     aio_fault_set(a, AIO_OP_RING, 0, 1, EIO);

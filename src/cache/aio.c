@@ -261,7 +261,7 @@ static void uring_drain(Aio *a) {
     int held = a->n_inflight - (int)queued;
     while (held > 0) {
         struct io_uring_cqe *cqe = NULL;
-        int rc = io_uring_wait_cqe(&a->ring, &cqe);
+        int rc = fault_take(a, AIO_OP_RING) ? -EIO : io_uring_wait_cqe(&a->ring, &cqe);
         if (rc == -EINTR || rc == -EAGAIN) continue;
         if (rc < 0 && io_uring_peek_cqe(&a->ring, &cqe) != 0) {
             nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);

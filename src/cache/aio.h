@@ -45,7 +45,8 @@ enum {
     AIO_OP_OPEN = 1u << 4,      /* the open(2) calls of aio_open */
     AIO_OP_RING = 1u << 5,      /* io_uring only: handing requests to the
                                    ring or waiting on it fails as if the ring
-                                   itself broke (errnum unused) */
+                                   itself broke, also aio_free's waits
+                                   (errnum unused) */
 };
 
 /* aio_open flags */
