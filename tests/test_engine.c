@@ -107,6 +107,11 @@ static void make_prompt(int32_t *t, int n, int n_vocab, uint64_t seed, int bos) 
     if (bos >= 0) t[0] = bos;
 }
 
+/* n prompts of len tokens (at most 80), seeds seed, seed + 1, ... */
+static void make_prompts(int32_t (*p)[80], int n, int len, int n_vocab, uint64_t seed) {
+    for (int i = 0; i < n; i++) make_prompt(p[i], len, n_vocab, seed + (uint64_t)i, 1);
+}
+
 typedef struct Job {
     Engine *e;
     int32_t prompt[200];
@@ -594,10 +599,8 @@ static void check_restore(uint64_t ram_mb, bool has_disk, CacheSource want, bool
     char *dir = has_disk ? make_tmpdir() : NULL;
     Engine *e = tier_engine(m, 16, ram_mb, dir, EVICT_DEFAULT);
     const int nv = m->cfg.n_vocab;
-    int32_t a[80], b[80], c[80];
-    make_prompt(a, 65, nv, 41, 1);
-    make_prompt(b, 65, nv, 42, 1);
-    make_prompt(c, 65, nv, 43, 1);
+    int32_t p[3][80], *a = p[0], *b = p[1], *c = p[2];
+    make_prompts(p, 3, 65, nv, 41);
     float *ref = reference_logits(m, a, 65), *got = malloc(sizeof(float) * (size_t)nv);
     char *ref_text = reference_text(m, a, 65, 4);
     ReqResult res;
@@ -864,10 +867,8 @@ static int pool_keeps_a(EvictPolicy evict) {
     Model *m = load("stories260K");
     if (!m) return -1;
     const int nv = m->cfg.n_vocab;
-    int32_t a[80], b[80], c[80];
-    make_prompt(a, 65, nv, 101, 1);
-    make_prompt(b, 65, nv, 102, 1);
-    make_prompt(c, 65, nv, 103, 1);
+    int32_t p[3][80], *a = p[0], *b = p[1], *c = p[2];
+    make_prompts(p, 3, 65, nv, 101);
     Engine *e = tier_engine(m, 20, 0, NULL, evict);
     ReqResult res;
     free(run_one(e, a, 65, 4, NULL, &res)); /* 8 cached blocks */
@@ -1017,10 +1018,8 @@ static void test_disk_full(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
     const int nv = m->cfg.n_vocab;
-    int32_t a[80], b[80], c[80];
-    make_prompt(a, 65, nv, 91, 1);
-    make_prompt(b, 65, nv, 92, 1);
-    make_prompt(c, 65, nv, 93, 1);
+    int32_t p[3][80], *a = p[0], *b = p[1], *c = p[2];
+    make_prompts(p, 3, 65, nv, 91);
     float *ref = reference_logits(m, a, 65), *got = calloc((size_t)nv, sizeof(float));
     char *ref_text = reference_text(m, a, 65, 4);
     const unsigned kinds[2] = {AIO_OP_FALLOCATE, AIO_OP_WRITE};
