@@ -24,6 +24,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <sys/socket.h>
@@ -1234,6 +1235,104 @@ static void test_disk_probe(void **state) {
     assert_int_equal(rmdir(dir), 0);
 }
 
+/* Takes `want` samples, keeping their rates. */
+typedef struct Samples {
+    int want, n, n_calls;
+    double rates[16];
+} Samples;
+
+static bool take_samples(void *ctx, double last) {
+    Samples *s = ctx;
+    s->n_calls++;
+    if (last >= 0) s->rates[s->n++] = last;
+    return s->n < s->want;
+}
+
+typedef struct Signaller {
+    pthread_t target;
+    int delay_ms;
+} Signaller;
+
+static void *signal_later(void *arg) {
+    Signaller *sg = arg;
+    usleep((useconds_t)sg->delay_ms * 1000);
+    pthread_kill(sg->target, SIGTERM);
+    return NULL;
+}
+
+/* Raw reads sampled over time: each read timed and reported, the file
+ * removed on every path; the command stops at a count or at SIGTERM. */
+static void test_disk_probe_sample(void **state) {
+    char dir[] = "/tmp/mnemo-test-sampleprobe-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    MnErr err = {0};
+    DiskProbeResult res;
+    Samples s = {.want = 5};
+    int rc = diskprobe_sample(dir, 4u << 20, 2u << 20, NULL, take_samples, &s, &res, &err);
+    if (rc) fail_msg("diskprobe_sample: %s", err.msg);
+    assert_int_equal(s.n, 5);
+    assert_int_equal(s.n_calls, 6); /* before each read, and once after the last */
+    for (int i = 0; i < 5; i++) assert_true(s.rates[i] > 0);
+    assert_true(res.bytes == 4u << 20 && res.write_mbps > 0 && res.read_s > 0 && res.read_mbps == 0);
+    assert_int_equal(n_dir_entries(dir), 0);
+
+    /* sizes that do not fit */
+    uint64_t bad[] = {0, 1000, 8u << 20};
+    for (int i = 0; i < 3; i++) {
+        s = (Samples){.want = 1};
+        assert_int_equal(diskprobe_sample(dir, 4u << 20, bad[i], NULL, take_samples, &s, &res, &err), MN_EINVAL);
+        assert_int_equal(s.n_calls, 0);
+    }
+
+    /* the third read fails (two 1 MiB requests a read): the two before are
+     * reported, the error says where, nothing is left */
+    Fault f = {AIO_OP_READ, 4, EIO};
+    DiskProbeOpts o = {.aio_hook_fn = inject, .aio_hook_ctx = &f};
+    s = (Samples){.want = 5};
+    assert_int_equal(diskprobe_sample(dir, 4u << 20, 2u << 20, &o, take_samples, &s, &res, &err), MN_EIO);
+    assert_int_equal(s.n, 2);
+    assert_non_null(strstr(err.msg, dir));
+    assert_true(res.bytes == 0);
+    assert_int_equal(n_dir_entries(dir), 0);
+
+    /* the command, stopped by a count: a line per read, then the summary */
+    char *argv[] = {dir, "--mb", "4", "--sample-mb", "2", "--sample-ms", "10", "--samples", "3"};
+    char *text = probe_output(9, argv);
+    int n_lines = 0, n = -1;
+    for (const char *at = text; (at = strstr(at, "sample_read_mbps=")) != NULL; at++) n_lines++;
+    double median = 0;
+    const char *sum = strstr(text, "samples=");
+    if (n_lines != 3 || sum == NULL || sscanf(sum, "samples=%d median_read_mbps=%lf", &n, &median) != 2 || n != 3 ||
+        !(median > 0) || !strstr(text, ": 3 reads of 2 MiB, one every 10 ms: median "))
+        fail_msg("disk-probe printed:\n%s", text);
+    free(text);
+    assert_int_equal(n_dir_entries(dir), 0);
+
+    /* the command, stopped by SIGTERM (to this thread, which it blocks and
+     * waits for between reads): it ends normally and removes its file */
+    Signaller sg = {pthread_self(), 300};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, signal_later, &sg), 0);
+    char *argv2[] = {dir, "--mb", "4", "--sample-mb", "2", "--sample-ms", "20"};
+    text = probe_output(7, argv2);
+    pthread_join(th, NULL);
+    sum = strstr(text, "samples=");
+    if (sum == NULL || sscanf(sum, "samples=%d", &n) != 1 || n < 1) fail_msg("disk-probe printed:\n%s", text);
+    free(text);
+    assert_int_equal(n_dir_entries(dir), 0);
+    sigset_t pending;
+    sigpending(&pending);
+    assert_false(sigismember(&pending, SIGTERM)); /* taken, not left for later */
+
+    char *too_big[] = {dir, "--mb", "4", "--sample-mb", "8", "--sample-ms", "10"};
+    assert_int_equal(diskprobe_main(7, too_big), 2);
+    char *negative[] = {dir, "--sample-ms", "-1"};
+    assert_int_equal(diskprobe_main(3, negative), 2);
+    char *with_restore[] = {dir, "--sample-ms", "10", "--restore"};
+    assert_int_equal(diskprobe_main(4, with_restore), 2);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 typedef struct TierFault {
     Fault f;
     bool hit; /* the hook ran */
@@ -1324,6 +1423,7 @@ int main(void) {
         cmocka_unit_test(test_tiers_plain_server),
         cmocka_unit_test(test_disk_probe),
         cmocka_unit_test(test_disk_probe_restore),
+        cmocka_unit_test(test_disk_probe_sample),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();

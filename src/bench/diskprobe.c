@@ -17,6 +17,10 @@
  * read back so. A device or a backend that completes a read without
  * delivering the bytes is caught instead of measured as fast.
  *
+ * Sampling (diskprobe_sample) writes the file the same way, then times
+ * many short reads of it, one at a time, with the caller's wait between
+ * them: the raw rate over a stretch of time, next to a server's restores.
+ *
  * Nothing here is shared: one call owns its Aio, buffers and file, and the
  * file is unlinked on every path once it exists. Timing uses mn_now; the
  * write time covers the writes and the fdatasync, not the fallocate (the
@@ -28,6 +32,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +59,9 @@ typedef struct Probe {
     int n_slots;
     uint64_t request_bytes;
     uint64_t bytes;       /* file size */
+    uint64_t end;         /* the current pass's end (run_pass) */
     uint64_t bad_offset;  /* a read whose stamp was wrong: the page's offset */
+    char path[4096];      /* the file, once made ("" before) */
 } Probe;
 
 /* ---- stamps ---------------------------------------------------------------------- */
@@ -98,7 +106,7 @@ static bool check_stamps(const uint8_t *buf, uint64_t offset, size_t len, uint64
 /* Point slot i's request at the next part of the file and submit it. */
 static int slot_start(Probe *p, int i, unsigned op, uint64_t offset) {
     AioReq *r = &p->reqs[i];
-    uint64_t left = p->bytes - offset;
+    uint64_t left = p->end - offset;
     size_t len = (size_t)(left < p->request_bytes ? left : p->request_bytes);
     uint8_t *buf = p->bufs + (size_t)i * p->request_bytes;
     if (op == AIO_OP_WRITE) stamp_pages(buf, offset, len);
@@ -107,13 +115,14 @@ static int slot_start(Probe *p, int i, unsigned op, uint64_t offset) {
     return aio_submit(p->aio, r, 1);
 }
 
-/* Write or read [0, bytes) of the file with n_slots requests in flight.
+/* Write or read [from, to) of the file with n_slots requests in flight.
  * Every submitted request is waited for, also after a failure; returns the
  * first failure (MN_EFORMAT for data that came back wrong). */
-static int run_pass(Probe *p, unsigned op) {
-    uint64_t next = 0;
+static int run_pass(Probe *p, unsigned op, uint64_t from, uint64_t to) {
+    uint64_t next = from;
     int rc = MN_OK;
-    for (int i = 0; i < p->n_slots && next < p->bytes; i++) {
+    p->end = to;
+    for (int i = 0; i < p->n_slots && next < to; i++) {
         rc = slot_start(p, i, op, next);
         if (rc != MN_OK) break;
         next += p->request_bytes;
@@ -132,7 +141,7 @@ static int run_pass(Probe *p, unsigned op) {
             }
             if (rc == MN_OK && op == AIO_OP_READ && !check_stamps(r->buf, r->offset, r->len, &p->bad_offset))
                 rc = MN_EFORMAT;
-            if (rc == MN_OK && next < p->bytes) {
+            if (rc == MN_OK && next < to) {
                 rc = slot_start(p, (int)(r - p->reqs), op, next);
                 next += p->request_bytes;
             }
@@ -162,8 +171,23 @@ int diskprobe_run(const char *dir, uint64_t bytes, DiskProbeResult *out, MnErr *
     return diskprobe_run_opts(dir, bytes, NULL, out, err);
 }
 
-int diskprobe_run_opts(const char *dir, uint64_t bytes, const DiskProbeOpts *o, DiskProbeResult *out, MnErr *err) {
-    memset(out, 0, sizeof *out);
+/* Everything a probe holds, released on every path: the file (closed and
+ * unlinked), the Aio (waiting for what is in flight first), the buffers. */
+static void probe_close(Probe *p) {
+    aio_close(&p->file);
+    if (p->path[0] != '\0') unlink(p->path);
+    aio_free(p->aio); /* waits for anything still in flight before the buffers go */
+    mn_free(p->reqs);
+    mn_free_aligned(p->bufs);
+    *p = (Probe){.file = {.fd = -1}};
+}
+
+/* Check the sizes, make the buffers, the Aio and the file under dir, and
+ * write the file (with its fdatasync): *write_s is that time. On failure
+ * err says what failed and the probe holds nothing. */
+static int probe_open(Probe *p, const char *dir, uint64_t bytes, const DiskProbeOpts *o, double *write_s,
+                      MnErr *err) {
+    *p = (Probe){.file = {.fd = -1}};
     DiskProbeOpts opts = o ? *o : (DiskProbeOpts){0};
     if (opts.request_bytes == 0) opts.request_bytes = DISKPROBE_REQUEST_BYTES;
     if (opts.queue_depth == 0) opts.queue_depth = DISKPROBE_QUEUE_DEPTH;
@@ -178,34 +202,34 @@ int diskprobe_run_opts(const char *dir, uint64_t bytes, const DiskProbeOpts *o, 
     int rc = check_dir(dir, err);
     if (rc != MN_OK) return rc;
 
-    Probe p = {.file = {.fd = -1}, .request_bytes = opts.request_bytes, .bytes = bytes};
-    uint64_t n_req = (bytes + p.request_bytes - 1) / p.request_bytes;
-    p.n_slots = n_req < (uint64_t)opts.queue_depth ? (int)n_req : opts.queue_depth;
-    char path[4096];
-    bool has_file = false;
+    p->request_bytes = opts.request_bytes;
+    p->bytes = bytes;
+    uint64_t n_req = (bytes + p->request_bytes - 1) / p->request_bytes;
+    p->n_slots = n_req < (uint64_t)opts.queue_depth ? (int)n_req : opts.queue_depth;
     size_t buf_bytes = 0;
-    if (mn_mul_size((size_t)p.n_slots, (size_t)p.request_bytes, &buf_bytes) != 0) /* at most 1024 GiB: 64-bit */
+    if (mn_mul_size((size_t)p->n_slots, (size_t)p->request_bytes, &buf_bytes) != 0) /* at most 1024 GiB: 64-bit */
         return mn_err_set(err, MN_ENOMEM, "probe buffers: size overflow");
-    p.bufs = mn_alloc_aligned(buf_bytes, AIO_ALIGN);
-    p.reqs = mn_calloc((size_t)p.n_slots, sizeof *p.reqs);
-    if (p.bufs == NULL || p.reqs == NULL) {
-        rc = mn_err_set(err, MN_ENOMEM, "out of memory for %d probe buffers of %" PRIu64 " bytes", p.n_slots,
-                        p.request_bytes);
-        goto done;
+    p->bufs = mn_alloc_aligned(buf_bytes, AIO_ALIGN);
+    p->reqs = mn_calloc((size_t)p->n_slots, sizeof *p->reqs);
+    if (p->bufs == NULL || p->reqs == NULL) {
+        rc = mn_err_set(err, MN_ENOMEM, "out of memory for %d probe buffers of %" PRIu64 " bytes", p->n_slots,
+                        p->request_bytes);
+        goto fail;
     }
-    fill_pattern(p.bufs, buf_bytes);
-    rc = aio_new(opts.backend, opts.queue_depth, &p.aio);
+    fill_pattern(p->bufs, buf_bytes);
+    rc = aio_new(opts.backend, opts.queue_depth, &p->aio);
     if (rc != MN_OK) {
         rc = mn_err_set(err, rc, "cannot set up aio (%s backend): %s", aio_backend_name(opts.backend),
                         mn_strerror(rc));
-        goto done;
+        goto fail;
     }
-    if (opts.aio_hook_fn) opts.aio_hook_fn(p.aio, opts.aio_hook_ctx);
+    if (opts.aio_hook_fn) opts.aio_hook_fn(p->aio, opts.aio_hook_ctx);
 
     /* a unique name, then the file reopened through aio (O_DIRECT) */
+    char path[sizeof p->path];
     if (snprintf(path, sizeof path, "%s/.mnemo-disk-probe-XXXXXX", dir) >= (int)sizeof path) {
         rc = mn_err_set(err, MN_EINVAL, "%s: path too long", dir);
-        goto done;
+        goto fail;
     }
     int fd = mkstemp(path);
     if (fd < 0) {
@@ -217,57 +241,97 @@ int diskprobe_run_opts(const char *dir, uint64_t bytes, const DiskProbeOpts *o, 
             if (rc != MN_ENOTFOUND) rc = MN_EIO;
             mn_err_set(err, rc, "%s: cannot create a file: %s", dir, strerror(e));
         }
-        goto done;
+        goto fail;
     }
     close(fd);
-    has_file = true;
-    rc = aio_open(p.aio, path, AIO_OPEN_TRUNC, &p.file);
+    memcpy(p->path, path, sizeof path); /* from now on probe_close removes it */
+    rc = aio_open(p->aio, p->path, AIO_OPEN_TRUNC, &p->file);
     if (rc != MN_OK) {
         fail_io(err, rc, dir, "opening the probe file", bytes);
-        goto done;
+        goto fail;
     }
-    rc = aio_fallocate(p.aio, &p.file, 0, bytes);
+    rc = aio_fallocate(p->aio, &p->file, 0, bytes);
     if (rc != MN_OK) {
         fail_io(err, rc, dir, "reserving the probe file", bytes);
-        goto done;
+        goto fail;
     }
-
     double t0 = mn_now();
-    rc = run_pass(&p, AIO_OP_WRITE);
-    if (rc == MN_OK) rc = aio_fdatasync(p.aio, &p.file);
-    double t1 = mn_now();
+    rc = run_pass(p, AIO_OP_WRITE, 0, bytes);
+    if (rc == MN_OK) rc = aio_fdatasync(p->aio, &p->file);
+    *write_s = mn_now() - t0;
     if (rc != MN_OK) {
         fail_io(err, rc, dir, "writing the probe file", bytes);
-        goto done;
+        goto fail;
     }
-    if (!p.file.is_direct) /* buffered: read from the device, not the page cache */
-        posix_fadvise(p.file.fd, 0, (off_t)bytes, POSIX_FADV_DONTNEED);
-    double t2 = mn_now();
-    rc = run_pass(&p, AIO_OP_READ);
-    double t3 = mn_now();
-    if (rc == MN_EFORMAT) {
-        rc = mn_err_set(err, rc, "%s: the probe file read back wrong at offset %" PRIu64 " (short read or bad data)",
-                        dir, p.bad_offset);
-        goto done;
+    if (!p->file.is_direct) /* buffered: read from the device, not the page cache */
+        posix_fadvise(p->file.fd, 0, (off_t)bytes, POSIX_FADV_DONTNEED);
+    return MN_OK;
+
+fail:
+    probe_close(p);
+    return rc;
+}
+
+/* Read [from, to) of the probe's file once: *read_s its time. */
+static int probe_read(Probe *p, const char *dir, uint64_t from, uint64_t to, double *read_s, MnErr *err) {
+    double t0 = mn_now();
+    int rc = run_pass(p, AIO_OP_READ, from, to);
+    *read_s = mn_now() - t0;
+    if (rc == MN_EFORMAT)
+        return mn_err_set(err, rc, "%s: the probe file read back wrong at offset %" PRIu64 " (short read or bad data)",
+                          dir, p->bad_offset);
+    if (rc != MN_OK) return fail_io(err, rc, dir, "reading the probe file", p->bytes);
+    return MN_OK;
+}
+
+static double mbps(uint64_t bytes, double s) { return s > 0 ? (double)bytes / s / 1e6 : 0; }
+
+int diskprobe_run_opts(const char *dir, uint64_t bytes, const DiskProbeOpts *o, DiskProbeResult *out, MnErr *err) {
+    memset(out, 0, sizeof *out);
+    Probe p;
+    double write_s = 0, read_s = 0;
+    int rc = probe_open(&p, dir, bytes, o, &write_s, err);
+    if (rc != MN_OK) return rc;
+    rc = probe_read(&p, dir, 0, bytes, &read_s, err);
+    if (rc == MN_OK) {
+        out->bytes = bytes;
+        out->write_s = write_s;
+        out->read_s = read_s;
+        out->write_mbps = mbps(bytes, write_s);
+        out->read_mbps = mbps(bytes, read_s);
+        out->backend = aio_backend(p.aio);
+        out->is_direct = p.file.is_direct;
     }
-    if (rc != MN_OK) {
-        fail_io(err, rc, dir, "reading the probe file", bytes);
-        goto done;
-    }
+    probe_close(&p);
+    return rc;
+}
+
+int diskprobe_sample(const char *dir, uint64_t bytes, uint64_t sample_bytes, const DiskProbeOpts *o,
+                     DiskSampleFn next, void *ctx, DiskProbeResult *out, MnErr *err) {
+    memset(out, 0, sizeof *out);
+    if (sample_bytes == 0 || sample_bytes % AIO_ALIGN != 0 || sample_bytes > bytes)
+        return mn_err_set(err, MN_EINVAL, "sample size %" PRIu64 " is not a positive multiple of %u bytes up to %"
+                          PRIu64, sample_bytes, AIO_ALIGN, bytes);
+    Probe p;
+    double write_s = 0;
+    int rc = probe_open(&p, dir, bytes, o, &write_s, err);
+    if (rc != MN_OK) return rc;
     out->bytes = bytes;
-    out->write_s = t1 - t0;
-    out->read_s = t3 - t2;
-    out->write_mbps = out->write_s > 0 ? (double)bytes / out->write_s / 1e6 : 0;
-    out->read_mbps = out->read_s > 0 ? (double)bytes / out->read_s / 1e6 : 0;
+    out->write_s = write_s;
+    out->write_mbps = mbps(bytes, write_s);
     out->backend = aio_backend(p.aio);
     out->is_direct = p.file.is_direct;
-
-done:
-    aio_close(&p.file);
-    if (has_file) unlink(path);
-    aio_free(p.aio); /* waits for anything still in flight before the buffers go */
-    mn_free(p.reqs);
-    mn_free_aligned(p.bufs);
+    uint64_t n_places = bytes / sample_bytes;
+    double last = -1;
+    for (uint64_t k = 0; rc == MN_OK && next(ctx, last); k++) {
+        uint64_t from = k % n_places * sample_bytes;
+        double read_s = 0;
+        rc = probe_read(&p, dir, from, from + sample_bytes, &read_s, err);
+        last = mbps(sample_bytes, read_s);
+        out->read_s += read_s;
+    }
+    probe_close(&p);
+    if (rc != MN_OK) memset(out, 0, sizeof *out);
     return rc;
 }
 
@@ -421,9 +485,81 @@ done:
 
 /* ---- the command ----------------------------------------------------------------------- */
 
+/* --sample-ms: the reads' rates, each printed as it comes; between reads
+ * the wait is a sigtimedwait for SIGTERM or SIGINT (blocked meanwhile), so
+ * a signal ends the sampling at once and the file is still removed. */
+typedef struct Sampling {
+    sigset_t stop;
+    struct timespec every;
+    int max;       /* reads to take; 0: until a signal */
+    double *rates; /* (cap) */
+    int n, cap;
+    bool is_short; /* ran out of memory for the rates */
+} Sampling;
+
+static bool sampling_next(void *ctx, double last) {
+    Sampling *s = ctx;
+    if (last >= 0) {
+        if (s->n == s->cap) {
+            int cap = s->cap ? 2 * s->cap : 256;
+            double *grown = mn_realloc(s->rates, (size_t)cap * sizeof *grown);
+            if (grown == NULL) {
+                s->is_short = true;
+                return false;
+            }
+            s->rates = grown;
+            s->cap = cap;
+        }
+        s->rates[s->n++] = last;
+        printf("sample_read_mbps=%.1f\n", last);
+        fflush(stdout);
+    }
+    if (s->max > 0 && s->n >= s->max) return false;
+    return sigtimedwait(&s->stop, NULL, &s->every) < 0; /* a timeout (or another signal): go on */
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int sample_main(const char *dir, uint64_t mb, uint64_t sample_mb, int every_ms, int max,
+                       const DiskProbeOpts *o) {
+    Sampling s = {.every = {every_ms / 1000, (long)(every_ms % 1000) * 1000000L}, .max = max};
+    sigset_t old;
+    sigemptyset(&s.stop);
+    sigaddset(&s.stop, SIGTERM);
+    sigaddset(&s.stop, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &s.stop, &old);
+    DiskProbeResult res;
+    MnErr err = {0};
+    int rc = diskprobe_sample(dir, mb << 20, sample_mb << 20, o, sampling_next, &s, &res, &err);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc == MN_OK && s.is_short) rc = mn_err_set(&err, MN_ENOMEM, "out of memory for the samples");
+    if (rc != MN_OK) {
+        fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
+        mn_free(s.rates);
+        return 1;
+    }
+    double median = 0;
+    if (s.n > 0) {
+        qsort(s.rates, (size_t)s.n, sizeof *s.rates, cmp_double);
+        median = s.n % 2 ? s.rates[s.n / 2] : (s.rates[s.n / 2 - 1] + s.rates[s.n / 2]) / 2;
+        printf("disk-probe %s: %d reads of %" PRIu64 " MiB, one every %d ms: median %.1f MB/s (%.1f to %.1f); "
+               "write %.1f MB/s (%" PRIu64 " MiB, %s)\n",
+               dir, s.n, sample_mb, every_ms, median, s.rates[0], s.rates[s.n - 1], res.write_mbps, mb,
+               aio_backend_name(res.backend));
+    }
+    printf("samples=%d median_read_mbps=%.1f\n", s.n, median);
+    mn_free(s.rates);
+    return 0;
+}
+
 int diskprobe_main(int argc, char **argv) {
     uint64_t mb = 512, request_kb = DISKPROBE_REQUEST_BYTES / 1024;
     int queue_depth = DISKPROBE_QUEUE_DEPTH;
+    uint64_t sample_mb = 8;
+    int sample_ms = 0, samples = 0;
     bool restore = false;
     CliOpt opts[] = {
         {"mb", 0, CLI_U64, &mb, "N", "size of the probe file in MiB (default 512)"},
@@ -431,8 +567,13 @@ int diskprobe_main(int argc, char **argv) {
         {"queue-depth", 0, CLI_INT, &queue_depth, "N", "requests in flight (default 32, as the disk tier)"},
         {"restore", 0, CLI_FLAG, &restore, NULL,
          "also time the disk tier's own restores of --mb MiB (2 runs of 5 blocks of the 1.1B model each)"},
+        {"sample-ms", 0, CLI_INT, &sample_ms, "MS",
+         "instead: read --sample-mb of the file every MS ms, each read timed, until SIGTERM or SIGINT"},
+        {"sample-mb", 0, CLI_U64, &sample_mb, "N", "MiB per sampled read (default 8)"},
+        {"samples", 0, CLI_INT, &samples, "N", "stop sampling after N reads (default 0: at a signal only)"},
     };
-    const char *synopsis = "mnemo disk-probe DIR [--mb N] [--request-kb KB] [--queue-depth N] [--restore]";
+    const char *synopsis = "mnemo disk-probe DIR [--mb N] [--request-kb KB] [--queue-depth N] [--restore]\n"
+                           "       mnemo disk-probe DIR --sample-ms MS [--sample-mb N] [--samples N] [--mb N] ...";
     const char *pos[1];
     int n_pos = 0;
     MnErr err = {0};
@@ -447,12 +588,19 @@ int diskprobe_main(int argc, char **argv) {
         rc = mn_err_set(&err, MN_EINVAL, "--request-kb must be a multiple of 4 in 4..1048576");
     if (rc == MN_OK && (queue_depth < 1 || queue_depth > 1024))
         rc = mn_err_set(&err, MN_EINVAL, "--queue-depth must be in 1..1024");
+    if (rc == MN_OK && (sample_ms < 0 || sample_ms > 3600000))
+        rc = mn_err_set(&err, MN_EINVAL, "--sample-ms must be in 0..3600000");
+    if (rc == MN_OK && sample_ms > 0 && (sample_mb < 1 || sample_mb > mb))
+        rc = mn_err_set(&err, MN_EINVAL, "--sample-mb must be in 1..--mb");
+    if (rc == MN_OK && samples < 0) rc = mn_err_set(&err, MN_EINVAL, "--samples must be 0 or more");
+    if (rc == MN_OK && sample_ms > 0 && restore) rc = mn_err_set(&err, MN_EINVAL, "--restore does not sample");
     if (rc != MN_OK) {
         fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
         cli_usage(stderr, synopsis, opts, N_OPTS(opts));
         return 2;
     }
     DiskProbeOpts o = {.request_bytes = request_kb * 1024, .queue_depth = queue_depth};
+    if (sample_ms > 0) return sample_main(pos[0], mb, sample_mb, sample_ms, samples, &o);
     DiskProbeResult res;
     if (diskprobe_run_opts(pos[0], mb << 20, &o, &res, &err) != MN_OK) {
         fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);

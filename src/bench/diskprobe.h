@@ -52,6 +52,25 @@ int diskprobe_run(const char *dir, uint64_t bytes, DiskProbeResult *out, MnErr *
 /* The same with other request sizes, queue depth or backend (o may be NULL). */
 int diskprobe_run_opts(const char *dir, uint64_t bytes, const DiskProbeOpts *o, DiskProbeResult *out, MnErr *err);
 
+/* ---- raw reads sampled over time -------------------------------------------
+ *
+ * This machine's disk moves between ~1 and ~2.5 GB/s from one second to
+ * the next, so a probe taken before or after a serving run says little
+ * about the disk while the server restored from it. diskprobe_sample
+ * writes the file as diskprobe_run does, then reads it sample_bytes at a
+ * time (front to back, and round again), each read timed alone, for as
+ * long as `next` says: next(ctx, mbps) is called before every read with
+ * the previous read's rate (negative before the first) and returns false
+ * to stop; it also decides how long to wait between reads. */
+typedef bool (*DiskSampleFn)(void *ctx, double last_read_mbps);
+
+/* MN_OK and *out (write figures; read_s the reads' total time, read_mbps
+ * 0); codes as diskprobe_run's, and MN_EINVAL when sample_bytes is not a
+ * positive multiple of AIO_ALIGN up to bytes. The file is removed on
+ * every path. */
+int diskprobe_sample(const char *dir, uint64_t bytes, uint64_t sample_bytes, const DiskProbeOpts *o,
+                     DiskSampleFn next, void *ctx, DiskProbeResult *out, MnErr *err);
+
 /* ---- the disk tier's own restore path ---------------------------------------
  *
  * diskprobe_restore measures what the tier does with a restore, alone: a
