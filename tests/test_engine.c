@@ -1059,7 +1059,7 @@ static void test_disk_full(void **s) {
 
 /* MoverTestHooks.disk_tier for test_restore_out_of_memory: the disk
  * tier's next buffer growth fails. */
-static void short_of_memory(void *ctx, Tier *t) { tier_disk_fault_alloc(t, 1); }
+static void short_of_memory(void *ctx, Tier *t) { tier_disk_fault_alloc(t, 0, 1); }
 
 /* Out of memory where the disk tier sets up a restore (its first streamed
  * read must grow the staging buffer): the load fails, the request is

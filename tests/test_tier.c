@@ -815,7 +815,7 @@ static void test_disk_read_out_of_memory(void **state) {
     int32_t slots[4] = {20, 21, 22, 23};
     LayerLog lg;
     scramble_pool(&p, 51);
-    tier_disk_fault_alloc(t, 1);
+    tier_disk_fault_alloc(t, 0, 1);
     assert_int_equal(read_all_layers(t, &p, ids, slots, 4, &lg), MN_ENOMEM);
     assert_int_equal(lg.n_calls, 0);
     TierStats s;
@@ -1405,6 +1405,56 @@ static void expect_held(Tier *t, uint32_t first, int n, bool held) {
             fail_msg("block %u: held %d, want %d", first + (uint32_t)i, !held, held);
         }
     }
+}
+
+/* Out of memory at each allocation that puts make, in turn (a run's own
+ * record, a new slab's free list, that list's growth, the staging buffer
+ * and request array, the encoded run record): the put that met it fails
+ * with MN_ENOMEM and leaves nothing (no block held, no row); the tier stays
+ * up, every run put before or after reads back exact, and a reopen finds
+ * exactly the runs that were acknowledged. */
+static void test_persist_put_out_of_memory(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 3, 8, 4, 48, MN_TYPE_F16), MN_OK);
+    enum { N_PUTS = 8 };
+    int n_failures = 0;
+    for (int k = 0;; k++) {
+        PFix fx;
+        pfx_new(&fx, pa, &p, 1 << 20, 64 << 10); /* ~5 runs a slab: the puts make slabs */
+        Tier *t = fx.tier;
+        tier_disk_fault_alloc(t, k, 1);
+        int failed = -1;
+        for (int r = 0; r < N_PUTS; r++) {
+            int rc = put_range(t, &p, 100 * (uint32_t)r, 3 + r % 3, (5 * r) % 40);
+            if (rc == MN_ENOMEM && failed < 0) failed = r;
+            else if (rc != MN_OK) fail_msg("allocation %d: put %d: %s", k, r, mn_strerror(rc));
+        }
+        TierStats st;
+        tier_stats(t, &st);
+        assert_false(st.is_failed);
+        int n_ok = N_PUTS - (failed >= 0);
+        assert_int_equal(st.n_runs, n_ok);
+        assert_int_equal(pfx_rows(&fx), n_ok);
+        tier_disk_fault_alloc(t, 0, 0); /* (past the puts, k would meet this one) */
+        assert_int_equal(put_range(t, &p, 900, 4, 44), MN_OK);
+        for (int r = 0; r < N_PUTS; r++) {
+            if (r == failed) expect_held(t, 100 * (uint32_t)r, 3 + r % 3, false);
+            else expect_range(t, &p, 100 * (uint32_t)r, 3 + r % 3, 40);
+        }
+        tier_check(t);
+        pfx_reopen(&fx, &p);
+        for (int r = 0; r < N_PUTS; r++) expect_held(fx.tier, 100 * (uint32_t)r, 3 + r % 3, r != failed);
+        expect_range(fx.tier, &p, 900, 4, 40);
+        pfx_close(&fx);
+        test_rm_dir(fx.dir);
+        if (failed < 0) break; /* k is past every allocation the puts make */
+        n_failures++;
+    }
+    /* a DiskRun per put, a free list per slab (2 slabs), a growth of one,
+     * the staging buffer, the record buffer: at least 12 */
+    assert_true(n_failures >= 12);
+    kvpool_deinit(&p);
 }
 
 static void test_persist_reopen(void **state) {
@@ -2227,6 +2277,7 @@ int main(void) {
         cmocka_unit_test(test_disk_config),
         TIER_TESTS(test_tier_expire),
         DISK_TESTS(test_persist_reopen),
+        DISK_TESTS(test_persist_put_out_of_memory),
         DISK_TESTS(test_persist_corrupt_extent),
         DISK_TESTS(test_persist_bad_rows),
         DISK_TESTS(test_persist_truncated_slab),

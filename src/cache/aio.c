@@ -173,6 +173,7 @@ static int uring_prep(Aio *a, AioReq *r) {
     }
     io_uring_sqe_set_data(sqe, r);
     a->n_inflight++;
+    assert(a->n_inflight <= a->queue_depth); /* so the completion queue never fills (uring_drain) */
     return MN_OK;
 }
 
@@ -253,9 +254,11 @@ int aio_new(AioBackend backend, int queue_depth, Aio **out) {
  * (a failed submit left them there) were never taken and are not waited
  * for. Works on a broken ring: when waiting fails, the completion queue,
  * which needs no system call to read, is polled instead. This counts on
- * the kernel posting a completion for every request it took, which it
- * does since Linux 5.5 (IORING_FEAT_NODROP: none is dropped when the
- * completion queue is full); a kernel that lost one would keep us here. */
+ * the kernel posting a completion for every request it took. It always
+ * can: the completion queue has room for twice the queue depth, and
+ * n_inflight (every request taken and not yet reaped, so every completion
+ * waiting in the queue) never exceeds the depth, so the queue never fills
+ * and no completion is dropped, with or without IORING_FEAT_NODROP. */
 static void uring_drain(Aio *a) {
     unsigned queued = io_uring_sq_ready(&a->ring);
     int held = a->n_inflight - (int)queued;

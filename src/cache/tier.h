@@ -265,10 +265,12 @@ void tier_dump(const Tier *t);
 
 /* The Aio the disk tier uses (fault injection in tests); NULL for others. */
 Aio *tier_disk_aio(Tier *t);
-/* Test hook: the next n_fail times the disk tier must grow its staging
- * buffer or its request array, the allocation fails (MN_ENOMEM), as a
- * real one would; 0 clears it. No-op for other kinds. */
-void tier_disk_fault_alloc(Tier *t, int n_fail);
+/* Test hook: of the allocations the disk tier makes from now on while
+ * serving (its staging buffer and request array, a new slab's free list
+ * and the growth of one, the run records it encodes, each run's own
+ * record), the first n_skip succeed and the next n_fail fail (MN_ENOMEM),
+ * as real ones would; n_fail 0 clears it. No-op for other kinds. */
+void tier_disk_fault_alloc(Tier *t, int n_skip, int n_fail);
 /* The data file and extent holding layer `layer` of the run that holds
  * hash: path (NUL-terminated, truncated to cap), file offset, length.
  * MN_ENOTFOUND, MN_EINVAL (not a disk tier, bad layer). */

@@ -211,7 +211,8 @@ typedef struct DiskTier {
     bool is_closing;      /* tier_free under way: releases keep the rows */
     uint8_t *record;      /* (record_cap) a run record being stored */
     size_t record_cap;
-    int n_alloc_faults;   /* tier_disk_fault_alloc: growths still to fail */
+    int n_alloc_skip;     /* tier_disk_fault_alloc: allocations still to let */
+    int n_alloc_faults;   /* through, then allocations still to fail */
 } DiskTier;
 
 /* ---- helpers: bytes, buffers --------------------------------------------- */
@@ -236,9 +237,14 @@ static size_t record_len(int n_blocks, int n_layer) {
     return DISK_RECORD_HEAD + 16 * (size_t)n_blocks + 8 * (size_t)n_layer + 8;
 }
 
-/* Whether this growth of a buffer fails by injection (tests). */
+/* Whether this allocation fails by injection (tests): every allocation
+ * the tier makes while serving asks first. */
 static bool alloc_fault(DiskTier *d) {
     if (d->n_alloc_faults <= 0) return false;
+    if (d->n_alloc_skip > 0) {
+        d->n_alloc_skip--;
+        return false;
+    }
     d->n_alloc_faults--;
     return true;
 }
@@ -383,10 +389,10 @@ static void ext_free(Slab *s, uint64_t off, uint64_t len) {
 }
 
 /* Room in the free list for every hole one more run may open. */
-static int slab_room(Slab *s) {
+static int slab_room(DiskTier *d, Slab *s) {
     if (s->cap_free >= s->n_runs + 2) return MN_OK;
     int cap = 2 * (s->n_runs + 2);
-    FreeExt *fl = mn_realloc(s->free, (size_t)cap * sizeof *fl);
+    FreeExt *fl = alloc_fault(d) ? NULL : mn_realloc(s->free, (size_t)cap * sizeof *fl);
     if (fl == NULL) return MN_ENOMEM;
     s->free = fl;
     s->cap_free = cap;
@@ -467,7 +473,7 @@ static int slab_create(DiskTier *d, int id) {
     uint64_t data_bytes = next_slab_bytes(d);
     int rc = staging_reserve(d, DISK_SLAB_HEADER);
     if (rc != MN_OK) return rc;
-    FreeExt *fl = mn_calloc(4, sizeof *fl);
+    FreeExt *fl = alloc_fault(d) ? NULL : mn_calloc(4, sizeof *fl);
     if (fl == NULL) return MN_ENOMEM;
     rc = aio_open(d->aio, path, AIO_OPEN_CREATE | AIO_OPEN_TRUNC, &s->file);
     if (rc != MN_OK) {
@@ -615,7 +621,7 @@ static void slabs_shrink(DiskTier *d) {
 static int record_encode(DiskTier *d, const TierRun *run, const DiskRun *dr, size_t *len) {
     size_t n = record_len(run->n_blocks, d->n_layer);
     if (n > d->record_cap) {
-        uint8_t *b = mn_realloc(d->record, n);
+        uint8_t *b = alloc_fault(d) ? NULL : mn_realloc(d->record, n);
         if (b == NULL) return MN_ENOMEM;
         d->record = b;
         d->record_cap = n;
@@ -746,7 +752,7 @@ static int runs_adopt(DiskTier *d, Tier *t) {
         Found *f = &fl.v[i];
         if (f->why != NULL) continue;
         Slab *s = &d->slabs[f->slab];
-        rc = slab_room(s);
+        rc = slab_room(d, s);
         if (rc != MN_OK) goto done;
         if (ext_take(s, f->offset, f->n_bytes)) s->n_runs++;
         else f->why = "its extent overlaps a later run";
@@ -808,7 +814,7 @@ static uint64_t disk_run_bytes(void *kind, int n_blocks) {
 
 static int disk_reserve(void *kind, TierRun *run) {
     DiskTier *d = kind;
-    DiskRun *dr = mn_malloc(sizeof *dr + (size_t)d->n_layer * sizeof(uint64_t));
+    DiskRun *dr = alloc_fault(d) ? NULL : mn_malloc(sizeof *dr + (size_t)d->n_layer * sizeof(uint64_t));
     if (dr == NULL) return MN_ENOMEM;
     dr->stride = round_page((uint64_t)run->n_blocks * d->block_bytes);
     dr->is_stored = false;
@@ -828,7 +834,7 @@ static int disk_reserve(void *kind, TierRun *run) {
         return MN_EFULL;
     }
     Slab *s = &d->slabs[found];
-    if (slab_room(s) != MN_OK) {
+    if (slab_room(d, s) != MN_OK) {
         ext_free(s, dr->offset, run->n_bytes);
         mn_free(dr);
         return MN_ENOMEM;
@@ -1212,8 +1218,11 @@ Aio *tier_disk_aio(Tier *t) {
     return ((DiskTier *)tier_kind(t))->aio;
 }
 
-void tier_disk_fault_alloc(Tier *t, int n_fail) {
-    if (tier_kind_ops(t) == &disk_ops) ((DiskTier *)tier_kind(t))->n_alloc_faults = n_fail;
+void tier_disk_fault_alloc(Tier *t, int n_skip, int n_fail) {
+    if (tier_kind_ops(t) != &disk_ops) return;
+    DiskTier *d = tier_kind(t);
+    d->n_alloc_skip = n_skip > 0 ? n_skip : 0;
+    d->n_alloc_faults = n_fail;
 }
 
 int tier_disk_extent(const Tier *t, const Hash128 *hash, int layer, char *path, size_t cap, uint64_t *offset,
