@@ -7,11 +7,13 @@
 #include "test_util.h"
 
 #include <pthread.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/mem.h"
+#include "base/sched.h"
 #include "cache/index.h"
 #include "cache/mover.h"
 #include "engine/forward.h"
@@ -30,11 +32,14 @@ typedef struct Sink {
     int n_done;
     int n_dropped;         /* blocks reported dropped */
     bool is_holding;       /* the mover waits in the first DONE until released */
+    uint64_t mover_slice;  /* the slice of the thread the last event came on */
 } Sink;
 
 static void on_event(void *ctx, MoverEvent *ev) {
     Sink *s = ctx;
+    uint64_t slice = mn_thread_slice();
     pthread_mutex_lock(&s->lock);
+    s->mover_slice = slice;
     if (ev->kind == MOVER_EV_LAYER) {
         int i = 0;
         while (i < s->n_lj && s->lj[i] != ev->job) i++;
@@ -179,6 +184,54 @@ static void test_save_load_roundtrip(void **state) {
     sink_free(&sink);
     remove_tmpdir(dir);
     kvpool_deinit(&p);
+}
+
+/* The mover thread runs with its short slice (base/sched.h), so a wake-up
+ * in a streamed restore waits less for a core; the thread that made the
+ * mover keeps its own. The hint keeps the thread's nice value. */
+static void test_mover_slice(void **state) {
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 2, 32, 8, 8, MN_TYPE_F16), MN_OK);
+    char *dir = make_tmpdir();
+    Sink sink;
+    sink_init(&sink);
+    uint64_t own = mn_thread_slice();
+    Mover *m = disk_mover(&p, dir, &sink);
+    assert_int_equal(mover_submit(m, save_job(0, 2)), MN_OK);
+    sink_wait_done(&sink, 1);
+    if (sink.mover_slice == 0) skip(); /* a kernel that keeps no slice (before 6.12) */
+    assert_true(sink.mover_slice == MOVER_SLICE_NS);
+    assert_true(mn_thread_slice() == own);
+    mover_free(m);
+    sink_free(&sink);
+    remove_tmpdir(dir);
+    kvpool_deinit(&p);
+}
+
+/* The hint itself: out-of-range slices are refused; a valid one is taken
+ * and leaves the thread's nice value as it was. */
+static void *slice_in_thread(void *arg) {
+    int *rc = arg;
+    rc[0] = mn_thread_set_slice(MN_SLICE_MIN_NS - 1);
+    rc[1] = mn_thread_set_slice(MN_SLICE_MAX_NS + 1);
+    rc[2] = setpriority(PRIO_PROCESS, 0, 3); /* raising nice needs no privilege */
+    rc[3] = mn_thread_set_slice(250000);
+    rc[4] = getpriority(PRIO_PROCESS, 0);
+    rc[5] = (int)(mn_thread_slice() / 1000);
+    return NULL;
+}
+
+static void test_thread_slice(void **state) {
+    int rc[6];
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, slice_in_thread, rc), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(rc[0], MN_EINVAL);
+    assert_int_equal(rc[1], MN_EINVAL);
+    assert_int_equal(rc[2], 0);
+    assert_int_equal(rc[3], MN_OK);
+    assert_int_equal(rc[4], 3);
+    if (rc[5] != 0) assert_int_equal(rc[5], 250); /* 0: a kernel that keeps no slice */
 }
 
 /* A load queued behind saves runs before all of them (the mover is held in
@@ -510,6 +563,8 @@ int main(void) {
     test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_save_load_roundtrip),
+        cmocka_unit_test(test_mover_slice),
+        cmocka_unit_test(test_thread_slice),
         cmocka_unit_test(test_reads_before_writes),
         cmocka_unit_test(test_loads_batched),
         cmocka_unit_test(test_window_reaches_tiers),

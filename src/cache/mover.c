@@ -7,6 +7,11 @@
  * one streamed read per tier. A job runs to completion without the lock;
  * its events go out through the on_event callback as they happen.
  *
+ * The thread asks the scheduler for short time slices (MOVER_SLICE_NS,
+ * base/sched.h): a streamed restore wakes it every few hundred
+ * microseconds, and with compute on every core each wake-up would
+ * otherwise wait for a compute thread's slice to end.
+ *
  * Invariants: only this thread calls into the tiers once mover_new has
  * returned; the stats snapshots are the only state another thread reads,
  * under stats_lock.
@@ -22,6 +27,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/sched.h"
 #include "cache/store.h"
 
 typedef struct DropCtx {
@@ -298,6 +304,8 @@ static void run_conv(Mover *m, MoverJob *j) {
 
 static void *mover_main(void *arg) {
     Mover *m = arg;
+    if (mn_thread_set_slice(MOVER_SLICE_NS) != MN_OK)
+        LOG_INFO("mover: the kernel takes no scheduling hint; restores may wait longer for a core");
     for (;;) {
         pthread_mutex_lock(&m->lock);
         while (!m->reads_head && !m->writes_head) pthread_cond_wait(&m->cond, &m->lock);
