@@ -1407,6 +1407,46 @@ static void expect_held(Tier *t, uint32_t first, int n, bool held) {
     }
 }
 
+/* Out of memory at each allocation of the core that puts meet, in turn
+ * (the key map and scratch growing, each run's record, the kind's room):
+ * the put that met it fails with MN_ENOMEM and leaves nothing; the tier
+ * stays up and every other run reads back exact. */
+static void test_tier_put_out_of_memory(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 3, 8, 4, 64, MN_TYPE_F16), MN_OK);
+    enum { N_PUTS = 10 };
+    int n_failures = 0;
+    for (int k = 0;; k++) {
+        Fixture fx;
+        fx_open(&fx, pa, &p, 4 << 20, 0, false);
+        Tier *t = fx.tier;
+        tier_fault_alloc(t, k, 1);
+        int failed = -1;
+        for (int r = 0; r < N_PUTS; r++) { /* 2..20 blocks: the scratch and the map grow */
+            int rc = put_range(t, &p, 100 * (uint32_t)r, 2 + 2 * r, 3 * r);
+            if (rc == MN_ENOMEM && failed < 0) failed = r;
+            else if (rc != MN_OK) fail_msg("allocation %d: put %d: %s", k, r, mn_strerror(rc));
+        }
+        tier_fault_alloc(t, 0, 0);
+        TierStats st;
+        tier_stats(t, &st);
+        assert_false(st.is_failed);
+        assert_int_equal(st.n_runs, N_PUTS - (failed >= 0));
+        for (int r = 0; r < N_PUTS; r++) {
+            if (r == failed) expect_held(t, 100 * (uint32_t)r, 2 + 2 * r, false);
+            else expect_range(t, &p, 100 * (uint32_t)r, 2 + 2 * r, 40);
+        }
+        assert_int_equal(put_range(t, &p, 5000, 4, 0), MN_OK);
+        tier_check(t);
+        fx_close(&fx);
+        if (failed < 0) break; /* k is past every allocation the puts make */
+        n_failures++;
+    }
+    assert_true(n_failures >= 2 * N_PUTS + 2); /* a record and room per put, the growths */
+    kvpool_deinit(&p);
+}
+
 /* Out of memory at each allocation that puts make, in turn (a run's own
  * record, a new slab's free list, that list's growth, the staging buffer
  * and request array, the encoded run record): the put that met it fails
@@ -2267,6 +2307,7 @@ int main(void) {
         TIER_TESTS(test_tier_read_layers),
         DISK_TESTS(test_disk_read_layers_faults),
         DISK_TESTS(test_disk_read_out_of_memory),
+        TIER_TESTS(test_tier_put_out_of_memory),
         TIER_TESTS(test_tier_lru),
         TIER_TESTS(test_tier_touch),
         TIER_TESTS(test_tier_policy),

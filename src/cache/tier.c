@@ -56,6 +56,7 @@ struct Tier {
     uint64_t map_cap;    /* power of two */
     uint64_t map_count;
     bool is_failed;
+    AllocFaults faults;  /* tier_fault_alloc (tests) */
     TierDropFn drop_fn;
     void *drop_ctx;
     /* scratch sized for the largest request so far (no allocation while
@@ -101,6 +102,9 @@ static MapSlot *map_get(const Tier *t, const Hash128 *h) {
     return s->run != NULL ? s : NULL;
 }
 
+/* Whether this allocation fails by injection (tier_fault_alloc; tests). */
+static bool alloc_fault(Tier *t) { return alloc_faults_take(&t->faults); }
+
 /* Room for `more` new keys without exceeding half full. */
 static int map_reserve(Tier *t, uint64_t more) {
     uint64_t cap = t->map_cap;
@@ -108,7 +112,7 @@ static int map_reserve(Tier *t, uint64_t more) {
     if (cap == t->map_cap) return MN_OK;
     MapSlot *old = t->map;
     uint64_t old_cap = t->map_cap;
-    MapSlot *m = mn_calloc(cap, sizeof *m);
+    MapSlot *m = alloc_fault(t) ? NULL : mn_calloc(cap, sizeof *m);
     if (m == NULL) return MN_ENOMEM;
     t->map = m;
     t->map_cap = cap;
@@ -258,6 +262,7 @@ static int scratch_reserve(Tier *t, int n) {
     if (n <= t->scratch_cap) return MN_OK;
     int cap = t->scratch_cap ? t->scratch_cap : 16;
     while (cap < n) cap = cap > (1 << 29) ? n : 2 * cap;
+    if (alloc_fault(t)) return MN_ENOMEM;
     Hash128 *report = mn_realloc(t->report, (size_t)cap * sizeof *report);
     if (report) t->report = report;
     TierRun **rr = mn_realloc(t->read_run, (size_t)cap * sizeof *rr);
@@ -388,7 +393,7 @@ int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *poo
     int rc = scratch_reserve(t, n_blocks);
     if (rc == MN_OK) rc = map_reserve(t, (uint64_t)n_blocks);
     if (rc != MN_OK) return rc;
-    TierRun *r = mn_malloc(sizeof *r + (size_t)n_blocks * sizeof(Hash128));
+    TierRun *r = alloc_fault(t) ? NULL : mn_malloc(sizeof *r + (size_t)n_blocks * sizeof(Hash128));
     if (r == NULL) return MN_ENOMEM;
     memset(r, 0, sizeof *r);
     r->id = t->next_run_id++;
@@ -400,7 +405,7 @@ int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *poo
     /* room: first the budget, then the medium */
     while (t->occupancy_bytes + need > t->capacity_bytes) evict_one(t); /* need <= capacity: ends */
     for (;;) {
-        rc = t->ops->reserve(t->kind, r);
+        rc = alloc_fault(t) ? MN_ENOMEM : t->ops->reserve(t->kind, r); /* (as the kind's own allocation) */
         if (rc != MN_EFULL || t->lru_head == NULL) break;
         evict_one(t);
     }
@@ -589,6 +594,10 @@ int tier_read_layers(Tier *t, const Hash128 *hashes, int n_blocks, KvPool *pool,
     for (int g = 0; g < n_groups; g++) read_outcome(t, t->groups[g].run, 0, MN_OK);
     t->st.n_layer_reads += (uint64_t)t->n_layer;
     return MN_OK;
+}
+
+void tier_fault_alloc(Tier *t, int n_skip, int n_fail) {
+    alloc_faults_set(&t->faults, n_skip, n_fail);
 }
 
 int tier_touch(Tier *t, const Hash128 *hashes, int n, double when) {

@@ -261,6 +261,13 @@ void tier_check(const Tier *t);
 /* Print the tier's runs and counters to stderr (gdb, failing tests). */
 void tier_dump(const Tier *t);
 
+/* Test hook, any kind: of the allocations the core makes from now on (its
+ * key map and scratch growing, each run's record) and of the kind's room
+ * for each put (failing as the kind's own allocation would), the first
+ * n_skip succeed and the next n_fail fail with MN_ENOMEM; n_fail 0
+ * clears it. */
+void tier_fault_alloc(Tier *t, int n_skip, int n_fail);
+
 /* ---- disk tier, for tests and tools ----------------------------------------- */
 
 /* The Aio the disk tier uses (fault injection in tests); NULL for others. */

@@ -211,8 +211,7 @@ typedef struct DiskTier {
     bool is_closing;      /* tier_free under way: releases keep the rows */
     uint8_t *record;      /* (record_cap) a run record being stored */
     size_t record_cap;
-    int n_alloc_skip;     /* tier_disk_fault_alloc: allocations still to let */
-    int n_alloc_faults;   /* through, then allocations still to fail */
+    AllocFaults faults;   /* tier_disk_fault_alloc (tests) */
 } DiskTier;
 
 /* ---- helpers: bytes, buffers --------------------------------------------- */
@@ -239,15 +238,7 @@ static size_t record_len(int n_blocks, int n_layer) {
 
 /* Whether this allocation fails by injection (tests): every allocation
  * the tier makes while serving asks first. */
-static bool alloc_fault(DiskTier *d) {
-    if (d->n_alloc_faults <= 0) return false;
-    if (d->n_alloc_skip > 0) {
-        d->n_alloc_skip--;
-        return false;
-    }
-    d->n_alloc_faults--;
-    return true;
-}
+static bool alloc_fault(DiskTier *d) { return alloc_faults_take(&d->faults); }
 
 static int staging_reserve(DiskTier *d, uint64_t n) {
     if (n <= d->staging_bytes) return MN_OK;
@@ -1221,8 +1212,7 @@ Aio *tier_disk_aio(Tier *t) {
 void tier_disk_fault_alloc(Tier *t, int n_skip, int n_fail) {
     if (tier_kind_ops(t) != &disk_ops) return;
     DiskTier *d = tier_kind(t);
-    d->n_alloc_skip = n_skip > 0 ? n_skip : 0;
-    d->n_alloc_faults = n_fail;
+    alloc_faults_set(&d->faults, n_skip, n_fail);
 }
 
 int tier_disk_extent(const Tier *t, const Hash128 *hash, int layer, char *path, size_t cap, uint64_t *offset,

@@ -121,4 +121,27 @@ int tier_adopt_run(Tier *t, uint64_t run_id, const Hash128 *hashes, int n_blocks
  * never reused (the format wants run ids unique in the directory). */
 void tier_skip_run_ids(Tier *t, uint64_t id);
 
+/* Allocation failures injected by tests (tier_fault_alloc,
+ * tier_disk_fault_alloc): of the allocations that ask from now on, the
+ * first n_skip succeed and the next n_fail fail. */
+typedef struct AllocFaults {
+    int n_skip, n_fail;
+} AllocFaults;
+
+static inline void alloc_faults_set(AllocFaults *f, int n_skip, int n_fail) {
+    f->n_skip = n_skip > 0 ? n_skip : 0;
+    f->n_fail = n_fail;
+}
+
+/* Whether the allocation about to be made fails. */
+static inline bool alloc_faults_take(AllocFaults *f) {
+    if (f->n_fail <= 0) return false;
+    if (f->n_skip > 0) {
+        f->n_skip--;
+        return false;
+    }
+    f->n_fail--;
+    return true;
+}
+
 #endif
