@@ -5,10 +5,10 @@
  * the next reads. With compute on every core, each wake-up waits for a
  * compute thread's time slice to run out: traced on a 2-core machine, a
  * serving restore spent about a quarter of its time runnable but not
- * running. Linux's
- * EEVDF scheduler (6.12 and later) lets a thread ask for a shorter slice:
- * it gets the same share of CPU, but is picked sooner when it wakes. No
- * privilege is needed, and the thread's nice value and policy are kept.
+ * running. Linux's EEVDF scheduler (6.12 and later) lets a thread ask for
+ * a shorter slice: it gets the same share of CPU, but is picked sooner
+ * when it wakes. No privilege is needed, and the thread's nice value and
+ * policy are kept.
  */
 #ifndef MN_SCHED_H
 #define MN_SCHED_H

@@ -138,7 +138,6 @@ typedef struct MoverTierStats {
 /* Blocks hashes[0..n) are held by tier `tier` when the mover starts (a
  * persistent tier reopened): called from mover_new, before the thread. */
 typedef void (*MoverHeldFn)(void *ctx, int tier, const Hash128 *hashes, int n);
-/* Hooks for tests; a production config has none. */
 /* The scheduler slice the mover thread asks for (base/sched.h): short, so
  * that a streamed restore's wake-ups find a core soon with compute on
  * every core. Traced serving on 2 cores (the tiered bench, four runs
@@ -146,6 +145,7 @@ typedef void (*MoverHeldFn)(void *ctx, int tier, const Hash128 *hashes, int n);
  * running with the default 1.4 ms slice, 16-23% with this one. */
 #define MOVER_SLICE_NS 300000ull
 
+/* Hooks for tests; a production config has none. */
 typedef struct MoverTestHooks {
     /* Called on the mover thread as each layer of a streamed load is in
      * place, before its LAYER events, inside the tier's timed read. A gate
