@@ -546,6 +546,34 @@ static char *run_one(Engine *e, const int32_t *prompt, int n, int n_gen, float *
     return t;
 }
 
+/* What a full recompute of a prompt gives: its first logits and its
+ * greedy text (n_gen tokens). */
+typedef struct Recomputed {
+    float *logits; /* (n_vocab) */
+    char *text;
+    int n_vocab, n_gen;
+} Recomputed;
+
+static Recomputed recompute(Model *m, const int32_t *prompt, int n, int n_gen) {
+    return (Recomputed){reference_logits(m, prompt, n), reference_text(m, prompt, n, n_gen), m->cfg.n_vocab, n_gen};
+}
+
+static void recomputed_free(Recomputed *r) {
+    free(r->logits);
+    free(r->text);
+}
+
+/* Run prompt on e: its first logits and its text must be the full
+ * recompute's, bit for bit, however its cache was restored. */
+static void expect_recomputed(Engine *e, const Recomputed *want, const int32_t *prompt, int n, ReqResult *res) {
+    float *got = calloc((size_t)want->n_vocab, sizeof *got);
+    char *t = run_one(e, prompt, n, want->n_gen, got, res);
+    assert_string_equal(t, want->text);
+    assert_memory_equal(got, want->logits, sizeof(float) * (size_t)want->n_vocab);
+    free(t);
+    free(got);
+}
+
 
 static char *make_tmpdir(void) { return test_make_dir(strdup("/tmp/mnemo-test-tier-XXXXXX")); }
 static void remove_tmpdir(char *d) {
@@ -601,23 +629,16 @@ static void check_restore(uint64_t ram_mb, bool has_disk, CacheSource want, bool
     const int nv = m->cfg.n_vocab;
     int32_t p[3][80], *a = p[0], *b = p[1], *c = p[2];
     make_prompts(p, 3, 65, nv, 41);
-    float *ref = reference_logits(m, a, 65), *got = malloc(sizeof(float) * (size_t)nv);
-    char *ref_text = reference_text(m, a, 65, 4);
+    Recomputed full = recompute(m, a, 65, 4);
     ReqResult res;
-    char *t = run_one(e, a, 65, 4, got, &res);
-    assert_string_equal(t, ref_text);
-    assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
-    free(t);
+    expect_recomputed(e, &full, a, 65, &res);
     settle(e);
     free(run_one(e, b, 65, 4, NULL, &res));
     settle(e);
     free(run_one(e, c, 65, 4, NULL, &res));
     settle(e);
     if (corrupt) corrupt_slabs(dir, 64);
-    memset(got, 0, sizeof(float) * (size_t)nv);
-    t = run_one(e, a, 65, 4, got, &res);
-    assert_string_equal(t, ref_text);
-    assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
+    expect_recomputed(e, &full, a, 65, &res);
     EngineStats st;
     engine_stats(e, &st);
     if (corrupt) {
@@ -630,10 +651,7 @@ static void check_restore(uint64_t ram_mb, bool has_disk, CacheSource want, bool
         assert_int_equal(st.restore_failures, 0);
     }
     assert_int_equal(res.n_cached_by[SRC_POOL] + res.n_cached_by[SRC_RAM] + res.n_cached_by[SRC_DISK], res.n_cached);
-    free(t);
-    free(ref);
-    free(got);
-    free(ref_text);
+    recomputed_free(&full);
     engine_free(e);
     if (dir) remove_tmpdir(dir);
     model_free(m);
@@ -653,16 +671,13 @@ static void test_restore_from_pool(void **s) {
     const int nv = m->cfg.n_vocab;
     int32_t a[80];
     make_prompt(a, 65, nv, 41, 1);
-    float *ref = reference_logits(m, a, 65), *got = malloc(sizeof(float) * (size_t)nv);
+    Recomputed want = recompute(m, a, 65, 4);
     ReqResult res;
     for (int round = 0; round < 2; round++) {
-        memset(got, 0, sizeof(float) * (size_t)nv);
-        free(run_one(e, a, 65, 4, got, &res));
+        expect_recomputed(e, &want, a, 65, &res);
         assert_int_equal(res.n_cached_by[SRC_POOL], round ? 64 : 0);
-        assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
     }
-    free(ref);
-    free(got);
+    recomputed_free(&want);
     engine_free(e);
     model_free(m);
 }
@@ -696,11 +711,8 @@ static void test_restore_mixed(void **s) {
     free(run_one(e, c, 41, 4, NULL, &res)); /* 6 blocks: a's 1..5 go */
     settle(e);
     corrupt_slabs(dir, 1);
-    float *ref = reference_logits(m, a, 65), *got = calloc((size_t)nv, sizeof(float));
-    char *ref_text = reference_text(m, a, 65, 4);
-    char *t = run_one(e, a, 65, 4, got, &res);
-    assert_string_equal(t, ref_text);
-    assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
+    Recomputed want = recompute(m, a, 65, 4);
+    expect_recomputed(e, &want, a, 65, &res);
     assert_int_equal(res.n_cached_by[SRC_DISK], 16); /* blocks 4, 5 */
     assert_int_equal(res.n_cached_by[SRC_POOL], 16); /* 6, 7 */
     assert_int_equal(res.n_cached, 32);              /* 0..3 recomputed */
@@ -708,10 +720,7 @@ static void test_restore_mixed(void **s) {
     engine_stats(e, &st);
     assert_int_equal(st.restore_failures, 1);
     assert_int_equal(st.tiers[0].tier.n_checksum_failures, 1);
-    free(t);
-    free(ref);
-    free(got);
-    free(ref_text);
+    recomputed_free(&want);
     engine_free(e);
     remove_tmpdir(dir);
     model_free(m);
@@ -752,22 +761,16 @@ static void test_prefetch_waiting(void **s) {
     put_on_disk(m, dir, (const int32_t *[]){a}, (int[]){65}, 1);
     Engine *e = tier_engine(m, 32, 0, dir, EVICT_DEFAULT); /* a's 8 blocks are on disk only */
     ReqResult res;
-    float *ref = reference_logits(m, a, 65), *got = calloc((size_t)nv, sizeof(float));
-    char *ref_text = reference_text(m, a, 65, 4);
+    Recomputed want = recompute(m, a, 65, 4);
     Request *rd = submit_one(e, d, 9, 100); /* runs first: a waits behind it */
-    char *t = run_one(e, a, 65, 4, got, &res);
-    assert_string_equal(t, ref_text);
-    assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
+    expect_recomputed(e, &want, a, 65, &res);
     assert_int_equal(res.n_cached, 64);
-    free(t);
     free(drain(rd, &res));
     request_unref(rd);
     EngineStats st;
     engine_stats(e, &st);
     assert_int_equal(st.prefetched_blocks, 8);
-    free(ref);
-    free(got);
-    free(ref_text);
+    recomputed_free(&want);
     engine_free(e);
     remove_tmpdir(dir);
     model_free(m);
@@ -1020,8 +1023,7 @@ static void test_disk_full(void **s) {
     const int nv = m->cfg.n_vocab;
     int32_t p[3][80], *a = p[0], *b = p[1], *c = p[2];
     make_prompts(p, 3, 65, nv, 91);
-    float *ref = reference_logits(m, a, 65), *got = calloc((size_t)nv, sizeof(float));
-    char *ref_text = reference_text(m, a, 65, 4);
+    Recomputed want = recompute(m, a, 65, 4);
     const unsigned kinds[2] = {AIO_OP_FALLOCATE, AIO_OP_WRITE};
     for (int k = 0; k < 2; k++) {
         char *dir = make_tmpdir();
@@ -1034,12 +1036,9 @@ static void test_disk_full(void **s) {
         settle(e);
         free(run_one(e, c, 65, 4, NULL, &res));
         settle(e);
-        char *t = run_one(e, a, 65, 4, got, &res);
+        expect_recomputed(e, &want, a, 65, &res);
         assert_int_equal(res.finish, FINISH_LENGTH);
-        assert_string_equal(t, ref_text);
-        assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
         assert_int_equal(res.n_cached_by[SRC_DISK], 0);
-        free(t);
         EngineStats st;
         engine_stats(e, &st);
         assert_int_equal(st.requests_finished[FINISH_ERROR], 0);
@@ -1051,9 +1050,7 @@ static void test_disk_full(void **s) {
         engine_free(e);
         remove_tmpdir(dir);
     }
-    free(ref);
-    free(got);
-    free(ref_text);
+    recomputed_free(&want);
     model_free(m);
 }
 
@@ -1076,21 +1073,15 @@ static void test_restore_out_of_memory(void **s) {
     MoverTestHooks hooks = {.disk_tier = short_of_memory};
     Engine *e = tier_engine_hooked(m, 32, 0, dir, EVICT_DEFAULT, &hooks);
     ReqResult res;
-    float *ref = reference_logits(m, a, 65), *got = calloc((size_t)nv, sizeof(float));
-    char *ref_text = reference_text(m, a, 65, 4);
-    char *t = run_one(e, a, 65, 4, got, &res);
+    Recomputed want = recompute(m, a, 65, 4);
+    expect_recomputed(e, &want, a, 65, &res);
     assert_int_equal(res.finish, FINISH_LENGTH);
-    assert_string_equal(t, ref_text);
-    assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
     assert_int_equal(res.n_cached_by[SRC_DISK], 0);
     EngineStats st;
     engine_stats(e, &st);
     assert_int_equal(st.restore_failures, 1);
     assert_false(st.tiers[0].tier.is_failed);
-    free(t);
-    free(ref);
-    free(got);
-    free(ref_text);
+    recomputed_free(&want);
     engine_free(e);
     remove_tmpdir(dir);
     model_free(m);
