@@ -1407,6 +1407,39 @@ static void expect_held(Tier *t, uint32_t first, int n, bool held) {
     }
 }
 
+/* The out-of-memory sweeps: put r holds ids 100 r .. and size(r) blocks. */
+typedef int (*SweepSize)(int r);
+
+/* Put runs 0..n_puts-1 while an allocation is set to fail: at most one
+ * put may fail, with MN_ENOMEM. Its index, or -1 when none met it. */
+static int sweep_puts(Tier *t, KvPool *p, int n_puts, SweepSize size, int k) {
+    int failed = -1;
+    for (int r = 0; r < n_puts; r++) {
+        int rc = put_range(t, p, 100 * (uint32_t)r, size(r), (5 * r) % 40);
+        if (rc == MN_ENOMEM && failed < 0) failed = r;
+        else if (rc != MN_OK) fail_msg("allocation %d: put %d: %s", k, r, mn_strerror(rc));
+    }
+    return failed;
+}
+
+/* After sweep_puts: the failed put left nothing, every other run reads
+ * back exact, and the tier takes a further put. */
+static void expect_swept(Tier *t, KvPool *p, int n_puts, SweepSize size, int failed) {
+    TierStats st;
+    tier_stats(t, &st);
+    assert_false(st.is_failed);
+    assert_int_equal(st.n_runs, n_puts - (failed >= 0));
+    for (int r = 0; r < n_puts; r++) {
+        if (r == failed) expect_held(t, 100 * (uint32_t)r, size(r), false);
+        else expect_range(t, p, 100 * (uint32_t)r, size(r), 40);
+    }
+    assert_int_equal(put_range(t, p, 5000, 4, 44), MN_OK);
+    tier_check(t);
+}
+
+static int growing(int r) { return 2 + 2 * r; } /* 2..20: the scratch and the map grow */
+static int small(int r) { return 3 + r % 3; }   /* ~5 runs a 64 KiB slab: slabs are made */
+
 /* Out of memory at each allocation of the core that puts meet, in turn
  * (the key map and scratch growing, each run's record, the kind's room):
  * the put that met it fails with MN_ENOMEM and leaves nothing; the tier
@@ -1420,25 +1453,10 @@ static void test_tier_put_out_of_memory(void **state) {
     for (int k = 0;; k++) {
         Fixture fx;
         fx_open(&fx, pa, &p, 4 << 20, 0, false);
-        Tier *t = fx.tier;
-        tier_fault_alloc(t, k, 1);
-        int failed = -1;
-        for (int r = 0; r < N_PUTS; r++) { /* 2..20 blocks: the scratch and the map grow */
-            int rc = put_range(t, &p, 100 * (uint32_t)r, 2 + 2 * r, 3 * r);
-            if (rc == MN_ENOMEM && failed < 0) failed = r;
-            else if (rc != MN_OK) fail_msg("allocation %d: put %d: %s", k, r, mn_strerror(rc));
-        }
-        tier_fault_alloc(t, 0, 0);
-        TierStats st;
-        tier_stats(t, &st);
-        assert_false(st.is_failed);
-        assert_int_equal(st.n_runs, N_PUTS - (failed >= 0));
-        for (int r = 0; r < N_PUTS; r++) {
-            if (r == failed) expect_held(t, 100 * (uint32_t)r, 2 + 2 * r, false);
-            else expect_range(t, &p, 100 * (uint32_t)r, 2 + 2 * r, 40);
-        }
-        assert_int_equal(put_range(t, &p, 5000, 4, 0), MN_OK);
-        tier_check(t);
+        tier_fault_alloc(fx.tier, k, 1);
+        int failed = sweep_puts(fx.tier, &p, N_PUTS, growing, k);
+        tier_fault_alloc(fx.tier, 0, 0);
+        expect_swept(fx.tier, &p, N_PUTS, growing, failed);
         fx_close(&fx);
         if (failed < 0) break; /* k is past every allocation the puts make */
         n_failures++;
@@ -1447,12 +1465,11 @@ static void test_tier_put_out_of_memory(void **state) {
     kvpool_deinit(&p);
 }
 
-/* Out of memory at each allocation that puts make, in turn (a run's own
- * record, a new slab's free list, that list's growth, the staging buffer
- * and request array, the encoded run record): the put that met it fails
- * with MN_ENOMEM and leaves nothing (no block held, no row); the tier stays
- * up, every run put before or after reads back exact, and a reopen finds
- * exactly the runs that were acknowledged. */
+/* Out of memory at each allocation of the disk tier that puts make, in
+ * turn (a run's own record, a new slab's free list, that list's growth,
+ * the staging buffer and request array, the encoded run record): as
+ * above, and no row is left for the failed put, so a reopen finds exactly
+ * the runs that were acknowledged. */
 static void test_persist_put_out_of_memory(void **state) {
     const Param *pa = *state;
     KvPool p;
@@ -1461,31 +1478,15 @@ static void test_persist_put_out_of_memory(void **state) {
     int n_failures = 0;
     for (int k = 0;; k++) {
         PFix fx;
-        pfx_new(&fx, pa, &p, 1 << 20, 64 << 10); /* ~5 runs a slab: the puts make slabs */
-        Tier *t = fx.tier;
-        tier_disk_fault_alloc(t, k, 1);
-        int failed = -1;
-        for (int r = 0; r < N_PUTS; r++) {
-            int rc = put_range(t, &p, 100 * (uint32_t)r, 3 + r % 3, (5 * r) % 40);
-            if (rc == MN_ENOMEM && failed < 0) failed = r;
-            else if (rc != MN_OK) fail_msg("allocation %d: put %d: %s", k, r, mn_strerror(rc));
-        }
-        TierStats st;
-        tier_stats(t, &st);
-        assert_false(st.is_failed);
-        int n_ok = N_PUTS - (failed >= 0);
-        assert_int_equal(st.n_runs, n_ok);
-        assert_int_equal(pfx_rows(&fx), n_ok);
-        tier_disk_fault_alloc(t, 0, 0); /* (past the puts, k would meet this one) */
-        assert_int_equal(put_range(t, &p, 900, 4, 44), MN_OK);
-        for (int r = 0; r < N_PUTS; r++) {
-            if (r == failed) expect_held(t, 100 * (uint32_t)r, 3 + r % 3, false);
-            else expect_range(t, &p, 100 * (uint32_t)r, 3 + r % 3, 40);
-        }
-        tier_check(t);
+        pfx_new(&fx, pa, &p, 1 << 20, 64 << 10);
+        tier_disk_fault_alloc(fx.tier, k, 1);
+        int failed = sweep_puts(fx.tier, &p, N_PUTS, small, k);
+        tier_disk_fault_alloc(fx.tier, 0, 0);
+        assert_int_equal(pfx_rows(&fx), N_PUTS - (failed >= 0));
+        expect_swept(fx.tier, &p, N_PUTS, small, failed);
         pfx_reopen(&fx, &p);
-        for (int r = 0; r < N_PUTS; r++) expect_held(fx.tier, 100 * (uint32_t)r, 3 + r % 3, r != failed);
-        expect_range(fx.tier, &p, 900, 4, 40);
+        for (int r = 0; r < N_PUTS; r++) expect_held(fx.tier, 100 * (uint32_t)r, small(r), r != failed);
+        expect_range(fx.tier, &p, 5000, 4, 40);
         pfx_close(&fx);
         test_rm_dir(fx.dir);
         if (failed < 0) break; /* k is past every allocation the puts make */
