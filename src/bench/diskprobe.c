@@ -472,7 +472,7 @@ int diskprobe_restore(const char *dir, uint64_t bytes, const DiskRestoreOpts *o,
     tier_stats(t, &after);
     out->bytes = after.bytes_read - before.bytes_read;
     out->read_s = after.read_seconds - before.read_seconds;
-    out->restore_mbps = out->read_s > 0 ? (double)out->bytes / out->read_s / 1e6 : 0;
+    out->restore_mbps = mbps(out->bytes, out->read_s);
 
 done:
     tier_free(t);

@@ -133,12 +133,16 @@ static void sync_run(Aio *a, AioReq *r) {
 
 /* ---- io_uring backend ---------------------------------------------------- */
 
+/* An injected AIO_OP_RING fault: the ring breaks here (tests). */
+static bool ring_breaks(Aio *a) {
+    if (!fault_take(a, AIO_OP_RING)) return false;
+    a->is_broken = true;
+    return true;
+}
+
 /* Hand queued SQEs to the kernel. */
 static int uring_flush(Aio *a) {
-    if (fault_take(a, AIO_OP_RING)) {
-        a->is_broken = true;
-        return MN_EIO;
-    }
+    if (ring_breaks(a)) return MN_EIO;
     for (;;) {
         int rc = io_uring_submit(&a->ring);
         if (rc >= 0) return MN_OK;
@@ -182,10 +186,7 @@ static int uring_prep(Aio *a, AioReq *r) {
  * none was ready, -MN_EIO when the ring failed (the Aio is then broken). */
 static int uring_reap(Aio *a, bool wait) {
     struct io_uring_cqe *cqe = NULL;
-    if (wait && fault_take(a, AIO_OP_RING)) {
-        a->is_broken = true;
-        return -MN_EIO;
-    }
+    if (wait && ring_breaks(a)) return -MN_EIO;
     for (;;) {
         int rc = wait ? io_uring_wait_cqe(&a->ring, &cqe) : io_uring_peek_cqe(&a->ring, &cqe);
         if (rc == 0) break;
