@@ -1300,10 +1300,12 @@ static void test_disk_probe_sample(void **state) {
     char *text = probe_output(9, argv);
     int n_lines = 0, n = -1;
     for (const char *at = text; (at = strstr(at, "sample_read_mbps=")) != NULL; at++) n_lines++;
-    double median = 0;
+    double median = 0, q1 = 0, q3 = 0;
     const char *sum = strstr(text, "samples=");
-    if (n_lines != 3 || sum == NULL || sscanf(sum, "samples=%d median_read_mbps=%lf", &n, &median) != 2 || n != 3 ||
-        !(median > 0) || !strstr(text, ": 3 reads of 2 MiB, one every 10 ms: median "))
+    if (n_lines != 3 || sum == NULL ||
+        sscanf(sum, "samples=%d median_read_mbps=%lf q1_read_mbps=%lf q3_read_mbps=%lf", &n, &median, &q1, &q3) != 4 ||
+        n != 3 || !(q1 > 0 && q1 <= median && median <= q3) ||
+        !strstr(text, ": 3 reads of 2 MiB, one every 10 ms: median "))
         fail_msg("disk-probe printed:\n%s", text);
     free(text);
     assert_int_equal(n_dir_entries(dir), 0);

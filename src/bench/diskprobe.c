@@ -541,16 +541,18 @@ static int sample_main(const char *dir, uint64_t mb, uint64_t sample_mb, int eve
         mn_free(s.rates);
         return 1;
     }
-    double median = 0;
+    double median = 0, q1 = 0, q3 = 0;
     if (s.n > 0) {
         qsort(s.rates, (size_t)s.n, sizeof *s.rates, cmp_double);
         median = s.n % 2 ? s.rates[s.n / 2] : (s.rates[s.n / 2 - 1] + s.rates[s.n / 2]) / 2;
+        q1 = s.rates[(s.n - 1) / 4];
+        q3 = s.rates[3 * (s.n - 1) / 4];
         printf("disk-probe %s: %d reads of %" PRIu64 " MiB, one every %d ms: median %.1f MB/s (%.1f to %.1f); "
                "write %.1f MB/s (%" PRIu64 " MiB, %s)\n",
                dir, s.n, sample_mb, every_ms, median, s.rates[0], s.rates[s.n - 1], res.write_mbps, mb,
                aio_backend_name(res.backend));
     }
-    printf("samples=%d median_read_mbps=%.1f\n", s.n, median);
+    printf("samples=%d median_read_mbps=%.1f q1_read_mbps=%.1f q3_read_mbps=%.1f\n", s.n, median, q1, q3);
     mn_free(s.rates);
     return 0;
 }
