@@ -281,6 +281,27 @@ static void test_reads_before_writes(void **state) {
     assert_int_equal(sink.done[6]->rc, MN_ENOTFOUND);
     assert_int_equal(sink.done[6]->failed_tier, 0);
     assert_int_equal(sink.layers, 0);
+    /* a load naming a tier the chain lacks fails alone, in the same batch
+     * as a sound one (the mover held in a DONE while both queue) */
+    sink.is_holding = true;
+    assert_int_equal(mover_submit(m, save_job(0, 1)), MN_OK);
+    sink_wait_done(&sink, 8);
+    MoverJob *bad = load_job(0, 2, 48, 3, 2), *good = load_job(0, 4, 52, 0, 2);
+    bad->id = 7;
+    good->id = 8;
+    assert_int_equal(mover_submit(m, bad), MN_OK);
+    assert_int_equal(mover_submit(m, good), MN_OK);
+    sink.layers = 0;
+    sink_release(&sink);
+    sink_wait_done(&sink, 10);
+    for (int i = 8; i < 10; i++) {
+        MoverJob *j = sink.done[i];
+        assert_int_equal(j->rc, j->id == 7 ? MN_EINVAL : MN_OK);
+        if (j->id == 7) assert_int_equal(j->failed_tier, -1);
+    }
+    assert_int_equal(sink.layers, 2); /* the sound load's layers only */
+    for (int l = 0; l < 2; l++)
+        for (int k = 0; k < 4; k++) assert_memory_equal(kvpool_k(&p, l, 52 + k), kvpool_k(&p, l, k), p.block_bytes);
     mover_free(m);
     sink_free(&sink);
     kvpool_deinit(&p);
