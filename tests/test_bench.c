@@ -1173,6 +1173,7 @@ static void test_disk_probe(void **state) {
     assert_true(res.read_mbps > 0 && res.write_mbps > 0 && res.read_s > 0 && res.write_s > 0);
     assert_true(fabs(res.read_mbps - (double)res.bytes / res.read_s / 1e6) < 1e-6 * res.read_mbps);
     assert_true(res.backend == AIO_BACKEND_URING || res.backend == AIO_BACKEND_SYNC);
+    assert_true(res.huge_share >= 0 && res.huge_share <= 1); /* its buffers are mapped while it reads */
     assert_int_equal(n_dir_entries(dir), 0); /* the file is gone */
 
     /* a size the requests do not divide, few in flight, both backends */

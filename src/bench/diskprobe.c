@@ -54,7 +54,8 @@
 typedef struct Probe {
     Aio *aio;
     AioFile file;
-    uint8_t *bufs;        /* (n_slots, request_bytes) AIO_ALIGN aligned */
+    uint8_t *bufs;        /* (n_slots, request_bytes) from aio_buf_new */
+    size_t bufs_cap;
     AioReq *reqs;         /* (n_slots) reqs[i] always uses buffer i */
     int n_slots;
     uint64_t request_bytes;
@@ -178,7 +179,7 @@ static void probe_close(Probe *p) {
     if (p->path[0] != '\0') unlink(p->path);
     aio_free(p->aio); /* waits for anything still in flight before the buffers go */
     mn_free(p->reqs);
-    mn_free_aligned(p->bufs);
+    aio_buf_free(p->bufs, p->bufs_cap);
     *p = (Probe){.file = {.fd = -1}};
 }
 
@@ -209,7 +210,7 @@ static int probe_open(Probe *p, const char *dir, uint64_t bytes, const DiskProbe
     size_t buf_bytes = 0;
     if (mn_mul_size((size_t)p->n_slots, (size_t)p->request_bytes, &buf_bytes) != 0) /* at most 1024 GiB: 64-bit */
         return mn_err_set(err, MN_ENOMEM, "probe buffers: size overflow");
-    p->bufs = mn_alloc_aligned(buf_bytes, AIO_ALIGN);
+    p->bufs = aio_buf_new(buf_bytes, &p->bufs_cap);
     p->reqs = mn_calloc((size_t)p->n_slots, sizeof *p->reqs);
     if (p->bufs == NULL || p->reqs == NULL) {
         rc = mn_err_set(err, MN_ENOMEM, "out of memory for %d probe buffers of %" PRIu64 " bytes", p->n_slots,
@@ -286,6 +287,11 @@ static int probe_read(Probe *p, const char *dir, uint64_t from, uint64_t to, dou
 
 static double mbps(uint64_t bytes, double s) { return s > 0 ? (double)bytes / s / 1e6 : 0; }
 
+static double huge_share(const Probe *p) {
+    long long huge = aio_buf_huge_bytes(p->bufs, p->bufs_cap);
+    return huge < 0 ? -1 : (double)huge / (double)p->bufs_cap;
+}
+
 int diskprobe_run_opts(const char *dir, uint64_t bytes, const DiskProbeOpts *o, DiskProbeResult *out, MnErr *err) {
     memset(out, 0, sizeof *out);
     Probe p;
@@ -301,6 +307,7 @@ int diskprobe_run_opts(const char *dir, uint64_t bytes, const DiskProbeOpts *o, 
         out->read_mbps = mbps(bytes, read_s);
         out->backend = aio_backend(p.aio);
         out->is_direct = p.file.is_direct;
+        out->huge_share = huge_share(&p);
     }
     probe_close(&p);
     return rc;
@@ -321,6 +328,7 @@ int diskprobe_sample(const char *dir, uint64_t bytes, uint64_t sample_bytes, con
     out->write_mbps = mbps(bytes, write_s);
     out->backend = aio_backend(p.aio);
     out->is_direct = p.file.is_direct;
+    out->huge_share = huge_share(&p);
     uint64_t n_places = bytes / sample_bytes;
     double last = -1;
     for (uint64_t k = 0; rc == MN_OK && next(ctx, last); k++) {
@@ -608,8 +616,10 @@ int diskprobe_main(int argc, char **argv) {
         fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
         return 1;
     }
-    printf("disk-probe %s: write %.1f MB/s, read %.1f MB/s (%" PRIu64 " MiB, %s%s)\n", pos[0], res.write_mbps,
-           res.read_mbps, mb, aio_backend_name(res.backend), res.is_direct ? "" : ", buffered: O_DIRECT refused");
+    char huge[48] = "";
+    if (res.huge_share >= 0) snprintf(huge, sizeof huge, ", buffers %.0f%% in huge pages", res.huge_share * 100);
+    printf("disk-probe %s: write %.1f MB/s, read %.1f MB/s (%" PRIu64 " MiB, %s%s%s)\n", pos[0], res.write_mbps,
+           res.read_mbps, mb, aio_backend_name(res.backend), res.is_direct ? "" : ", buffered: O_DIRECT refused", huge);
     printf("read_mbps=%.1f write_mbps=%.1f\n", res.read_mbps, res.write_mbps);
     if (!restore) return 0;
     DiskRestoreResult rr;

@@ -203,8 +203,9 @@ typedef struct DiskTier {
     Slab *slabs;          /* (slabs_cap); the first n_slabs exist */
     int slabs_cap, n_slabs;
     uint64_t slabs_data_bytes; /* sum of the existing slabs' data_bytes */
-    uint8_t *staging;     /* (staging_bytes) DISK_PAGE aligned */
+    uint8_t *staging;     /* (staging_bytes) from aio_buf_new */
     size_t staging_bytes;
+    bool has_warned_huge; /* logged once that staging has no huge pages */
     AioReq *reqs;         /* (reqs_cap) */
     int reqs_cap;
     CacheStore *store;    /* borrowed; NULL: records in memory only */
@@ -243,13 +244,19 @@ static bool alloc_fault(DiskTier *d) { return alloc_faults_take(&d->faults); }
 static int staging_reserve(DiskTier *d, uint64_t n) {
     if (n <= d->staging_bytes) return MN_OK;
     if (n > SIZE_MAX / 2 || alloc_fault(d)) return MN_ENOMEM;
-    size_t cap = d->staging_bytes ? d->staging_bytes : (size_t)DISK_CHUNK;
-    while (cap < n) cap *= 2;
-    uint8_t *b = mn_alloc_aligned(cap, DISK_PAGE);
+    size_t want = d->staging_bytes ? d->staging_bytes : (size_t)DISK_CHUNK, cap;
+    while (want < n) want *= 2;
+    uint8_t *b = aio_buf_new(want, &cap);
     if (b == NULL) return MN_ENOMEM;
-    mn_free_aligned(d->staging);
+    aio_buf_free(d->staging, d->staging_bytes);
     d->staging = b;
     d->staging_bytes = cap;
+    if (!d->has_warned_huge && aio_buf_huge_bytes(b, cap) == 0) {
+        d->has_warned_huge = true;
+        LOG_WARN("disk tier: the kernel gave its %zu-byte staging buffer no huge pages (transparent huge pages "
+                 "off?); reads may run at a third of the disk's speed",
+                 cap);
+    }
     return MN_OK;
 }
 
@@ -1092,7 +1099,7 @@ static void disk_free(void *kind) {
     if (d->slabs) slabs_close(d, false);
     mn_free(d->slabs);
     aio_free(d->aio);
-    mn_free_aligned(d->staging);
+    aio_buf_free(d->staging, d->staging_bytes);
     mn_free(d->reqs);
     mn_free(d->record);
     mn_free(d->dir);
