@@ -774,6 +774,50 @@ static void test_tier_read_layers(void **state) {
     kvpool_deinit(&p);
 }
 
+/* A streamed read takes a run's consecutive layers (a span) in one
+ * request: three runs whose strides differ (384, 120 and 8 KiB), spans of
+ * two layers (a request holds two of the longest), seven layers, so four
+ * spans of three requests each: 12 requests where one per extent would be
+ * 21. With a window of two spans the staging slots are reused; with the
+ * default window every span is in flight at once. The blocks arrive exact
+ * and every layer is reported in order, in place. */
+static void test_disk_read_spans(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 7, 128, 16, 128, MN_TYPE_F16), MN_OK); /* 8 KiB blocks */
+    assert_int_equal(p.block_bytes, 8192);
+    for (int w = 0; w < 2; w++) {
+        Fixture fx;
+        fx_open_window(&fx, pa, &p, 16u << 20, 0, false, w == 0 ? 2u << 20 : 0);
+        Tier *t = fx.tier;
+        assert_int_equal(put_range(t, &p, 0, 48, 0), MN_OK);    /* stride 384 KiB */
+        assert_int_equal(put_range(t, &p, 100, 15, 48), MN_OK); /* 120 KiB */
+        assert_int_equal(put_range(t, &p, 200, 1, 63), MN_OK);  /* 8 KiB */
+        scramble_pool(&p, 31 + (uint64_t)w);
+        uint32_t ids[64];
+        int32_t slots[64];
+        int n = 0;
+        for (uint32_t i = 0; i < 48; i += 2) ids[n++] = i; /* half of the first run */
+        for (uint32_t i = 103; i < 115; i++) ids[n++] = i;
+        ids[n++] = 200;
+        for (int i = 0; i < n; i++) slots[i] = 127 - 2 * i;
+        Aio *a = tier_disk_aio(t);
+        uint64_t before = aio_n_requests(a);
+        LayerLog lg;
+        assert_int_equal(read_all_layers(t, &p, ids, slots, n, &lg), MN_OK);
+        assert_int_equal(lg.n_calls, p.n_layer);
+        assert_int_equal(aio_n_requests(a) - before, 12);
+        for (int l = 0; l < p.n_layer; l++)
+            for (int i = 0; i < n; i++) assert_true(slot_is(&p, l, slots[i], ids[i]));
+        TierStats s;
+        tier_stats(t, &s);
+        assert_int_equal(s.bytes_read, (48ull + 15 + 1) * 8192 * 7); /* whole extents, no padding here */
+        tier_check(t);
+        fx_close(&fx);
+    }
+    kvpool_deinit(&p);
+}
+
 /* A streamed read that meets a bad extent: layers before it are reported
  * (and in place), the bad run is dropped and counted, the other run stays;
  * a short file likewise; an injected EIO mid-stream is sticky. Windows of
@@ -826,14 +870,17 @@ static void test_disk_read_layers_faults(void **state) {
         assert_false(s.is_failed);
         tier_check(t);
 
-        /* an I/O error on the fifth read request (layer 2's first): sticky */
+        /* an I/O error on the fifth read request: sticky. One request
+         * per run and span; a span is as many layers as the window holds
+         * (w), so the fifth is the first of layer 2 (w = 1) or of layers
+         * 4-5 (w = 2), and the layers before it are reported */
         assert_int_equal(tier_reset(t), MN_OK);
         assert_int_equal(put_range(t, &p, 0, 4, 0), MN_OK);
         assert_int_equal(put_range(t, &p, 10, 4, 4), MN_OK);
         scramble_pool(&p, 5);
         aio_fault_set(tier_disk_aio(t), AIO_OP_READ, 4, 1, EIO);
         assert_int_equal(read_all_layers(t, &p, ids, slots, 4, &lg), MN_EIO);
-        assert_int_equal(lg.n_calls, 2);
+        assert_int_equal(lg.n_calls, 2 * w);
         tier_stats(t, &s);
         assert_true(s.is_failed);
         assert_int_equal(read_all_layers(t, &p, ids, slots, 2, &lg), MN_EIO);
@@ -2378,6 +2425,7 @@ int main(void) {
         TIER_TESTS(test_tier_roundtrip),
         TIER_TESTS(test_tier_layers_and_spans),
         TIER_TESTS(test_tier_read_layers),
+        DISK_TESTS(test_disk_read_spans),
         DISK_TESTS(test_disk_read_layers_faults),
         DISK_TESTS(test_disk_read_out_of_memory),
         TIER_TESTS(test_tier_put_out_of_memory),

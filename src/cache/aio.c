@@ -50,6 +50,7 @@ struct Aio {
     bool is_broken;
     int n_inflight;
     int n_outstanding;
+    uint64_t n_requests;           /* taken by aio_submit, ever */
     AioReq *done_head, *done_tail; /* FIFO of completed requests */
     /* fault injection (tests) */
     unsigned fault_mask;
@@ -353,6 +354,7 @@ int aio_submit(Aio *a, AioReq *reqs, int n) {
         r->n_done_bytes = 0;
         r->next_done = NULL;
         a->n_outstanding++;
+        a->n_requests++;
         int injected = fault_take(a, r->op);
         if (injected) {
             complete(a, r, aio_errno_to_mn(injected));
@@ -373,6 +375,8 @@ int aio_submit(Aio *a, AioReq *reqs, int n) {
 }
 
 int aio_n_outstanding(const Aio *a) { return a->n_outstanding; }
+
+uint64_t aio_n_requests(const Aio *a) { return a->n_requests; }
 
 int aio_wait(Aio *a, int min_done, int max_done, AioReq **done, int *n_done) {
     *n_done = 0;

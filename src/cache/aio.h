@@ -112,6 +112,9 @@ int aio_submit(Aio *a, AioReq *reqs, int n);
 int aio_wait(Aio *a, int min_done, int max_done, AioReq **done, int *n_done);
 /* Requests submitted and not yet handed back by aio_wait. */
 int aio_n_outstanding(const Aio *a);
+/* Requests aio_submit has taken since aio_new (a transfer continued after
+ * a short one counts once): how many it took to move some bytes. */
+uint64_t aio_n_requests(const Aio *a);
 
 /* Submit n requests and wait for all of them; nothing else may be
  * outstanding. Returns the first failed request's code (all are waited
