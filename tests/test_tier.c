@@ -1616,6 +1616,58 @@ static void test_persist_put_out_of_memory(void **state) {
     kvpool_deinit(&p);
 }
 
+/* Out of memory at each allocation that reopening a disk tier makes, in
+ * turn (the kind, its directory name, the slab list and each reopened
+ * slab's free list, the core and its key map, the collected rows and their
+ * copies, each adopted run's record in the kind and in the core, the
+ * core's scratch and map growing): the open fails with MN_ENOMEM and
+ * loses nothing, as an open without the fault then adopts every run and
+ * reads each back exact. Once the sweep passes the last allocation the
+ * open succeeds, and the unspent fault does not outlive it. */
+static void test_persist_reopen_out_of_memory(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 3, 8, 4, 48, MN_TYPE_F16), MN_OK);
+    enum { N_RUNS = 8 };
+    PFix fx;
+    pfx_new(&fx, pa, &p, 1 << 20, 64 << 10);
+    for (int r = 0; r < N_RUNS; r++) assert_int_equal(put_range(fx.tier, &p, 100 * (uint32_t)r, small(r), 0), MN_OK);
+    pfx_close(&fx);
+    int n_failures = 0;
+    for (int k = 0;; k++) {
+        StoreIdentity id = pool_identity(&p);
+        MnErr err = {0};
+        assert_int_equal(store_open(fx.dir, &id, &fx.store, &err), MN_OK);
+        TierDiskConfig cfg = pfx_config(&fx, &p);
+        cfg.test_open_alloc_skip = k;
+        cfg.test_open_alloc_fail = 1;
+        int rc = tier_disk_new(&cfg, &fx.tier, &err);
+        if (rc == MN_OK) { /* past every allocation the open makes */
+            TierStats st;
+            tier_stats(fx.tier, &st);
+            assert_int_equal(st.n_adopted_runs, N_RUNS);
+            assert_int_equal(put_range(fx.tier, &p, 5000, 4, 44), MN_OK); /* no fault left over */
+            pfx_close(&fx);
+            break;
+        }
+        if (rc != MN_ENOMEM) fail_msg("allocation %d: %s", k, err.msg);
+        assert_null(fx.tier);
+        assert_int_equal(pfx_rows(&fx), N_RUNS); /* nothing deleted */
+        store_close(fx.store);
+        fx.store = NULL;
+        pfx_open(&fx, &p);
+        for (int r = 0; r < N_RUNS; r++) expect_range(fx.tier, &p, 100 * (uint32_t)r, small(r), 40);
+        pfx_close(&fx);
+        n_failures++;
+    }
+    /* the kind, its name, the slab list, 2 free lists, the core, its map,
+     * the row list, 8 copies, 8 records in the kind and 8 in the core */
+    fprintf(stderr, "test_persist_reopen_out_of_memory: %d allocations failed in turn\n", n_failures);
+    assert_true(n_failures >= 32);
+    test_rm_dir(fx.dir);
+    kvpool_deinit(&p);
+}
+
 static void test_persist_reopen(void **state) {
     const Param *pa = *state;
     KvPool p;
@@ -2440,6 +2492,7 @@ int main(void) {
         TIER_TESTS(test_tier_expire),
         DISK_TESTS(test_persist_reopen),
         DISK_TESTS(test_persist_put_out_of_memory),
+        DISK_TESTS(test_persist_reopen_out_of_memory),
         DISK_TESTS(test_persist_corrupt_extent),
         DISK_TESTS(test_persist_bad_rows),
         DISK_TESTS(test_persist_truncated_slab),

@@ -291,14 +291,14 @@ static bool pool_fits(const Tier *t, const KvPool *pool, const int32_t *slots, i
 /* ---- construction -------------------------------------------------------- */
 
 int tier_new_kind(const TierKindOps *ops, void *kind, int n_layer, size_t block_bytes, uint64_t capacity_bytes,
-                  Tier **out) {
+                  AllocFaults *faults, Tier **out) {
     *out = NULL;
     if (n_layer < 1 || block_bytes == 0 || capacity_bytes == 0) {
         ops->free(kind);
         return MN_EINVAL;
     }
-    Tier *t = mn_calloc(1, sizeof *t);
-    MapSlot *map = mn_calloc(64, sizeof *map);
+    Tier *t = faults && alloc_faults_take(faults) ? NULL : mn_calloc(1, sizeof *t);
+    MapSlot *map = faults && alloc_faults_take(faults) ? NULL : mn_calloc(64, sizeof *map);
     if (t == NULL || map == NULL) {
         mn_free(t);
         mn_free(map);
@@ -314,9 +314,12 @@ int tier_new_kind(const TierKindOps *ops, void *kind, int n_layer, size_t block_
     t->map = map;
     t->map_cap = 64;
     t->st.name = ops->name;
+    t->faults.shared = faults;
     *out = t;
     return MN_OK;
 }
+
+void tier_share_faults(Tier *t, AllocFaults *f) { t->faults.shared = f; }
 
 void tier_free(Tier *t) {
     if (t == NULL) return;
@@ -446,7 +449,7 @@ int tier_adopt_run(Tier *t, uint64_t run_id, const Hash128 *hashes, int n_blocks
     int rc = scratch_reserve(t, n_blocks);
     if (rc == MN_OK) rc = map_reserve(t, (uint64_t)n_blocks);
     if (rc != MN_OK) return rc;
-    TierRun *r = mn_malloc(sizeof *r + (size_t)n_blocks * sizeof(Hash128));
+    TierRun *r = alloc_fault(t) ? NULL : mn_malloc(sizeof *r + (size_t)n_blocks * sizeof(Hash128));
     if (r == NULL) return MN_ENOMEM;
     memset(r, 0, sizeof *r);
     r->id = run_id;

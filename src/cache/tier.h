@@ -134,12 +134,16 @@ typedef struct TierDiskConfig {
     uint64_t slab_bytes;       /* data bytes per slab file; 0 = 256 MiB */
     AioBackend aio_backend;    /* AIO_BACKEND_AUTO normally */
     int queue_depth;           /* requests in flight; 0 = 32 */
-    uint64_t read_window_bytes; /* extents a tier_read_layers keeps in
-                                  flight (whole layers, at least one);
-                                  0 = 8 MiB */
+    uint64_t read_window_bytes; /* bytes a tier_read_layers keeps in
+                                  flight (whole spans of layers, at least
+                                  one layer); 0 = 8 MiB */
     bool is_durable;           /* fdatasync each run before it is visible */
     CacheStore *store;         /* borrowed, outlives the tier: the run
                                   records' home; NULL = not persistent */
+    int test_open_alloc_skip;  /* tests: of the allocations made while the */
+    int test_open_alloc_fail;  /* tier opens (its own and its core's), the
+                                  first skip succeed and the next fail fail
+                                  (MN_ENOMEM); both 0 normally */
 } TierDiskConfig;
 
 /* Files under cfg->dir, written and read with aio (O_DIRECT where the
@@ -209,8 +213,9 @@ typedef void (*TierLayerFn)(void *ctx, int layer);
 /* Restore every layer of the blocks hashes[0..n_blocks) into pool slots
  * slots[i], layer 0 first, calling layer_fn (may be NULL) as each layer is
  * in place, so a consumer can use the early layers while later ones are
- * still arriving. The disk tier keeps extents of several layers and runs in
- * flight at once (read_window_bytes of them), so a restore moves
+ * still arriving. The disk tier reads spans of several layers of each run
+ * (contiguous on disk), several spans in flight at once (read_window_bytes
+ * of them), so a restore moves
  * at close to the device's sequential read rate; other kinds copy layer by
  * layer. Results as tier_read_layer; after a failure layer_fn has been
  * called exactly for the layers completed before it, and the slots'

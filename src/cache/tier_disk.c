@@ -499,7 +499,7 @@ static int slab_create(DiskTier *d, int id) {
 
 static int slabs_grow(DiskTier *d, int cap) {
     if (cap <= d->slabs_cap) return MN_OK;
-    Slab *s = mn_realloc(d->slabs, (size_t)cap * sizeof *s);
+    Slab *s = alloc_fault(d) ? NULL : mn_realloc(d->slabs, (size_t)cap * sizeof *s);
     if (s == NULL) return MN_ENOMEM;
     memset(s + d->slabs_cap, 0, (size_t)(cap - d->slabs_cap) * sizeof *s);
     for (int i = d->slabs_cap; i < cap; i++) s[i].file.fd = -1;
@@ -566,7 +566,7 @@ static int slabs_reopen(DiskTier *d, uint32_t *version) {
             break;
         }
         int rc = id < d->slabs_cap ? MN_OK : slabs_grow(d, 2 * id + 2);
-        FreeExt *fl = rc == MN_OK ? mn_calloc(4, sizeof *fl) : NULL;
+        FreeExt *fl = rc == MN_OK && !alloc_fault(d) ? mn_calloc(4, sizeof *fl) : NULL;
         if (fl == NULL) return MN_ENOMEM;
         Slab *s = &d->slabs[id];
         rc = aio_open(d->aio, path, 0, &s->file);
@@ -661,18 +661,19 @@ typedef struct Found {
 typedef struct FoundList {
     Found *v; /* (cap) */
     int n, cap;
+    DiskTier *d; /* whose alloc_fault counts */
 } FoundList;
 
 static int found_collect(void *ctx, uint64_t run_id, const void *record, size_t len, double last_used) {
     FoundList *fl = ctx;
     if (fl->n == fl->cap) {
         int cap = fl->cap ? 2 * fl->cap : 64;
-        Found *v = mn_realloc(fl->v, (size_t)cap * sizeof *v);
+        Found *v = alloc_fault(fl->d) ? NULL : mn_realloc(fl->v, (size_t)cap * sizeof *v);
         if (v == NULL) return MN_ENOMEM;
         fl->v = v;
         fl->cap = cap;
     }
-    uint8_t *copy = mn_malloc(len ? len : 1);
+    uint8_t *copy = alloc_fault(fl->d) ? NULL : mn_malloc(len ? len : 1);
     if (copy == NULL) return MN_ENOMEM;
     memcpy(copy, record, len);
     if (isnan(last_used)) last_used = 0; /* a hand-edited row must not upset the sort */
@@ -732,7 +733,7 @@ static int found_by_last_use(const void *a, const void *b) {
  * caller frees the tier and this kind whole, so claimed room needs no
  * giving back, and rows stay (tier_free keeps what is stored). */
 static int runs_adopt(DiskTier *d, Tier *t) {
-    FoundList fl = {0};
+    FoundList fl = {.d = d};
     int rc = store_run_foreach(d->store, found_collect, &fl);
     if (rc != MN_OK) goto done;
     uint64_t max_id = 0;
@@ -761,7 +762,7 @@ static int runs_adopt(DiskTier *d, Tier *t) {
     for (int i = 0; i < fl.n; i++) {
         Found *f = &fl.v[i];
         if (f->why == NULL) {
-            DiskRun *dr = mn_malloc(sizeof *dr + (size_t)d->n_layer * sizeof(uint64_t));
+            DiskRun *dr = alloc_fault(d) ? NULL : mn_malloc(sizeof *dr + (size_t)d->n_layer * sizeof(uint64_t));
             if (dr == NULL) {
                 rc = MN_ENOMEM;
                 goto done;
@@ -1201,9 +1202,12 @@ int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err) {
         slab = round_page((capacity + DISK_MAX_SLABS - 1) / DISK_MAX_SLABS);
     int max_new_slabs = (int)((capacity + slab - 1) / slab);
 
-    DiskTier *d = mn_calloc(1, sizeof *d);
+    AllocFaults faults = {0};
+    alloc_faults_set(&faults, cfg->test_open_alloc_skip, cfg->test_open_alloc_fail);
+    DiskTier *d = alloc_faults_take(&faults) ? NULL : mn_calloc(1, sizeof *d);
     if (d == NULL) return mn_err_set(err, MN_ENOMEM, "disk tier: out of memory");
-    d->dir = mn_strdup(cfg->dir);
+    d->faults = faults; /* (while it opens) */
+    d->dir = alloc_fault(d) ? NULL : mn_strdup(cfg->dir);
     d->n_layer = cfg->n_layer;
     d->block_bytes = cfg->block_bytes;
     d->fingerprint = cfg->model_fingerprint;
@@ -1242,7 +1246,7 @@ int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err) {
         }
     }
     Tier *t;
-    rc = tier_new_kind(&disk_ops, d, cfg->n_layer, cfg->block_bytes, capacity, &t);
+    rc = tier_new_kind(&disk_ops, d, cfg->n_layer, cfg->block_bytes, capacity, &d->faults, &t);
     if (rc != MN_OK) return mn_err_set(err, rc, "disk tier: %s", mn_strerror(rc));
     if (d->store != NULL) {
         rc = runs_adopt(d, t);
@@ -1252,6 +1256,8 @@ int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err) {
                               mn_strerror(rc));
         }
     }
+    tier_share_faults(t, NULL); /* opened: the open faults are spent */
+    alloc_faults_set(&d->faults, 0, 0);
     *out = t;
     return MN_OK;
 }

@@ -95,10 +95,40 @@ typedef struct TierKindOps {
     void (*free)(void *kind);
 } TierKindOps;
 
+/* Allocation failures injected by tests (tier_fault_alloc,
+ * tier_disk_fault_alloc): of the allocations that ask from now on, the
+ * first n_skip succeed and the next n_fail fail. */
+typedef struct AllocFaults {
+    int n_skip, n_fail;
+    struct AllocFaults *shared; /* when set, the allocations count there */
+} AllocFaults;
+
+static inline void alloc_faults_set(AllocFaults *f, int n_skip, int n_fail) {
+    f->n_skip = n_skip > 0 ? n_skip : 0;
+    f->n_fail = n_fail;
+}
+
+/* Whether the allocation about to be made fails. */
+static inline bool alloc_faults_take(AllocFaults *f) {
+    if (f->shared != NULL) f = f->shared;
+    if (f->n_fail <= 0) return false;
+    if (f->n_skip > 0) {
+        f->n_skip--;
+        return false;
+    }
+    f->n_fail--;
+    return true;
+}
+
 /* A tier over kind (owned from now on: freed with the tier, also when this
- * fails). MN_EINVAL, MN_ENOMEM; *out NULL on failure. */
+ * fails). faults, when not NULL, is the kind's counter: the allocations
+ * made here, and the core's later ones until tier_share_faults(t, NULL),
+ * ask it (so a test can sweep everything opening a tier allocates).
+ * MN_EINVAL, MN_ENOMEM; *out NULL on failure. */
 int tier_new_kind(const TierKindOps *ops, void *kind, int n_layer, size_t block_bytes, uint64_t capacity_bytes,
-                  Tier **out);
+                  AllocFaults *faults, Tier **out);
+/* The core's allocations ask f from now on (NULL: its own counter again). */
+void tier_share_faults(Tier *t, AllocFaults *f);
 const TierKindOps *tier_kind_ops(const Tier *t);
 void *tier_kind(const Tier *t);
 /* The run holding hash and the block's index in it, or NULL. */
@@ -120,28 +150,5 @@ int tier_adopt_run(Tier *t, uint64_t run_id, const Hash128 *hashes, int n_blocks
 /* New runs get ids above `id`: ids seen in the store, adopted or not, are
  * never reused (the format wants run ids unique in the directory). */
 void tier_skip_run_ids(Tier *t, uint64_t id);
-
-/* Allocation failures injected by tests (tier_fault_alloc,
- * tier_disk_fault_alloc): of the allocations that ask from now on, the
- * first n_skip succeed and the next n_fail fail. */
-typedef struct AllocFaults {
-    int n_skip, n_fail;
-} AllocFaults;
-
-static inline void alloc_faults_set(AllocFaults *f, int n_skip, int n_fail) {
-    f->n_skip = n_skip > 0 ? n_skip : 0;
-    f->n_fail = n_fail;
-}
-
-/* Whether the allocation about to be made fails. */
-static inline bool alloc_faults_take(AllocFaults *f) {
-    if (f->n_fail <= 0) return false;
-    if (f->n_skip > 0) {
-        f->n_skip--;
-        return false;
-    }
-    f->n_fail--;
-    return true;
-}
 
 #endif

@@ -85,5 +85,5 @@ int tier_ram_new(int n_layer, size_t block_bytes, uint64_t capacity_bytes, Tier 
     if (rt == NULL) return MN_ENOMEM;
     rt->n_layer = n_layer;
     rt->block_bytes = block_bytes;
-    return tier_new_kind(&ram_ops, rt, n_layer, block_bytes, capacity_bytes, out);
+    return tier_new_kind(&ram_ops, rt, n_layer, block_bytes, capacity_bytes, NULL, out);
 }
