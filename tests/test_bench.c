@@ -1371,8 +1371,9 @@ static void test_disk_probe_restore(void **state) {
     assert_true(res.bytes == 7ull * 3 * 22 * 32768);
     assert_int_equal(n_dir_entries(dir), 0);
 
-    /* a failing read, a full disk while storing */
-    TierFault faults[] = {{{AIO_OP_READ, 30, EIO}, false}, {{AIO_OP_WRITE, 3, ENOSPC}, false}};
+    /* a failing read (the 11th: a restore takes 8, one per run and span
+     * of 6 layers), a full disk while storing */
+    TierFault faults[] = {{{AIO_OP_READ, 10, EIO}, false}, {{AIO_OP_WRITE, 3, ENOSPC}, false}};
     int codes[] = {MN_EIO, MN_EFULL};
     const char *what[] = {"restoring", "no space left"};
     for (int i = 0; i < 2; i++) {
