@@ -903,18 +903,19 @@ static int disk_read_layer(void *kind, TierRun *run, int layer, const int32_t *i
 /* A restore of every layer of several runs. A run's layers lie one after
  * another on disk, so `span` consecutive layers of a run are one
  * contiguous piece, and the stream reads spans rather than single layers,
- * in as few requests (of up to DISK_CHUNK) as that takes: each request
- * costs the mover a share of a core to issue, whatever its size: with
+ * in as few requests (of up to DISK_CHUNK) as that takes. Each request
+ * costs the mover a share of a core to issue, whatever its size; with
  * compute on every core, 44 requests of 160 KiB took 20-40% longer than 7
- * of 1 MiB for the same 7 MB (three measurements of four). Span j (layers [j*span, (j+1)*span))
- * is read into staging slot j % depth: the groups' pieces side by side in
- * group order, each span * stride bytes; its requests are
- * reqs[slot * per_slot ...], each tagged with its group. When the span
- * whose turn it is has fully arrived, its layers are checked, copied into
- * the pool and reported one by one, and its slot takes span j + depth. A
- * failed request stops the read when its span's turn comes, so exactly the
- * layers before that span are reported; a failed checksum stops it at its
- * layer. */
+ * of 1 MiB for the same 7 MB (three measurements of four).
+ *
+ * Span j (layers [j*span, (j+1)*span)) is read into staging slot
+ * j % depth: the groups' pieces side by side in group order, each
+ * span * stride bytes; its requests are reqs[slot * per_slot ...], each
+ * tagged with its group. When the span whose turn it is has fully arrived,
+ * its layers are checked, copied into the pool and reported one by one,
+ * and its slot takes span j + depth. A failed request stops the read when
+ * its span's turn comes, so exactly the layers before that span are
+ * reported; a failed checksum stops it at its layer. */
 typedef struct Stream {
     DiskTier *d;
     const TierReadGroup *groups;
