@@ -56,9 +56,10 @@ int diskprobe_run_opts(const char *dir, uint64_t bytes, const DiskProbeOpts *o, 
 
 /* ---- raw reads sampled over time -------------------------------------------
  *
- * This machine's disk moves between ~1 and ~2.5 GB/s from one second to
- * the next, so a probe taken before or after a serving run says little
- * about the disk while the server restored from it. diskprobe_sample
+ * A disk reads slower while a server computes beside it (on this machine
+ * ~2.2-2.9 GB/s for 8 MiB reads against ~3.3 idle), so a probe taken
+ * before or after a serving run says little about the disk while the
+ * server restored from it. diskprobe_sample
  * writes the file as diskprobe_run does, then reads it sample_bytes at a
  * time (front to back, and round again), each read timed alone, for as
  * long as `next` says: next(ctx, mbps) is called before every read with
