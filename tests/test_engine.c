@@ -776,6 +776,73 @@ static void test_prefetch_waiting(void **s) {
     model_free(m);
 }
 
+/* Wait (up to 10 s) until the engine's stats satisfy pred. */
+static void wait_stats(Engine *e, bool (*pred)(const EngineStats *, uint64_t), uint64_t arg) {
+    EngineStats st;
+    for (int i = 0; i < 1000; i++) {
+        engine_stats(e, &st);
+        if (pred(&st, arg)) return;
+        usleep(10000);
+    }
+    fail_msg("the engine did not reach the state waited for");
+}
+static bool is_running(const EngineStats *st, uint64_t n) { return st->running == (int)n; }
+static bool has_promoted(const EngineStats *st, uint64_t n) { return st->promoted_blocks >= n; }
+
+/* Prefetch into RAM: a restarted server knows a conversation only from
+ * disk; it arrives while another request runs and the pool has no free
+ * slot (every one holds cached blocks), so its blocks are copied from disk
+ * into the RAM tier while it waits. At admission they are restored from
+ * RAM, and its answer is the full recompute's, bit for bit. */
+static void test_promote_waiting(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = make_tmpdir();
+    const int nv = m->cfg.n_vocab;
+    int32_t a[80], fill[3][80], d[16];
+    make_prompt(a, 65, nv, 81, 1);
+    make_prompts(fill, 3, 65, nv, 82);
+    make_prompt(d, 9, nv, 85, 1);
+    put_on_disk(m, dir, (const int32_t *[]){a}, (int[]){65}, 1);
+    Engine *e = tier_engine(m, 24, 1, dir, EVICT_DEFAULT); /* a's 8 blocks are on disk only */
+    ReqResult res;
+    for (int i = 0; i < 3; i++) free(run_one(e, fill[i], 65, 4, NULL, &res)); /* the pool fills with cached blocks */
+    settle(e);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_true(st.pool_free < 8);
+    Recomputed want = recompute(m, a, 65, 4);
+    Request *rd = submit_one(e, d, 9, 180); /* runs first, as long as the pool allows */
+    wait_stats(e, is_running, 1);
+    ReqParams p;
+    greedy_params(&p, 4);
+    float *got = calloc((size_t)nv, sizeof *got);
+    p.first_logits = got;
+    Request *ra = request_new(a, 65, &p, "", NULL);
+    MnErr err = {0};
+    assert_int_equal(engine_submit(e, ra, &err), MN_OK);
+    wait_stats(e, has_promoted, 8);
+    engine_cancel(e, rd);
+    char *ta = drain(ra, &res);
+    assert_string_equal(ta, want.text);
+    assert_memory_equal(got, want.logits, sizeof(float) * (size_t)nv);
+    assert_int_equal(res.n_cached, 64);
+    assert_int_equal(res.n_cached_by[SRC_RAM], 64);
+    free(drain(rd, &res));
+    engine_stats(e, &st);
+    assert_int_equal(st.promoted_blocks, 8);
+    assert_int_equal(st.prefetched_blocks, 0);
+    assert_int_equal(st.restore_failures, 0);
+    free(ta);
+    free(got);
+    request_unref(ra);
+    request_unref(rd);
+    recomputed_free(&want);
+    engine_free(e);
+    remove_tmpdir(dir);
+    model_free(m);
+}
+
 /* Look-ahead in the pool: a conversation waiting behind a long request
  * keeps its cached blocks while that request's growth evicts others (the
  * newer ones, which lru would keep). Returns its cached prompt tokens. */
@@ -1239,6 +1306,7 @@ int main(void) {
         cmocka_unit_test(test_restore_corrupt_disk),
         cmocka_unit_test(test_restore_mixed),
         cmocka_unit_test(test_prefetch_waiting),
+        cmocka_unit_test(test_promote_waiting),
         cmocka_unit_test(test_window_keeps_waiting),
         cmocka_unit_test(test_pool_fifo_vs_lru),
         cmocka_unit_test(test_turn_touches_disk_runs),

@@ -461,6 +461,156 @@ static void test_load_checksum_failure(void **state) {
     kvpool_deinit(&p);
 }
 
+/* ---- promotes -------------------------------------------------------------------- */
+
+/* A RAM tier with room for two and a half runs of 4 blocks over a disk
+ * tier in dir (slots 0..11 filled), lru; runs A (0..3), B (4..7) and C
+ * (8..11) saved, so RAM holds B and C and only the disk holds A. */
+static Mover *ram_disk_mover(KvPool *p, const char *dir, Sink *sink) {
+    assert_int_equal(kvpool_init(p, 2, 64, 8, 64, MN_TYPE_F16), MN_OK);
+    for (int s = 0; s < 12; s++) fill_slot(p, s, (uint8_t)s);
+    sink_init(sink);
+    uint64_t run = 4 * (uint64_t)p->block_bytes * (uint64_t)p->n_layer;
+    MoverConfig mc = {.pool = p, .ram_bytes = 2 * run + run / 2, .disk_dir = dir, .disk_bytes = 16 << 20,
+                      .on_event = on_event, .event_ctx = sink, .evict = EVICT_LRU};
+    Mover *m;
+    MnErr err = {0};
+    assert_int_equal(mover_new(&mc, &m, &err), MN_OK);
+    for (int k = 0; k < 3; k++) assert_int_equal(mover_submit(m, save_job(4 * k, 4)), MN_OK);
+    sink_wait_done(sink, 3);
+    for (int k = 0; k < 3; k++) assert_int_equal(sink->done[k]->saved_tiers, 3u);
+    assert_int_equal(sink->n_dropped, 4); /* A, from RAM */
+    return m;
+}
+
+static MoverJob *promote_job(int first, int n, int from_tier) {
+    MoverJob *j = mover_job_new(MOVER_PROMOTE, n, 0);
+    for (int i = 0; i < n; i++) {
+        j->hashes[i] = block_hash(first + i);
+        j->tier[i] = (uint8_t)from_tier;
+    }
+    j->pos = first * 8;
+    return j;
+}
+
+/* Load blocks first..first+n-1 from tier into slots to.., which must then
+ * equal slots first.. bit for bit; returns the load's rc. */
+static int load_and_compare(Mover *m, Sink *sink, KvPool *p, int first, int n, int to, int tier) {
+    int n_done = sink->n_done;
+    assert_int_equal(mover_submit(m, load_job(first, n, to, tier, p->n_layer)), MN_OK);
+    sink_wait_done(sink, n_done + 1);
+    int rc = sink->done[n_done]->rc;
+    for (int l = 0; rc == MN_OK && l < p->n_layer; l++)
+        for (int k = 0; k < n; k++)
+            assert_memory_equal(kvpool_k(p, l, to + k), kvpool_k(p, l, first + k), p->block_bytes);
+    return rc;
+}
+
+/* A promote copies a run only the disk holds into RAM (evicting there as
+ * a put does), bit for bit; two promotes queued at once are read from disk
+ * in one streamed read; a load queued behind them goes first. */
+static void test_promote_into_ram(void **state) {
+    KvPool p;
+    Sink sink;
+    char *dir = make_tmpdir();
+    Mover *m = ram_disk_mover(&p, dir, &sink);
+    assert_int_equal(mover_promote_max_blocks(m), (int)(MOVER_PROMOTE_BYTES / (2 * p.block_bytes)));
+    assert_int_equal(load_and_compare(m, &sink, &p, 0, 4, 20, 0), MN_ENOTFOUND);
+    MoverTierStats disk0;
+    mover_stats(m, 1, &disk0);
+    MoverJob *a = promote_job(0, 4, 1);
+    assert_int_equal(mover_submit(m, a), MN_OK);
+    sink_wait_done(&sink, 5);
+    assert_int_equal(a->rc, MN_OK);
+    assert_int_equal(a->saved_tiers, 1u);
+    assert_int_equal(sink.n_dropped, 8); /* B went from RAM to make room */
+    assert_int_equal(load_and_compare(m, &sink, &p, 0, 4, 20, 0), MN_OK);
+    /* two promotes and a load, queued while the mover is held */
+    sink.is_holding = true;
+    assert_int_equal(mover_submit(m, save_job(0, 1)), MN_OK);
+    sink_wait_done(&sink, 7);
+    MoverJob *b1 = promote_job(4, 2, 1), *b2 = promote_job(6, 2, 1);
+    MoverJob *ld = load_job(8, 4, 30, 0, 2);
+    ld->id = 5;
+    assert_int_equal(mover_submit(m, b1), MN_OK);
+    assert_int_equal(mover_submit(m, b2), MN_OK);
+    assert_int_equal(mover_submit(m, ld), MN_OK);
+    MoverTierStats disk1;
+    mover_stats(m, 1, &disk1);
+    sink_release(&sink);
+    sink_wait_done(&sink, 10);
+    assert_int_equal(sink.done[7]->id, 5); /* the load first */
+    assert_true(sink.done[8] == b1 && sink.done[9] == b2);
+    assert_int_equal(b1->rc, MN_OK);
+    assert_int_equal(b2->rc, MN_OK);
+    MoverTierStats disk2;
+    mover_stats(m, 1, &disk2);
+    assert_int_equal(disk1.reads.n, disk0.reads.n + 1);
+    assert_int_equal(disk2.reads.n, disk1.reads.n + 1); /* both promotes in one read */
+    assert_int_equal(load_and_compare(m, &sink, &p, 4, 4, 40, 0), MN_OK);
+    mover_free(m);
+    sink_free(&sink);
+    remove_tmpdir(dir);
+    kvpool_deinit(&p);
+}
+
+/* What a promote refuses: none or too many blocks (at submit), tier 0 as
+ * its source, a block the disk does not hold, a run bigger than RAM, a
+ * damaged extent (MN_ECHECKSUM: nothing reaches RAM, the run is dropped
+ * from disk); a chain without two tiers promotes nothing. */
+static void test_promote_refused(void **state) {
+    KvPool p;
+    Sink sink;
+    char *dir = make_tmpdir();
+    Mover *m = ram_disk_mover(&p, dir, &sink);
+    MoverJob *none = promote_job(0, 0, 1), *many = promote_job(0, mover_promote_max_blocks(m) + 1, 1);
+    assert_int_equal(mover_submit(m, none), MN_EINVAL);
+    assert_int_equal(mover_submit(m, many), MN_EINVAL);
+    mover_job_free(none);
+    mover_job_free(many);
+    MoverJob *from0 = promote_job(4, 4, 0), *absent = promote_job(30, 2, 1);
+    assert_int_equal(mover_submit(m, from0), MN_OK);
+    assert_int_equal(mover_submit(m, absent), MN_OK);
+    sink_wait_done(&sink, 5);
+    assert_int_equal(from0->rc, MN_EINVAL);
+    assert_int_equal(absent->rc, MN_ENOTFOUND);
+    assert_int_equal(absent->failed_tier, 1);
+    for (int s = 12; s < 24; s++) fill_slot(&p, s, (uint8_t)s);
+    assert_int_equal(mover_submit(m, save_job(12, 12)), MN_OK); /* RAM refuses it, the disk takes it */
+    sink_wait_done(&sink, 6);
+    assert_int_equal(sink.done[5]->saved_tiers, 2u);
+    MoverJob *big = promote_job(12, 12, 1);
+    assert_int_equal(mover_submit(m, big), MN_OK);
+    sink_wait_done(&sink, 7);
+    assert_int_equal(big->rc, MN_EFULL);
+    assert_int_equal(big->saved_tiers, 0u);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "dd if=/dev/urandom of=%s/slab-00000.dat bs=4096 seek=1 count=2 conv=notrunc status=none", dir);
+    assert_int_equal(system(cmd), 0); /* layer 0 of A */
+    int n_dropped = sink.n_dropped;
+    MoverJob *bad = promote_job(0, 4, 1);
+    assert_int_equal(mover_submit(m, bad), MN_OK);
+    sink_wait_done(&sink, 8);
+    assert_int_equal(bad->rc, MN_ECHECKSUM);
+    assert_int_equal(bad->failed_tier, 1);
+    assert_int_equal(sink.n_dropped, n_dropped + 4);
+    assert_int_equal(load_and_compare(m, &sink, &p, 0, 4, 40, 0), MN_ENOTFOUND);
+    mover_free(m);
+    sink_free(&sink);
+    Sink s2;
+    sink_init(&s2);
+    m = disk_mover(&p, dir, &s2);
+    assert_int_equal(mover_promote_max_blocks(m), 0);
+    MoverJob *one = promote_job(4, 1, 0);
+    assert_int_equal(mover_submit(m, one), MN_EINVAL);
+    mover_job_free(one);
+    mover_free(m);
+    sink_free(&s2);
+    remove_tmpdir(dir);
+    kvpool_deinit(&p);
+}
+
 /* ---- the mixed restore ------------------------------------------------------------- */
 
 typedef struct Waiter {
@@ -608,6 +758,8 @@ int main(void) {
         cmocka_unit_test(test_window_reaches_tiers),
         cmocka_unit_test(test_conv_touches_tiers),
         cmocka_unit_test(test_load_checksum_failure),
+        cmocka_unit_test(test_promote_into_ram),
+        cmocka_unit_test(test_promote_refused),
         cmocka_unit_test(test_mixed_restore_logits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,11 +1,14 @@
 /* mover.c — the mover thread (see mover.h).
  *
- * One thread, two FIFO queues under one mutex: loads (reads) and
- * everything else (writes). The thread always takes loads first, so a
- * restore waiting to be computed never queues behind write-behind; the
- * loads queued at that moment (up to MOVER_MAX_BATCH) are read together,
- * one streamed read per tier. A job runs to completion without the lock;
- * its events go out through the on_event callback as they happen.
+ * One thread, three FIFO queues under one mutex: loads (reads), prefetch
+ * (WINDOW and PROMOTE jobs) and everything else (writes). The thread takes
+ * the first non-empty queue in that order, so a restore waiting to be
+ * computed never queues behind prefetch or write-behind. The loads queued
+ * at that moment (up to MOVER_MAX_BATCH) are read together, one streamed
+ * read per tier; so are the promotes at the head of the prefetch queue, as
+ * many as the staging pool holds, and then each one is put into tier 0 as
+ * its own run. A job runs to completion without the lock; its events go
+ * out through the on_event callback as they happen.
  *
  * The thread asks the scheduler for short time slices (MOVER_SLICE_NS,
  * base/sched.h): a streamed restore wakes it every few hundred
@@ -35,6 +38,8 @@ typedef struct DropCtx {
     int tier;
 } DropCtx;
 
+typedef enum MoverQueue { Q_READS, Q_PREFETCH, Q_WRITES, Q__COUNT } MoverQueue;
+
 struct Mover {
     MoverConfig cfg;
     CacheStore *store;     /* with a disk tier: its directory's database */
@@ -45,8 +50,7 @@ struct Mover {
     /* queues */
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    MoverJob *reads_head, *reads_tail;
-    MoverJob *writes_head, *writes_tail;
+    MoverJob *head[Q__COUNT], *tail[Q__COUNT];
     bool is_stopped;       /* STOP queued: submits refused */
     pthread_t thread;
     bool has_thread;
@@ -55,6 +59,9 @@ struct Mover {
     Hash128 *sub_hashes;
     int32_t *sub_slots;
     int sub_cap;
+    KvPool staging;        /* promotes' reads; made at the first one */
+    bool has_staging;
+    int promote_max;       /* blocks the staging pool holds; 0: no promotes */
     MoverIoHist reads[MOVER_MAX_TIERS], writes[MOVER_MAX_TIERS]; /* mover thread */
     /* published counters */
     pthread_mutex_t stats_lock;
@@ -189,47 +196,50 @@ static int sub_reserve(Mover *m, int n) {
     return MN_OK;
 }
 
-/* Loads taken together: one streamed read per tier for all of them, so
- * small restores queued at once move as one larger transfer. */
+/* Jobs taken from a queue together: loads, or promotes, read in one
+ * streamed read per tier, so small restores queued at once move as one
+ * larger transfer. */
 #define MOVER_MAX_BATCH 8
 
-typedef struct LoadBatch {
+typedef struct JobBatch {
     Mover *m;
     MoverJob *jobs[MOVER_MAX_BATCH];
     int n_jobs;
-} LoadBatch;
+} JobBatch;
 
 static void on_layer(void *ctx, int layer) {
-    LoadBatch *b = ctx;
+    JobBatch *b = ctx;
     const MoverTestHooks *hk = b->m->cfg.hooks;
     if (hk && hk->layer_gate) hk->layer_gate(hk->ctx, layer);
     for (int i = 0; i < b->n_jobs; i++)
         if (b->jobs[i]->rc == MN_OK) post_layer(b->m, b->jobs[i], layer);
 }
 
-/* A job that names a tier the chain lacks, or a block its tier no longer
- * holds (dropped since the engine planned the load), fails alone, before
- * anything is read: MN_EINVAL / MN_ENOTFOUND. */
-static void check_load(Mover *m, MoverJob *j) {
+/* A job that names a tier the chain lacks (or, promoting, tier 0 itself),
+ * or a block its tier no longer holds (dropped since the engine planned
+ * it), fails alone, before anything is read: MN_EINVAL / MN_ENOTFOUND. */
+static void check_read(Mover *m, MoverJob *j) {
     j->rc = MN_OK;
     j->failed_tier = -1;
     for (int k = 0; k < j->n && j->rc == MN_OK; k++) {
-        if (j->tier[k] >= m->n_tiers) j->rc = MN_EINVAL;
-        else if (!tier_has(m->tiers[j->tier[k]], &j->hashes[k])) j->rc = MN_ENOTFOUND;
-        if (j->rc != MN_OK) j->failed_tier = j->tier[k] < m->n_tiers ? j->tier[k] : -1;
+        int t = j->tier[k];
+        if (t >= m->n_tiers || (j->kind == MOVER_PROMOTE && t == 0)) j->rc = MN_EINVAL;
+        else if (!tier_has(m->tiers[t], &j->hashes[k])) j->rc = MN_ENOTFOUND;
+        if (j->rc != MN_OK) j->failed_tier = t < m->n_tiers ? t : -1;
     }
 }
 
-/* Each tier's share of the sound jobs' blocks in chain order, every layer
- * of it; the share of the last (slowest) tier involved is streamed and
- * posts a LAYER event of every job as each layer is in place, the faster
- * tiers' shares being in the pool by then. A read that fails fails every
- * job in it (their blocks are recomputed). */
-static void run_loads(Mover *m, LoadBatch *b) {
+/* Read the sound jobs' blocks into pool (block k of job j into slot
+ * j->slots[k]): each tier's share in chain order, every layer of it. The
+ * share of the last (slowest) tier involved is streamed and, with
+ * layer_fn, posts a LAYER event of every job as each layer is in place,
+ * the faster tiers' shares being in the pool by then. A read that fails
+ * fails every job in it. */
+static void read_batch(Mover *m, JobBatch *b, KvPool *pool, TierLayerFn layer_fn) {
     int n_total = 0, last = -1, rc = MN_OK, failed_tier = -1;
     for (int i = 0; i < b->n_jobs; i++) {
         MoverJob *j = b->jobs[i];
-        check_load(m, j);
+        check_read(m, j);
         if (j->rc != MN_OK) continue;
         n_total += j->n;
         for (int k = 0; k < j->n; k++)
@@ -246,10 +256,10 @@ static void run_loads(Mover *m, LoadBatch *b) {
                 }
         if (n == 0) continue;
         double t0 = mn_now();
-        rc = tier_read_layers(m->tiers[t], m->sub_hashes, n, m->cfg.pool, m->sub_slots, t == last ? on_layer : NULL, b);
+        rc = tier_read_layers(m->tiers[t], m->sub_hashes, n, pool, m->sub_slots, t == last ? layer_fn : NULL, b);
         if (rc != MN_OK) {
             failed_tier = t;
-            LOG_WARN("mover: restoring %d blocks from the %s tier failed: %s", n, tier_name(m->tiers[t]),
+            LOG_WARN("mover: reading %d blocks from the %s tier failed: %s", n, tier_name(m->tiers[t]),
                      mn_strerror(rc));
         } else {
             observe(&m->reads[t], mn_now() - t0);
@@ -261,6 +271,37 @@ static void run_loads(Mover *m, LoadBatch *b) {
             b->jobs[i]->rc = rc;
             b->jobs[i]->failed_tier = failed_tier;
         }
+}
+
+/* Read the promotes' blocks into the staging pool together, then put
+ * each job's blocks into tier 0 as one run. */
+static void run_promotes(Mover *m, JobBatch *b) {
+    int rc = MN_OK;
+    if (!m->has_staging) {
+        const KvPool *p = m->cfg.pool;
+        rc = kvpool_init(&m->staging, p->n_layer, p->kv_dim, p->block_tokens, m->promote_max, p->kv_type);
+        m->has_staging = rc == MN_OK;
+    }
+    int next = 0;
+    for (int i = 0; i < b->n_jobs; i++)
+        for (int k = 0; k < b->jobs[i]->n; k++) b->jobs[i]->slots[k] = next++;
+    if (rc == MN_OK) read_batch(m, b, &m->staging, NULL);
+    for (int i = 0; i < b->n_jobs; i++) {
+        MoverJob *j = b->jobs[i];
+        if (rc != MN_OK) j->rc = rc;
+        if (j->rc != MN_OK) continue;
+        double t0 = mn_now();
+        TierRunInfo info = {.pos = j->pos};
+        j->rc = tier_put_run(m->tiers[0], j->hashes, j->n, &m->staging, j->slots, &info);
+        if (j->rc == MN_OK) {
+            j->saved_tiers = 1u;
+            observe(&m->writes[0], mn_now() - t0);
+        } else if (j->rc != MN_EFULL) {
+            LOG_WARN("mover: promoting %d blocks to the %s tier failed: %s", j->n, tier_name(m->tiers[0]),
+                     mn_strerror(j->rc));
+        }
+    }
+    publish_stats(m, 0);
 }
 
 static void run_expire(Mover *m, MoverJob *j) {
@@ -302,36 +343,48 @@ static void run_conv(Mover *m, MoverJob *j) {
     j->rc = m->store && j->conv != 0 ? store_conv_put(m->store, j->conv, &j->ns_id, j->when, j->n_tokens) : MN_OK;
 }
 
+/* Which queue a job goes to. */
+static MoverQueue queue_of(const MoverJob *j) {
+    if (j->kind == MOVER_LOAD) return Q_READS;
+    if (j->kind == MOVER_PROMOTE || j->kind == MOVER_WINDOW) return Q_PREFETCH;
+    return Q_WRITES;
+}
+
+/* Take the next job(s) off the first non-empty queue (lock held): every
+ * queued load up to a batch; the promotes at the head of their queue, as
+ * many as the staging pool holds (the first one always); otherwise one
+ * job. */
+static void take_batch(Mover *m, JobBatch *b) {
+    int q = 0;
+    while (m->head[q] == NULL) q++;
+    MoverJobKind kind = m->head[q]->kind;
+    bool is_batched = kind == MOVER_LOAD || kind == MOVER_PROMOTE;
+    int n_blocks = 0;
+    for (MoverJob *j; (j = m->head[q]) != NULL && b->n_jobs < MOVER_MAX_BATCH;) {
+        if (b->n_jobs > 0 && (!is_batched || j->kind != kind)) break;
+        if (b->n_jobs > 0 && kind == MOVER_PROMOTE && n_blocks + j->n > m->promote_max) break;
+        n_blocks += j->n;
+        b->jobs[b->n_jobs++] = j;
+        if ((m->head[q] = j->next) == NULL) m->tail[q] = NULL;
+        j->next = NULL;
+    }
+}
+
 static void *mover_main(void *arg) {
     Mover *m = arg;
     if (mn_thread_set_slice(MOVER_SLICE_NS) != MN_OK)
         LOG_INFO("mover: the kernel takes no scheduling hint; restores may wait longer for a core");
     for (;;) {
         pthread_mutex_lock(&m->lock);
-        while (!m->reads_head && !m->writes_head) pthread_cond_wait(&m->cond, &m->lock);
-        MoverJob *j;
-        if (m->reads_head) { /* every queued load, up to a batch */
-            LoadBatch b = {.m = m};
-            while (m->reads_head && b.n_jobs < MOVER_MAX_BATCH) {
-                b.jobs[b.n_jobs++] = m->reads_head;
-                if ((m->reads_head = m->reads_head->next) == NULL) m->reads_tail = NULL;
-            }
-            pthread_mutex_unlock(&m->lock);
-            run_loads(m, &b);
-            for (int i = 0; i < b.n_jobs; i++) {
-                b.jobs[i]->next = NULL;
-                post_done(m, b.jobs[i]);
-            }
-            continue;
-        } else {
-            j = m->writes_head;
-            if ((m->writes_head = j->next) == NULL) m->writes_tail = NULL;
-        }
+        while (!m->head[Q_READS] && !m->head[Q_PREFETCH] && !m->head[Q_WRITES]) pthread_cond_wait(&m->cond, &m->lock);
+        JobBatch b = {.m = m};
+        take_batch(m, &b);
         pthread_mutex_unlock(&m->lock);
-        j->next = NULL;
+        MoverJob *j = b.jobs[0];
         switch (j->kind) {
         case MOVER_SAVE: run_save(m, j); break;
-        case MOVER_LOAD: j->rc = MN_EINVAL; break; /* never queued here (mover_submit) */
+        case MOVER_LOAD: read_batch(m, &b, m->cfg.pool, on_layer); break;
+        case MOVER_PROMOTE: run_promotes(m, &b); break;
         case MOVER_EXPIRE: run_expire(m, j); break;
         case MOVER_REPLY: run_reply(m, j); break;
         case MOVER_CONV: run_conv(m, j); break;
@@ -339,29 +392,30 @@ static void *mover_main(void *arg) {
         case MOVER_FLUSH: j->rc = MN_OK; break;
         case MOVER_STOP: mover_job_free(j); return NULL;
         }
-        post_done(m, j);
+        for (int i = 0; i < b.n_jobs; i++) post_done(m, b.jobs[i]);
     }
 }
 
 /* ---- API ------------------------------------------------------------------------ */
 
 int mover_submit(Mover *m, MoverJob *j) {
+    if (j->kind == MOVER_PROMOTE && (j->n < 1 || j->n > m->promote_max)) return MN_EINVAL;
     pthread_mutex_lock(&m->lock);
     int rc = m->is_stopped ? MN_ECANCELED : MN_OK;
     if (rc == MN_OK) {
+        MoverQueue q = queue_of(j);
         j->next = NULL;
-        bool is_read = j->kind == MOVER_LOAD;
-        MoverJob **head = is_read ? &m->reads_head : &m->writes_head;
-        MoverJob **tail = is_read ? &m->reads_tail : &m->writes_tail;
-        if (*tail) (*tail)->next = j;
-        else *head = j;
-        *tail = j;
+        if (m->tail[q]) m->tail[q]->next = j;
+        else m->head[q] = j;
+        m->tail[q] = j;
         if (j->kind == MOVER_STOP) m->is_stopped = true;
         pthread_cond_signal(&m->cond);
     }
     pthread_mutex_unlock(&m->lock);
     return rc;
 }
+
+int mover_promote_max_blocks(const Mover *m) { return m->promote_max; }
 
 static int add_tier(Mover *m, Tier *t) {
     int i = m->n_tiers++;
@@ -440,6 +494,10 @@ int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err) {
         HeldCtx hc = {cfg, i};
         tier_foreach_run(m->tiers[i], report_held, &hc);
     }
+    if (m->n_tiers >= 2) {
+        uint64_t block = (uint64_t)p->n_layer * p->block_bytes;
+        m->promote_max = MOVER_PROMOTE_BYTES / block > 0 ? (int)(MOVER_PROMOTE_BYTES / block) : 1;
+    }
     m->cfg.cost = NULL; /* copied into the tiers (add_tier): not kept */
     if (rc == MN_OK) {
         if (pthread_create(&m->thread, NULL, mover_main, m) != 0)
@@ -465,6 +523,7 @@ void mover_free(Mover *m) {
     store_close(m->store); /* checkpoints the WAL into the database */
     mn_free(m->sub_hashes);
     mn_free(m->sub_slots);
+    if (m->has_staging) kvpool_deinit(&m->staging);
     pthread_mutex_destroy(&m->lock);
     pthread_cond_destroy(&m->cond);
     pthread_mutex_destroy(&m->stats_lock);

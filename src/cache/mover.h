@@ -17,13 +17,20 @@
  * chain is inclusive: RAM holds the most recently used runs, disk holds
  * everything that fits, so a RAM eviction loses nothing); LOAD restores
  * blocks into pool slots layer by layer, reporting each layer as soon as it
- * is in place; EXPIRE drops runs (and database rows) idle since a
- * wall-clock cutoff; REPLY and CONV persist a reply-memory entry and a
- * conversation's row; WINDOW hands the scheduler's look-ahead window to
- * every tier's eviction policy (tier_set_window); FLUSH
- * reports once every job submitted before it is done; STOP ends the
- * thread. Loads are served before anything else (reads before writes);
- * jobs of one queue run in submission order.
+ * is in place; PROMOTE copies blocks that only slower tiers hold into the
+ * fastest one (tier 0, RAM) — the scheduler's prefetch of a waiting
+ * request's history, so its restore comes from RAM; EXPIRE drops runs (and
+ * database rows) idle since a wall-clock cutoff; REPLY and CONV persist a
+ * reply-memory entry and a conversation's row; WINDOW hands the
+ * scheduler's look-ahead window to every tier's eviction policy
+ * (tier_set_window); FLUSH reports once every job submitted before it is
+ * done; STOP ends the thread.
+ *
+ * Three queues, served in this order: loads (a restore waits to be
+ * computed), then WINDOW and PROMOTE jobs (prefetch, under the window it
+ * was planned with), then everything else (writes). Jobs of one queue run
+ * in submission order; the loads queued at one moment are read together,
+ * and so are the promotes.
  *
  * Events go to the on_event callback, on the mover thread, in the order
  * they happen: LAYER (a load's layers [0, layer] are in the pool), DONE
@@ -55,6 +62,7 @@
 typedef enum MoverJobKind {
     MOVER_SAVE = 1, /* copy pool slots down the chain */
     MOVER_LOAD,     /* restore blocks into pool slots, layer by layer */
+    MOVER_PROMOTE,  /* copy blocks held by slower tiers into tier 0 */
     MOVER_EXPIRE,   /* drop what was not used since cutoff, everywhere */
     MOVER_REPLY,    /* persist one reply-memory entry */
     MOVER_CONV,     /* a turn ended: the conversation's row (conv != 0),
@@ -83,12 +91,14 @@ struct MoverJob {
     MoverJobKind kind;
     uint64_t id;         /* the submitter's */
     void *owner;         /* the submitter's; the mover never touches it */
-    int n;               /* SAVE, LOAD, WINDOW, CONV: blocks */
+    int n;               /* SAVE, LOAD, PROMOTE, WINDOW, CONV: blocks */
     Hash128 *hashes;     /* (n) */
     int32_t *slots;      /* (n) pool slots; WINDOW: the window index of
-                            each block's request */
-    int32_t pos;         /* SAVE: TierRunInfo.pos of the run */
-    uint8_t *tier;       /* LOAD: (n) the tier each block is read from */
+                            each block's request; PROMOTE: the mover's */
+    int32_t pos;         /* SAVE, PROMOTE: TierRunInfo.pos of the run
+                            (PROMOTE: blocks of one sequence, in order) */
+    uint8_t *tier;       /* LOAD, PROMOTE: (n) the tier each block is read
+                            from (PROMOTE: not tier 0) */
     double cutoff;       /* EXPIRE: wall-clock seconds (mn_wall_now) */
     /* REPLY: key -> (text, ids); CONV: conv, ns_id, n_tokens; both at `when` */
     Hash128 key, ns_id;
@@ -101,8 +111,8 @@ struct MoverJob {
     double when;         /* wall-clock seconds */
     /* results */
     int rc;              /* MN_OK, or the failure that ended the job */
-    uint32_t saved_tiers;/* SAVE: tiers now holding the run (bit mask) */
-    int failed_tier;     /* LOAD: the tier whose read failed, or -1 */
+    uint32_t saved_tiers;/* SAVE, PROMOTE: tiers now holding the run (bit mask) */
+    int failed_tier;     /* LOAD, PROMOTE: the tier whose read failed, or -1 */
     int n_layers_done;   /* LOAD */
     /* embedded events: LOAD has n_layer LAYER events, then DONE */
     MoverEvent *events;  /* (n_events) */
@@ -188,8 +198,18 @@ int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err);
 void mover_free(Mover *m);
 
 /* Queue a job (the mover owns it until its DONE event). MN_ECANCELED
- * after STOP. */
+ * after STOP; MN_EINVAL for a PROMOTE of no blocks or more than
+ * mover_promote_max_blocks. */
 int mover_submit(Mover *m, MoverJob *j);
+
+/* Promotes are read through a staging pool of the mover's own, made at the
+ * first one and kept: at most MOVER_PROMOTE_BYTES of blocks (all layers),
+ * and at least one block. The promotes queued at one moment are read
+ * together, as many as it holds. */
+#define MOVER_PROMOTE_BYTES (32ull << 20)
+/* The most blocks one PROMOTE may name; 0 when the chain has no tier to
+ * promote into (fewer than two tiers). */
+int mover_promote_max_blocks(const Mover *m);
 
 int mover_n_tiers(const Mover *m);
 const char *mover_tier_name(const Mover *m, int i); /* "ram", "disk" */

@@ -316,6 +316,7 @@ static void stats_update_gauges(Engine *e) {
     e->stats.restore_failures = e->restore_failures;
     e->stats.writebehind_blocks = e->n_writebehind;
     e->stats.prefetched_blocks = e->n_prefetched;
+    e->stats.promoted_blocks = e->n_promoted;
     pthread_mutex_unlock(&e->stats_lock);
 }
 
@@ -701,7 +702,10 @@ static int32_t choose_victim(void *ctx, const KvPool *p) {
  * capacity holds at their mean cached size. With a window policy, mark
  * their cached blocks so the policy keeps them (tail of the window first
  * when it must), in the pool and in the tiers below; with tiers, prefetch
- * what they will restore. */
+ * what they will restore: into free pool slots, and what does not go
+ * there from disk into the RAM tier. The pool's window counts the pool's
+ * capacity; the tiers' window also the RAM tier's, which a promote may
+ * fill (evicting what is outside the window). */
 static void mark_window(Engine *e) {
     bool is_marking = policy_uses_window(e->opt.evict);
     if (e->index == NULL || (!is_marking && e->mover == NULL)) return;
@@ -714,18 +718,22 @@ static void mark_window(Engine *e) {
      * cached size of a waiting request */
     double mean = 0;
     for (Active *a = e->waiting; a; a = a->next) mean += cached_blocks(e, a, &a->win_first, &a->win_end);
-    int len = 0;
-    if (e->n_waiting > 0)
-        len = policy_window_len((double)kvpool_n_available(&e->pool), mean / e->n_waiting, e->n_waiting);
+    int len = 0, len_tiers = 0;
+    if (e->n_waiting > 0) {
+        double avail = (double)kvpool_n_available(&e->pool);
+        len = policy_window_len(avail, mean / e->n_waiting, e->n_waiting);
+        len_tiers = policy_window_len(avail + e->promote_room, mean / e->n_waiting, e->n_waiting);
+    }
+    tiers_send_window(e, len_tiers); /* before the promotes: they evict by it */
     int idx = 0;
-    for (Active *a = e->waiting; a && idx < len; a = a->next, idx++) {
-        tiers_prefetch(e, a, a->win_first, a->win_end);
-        for (int b = a->win_first; is_marking && b < a->win_end; b++) {
+    for (Active *a = e->waiting; a && idx < len_tiers; a = a->next, idx++) {
+        if (idx < len) tiers_prefetch(e, a, a->win_first, a->win_end);
+        tiers_promote(e, a, a->win_first, a->win_end);
+        for (int b = a->win_first; is_marking && idx < len && b < a->win_end; b++) {
             int32_t slot = index_lookup(e->index, &a->hashes[b]);
             if (slot >= 0 && e->slot_window[slot] < 0) e->slot_window[slot] = idx;
         }
     }
-    tiers_send_window(e, len);
 }
 
 /* Offer a's newly completed full blocks to the index. */

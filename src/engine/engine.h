@@ -139,6 +139,7 @@ typedef struct EngineStats {
     uint64_t restore_failures; /* restores that failed (checksum, I/O) and were recomputed */
     uint64_t writebehind_blocks; /* cold cached blocks copied down under the swap watermark */
     uint64_t prefetched_blocks;  /* blocks of waiting requests restored before admission */
+    uint64_t promoted_blocks;    /* blocks of waiting requests copied from disk into RAM */
     int n_tiers;               /* tiers below the pool */
     MoverTierStats tiers[MOVER_MAX_TIERS]; /* the mover's latest snapshots */
     uint64_t suspensions;

@@ -67,6 +67,8 @@ typedef struct Active {
     bool is_in_batch;        /* has tokens in this step's batch */
     int n_cached_by[SRC_COUNT]; /* n_cached split by source */
     int win_first, win_end;  /* mark_window's scratch: its cached run */
+    bool is_promoted;        /* its cached run was offered to tier 0 (RAM)
+                                while it waited: once per request */
     struct Active *next;     /* in the waiting list */
 } Active;
 
@@ -117,6 +119,9 @@ struct Engine {
     double t_tier_expire;    /* when the tiers were last asked to expire */
     uint64_t n_writebehind;  /* blocks copied down by the watermark */
     uint64_t n_prefetched;   /* blocks restored for the look-ahead window */
+    uint64_t n_promoted;     /* blocks of the window copied into tier 0 (RAM) */
+    int promote_max;         /* blocks per PROMOTE job; 0: no promotes */
+    int promote_room;        /* blocks tier 0 holds, when it can take promotes */
     double save_backoff_s;   /* after saves no tier took: wait this long ... */
     double t_save_retry;     /* ... until then (mn_now) before saving again */
     Hash128 window_sent;     /* digest of the window last sent to the tiers */
@@ -184,6 +189,10 @@ int tiers_start_load(Engine *e, const Active *a, const int *at, int n, bool free
 /* Prefetch the blocks of waiting request a's cached run [first, end) that
  * only a tier holds into free slots. */
 void tiers_prefetch(Engine *e, Active *a, int first, int end);
+/* Copy the blocks of waiting request a's cached run [first, end) that are
+ * in no pool slot and only slower tiers hold into tier 0 (RAM), once per
+ * request. */
+void tiers_promote(Engine *e, Active *a, int first, int end);
 /* Where indexed block h comes from: the pool, or the tier restoring it. */
 CacheSource tiers_block_source(const Engine *e, const Hash128 *h);
 /* Hand the look-ahead window — the first len waiting requests, with their

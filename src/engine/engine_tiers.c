@@ -252,6 +252,16 @@ static void load_done(Engine *e, Load *ld, MoverJob *j) {
     mn_free(ld);
 }
 
+/* Tier 0 holds a promote's blocks now (reported after the evictions its
+ * put made, so later drops find the record). A failed promote changes
+ * nothing: the blocks are read from where they are at admission. */
+static void promote_done(Engine *e, const MoverJob *j) {
+    if (j->rc != MN_OK) return;
+    for (int i = 0; i < j->n; i++)
+        if (index_set_tiers(e->index, &j->hashes[i], 1u, 0) != MN_OK) LOG_WARN("out of memory recording a promoted block");
+    e->n_promoted += (uint64_t)j->n;
+}
+
 static void handle_event(Engine *e, MoverEvent *ev) {
     MoverJob *j = ev->job;
     switch (ev->kind) {
@@ -263,6 +273,7 @@ static void handle_event(Engine *e, MoverEvent *ev) {
     case MOVER_EV_DONE:
         if (j->kind == MOVER_SAVE) save_done(e, j);
         else if (j->kind == MOVER_LOAD) load_done(e, j->owner, j);
+        else if (j->kind == MOVER_PROMOTE) promote_done(e, j);
         mover_job_free(j);
         break;
     }
@@ -412,6 +423,38 @@ void tiers_prefetch(Engine *e, Active *a, int first, int end) {
         e->n_prefetched += (uint64_t)n;
 }
 
+/* Submit one PROMOTE of a's blocks at[0..n) (consecutive, each held only
+ * by tiers below tier 0 and in no pool slot). */
+static void promote_blocks(Engine *e, const Active *a, const int *at, int n) {
+    MoverJob *j = mover_job_new(MOVER_PROMOTE, n, 0);
+    if (j == NULL) return; /* the blocks are read from disk at admission */
+    for (int k = 0; k < n; k++) {
+        j->hashes[k] = a->hashes[at[k]];
+        j->tier[k] = (uint8_t)best_tier(e, &a->hashes[at[k]]);
+    }
+    j->pos = at[0] * e->opt.block_tokens;
+    if (mover_submit(e->mover, j) != MN_OK) mover_job_free(j);
+}
+
+/* Scheduler-aware prefetch into RAM (AttentionStore): the blocks of
+ * waiting request a's cached run [first, end) that are in no pool slot
+ * and only slower tiers hold are copied into tier 0, a run of consecutive
+ * blocks per PROMOTE, so a's restore at admission reads RAM, not disk.
+ * Once per request: blocks tier 0 evicts again are read from disk. */
+void tiers_promote(Engine *e, Active *a, int first, int end) {
+    if (e->promote_max == 0 || a->is_promoted) return;
+    a->is_promoted = true;
+    int at[SAVE_MAX_RUN], n = 0;
+    for (int b = first; b <= end; b++) {
+        bool take = b < end && index_lookup(e->index, &a->hashes[b]) < 0 && best_tier(e, &a->hashes[b]) > 0;
+        if (n > 0 && (!take || n == e->promote_max)) {
+            promote_blocks(e, a, at, n);
+            n = 0;
+        }
+        if (take) at[n++] = b;
+    }
+}
+
 void tiers_send_window(Engine *e, int len) {
     if (e->mover == NULL || !policy_uses_window(e->opt.evict)) return;
     Hasher hs;
@@ -477,6 +520,12 @@ int tiers_start(Engine *e, MnErr *err) {
     for (int i = 0; i < e->n_tiers; i++)
         e->tier_src[i] = strcmp(mover_tier_name(e->mover, i), "ram") == 0 ? SRC_RAM : SRC_DISK;
     e->stats.n_tiers = e->n_tiers;
+    /* promotes go into a RAM tier 0 with a slower tier under it */
+    int max = mover_promote_max_blocks(e->mover);
+    if (max > 0 && e->tier_src[0] == SRC_RAM) {
+        e->promote_max = max < SAVE_MAX_RUN ? max : SAVE_MAX_RUN;
+        e->promote_room = (int)(mc.ram_bytes / ((uint64_t)e->pool.n_layer * e->pool.block_bytes));
+    }
     return MN_OK;
 }
 
