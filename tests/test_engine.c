@@ -1122,11 +1122,11 @@ static void test_disk_full(void **s) {
 }
 
 /* MoverTestHooks.disk_tier for test_restore_out_of_memory: the disk
- * tier's next buffer growth fails. */
+ * tier's next allocation fails. */
 static void short_of_memory(void *ctx, Tier *t) { tier_disk_fault_alloc(t, 0, 1); }
 
 /* Out of memory where the disk tier sets up a restore (its first streamed
- * read must grow the staging buffer): the load fails, the request is
+ * read must grow the request array): the load fails, the request is
  * planned again and recomputes, with first logits bit-identical to a full
  * recompute, and the failed restore is counted; the tier stays up. */
 static void test_restore_out_of_memory(void **s) {

@@ -783,6 +783,21 @@ static void test_tier_read_layers(void **state) {
  * 21. With a window of two spans the staging slots are reused; with the
  * default window every span is in flight at once. The blocks arrive exact
  * and every layer is reported in order, in place. */
+/* Three runs of strides 384, 120 and 8 KiB (8 KiB blocks, seven layers)
+ * into t; blocks of each to read into ids / slots; returns how many. */
+static int put_three_strides(Tier *t, KvPool *p, uint32_t *ids, int32_t *slots, uint64_t seed) {
+    assert_int_equal(put_range(t, p, 0, 48, 0), MN_OK);    /* stride 384 KiB */
+    assert_int_equal(put_range(t, p, 100, 15, 48), MN_OK); /* 120 KiB */
+    assert_int_equal(put_range(t, p, 200, 1, 63), MN_OK);  /* 8 KiB */
+    scramble_pool(p, seed);
+    int n = 0;
+    for (uint32_t i = 0; i < 48; i += 2) ids[n++] = i; /* half of the first run */
+    for (uint32_t i = 103; i < 115; i++) ids[n++] = i;
+    ids[n++] = 200;
+    for (int i = 0; i < n; i++) slots[i] = 127 - 2 * i;
+    return n;
+}
+
 static void test_disk_read_spans(void **state) {
     const Param *pa = *state;
     KvPool p;
@@ -792,17 +807,9 @@ static void test_disk_read_spans(void **state) {
         Fixture fx;
         fx_open_window(&fx, pa, &p, 16u << 20, 0, false, w == 0 ? 2u << 20 : 0);
         Tier *t = fx.tier;
-        assert_int_equal(put_range(t, &p, 0, 48, 0), MN_OK);    /* stride 384 KiB */
-        assert_int_equal(put_range(t, &p, 100, 15, 48), MN_OK); /* 120 KiB */
-        assert_int_equal(put_range(t, &p, 200, 1, 63), MN_OK);  /* 8 KiB */
-        scramble_pool(&p, 31 + (uint64_t)w);
         uint32_t ids[64];
         int32_t slots[64];
-        int n = 0;
-        for (uint32_t i = 0; i < 48; i += 2) ids[n++] = i; /* half of the first run */
-        for (uint32_t i = 103; i < 115; i++) ids[n++] = i;
-        ids[n++] = 200;
-        for (int i = 0; i < n; i++) slots[i] = 127 - 2 * i;
+        int n = put_three_strides(t, &p, ids, slots, 31 + (uint64_t)w);
         Aio *a = tier_disk_aio(t);
         uint64_t before = aio_n_requests(a);
         LayerLog lg;
@@ -820,17 +827,118 @@ static void test_disk_read_spans(void **state) {
     kvpool_deinit(&p);
 }
 
+/* A read nobody consumes layer by layer (no layer_fn: a promote) keeps
+ * four times the window in flight. The runs of test_disk_read_spans with a
+ * 1 MiB window: read with a consumer, the window holds two of the seven
+ * layers, so spans are one layer (two in flight) and take 21 requests;
+ * without, the 4 MiB holds them all, spans are two layers (as much as a
+ * request holds of the longest stride), 12 requests. Both exact. */
+static void test_disk_read_bulk(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 7, 128, 16, 128, MN_TYPE_F16), MN_OK);
+    Fixture fx;
+    fx_open_window(&fx, pa, &p, 16u << 20, 0, false, 1u << 20);
+    Tier *t = fx.tier;
+    uint32_t ids[64];
+    int32_t slots[64];
+    int n = put_three_strides(t, &p, ids, slots, 41);
+    Aio *a = tier_disk_aio(t);
+    for (int bulk = 0; bulk < 2; bulk++) {
+        scramble_pool(&p, 42 + (uint64_t)bulk);
+        uint64_t before = aio_n_requests(a);
+        LayerLog lg;
+        if (bulk) {
+            Hash128 h[64];
+            for (int i = 0; i < n; i++) h[i] = h_of(ids[i]);
+            assert_int_equal(tier_read_layers(t, h, n, &p, slots, NULL, NULL), MN_OK);
+        } else {
+            assert_int_equal(read_all_layers(t, &p, ids, slots, n, &lg), MN_OK);
+            assert_int_equal(lg.n_calls, p.n_layer);
+        }
+        assert_int_equal(aio_n_requests(a) - before, bulk ? 12 : 21);
+        for (int l = 0; l < p.n_layer; l++)
+            for (int i = 0; i < n; i++) assert_true(slot_is(&p, l, slots[i], ids[i]));
+    }
+    tier_check(t);
+    fx_close(&fx);
+    kvpool_deinit(&p);
+}
+
+/* This process's anonymous resident memory, in KiB. */
+static long rss_anon_kb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    assert_non_null(f);
+    char line[256];
+    long kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "RssAnon: %ld kB", &kb) == 1) break;
+    fclose(f);
+    assert_true(kb >= 0);
+    return kb;
+}
+
+/* The staging buffer is made, and its pages populated, when the tier
+ * opens — at the bulk window (32 MiB by default), or the budget when that
+ * is smaller — so no read or put while serving stalls to grow it. A run
+ * bigger than it still grows it, and running out of memory at each of
+ * that put's allocations in turn fails the put alone. */
+static void test_disk_staging_at_open(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 2, 8, 4, 8, MN_TYPE_F16), MN_OK);
+    uint64_t caps[2] = {256u << 20, 4u << 20};
+    for (int i = 0; i < 2; i++) {
+        long before = rss_anon_kb();
+        Fixture fx;
+        fx_open(&fx, pa, &p, caps[i], 64u << 20, false);
+        long grew = rss_anon_kb() - before;
+        if (i == 0) assert_true(grew >= 32 * 1024);
+        else assert_true(grew >= 4 * 1024 && grew < 16 * 1024);
+        fx_close(&fx);
+    }
+    kvpool_deinit(&p);
+    /* 64 KiB blocks, a 64 KiB window: 1 MiB of staging (the least), and a
+     * run of 20 blocks (2.5 MiB) grows it */
+    assert_int_equal(kvpool_init(&p, 2, 1024, 16, 32, MN_TYPE_F16), MN_OK);
+    int n_failures = 0;
+    for (int k = 0;; k++) {
+        Fixture fx;
+        fx_open_window(&fx, pa, &p, 16u << 20, 0, false, 64u << 10);
+        tier_disk_fault_alloc(fx.tier, k, 1);
+        int rc = put_range(fx.tier, &p, 0, 20, 0);
+        tier_disk_fault_alloc(fx.tier, 0, 0);
+        TierStats s;
+        tier_stats(fx.tier, &s);
+        assert_false(s.is_failed);
+        if (rc == MN_OK) {
+            fx_close(&fx);
+            break;
+        }
+        assert_int_equal(rc, MN_ENOMEM);
+        assert_int_equal(s.n_runs, 0);
+        assert_int_equal(put_range(fx.tier, &p, 0, 20, 0), MN_OK);
+        tier_check(fx.tier);
+        fx_close(&fx);
+        n_failures++;
+    }
+    assert_true(n_failures >= 2); /* the run's record, the staging buffer */
+    kvpool_deinit(&p);
+}
+
 /* A streamed read that meets a bad extent: layers before it are reported
  * (and in place), the bad run is dropped and counted, the other run stays;
  * a short file likewise; an injected EIO mid-stream is sticky. Windows of
- * one and two layers, so requests are in flight past the failure. */
+ * one layer and of four (spans of w = 1 and 2 layers: a window that cannot
+ * hold every layer keeps two spans in flight), so requests are in flight
+ * past the failure. */
 static void test_disk_read_layers_faults(void **state) {
     const Param *pa = *state;
     KvPool p;
     assert_int_equal(kvpool_init(&p, 6, 8, 4, 64, MN_TYPE_F16), MN_OK);
     for (int w = 1; w <= 2; w++) {
         Fixture fx;
-        fx_open_window(&fx, pa, &p, 1 << 20, 0, true, (uint64_t)w * 2 * 4096);
+        fx_open_window(&fx, pa, &p, 1 << 20, 0, true, (uint64_t)(w == 1 ? 1 : 4) * 2 * 4096);
         Tier *t = fx.tier;
         Drops drops = {0};
         tier_set_drop_fn(t, on_drop, &drops);
@@ -859,23 +967,26 @@ static void test_disk_read_layers_faults(void **state) {
         assert_int_equal(read_all_layers(t, &p, ids, slots, 2, &lg), MN_OK);
         assert_int_equal(lg.n_calls, p.n_layer);
 
-        /* the data file cut short inside layer 4 of the second run */
+        /* the data file cut short inside layer 4 of the second run: the
+         * short read fails its span, so the layers of the spans before it
+         * are reported (w = 2: this one run fits the window whole, a span
+         * of all six layers, and none is) */
         assert_int_equal(put_range(t, &p, 10, 4, 4), MN_OK);
         h = h_of(10);
         assert_int_equal(tier_disk_extent(t, &h, 4, path, sizeof path, &off, &len), MN_OK);
         assert_int_equal(truncate(path, (off_t)off), 0);
         scramble_pool(&p, 4);
         assert_int_equal(read_all_layers(t, &p, (uint32_t[]){10}, slots, 1, &lg), MN_ECHECKSUM);
-        assert_int_equal(lg.n_calls, 4);
+        assert_int_equal(lg.n_calls, w == 1 ? 4 : 0);
         tier_stats(t, &s);
         assert_int_equal(s.n_checksum_failures, 2);
         assert_false(s.is_failed);
         tier_check(t);
 
         /* an I/O error on the fifth read request: sticky. One request
-         * per run and span; a span is as many layers as the window holds
-         * (w), so the fifth is the first of layer 2 (w = 1) or of layers
-         * 4-5 (w = 2), and the layers before it are reported */
+         * per run and span; a span is w layers, so the fifth is the first
+         * of layer 2 (w = 1) or of layers 4-5 (w = 2), and the layers
+         * before it are reported */
         assert_int_equal(tier_reset(t), MN_OK);
         assert_int_equal(put_range(t, &p, 0, 4, 0), MN_OK);
         assert_int_equal(put_range(t, &p, 10, 4, 4), MN_OK);
@@ -918,8 +1029,8 @@ static void test_disk_read_layers_faults(void **state) {
     kvpool_deinit(&p);
 }
 
-/* Out of memory while setting up a streamed read (its staging buffer must
- * grow: a put needs one run's room, the read two runs' layers): MN_ENOMEM,
+/* Out of memory while setting up a streamed read (its request array must
+ * grow: a put takes one request here, the read one per run): MN_ENOMEM,
  * no layer reported, nothing dropped, the tier stays up; the next read of
  * the same blocks works. */
 static void test_disk_read_out_of_memory(void **state) {
@@ -1587,7 +1698,8 @@ static void test_tier_put_out_of_memory(void **state) {
 
 /* Out of memory at each allocation of the disk tier that puts make, in
  * turn (a run's own record, a new slab's free list, that list's growth,
- * the staging buffer and request array, the encoded run record): as
+ * the request array, the encoded run record; the staging buffer was made
+ * at open): as
  * above, and no row is left for the failed put, so a reopen finds exactly
  * the runs that were acknowledged. */
 static void test_persist_put_out_of_memory(void **state) {
@@ -1613,7 +1725,7 @@ static void test_persist_put_out_of_memory(void **state) {
         n_failures++;
     }
     /* a DiskRun per put, a free list per slab (2 slabs), a growth of one,
-     * the staging buffer, the record buffer: at least 12 */
+     * the request array, the record buffer: at least 12 */
     assert_true(n_failures >= 12);
     kvpool_deinit(&p);
 }
@@ -2480,6 +2592,8 @@ int main(void) {
         TIER_TESTS(test_tier_layers_and_spans),
         TIER_TESTS(test_tier_read_layers),
         DISK_TESTS(test_disk_read_spans),
+        DISK_TESTS(test_disk_read_bulk),
+        DISK_TESTS(test_disk_staging_at_open),
         DISK_TESTS(test_disk_read_layers_faults),
         DISK_TESTS(test_disk_read_out_of_memory),
         TIER_TESTS(test_tier_put_out_of_memory),

@@ -59,8 +59,7 @@ struct Mover {
     Hash128 *sub_hashes;
     int32_t *sub_slots;
     int sub_cap;
-    KvPool staging;        /* promotes' reads; made at the first one */
-    bool has_staging;
+    KvPool staging;        /* promotes' reads (when promote_max > 0) */
     int promote_max;       /* blocks the staging pool holds; 0: no promotes */
     MoverIoHist reads[MOVER_MAX_TIERS], writes[MOVER_MAX_TIERS]; /* mover thread */
     /* published counters */
@@ -276,19 +275,12 @@ static void read_batch(Mover *m, JobBatch *b, KvPool *pool, TierLayerFn layer_fn
 /* Read the promotes' blocks into the staging pool together, then put
  * each job's blocks into tier 0 as one run. */
 static void run_promotes(Mover *m, JobBatch *b) {
-    int rc = MN_OK;
-    if (!m->has_staging) {
-        const KvPool *p = m->cfg.pool;
-        rc = kvpool_init(&m->staging, p->n_layer, p->kv_dim, p->block_tokens, m->promote_max, p->kv_type);
-        m->has_staging = rc == MN_OK;
-    }
     int next = 0;
     for (int i = 0; i < b->n_jobs; i++)
         for (int k = 0; k < b->jobs[i]->n; k++) b->jobs[i]->slots[k] = next++;
-    if (rc == MN_OK) read_batch(m, b, &m->staging, NULL);
+    read_batch(m, b, &m->staging, NULL);
     for (int i = 0; i < b->n_jobs; i++) {
         MoverJob *j = b->jobs[i];
-        if (rc != MN_OK) j->rc = rc;
         if (j->rc != MN_OK) continue;
         double t0 = mn_now();
         TierRunInfo info = {.pos = j->pos};
@@ -442,6 +434,23 @@ static int open_store(Mover *m, const MoverConfig *cfg, MnErr *err) {
     return MN_OK;
 }
 
+/* The promotes' staging pool: MOVER_PROMOTE_BYTES, or tier 0's budget
+ * when smaller (a bigger run cannot go there), in whole blocks; its pages
+ * are touched now, so no promote's timed read faults them in. */
+static int make_staging(Mover *m, MnErr *err) {
+    const KvPool *p = m->cfg.pool;
+    TierStats st;
+    tier_stats(m->tiers[0], &st);
+    uint64_t bytes = st.capacity_bytes < MOVER_PROMOTE_BYTES ? st.capacity_bytes : MOVER_PROMOTE_BYTES;
+    int n = (int)(bytes / ((uint64_t)p->n_layer * p->block_bytes));
+    if (n == 0) return MN_OK; /* not one block fits tier 0: no promotes */
+    int rc = kvpool_init(&m->staging, p->n_layer, p->kv_dim, p->block_tokens, n, p->kv_type);
+    if (rc != MN_OK) return mn_err_set(err, rc, "cannot allocate the mover's staging pool (%d blocks)", n);
+    for (int l = 0; l < p->n_layer; l++) memset(m->staging.arenas[l], 0, (size_t)n * p->block_bytes);
+    m->promote_max = n;
+    return MN_OK;
+}
+
 typedef struct HeldCtx {
     const MoverConfig *cfg;
     int tier;
@@ -494,10 +503,7 @@ int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err) {
         HeldCtx hc = {cfg, i};
         tier_foreach_run(m->tiers[i], report_held, &hc);
     }
-    if (m->n_tiers >= 2) {
-        uint64_t block = (uint64_t)p->n_layer * p->block_bytes;
-        m->promote_max = MOVER_PROMOTE_BYTES / block > 0 ? (int)(MOVER_PROMOTE_BYTES / block) : 1;
-    }
+    if (rc == MN_OK && m->n_tiers >= 2) rc = make_staging(m, err);
     m->cfg.cost = NULL; /* copied into the tiers (add_tier): not kept */
     if (rc == MN_OK) {
         if (pthread_create(&m->thread, NULL, mover_main, m) != 0)
@@ -523,7 +529,7 @@ void mover_free(Mover *m) {
     store_close(m->store); /* checkpoints the WAL into the database */
     mn_free(m->sub_hashes);
     mn_free(m->sub_slots);
-    if (m->has_staging) kvpool_deinit(&m->staging);
+    if (m->promote_max > 0) kvpool_deinit(&m->staging);
     pthread_mutex_destroy(&m->lock);
     pthread_cond_destroy(&m->cond);
     pthread_mutex_destroy(&m->stats_lock);

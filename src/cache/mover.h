@@ -202,13 +202,14 @@ void mover_free(Mover *m);
  * mover_promote_max_blocks. */
 int mover_submit(Mover *m, MoverJob *j);
 
-/* Promotes are read through a staging pool of the mover's own, made at the
- * first one and kept: at most MOVER_PROMOTE_BYTES of blocks (all layers),
- * and at least one block. The promotes queued at one moment are read
+/* Promotes are read through a staging pool of the mover's own, made (and
+ * its pages touched) with the mover when there are two tiers or more:
+ * MOVER_PROMOTE_BYTES of whole blocks (all layers), or tier 0's budget
+ * when that is smaller. The promotes queued at one moment are read
  * together, as many as it holds. */
 #define MOVER_PROMOTE_BYTES (32ull << 20)
 /* The most blocks one PROMOTE may name; 0 when the chain has no tier to
- * promote into (fewer than two tiers). */
+ * promote into (fewer than two tiers, or not one block fits tier 0). */
 int mover_promote_max_blocks(const Mover *m);
 
 int mover_n_tiers(const Mover *m);

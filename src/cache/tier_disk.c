@@ -160,8 +160,11 @@
 #define DISK_CHUNK (1u << 20) /* bytes per aio request: several in flight */
 /* A streamed restore keeps up to this many bytes of extents (whole layers,
  * at least one) in flight by default, so small extents still fill the
- * device queue */
+ * device queue; a read whose layers nobody uses early (a promote into RAM)
+ * keeps DISK_BULK_FACTOR times as many, as the device moves bigger bursts
+ * faster (here ~0.6 ms before a burst's first byte, then ~3.3 GB/s) */
 #define DISK_READ_WINDOW (8ull << 20)
+#define DISK_BULK_FACTOR 4
 #define DISK_STREAM_MAX_DEPTH 256 /* layers in flight, at most */
 #define DISK_RECORD_HEAD 80u  /* run record bytes before the hashes */
 #define DISK_MAX_RUN_ID (1ull << 48)
@@ -259,6 +262,9 @@ static int staging_reserve(DiskTier *d, uint64_t n) {
     }
     return MN_OK;
 }
+
+/* Bytes a read without a layer consumer keeps in flight. */
+static uint64_t bulk_window(const DiskTier *d) { return DISK_BULK_FACTOR * d->read_window_bytes; }
 
 static int reqs_reserve(DiskTier *d, uint64_t n) {
     if (n <= (uint64_t)d->reqs_cap) return MN_OK;
@@ -951,6 +957,7 @@ static void stream_shape(Stream *st, uint64_t window) {
         if (stride > max_stride) max_stride = stride;
     }
     uint64_t span = DISK_CHUNK / max_stride, fit = window / st->layer_bytes;
+    if (fit < (uint64_t)d->n_layer && fit >= 2) fit /= 2; /* not all at once: two spans in flight, not one */
     if (span > fit) span = fit;
     if (span < 1) span = 1;
     if (span > (uint64_t)d->n_layer) span = (uint64_t)d->n_layer;
@@ -1028,7 +1035,7 @@ static int disk_read_layers(void *kind, const TierReadGroup *groups, int n_group
                             TierLayerFn layer_fn, void *ctx, uint64_t *io_bytes, TierReadFailure *bad) {
     DiskTier *d = kind;
     Stream st = {.d = d, .groups = groups, .n_groups = n_groups};
-    stream_shape(&st, d->read_window_bytes);
+    stream_shape(&st, layer_fn ? d->read_window_bytes : bulk_window(d));
     int rc = staging_reserve(d, (uint64_t)st.depth * (uint64_t)st.span * st.layer_bytes);
     if (rc == MN_OK) rc = reqs_reserve(d, (uint64_t)st.depth * (uint64_t)st.per_slot);
     if (rc != MN_OK) return rc;
@@ -1229,6 +1236,14 @@ int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err) {
     if (rc != MN_OK) {
         disk_free(d);
         return mn_err_set(err, rc, "disk tier: no %s I/O: %s", aio_backend_name(cfg->aio_backend), mn_strerror(rc));
+    }
+    /* the staging buffer at the size a bulk read uses (or the budget, when
+     * smaller) now: growing it while serving stalls the read or put that
+     * needs it — populating 32 MiB of huge pages once took 145 ms */
+    rc = staging_reserve(d, bulk_window(d) < capacity ? bulk_window(d) : capacity);
+    if (rc != MN_OK) {
+        disk_free(d);
+        return mn_err_set(err, rc, "disk tier: out of memory for the staging buffer");
     }
     if (d->store != NULL) {
         /* adopted slabs may be more (or other) than this budget would make;

@@ -726,14 +726,14 @@ static void mark_window(Engine *e) {
     }
     tiers_send_window(e, len_tiers); /* before the promotes: they evict by it */
     int idx = 0;
-    for (Active *a = e->waiting; a && idx < len_tiers; a = a->next, idx++) {
-        if (idx < len) tiers_prefetch(e, a, a->win_first, a->win_end);
-        tiers_promote(e, a, a->win_first, a->win_end);
-        for (int b = a->win_first; is_marking && idx < len && b < a->win_end; b++) {
+    for (Active *a = e->waiting; a && idx < len; a = a->next, idx++) {
+        tiers_prefetch(e, a, a->win_first, a->win_end);
+        for (int b = a->win_first; is_marking && b < a->win_end; b++) {
             int32_t slot = index_lookup(e->index, &a->hashes[b]);
             if (slot >= 0 && e->slot_window[slot] < 0) e->slot_window[slot] = idx;
         }
     }
+    tiers_promote_window(e, len_tiers);
 }
 
 /* Offer a's newly completed full blocks to the index. */

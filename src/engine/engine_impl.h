@@ -189,10 +189,10 @@ int tiers_start_load(Engine *e, const Active *a, const int *at, int n, bool free
 /* Prefetch the blocks of waiting request a's cached run [first, end) that
  * only a tier holds into free slots. */
 void tiers_prefetch(Engine *e, Active *a, int first, int end);
-/* Copy the blocks of waiting request a's cached run [first, end) that are
- * in no pool slot and only slower tiers hold into tier 0 (RAM), once per
- * request. */
-void tiers_promote(Engine *e, Active *a, int first, int end);
+/* Copy the cached history (runs [win_first, win_end)) of the first len
+ * waiting requests that is in no pool slot and only slower tiers hold into
+ * tier 0 (RAM), in batches, once per request. */
+void tiers_promote_window(Engine *e, int len);
 /* Where indexed block h comes from: the pool, or the tier restoring it. */
 CacheSource tiers_block_source(const Engine *e, const Hash128 *h);
 /* Hand the look-ahead window — the first len waiting requests, with their

@@ -436,23 +436,51 @@ static void promote_blocks(Engine *e, const Active *a, const int *at, int n) {
     if (mover_submit(e->mover, j) != MN_OK) mover_job_free(j);
 }
 
-/* Scheduler-aware prefetch into RAM (AttentionStore): the blocks of
- * waiting request a's cached run [first, end) that are in no pool slot
- * and only slower tiers hold are copied into tier 0, a run of consecutive
- * blocks per PROMOTE, so a's restore at admission reads RAM, not disk.
- * Once per request: blocks tier 0 evicts again are read from disk. */
-void tiers_promote(Engine *e, Active *a, int first, int end) {
-    if (e->promote_max == 0 || a->is_promoted) return;
+/* Whether block b of a is to be promoted: in no pool slot, and only
+ * tiers below tier 0 hold it. */
+static bool is_promotable(const Engine *e, const Active *a, int b) {
+    return index_lookup(e->index, &a->hashes[b]) < 0 && best_tier(e, &a->hashes[b]) > 0;
+}
+
+/* Copy a's promotable blocks of its cached run into tier 0, a run of
+ * consecutive blocks per PROMOTE. Once per request: blocks tier 0 evicts
+ * again are read from disk at admission. */
+static void promote_request(Engine *e, Active *a) {
     a->is_promoted = true;
     int at[SAVE_MAX_RUN], n = 0;
-    for (int b = first; b <= end; b++) {
-        bool take = b < end && index_lookup(e->index, &a->hashes[b]) < 0 && best_tier(e, &a->hashes[b]) > 0;
+    for (int b = a->win_first; b <= a->win_end; b++) {
+        bool take = b < a->win_end && is_promotable(e, a, b);
         if (n > 0 && (!take || n == e->promote_max)) {
             promote_blocks(e, a, at, n);
             n = 0;
         }
         if (take) at[n++] = b;
     }
+}
+
+/* Scheduler-aware prefetch into RAM (AttentionStore): the cached history
+ * of the first len waiting requests that only the disk holds is copied
+ * into the RAM tier, so their restores at admission read RAM. The
+ * promotes go out together, once those pending fill the mover's staging
+ * pool or one belongs to a request next in line (within the first
+ * --parallel of the window): fewer and larger disk reads, since this
+ * disk pays ~0.6 ms per burst before its first byte (a 7 MB burst moves
+ * at ~0.75 of the streaming rate, a 32 MB one at ~0.95). */
+void tiers_promote_window(Engine *e, int len) {
+    if (e->promote_max == 0) return;
+    int pending = 0, idx = 0;
+    bool is_due = false;
+    for (Active *a = e->waiting; a && idx < len; a = a->next, idx++) {
+        if (a->is_promoted) continue;
+        int n = 0;
+        for (int b = a->win_first; b < a->win_end; b++) n += is_promotable(e, a, b);
+        pending += n;
+        if (n > 0 && idx < e->opt.parallel) is_due = true;
+    }
+    if (pending == 0 || (pending < e->promote_max && !is_due)) return;
+    idx = 0;
+    for (Active *a = e->waiting; a && idx < len; a = a->next, idx++)
+        if (!a->is_promoted) promote_request(e, a);
 }
 
 void tiers_send_window(Engine *e, int len) {
