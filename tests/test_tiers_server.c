@@ -338,8 +338,10 @@ static void expect_tier_families(const Srv *s, const char *tier) {
         snprintf(series, sizeof series, "mnemo_cached_tokens_total{tier=\"%s\"}", tier_names[t]);
         if (metric_in(text, series) < 0) snprintf(missing, sizeof missing, "%s", series);
     }
-    if (!missing[0] && metric_in(text, "mnemo_dropped_blocks_total") < 0)
-        snprintf(missing, sizeof missing, "mnemo_dropped_blocks_total");
+    static const char *const global[] = {"mnemo_dropped_blocks_total", "mnemo_prefetched_blocks_total{into=\"pool\"}",
+                                         "mnemo_prefetched_blocks_total{into=\"ram\"}"};
+    for (size_t i = 0; i < sizeof global / sizeof global[0] && !missing[0]; i++)
+        if (metric_in(text, global[i]) < 0) snprintf(missing, sizeof missing, "%s", global[i]);
     free(text);
     if (missing[0]) fail_msg("/metrics lacks %s", missing);
 }

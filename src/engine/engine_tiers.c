@@ -11,7 +11,10 @@
  * into fresh pool slots, layer by layer; the forward pass waits per layer
  * (tiers_wait_layer). A failed restore (checksum, I/O, a block the tier no longer
  * has) unindexes its slots, and every sequence holding one goes back to
- * the queue to be planned again: what was lost is recomputed, never used. */
+ * the queue to be planned again: what was lost is recomputed, never used.
+ * Waiting requests in the look-ahead window get their history ahead of
+ * time: into free pool slots (a Load), or from disk into the RAM tier (a
+ * PROMOTE, which touches no pool slot), so their restore reads RAM. */
 
 #include <math.h>
 #include <string.h>

@@ -36,7 +36,7 @@ struct Server {
     int port;
     Metrics *metrics;
     MetricFamily *f_tier_read, *f_tier_written, *f_tier_read_s, *f_tier_write_s, *f_tier_occupancy, *f_tier_evictions,
-        *f_tier_checksum, *f_dropped;
+        *f_tier_checksum, *f_dropped, *f_prefetched;
     MetricFamily *f_requests, *f_prompt, *f_generated, *f_cached, *f_recomputed, *f_ttft, *f_tpot, *f_pool,
         *f_queue, *f_running;
     atomic_uint_fast64_t next_id;
@@ -141,6 +141,8 @@ static int metrics_setup(Server *s) {
         {"mnemo_tier_checksum_failures_total", "Stored extents that failed their checksum (recomputed)",
          METRIC_COUNTER, NULL, 0, &s->f_tier_checksum},
         {"mnemo_dropped_blocks_total", "Cached blocks gone from every tier", METRIC_COUNTER, NULL, 0, &s->f_dropped},
+        {"mnemo_prefetched_blocks_total", "Blocks of waiting requests brought into the pool or the RAM tier",
+         METRIC_COUNTER, NULL, 0, &s->f_prefetched},
     };
     for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++)
         if ((rc = metrics_register(s->metrics, fams[i].name, fams[i].help, fams[i].type, fams[i].b, fams[i].nb,
@@ -148,6 +150,8 @@ static int metrics_setup(Server *s) {
             return rc;
     for (int i = 0; i < SRC_COUNT; i++) metrics_counter_add(s->f_cached, tier_label(i), 0);
     metrics_counter_add(s->f_dropped, "", 0);
+    metrics_counter_add(s->f_prefetched, "into=\"pool\"", 0);
+    metrics_counter_add(s->f_prefetched, "into=\"ram\"", 0);
     metrics_counter_add(s->f_prompt, "", 0);
     metrics_counter_add(s->f_generated, "", 0);
     metrics_counter_add(s->f_recomputed, "", 0);
@@ -173,6 +177,8 @@ static enum MHD_Result handle_metrics(Server *s, struct MHD_Connection *c) {
     metrics_gauge_set(s->f_queue, "", st.queue_depth);
     metrics_gauge_set(s->f_running, "", st.running);
     metrics_counter_set(s->f_dropped, "", (double)st.dropped_blocks);
+    metrics_counter_set(s->f_prefetched, "into=\"pool\"", (double)st.prefetched_blocks);
+    metrics_counter_set(s->f_prefetched, "into=\"ram\"", (double)st.promoted_blocks);
     /* the pool as a tier: the bytes of its used and cached blocks */
     double block_bytes = st.pool_blocks > 0 ? (double)st.pool_bytes / st.pool_blocks : 0;
     metrics_gauge_set(s->f_tier_occupancy, "tier=\"pool\"", block_bytes * (st.pool_used + st.pool_cached));
