@@ -651,7 +651,7 @@ static void admit_waiting(Engine *e) {
                 best = a;
                 break;
             }
-        if (!try_admit(e, best)) break;
+        if (tiers_is_promoting(e, best) || !try_admit(e, best)) break;
         waiting_remove(e, best);
         e->running[e->n_running++] = best;
     }

@@ -122,6 +122,7 @@ struct Engine {
     uint64_t n_promoted;     /* blocks of the window copied into tier 0 (RAM) */
     int promote_max;         /* blocks per PROMOTE job; 0: no promotes */
     int promote_room;        /* blocks tier 0 holds, when it can take promotes */
+    int n_promotes;          /* PROMOTE jobs in flight */
     double save_backoff_s;   /* after saves no tier took: wait this long ... */
     double t_save_retry;     /* ... until then (mn_now) before saving again */
     Hash128 window_sent;     /* digest of the window last sent to the tiers */
@@ -193,6 +194,9 @@ void tiers_prefetch(Engine *e, Active *a, int first, int end);
  * waiting requests that is in no pool slot and only slower tiers hold into
  * tier 0 (RAM), in batches, once per request. */
 void tiers_promote_window(Engine *e, int len);
+/* Whether waiting request a is to wait for promotes in flight before
+ * admission (rather than read the same blocks from disk twice). */
+bool tiers_is_promoting(const Engine *e, const Active *a);
 /* Where indexed block h comes from: the pool, or the tier restoring it. */
 CacheSource tiers_block_source(const Engine *e, const Hash128 *h);
 /* Hand the look-ahead window — the first len waiting requests, with their

@@ -259,6 +259,7 @@ static void load_done(Engine *e, Load *ld, MoverJob *j) {
  * put made, so later drops find the record). A failed promote changes
  * nothing: the blocks are read from where they are at admission. */
 static void promote_done(Engine *e, const MoverJob *j) {
+    e->n_promotes--;
     if (j->rc != MN_OK) return;
     for (int i = 0; i < j->n; i++)
         if (index_set_tiers(e->index, &j->hashes[i], 1u, 0) != MN_OK)
@@ -438,6 +439,7 @@ static void promote_blocks(Engine *e, const Active *a, const int *at, int n) {
     }
     j->pos = at[0] * e->opt.block_tokens;
     if (mover_submit(e->mover, j) != MN_OK) mover_job_free(j);
+    else e->n_promotes++;
 }
 
 /* Whether block b of a is to be promoted: in no pool slot, and only
@@ -486,6 +488,17 @@ void tiers_promote_window(Engine *e, int len) {
     idx = 0;
     for (Active *a = e->waiting; a && idx < len; a = a->next, idx++)
         if (!a->is_promoted) promote_request(e, a);
+}
+
+/* A request whose history was sent to RAM, while promotes are in flight
+ * and some of its blocks are still only on disk, waits for them: a
+ * promote takes milliseconds, and a restore planned now would read the
+ * same bytes from disk a second time (loads go first). */
+bool tiers_is_promoting(const Engine *e, const Active *a) {
+    if (e->n_promotes == 0 || !a->is_promoted) return false;
+    for (int b = a->win_first; b < a->win_end; b++)
+        if (is_promotable(e, a, b)) return true;
+    return false;
 }
 
 void tiers_send_window(Engine *e, int len) {
