@@ -29,6 +29,7 @@ typedef struct Sink {
     MoverJob *lj[16];      /* loads seen, and each one's LAYER events */
     int lj_layers[16], n_lj;
     MoverJob *done[16];    /* DONE jobs in order */
+    int done_dropped[16];  /* n_dropped when each DONE came */
     int n_done;
     int n_dropped;         /* blocks reported dropped */
     bool is_holding;       /* the mover waits in the first DONE until released */
@@ -52,7 +53,10 @@ static void on_event(void *ctx, MoverEvent *ev) {
         s->lj_layers[i] = ev->layer + 1;
         s->layers++;
     } else if (ev->kind == MOVER_EV_DONE) {
-        if (s->n_done < 16) s->done[s->n_done++] = ev->job;
+        if (s->n_done < 16) {
+            s->done_dropped[s->n_done] = s->n_dropped;
+            s->done[s->n_done++] = ev->job;
+        }
         pthread_cond_broadcast(&s->cond);
         while (s->is_holding) pthread_cond_wait(&s->cond, &s->lock); /* the mover thread waits here */
     } else {
@@ -554,6 +558,52 @@ static void test_promote_into_ram(void **state) {
     kvpool_deinit(&p);
 }
 
+/* Promotes read together are put one by one, and each one's DONE comes
+ * before the evictions the next one's put makes: here the second put
+ * evicts the first run (the window's tail), and the engine must hear
+ * "held" before "dropped", or it would believe RAM holds it. A RAM tier
+ * of 6 blocks under lookahead; runs A (0..2), B (4..6), C (8..10), D
+ * (12..14) saved, so RAM holds C and D; the window is C, B, A. */
+static void test_promote_done_before_its_eviction(void **state) {
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 2, 64, 8, 64, MN_TYPE_F16), MN_OK);
+    for (int s = 0; s < 16; s++) fill_slot(&p, s, (uint8_t)s);
+    char *dir = make_tmpdir();
+    Sink sink;
+    sink_init(&sink);
+    MoverConfig mc = {.pool = &p, .ram_bytes = 6 * 2 * (uint64_t)p.block_bytes, .disk_dir = dir,
+                      .disk_bytes = 16 << 20, .on_event = on_event, .event_ctx = &sink, .evict = EVICT_LOOKAHEAD};
+    Mover *m;
+    MnErr err = {0};
+    assert_int_equal(mover_new(&mc, &m, &err), MN_OK);
+    for (int k = 0; k < 4; k++) assert_int_equal(mover_submit(m, save_job(4 * k, 3)), MN_OK);
+    sink_wait_done(&sink, 4);
+    sink.is_holding = true;
+    MoverJob *w = mover_job_new(MOVER_WINDOW, 3, 0);
+    int first[3] = {8, 4, 0}; /* C at the head, A at the tail */
+    for (int i = 0; i < 3; i++) {
+        w->hashes[i] = block_hash(first[i]);
+        w->slots[i] = i;
+    }
+    assert_int_equal(mover_submit(m, w), MN_OK);
+    sink_wait_done(&sink, 5);
+    MoverJob *a = promote_job(0, 3, 1), *b = promote_job(4, 3, 1);
+    assert_int_equal(mover_submit(m, a), MN_OK);
+    assert_int_equal(mover_submit(m, b), MN_OK);
+    sink_release(&sink);
+    sink_wait_done(&sink, 7);
+    assert_true(sink.done[5] == a && sink.done[6] == b);
+    assert_int_equal(a->rc, MN_OK);
+    assert_int_equal(b->rc, MN_OK);
+    assert_int_equal(sink.done_dropped[6] - sink.done_dropped[5], 3); /* A, after its DONE */
+    assert_int_equal(load_and_compare(m, &sink, &p, 0, 3, 40, 0), MN_ENOTFOUND);
+    assert_int_equal(load_and_compare(m, &sink, &p, 4, 3, 40, 0), MN_OK);
+    mover_free(m);
+    sink_free(&sink);
+    remove_tmpdir(dir);
+    kvpool_deinit(&p);
+}
+
 /* What a promote refuses: none or more blocks than the RAM tier holds
  * (at submit), tier 0 as its source, a block the disk does not hold, a
  * damaged extent (MN_ECHECKSUM: nothing reaches RAM, the run is dropped
@@ -759,6 +809,7 @@ int main(void) {
         cmocka_unit_test(test_load_checksum_failure),
         cmocka_unit_test(test_promote_into_ram),
         cmocka_unit_test(test_promote_refused),
+        cmocka_unit_test(test_promote_done_before_its_eviction),
         cmocka_unit_test(test_mixed_restore_logits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

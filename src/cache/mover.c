@@ -204,6 +204,7 @@ typedef struct JobBatch {
     Mover *m;
     MoverJob *jobs[MOVER_MAX_BATCH];
     int n_jobs;
+    int n_done;  /* jobs[0..n_done) have had their DONE event */
 } JobBatch;
 
 static void on_layer(void *ctx, int layer) {
@@ -273,27 +274,31 @@ static void read_batch(Mover *m, JobBatch *b, KvPool *pool, TierLayerFn layer_fn
 }
 
 /* Read the promotes' blocks into the staging pool together, then put
- * each job's blocks into tier 0 as one run. */
+ * each job's blocks into tier 0 as one run. Each job is DONE as soon as
+ * its put returns: a later job's put may evict its run, and the receiver
+ * must hear that the run was held before it hears that it was dropped. */
 static void run_promotes(Mover *m, JobBatch *b) {
     int next = 0;
     for (int i = 0; i < b->n_jobs; i++)
         for (int k = 0; k < b->jobs[i]->n; k++) b->jobs[i]->slots[k] = next++;
     read_batch(m, b, &m->staging, NULL);
-    for (int i = 0; i < b->n_jobs; i++) {
-        MoverJob *j = b->jobs[i];
-        if (j->rc != MN_OK) continue;
-        double t0 = mn_now();
-        TierRunInfo info = {.pos = j->pos};
-        j->rc = tier_put_run(m->tiers[0], j->hashes, j->n, &m->staging, j->slots, &info);
+    for (; b->n_done < b->n_jobs; b->n_done++) {
+        MoverJob *j = b->jobs[b->n_done];
         if (j->rc == MN_OK) {
-            j->saved_tiers = 1u;
-            observe(&m->writes[0], mn_now() - t0);
-        } else if (j->rc != MN_EFULL) {
-            LOG_WARN("mover: promoting %d blocks to the %s tier failed: %s", j->n, tier_name(m->tiers[0]),
-                     mn_strerror(j->rc));
+            double t0 = mn_now();
+            TierRunInfo info = {.pos = j->pos};
+            j->rc = tier_put_run(m->tiers[0], j->hashes, j->n, &m->staging, j->slots, &info);
+            if (j->rc == MN_OK) {
+                j->saved_tiers = 1u;
+                observe(&m->writes[0], mn_now() - t0);
+            } else if (j->rc != MN_EFULL) {
+                LOG_WARN("mover: promoting %d blocks to the %s tier failed: %s", j->n, tier_name(m->tiers[0]),
+                         mn_strerror(j->rc));
+            }
+            publish_stats(m, 0);
         }
+        post_done(m, j);
     }
-    publish_stats(m, 0);
 }
 
 static void run_expire(Mover *m, MoverJob *j) {
@@ -384,7 +389,7 @@ static void *mover_main(void *arg) {
         case MOVER_FLUSH: j->rc = MN_OK; break;
         case MOVER_STOP: mover_job_free(j); return NULL;
         }
-        for (int i = 0; i < b.n_jobs; i++) post_done(m, b.jobs[i]);
+        for (int i = b.n_done; i < b.n_jobs; i++) post_done(m, b.jobs[i]);
     }
 }
 

@@ -37,7 +37,9 @@
  * (the job is finished; it comes back to the receiver with its results)
  * and DROPPED (a tier dropped blocks: eviction, a checksum failure,
  * expiry). The events of a job are embedded in it — posting them never
- * allocates — and a job's LAYER events always precede its DONE event.
+ * allocates — and a job's LAYER events always precede its DONE event. A
+ * job that stores into a tier (SAVE, PROMOTE) is DONE before any later
+ * job's put runs, so a DROPPED event naming its blocks comes after it.
  *
  * Ownership: a submitted job belongs to the mover until its DONE event
  * hands it back; the pool slots it names must stay referenced by the
