@@ -1731,8 +1731,8 @@ static void test_persist_put_out_of_memory(void **state) {
 }
 
 /* Out of memory at each allocation that reopening a disk tier makes, in
- * turn (the kind, its directory name, the slab list and each reopened
- * slab's free list, the core and its key map, the collected rows and their
+ * turn (the kind, its directory name, the slab list, the staging buffer,
+ * each reopened slab's free list, the core and its key map, the collected rows and their
  * copies, each adopted run's record in the kind and in the core, the
  * core's scratch and map growing): the open fails with MN_ENOMEM and
  * loses nothing, as an open without the fault then adopts every run and
@@ -1774,8 +1774,9 @@ static void test_persist_reopen_out_of_memory(void **state) {
         pfx_close(&fx);
         n_failures++;
     }
-    /* the kind, its name, the slab list, 2 free lists, the core, its map,
-     * the row list, 8 copies, 8 records in the kind and 8 in the core */
+    /* the kind, its name, the slab list, the staging buffer, 2 free lists,
+     * the core, its map, the row list, 8 copies, 8 records in the kind and
+     * 8 in the core */
     fprintf(stderr, "test_persist_reopen_out_of_memory: %d allocations failed in turn\n", n_failures);
     assert_true(n_failures >= 32);
     test_rm_dir(fx.dir);

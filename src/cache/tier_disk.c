@@ -946,7 +946,9 @@ static int span_layers(const Stream *st, int j) {
 
 /* Choose span, depth and per_slot for the groups and the read window:
  * a span as long as a request holds of the longest stride, no longer than
- * the window; as many spans in flight as the window holds. */
+ * the window — half of it when the window cannot hold every layer, so
+ * that two spans are in flight and one's reads overlap the next's; as
+ * many spans in flight as the window holds. */
 static void stream_shape(Stream *st, uint64_t window) {
     DiskTier *d = st->d;
     uint64_t max_stride = 0;
