@@ -10,9 +10,12 @@
  * Owner: the thread that created the Aio (the mover); no locking.
  *
  * Invariants:
- *   n_outstanding = n_inflight + (length of the done queue)
+ *   n_outstanding = n_inflight + n_waiting + (length of the done queue)
  *   n_inflight <= queue_depth (io_uring: requests handed to the ring; the
  *   completion ring is twice as large, so completions are never dropped)
+ *   n_waiting > 0 only while n_inflight == queue_depth: the requests of a
+ *   batch larger than the ring wait in FIFO order, and each completion
+ *   hands the ring the next (so aio_submit never waits for the device)
  *   a request is on the done queue exactly once, with result set, between
  *   its completion and the aio_wait that hands it back.
  * A failure of the ring itself (io_uring_submit or io_uring_wait_cqe
@@ -49,9 +52,11 @@ struct Aio {
     int queue_depth;
     bool is_broken;
     int n_inflight;
+    int n_waiting;                 /* submitted, not yet handed to the ring */
     int n_outstanding;
     uint64_t n_requests;           /* taken by aio_submit, ever */
     AioReq *done_head, *done_tail; /* FIFO of completed requests */
+    AioReq *wait_head, *wait_tail; /* FIFO of waiting requests (linked by next_done) */
     /* fault injection (tests) */
     unsigned fault_mask;
     int fault_skip, fault_fail, fault_errno;
@@ -85,12 +90,24 @@ static int fault_take(Aio *a, unsigned op) {
     return a->fault_errno;
 }
 
+static void fifo_push(AioReq **head, AioReq **tail, AioReq *r) {
+    r->next_done = NULL;
+    if (*tail) (*tail)->next_done = r;
+    else *head = r;
+    *tail = r;
+}
+
+static AioReq *fifo_pop(AioReq **head, AioReq **tail) {
+    AioReq *r = *head;
+    *head = r->next_done;
+    if (*head == NULL) *tail = NULL;
+    r->next_done = NULL;
+    return r;
+}
+
 static void complete(Aio *a, AioReq *r, int code) {
     r->result = code;
-    r->next_done = NULL;
-    if (a->done_tail) a->done_tail->next_done = r;
-    else a->done_head = r;
-    a->done_tail = r;
+    fifo_push(&a->done_head, &a->done_tail, r);
 }
 
 static bool is_aligned(uint64_t v) { return (v & (AIO_ALIGN - 1)) == 0; }
@@ -184,10 +201,20 @@ static int uring_prep(Aio *a, AioReq *r) {
     return MN_OK;
 }
 
+/* Hand waiting requests to the ring while it has room. */
+static int uring_feed(Aio *a) {
+    if (a->n_waiting == 0 || a->n_inflight >= a->queue_depth) return MN_OK;
+    while (a->n_waiting > 0 && a->n_inflight < a->queue_depth) {
+        a->n_waiting--;
+        if (uring_prep(a, fifo_pop(&a->wait_head, &a->wait_tail)) != MN_OK) return MN_EIO;
+    }
+    return uring_flush(a);
+}
+
 /* Take one completion (waiting for it when `wait`): 1 when one was taken
  * (the request may have been requeued to continue a short transfer), 0 when
  * none was ready, -MN_EIO when the ring failed (the Aio is then broken). */
-static int uring_reap(Aio *a, bool wait) {
+static int uring_reap_one(Aio *a, bool wait) {
     struct io_uring_cqe *cqe = NULL;
     if (wait && ring_breaks(a)) return -MN_EIO;
     for (;;) {
@@ -223,6 +250,13 @@ static int uring_reap(Aio *a, bool wait) {
 again: /* a short or interrupted transfer: queue the rest */
     if (uring_prep(a, r) != MN_OK || uring_flush(a) != MN_OK) return -MN_EIO;
     return 1;
+}
+
+/* uring_reap_one, then the freed room goes to the next waiting request. */
+static int uring_reap(Aio *a, bool wait) {
+    int rc = uring_reap_one(a, wait);
+    if (rc == 1 && uring_feed(a) != MN_OK) return -MN_EIO;
+    return rc;
 }
 
 /* ---- API ----------------------------------------------------------------- */
@@ -282,6 +316,8 @@ static void uring_drain(Aio *a) {
 
 void aio_free(Aio *a) {
     if (a == NULL) return;
+    a->wait_head = a->wait_tail = NULL; /* never taken by the kernel: nothing to wait for */
+    a->n_waiting = 0;
     if (a->has_ring) {
         if (a->is_broken) uring_drain(a);
         else
@@ -364,9 +400,10 @@ int aio_submit(Aio *a, AioReq *reqs, int n) {
             sync_run(a, r);
             continue;
         }
-        while (a->n_inflight >= a->queue_depth) {
-            if (uring_flush(a) != MN_OK) return MN_EIO;
-            if (uring_reap(a, true) < 0) return MN_EIO;
+        if (a->n_waiting > 0 || a->n_inflight >= a->queue_depth) { /* the ring is full: it waits its turn */
+            fifo_push(&a->wait_head, &a->wait_tail, r);
+            a->n_waiting++;
+            continue;
         }
         if (uring_prep(a, r) != MN_OK) return MN_EIO;
     }
@@ -382,27 +419,21 @@ int aio_wait(Aio *a, int min_done, int max_done, AioReq **done, int *n_done) {
     *n_done = 0;
     if (a->is_broken) return MN_EIO;
     if (min_done < 0 || min_done > a->n_outstanding || max_done < min_done) return MN_EINVAL;
-    int n_ready = a->n_outstanding - a->n_inflight;
+    int n_ready = a->n_outstanding - a->n_inflight - a->n_waiting;
     while (n_ready < min_done) {
         int rc = uring_reap(a, true); /* sync: n_inflight is 0, never here */
         if (rc < 0) return MN_EIO;
-        n_ready = a->n_outstanding - a->n_inflight;
+        n_ready = a->n_outstanding - a->n_inflight - a->n_waiting;
     }
     if (a->has_ring) /* collect what is ready anyway, without waiting */
         while (n_ready < max_done && a->n_inflight > 0) {
             int rc = uring_reap(a, false);
             if (rc < 0) return MN_EIO;
             if (rc == 0) break;
-            n_ready = a->n_outstanding - a->n_inflight;
+            n_ready = a->n_outstanding - a->n_inflight - a->n_waiting;
         }
     int k = 0;
-    while (k < max_done && a->done_head != NULL) {
-        AioReq *r = a->done_head;
-        a->done_head = r->next_done;
-        if (a->done_head == NULL) a->done_tail = NULL;
-        r->next_done = NULL;
-        done[k++] = r;
-    }
+    while (k < max_done && a->done_head != NULL) done[k++] = fifo_pop(&a->done_head, &a->done_tail);
     a->n_outstanding -= k;
     *n_done = k;
     return MN_OK;

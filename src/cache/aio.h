@@ -102,9 +102,12 @@ int aio_open(Aio *a, const char *path, unsigned flags, AioFile *out);
 /* Close the file (no-op when already closed). */
 void aio_close(AioFile *f);
 
-/* Queue n requests and start them. MN_EINVAL (nothing submitted) when one
- * is malformed or misaligned; MN_EIO when the ring itself fails (the Aio is
- * then broken and refuses everything). Results arrive through aio_wait. */
+/* Queue n requests and start as many as the ring has room for; the rest
+ * start in order as earlier ones complete (while the caller is in
+ * aio_wait), so this never waits for the device. MN_EINVAL (nothing
+ * submitted) when one is malformed or misaligned; MN_EIO when the ring
+ * itself fails (the Aio is then broken and refuses everything). Results
+ * arrive through aio_wait. */
 int aio_submit(Aio *a, AioReq *reqs, int n);
 /* Hand back up to max_done completed requests in done[], waiting until at
  * least min_done have completed. MN_EINVAL when min_done exceeds what is
