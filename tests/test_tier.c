@@ -35,6 +35,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -977,6 +978,44 @@ static void test_disk_staging_at_open(void **state) {
     }
     assert_true(n_failures >= 2); /* the run's record, the staging buffer */
     kvpool_deinit(&p);
+}
+
+/* With transparent huge pages off for the process (prctl, in a child so
+ * the other tests keep them), the staging buffer gets none, and the tier
+ * says so once, at open, on stderr (the child's goes to a file). */
+static void test_disk_no_huge_pages(void **state) {
+    const Param *pa = *state;
+    char log_path[] = "/tmp/mnemo-thp-XXXXXX", dir[] = "/tmp/mnemo-thp-dir-XXXXXX";
+    int log_fd = mkstemp(log_path);
+    assert_true(log_fd >= 0);
+    assert_non_null(mkdtemp(dir));
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (dup2(log_fd, STDERR_FILENO) < 0 || prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0) _exit(2);
+        TierDiskConfig cfg = {.dir = dir, .capacity_bytes = 64u << 20, .n_layer = 2, .block_bytes = 65536,
+                              .kv_format = 1, .aio_backend = pa->backend, .queue_depth = 4};
+        Tier *t;
+        MnErr err = {0};
+        if (tier_disk_new(&cfg, &t, &err) != MN_OK) _exit(3);
+        tier_free(t);
+        _exit(0);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    char text[4096] = "";
+    ssize_t n = pread(log_fd, text, sizeof text - 1, 0);
+    assert_true(n > 0);
+    text[n] = '\0';
+    const char *hit = strstr(text, "staging buffer no huge pages");
+    if (hit == NULL) fail_msg("no warning; the child said: %s", text);
+    assert_null(strstr(hit + 1, "staging buffer no huge pages")); /* once */
+    close(log_fd);
+    unlink(log_path);
+    test_rm_dir(dir);
 }
 
 /* A streamed read that meets a bad extent: layers before it are reported
@@ -2649,6 +2688,7 @@ int main(void) {
         DISK_TESTS(test_disk_read_spans),
         DISK_TESTS(test_disk_read_bulk),
         DISK_TESTS(test_disk_staging_at_open),
+        DISK_TESTS(test_disk_no_huge_pages),
         DISK_TESTS(test_disk_read_layers_faults),
         DISK_TESTS(test_disk_read_out_of_memory),
         TIER_TESTS(test_tier_put_out_of_memory),
