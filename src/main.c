@@ -643,6 +643,8 @@ static int cmd_serve(int argc, char **argv) {
         {"api-key", 0, CLI_STR_LIST, &keys, "KEY", "require this API key (repeatable; each key is a cache namespace)"},
         {"chat-template", 0, CLI_STR, &tmpl_name, "NAME", "chat template family, or 'list' (default: the model's)"},
         {"threads", 't', CLI_INT, &eo.n_threads, "N", "compute threads (default 2)"},
+        {"compute-nice", 0, CLI_INT, &eo.compute_nice, "N",
+         "compute threads run N nice levels below the mover and HTTP threads (0-19, default 5)"},
         {"parallel", 'P', CLI_INT, &eo.parallel, "N", "running sequences at most (default 4)"},
         {"batch-tokens", 0, CLI_INT, &eo.batch_tokens, "N", "token budget of one step (default 512)"},
         {"block-tokens", 0, CLI_INT, &eo.block_tokens, "N", "tokens per KV block (default 32)"},

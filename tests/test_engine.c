@@ -4,9 +4,11 @@
  * (runner) of the same prompt: batching and caching must not change a bit. */
 #include "test_util.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sqlite3.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -420,6 +422,82 @@ static void test_stop_and_cancel(void **s) {
     request_unref(r);
     settle(e); /* a cancelled request's blocks go back right after its answer */
     engine_free(e);
+    model_free(m);
+}
+
+/* Threads of this process whose nice value is `nice` (/proc/self/task). */
+static int threads_at_nice(int nice) {
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.') continue;
+        char path[300], line[1024];
+        snprintf(path, sizeof path, "/proc/self/task/%s/stat", de->d_name);
+        FILE *f = fopen(path, "r");
+        if (f == NULL) continue; /* the thread ended */
+        char *got = fgets(line, sizeof line, f);
+        fclose(f);
+        char *after = got ? strrchr(line, ')') : NULL; /* the name may hold spaces */
+        assert_non_null(after);
+        int field = 2, value = 0;
+        for (char *tok = strtok(after + 1, " "); tok && field < 19; tok = strtok(NULL, " ")) {
+            field++;
+            value = atoi(tok);
+        }
+        assert_int_equal(field, 19); /* nice is the 19th field */
+        n += value == nice;
+    }
+    closedir(d);
+    return n;
+}
+
+/* The compute threads (the engine thread and the pool's workers) run
+ * compute_nice levels below the rest; with 0 every thread keeps its
+ * priority; out of range is refused. The answer does not change. */
+static void test_compute_nice(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    int base = getpriority(PRIO_PROCESS, 0);
+    assert_true(base <= 15);
+    int32_t prompt[5] = {1, 403, 407, 261, 378};
+    char *ref = reference_text(m, prompt, 5, 12);
+    for (int nice = 0; nice <= 4; nice += 4) {
+        EngineOptions o;
+        engine_options_default(&o);
+        o.n_threads = 3;
+        o.compute_nice = nice;
+        Engine *e;
+        MnErr err = {0};
+        assert_int_equal(engine_new(m, &o, &e, &err), MN_OK);
+        ReqParams p;
+        greedy_params(&p, 12);
+        Request *r = request_new(prompt, 5, &p, "", NULL);
+        assert_int_equal(engine_submit(e, r, &err), MN_OK);
+        ReqResult res;
+        char *t = drain(r, &res); /* the engine thread has started: priorities are set */
+        assert_string_equal(t, ref);
+        free(t);
+        request_unref(r);
+        if (nice > 0) assert_int_equal(threads_at_nice(base + nice), 3);
+        for (int k = 1; k <= 4; k++)
+            if (k != nice) assert_int_equal(threads_at_nice(base + k), 0);
+        assert_true(threads_at_nice(base) >= (nice > 0 ? 1 : 4)); /* this one, and with 0 the compute threads */
+        assert_int_equal(getpriority(PRIO_PROCESS, 0), base);
+        engine_free(e);
+    }
+    free(ref);
+    int bad[2] = {-1, 20};
+    for (int i = 0; i < 2; i++) {
+        EngineOptions o;
+        engine_options_default(&o);
+        o.compute_nice = bad[i];
+        Engine *e;
+        MnErr err = {0};
+        assert_int_equal(engine_new(m, &o, &e, &err), MN_EINVAL);
+        assert_null(e);
+    }
     model_free(m);
 }
 
@@ -1279,6 +1357,7 @@ int main(void) {
         cmocka_unit_test(test_cache_ttl_tiers),
         cmocka_unit_test(test_leading_blocks_recomputed),
         cmocka_unit_test(test_queue_full),
+        cmocka_unit_test(test_compute_nice),
         cmocka_unit_test(test_concurrent_cache),
         cmocka_unit_test(test_concurrent_nocache),
         cmocka_unit_test(test_concurrent_tiny_pool),

@@ -255,6 +255,39 @@ static void test_thread_slice(void **state) {
     assert_int_equal(rc[5], 250);
 }
 
+/* Lowering a thread's priority: by the increment, capped at 19, on the
+ * calling thread only; increments outside [0, 19] are refused. */
+static void *nice_in_thread(void *arg) {
+    int *rc = arg;
+    rc[0] = getpriority(PRIO_PROCESS, 0);
+    rc[1] = mn_thread_nice_add(-1);
+    rc[2] = mn_thread_nice_add(20);
+    rc[3] = mn_thread_nice_add(2);
+    rc[4] = getpriority(PRIO_PROCESS, 0);
+    rc[5] = mn_thread_nice_add(0);
+    rc[6] = getpriority(PRIO_PROCESS, 0);
+    rc[7] = mn_thread_nice_add(19);
+    rc[8] = getpriority(PRIO_PROCESS, 0);
+    return NULL;
+}
+
+static void test_thread_nice(void **state) {
+    int own = getpriority(PRIO_PROCESS, 0), rc[9];
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, nice_in_thread, rc), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(rc[0], own);
+    assert_int_equal(rc[1], MN_EINVAL);
+    assert_int_equal(rc[2], MN_EINVAL);
+    assert_int_equal(rc[3], MN_OK);
+    assert_int_equal(rc[4], own + 2 > 19 ? 19 : own + 2);
+    assert_int_equal(rc[5], MN_OK);
+    assert_int_equal(rc[6], rc[4]);
+    assert_int_equal(rc[7], MN_OK);
+    assert_int_equal(rc[8], 19);
+    assert_int_equal(getpriority(PRIO_PROCESS, 0), own);
+}
+
 /* A load queued behind saves runs before all of them (the mover is held in
  * the first job's DONE while the others are queued); a load of a block no
  * tier holds fails with MN_ENOTFOUND and no LAYER event. */
@@ -802,6 +835,7 @@ int main(void) {
         cmocka_unit_test(test_save_load_roundtrip),
         cmocka_unit_test(test_mover_slice),
         cmocka_unit_test(test_thread_slice),
+        cmocka_unit_test(test_thread_nice),
         cmocka_unit_test(test_reads_before_writes),
         cmocka_unit_test(test_loads_batched),
         cmocka_unit_test(test_window_reaches_tiers),

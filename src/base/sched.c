@@ -34,6 +34,16 @@ int mn_thread_set_slice(uint64_t slice_ns) {
     return MN_OK;
 }
 
+int mn_thread_nice_add(int incr) {
+    if (incr < 0 || incr > 19) return MN_EINVAL;
+    errno = 0;
+    int nice = getpriority(PRIO_PROCESS, 0);
+    if (nice == -1 && errno != 0) return MN_EUNSUPPORTED;
+    int want = nice + incr > 19 ? 19 : nice + incr;
+    if (setpriority(PRIO_PROCESS, 0, want) != 0) return MN_EUNSUPPORTED;
+    return MN_OK;
+}
+
 uint64_t mn_thread_slice(void) {
     SchedAttr a = {0};
     if (syscall(SYS_sched_getattr, 0, &a, (unsigned)sizeof a, 0) != 0) return 0;

@@ -9,6 +9,12 @@
  * a shorter slice: it gets the same share of CPU, but is picked sooner
  * when it wakes. No privilege is needed, and the thread's nice value and
  * policy are kept.
+ *
+ * The slice only decides who runs first; once running, the mover still
+ * shares a core with the compute threads by weight, and placing a 24 MB
+ * restore's layers (2-3 ms of CPU) took 6-7 ms, preempted between its
+ * short slices. Compute threads a few nice levels down (a third of the
+ * weight at 5) leave it the core: 1.7-3.2 ms.
  */
 #ifndef MN_SCHED_H
 #define MN_SCHED_H
@@ -28,5 +34,13 @@ int mn_thread_set_slice(uint64_t slice_ns);
 /* The calling thread's slice as the kernel reports it (0 when it keeps
  * none, or cannot say), for tests and logs. */
 uint64_t mn_thread_slice(void);
+
+/* Lower the calling thread's priority by incr nice levels (its nice value
+ * grows by incr, to at most 19). Lowering needs no privilege. MN_OK;
+ * MN_EINVAL when incr is outside [0, 19]; MN_EUNSUPPORTED when the kernel
+ * refuses. Used for the compute threads (DESIGN.md, "Threads"): a weight
+ * below the mover's, so a restore placing its layers is not preempted for
+ * a compute thread's slice. */
+int mn_thread_nice_add(int incr);
 
 #endif

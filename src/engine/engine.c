@@ -39,6 +39,8 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/sched.h"
+#include "base/threadpool.h"
 #include "engine/engine_impl.h"
 
 /* ---- requests and their output channel ---------------------------------------- */
@@ -171,6 +173,7 @@ int request_read(Request *r, char **text, size_t *len, bool *done, ReqResult *re
 void engine_options_default(EngineOptions *o) {
     memset(o, 0, sizeof *o);
     o->n_threads = 2;
+    o->compute_nice = 5;
     o->block_tokens = 32;
     o->batch_tokens = 512;
     o->parallel = 4;
@@ -900,8 +903,37 @@ static void expire_cached(Engine *e) {
     stats_update_gauges(e);
 }
 
+/* Each compute thread lowers its own priority: ctx holds the increment
+ * on the way in and each thread's result (ith) on the way out. */
+static void nice_job(void *ctx, int ith, int nth) {
+    (void)nth;
+    int *rc = ctx;
+    rc[ith] = mn_thread_nice_add(rc[ith]);
+}
+
+/* The compute threads (this one, which runs ith 0 of every job, and the
+ * pool's workers) run opt.compute_nice levels below the mover and the
+ * HTTP threads (base/sched.h). Refused, they keep their priority. */
+static void lower_compute_priority(Engine *e) {
+    ThreadPool *tp = fwd_tpool(e->fwd);
+    int n = tpool_size(tp), *rc = mn_calloc((size_t)n, sizeof *rc);
+    if (rc == NULL) {
+        LOG_WARN("out of memory lowering the compute threads' priority; they keep it");
+        return;
+    }
+    for (int i = 0; i < n; i++) rc[i] = e->opt.compute_nice;
+    tpool_run(tp, nice_job, rc);
+    for (int i = 0; i < n; i++)
+        if (rc[i] != MN_OK) {
+            LOG_WARN("compute thread %d keeps its priority: %s", i, mn_strerror(rc[i]));
+            break;
+        }
+    mn_free(rc);
+}
+
 static void *engine_main(void *arg) {
     Engine *e = arg;
+    if (e->opt.compute_nice > 0) lower_compute_priority(e);
     for (;;) {
         expire_cached(e);
         pthread_mutex_lock(&e->inbox_lock);
@@ -1015,7 +1047,8 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
     if (op->n_ctx <= 0 || op->n_ctx > m->cfg.n_ctx) op->n_ctx = m->cfg.n_ctx;
     int rc = MN_OK;
     if (op->block_tokens < 1 || op->block_tokens > 1024 || op->batch_tokens < 1 || op->parallel < 1 ||
-        op->max_queue < 1 || op->n_threads < 1 || !(op->decode_reserve >= 0 && op->decode_reserve < 1) ||
+        op->max_queue < 1 || op->n_threads < 1 || op->compute_nice < 0 || op->compute_nice > 19 ||
+        !(op->decode_reserve >= 0 && op->decode_reserve < 1) ||
         !(op->cache_ttl_s >= 0))
         rc = mn_err_set(err, MN_EINVAL, "engine options out of range");
     uint64_t per_block = kvpool_bytes_for(m->cfg.n_layer, m->cfg.kv_dim, op->block_tokens, 1, op->kv_type);

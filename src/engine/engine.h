@@ -37,6 +37,7 @@ typedef enum SchedPolicy { SCHED_FCFS, SCHED_FPF, SCHED_RELAXED_FPF } SchedPolic
 
 typedef struct EngineOptions {
     int n_threads;        /* compute workers (default 2) */
+    int compute_nice;     /* they run this many nice levels lower than the rest, 0-19 (default 5) */
     int block_tokens;     /* default 32 */
     int batch_tokens;     /* token budget per step (default 512) */
     int parallel;         /* running sequences at most (default 4) */
