@@ -1236,6 +1236,51 @@ static void test_disk_probe(void **state) {
     assert_int_equal(rmdir(dir), 0);
 }
 
+/* The memory load: refused sizes; threads that copy until stopped (and
+ * are gone after: the process has no more threads than before); the
+ * command prints its figure after the probe's, and refuses it with
+ * sampling or out of range. */
+static int n_threads_now(void) {
+    return n_dir_entries("/proc/self/task");
+}
+
+static void test_disk_probe_memory_load(void **state) {
+    MnErr err = {0};
+    MemLoad *l = (MemLoad *)&err;
+    assert_int_equal(diskprobe_load_start(0, &l, &err), MN_EINVAL);
+    assert_null(l);
+    assert_int_equal(diskprobe_load_start(DISKPROBE_LOAD_MAX + 1, &l, &err), MN_EINVAL);
+    assert_non_null(strstr(err.msg, "memory load"));
+    assert_true(diskprobe_load_stop(NULL) == 0.0);
+
+    int before = n_threads_now();
+    assert_int_equal(diskprobe_load_start(2, &l, &err), MN_OK);
+    assert_true(n_threads_now() >= 3); /* this one and the two (an earlier test's may still be ending) */
+    usleep(200 * 1000);
+    double rate = diskprobe_load_stop(l);
+    assert_true(rate > 1e8); /* 0.1 GB/s: any machine copies faster */
+    assert_true(n_threads_now() <= before);
+
+    char dir[] = "/tmp/mnemo-test-diskprobe-load-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char *argv[] = {dir, "--mb", "4", "--memory-load", "1"};
+    char *text = probe_output(5, argv);
+    int n = 0;
+    double gbps = 0;
+    char *line = strstr(text, "memory_load_threads=");
+    if (!strstr(text, "read_mbps=") || line == NULL || sscanf(line, "memory_load_threads=%d memory_load_gbps=%lf", &n,
+                                                              &gbps) != 2 || n != 1 || !(gbps > 0.1))
+        fail_msg("disk-probe printed:\n%s", text);
+    free(text);
+    assert_true(n_threads_now() <= before);
+    char *sampled[] = {dir, "--sample-ms", "10", "--memory-load", "1"};
+    assert_int_equal(diskprobe_main(5, sampled), 2);
+    char *too_many[] = {dir, "--memory-load", "65"};
+    assert_int_equal(diskprobe_main(3, too_many), 2);
+    assert_int_equal(n_dir_entries(dir), 0);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 /* Takes `want` samples, keeping their rates. */
 typedef struct Samples {
     int want, n, n_calls;
@@ -1428,6 +1473,7 @@ int main(void) {
         cmocka_unit_test(test_disk_probe),
         cmocka_unit_test(test_disk_probe_restore),
         cmocka_unit_test(test_disk_probe_sample),
+        cmocka_unit_test(test_disk_probe_memory_load),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();

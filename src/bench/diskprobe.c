@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -565,12 +566,103 @@ static int sample_main(const char *dir, uint64_t mb, uint64_t sample_mb, int eve
     return 0;
 }
 
+/* ---- memory traffic beside a probe ---------------------------------------------------- */
+
+typedef struct LoadThread {
+    pthread_t th;
+    int stop_fd;     /* the pipe's read end: readable (closed) = stop */
+    uint8_t *a, *b;  /* DISKPROBE_LOAD_BYTES each */
+    uint64_t copied; /* written by the thread, read after the join */
+} LoadThread;
+
+struct MemLoad {
+    int n;
+    int stop_pipe[2];
+    double t0;
+    LoadThread *threads;
+};
+
+static bool told_to_stop(int fd) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, 0) != 0;
+}
+
+static void *load_main(void *arg) {
+    LoadThread *t = arg;
+    while (!told_to_stop(t->stop_fd)) {
+        memcpy(t->b, t->a, DISKPROBE_LOAD_BYTES);
+        memcpy(t->a, t->b, DISKPROBE_LOAD_BYTES);
+        t->copied += 2ull * DISKPROBE_LOAD_BYTES;
+    }
+    return NULL;
+}
+
+/* Join the n_started threads, free everything; bytes copied per second. */
+static double load_end(MemLoad *l, int n_started) {
+    if (l->stop_pipe[1] >= 0) close(l->stop_pipe[1]);
+    uint64_t copied = 0;
+    for (int i = 0; i < n_started; i++) {
+        pthread_join(l->threads[i].th, NULL);
+        copied += l->threads[i].copied;
+    }
+    double dt = mn_now() - l->t0;
+    for (int i = 0; i < l->n; i++) {
+        mn_free_aligned(l->threads[i].a);
+        mn_free_aligned(l->threads[i].b);
+    }
+    if (l->stop_pipe[0] >= 0) close(l->stop_pipe[0]);
+    mn_free(l->threads);
+    mn_free(l);
+    return dt > 0 ? (double)copied / dt : 0.0;
+}
+
+int diskprobe_load_start(int n_threads, MemLoad **out, MnErr *err) {
+    *out = NULL;
+    if (n_threads < 1 || n_threads > DISKPROBE_LOAD_MAX)
+        return mn_err_set(err, MN_EINVAL, "a memory load of %d threads (1..%d)", n_threads, DISKPROBE_LOAD_MAX);
+    MemLoad *l = mn_calloc(1, sizeof *l);
+    if (l == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory for the memory load");
+    l->stop_pipe[0] = l->stop_pipe[1] = -1;
+    l->threads = mn_calloc((size_t)n_threads, sizeof *l->threads);
+    bool ok = l->threads != NULL && pipe(l->stop_pipe) == 0;
+    if (!ok) l->stop_pipe[0] = l->stop_pipe[1] = -1;
+    l->n = ok ? n_threads : 0;
+    for (int i = 0; ok && i < n_threads; i++) {
+        LoadThread *t = &l->threads[i];
+        t->stop_fd = l->stop_pipe[0];
+        t->a = mn_alloc_aligned(DISKPROBE_LOAD_BYTES, 4096);
+        t->b = mn_alloc_aligned(DISKPROBE_LOAD_BYTES, 4096);
+        ok = t->a != NULL && t->b != NULL;
+        if (ok) { /* touched now, so the load is copying, not faulting */
+            memset(t->a, i + 1, DISKPROBE_LOAD_BYTES);
+            memset(t->b, 0, DISKPROBE_LOAD_BYTES);
+        }
+    }
+    l->t0 = mn_now();
+    int n_started = 0;
+    while (ok && n_started < n_threads) {
+        ok = pthread_create(&l->threads[n_started].th, NULL, load_main, &l->threads[n_started]) == 0;
+        if (ok) n_started++;
+    }
+    if (!ok) {
+        load_end(l, n_started);
+        return mn_err_set(err, MN_ENOMEM, "cannot start a memory load of %d threads", n_threads);
+    }
+    *out = l;
+    return MN_OK;
+}
+
+double diskprobe_load_stop(MemLoad *l) { return l == NULL ? 0.0 : load_end(l, l->n); }
+
+static int probe_main(const char *dir, uint64_t mb, const DiskProbeOpts *o, bool restore);
+
 int diskprobe_main(int argc, char **argv) {
     uint64_t mb = 512, request_kb = DISKPROBE_REQUEST_BYTES / 1024;
     int queue_depth = DISKPROBE_QUEUE_DEPTH;
     uint64_t sample_mb = 8;
     int sample_ms = 0, samples = 0;
     bool restore = false;
+    int memory_load = 0;
     CliOpt opts[] = {
         {"mb", 0, CLI_U64, &mb, "N", "size of the probe file in MiB (default 512)"},
         {"request-kb", 0, CLI_U64, &request_kb, "KB", "bytes per request in KiB, a multiple of 4 (default 1024)"},
@@ -581,8 +673,11 @@ int diskprobe_main(int argc, char **argv) {
          "instead: read --sample-mb of the file every MS ms, each read timed, until SIGTERM or SIGINT"},
         {"sample-mb", 0, CLI_U64, &sample_mb, "N", "MiB per sampled read (default 8)"},
         {"samples", 0, CLI_INT, &samples, "N", "stop sampling after N reads (default 0: at a signal only)"},
+        {"memory-load", 0, CLI_INT, &memory_load, "N",
+         "probe while N threads copy memory, as a server's compute does (default 0: none)"},
     };
-    const char *synopsis = "mnemo disk-probe DIR [--mb N] [--request-kb KB] [--queue-depth N] [--restore]\n"
+    const char *synopsis = "mnemo disk-probe DIR [--mb N] [--request-kb KB] [--queue-depth N] [--restore] "
+                           "[--memory-load N]\n"
                            "       mnemo disk-probe DIR --sample-ms MS [--sample-mb N] [--samples N] [--mb N] ...";
     const char *pos[1];
     int n_pos = 0;
@@ -604,6 +699,10 @@ int diskprobe_main(int argc, char **argv) {
         rc = mn_err_set(&err, MN_EINVAL, "--sample-mb must be in 1..--mb");
     if (rc == MN_OK && samples < 0) rc = mn_err_set(&err, MN_EINVAL, "--samples must be 0 or more");
     if (rc == MN_OK && sample_ms > 0 && restore) rc = mn_err_set(&err, MN_EINVAL, "--restore does not sample");
+    if (rc == MN_OK && (memory_load < 0 || memory_load > DISKPROBE_LOAD_MAX))
+        rc = mn_err_set(&err, MN_EINVAL, "--memory-load must be in 0..%d", DISKPROBE_LOAD_MAX);
+    if (rc == MN_OK && sample_ms > 0 && memory_load > 0)
+        rc = mn_err_set(&err, MN_EINVAL, "--memory-load does not sample");
     if (rc != MN_OK) {
         fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
         cli_usage(stderr, synopsis, opts, N_OPTS(opts));
@@ -611,25 +710,44 @@ int diskprobe_main(int argc, char **argv) {
     }
     DiskProbeOpts o = {.request_bytes = request_kb * 1024, .queue_depth = queue_depth};
     if (sample_ms > 0) return sample_main(pos[0], mb, sample_mb, sample_ms, samples, &o);
+    MemLoad *load = NULL;
+    if (memory_load > 0 && diskprobe_load_start(memory_load, &load, &err) != MN_OK) {
+        fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
+        return 1;
+    }
+    int code = probe_main(pos[0], mb, &o, restore);
+    double copied = diskprobe_load_stop(load);
+    if (memory_load > 0) {
+        printf("disk-probe %s: all of the above while %d threads copied memory at %.1f GB/s\n", pos[0], memory_load,
+               copied / 1e9);
+        printf("memory_load_threads=%d memory_load_gbps=%.1f\n", memory_load, copied / 1e9);
+    }
+    return code;
+}
+
+/* The probe (and with restore, the restore probe) of dir, printed: the
+ * exit code. */
+static int probe_main(const char *dir, uint64_t mb, const DiskProbeOpts *o, bool restore) {
+    MnErr err = {0};
     DiskProbeResult res;
-    if (diskprobe_run_opts(pos[0], mb << 20, &o, &res, &err) != MN_OK) {
+    if (diskprobe_run_opts(dir, mb << 20, o, &res, &err) != MN_OK) {
         fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
         return 1;
     }
     char huge[48] = "";
     if (res.huge_share >= 0) snprintf(huge, sizeof huge, ", buffers %.0f%% in huge pages", res.huge_share * 100);
-    printf("disk-probe %s: write %.1f MB/s, read %.1f MB/s (%" PRIu64 " MiB, %s%s%s)\n", pos[0], res.write_mbps,
+    printf("disk-probe %s: write %.1f MB/s, read %.1f MB/s (%" PRIu64 " MiB, %s%s%s)\n", dir, res.write_mbps,
            res.read_mbps, mb, aio_backend_name(res.backend), res.is_direct ? "" : ", buffered: O_DIRECT refused", huge);
     printf("read_mbps=%.1f write_mbps=%.1f\n", res.read_mbps, res.write_mbps);
     if (!restore) return 0;
     DiskRestoreResult rr;
-    if (diskprobe_restore(pos[0], mb << 20, NULL, &rr, &err) != MN_OK) {
+    if (diskprobe_restore(dir, mb << 20, NULL, &rr, &err) != MN_OK) {
         fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
         return 1;
     }
     printf("disk-probe %s: the disk tier restores at %.1f MB/s, %.2f of the raw read (%d restores of 2 runs x 5 "
            "blocks, %.1f MB)\n",
-           pos[0], rr.restore_mbps, res.read_mbps > 0 ? rr.restore_mbps / res.read_mbps : 0.0, rr.n_restores,
+           dir, rr.restore_mbps, res.read_mbps > 0 ? rr.restore_mbps / res.read_mbps : 0.0, rr.n_restores,
            (double)rr.bytes / 1e6);
     printf("restore_mbps=%.1f\n", rr.restore_mbps);
     return 0;

@@ -119,4 +119,27 @@ int diskprobe_restore(const char *dir, uint64_t bytes, const DiskRestoreOpts *o,
  * options. */
 int diskprobe_main(int argc, char **argv);
 
+/* ---- memory traffic beside a probe -------------------------------------------
+ *
+ * The disk's DMA shares the memory bus with the cores. While a server
+ * computes, its matmuls stream the model's weights on every core, and raw
+ * reads of the same directory may slow with them (here 0.7-0.97 of the
+ * idle rate under two copying threads, run to run; two threads spinning
+ * without touching memory changed nothing). A probe under such a load says what the disk gives
+ * while the server computes: `disk-probe --memory-load N`.
+ *
+ * diskprobe_load_start starts n_threads (1..DISKPROBE_LOAD_MAX) threads,
+ * each copying DISKPROBE_LOAD_BYTES back and forth between two buffers of
+ * its own until diskprobe_load_stop, which tells them through a pipe and
+ * joins them. MN_EINVAL, MN_ENOMEM (buffers, threads); *out is NULL on
+ * failure, with nothing left running. */
+#define DISKPROBE_LOAD_MAX 64
+#define DISKPROBE_LOAD_BYTES (64u << 20)
+
+typedef struct MemLoad MemLoad;
+int diskprobe_load_start(int n_threads, MemLoad **out, MnErr *err);
+/* Stop and free; the bytes copied per second over the load's life
+ * (0 for NULL). */
+double diskprobe_load_stop(MemLoad *l);
+
 #endif
