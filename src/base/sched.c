@@ -24,11 +24,17 @@ typedef struct SchedAttr {
     uint32_t util_min, util_max;
 } SchedAttr;
 
+/* The calling thread's nice value (Linux keeps one per thread). */
+static int own_nice(int *nice) {
+    errno = 0;
+    *nice = getpriority(PRIO_PROCESS, 0);
+    return *nice == -1 && errno != 0 ? MN_EUNSUPPORTED : MN_OK;
+}
+
 int mn_thread_set_slice(uint64_t slice_ns) {
     if (slice_ns < MN_SLICE_MIN_NS || slice_ns > MN_SLICE_MAX_NS) return MN_EINVAL;
-    errno = 0;
-    int nice = getpriority(PRIO_PROCESS, 0); /* this thread's (Linux: per thread) */
-    if (nice == -1 && errno != 0) return MN_EUNSUPPORTED;
+    int nice;
+    if (own_nice(&nice) != MN_OK) return MN_EUNSUPPORTED;
     SchedAttr a = {.size = sizeof a, .flags = ATTR_FLAG_KEEP_POLICY, .nice = nice, .runtime = slice_ns};
     if (syscall(SYS_sched_setattr, 0, &a, 0) != 0) return MN_EUNSUPPORTED;
     return MN_OK;
@@ -36,9 +42,8 @@ int mn_thread_set_slice(uint64_t slice_ns) {
 
 int mn_thread_nice_add(int incr) {
     if (incr < 0 || incr > 19) return MN_EINVAL;
-    errno = 0;
-    int nice = getpriority(PRIO_PROCESS, 0);
-    if (nice == -1 && errno != 0) return MN_EUNSUPPORTED;
+    int nice;
+    if (own_nice(&nice) != MN_OK) return MN_EUNSUPPORTED;
     int want = nice + incr > 19 ? 19 : nice + incr;
     if (setpriority(PRIO_PROCESS, 0, want) != 0) return MN_EUNSUPPORTED;
     return MN_OK;

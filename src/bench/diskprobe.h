@@ -125,8 +125,9 @@ int diskprobe_main(int argc, char **argv);
  * computes, its matmuls stream the model's weights on every core, and raw
  * reads of the same directory may slow with them (here 0.7-0.97 of the
  * idle rate under two copying threads, run to run; two threads spinning
- * without touching memory changed nothing). A probe under such a load says what the disk gives
- * while the server computes: `disk-probe --memory-load N`.
+ * without touching memory changed nothing). A probe under such a load
+ * says what the disk gives while the server computes: `disk-probe
+ * --memory-load N`.
  *
  * diskprobe_load_start starts n_threads (1..DISKPROBE_LOAD_MAX) threads,
  * each copying DISKPROBE_LOAD_BYTES back and forth between two buffers of

@@ -203,12 +203,12 @@ static int uring_prep(Aio *a, AioReq *r) {
 
 /* Hand waiting requests to the ring while it has room. */
 static int uring_feed(Aio *a) {
-    if (a->n_waiting == 0 || a->n_inflight >= a->queue_depth) return MN_OK;
-    while (a->n_waiting > 0 && a->n_inflight < a->queue_depth) {
+    int n_fed = 0;
+    for (; a->n_waiting > 0 && a->n_inflight < a->queue_depth; n_fed++) {
         a->n_waiting--;
         if (uring_prep(a, fifo_pop(&a->wait_head, &a->wait_tail)) != MN_OK) return MN_EIO;
     }
-    return uring_flush(a);
+    return n_fed > 0 ? uring_flush(a) : MN_OK;
 }
 
 /* Take one completion (waiting for it when `wait`): 1 when one was taken
