@@ -463,7 +463,7 @@ static void test_compute_nice(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
     int base = getpriority(PRIO_PROCESS, 0);
-    assert_true(base <= 15);
+    if (base > 15) skip(); /* no room below to tell the levels apart */
     int32_t prompt[5] = {1, 403, 407, 261, 378};
     char *ref = reference_text(m, prompt, 5, 12);
     for (int nice = 0; nice <= 4; nice += 4) {
@@ -882,16 +882,7 @@ static void test_promote_waiting(void **s) {
     assert_true(st.pool_free < 8);
     Recomputed want = recompute(m, a, 65, 4);
     Request *rd = submit_one(e, d, 9, 180); /* runs first, as long as the pool allows */
-    ReqParams p;
-    greedy_params(&p, 4);
-    float *got = calloc((size_t)nv, sizeof *got);
-    p.first_logits = got;
-    Request *ra = request_new(a, 65, &p, "", NULL);
-    MnErr err = {0};
-    assert_int_equal(engine_submit(e, ra, &err), MN_OK);
-    char *ta = drain(ra, &res);
-    assert_string_equal(ta, want.text);
-    assert_memory_equal(got, want.logits, sizeof(float) * (size_t)nv);
+    expect_recomputed(e, &want, a, 65, &res);
     assert_int_equal(res.n_cached, 64);
     assert_int_equal(res.n_cached_by[SRC_RAM], 64);
     free(drain(rd, &res));
@@ -899,9 +890,6 @@ static void test_promote_waiting(void **s) {
     assert_int_equal(st.promoted_blocks, 8);
     assert_int_equal(st.prefetched_blocks, 0);
     assert_int_equal(st.restore_failures, 0);
-    free(ta);
-    free(got);
-    request_unref(ra);
     request_unref(rd);
     recomputed_free(&want);
     engine_free(e);

@@ -344,7 +344,8 @@ static void test_aio_roundtrip(void **state) {
  * rest waiting (before, it waited for the device to free room, and the
  * disk tier's stream placed nothing meanwhile), and each completion starts
  * the next. Reads of a pipe stay in flight until it is written, so a
- * submit that waited would never return: alarm() ends the test then.
+ * submit that waited would never return: the alarm (no handler) then
+ * kills the test binary, which fails the run.
  * aio_free with requests waiting and in flight returns once those in
  * flight finish (end of file here); the waiting ones never started. */
 static void test_aio_submit_never_waits(void **state) {
@@ -359,9 +360,8 @@ static void test_aio_submit_never_waits(void **state) {
     memset(buf, 0xee, N * LEN);
     AioReq r[N];
     for (int i = 0; i < N; i++) r[i] = (AioReq){.op = AIO_OP_READ, .file = &in, .buf = buf + i * LEN, .len = LEN};
-    alarm(20);
+    alarm(30); /* the whole test */
     assert_int_equal(aio_submit(a, r, N), MN_OK);
-    alarm(0);
     assert_int_equal(aio_n_outstanding(a), N);
     AioReq *done[N];
     int n;
@@ -390,7 +390,28 @@ static void test_aio_submit_never_waits(void **state) {
     close(fds[1]);
     aio_free(a);
     close(fds[0]);
+
+    /* the ring breaks as a completion hands it the next waiting request:
+     * the wait fails, the Aio refuses everything after, and aio_free
+     * returns (the request in flight finishes; the waiting ones never
+     * started) */
+    assert_int_equal(aio_new(AIO_BACKEND_URING, 2, &a), MN_OK);
+    assert_int_equal(pipe(fds), 0);
+    in.fd = fds[0];
+    for (int i = 0; i < N; i++) {
+        memset(chunk, i, LEN);
+        assert_int_equal(write(fds[1], chunk, LEN), LEN);
+    }
+    /* ring checks: the submit's flush, then each wait, then the feed's flush */
+    aio_fault_set(a, AIO_OP_RING, 2, 1, EIO);
+    assert_int_equal(aio_submit(a, r, N), MN_OK);
+    assert_int_equal(aio_wait(a, N, N, done, &n), MN_EIO);
+    assert_int_equal(aio_submit(a, r, 1), MN_EIO);
+    aio_free(a);
+    close(fds[1]);
+    close(fds[0]);
     mn_free_aligned(buf);
+    alarm(0);
 }
 
 /* Whether the mapping holding p carries the huge-page advice (VmFlags
@@ -982,24 +1003,31 @@ static void test_disk_staging_at_open(void **state) {
 
 /* With transparent huge pages off for the process (prctl, in a child so
  * the other tests keep them), the staging buffer gets none, and the tier
- * says so once, at open, on stderr (the child's goes to a file). */
+ * says so once, on stderr (the child's goes to a file): at open, and not
+ * again when a 2.5 MiB run grows the 1 MiB buffer. */
 static void test_disk_no_huge_pages(void **state) {
     const Param *pa = *state;
     char log_path[] = "/tmp/mnemo-thp-XXXXXX", dir[] = "/tmp/mnemo-thp-dir-XXXXXX";
     int log_fd = mkstemp(log_path);
     assert_true(log_fd >= 0);
+    unlink(log_path); /* the descriptor is all it takes */
     assert_non_null(mkdtemp(dir));
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         if (dup2(log_fd, STDERR_FILENO) < 0 || prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0) _exit(2);
-        TierDiskConfig cfg = {.dir = dir, .capacity_bytes = 64u << 20, .n_layer = 2, .block_bytes = 65536,
-                              .kv_format = 1, .aio_backend = pa->backend, .queue_depth = 4};
+        KvPool p; /* 64 KiB blocks; a 64 KiB window: a staging buffer of 1 MiB */
+        if (kvpool_init(&p, 2, 1024, 16, 32, MN_TYPE_F16) != MN_OK) _exit(3);
+        TierDiskConfig cfg = {.dir = dir, .capacity_bytes = 16u << 20, .n_layer = 2, .block_bytes = p.block_bytes,
+                              .kv_format = 1, .aio_backend = pa->backend, .queue_depth = 4,
+                              .read_window_bytes = 64u << 10};
         Tier *t;
         MnErr err = {0};
-        if (tier_disk_new(&cfg, &t, &err) != MN_OK) _exit(3);
+        if (tier_disk_new(&cfg, &t, &err) != MN_OK) _exit(4);
+        if (put_range(t, &p, 0, 20, 0) != MN_OK) _exit(5); /* grows it */
         tier_free(t);
+        kvpool_deinit(&p);
         _exit(0);
     }
     int status;
@@ -1014,7 +1042,6 @@ static void test_disk_no_huge_pages(void **state) {
     if (hit == NULL) fail_msg("no warning; the child said: %s", text);
     assert_null(strstr(hit + 1, "staging buffer no huge pages")); /* once */
     close(log_fd);
-    unlink(log_path);
     test_rm_dir(dir);
 }
 
