@@ -7,6 +7,7 @@
 #include "test_util.h"
 
 #include <pthread.h>
+#include <time.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -73,11 +74,18 @@ static void sink_init(Sink *s) {
     pthread_cond_init(&s->cond, NULL);
 }
 
-/* Wait until n jobs are done. */
+/* Wait until n jobs are done (a minute at most: a job that never ends
+ * fails the test instead of hanging the run). */
 static void sink_wait_done(Sink *s, int n) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 60;
     pthread_mutex_lock(&s->lock);
-    while (s->n_done < n) pthread_cond_wait(&s->cond, &s->lock);
+    int rc = 0;
+    while (s->n_done < n && rc == 0) rc = pthread_cond_timedwait(&s->cond, &s->lock, &until);
+    int n_done = s->n_done;
     pthread_mutex_unlock(&s->lock);
+    if (n_done < n) fail_msg("%d of %d jobs done after a minute", n_done, n);
 }
 
 /* Let the mover out of the DONE it is held in (is_holding). */
