@@ -198,9 +198,7 @@ static void test_save_load_roundtrip(void **state) {
     kvpool_deinit(&p);
 }
 
-/* The mover thread runs with its short slice (base/sched.h), so a wake-up
- * in a streamed restore waits less for a core; the thread that made the
- * mover keeps its own. The hint keeps the thread's nice value. */
+/* On a thread of its own: *arg = whether a 250 us slice is taken and kept. */
 static void *try_slice(void *arg) {
     bool *ok = arg;
     *ok = mn_thread_set_slice(250000) == MN_OK && mn_thread_slice() == 250000;
@@ -217,6 +215,9 @@ static bool kernel_keeps_slices(void) {
     return ok;
 }
 
+/* The mover thread runs with its short slice (base/sched.h), so a wake-up
+ * in a streamed restore waits less for a core; the thread that made the
+ * mover keeps its own. The hint keeps the thread's nice value. */
 static void test_mover_slice(void **state) {
     if (!kernel_keeps_slices()) skip();
     KvPool p;
@@ -236,8 +237,9 @@ static void test_mover_slice(void **state) {
     kvpool_deinit(&p);
 }
 
-/* The hint itself: out-of-range slices are refused; a valid one is taken
- * and leaves the thread's nice value as it was. */
+/* On a thread of its own: rc[0..1] the refused slices, rc[2] raising nice
+ * to rc[6], rc[3] a valid slice, rc[4] the nice value after it, rc[5] the
+ * slice then (us). */
 static void *slice_in_thread(void *arg) {
     int *rc = arg;
     rc[0] = mn_thread_set_slice(MN_SLICE_MIN_NS - 1);
@@ -250,6 +252,8 @@ static void *slice_in_thread(void *arg) {
     return NULL;
 }
 
+/* The hint itself: out-of-range slices are refused; a valid one is taken
+ * and leaves the thread's nice value as it was. */
 static void test_thread_slice(void **state) {
     int rc[7];
     pthread_t th;
@@ -264,8 +268,7 @@ static void test_thread_slice(void **state) {
     assert_int_equal(rc[5], 250);
 }
 
-/* Lowering a thread's priority: by the increment, capped at 19, on the
- * calling thread only; increments outside [0, 19] are refused. */
+/* On a thread of its own: each call's result and the nice value after it. */
 static void *nice_in_thread(void *arg) {
     int *rc = arg;
     rc[0] = getpriority(PRIO_PROCESS, 0);
@@ -280,6 +283,8 @@ static void *nice_in_thread(void *arg) {
     return NULL;
 }
 
+/* Lowering a thread's priority: by the increment, capped at 19, on the
+ * calling thread only; increments outside [0, 19] are refused. */
 static void test_thread_nice(void **state) {
     int own = getpriority(PRIO_PROCESS, 0), rc[9];
     pthread_t th;
