@@ -6,9 +6,16 @@
  * logits must be bit-identical to a full recompute. */
 #include "test_util.h"
 
+#include <errno.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <pthread.h>
-#include <time.h>
+#include <stddef.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -74,18 +81,23 @@ static void sink_init(Sink *s) {
     pthread_cond_init(&s->cond, NULL);
 }
 
-/* Wait until n jobs are done (a minute at most: a job that never ends
- * fails the test instead of hanging the run). */
-static void sink_wait_done(Sink *s, int n) {
+/* Wait until n jobs are done, a minute at most; whether they are. */
+static bool sink_done_within_a_minute(Sink *s, int n) {
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += 60;
     pthread_mutex_lock(&s->lock);
     int rc = 0;
     while (s->n_done < n && rc == 0) rc = pthread_cond_timedwait(&s->cond, &s->lock, &until);
-    int n_done = s->n_done;
+    bool is_done = s->n_done >= n;
     pthread_mutex_unlock(&s->lock);
-    if (n_done < n) fail_msg("%d of %d jobs done after a minute", n_done, n);
+    return is_done;
+}
+
+/* Wait until n jobs are done: a job that never ends fails the test after
+ * a minute instead of hanging the run. */
+static void sink_wait_done(Sink *s, int n) {
+    if (!sink_done_within_a_minute(s, n)) fail_msg("%d of %d jobs done after a minute", s->n_done, n);
 }
 
 /* Let the mover out of the DONE it is held in (is_holding). */
@@ -707,6 +719,91 @@ static void test_promote_refused(void **state) {
     kvpool_deinit(&p);
 }
 
+/* ---- the mover under a hostile kernel ------------------------------------------------ */
+
+/* Run fn(arg) in a child process with stderr going to a file; the child's
+ * exit status must be 0 (a code of fn's says which check failed). The
+ * child's stderr, NUL-terminated, into text. */
+static void run_in_child(int (*fn)(void *), void *arg, char *text, size_t cap) {
+    char log_path[] = "/tmp/mnemo-mover-log-XXXXXX";
+    int log_fd = mkstemp(log_path);
+    assert_true(log_fd >= 0);
+    unlink(log_path); /* the descriptor is all it takes */
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) _exit(dup2(log_fd, STDERR_FILENO) < 0 ? 100 : fn(arg));
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    ssize_t n = pread(log_fd, text, cap - 1, 0);
+    text[n > 0 ? n : 0] = '\0';
+    close(log_fd);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("the child failed (status %d); it said: %s", status, text);
+}
+
+typedef struct ChildMover {
+    MoverConfig mc;
+    KvPool *p;
+} ChildMover;
+
+/* In the child: a kernel that refuses sched_setattr (a seccomp filter
+ * answers EPERM, as a container's may). */
+static int refuse_sched_setattr(void) {
+    struct sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_sched_setattr, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = sizeof code / sizeof code[0], .filter = code};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
+}
+
+/* The child of test_mover_slice_refused: the mover starts without its
+ * slice, saves a run and loads it back bit for bit. No cmocka checks here:
+ * a failure in a child would go on to run the other tests there. */
+static int slice_refused_child(void *arg) {
+    ChildMover *c = arg;
+    if (refuse_sched_setattr() != 0) return 2;
+    if (mn_thread_set_slice(250000) != MN_EUNSUPPORTED) return 3;
+    Sink sink;
+    sink_init(&sink);
+    c->mc.event_ctx = &sink;
+    Mover *m;
+    MnErr err = {0};
+    if (mover_new(&c->mc, &m, &err) != MN_OK) return 4;
+    if (mover_submit(m, save_job(0, 4)) != MN_OK) return 5;
+    if (!sink_done_within_a_minute(&sink, 1)) return 6;
+    if (sink.done[0]->rc != MN_OK || sink.mover_slice == MOVER_SLICE_NS) return 7;
+    if (mover_submit(m, load_job(0, 4, 8, 0, c->p->n_layer)) != MN_OK) return 8;
+    if (!sink_done_within_a_minute(&sink, 2) || sink.done[1]->rc != MN_OK) return 9;
+    for (int l = 0; l < c->p->n_layer; l++)
+        for (int k = 0; k < 4; k++)
+            if (memcmp(kvpool_k(c->p, l, 8 + k), kvpool_k(c->p, l, k), c->p->block_bytes) != 0) return 10;
+    mover_free(m);
+    sink_free(&sink);
+    return 0;
+}
+
+/* A kernel that refuses the mover's scheduling hint: the mover says so
+ * once, in the words OPERATIONS.md gives, and works without it. */
+static void test_mover_slice_refused(void **state) {
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 2, 32, 8, 16, MN_TYPE_F16), MN_OK);
+    for (int s = 0; s < 4; s++) fill_slot(&p, s, (uint8_t)s);
+    char *dir = make_tmpdir();
+    ChildMover c = {.mc = {.pool = &p, .disk_dir = dir, .disk_bytes = 16 << 20, .on_event = on_event}, .p = &p};
+    char text[4096];
+    run_in_child(slice_refused_child, &c, text, sizeof text);
+    const char *said = "mover: the kernel takes no scheduling hint", *hit = strstr(text, said);
+    if (hit == NULL) fail_msg("no message; the child said: %s", text);
+    assert_null(strstr(hit + strlen(said), said)); /* once */
+    remove_tmpdir(dir);
+    kvpool_deinit(&p);
+}
+
 /* ---- the mixed restore ------------------------------------------------------------- */
 
 typedef struct Waiter {
@@ -850,6 +947,7 @@ int main(void) {
         cmocka_unit_test(test_mover_slice),
         cmocka_unit_test(test_thread_slice),
         cmocka_unit_test(test_thread_nice),
+        cmocka_unit_test(test_mover_slice_refused),
         cmocka_unit_test(test_reads_before_writes),
         cmocka_unit_test(test_loads_batched),
         cmocka_unit_test(test_window_reaches_tiers),
