@@ -1472,6 +1472,61 @@ static void test_disk_checksum(void **state) {
     kvpool_deinit(&p);
 }
 
+/* Corrupt the byte `at` bytes into block b of the layer-`layer` extent of
+ * the run holding block id. */
+static void corrupt_block(Tier *t, uint32_t id, int layer, const KvPool *p, int b, uint64_t at) {
+    char path[256];
+    uint64_t off, len;
+    Hash128 h = h_of(id);
+    assert_int_equal(tier_disk_extent(t, &h, layer, path, sizeof path, &off, &len), MN_OK);
+    corrupt_byte(path, off + (uint64_t)b * p->block_bytes + at);
+}
+
+/* A layer is hashed and copied in one pass when its blocks are asked for in
+ * rising order. Blocks asked for out of order, or with gaps, come back
+ * exact; a damaged byte fails the check wherever it lies — before the
+ * first block asked for, between two, after the last (test_disk_checksum)
+ * or with the blocks out of order — in single-layer and streamed reads. */
+static void test_disk_checksum_block_order(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 3, 8, 4, 64, MN_TYPE_F16), MN_OK);
+    Fixture fx;
+    fx_open(&fx, pa, &p, 1 << 20, 0, true);
+    Tier *t = fx.tier;
+    for (uint32_t r = 0; r < 4; r++) assert_int_equal(put_range(t, &p, 10 * r, 6, 6 * (int32_t)r), MN_OK);
+    scramble_pool(&p, 5);
+    uint32_t shuffled[3] = {4, 1, 2}, gaps[3] = {30, 32, 35};
+    int32_t slots[3] = {40, 41, 42};
+    LayerLog lg;
+    for (int c = 0; c < 2; c++) {
+        const uint32_t *ids = c == 0 ? shuffled : gaps;
+        assert_int_equal(read_all_layers(t, &p, ids, slots, 3, &lg), MN_OK);
+        for (int l = 0; l < p.n_layer; l++)
+            for (int i = 0; i < 3; i++) assert_true(slot_is(&p, l, slots[i], ids[i]));
+    }
+
+    corrupt_block(t, 0, 1, &p, 1, 9);   /* before the first block asked for */
+    corrupt_block(t, 10, 1, &p, 2, 70); /* between the two asked for */
+    corrupt_block(t, 20, 1, &p, 0, 0);  /* blocks asked for out of order */
+    assert_int_equal(read_ids(t, &p, (uint32_t[]){3, 4}, slots, 2, 1), MN_ECHECKSUM);
+    assert_int_equal(read_ids(t, &p, (uint32_t[]){10, 14}, slots, 2, 1), MN_ECHECKSUM);
+    assert_int_equal(read_ids(t, &p, (uint32_t[]){23, 21}, slots, 2, 1), MN_ECHECKSUM);
+    corrupt_block(t, 30, 2, &p, 3, 1); /* streamed: between two, in the last layer */
+    assert_int_equal(read_all_layers(t, &p, (uint32_t[]){31, 35}, slots, 2, &lg), MN_ECHECKSUM);
+    assert_int_equal(lg.n_calls, 2);
+    TierStats s;
+    tier_stats(t, &s);
+    assert_int_equal(s.n_checksum_failures, 4);
+    for (uint32_t r = 0; r < 4; r++) {
+        Hash128 h = h_of(10 * r);
+        assert_false(tier_has(t, &h));
+    }
+    tier_check(t);
+    fx_close(&fx);
+    kvpool_deinit(&p);
+}
+
 static void test_disk_enospc(void **state) {
     const Param *pa = *state;
     KvPool p; /* one layer: a run of up to 32 blocks is one 4 KiB page */
@@ -2747,6 +2802,7 @@ int main(void) {
         TIER_TESTS(test_tier_policy),
         TIER_TESTS(test_tier_has_drop),
         DISK_TESTS(test_disk_checksum),
+        DISK_TESTS(test_disk_checksum_block_order),
         DISK_TESTS(test_disk_enospc),
         DISK_TESTS(test_disk_eio_sticky),
         cmocka_unit_test(test_disk_config),
