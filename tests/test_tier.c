@@ -152,6 +152,7 @@ static void fx_open_window(Fixture *fx, const Param *pa, const KvPool *p, uint64
         .slab_bytes = slab_bytes,
         .aio_backend = pa->backend,
         .queue_depth = 4,
+        .read_inflight = 2, /* streamed reads use the aio's queue */
         .read_window_bytes = read_window,
         .is_durable = is_durable,
     };
@@ -420,6 +421,68 @@ static void test_aio_submit_never_waits(void **state) {
     close(fds[0]);
     mn_free_aligned(buf);
     alarm(0);
+}
+
+/* aio_set_inflight: with a limit of 2, six reads of a pipe put two in the
+ * ring and each completion starts the next; raising the limit starts the
+ * waiting ones at once, lowering it lets those in the ring finish; limits
+ * outside 1..queue_depth are refused. aio_take_peak reports the most in
+ * the ring since it last asked. The sync backend takes a limit and has
+ * nothing in flight. */
+static void test_aio_inflight_limit(void **state) {
+    (void)state;
+    Aio *a;
+    assert_int_equal(aio_new(AIO_BACKEND_URING, 8, &a), MN_OK);
+    assert_int_equal(aio_set_inflight(a, 0), MN_EINVAL);
+    assert_int_equal(aio_set_inflight(a, 9), MN_EINVAL);
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    AioFile in = {.fd = fds[0]};
+    enum { N = 6, LEN = 4096 };
+    uint8_t *buf = mn_alloc_aligned(N * LEN, 4096);
+    AioReq r[N];
+    for (int i = 0; i < N; i++) r[i] = (AioReq){.op = AIO_OP_READ, .file = &in, .buf = buf + i * LEN, .len = LEN};
+    uint8_t chunk[LEN];
+    memset(chunk, 7, LEN);
+    alarm(30); /* the whole test */
+    assert_int_equal(aio_set_inflight(a, 2), MN_OK);
+    assert_int_equal(aio_submit(a, r, N), MN_OK);
+    assert_int_equal(aio_n_inflight(a), 2);
+    assert_int_equal(aio_take_peak(a), 2);
+    AioReq *done[N];
+    int n;
+    assert_int_equal(write(fds[1], chunk, LEN), LEN); /* one read can finish */
+    assert_int_equal(aio_wait(a, 1, N, done, &n), MN_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(aio_n_inflight(a), 2); /* the third took its place */
+    assert_int_equal(aio_set_inflight(a, 8), MN_OK);
+    assert_int_equal(aio_n_inflight(a), 5);
+    assert_int_equal(aio_take_peak(a), 5);
+    assert_int_equal(aio_set_inflight(a, 1), MN_OK);
+    assert_int_equal(aio_n_inflight(a), 5);
+    for (int i = 1; i < N; i++) assert_int_equal(write(fds[1], chunk, LEN), LEN);
+    for (int seen = 1; seen < N; seen += n) assert_int_equal(aio_wait(a, 1, N, done, &n), MN_OK);
+    assert_int_equal(aio_n_inflight(a), 0);
+    assert_int_equal(aio_take_peak(a), 5); /* those in the ring when the limit went down */
+    assert_int_equal(aio_submit(a, r, 3), MN_OK); /* the limit of 1 holds */
+    assert_int_equal(aio_n_inflight(a), 1);
+    for (int i = 0; i < 3; i++) assert_int_equal(write(fds[1], chunk, LEN), LEN);
+    for (int seen = 0; seen < 3; seen += n) {
+        assert_int_equal(aio_wait(a, 1, 1, done, &n), MN_OK);
+        assert_true(aio_n_inflight(a) <= 1);
+    }
+    assert_int_equal(aio_take_peak(a), 1);
+    aio_free(a);
+    close(fds[1]);
+    close(fds[0]);
+    mn_free_aligned(buf);
+    alarm(0);
+
+    assert_int_equal(aio_new(AIO_BACKEND_SYNC, 4, &a), MN_OK);
+    assert_int_equal(aio_set_inflight(a, 2), MN_OK);
+    assert_int_equal(aio_set_inflight(a, 5), MN_EINVAL);
+    assert_int_equal(aio_n_inflight(a), 0);
+    aio_free(a);
 }
 
 /* Whether the mapping holding p carries the huge-page advice (VmFlags
@@ -859,13 +922,6 @@ static void test_tier_read_layers(void **state) {
     kvpool_deinit(&p);
 }
 
-/* A streamed read takes a run's consecutive layers (a span) in one
- * request: three runs whose strides differ (384, 120 and 8 KiB), spans of
- * two layers (a request holds two of the longest), seven layers, so four
- * spans of three requests each: 12 requests where one per extent would be
- * 21. With a window of two spans the staging slots are reused; with the
- * default window every span is in flight at once. The blocks arrive exact
- * and every layer is reported in order, in place. */
 /* Three runs of strides 384, 120 and 8 KiB (8 KiB blocks, seven layers)
  * into t; blocks of each to read into ids / slots; returns how many. */
 static int put_three_strides(Tier *t, KvPool *p, uint32_t *ids, int32_t *slots, uint64_t seed) {
@@ -881,6 +937,15 @@ static int put_three_strides(Tier *t, KvPool *p, uint32_t *ids, int32_t *slots, 
     return n;
 }
 
+/* A streamed read takes a run's consecutive layers (a span) in one
+ * request: three runs whose strides differ (384, 120 and 8 KiB), spans of
+ * two layers (a request holds two of the longest), seven layers, so four
+ * spans of three requests each: 12 requests where one per extent would be
+ * 21. With a window of two spans the staging slots are reused; with the
+ * default window every span is in flight at once, two requests of them
+ * in the device at a time (read_inflight; a put after it has the whole
+ * ring again). The blocks arrive exact and every layer is reported in
+ * order, in place. */
 static void test_disk_read_spans(void **state) {
     const Param *pa = *state;
     KvPool p;
@@ -895,15 +960,19 @@ static void test_disk_read_spans(void **state) {
         int n = put_three_strides(t, &p, ids, slots, 31 + (uint64_t)w);
         Aio *a = tier_disk_aio(t);
         uint64_t before = aio_n_requests(a);
+        aio_take_peak(a);
         LayerLog lg;
         assert_int_equal(read_all_layers(t, &p, ids, slots, n, &lg), MN_OK);
         assert_int_equal(lg.n_calls, p.n_layer);
         assert_int_equal(aio_n_requests(a) - before, 12);
+        if (aio_backend(a) == AIO_BACKEND_URING) assert_int_equal(aio_take_peak(a), 2); /* read_inflight */
         for (int l = 0; l < p.n_layer; l++)
             for (int i = 0; i < n; i++) assert_true(slot_is(&p, l, slots[i], ids[i]));
         TierStats s;
         tier_stats(t, &s);
         assert_int_equal(s.bytes_read, (48ull + 15 + 1) * 8192 * 7); /* whole extents, no padding here */
+        assert_int_equal(put_range(t, &p, 300, 48, 0), MN_OK); /* 2.6 MiB: writes have the whole ring again */
+        if (aio_backend(a) == AIO_BACKEND_URING) assert_int_equal(aio_take_peak(a), 3);
         tier_check(t);
         fx_close(&fx);
     }
@@ -2785,6 +2854,7 @@ int main(void) {
         cmocka_unit_test_prestate(test_aio_errors, (void *)&P_SYNC),
         cmocka_unit_test(test_aio_ring_broken),
         cmocka_unit_test(test_aio_submit_never_waits),
+        cmocka_unit_test(test_aio_inflight_limit),
         cmocka_unit_test(test_aio_auto),
         cmocka_unit_test(test_aio_buf),
         TIER_TESTS(test_tier_roundtrip),

@@ -13,9 +13,12 @@
  *   n_outstanding = n_inflight + n_waiting + (length of the done queue)
  *   n_inflight <= queue_depth (io_uring: requests handed to the ring; the
  *   completion ring is twice as large, so completions are never dropped)
- *   n_waiting > 0 only while n_inflight == queue_depth: the requests of a
- *   batch larger than the ring wait in FIFO order, and each completion
- *   hands the ring the next (so aio_submit never waits for the device)
+ *   1 <= limit <= queue_depth (aio_set_inflight)
+ *   n_waiting > 0 only while n_inflight >= limit: the requests of a batch
+ *   larger than the limit wait in FIFO order, and each completion hands
+ *   the ring the next (so aio_submit never waits for the device); after
+ *   the limit is lowered, n_inflight may exceed it until completions
+ *   bring it down
  *   a request is on the done queue exactly once, with result set, between
  *   its completion and the aio_wait that hands it back.
  * A failure of the ring itself (io_uring_submit or io_uring_wait_cqe
@@ -50,6 +53,8 @@
 struct Aio {
     AioBackend backend;
     int queue_depth;
+    int limit;                     /* requests in the ring at most (aio_set_inflight) */
+    int peak_inflight;             /* n_inflight's highest since aio_take_peak */
     bool is_broken;
     int n_inflight;
     int n_waiting;                 /* submitted, not yet handed to the ring */
@@ -197,6 +202,7 @@ static int uring_prep(Aio *a, AioReq *r) {
     }
     io_uring_sqe_set_data(sqe, r);
     a->n_inflight++;
+    if (a->n_inflight > a->peak_inflight) a->peak_inflight = a->n_inflight;
     assert(a->n_inflight <= a->queue_depth); /* so the completion queue never fills (uring_drain) */
     return MN_OK;
 }
@@ -204,7 +210,7 @@ static int uring_prep(Aio *a, AioReq *r) {
 /* Hand waiting requests to the ring while it has room. */
 static int uring_feed(Aio *a) {
     int n_fed = 0;
-    for (; a->n_waiting > 0 && a->n_inflight < a->queue_depth; n_fed++) {
+    for (; a->n_waiting > 0 && a->n_inflight < a->limit; n_fed++) {
         a->n_waiting--;
         if (uring_prep(a, fifo_pop(&a->wait_head, &a->wait_tail)) != MN_OK) return MN_EIO;
     }
@@ -268,6 +274,7 @@ int aio_new(AioBackend backend, int queue_depth, Aio **out) {
     Aio *a = mn_calloc(1, sizeof *a);
     if (a == NULL) return MN_ENOMEM;
     a->queue_depth = queue_depth;
+    a->limit = queue_depth;
     if (backend == AIO_BACKEND_AUTO || backend == AIO_BACKEND_URING) {
         struct io_uring_params params;
         memset(&params, 0, sizeof params);
@@ -400,7 +407,7 @@ int aio_submit(Aio *a, AioReq *reqs, int n) {
             sync_run(a, r);
             continue;
         }
-        if (a->n_waiting > 0 || a->n_inflight >= a->queue_depth) { /* the ring is full: it waits its turn */
+        if (a->n_waiting > 0 || a->n_inflight >= a->limit) { /* the ring is full: it waits its turn */
             fifo_push(&a->wait_head, &a->wait_tail, r);
             a->n_waiting++;
             continue;
@@ -409,6 +416,21 @@ int aio_submit(Aio *a, AioReq *reqs, int n) {
     }
     if (a->has_ring && a->n_inflight > 0) return uring_flush(a);
     return MN_OK;
+}
+
+int aio_set_inflight(Aio *a, int n) {
+    if (n < 1 || n > a->queue_depth) return MN_EINVAL;
+    if (a->is_broken) return MN_EIO;
+    a->limit = n;
+    return a->has_ring ? uring_feed(a) : MN_OK;
+}
+
+int aio_n_inflight(const Aio *a) { return a->n_inflight; }
+
+int aio_take_peak(Aio *a) {
+    int peak = a->peak_inflight;
+    a->peak_inflight = a->n_inflight;
+    return peak;
 }
 
 int aio_n_outstanding(const Aio *a) { return a->n_outstanding; }

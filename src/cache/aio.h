@@ -115,6 +115,21 @@ int aio_submit(Aio *a, AioReq *reqs, int n);
 int aio_wait(Aio *a, int min_done, int max_done, AioReq **done, int *n_done);
 /* Requests submitted and not yet handed back by aio_wait. */
 int aio_n_outstanding(const Aio *a);
+
+/* From now on at most n requests (1..queue_depth; at first queue_depth)
+ * are in the ring at once; the rest wait their turn in FIFO order, as when
+ * the ring is full. A device that serves the requests it holds side by
+ * side finishes a full ring's worth together; a few at a time, they finish
+ * in order, a few at a time. Raising the limit starts waiting requests at
+ * once; lowering it lets those in the ring finish. MN_EINVAL outside
+ * 1..queue_depth (the limit is unchanged); MN_EIO when the ring fails. */
+int aio_set_inflight(Aio *a, int n);
+/* Requests in the ring now, handed to the device and not yet reaped by
+ * aio_wait (always 0 for the sync backend). */
+int aio_n_inflight(const Aio *a);
+/* The most requests that were in the ring at once since the last call (or
+ * aio_new); the next count starts from those in it now. */
+int aio_take_peak(Aio *a);
 /* Requests aio_submit has taken since aio_new (a transfer continued after
  * a short one counts once): how many it took to move some bytes. */
 uint64_t aio_n_requests(const Aio *a);

@@ -137,6 +137,8 @@ typedef struct TierDiskConfig {
     uint64_t read_window_bytes; /* bytes a tier_read_layers keeps in
                                   flight (whole spans of layers, at least
                                   one layer); 0 = 8 MiB */
+    int read_inflight;         /* of those, requests in the device at once
+                                  (at most queue_depth); 0 = 4 */
     bool is_durable;           /* fdatasync each run before it is visible */
     CacheStore *store;         /* borrowed, outlives the tier: the run
                                   records' home; NULL = not persistent */
@@ -215,9 +217,9 @@ typedef void (*TierLayerFn)(void *ctx, int layer);
  * in place, so a consumer can use the early layers while later ones are
  * still arriving. The disk tier reads spans of several layers of each run
  * (contiguous on disk), several spans in flight at once (read_window_bytes
- * of them), so a restore moves
- * at close to the device's sequential read rate; other kinds copy layer by
- * layer. Results as tier_read_layer; after a failure layer_fn has been
+ * of them, read_inflight requests in the device at a time, so that the
+ * first spans arrive while the rest are read), and moves at close to the
+ * device's sequential read rate; other kinds copy layer by layer. Results as tier_read_layer; after a failure layer_fn has been
  * called exactly for the layers completed before it, and the slots'
  * contents in the other layers are undefined. */
 int tier_read_layers(Tier *t, const Hash128 *hashes, int n_blocks, KvPool *pool, const int32_t *slots,

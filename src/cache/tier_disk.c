@@ -165,6 +165,15 @@
  * faster (here ~0.6 ms before a burst's first byte, then ~3.3 GB/s) */
 #define DISK_READ_WINDOW (8ull << 20)
 #define DISK_BULK_FACTOR 4
+/* Of a streamed read's window, this many requests are in the device at
+ * once; the rest wait in the aio's queue. The virtio disk here serves the
+ * requests it holds side by side: 30 requests of 0.75 MiB all came back
+ * within 0.1 ms of each other, 6.5 ms after they were submitted, so no
+ * layer could be checked and copied while the others were read, and the
+ * copy came on top of the read. Four at a time come back in order, every
+ * ~1.2 ms, and the copy of one group overlaps the read of the next; raw
+ * reads at queue depth 4 move as much as at 32 (3.6-3.8 GB/s here). */
+#define DISK_READ_INFLIGHT 4
 #define DISK_STREAM_MAX_DEPTH 256 /* spans in flight, at most */
 #define DISK_RECORD_HEAD 80u  /* run record bytes before the hashes */
 #define DISK_MAX_RUN_ID (1ull << 48)
@@ -200,6 +209,7 @@ typedef struct DiskTier {
     AioBackend backend;
     int queue_depth;
     uint64_t read_window_bytes; /* disk_read_layers' bytes in flight */
+    int read_inflight;          /* of those, requests in the device at once */
     Aio *aio;
     uint64_t capacity_bytes;
     uint64_t slab_bytes;  /* data bytes of a new slab (the last may be less) */
@@ -1063,6 +1073,7 @@ static int disk_read_layers(void *kind, const TierReadGroup *groups, int n_group
     int rc = staging_reserve(d, (uint64_t)st.depth * (uint64_t)st.span * st.layer_bytes);
     if (rc == MN_OK) rc = reqs_reserve(d, (uint64_t)st.depth * (uint64_t)st.per_slot);
     if (rc != MN_OK) return rc;
+    if ((rc = aio_set_inflight(d->aio, d->read_inflight)) != MN_OK) return medium_code(rc);
 
     int n_submitted = 0, result = MN_OK;
     for (; n_submitted < st.depth && rc == MN_OK; n_submitted++) rc = stream_submit(&st, n_submitted);
@@ -1088,6 +1099,8 @@ static int disk_read_layers(void *kind, const TierReadGroup *groups, int n_group
     /* the staging slots and requests must outlive every request in flight */
     int drain = stream_reap(&st, -1);
     if (rc == MN_OK) rc = drain;
+    int unlimit = aio_set_inflight(d->aio, d->queue_depth); /* writes keep the whole ring */
+    if (rc == MN_OK) rc = unlimit;
     return rc != MN_OK ? medium_code(rc) : result;
 }
 
@@ -1248,6 +1261,8 @@ int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err) {
     d->backend = cfg->aio_backend;
     d->queue_depth = cfg->queue_depth > 0 ? cfg->queue_depth : 32;
     d->read_window_bytes = cfg->read_window_bytes > 0 ? cfg->read_window_bytes : DISK_READ_WINDOW;
+    d->read_inflight = cfg->read_inflight > 0 ? cfg->read_inflight : DISK_READ_INFLIGHT;
+    if (d->read_inflight > d->queue_depth) d->read_inflight = d->queue_depth;
     d->capacity_bytes = capacity;
     d->slab_bytes = slab;
     d->store = cfg->store;
