@@ -119,9 +119,9 @@ int aio_n_outstanding(const Aio *a);
 /* From now on at most n requests (1..queue_depth; at first queue_depth)
  * are in the ring at once; the rest wait their turn in FIFO order, as when
  * the ring is full. A device that serves the requests it holds side by
- * side finishes a full ring's worth together; a few at a time, they finish
- * in order, a few at a time. Raising the limit starts waiting requests at
- * once; lowering it lets those in the ring finish. MN_EINVAL outside
+ * side returns a full ring's worth together; let in a few at a time, they
+ * return in order. Raising the limit starts waiting requests at once;
+ * lowering it lets those in the ring finish. MN_EINVAL outside
  * 1..queue_depth (the limit is unchanged); MN_EIO when the ring fails. */
 int aio_set_inflight(Aio *a, int n);
 /* Requests in the ring now, handed to the device and not yet reaped by

@@ -219,9 +219,10 @@ typedef void (*TierLayerFn)(void *ctx, int layer);
  * (contiguous on disk), several spans in flight at once (read_window_bytes
  * of them, read_inflight requests in the device at a time, so that the
  * first spans arrive while the rest are read), and moves at close to the
- * device's sequential read rate; other kinds copy layer by layer. Results as tier_read_layer; after a failure layer_fn has been
- * called exactly for the layers completed before it, and the slots'
- * contents in the other layers are undefined. */
+ * device's sequential read rate; other kinds copy layer by layer. Results
+ * as tier_read_layer; after a failure layer_fn has been called exactly
+ * for the layers completed before it, and the slots' contents in the
+ * other layers are undefined. */
 int tier_read_layers(Tier *t, const Hash128 *hashes, int n_blocks, KvPool *pool, const int32_t *slots,
                      TierLayerFn layer_fn, void *ctx);
 
