@@ -1236,10 +1236,7 @@ static void test_disk_probe(void **state) {
     assert_int_equal(rmdir(dir), 0);
 }
 
-/* The memory load: refused sizes; threads that copy until stopped (and
- * are gone after); the
- * command prints its figure after the probe's, and refuses it with
- * sampling or out of range. */
+/* Threads of this process now. */
 static int n_threads_now(void) {
     return n_dir_entries("/proc/self/task");
 }
@@ -1255,6 +1252,9 @@ static int threads_settled(int most) {
     return n;
 }
 
+/* The memory load: refused sizes; threads that copy until stopped (and
+ * are gone after); the command prints its figure after the probe's, and
+ * refuses it with sampling or out of range. */
 static void test_disk_probe_memory_load(void **state) {
     MnErr err = {0};
     MemLoad *l = (MemLoad *)&err;

@@ -654,7 +654,33 @@ int diskprobe_load_start(int n_threads, MemLoad **out, MnErr *err) {
 
 double diskprobe_load_stop(MemLoad *l) { return l == NULL ? 0.0 : load_end(l, l->n); }
 
-static int probe_main(const char *dir, uint64_t mb, const DiskProbeOpts *o, bool restore);
+/* The probe (and with restore, the restore probe) of dir, printed: the
+ * exit code. */
+static int probe_main(const char *dir, uint64_t mb, const DiskProbeOpts *o, bool restore) {
+    MnErr err = {0};
+    DiskProbeResult res;
+    if (diskprobe_run_opts(dir, mb << 20, o, &res, &err) != MN_OK) {
+        fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
+        return 1;
+    }
+    char huge[48] = "";
+    if (res.huge_share >= 0) snprintf(huge, sizeof huge, ", buffers %.0f%% in huge pages", res.huge_share * 100);
+    printf("disk-probe %s: write %.1f MB/s, read %.1f MB/s (%" PRIu64 " MiB, %s%s%s)\n", dir, res.write_mbps,
+           res.read_mbps, mb, aio_backend_name(res.backend), res.is_direct ? "" : ", buffered: O_DIRECT refused", huge);
+    printf("read_mbps=%.1f write_mbps=%.1f\n", res.read_mbps, res.write_mbps);
+    if (!restore) return 0;
+    DiskRestoreResult rr;
+    if (diskprobe_restore(dir, mb << 20, NULL, &rr, &err) != MN_OK) {
+        fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
+        return 1;
+    }
+    printf("disk-probe %s: the disk tier restores at %.1f MB/s, %.2f of the raw read (%d restores of 2 runs x 5 "
+           "blocks, %.1f MB)\n",
+           dir, rr.restore_mbps, res.read_mbps > 0 ? rr.restore_mbps / res.read_mbps : 0.0, rr.n_restores,
+           (double)rr.bytes / 1e6);
+    printf("restore_mbps=%.1f\n", rr.restore_mbps);
+    return 0;
+}
 
 int diskprobe_main(int argc, char **argv) {
     uint64_t mb = 512, request_kb = DISKPROBE_REQUEST_BYTES / 1024;
@@ -725,30 +751,3 @@ int diskprobe_main(int argc, char **argv) {
     return code;
 }
 
-/* The probe (and with restore, the restore probe) of dir, printed: the
- * exit code. */
-static int probe_main(const char *dir, uint64_t mb, const DiskProbeOpts *o, bool restore) {
-    MnErr err = {0};
-    DiskProbeResult res;
-    if (diskprobe_run_opts(dir, mb << 20, o, &res, &err) != MN_OK) {
-        fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
-        return 1;
-    }
-    char huge[48] = "";
-    if (res.huge_share >= 0) snprintf(huge, sizeof huge, ", buffers %.0f%% in huge pages", res.huge_share * 100);
-    printf("disk-probe %s: write %.1f MB/s, read %.1f MB/s (%" PRIu64 " MiB, %s%s%s)\n", dir, res.write_mbps,
-           res.read_mbps, mb, aio_backend_name(res.backend), res.is_direct ? "" : ", buffered: O_DIRECT refused", huge);
-    printf("read_mbps=%.1f write_mbps=%.1f\n", res.read_mbps, res.write_mbps);
-    if (!restore) return 0;
-    DiskRestoreResult rr;
-    if (diskprobe_restore(dir, mb << 20, NULL, &rr, &err) != MN_OK) {
-        fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
-        return 1;
-    }
-    printf("disk-probe %s: the disk tier restores at %.1f MB/s, %.2f of the raw read (%d restores of 2 runs x 5 "
-           "blocks, %.1f MB)\n",
-           dir, rr.restore_mbps, res.read_mbps > 0 ? rr.restore_mbps / res.read_mbps : 0.0, rr.n_restores,
-           (double)rr.bytes / 1e6);
-    printf("restore_mbps=%.1f\n", rr.restore_mbps);
-    return 0;
-}

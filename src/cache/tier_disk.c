@@ -158,11 +158,12 @@
 #define DISK_DEFAULT_SLAB (256ull << 20)
 #define DISK_MAX_SLABS 4096
 #define DISK_CHUNK (1u << 20) /* bytes per aio request: several in flight */
-/* A streamed restore keeps up to this many bytes of extents (whole spans of
- * layers, at least one layer) in flight by default, so small extents still fill the
- * device queue; a read whose layers nobody uses early (a promote into RAM)
- * keeps DISK_BULK_FACTOR times as many, as the device moves bigger bursts
- * faster (here ~0.6 ms before a burst's first byte, then ~3.3 GB/s) */
+/* A streamed restore keeps up to this many bytes of extents (whole spans
+ * of layers, at least one layer) in flight by default, so small extents
+ * still fill the device queue; a read whose layers nobody uses early (a
+ * promote into RAM) keeps DISK_BULK_FACTOR times as many, as the device
+ * moves bigger bursts faster (here ~0.6 ms before a burst's first byte,
+ * then ~3.3 GB/s) */
 #define DISK_READ_WINDOW (8ull << 20)
 #define DISK_BULK_FACTOR 4
 /* Of a streamed read's window, this many requests are in the device at
