@@ -5,9 +5,16 @@
 #                   and again under AddressSanitizer + UBSan
 #   make run        set-up, build, and a generation with the bundled demo model
 #   make bench      performance figures (see README)
+#   make install    PREFIX=/usr/local DESTDIR= : bin/mnemo, share/mnemo/
+
+# `make` alone builds `all`, whatever rule the variant macro expands first.
+.DEFAULT_GOAL := all
 
 CC      ?= gcc
-PKGS    := libpcre2-8 libxxhash jansson libmicrohttpd libcurl liburing sqlite3
+# The flags below come from pkg-config when make reads this file, so a rule
+# that runs scripts/setup first (test, run, bench) builds in a sub-make that
+# reads it again after the packages are installed.
+PKGS    := libpcre2-8 libxxhash jansson libmicrohttpd libcurl liburing sqlite3 libedit
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 BASE    := -std=c17 -ffp-contract=off -D_GNU_SOURCE -Isrc -Itests -pthread $(WARN) $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LIBS    := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -pthread
@@ -55,7 +62,7 @@ $(eval $(call variant,avx2,AVX2_CFLAGS))
 # kernel tests that also run in the scalar and AVX2 builds
 KERNEL_TESTS := test_matmul test_attention test_forward
 
-.PHONY: all setup test test-release test-paths test-asan run bench clean
+.PHONY: all setup test test-release test-paths test-asan run bench install uninstall clean
 all: build/release/mnemo
 	@ln -sf build/release/mnemo mnemo
 
@@ -78,14 +85,29 @@ test-asan: build/asan/mnemo $(asan_TESTS)
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  MNEMO_SANITIZED=1 ./tests/run.sh build/asan
 
-run: setup all
+run: setup
+	@$(MAKE) --no-print-directory all
 	@echo "mnemo: starting the server on the demo model; in another terminal try:"
 	@echo "  curl -s http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\"
 	@echo "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}], \"max_tokens\": 64}'"
 	./build/release/mnemo serve -m models/stories260K.gguf
 
-bench: setup all
+bench: setup
+	@$(MAKE) --no-print-directory all
 	./scripts/bench
+
+# make install [PREFIX=/usr/local] [DESTDIR=staging]: the binary, and the
+# demo model under share/mnemo. The binary is built for this machine's CPU
+# (-march=native): install it on the machine that built it.
+PREFIX  ?= /usr/local
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/mnemo
+	install -m 0755 build/release/mnemo $(DESTDIR)$(PREFIX)/bin/mnemo
+	install -m 0644 models/stories260K.gguf $(DESTDIR)$(PREFIX)/share/mnemo/stories260K.gguf
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/mnemo $(DESTDIR)$(PREFIX)/share/mnemo/stories260K.gguf
+	-rmdir $(DESTDIR)$(PREFIX)/share/mnemo
 
 clean:
 	rm -rf build mnemo
