@@ -10,7 +10,9 @@
  * through RAM and disk; a restart after SIGKILL with writes in flight; a
  * restart on slab files whose data was overwritten (checksums catch it, the
  * blocks are recomputed); a disk that really runs out of space (a 192 KiB
- * tmpfs); a restart after SIGTERM, which must flush what the pool held.
+ * tmpfs); a restart after SIGTERM, which must flush what the pool held;
+ * conversations returning one at a time to an otherwise idle server, their
+ * history promoted from disk to RAM while they wait.
  * Every answer's usage must add up (cached_tokens_by_tier sums to
  * cached_tokens, recomputed_tokens = prompt - cached), and the per-tier
  * /metrics families are checked along the way.
@@ -51,7 +53,7 @@
 #define REF_FLAGS "--threads 1 --no-prefix-cache"
 #define REPLY_TOKENS 12 /* max_tokens of every turn (ignore_eos: exactly this many) */
 #define MAX_TURNS 3
-#define MAX_CONVS 16
+#define MAX_CONVS 32
 #define MAX_SRV 2
 
 enum { T_POOL, T_RAM, T_DISK, T_COUNT };
@@ -762,6 +764,40 @@ static void test_tiers_sigterm_flush(void **state) {
     fix_term(f, 1);
 }
 
+/* ---- 6. returning one at a time: promotes on an idle server ----------------------- */
+
+/* Turn 1 of many conversations, one at a time, then each one's turn 2, one
+ * at a time: with a 1 MiB RAM tier over the disk tier, most histories are
+ * only on disk by then, and each returning request waits alone for its
+ * history's promote from disk to RAM. An engine with nothing running must
+ * wait for that promote, not call the request too big for the pool (it
+ * answered 500 for most of them). */
+static void test_tiers_sequential_promotes(void **state) {
+    Fix *f = *state;
+    fix_mkdir(f);
+    Srv *s = fix_start_tiered(f, POOL3_FLAGS, "--ram-tier-mb 1");
+    Srv *ref = fix_start(f, 1, REF_FLAGS);
+    int n = env_is("MNEMO_SANITIZED", "1") ? 20 : MAX_CONVS;
+    Conv *cs = f->cs;
+    for (int i = 0; i < n; i++) conv_init(&cs[i], "one-by-one", i);
+    for (int turn = 0; turn < 2; turn++)
+        for (int i = 0; i < n; i++) conv_step(&cs[i], s);
+    long by_tier[T_COUNT] = {0};
+    for (int i = 0; i < n; i++) {
+        expect_reference(ref, &cs[i]);
+        for (int k = 0; k < T_COUNT; k++) by_tier[k] += cs[i].ans[1].by_tier[k];
+    }
+    double promoted = metric(s, "mnemo_prefetched_blocks_total{into=\"ram\"}");
+    if (promoted <= 0)
+        fail_msg("no history was promoted from disk to RAM (%.0f blocks; turn 2s found pool %ld, ram %ld, disk %ld)",
+                 promoted, by_tier[T_POOL], by_tier[T_RAM], by_tier[T_DISK]);
+    if (by_tier[T_RAM] <= 0) fail_msg("no returning turn found its history in RAM");
+    expect_health(s);
+    expect_clean_log(s, false, false);
+    fix_term(f, 0);
+    fix_term(f, 1);
+}
+
 int main(void) {
     test_apply_filter();
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -771,6 +807,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_tiers_corrupt_data_file, fix_setup, fix_teardown),
         cmocka_unit_test_setup_teardown(test_tiers_disk_full, fix_setup, fix_teardown),
         cmocka_unit_test_setup_teardown(test_tiers_sigterm_flush, fix_setup, fix_teardown),
+        cmocka_unit_test_setup_teardown(test_tiers_sequential_promotes, fix_setup, fix_teardown),
     };
     if (getenv("MNEMO_TEST_FILTER")) cmocka_set_test_filter(getenv("MNEMO_TEST_FILTER"));
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

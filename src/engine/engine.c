@@ -958,8 +958,8 @@ static void *engine_main(void *arg) {
         if (stopping) break;
         engine_step(e);
         if (e->n_running == 0 && e->n_waiting > 0) admit_waiting(e); /* finished ones made room */
-        if (e->n_running == 0 && e->n_waiting > 0 && e->n_save_blocks + e->n_load_blocks > 0) {
-            tiers_take_events(e, true); /* moves in flight hold pool slots: wait for one to end */
+        if (e->n_running == 0 && e->n_waiting > 0 && tiers_is_moving(e)) {
+            tiers_take_events(e, true); /* a move in flight may let it in: wait for one to end */
         } else if (e->n_running == 0 && e->n_waiting > 0) {
             /* nothing fits and nothing runs: the head request can never be served */
             Active *a = e->waiting;

@@ -197,6 +197,11 @@ void tiers_promote_window(Engine *e, int len);
 /* Whether waiting request a is to wait for promotes in flight before
  * admission (rather than read the same blocks from disk twice). */
 bool tiers_is_promoting(const Engine *e, const Active *a);
+/* Whether moves are in flight whose end can let a waiting request in:
+ * saves and loads hold pool slots, and a promote holds back the requests
+ * whose history it copies (tiers_is_promoting). An engine with nothing
+ * running waits for one of them before it calls a request unservable. */
+bool tiers_is_moving(const Engine *e);
 /* Where indexed block h comes from: the pool, or the tier restoring it. */
 CacheSource tiers_block_source(const Engine *e, const Hash128 *h);
 /* Hand the look-ahead window — the first len waiting requests, with their

@@ -501,6 +501,10 @@ bool tiers_is_promoting(const Engine *e, const Active *a) {
     return false;
 }
 
+bool tiers_is_moving(const Engine *e) {
+    return e->n_save_blocks + e->n_load_blocks > 0 || e->n_promotes > 0;
+}
+
 void tiers_send_window(Engine *e, int len) {
     if (e->mover == NULL || !policy_uses_window(e->opt.evict)) return;
     Hasher hs;
