@@ -112,6 +112,7 @@ static void check_reference(const char *model_name, const char *set, double tol)
 static void test_ref_stories(void **s) { check_reference("stories260K", "exact", 2e-3); }
 static void test_ref_llama_f32(void **s) { check_reference("tiny-llama-spm-f32", "exact", 2e-3); }
 static void test_ref_qwen2_f32(void **s) { check_reference("tiny-qwen2-gpt2-f32", "exact", 2e-3); }
+static void test_ref_qwen3_f32(void **s) { check_reference("tiny-qwen3-gpt2-f32", "exact", 2e-3); }
 static void test_ref_mha_f16(void **s) { check_reference("tiny-mha-spm-f16", "exact", 5e-3); }
 static void test_ref_llama_q8_0(void **s) { check_reference("tiny-llama-spm-q8_0", "exact", 5e-3); }
 static void test_ref_llama_q4_0(void **s) { check_reference("tiny-llama-spm-q4_0", "exact", 5e-3); }
@@ -367,6 +368,7 @@ int main(void) {
         cmocka_unit_test(test_ref_stories),
         cmocka_unit_test(test_ref_llama_f32),
         cmocka_unit_test(test_ref_qwen2_f32),
+        cmocka_unit_test(test_ref_qwen3_f32),
         cmocka_unit_test(test_ref_mha_f16),
         cmocka_unit_test(test_ref_llama_q8_0),
         cmocka_unit_test(test_ref_llama_q4_0),

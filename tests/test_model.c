@@ -3,24 +3,40 @@
  * half-loaded. Each case rewrites stories260K.gguf with one thing changed. */
 #include "test_util.h"
 
+#include <math.h>
 #include <unistd.h>
 
 #include "base/err.h"
 #include "model/gguf.h"
 #include "model/model.h"
 
+/* Open stories260K and a writer for its edited copy. */
+static GgufWriter *copy_begin(Gguf **g) {
+    char path[512];
+    test_data_path(path, sizeof path, "models/stories260K.gguf");
+    MnErr err = {0};
+    assert_int_equal(gguf_open(path, g, &err), MN_OK);
+    return gguf_writer_new();
+}
+
+/* Write the copy to a temp file and close both; returns its path (static buffer). */
+static const char *copy_end(Gguf *g, GgufWriter *w) {
+    static char out[64];
+    MnErr err = {0};
+    snprintf(out, sizeof out, "/tmp/mnemo-model-%d.gguf", (int)getpid());
+    assert_int_equal(gguf_writer_write(w, out, &err), MN_OK);
+    gguf_writer_free(w);
+    gguf_close(g);
+    return out;
+}
+
 /* Copy stories260K to a temp file, skipping tensor `drop`, replacing the u32
  * KV `key` by `value` (when key is not NULL) and giving tensor `reshape` the
  * dims of `shape_like`. Returns the path (static buffer). */
 static const char *variant(const char *drop, const char *key, uint32_t value, const char *reshape,
                            const char *shape_like) {
-    static char out[64];
-    char path[512];
-    test_data_path(path, sizeof path, "models/stories260K.gguf");
     Gguf *g = NULL;
-    MnErr err = {0};
-    assert_int_equal(gguf_open(path, &g, &err), MN_OK);
-    GgufWriter *w = gguf_writer_new();
+    GgufWriter *w = copy_begin(&g);
     for (int64_t i = 0; i < gguf_n_kv(g); i++) {
         if (key && strcmp(gguf_kv_key(g, i), key) == 0) assert_int_equal(gguf_writer_add_u32(w, key, value), MN_OK);
         else assert_int_equal(gguf_writer_copy_kv(w, g, i), MN_OK);
@@ -33,11 +49,36 @@ static const char *variant(const char *drop, const char *key, uint32_t value, co
         if (shape->n_bytes != t->n_bytes) shape = t; /* only same-size reshapes keep the data valid */
         assert_int_equal(gguf_writer_add_tensor(w, t->name, t->type, shape->n_dims, shape->ne, t->data, t->n_bytes), MN_OK);
     }
-    snprintf(out, sizeof out, "/tmp/mnemo-model-%d.gguf", (int)getpid());
-    assert_int_equal(gguf_writer_write(w, out, &err), MN_OK);
-    gguf_writer_free(w);
-    gguf_close(g);
-    return out;
+    return copy_end(g, w);
+}
+
+/* Copy stories260K to a temp file with RoPE scaling keys (scaling NULL:
+ * none written) and, when factors is not NULL, a rope_freqs tensor of
+ * n_factors values. Returns the path (static buffer). */
+static const char *with_rope(const char *scaling, float factor, const float *factors, uint64_t n_factors) {
+    Gguf *g = NULL;
+    GgufWriter *w = copy_begin(&g);
+    for (int64_t i = 0; i < gguf_n_kv(g); i++) assert_int_equal(gguf_writer_copy_kv(w, g, i), MN_OK);
+    if (scaling) {
+        assert_int_equal(gguf_writer_add_str(w, "llama.rope.scaling.type", scaling), MN_OK);
+        assert_int_equal(gguf_writer_add_f32(w, "llama.rope.scaling.factor", factor), MN_OK);
+    }
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const GgufTensor *t = gguf_tensor(g, i);
+        assert_int_equal(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->n_bytes), MN_OK);
+    }
+    if (factors)
+        assert_int_equal(gguf_writer_add_tensor(w, "rope_freqs.weight", MN_TYPE_F32, 1, &n_factors, factors,
+                                                n_factors * sizeof(float)), MN_OK);
+    return copy_end(g, w);
+}
+
+static Model *load_ok(const char *path) {
+    Model *m = NULL;
+    MnErr err = {0};
+    if (model_load(path, &m, &err) != MN_OK) fail_msg("%s", err.msg);
+    unlink(path);
+    return m;
 }
 
 static void expect_refused(const char *path, const char *needle) {
@@ -86,12 +127,49 @@ static void test_wrong_shape(void **s) {
     expect_refused(variant(NULL, NULL, 0, "blk.2.ffn_gate.weight", "blk.2.ffn_down.weight"), "blk.2.ffn_gate.weight");
 }
 
+/* RoPE frequency scaling: linear scaling and per-pair factors change the
+ * inverse frequencies as the file says; a scaling mnemo does not run is
+ * refused by name, as are factors that are not positive. */
+static void test_rope_scaling(void **s) {
+    char p[512];
+    if (!test_require_file(test_data_path(p, sizeof p, "models/stories260K.gguf"))) return;
+    Model *m = load_ok(with_rope(NULL, 0, NULL, 0));
+    const int half = m->cfg.n_rot / 2; /* stories260K: head 8, 4 pairs */
+    assert_true(half > 1 && half <= 16);
+    double plain[16], got[16];
+    model_rope_inv_freq(m, plain);
+    for (int i = 0; i < half; i++) assert_true(fabs(plain[i] - pow(10000.0, -2.0 * i / m->cfg.n_rot)) < 1e-15);
+    assert_null(m->rope_factors);
+    model_free(m);
+
+    m = load_ok(with_rope("linear", 4.0f, NULL, 0));
+    model_rope_inv_freq(m, got);
+    for (int i = 0; i < half; i++) assert_true(got[i] == plain[i] * 0.25);
+    model_free(m);
+
+    float factors[16];
+    for (int i = 0; i < half; i++) factors[i] = 1.0f + (float)i;
+    m = load_ok(with_rope(NULL, 0, factors, (uint64_t)half));
+    assert_non_null(m->rope_factors);
+    model_rope_inv_freq(m, got);
+    for (int i = 0; i < half; i++) assert_true(got[i] == plain[i] / (double)factors[i]);
+    model_free(m);
+
+    expect_refused(with_rope("yarn", 4.0f, NULL, 0), "RoPE scaling 'yarn'");
+    expect_refused(with_rope("longrope", 4.0f, NULL, 0), "RoPE scaling 'longrope'");
+    expect_refused(with_rope("linear", 0.5f, NULL, 0), "rope.scaling.factor");
+    factors[1] = 0.0f;
+    expect_refused(with_rope(NULL, 0, factors, (uint64_t)half), "rope_freqs.weight[1]");
+    expect_refused(with_rope(NULL, 0, factors, (uint64_t)half + 1), "rope_freqs.weight");
+}
+
 int main(void) {
     test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_missing_tensor),
         cmocka_unit_test(test_inconsistent_metadata),
         cmocka_unit_test(test_wrong_shape),
+        cmocka_unit_test(test_rope_scaling),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

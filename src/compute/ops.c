@@ -48,10 +48,6 @@ void ops_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
     for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
-void ops_rope_freqs(double *inv_freq, int n_rot, float base) {
-    for (int i = 0; i < n_rot / 2; i++) inv_freq[i] = pow((double)base, -2.0 * i / (double)n_rot);
-}
-
 void ops_rope(float *x, int n_heads, int head_dim, int n_rot, const double *inv_freq, int32_t pos,
               int adjacent) {
     int half = n_rot / 2;

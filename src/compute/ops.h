@@ -18,8 +18,6 @@ float ops_dot(const float *a, const float *b, int n);
 /* out = x / sqrt(mean(x^2) + eps) * w, one row of n. out may alias x. */
 void ops_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 
-/* Inverse frequencies of RoPE: inv_freq[i] = base^(-2i / n_rot), i < n_rot/2. */
-void ops_rope_freqs(double *inv_freq, int n_rot, float base);
 
 /* Rotate the first n_rot dims of each of n_heads heads (head_dim apart) of
  * one token at position pos. adjacent: pairs (2i, 2i+1); else pairs

@@ -1,7 +1,7 @@
 /* forward.c — the transformer, layer by layer over a batch (see forward.h).
  *
  * For each layer, the whole batch goes through: RMS norm, Q/K/V projections
- * (+ biases), RoPE at each token's position, K/V written into the pool,
+ * (+ biases; qwen3: an RMS norm of each Q and K head), RoPE at each token's position, K/V written into the pool,
  * paged attention, output projection and residual, then RMS norm and the
  * SwiGLU feed-forward and residual. Matmuls and attention split their work
  * over the compute pool by output; the element-wise stages in between split
@@ -11,9 +11,9 @@
  * Buffers (all (rows, width) row-major f32, sized at fwd_new):
  *   x     (max_tokens, n_embd)   residual stream
  *   xb    (max_tokens, n_embd)   normed input / attention output
- *   q     (max_tokens, n_embd)
+ *   q     (max_tokens, q_dim)
  *   k, v  (max_tokens, kv_dim)
- *   att   (max_tokens, n_embd)
+ *   att   (max_tokens, q_dim)
  *   hb, hb2 (max_tokens, n_ff)
  *   xl    (max_logits, n_embd)   normed rows for the vocabulary projection
  *   logits (max_logits, n_vocab)
@@ -57,10 +57,10 @@ int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, 
     f->tp = tpool_new(opt->n_threads);
     f->x = alloc_rows(T, c->n_embd);
     f->xb = alloc_rows(T, c->n_embd);
-    f->q = alloc_rows(T, c->n_embd);
+    f->q = alloc_rows(T, c->q_dim);
     f->k = alloc_rows(T, c->kv_dim);
     f->v = alloc_rows(T, c->kv_dim);
-    f->att = alloc_rows(T, c->n_embd);
+    f->att = alloc_rows(T, c->q_dim);
     f->hb = alloc_rows(T, c->n_ff);
     f->hb2 = alloc_rows(T, c->n_ff);
     f->xl = alloc_rows(L, c->n_embd);
@@ -73,7 +73,7 @@ int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, 
         fwd_free(f);
         return mn_err_set(err, MN_ENOMEM, "forward: out of memory for %d-token batches", T);
     }
-    ops_rope_freqs(f->inv_freq, c->n_rot, c->rope_base);
+    model_rope_inv_freq(m, f->inv_freq);
     *out = f;
     return MN_OK;
 }
@@ -159,15 +159,20 @@ static void stage_token(const StageJob *j, int t) {
     Forward *f = j->f;
     const ModelConfig *c = &f->m->cfg;
     const LayerWeights *lw = &f->m->layers[j->il];
-    const size_t D = (size_t)c->n_embd, KV = (size_t)c->kv_dim, F = (size_t)c->n_ff;
+    const size_t D = (size_t)c->n_embd, QD = (size_t)c->q_dim, KV = (size_t)c->kv_dim, F = (size_t)c->n_ff;
     float *x = f->x + t * D, *xb = f->xb + t * D;
     switch (j->stage) {
     case STAGE_ATTN_NORM: ops_rmsnorm(xb, x, lw->attn_norm, (int)D, c->rms_eps); break;
     case STAGE_QKV_POST: {
-        float *q = f->q + t * D, *k = f->k + t * KV, *v = f->v + t * KV;
-        if (lw->bq) ops_add(q, lw->bq, (int)D);
+        float *q = f->q + t * QD, *k = f->k + t * KV, *v = f->v + t * KV;
+        if (lw->bq) ops_add(q, lw->bq, (int)QD);
         if (lw->bk) ops_add(k, lw->bk, (int)KV);
         if (lw->bv) ops_add(v, lw->bv, (int)KV);
+        const int hd = c->head_dim;
+        for (int h = 0; lw->q_norm && h < c->n_head; h++) /* in place: x is read whole first */
+            ops_rmsnorm(q + h * hd, q + h * hd, lw->q_norm, hd, c->rms_eps);
+        for (int h = 0; lw->k_norm && h < c->n_head_kv; h++)
+            ops_rmsnorm(k + h * hd, k + h * hd, lw->k_norm, hd, c->rms_eps);
         const int adjacent = c->rope_style == ROPE_ADJACENT;
         ops_rope(q, c->n_head, c->head_dim, c->n_rot, f->inv_freq, j->b->pos[t], adjacent);
         ops_rope(k, c->n_head_kv, c->head_dim, c->n_rot, f->inv_freq, j->b->pos[t], adjacent);

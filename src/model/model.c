@@ -8,6 +8,7 @@
  */
 #include "model/model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -20,15 +21,17 @@ typedef struct ArchInfo {
     ModelArch arch;
     RopeStyle rope_style;
     bool has_qkv_bias;
+    bool has_qk_norm;
 } ArchInfo;
 
 static const ArchInfo arch_table[] = {
-    {"llama", ARCH_LLAMA, ROPE_ADJACENT, false},
-    {"qwen2", ARCH_QWEN2, ROPE_HALVES, true},
+    {"llama", ARCH_LLAMA, ROPE_ADJACENT, false, false},
+    {"qwen2", ARCH_QWEN2, ROPE_HALVES, true, false},
+    {"qwen3", ARCH_QWEN3, ROPE_HALVES, false, true},
 };
 #define N_ARCHS (sizeof arch_table / sizeof arch_table[0])
 
-const char *model_supported_archs(void) { return "llama, qwen2"; }
+const char *model_supported_archs(void) { return "llama, qwen2, qwen3"; }
 
 /* ---- metadata ----------------------------------------------------------- */
 
@@ -52,6 +55,28 @@ static int get_arch_f32(const Gguf *g, const char *arch, const char *suffix, flo
     return MN_OK;
 }
 
+/* ARCH.rope.scaling.type: none (or absent) and linear are run; yarn,
+ * longrope and anything else are refused by name rather than run wrongly. */
+static int rope_scaling_read(const Gguf *g, const char *arch, ModelConfig *c, MnErr *err) {
+    char key[128];
+    GgufStr s;
+    c->rope_freq_scale = 1.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    char type[32] = "none";
+    if (gguf_get_str(g, key, &s) == MN_OK) snprintf(type, sizeof type, "%.*s", (int)(s.len < 31 ? s.len : 31), s.data);
+    if (strcmp(type, "none") == 0) return MN_OK;
+    if (strcmp(type, "linear") != 0)
+        return mn_err_set(err, MN_EUNSUPPORTED, "RoPE scaling '%s' (%s) is not supported (supported: none, linear)",
+                          type, key);
+    float factor = 1.0f;
+    int rc = get_arch_f32(g, arch, "rope.scaling.factor", &factor, err);
+    if (rc) return rc;
+    if (!(factor >= 1.0f && factor <= 1024.0f))
+        return mn_err_set(err, MN_EFORMAT, "%s.rope.scaling.factor %g is out of range [1, 1024]", arch, factor);
+    c->rope_freq_scale = 1.0f / factor;
+    return MN_OK;
+}
+
 static int config_read(const Gguf *g, ModelConfig *c, MnErr *err) {
     GgufStr s;
     if (gguf_get_str(g, "general.architecture", &s) != MN_OK)
@@ -68,6 +93,7 @@ static int config_read(const Gguf *g, ModelConfig *c, MnErr *err) {
     c->arch = ai->arch;
     c->rope_style = ai->rope_style;
     c->has_qkv_bias = ai->has_qkv_bias;
+    c->has_qk_norm = ai->has_qk_norm;
 
     uint32_t n_embd = 0, n_layer = 0, n_head = 0, n_head_kv = 0, n_ff = 0, n_ctx = 0, n_rot = 0;
     int rc;
@@ -96,7 +122,15 @@ static int config_read(const Gguf *g, ModelConfig *c, MnErr *err) {
     c->n_layer = (int)n_layer;
     c->n_head = (int)n_head;
     c->n_head_kv = (int)n_head_kv;
-    c->head_dim = (int)(n_embd / n_head);
+    uint32_t key_len = n_embd / n_head, value_len = 0;
+    if ((rc = get_arch_u32(g, arch, "attention.key_length", &key_len, false, err))) return rc;
+    value_len = key_len;
+    if ((rc = get_arch_u32(g, arch, "attention.value_length", &value_len, false, err))) return rc;
+    if (key_len == 0 || key_len > 1024 || value_len != key_len)
+        return mn_err_set(err, MN_EUNSUPPORTED, "attention key length %u and value length %u are not supported "
+                          "(they must be equal, 1..1024)", key_len, value_len);
+    c->head_dim = (int)key_len;
+    c->q_dim = c->n_head * c->head_dim;
     c->kv_dim = c->n_head_kv * c->head_dim;
     c->n_ff = (int)n_ff;
     c->n_ctx = (int)n_ctx;
@@ -108,7 +142,7 @@ static int config_read(const Gguf *g, ModelConfig *c, MnErr *err) {
     c->n_rot = (int)n_rot;
     if (!(c->rope_base > 0.0f) || !(c->rms_eps > 0.0f))
         return mn_err_set(err, MN_EFORMAT, "rope base and RMS epsilon must be positive");
-    return MN_OK;
+    return rope_scaling_read(g, arch, c, err);
 }
 
 /* ---- tensors ------------------------------------------------------------ */
@@ -154,8 +188,9 @@ static int bind_vector(const Gguf *g, const char *name, int64_t n, float *dst, M
 /* Floats needed for all 1-D tensors. */
 static size_t vector_floats(const ModelConfig *c) {
     size_t per_layer = 2 * (size_t)c->n_embd;
-    if (c->has_qkv_bias) per_layer += (size_t)c->n_embd + 2 * (size_t)c->kv_dim;
-    return per_layer * (size_t)c->n_layer + (size_t)c->n_embd;
+    if (c->has_qkv_bias) per_layer += (size_t)c->q_dim + 2 * (size_t)c->kv_dim;
+    if (c->has_qk_norm) per_layer += 2 * (size_t)c->head_dim;
+    return per_layer * (size_t)c->n_layer + (size_t)c->n_embd + (size_t)c->n_rot / 2;
 }
 
 static int bind_layer(Model *m, int il, float **vec, MnErr *err) {
@@ -165,10 +200,10 @@ static int bind_layer(Model *m, int il, float **vec, MnErr *err) {
     char name[96];
     int rc;
 #define NAME(suffix) (snprintf(name, sizeof name, "blk.%d.%s", il, suffix), name)
-    if ((rc = bind_matrix(g, NAME("attn_q.weight"), c->n_embd, c->n_embd, &L->wq, err)) ||
+    if ((rc = bind_matrix(g, NAME("attn_q.weight"), c->n_embd, c->q_dim, &L->wq, err)) ||
         (rc = bind_matrix(g, NAME("attn_k.weight"), c->n_embd, c->kv_dim, &L->wk, err)) ||
         (rc = bind_matrix(g, NAME("attn_v.weight"), c->n_embd, c->kv_dim, &L->wv, err)) ||
-        (rc = bind_matrix(g, NAME("attn_output.weight"), c->n_embd, c->n_embd, &L->wo, err)) ||
+        (rc = bind_matrix(g, NAME("attn_output.weight"), c->q_dim, c->n_embd, &L->wo, err)) ||
         (rc = bind_matrix(g, NAME("ffn_gate.weight"), c->n_embd, c->n_ff, &L->w_gate, err)) ||
         (rc = bind_matrix(g, NAME("ffn_up.weight"), c->n_embd, c->n_ff, &L->w_up, err)) ||
         (rc = bind_matrix(g, NAME("ffn_down.weight"), c->n_ff, c->n_embd, &L->w_down, err)))
@@ -181,14 +216,22 @@ static int bind_layer(Model *m, int il, float **vec, MnErr *err) {
     *vec += c->n_embd;
     if (c->has_qkv_bias) {
         L->bq = *vec;
-        if ((rc = bind_vector(g, NAME("attn_q.bias"), c->n_embd, *vec, err))) return rc;
-        *vec += c->n_embd;
+        if ((rc = bind_vector(g, NAME("attn_q.bias"), c->q_dim, *vec, err))) return rc;
+        *vec += c->q_dim;
         L->bk = *vec;
         if ((rc = bind_vector(g, NAME("attn_k.bias"), c->kv_dim, *vec, err))) return rc;
         *vec += c->kv_dim;
         L->bv = *vec;
         if ((rc = bind_vector(g, NAME("attn_v.bias"), c->kv_dim, *vec, err))) return rc;
         *vec += c->kv_dim;
+    }
+    if (c->has_qk_norm) {
+        L->q_norm = *vec;
+        if ((rc = bind_vector(g, NAME("attn_q_norm.weight"), c->head_dim, *vec, err))) return rc;
+        *vec += c->head_dim;
+        L->k_norm = *vec;
+        if ((rc = bind_vector(g, NAME("attn_k_norm.weight"), c->head_dim, *vec, err))) return rc;
+        *vec += c->head_dim;
     }
 #undef NAME
     return MN_OK;
@@ -219,6 +262,14 @@ static int bind_all(Model *m, MnErr *err) {
     vec += c->n_embd;
     for (int il = 0; il < c->n_layer; il++)
         if ((rc = bind_layer(m, il, &vec, err))) return rc;
+    if (gguf_find_tensor(m->gguf, "rope_freqs.weight") != NULL) { /* Llama 3.1+ frequency factors */
+        if ((rc = bind_vector(m->gguf, "rope_freqs.weight", c->n_rot / 2, vec, err))) return rc;
+        for (int i = 0; i < c->n_rot / 2; i++)
+            if (!(vec[i] > 0.0f) || !isfinite(vec[i]))
+                return mn_err_set(err, MN_EFORMAT, "rope_freqs.weight[%d] is %g; factors must be positive", i, vec[i]);
+        m->rope_factors = vec;
+        vec += c->n_rot / 2;
+    }
     for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) m->weight_bytes += gguf_tensor(m->gguf, i)->n_bytes;
     return MN_OK;
 }
@@ -253,6 +304,15 @@ void model_free(Model *m) {
     mn_free(m->vectors);
     gguf_close(m->gguf);
     mn_free(m);
+}
+
+void model_rope_inv_freq(const Model *m, double *inv_freq) {
+    const ModelConfig *c = &m->cfg;
+    for (int i = 0; i < c->n_rot / 2; i++) {
+        double f = pow((double)c->rope_base, -2.0 * i / (double)c->n_rot);
+        if (m->rope_factors) f /= (double)m->rope_factors[i];
+        inv_freq[i] = f * (double)c->rope_freq_scale;
+    }
 }
 
 void model_embed(const Model *m, int32_t id, float *out) {

@@ -2,13 +2,17 @@
  *
  * model_load maps the GGUF, reads every hyper-parameter from its metadata
  * (ARCH.embedding_length, .block_count, .attention.head_count[_kv],
- * .feed_forward_length, .context_length, .rope.freq_base,
- * .rope.dimension_count, .attention.layer_norm_rms_epsilon), checks every
- * tensor's presence, type and shape against them, and loads the tokenizer.
- * Supported architectures: "llama" (MHA or GQA, RoPE on adjacent pairs,
- * output tied to token_embd when output.weight is absent) and "qwen2" (Q/K/V
- * biases, RoPE on halves). Anything else is refused with the list of
- * supported ones.
+ * .attention.key_length/.value_length, .feed_forward_length,
+ * .context_length, .rope.freq_base, .rope.dimension_count,
+ * .rope.scaling.type/.factor, .attention.layer_norm_rms_epsilon), checks
+ * every tensor's presence, type and shape against them, and loads the
+ * tokenizer. Supported architectures: "llama" (MHA or GQA, RoPE on adjacent
+ * pairs, output tied to token_embd when output.weight is absent, per-pair
+ * RoPE frequency factors from a rope_freqs tensor as Llama 3.1+ files carry
+ * them), "qwen2" (Q/K/V biases, RoPE on halves) and "qwen3" (RMSNorm of each
+ * Q and K head before RoPE on halves, no biases). RoPE scaling "linear" is
+ * supported; any other scaling type, and anything else the file asks for
+ * that mnemo cannot run, is refused with a message that names it.
  *
  * Weight matrices point into the mapping (no copy); 1-D tensors (norms,
  * biases) are converted to f32 copies the Model owns. Everything stays valid
@@ -27,7 +31,7 @@
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 
-typedef enum ModelArch { ARCH_LLAMA, ARCH_QWEN2 } ModelArch;
+typedef enum ModelArch { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3 } ModelArch;
 
 /* How RoPE pairs the dimensions of a head: (2i, 2i+1) or (i, i + n_rot/2). */
 typedef enum RopeStyle { ROPE_ADJACENT, ROPE_HALVES } RopeStyle;
@@ -38,25 +42,30 @@ typedef struct ModelConfig {
     int n_layer;
     int n_head;
     int n_head_kv;
-    int head_dim;  /* n_embd / n_head */
+    int head_dim;  /* attention.key_length (= value_length), default n_embd / n_head */
+    int q_dim;     /* n_head * head_dim (not always n_embd) */
     int kv_dim;    /* n_head_kv * head_dim */
     int n_ff;
     int n_vocab;
     int n_ctx;     /* training context length */
     int n_rot;     /* dimensions rotated by RoPE (<= head_dim) */
     float rope_base;
+    float rope_freq_scale; /* 1 / rope.scaling.factor for "linear" scaling, else 1 */
     float rms_eps;
     RopeStyle rope_style;
     bool has_qkv_bias;
+    bool has_qk_norm;      /* qwen3: RMSNorm per Q and K head before RoPE */
 } ModelConfig;
 
 typedef struct LayerWeights {
     const float *attn_norm; /* (n_embd) */
-    MatW wq;                /* (n_embd -> n_embd) */
+    MatW wq;                /* (n_embd -> q_dim) */
     MatW wk, wv;            /* (n_embd -> kv_dim) */
-    const float *bq;        /* (n_embd) or NULL */
+    const float *bq;        /* (q_dim) or NULL */
     const float *bk, *bv;   /* (kv_dim) or NULL */
-    MatW wo;                /* (n_embd -> n_embd) */
+    const float *q_norm;    /* (head_dim) or NULL: has_qk_norm */
+    const float *k_norm;    /* (head_dim) or NULL */
+    MatW wo;                /* (q_dim -> n_embd) */
     const float *ffn_norm;  /* (n_embd) */
     MatW w_gate, w_up;      /* (n_embd -> n_ff) */
     MatW w_down;            /* (n_ff -> n_embd) */
@@ -71,6 +80,7 @@ typedef struct Model {
     MatW output;             /* (n_embd -> n_vocab); == tok_embd when tied */
     bool is_output_tied;
     LayerWeights *layers;    /* (n_layer) */
+    const float *rope_factors; /* (n_rot / 2) divisors of RoPE's frequencies, or NULL */
     float *vectors;          /* owned f32 copies of all 1-D tensors */
     uint64_t weight_bytes;   /* bytes of all tensor data */
     Hash128 fingerprint;     /* XXH3-128 of the whole GGUF image: metadata,
@@ -81,10 +91,14 @@ typedef struct Model {
 int model_load(const char *path, Model **out, MnErr *err);
 void model_free(Model *m);
 
-/* Names of the supported architectures, e.g. "llama, qwen2". */
+/* Names of the supported architectures, e.g. "llama, qwen2, qwen3". */
 const char *model_supported_archs(void);
 
 /* Copy the embedding row of token id (0 <= id < n_vocab) into out (n_embd). */
 void model_embed(const Model *m, int32_t id, float *out);
+
+/* RoPE's inverse frequencies for m (n_rot / 2 of them): base^(-2i/n_rot),
+ * divided by rope_factors[i] when the file has them, times rope_freq_scale. */
+void model_rope_inv_freq(const Model *m, double *inv_freq);
 
 #endif
