@@ -15,6 +15,8 @@
 
 typedef struct Fixture {
     int n_head, n_head_kv, head_dim, kv_dim, block_tokens, n_ctx;
+    int window;    /* sliding window (0: none) */
+    float softcap; /* 0: none */
     float *q;    /* (n_ctx, n_head*head_dim) one query per position */
     float *k, *v; /* (n_ctx, kv_dim) dense */
 } Fixture;
@@ -34,6 +36,8 @@ static void fixture_init(Fixture *f, int n_head, int n_head_kv, int head_dim, in
     f->kv_dim = n_head_kv * head_dim;
     f->block_tokens = block_tokens;
     f->n_ctx = n_ctx;
+    f->window = 0;
+    f->softcap = 0.0f;
     f->q = malloc(sizeof(float) * (size_t)n_ctx * n_head * head_dim);
     f->k = malloc(sizeof(float) * (size_t)n_ctx * f->kv_dim);
     f->v = malloc(sizeof(float) * (size_t)n_ctx * f->kv_dim);
@@ -66,24 +70,26 @@ static void fill_pool(const Fixture *f, KvPool *p, const int32_t *table) {
     }
 }
 
-/* Dense float64 attention of the query at pos. */
+/* Dense float64 attention of the query at pos (over its window, soft-capped). */
 static void dense_attention(const Fixture *f, int pos, double *out) {
     int group = f->n_head / f->n_head_kv, hd = f->head_dim;
+    int lo = f->window > 0 && pos - f->window + 1 > 0 ? pos - f->window + 1 : 0;
     double *s = malloc(sizeof(double) * (pos + 1));
     for (int h = 0; h < f->n_head; h++) {
         int kvh = h / group;
         const float *q = f->q + ((size_t)pos * f->n_head + h) * hd;
         double max = -INFINITY, sum = 0;
-        for (int p = 0; p <= pos; p++) {
+        for (int p = lo; p <= pos; p++) {
             double d = 0;
             for (int i = 0; i < hd; i++) d += (double)q[i] * f->k[(size_t)p * f->kv_dim + kvh * hd + i];
             s[p] = d / sqrt((double)hd);
+            if (f->softcap > 0) s[p] = f->softcap * tanh(s[p] / f->softcap);
             max = s[p] > max ? s[p] : max;
         }
-        for (int p = 0; p <= pos; p++) sum += (s[p] = exp(s[p] - max));
+        for (int p = lo; p <= pos; p++) sum += (s[p] = exp(s[p] - max));
         for (int i = 0; i < hd; i++) {
             double o = 0;
-            for (int p = 0; p <= pos; p++) o += s[p] * f->v[(size_t)p * f->kv_dim + kvh * hd + i];
+            for (int p = lo; p <= pos; p++) o += s[p] * f->v[(size_t)p * f->kv_dim + kvh * hd + i];
             out[h * hd + i] = o / sum;
         }
     }
@@ -99,7 +105,8 @@ static float *run_kernel(const Fixture *f, const KvPool *p, const int32_t *table
     int32_t *seq = calloc((size_t)n, sizeof(int32_t));
     for (int i = 0; i < n; i++) memcpy(q + (size_t)i * dim, f->q + (size_t)pos[i] * dim, sizeof(float) * dim);
     AttnSeq s = {table, n_blocks};
-    AttnBatch b = {n, q, seq, pos, &s, f->n_head, f->n_head_kv, f->head_dim};
+    AttnBatch b = {.n_tok = n, .q = q, .seq = seq, .pos = pos, .seqs = &s, .n_head = f->n_head,
+                   .n_head_kv = f->n_head_kv, .head_dim = f->head_dim, .window = f->window, .softcap = f->softcap};
     AttnKv kv = {p->arenas[0], p->block_bytes, p->block_bytes / 2, p->block_tokens, p->kv_dim, p->kv_type};
     int nth = tp ? tpool_size(tp) : 1;
     size_t per = attn_scratch_floats(f->n_ctx, f->n_head, f->n_head_kv, f->head_dim);
@@ -125,10 +132,12 @@ static void shuffled_table(int32_t *table, int n_blocks, int n_slots, uint64_t s
     free(perm);
 }
 
-static void check_against_dense(MnType kv_type, int n_head, int n_head_kv, int head_dim, int bt, int n_ctx,
-                                double tol) {
+static void check_against_dense_with(MnType kv_type, int n_head, int n_head_kv, int head_dim, int bt, int n_ctx,
+                                     int window, float softcap, double tol) {
     Fixture f;
     fixture_init(&f, n_head, n_head_kv, head_dim, bt, n_ctx);
+    f.window = window;
+    f.softcap = softcap;
     int n_blocks = (n_ctx + bt - 1) / bt;
     KvPool p;
     assert_int_equal(kvpool_init(&p, 1, f.kv_dim, bt, n_blocks + 3, kv_type), MN_OK);
@@ -157,6 +166,23 @@ static void check_against_dense(MnType kv_type, int n_head, int n_head_kv, int h
     fixture_free(&f);
 }
 
+static void check_against_dense(MnType kv_type, int n_head, int n_head_kv, int head_dim, int bt, int n_ctx,
+                                double tol) {
+    check_against_dense_with(kv_type, n_head, n_head_kv, head_dim, bt, n_ctx, 0, 0.0f, tol);
+}
+
+/* Sliding windows (shorter than, equal to and longer than a block; longer
+ * than the context) and soft-capped scores (a cap low enough to bite: the
+ * fixture's scores reach about 4), alone and together. */
+static void test_window_softcap(void **state) {
+    check_against_dense_with(MN_TYPE_F32, 4, 2, 16, 8, 70, 5, 0.0f, 1e-5);
+    check_against_dense_with(MN_TYPE_F32, 4, 2, 16, 8, 70, 8, 0.0f, 1e-5);
+    check_against_dense_with(MN_TYPE_F32, 8, 1, 64, 5, 40, 17, 0.0f, 1e-5);
+    check_against_dense_with(MN_TYPE_F32, 4, 2, 16, 8, 33, 100, 0.0f, 1e-5);
+    check_against_dense_with(MN_TYPE_F32, 4, 4, 8, 32, 33, 0, 1.5f, 1e-5);
+    check_against_dense_with(MN_TYPE_F16, 4, 2, 16, 8, 70, 9, 2.0f, 2e-3);
+}
+
 static void test_matches_dense_f32(void **state) {
     check_against_dense(MN_TYPE_F32, 4, 2, 16, 8, 70, 1e-5);
     check_against_dense(MN_TYPE_F32, 4, 4, 8, 32, 33, 1e-5);
@@ -169,11 +195,13 @@ static void test_matches_dense_f16(void **state) {
 
 /* Bit-identical outputs for the same query whatever the batch around it. */
 static void test_invariance(void **state) {
-    for (int kt = 0; kt < 2; kt++) {
-        MnType kv_type = kt ? MN_TYPE_F16 : MN_TYPE_F32;
+    for (int kt = 0; kt < 4; kt++) { /* f32, f16; then each with a window of 6 and a soft cap */
+        MnType kv_type = kt % 2 ? MN_TYPE_F16 : MN_TYPE_F32;
         Fixture f;
         int bt = 4, n_ctx = 37;
         fixture_init(&f, 4, 2, 16, bt, n_ctx);
+        f.window = kt >= 2 ? 6 : 0;
+        f.softcap = kt >= 2 ? 2.0f : 0.0f;
         int n_blocks = (n_ctx + bt - 1) / bt, dim = f.n_head * f.head_dim;
         KvPool p1, p2;
         assert_int_equal(kvpool_init(&p1, 1, f.kv_dim, bt, n_blocks, kv_type), MN_OK);
@@ -234,7 +262,8 @@ static void test_two_sequences(void **state) {
     memcpy(q + dim, b.q + (size_t)pos_b * dim, sizeof(float) * dim);
     AttnSeq seqs[2] = {{ta, 3}, {tb, 3}};
     int32_t seq[2] = {0, 1}, pos[2] = {pos_a, pos_b};
-    AttnBatch batch = {2, q, seq, pos, seqs, 4, 2, 16};
+    AttnBatch batch = {.n_tok = 2, .q = q, .seq = seq, .pos = pos, .seqs = seqs, .n_head = 4, .n_head_kv = 2,
+                       .head_dim = 16};
     AttnKv kv = {p.arenas[0], p.block_bytes, p.block_bytes / 2, bt, p.kv_dim, p.kv_type};
     size_t per = attn_scratch_floats(20, 4, 2, 16);
     float *scratch = malloc(sizeof(float) * per);
@@ -348,6 +377,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_dense_f32),
         cmocka_unit_test(test_matches_dense_f16),
+        cmocka_unit_test(test_window_softcap),
         cmocka_unit_test(test_invariance),
         cmocka_unit_test(test_two_sequences),
         cmocka_unit_test(test_pool_model),

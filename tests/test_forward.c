@@ -178,6 +178,58 @@ static void test_golden_stories(void **s) {
     model_free(m);
 }
 
+/* ---- sliding window ------------------------------------------------------------ */
+
+typedef struct Rows {
+    float *data; /* (n, 512) */
+} Rows;
+
+static int keep_row(void *ctx, int idx, const float *logits) {
+    Rows *r = ctx;
+    memcpy(r->data + (size_t)idx * 512, logits, 512 * sizeof(float));
+    return 0;
+}
+
+/* stories260K's logits for 24 tokens with every layer's window set to w (0: none). */
+static float *logits_with_window(Model *m, const int32_t *ids, int n, int w) {
+    for (int il = 0; il < m->cfg.n_layer; il++) m->layers[il].window = w;
+    Runner r;
+    RunnerOptions ro;
+    runner_options_default(&ro);
+    ro.all_logits = true;
+    MnErr err = {0};
+    assert_int_equal(runner_init(&r, m, &ro, &err), MN_OK);
+    Rows rows = {calloc((size_t)n * 512, sizeof(float))};
+    assert_int_equal(runner_eval(&r, ids, n, true, keep_row, &rows, &err), MN_OK);
+    runner_deinit(&r);
+    return rows.data;
+}
+
+/* A layer's window reaches the attention kernel: positions inside the
+ * window see what they saw without one; later positions see less. */
+static void test_sliding_window(void **s) {
+    char path[512];
+    test_data_path(path, sizeof path, "models/stories260K.gguf");
+    if (!test_require_file(path)) return;
+    MnErr err = {0};
+    Model *m = NULL;
+    assert_int_equal(model_load(path, &m, &err), MN_OK);
+    enum { N = 24, W = 6 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++) ids[i] = 1 + (i * 37) % 500;
+    float *all = logits_with_window(m, ids, N, 0), *win = logits_with_window(m, ids, N, W);
+    float *wide = logits_with_window(m, ids, N, N);
+    assert_memory_equal(wide, all, (size_t)N * 512 * sizeof(float)); /* a window as long as the text: no change */
+    assert_memory_equal(win, all, (size_t)W * 512 * sizeof(float));  /* positions 0..W-1 see everything */
+    for (int p = W; p < N; p++)
+        if (memcmp(win + (size_t)p * 512, all + (size_t)p * 512, 512 * sizeof(float)) == 0)
+            fail_msg("position %d has the same logits with a window of %d as without one", p, W);
+    free(all);
+    free(win);
+    free(wide);
+    model_free(m);
+}
+
 /* ---- batch invariance ---------------------------------------------------------- */
 
 typedef struct Bench {
@@ -369,6 +421,7 @@ int main(void) {
         cmocka_unit_test(test_ref_llama_f32),
         cmocka_unit_test(test_ref_qwen2_f32),
         cmocka_unit_test(test_ref_qwen3_f32),
+        cmocka_unit_test(test_sliding_window),
         cmocka_unit_test(test_ref_mha_f16),
         cmocka_unit_test(test_ref_llama_q8_0),
         cmocka_unit_test(test_ref_llama_q4_0),

@@ -11,6 +11,7 @@
 
 #include <assert.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "compute/ops.h"
@@ -43,10 +44,11 @@ static const float *kv_row(const AttnKv *kv, const AttnSeq *s, int32_t p, int kv
     return buf;
 }
 
-/* acc = sum over p < n_ctx of w[p] * v[p] (rows of hd), in ascending p. */
-static inline void accum_v(float *restrict acc, const float *restrict w, const float *restrict v, int n_ctx, int hd) {
+/* acc = sum over p in [lo, n_ctx) of w[p] * v[p] (rows of hd), in ascending p. */
+static inline void accum_v(float *restrict acc, const float *restrict w, const float *restrict v, int lo, int n_ctx,
+                           int hd) {
     for (int d = 0; d < hd; d++) acc[d] = 0.0f;
-    for (int p = 0; p < n_ctx; p++) {
+    for (int p = lo; p < n_ctx; p++) {
         const float wp = w[p];
         const float *vp = v + (size_t)p * (size_t)hd;
         for (int d = 0; d < hd; d++) acc[d] += wp * vp[d];
@@ -57,18 +59,26 @@ static inline void accum_v(float *restrict acc, const float *restrict w, const f
  * once per tile instead of once per query. */
 enum { ATTN_TILE = ATTN_TILE_MAX };
 
+/* The first position query token t attends to. */
+static inline int32_t window_lo(const AttnBatch *b, int t) {
+    int32_t lo = b->window > 0 ? b->pos[t] - b->window + 1 : 0;
+    return lo > 0 ? lo : 0;
+}
+
 /* One (tile of query tokens, KV head) unit. Each query's arithmetic is the
- * same whatever tile it is in: scores as dot * scale, the softmax in
- * ascending positions (sum in double), V accumulated in ascending positions. */
+ * same whatever tile it is in: scores as dot * scale (soft-capped), the
+ * softmax over its window in ascending positions (sum in double), V
+ * accumulated in ascending positions. */
 static void attn_tile(const AttnJob *job, int t0, int n_q, int kvh, float *scratch) {
     const AttnBatch *b = job->b;
     const AttnKv *kv = job->kv;
     const int hd = b->head_dim, group = b->n_head / b->n_head_kv;
     const AttnSeq *s = &b->seqs[b->seq[t0]];
-    int32_t max_pos = 0;
+    int32_t max_pos = 0, min_lo = INT32_MAX;
     for (int i = 0; i < n_q; i++) {
         assert(b->pos[t0 + i] >= 0 && b->pos[t0 + i] / kv->block_tokens < s->n_blocks);
         max_pos = b->pos[t0 + i] > max_pos ? b->pos[t0 + i] : max_pos;
+        min_lo = window_lo(b, t0 + i) < min_lo ? window_lo(b, t0 + i) : min_lo;
     }
     const size_t stride = (size_t)max_pos + 1;
     float *scores = scratch;                                  /* (n_q, group, stride) */
@@ -79,39 +89,43 @@ static void attn_tile(const AttnJob *job, int t0, int n_q, int kvh, float *scrat
 #define Q_OF(i) (b->q + ((size_t)(t0 + (i)) * (size_t)b->n_head + (size_t)kvh * (size_t)group) * (size_t)hd)
 #define S_OF(i, g) (scores + ((size_t)(i) * (size_t)group + (size_t)(g)) * stride)
 
-    for (int32_t p = 0; p <= max_pos; p++) {
+    const float cap = b->softcap;
+    for (int32_t p = min_lo; p <= max_pos; p++) {
         const float *k = kv_row(kv, s, p, kvh, hd, 0, kbuf);
         for (int i = 0; i < n_q; i++) {
-            if (p > b->pos[t0 + i]) continue;
+            if (p > b->pos[t0 + i] || p < window_lo(b, t0 + i)) continue;
             const float *q0 = Q_OF(i);
-            for (int g = 0; g < group; g++) S_OF(i, g)[p] = ops_dot(q0 + (size_t)g * hd, k, hd) * scale;
+            for (int g = 0; g < group; g++) {
+                float sc = ops_dot(q0 + (size_t)g * hd, k, hd) * scale;
+                S_OF(i, g)[p] = cap > 0.0f ? cap * tanhf(sc / cap) : sc;
+            }
         }
     }
     for (int i = 0; i < n_q; i++) {
-        const int n_ctx = b->pos[t0 + i] + 1;
+        const int lo = window_lo(b, t0 + i), n_ctx = b->pos[t0 + i] + 1;
         for (int g = 0; g < group; g++) {
             float *sg = S_OF(i, g);
-            float max = sg[0];
-            for (int p = 1; p < n_ctx; p++) max = sg[p] > max ? sg[p] : max;
-            for (int p = 0; p < n_ctx; p++) sg[p] = expf(sg[p] - max);
+            float max = sg[lo];
+            for (int p = lo + 1; p < n_ctx; p++) max = sg[p] > max ? sg[p] : max;
+            for (int p = lo; p < n_ctx; p++) sg[p] = expf(sg[p] - max);
             double sum = 0.0; /* in ascending positions, apart from the exps so they pipeline */
-            for (int p = 0; p < n_ctx; p++) sum += (double)sg[p];
+            for (int p = lo; p < n_ctx; p++) sum += (double)sg[p];
             float inv = (float)(1.0 / sum);
-            for (int p = 0; p < n_ctx; p++) sg[p] *= inv;
+            for (int p = lo; p < n_ctx; p++) sg[p] *= inv;
         }
     }
     /* V rows converted once, then each output accumulated over ascending
      * positions in a local row */
-    for (int32_t p = 0; p <= max_pos; p++) {
+    for (int32_t p = min_lo; p <= max_pos; p++) {
         const float *v = kv_row(kv, s, p, kvh, hd, 1, vbuf + (size_t)p * (size_t)hd);
         if (v != vbuf + (size_t)p * (size_t)hd) memcpy(vbuf + (size_t)p * (size_t)hd, v, (size_t)hd * sizeof(float));
     }
     for (int i = 0; i < n_q; i++) {
         float *o0 = job->out + ((size_t)(t0 + i) * (size_t)b->n_head + (size_t)kvh * (size_t)group) * (size_t)hd;
-        const int n_ctx = b->pos[t0 + i] + 1;
+        const int lo = window_lo(b, t0 + i), n_ctx = b->pos[t0 + i] + 1;
         for (int g = 0; g < group; g++) {
-            if (hd == 64) accum_v(acc, S_OF(i, g), vbuf, n_ctx, 64);
-            else accum_v(acc, S_OF(i, g), vbuf, n_ctx, hd);
+            if (hd == 64) accum_v(acc, S_OF(i, g), vbuf, lo, n_ctx, 64);
+            else accum_v(acc, S_OF(i, g), vbuf, lo, n_ctx, hd);
             memcpy(o0 + (size_t)g * hd, acc, (size_t)hd * sizeof(float));
         }
     }

@@ -2,7 +2,8 @@
  *
  * One kernel for prefill, decode and partial recompute: every query token
  * carries its sequence and position, and attends to positions 0..pos of its
- * own sequence, whose K/V rows are found through the sequence's block table
+ * own sequence (or, with a sliding window of W, to the W positions
+ * pos-W+1..pos), whose K/V rows are found through the sequence's block table
  * (logical block i holds positions [i*block_tokens, (i+1)*block_tokens)),
  * wherever those blocks lie in the arena. Query tokens of one sequence may
  * have any positions — a leading range being recomputed and a trailing range
@@ -47,13 +48,16 @@ typedef struct AttnBatch {
     const int32_t *pos;    /* (n_tok) */
     const AttnSeq *seqs;
     int n_head, n_head_kv, head_dim;
+    int window;            /* sliding window: attend to the last `window` positions; 0: all */
+    float softcap;         /* scores become softcap * tanh(score / softcap); 0: none */
 } AttnBatch;
 
 /* Floats of scratch attn_forward needs per thread for contexts up to
  * max_ctx positions. */
 size_t attn_scratch_floats(int max_ctx, int n_head, int n_head_kv, int head_dim);
 
-/* out (n_tok, n_head * head_dim) = softmax(q k^T / sqrt(head_dim)) v.
+/* out (n_tok, n_head * head_dim) = softmax(q k^T / sqrt(head_dim)) v over
+ * each query's window, scores soft-capped when softcap > 0.
  * scratch: tpool_size(tp) * attn_scratch_floats(...) floats. */
 void attn_forward(ThreadPool *tp, float *out, const AttnBatch *b, const AttnKv *kv, float *scratch,
                   size_t scratch_per_thread);

@@ -213,7 +213,8 @@ static void layer_forward(Forward *f, const FwdBatch *b, int il) {
     if (b->wait_layer) b->wait_layer(b->wait_ctx, il);
     const KvPool *p = f->pool;
     AttnKv kv = {p->arenas[il], p->block_bytes, p->block_bytes / 2, p->block_tokens, p->kv_dim, p->kv_type};
-    AttnBatch ab = {T, f->q, b->seq, b->pos, b->seqs, c->n_head, c->n_head_kv, c->head_dim};
+    AttnBatch ab = {.n_tok = T, .q = f->q, .seq = b->seq, .pos = b->pos, .seqs = b->seqs, .n_head = c->n_head,
+                    .n_head_kv = c->n_head_kv, .head_dim = c->head_dim, .window = lw->window};
     attn_forward(f->tp, f->att, &ab, &kv, f->attn_scratch, f->attn_scratch_per_thread);
     mm_matmul(f->tp, f->xb, &lw->wo, f->att, T);
     run_stage(f, b, il, STAGE_ATTN_RESID);

@@ -105,6 +105,10 @@ static int config_read(const Gguf *g, ModelConfig *c, MnErr *err) {
         return rc;
     n_head_kv = n_head;
     if ((rc = get_arch_u32(g, arch, "attention.head_count_kv", &n_head_kv, false, err))) return rc;
+    uint32_t n_swa = 0;
+    if ((rc = get_arch_u32(g, arch, "attention.sliding_window", &n_swa, false, err))) return rc;
+    if (n_swa > 1u << 24) return mn_err_set(err, MN_EFORMAT, "%s.attention.sliding_window %u is too large", arch, n_swa);
+    c->n_swa = (int)n_swa;
     c->rope_base = 10000.0f;
     c->rms_eps = 1e-5f;
     if ((rc = get_arch_f32(g, arch, "rope.freq_base", &c->rope_base, err)) ||
@@ -208,6 +212,7 @@ static int bind_layer(Model *m, int il, float **vec, MnErr *err) {
         (rc = bind_matrix(g, NAME("ffn_up.weight"), c->n_embd, c->n_ff, &L->w_up, err)) ||
         (rc = bind_matrix(g, NAME("ffn_down.weight"), c->n_ff, c->n_embd, &L->w_down, err)))
         return rc;
+    L->window = c->n_swa;
     L->attn_norm = *vec;
     if ((rc = bind_vector(g, NAME("attn_norm.weight"), c->n_embd, *vec, err))) return rc;
     *vec += c->n_embd;

@@ -11,7 +11,9 @@
  * RoPE frequency factors from a rope_freqs tensor as Llama 3.1+ files carry
  * them), "qwen2" (Q/K/V biases, RoPE on halves) and "qwen3" (RMSNorm of each
  * Q and K head before RoPE on halves, no biases). RoPE scaling "linear" is
- * supported; any other scaling type, and anything else the file asks for
+ * supported, and so is a sliding attention window where the file declares
+ * one (attention.sliding_window: Mistral-style llama files, every layer);
+ * any other scaling type, and anything else the file asks for
  * that mnemo cannot run, is refused with a message that names it.
  *
  * Weight matrices point into the mapping (no copy); 1-D tensors (norms,
@@ -55,6 +57,7 @@ typedef struct ModelConfig {
     RopeStyle rope_style;
     bool has_qkv_bias;
     bool has_qk_norm;      /* qwen3: RMSNorm per Q and K head before RoPE */
+    int n_swa;             /* attention.sliding_window: every layer's window (llama); 0: none */
 } ModelConfig;
 
 typedef struct LayerWeights {
@@ -65,6 +68,7 @@ typedef struct LayerWeights {
     const float *bk, *bv;   /* (kv_dim) or NULL */
     const float *q_norm;    /* (head_dim) or NULL: has_qk_norm */
     const float *k_norm;    /* (head_dim) or NULL */
+    int window;             /* sliding-window attention over this many positions; 0: all */
     MatW wo;                /* (q_dim -> n_embd) */
     const float *ffn_norm;  /* (n_embd) */
     MatW w_gate, w_up;      /* (n_embd -> n_ff) */
