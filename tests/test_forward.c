@@ -23,6 +23,18 @@
 
 /* ---- reference logits -------------------------------------------------------- */
 
+/* The file of a model: in ../shared/data/models, or in the project's own
+ * tests/data/models when the name starts with "own:". */
+static const char *model_file(char *path, size_t cap, const char *model_name) {
+    char rel[256];
+    if (strncmp(model_name, "own:", 4) == 0) {
+        snprintf(path, cap, "tests/data/models/%s.gguf", model_name + 4);
+        return path;
+    }
+    snprintf(rel, sizeof rel, "models/%s.gguf", model_name);
+    return test_data_path(path, cap, rel);
+}
+
 typedef struct RefCtx {
     const Mref *ref;
     double max_err;
@@ -64,28 +76,31 @@ static char *read_prompt(int n) {
     return p;
 }
 
-static void check_reference(const char *model_name, const char *set, double tol) {
-    char path[512], ref_path[512];
-    test_data_path(path, sizeof path, "models/");
-    strcat(path, model_name);
-    strcat(path, ".gguf");
-    if (!test_require_file(path)) return;
+/* The model at model_path against the reference files ref_fmt (a printf
+ * pattern of the prompt number 1..3), within tol. prompts: tokenize
+ * reference/prompts.txt and require the reference's tokens (the shared
+ * data's models); else evaluate the reference's tokens as they are. */
+static void check_reference_files(const char *model_path, const char *ref_fmt, const char *label, bool prompts,
+                                  double tol) {
+    if (!test_require_file(model_path)) return;
     MnErr err = {0};
     Model *m = NULL;
-    if (model_load(path, &m, &err)) fail_msg("%s", err.msg);
+    if (model_load(model_path, &m, &err)) fail_msg("%s", err.msg);
     for (int p = 1; p <= 3; p++) {
-        char rel[256];
-        snprintf(rel, sizeof rel, "reference/%s/%s.p%d.ref", set, model_name, p);
-        test_data_path(ref_path, sizeof ref_path, rel);
+        char ref_path[512];
+        snprintf(ref_path, sizeof ref_path, ref_fmt, p);
         Mref ref;
         if (mref_read(ref_path, &ref, &err)) fail_msg("%s", err.msg);
-        /* our tokenizer must give the reference's tokens */
-        char *prompt = read_prompt(p);
-        TokIds ids = {0};
-        assert_int_equal(tok_encode(m->tok, prompt, strlen(prompt), tok_add_bos(m->tok), true, &ids), MN_OK);
-        if (ids.n != (size_t)ref.n_tokens || memcmp(ids.ids, ref.tokens, ids.n * 4) != 0)
-            fail_msg("%s prompt %d: tokenization differs from the reference (%zu vs %d tokens)", model_name, p,
-                     ids.n, ref.n_tokens);
+        if (prompts) { /* our tokenizer must give the reference's tokens */
+            char *prompt = read_prompt(p);
+            TokIds ids = {0};
+            assert_int_equal(tok_encode(m->tok, prompt, strlen(prompt), tok_add_bos(m->tok), true, &ids), MN_OK);
+            if (ids.n != (size_t)ref.n_tokens || memcmp(ids.ids, ref.tokens, ids.n * 4) != 0)
+                fail_msg("%s prompt %d: tokenization differs from the reference (%zu vs %d tokens)", label, p,
+                         ids.n, ref.n_tokens);
+            tok_ids_free(&ids);
+            free(prompt);
+        }
         RunnerOptions ro;
         runner_options_default(&ro);
         ro.kv_type = MN_TYPE_F32;
@@ -96,23 +111,44 @@ static void check_reference(const char *model_name, const char *set, double tol)
         if (runner_init(&r, m, &ro, &err)) fail_msg("%s", err.msg);
         RefCtx c = {&ref, 0, -1};
         assert_int_equal(runner_eval(&r, ref.tokens, ref.n_tokens, true, ref_row, &c, &err), MN_OK);
-        printf("    %s p%d vs %s: %d tokens, max |diff| %.2e (tolerance %.0e)\n", model_name, p, set,
-               ref.n_tokens, c.max_err, tol);
+        printf("    %s p%d: %d tokens, max |diff| %.2e (tolerance %.0e)\n", label, p, ref.n_tokens, c.max_err, tol);
         if (c.max_err > tol)
-            fail_msg("%s prompt %d: logits differ from %s by %g at position %d (tolerance %g)", model_name, p, set,
-                     c.max_err, c.worst_pos, tol);
+            fail_msg("%s prompt %d: logits differ by %g at position %d (tolerance %g)", label, p, c.max_err,
+                     c.worst_pos, tol);
         runner_deinit(&r);
-        tok_ids_free(&ids);
-        free(prompt);
         mref_free(&ref);
     }
     model_free(m);
+}
+
+/* A model of ../shared/data against its reference set (exact or llamacpp). */
+static void check_reference(const char *model_name, const char *set, double tol) {
+    char path[512], rel[256], fmt[512], label[256];
+    snprintf(rel, sizeof rel, "models/%s.gguf", model_name);
+    test_data_path(path, sizeof path, rel);
+    snprintf(rel, sizeof rel, "reference/%s/%s.p%%d.ref", set, model_name);
+    test_data_path(fmt, sizeof fmt, rel);
+    snprintf(label, sizeof label, "%s vs %s", model_name, set);
+    check_reference_files(path, fmt, label, true, tol);
+}
+
+/* A model of the project's own tests/data (scripts/gen-arch-fixtures)
+ * against its float64 reference. */
+static void check_own_reference(const char *model_name, double tol) {
+    char path[512], fmt[512], label[256], own[128];
+    snprintf(own, sizeof own, "own:%s", model_name);
+    model_file(path, sizeof path, own);
+    snprintf(fmt, sizeof fmt, "tests/data/reference/exact/%s.p%%d.ref", model_name);
+    snprintf(label, sizeof label, "%s vs exact", model_name);
+    check_reference_files(path, fmt, label, false, tol);
 }
 
 static void test_ref_stories(void **s) { check_reference("stories260K", "exact", 2e-3); }
 static void test_ref_llama_f32(void **s) { check_reference("tiny-llama-spm-f32", "exact", 2e-3); }
 static void test_ref_qwen2_f32(void **s) { check_reference("tiny-qwen2-gpt2-f32", "exact", 2e-3); }
 static void test_ref_qwen3_f32(void **s) { check_reference("tiny-qwen3-gpt2-f32", "exact", 2e-3); }
+static void test_ref_gemma2_f32(void **s) { check_own_reference("tiny-gemma2-spm-f32", 2e-3); }
+static void test_ref_gemma3_f32(void **s) { check_own_reference("tiny-gemma3-spm-f32", 2e-3); }
 static void test_ref_mha_f16(void **s) { check_reference("tiny-mha-spm-f16", "exact", 5e-3); }
 static void test_ref_llama_q8_0(void **s) { check_reference("tiny-llama-spm-q8_0", "exact", 5e-3); }
 static void test_ref_llama_q4_0(void **s) { check_reference("tiny-llama-spm-q4_0", "exact", 5e-3); }
@@ -240,9 +276,8 @@ typedef struct Bench {
 } Bench;
 
 static void bench_init(Bench *b, const char *model_name, MnType kv_type, int n_threads, int block_tokens) {
-    char path[512], rel[256];
-    snprintf(rel, sizeof rel, "models/%s.gguf", model_name);
-    test_data_path(path, sizeof path, rel);
+    char path[512];
+    model_file(path, sizeof path, model_name);
     MnErr err = {0};
     assert_int_equal(model_load(path, &b->m, &err), MN_OK);
     assert_int_equal(kvpool_init(&b->pool, b->m->cfg.n_layer, b->m->cfg.kv_dim, block_tokens, 64, kv_type), MN_OK);
@@ -303,9 +338,8 @@ static float *seq_logits_chunked(Bench *b, const int32_t *tokens, int n, const i
 }
 
 static void check_invariance(const char *model_name, MnType kv_type) {
-    char path[512], rel[256];
-    snprintf(rel, sizeof rel, "models/%s.gguf", model_name);
-    test_data_path(path, sizeof path, rel);
+    char path[512];
+    model_file(path, sizeof path, model_name);
     if (!test_require_file(path)) return;
     const int bt = 8, n = 45, n_blocks = (n + bt - 1) / bt;
     Bench b1, b2;
@@ -370,6 +404,8 @@ static void test_invariance_llama_f32_f32kv(void **s) { check_invariance("tiny-l
 static void test_invariance_qwen2_f16kv(void **s) { check_invariance("tiny-qwen2-gpt2-f32", MN_TYPE_F16); }
 static void test_invariance_mha_f16(void **s) { check_invariance("tiny-mha-spm-f16", MN_TYPE_F16); }
 static void test_invariance_q4_0(void **s) { check_invariance("tiny-llama-spm-q4_0", MN_TYPE_F16); }
+static void test_invariance_gemma2(void **s) { check_invariance("own:tiny-gemma2-spm-f32", MN_TYPE_F16); }
+static void test_invariance_gemma3(void **s) { check_invariance("own:tiny-gemma3-spm-f32", MN_TYPE_F32); }
 
 /* ---- bad input --------------------------------------------------------------- */
 
@@ -421,6 +457,8 @@ int main(void) {
         cmocka_unit_test(test_ref_llama_f32),
         cmocka_unit_test(test_ref_qwen2_f32),
         cmocka_unit_test(test_ref_qwen3_f32),
+        cmocka_unit_test(test_ref_gemma2_f32),
+        cmocka_unit_test(test_ref_gemma3_f32),
         cmocka_unit_test(test_sliding_window),
         cmocka_unit_test(test_ref_mha_f16),
         cmocka_unit_test(test_ref_llama_q8_0),
@@ -431,6 +469,8 @@ int main(void) {
         cmocka_unit_test(test_invariance_qwen2_f16kv),
         cmocka_unit_test(test_invariance_mha_f16),
         cmocka_unit_test(test_invariance_q4_0),
+        cmocka_unit_test(test_invariance_gemma2),
+        cmocka_unit_test(test_invariance_gemma3),
         cmocka_unit_test(test_bad_batches),
         cmocka_unit_test(test_unknown_arch),
     };

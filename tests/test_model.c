@@ -139,13 +139,13 @@ static void test_rope_scaling(void **s) {
     const int half = m->cfg.n_rot / 2; /* stories260K: head 8, 4 pairs */
     assert_true(half > 1 && half <= 16);
     double plain[16], got[16];
-    model_rope_inv_freq(m, plain);
+    model_rope_inv_freq(m, false, plain);
     for (int i = 0; i < half; i++) assert_true(fabs(plain[i] - pow(10000.0, -2.0 * i / m->cfg.n_rot)) < 1e-15);
     assert_null(m->rope_factors);
     model_free(m);
 
     m = load_ok(with_keys("linear", 4.0f, NULL, 0, 0));
-    model_rope_inv_freq(m, got);
+    model_rope_inv_freq(m, false, got);
     for (int i = 0; i < half; i++) assert_true(got[i] == plain[i] * 0.25);
     model_free(m);
 
@@ -153,7 +153,7 @@ static void test_rope_scaling(void **s) {
     for (int i = 0; i < half; i++) factors[i] = 1.0f + (float)i;
     m = load_ok(with_keys(NULL, 0, factors, (uint64_t)half, 0));
     assert_non_null(m->rope_factors);
-    model_rope_inv_freq(m, got);
+    model_rope_inv_freq(m, false, got);
     for (int i = 0; i < half; i++) assert_true(got[i] == plain[i] / (double)factors[i]);
     model_free(m);
 

@@ -85,7 +85,7 @@ static void attn_tile(const AttnJob *job, int t0, int n_q, int kvh, float *scrat
     float *kbuf = scratch + (size_t)n_q * (size_t)group * stride; /* (head_dim) */
     float *acc = kbuf + hd;                                   /* (head_dim) */
     float *vbuf = acc + hd;                                   /* (max_pos + 1, head_dim) */
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = b->scale > 0.0f ? b->scale : 1.0f / sqrtf((float)hd);
 #define Q_OF(i) (b->q + ((size_t)(t0 + (i)) * (size_t)b->n_head + (size_t)kvh * (size_t)group) * (size_t)hd)
 #define S_OF(i, g) (scores + ((size_t)(i) * (size_t)group + (size_t)(g)) * stride)
 

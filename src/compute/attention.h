@@ -48,6 +48,7 @@ typedef struct AttnBatch {
     const int32_t *pos;    /* (n_tok) */
     const AttnSeq *seqs;
     int n_head, n_head_kv, head_dim;
+    float scale;           /* scores are q.k times this; 0: 1/sqrt(head_dim) */
     int window;            /* sliding window: attend to the last `window` positions; 0: all */
     float softcap;         /* scores become softcap * tanh(score / softcap); 0: none */
 } AttnBatch;
@@ -56,7 +57,7 @@ typedef struct AttnBatch {
  * max_ctx positions. */
 size_t attn_scratch_floats(int max_ctx, int n_head, int n_head_kv, int head_dim);
 
-/* out (n_tok, n_head * head_dim) = softmax(q k^T / sqrt(head_dim)) v over
+/* out (n_tok, n_head * head_dim) = softmax(q k^T * scale) v over
  * each query's window, scores soft-capped when softcap > 0.
  * scratch: tpool_size(tp) * attn_scratch_floats(...) floats. */
 void attn_forward(ThreadPool *tp, float *out, const AttnBatch *b, const AttnKv *kv, float *scratch,

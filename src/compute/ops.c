@@ -72,6 +72,22 @@ void ops_swiglu(float *out, const float *gate, const float *up, int n) {
     }
 }
 
+void ops_geglu(float *out, const float *gate, const float *up, int n) {
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (int i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}
+
+void ops_softcap(float *x, float cap, int n) {
+    for (int i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+}
+
+void ops_scale(float *x, float s, int n) {
+    for (int i = 0; i < n; i++) x[i] *= s;
+}
+
 void ops_add(float *y, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += x[i];
 }

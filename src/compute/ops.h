@@ -28,6 +28,16 @@ void ops_rope(float *x, int n_heads, int head_dim, int n_rot, const double *inv_
 /* out[i] = silu(gate[i]) * up[i]. out may alias gate. */
 void ops_swiglu(float *out, const float *gate, const float *up, int n);
 
+/* out[i] = gelu(gate[i]) * up[i], GELU in its tanh form
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). out may alias gate. */
+void ops_geglu(float *out, const float *gate, const float *up, int n);
+
+/* x[i] = cap * tanh(x[i] / cap): soft capping (cap > 0). */
+void ops_softcap(float *x, float cap, int n);
+
+/* x[i] *= s */
+void ops_scale(float *x, float s, int n);
+
 /* y[i] += x[i] */
 void ops_add(float *y, const float *x, int n);
 

@@ -2,8 +2,10 @@
  *
  * For each layer, the whole batch goes through: RMS norm, Q/K/V projections
  * (+ biases; qwen3: an RMS norm of each Q and K head), RoPE at each token's position, K/V written into the pool,
- * paged attention, output projection and residual, then RMS norm and the
- * SwiGLU feed-forward and residual. Matmuls and attention split their work
+ * paged attention, output projection (gemma: and an RMS norm) and residual,
+ * then RMS norm and the gated feed-forward (SwiGLU, or GeGLU for gemma; gemma:
+ * an RMS norm after it) and residual. Sliding layers attend over a window,
+ * with RoPE frequencies of their own where the architecture has them. Matmuls and attention split their work
  * over the compute pool by output; the element-wise stages in between split
  * it by token. The final norm and the vocabulary
  * projection run only for the rows whose logits were asked for.
@@ -34,7 +36,8 @@ struct Forward {
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *xl, *logits;
     float *attn_scratch;
     size_t attn_scratch_per_thread;
-    double *inv_freq; /* (n_rot / 2) */
+    double *inv_freq;     /* (n_rot / 2) RoPE's inverse frequencies, global layers */
+    double *inv_freq_swa; /* (n_rot / 2) sliding layers' */
 };
 
 static float *alloc_rows(int rows, int width) {
@@ -68,12 +71,14 @@ int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, 
     f->attn_scratch_per_thread = attn_scratch_floats(opt->max_ctx, c->n_head, c->n_head_kv, c->head_dim);
     f->attn_scratch = mn_alloc_aligned(f->attn_scratch_per_thread * sizeof(float) * (size_t)opt->n_threads, 64);
     f->inv_freq = mn_calloc((size_t)c->n_rot / 2, sizeof(double));
+    f->inv_freq_swa = mn_calloc((size_t)c->n_rot / 2, sizeof(double));
     if (!f->tp || !f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->xl ||
-        !f->logits || !f->attn_scratch || !f->inv_freq) {
+        !f->logits || !f->attn_scratch || !f->inv_freq || !f->inv_freq_swa) {
         fwd_free(f);
         return mn_err_set(err, MN_ENOMEM, "forward: out of memory for %d-token batches", T);
     }
-    model_rope_inv_freq(m, f->inv_freq);
+    model_rope_inv_freq(m, false, f->inv_freq);
+    model_rope_inv_freq(m, true, f->inv_freq_swa);
     *out = f;
     return MN_OK;
 }
@@ -84,6 +89,7 @@ void fwd_free(Forward *f) {
     float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->xl, f->logits, f->attn_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mn_free_aligned(bufs[i]);
     mn_free(f->inv_freq);
+    mn_free(f->inv_freq_swa);
     mn_free(f);
 }
 
@@ -126,9 +132,9 @@ static int check_batch(const Forward *f, const FwdBatch *b, MnErr *err) {
 typedef enum Stage {
     STAGE_ATTN_NORM,   /* xb = rmsnorm(x) */
     STAGE_QKV_POST,    /* biases, RoPE, K/V into the pool */
-    STAGE_ATTN_RESID,  /* x += xb (attention output); xb = rmsnorm(x) for the FFN */
-    STAGE_SWIGLU,      /* hb = silu(hb) * hb2 */
-    STAGE_FFN_RESID,   /* x += xb */
+    STAGE_ATTN_RESID,  /* x += xb (attention output, gemma: normed); xb = rmsnorm(x) for the FFN */
+    STAGE_GATE,        /* hb = act(hb) * hb2 */
+    STAGE_FFN_RESID,   /* x += xb (gemma: normed) */
 } Stage;
 
 typedef struct StageJob {
@@ -174,17 +180,25 @@ static void stage_token(const StageJob *j, int t) {
         for (int h = 0; lw->k_norm && h < c->n_head_kv; h++)
             ops_rmsnorm(k + h * hd, k + h * hd, lw->k_norm, hd, c->rms_eps);
         const int adjacent = c->rope_style == ROPE_ADJACENT;
-        ops_rope(q, c->n_head, c->head_dim, c->n_rot, f->inv_freq, j->b->pos[t], adjacent);
-        ops_rope(k, c->n_head_kv, c->head_dim, c->n_rot, f->inv_freq, j->b->pos[t], adjacent);
+        const double *inv_freq = lw->window > 0 ? f->inv_freq_swa : f->inv_freq;
+        ops_rope(q, c->n_head, c->head_dim, c->n_rot, inv_freq, j->b->pos[t], adjacent);
+        ops_rope(k, c->n_head_kv, c->head_dim, c->n_rot, inv_freq, j->b->pos[t], adjacent);
         store_kv(f, j->b, j->il, t);
         break;
     }
     case STAGE_ATTN_RESID:
+        if (lw->attn_post_norm) ops_rmsnorm(xb, xb, lw->attn_post_norm, (int)D, c->rms_eps);
         ops_add(x, xb, (int)D);
         ops_rmsnorm(xb, x, lw->ffn_norm, (int)D, c->rms_eps);
         break;
-    case STAGE_SWIGLU: ops_swiglu(f->hb + t * F, f->hb + t * F, f->hb2 + t * F, (int)F); break;
-    case STAGE_FFN_RESID: ops_add(x, xb, (int)D); break;
+    case STAGE_GATE:
+        if (c->ffn_act == FFN_GELU) ops_geglu(f->hb + t * F, f->hb + t * F, f->hb2 + t * F, (int)F);
+        else ops_swiglu(f->hb + t * F, f->hb + t * F, f->hb2 + t * F, (int)F);
+        break;
+    case STAGE_FFN_RESID:
+        if (lw->ffn_post_norm) ops_rmsnorm(xb, xb, lw->ffn_post_norm, (int)D, c->rms_eps);
+        ops_add(x, xb, (int)D);
+        break;
     }
 }
 
@@ -214,13 +228,14 @@ static void layer_forward(Forward *f, const FwdBatch *b, int il) {
     const KvPool *p = f->pool;
     AttnKv kv = {p->arenas[il], p->block_bytes, p->block_bytes / 2, p->block_tokens, p->kv_dim, p->kv_type};
     AttnBatch ab = {.n_tok = T, .q = f->q, .seq = b->seq, .pos = b->pos, .seqs = b->seqs, .n_head = c->n_head,
-                    .n_head_kv = c->n_head_kv, .head_dim = c->head_dim, .window = lw->window};
+                    .n_head_kv = c->n_head_kv, .head_dim = c->head_dim, .scale = c->attn_scale,
+                    .window = lw->window, .softcap = c->attn_softcap};
     attn_forward(f->tp, f->att, &ab, &kv, f->attn_scratch, f->attn_scratch_per_thread);
     mm_matmul(f->tp, f->xb, &lw->wo, f->att, T);
     run_stage(f, b, il, STAGE_ATTN_RESID);
     mm_matmul(f->tp, f->hb, &lw->w_gate, f->xb, T);
     mm_matmul(f->tp, f->hb2, &lw->w_up, f->xb, T);
-    run_stage(f, b, il, STAGE_SWIGLU);
+    run_stage(f, b, il, STAGE_GATE);
     mm_matmul(f->tp, f->xb, &lw->w_down, f->hb, T);
     run_stage(f, b, il, STAGE_FFN_RESID);
 }
@@ -232,11 +247,15 @@ int fwd_run(Forward *f, const FwdBatch *b, const float **logits, MnErr *err) {
     if (rc) return rc;
     const ModelConfig *c = &f->m->cfg;
     const int D = c->n_embd;
-    for (int t = 0; t < b->n_tok; t++) model_embed(f->m, b->tokens[t], f->x + (size_t)t * D);
+    for (int t = 0; t < b->n_tok; t++) {
+        model_embed(f->m, b->tokens[t], f->x + (size_t)t * D);
+        if (c->embd_scale != 1.0f) ops_scale(f->x + (size_t)t * D, c->embd_scale, D);
+    }
     for (int il = 0; il < c->n_layer; il++) layer_forward(f, b, il);
     for (int i = 0; i < b->n_logits; i++)
         ops_rmsnorm(f->xl + (size_t)i * D, f->x + (size_t)b->logit_idx[i] * D, f->m->out_norm, D, c->rms_eps);
     if (b->n_logits > 0) mm_matmul(f->tp, f->logits, &f->m->output, f->xl, b->n_logits);
+    if (c->final_softcap > 0.0f) ops_softcap(f->logits, c->final_softcap, b->n_logits * c->n_vocab);
     *logits = f->logits;
     return MN_OK;
 }

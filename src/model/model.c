@@ -22,16 +22,29 @@ typedef struct ArchInfo {
     RopeStyle rope_style;
     bool has_qkv_bias;
     bool has_qk_norm;
+    bool is_gemma;       /* scaled embeddings, post norms, GELU, logit soft cap */
+    int swa_period;      /* of every swa_period layers all but the last slide (0: all, when a window is set) */
+    uint32_t n_swa;      /* the window when the file gives none; 0: no sliding layers */
+    float attn_softcap;  /* defaults when the file gives none */
+    float final_softcap;
 } ArchInfo;
 
 static const ArchInfo arch_table[] = {
-    {"llama", ARCH_LLAMA, ROPE_ADJACENT, false, false},
-    {"qwen2", ARCH_QWEN2, ROPE_HALVES, true, false},
-    {"qwen3", ARCH_QWEN3, ROPE_HALVES, false, true},
+    {"llama", ARCH_LLAMA, ROPE_ADJACENT, false, false, false, 0, 0, 0.0f, 0.0f},
+    {"qwen2", ARCH_QWEN2, ROPE_HALVES, true, false, false, 0, 0, 0.0f, 0.0f},
+    {"qwen3", ARCH_QWEN3, ROPE_HALVES, false, true, false, 0, 0, 0.0f, 0.0f},
+    {"gemma2", ARCH_GEMMA2, ROPE_HALVES, false, false, true, 2, 4096, 50.0f, 30.0f},
+    {"gemma3", ARCH_GEMMA3, ROPE_HALVES, false, true, true, 6, 0, 0.0f, 0.0f},
 };
 #define N_ARCHS (sizeof arch_table / sizeof arch_table[0])
 
-const char *model_supported_archs(void) { return "llama, qwen2, qwen3"; }
+const char *model_supported_archs(void) { return "llama, qwen2, qwen3, gemma2, gemma3"; }
+
+/* Whether layer il slides (given a window): of every swa_period layers
+ * all but the last; every layer when swa_period is 0. */
+static bool layer_slides(const ModelConfig *c, int il) {
+    return c->swa_period == 0 || il % c->swa_period < c->swa_period - 1;
+}
 
 /* ---- metadata ----------------------------------------------------------- */
 
@@ -94,6 +107,10 @@ static int config_read(const Gguf *g, ModelConfig *c, MnErr *err) {
     c->rope_style = ai->rope_style;
     c->has_qkv_bias = ai->has_qkv_bias;
     c->has_qk_norm = ai->has_qk_norm;
+    c->has_post_norms = ai->is_gemma;
+    c->ffn_act = ai->is_gemma ? FFN_GELU : FFN_SILU;
+    c->attn_softcap = ai->attn_softcap;
+    c->final_softcap = ai->final_softcap;
 
     uint32_t n_embd = 0, n_layer = 0, n_head = 0, n_head_kv = 0, n_ff = 0, n_ctx = 0, n_rot = 0;
     int rc;
@@ -105,13 +122,31 @@ static int config_read(const Gguf *g, ModelConfig *c, MnErr *err) {
         return rc;
     n_head_kv = n_head;
     if ((rc = get_arch_u32(g, arch, "attention.head_count_kv", &n_head_kv, false, err))) return rc;
-    uint32_t n_swa = 0;
+    uint32_t n_swa = ai->n_swa;
     if ((rc = get_arch_u32(g, arch, "attention.sliding_window", &n_swa, false, err))) return rc;
+    if ((rc = get_arch_f32(g, arch, "attn_logit_softcapping", &c->attn_softcap, err)) ||
+        (rc = get_arch_f32(g, arch, "final_logit_softcapping", &c->final_softcap, err)))
+        return rc;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
+    GgufType elem;
+    uint64_t n_elem;
+    if (gguf_get_arr(g, key, &elem, &n_elem) == MN_OK)
+        return mn_err_set(err, MN_EUNSUPPORTED, "%s as a per-layer array is not supported (only a period)", key);
+    uint32_t period = (uint32_t)ai->swa_period;
+    if ((rc = get_arch_u32(g, arch, "attention.sliding_window_pattern", &period, false, err))) return rc;
+    if (period > 1024) return mn_err_set(err, MN_EFORMAT, "%s %u is out of range", key, period);
+    c->swa_period = (int)period;
+    if (!(c->attn_softcap >= 0.0f) || !(c->final_softcap >= 0.0f))
+        return mn_err_set(err, MN_EFORMAT, "soft caps must not be negative (%g, %g)", c->attn_softcap,
+                          c->final_softcap);
     if (n_swa > 1u << 24) return mn_err_set(err, MN_EFORMAT, "%s.attention.sliding_window %u is too large", arch, n_swa);
     c->n_swa = (int)n_swa;
     c->rope_base = 10000.0f;
     c->rms_eps = 1e-5f;
-    if ((rc = get_arch_f32(g, arch, "rope.freq_base", &c->rope_base, err)) ||
+    if ((rc = get_arch_f32(g, arch, "rope.freq_base", &c->rope_base, err))) return rc;
+    c->rope_base_swa = c->arch == ARCH_GEMMA3 ? 10000.0f : c->rope_base; /* gemma3's sliding layers: their own */
+    if ((rc = get_arch_f32(g, arch, "rope.freq_base_swa", &c->rope_base_swa, err)) ||
         (rc = get_arch_f32(g, arch, "attention.layer_norm_rms_epsilon", &c->rms_eps, err)))
         return rc;
 
@@ -136,6 +171,11 @@ static int config_read(const Gguf *g, ModelConfig *c, MnErr *err) {
     c->head_dim = (int)key_len;
     c->q_dim = c->n_head * c->head_dim;
     c->kv_dim = c->n_head_kv * c->head_dim;
+    c->embd_scale = ai->is_gemma ? sqrtf((float)c->n_embd) : 1.0f;
+    /* gemma's 27B models (told apart by their layer count, as the reference
+     * implementation does) scale queries by the model dimension per head */
+    bool is_27b = (c->arch == ARCH_GEMMA2 && n_layer == 46) || (c->arch == ARCH_GEMMA3 && n_layer == 62);
+    c->attn_scale = 1.0f / sqrtf(is_27b ? (float)(n_embd / n_head) : (float)c->head_dim);
     c->n_ff = (int)n_ff;
     c->n_ctx = (int)n_ctx;
     n_rot = (uint32_t)c->head_dim;
@@ -144,7 +184,7 @@ static int config_read(const Gguf *g, ModelConfig *c, MnErr *err) {
         return mn_err_set(err, MN_EFORMAT, "rope.dimension_count %u does not fit head size %d", n_rot,
                           c->head_dim);
     c->n_rot = (int)n_rot;
-    if (!(c->rope_base > 0.0f) || !(c->rms_eps > 0.0f))
+    if (!(c->rope_base > 0.0f) || !(c->rope_base_swa > 0.0f) || !(c->rms_eps > 0.0f))
         return mn_err_set(err, MN_EFORMAT, "rope base and RMS epsilon must be positive");
     return rope_scaling_read(g, arch, c, err);
 }
@@ -194,6 +234,7 @@ static size_t vector_floats(const ModelConfig *c) {
     size_t per_layer = 2 * (size_t)c->n_embd;
     if (c->has_qkv_bias) per_layer += (size_t)c->q_dim + 2 * (size_t)c->kv_dim;
     if (c->has_qk_norm) per_layer += 2 * (size_t)c->head_dim;
+    if (c->has_post_norms) per_layer += 2 * (size_t)c->n_embd;
     return per_layer * (size_t)c->n_layer + (size_t)c->n_embd + (size_t)c->n_rot / 2;
 }
 
@@ -212,7 +253,7 @@ static int bind_layer(Model *m, int il, float **vec, MnErr *err) {
         (rc = bind_matrix(g, NAME("ffn_up.weight"), c->n_embd, c->n_ff, &L->w_up, err)) ||
         (rc = bind_matrix(g, NAME("ffn_down.weight"), c->n_ff, c->n_embd, &L->w_down, err)))
         return rc;
-    L->window = c->n_swa;
+    L->window = layer_slides(c, il) ? c->n_swa : 0;
     L->attn_norm = *vec;
     if ((rc = bind_vector(g, NAME("attn_norm.weight"), c->n_embd, *vec, err))) return rc;
     *vec += c->n_embd;
@@ -229,6 +270,14 @@ static int bind_layer(Model *m, int il, float **vec, MnErr *err) {
         L->bv = *vec;
         if ((rc = bind_vector(g, NAME("attn_v.bias"), c->kv_dim, *vec, err))) return rc;
         *vec += c->kv_dim;
+    }
+    if (c->has_post_norms) {
+        L->attn_post_norm = *vec;
+        if ((rc = bind_vector(g, NAME("post_attention_norm.weight"), c->n_embd, *vec, err))) return rc;
+        *vec += c->n_embd;
+        L->ffn_post_norm = *vec;
+        if ((rc = bind_vector(g, NAME("post_ffw_norm.weight"), c->n_embd, *vec, err))) return rc;
+        *vec += c->n_embd;
     }
     if (c->has_qk_norm) {
         L->q_norm = *vec;
@@ -311,12 +360,14 @@ void model_free(Model *m) {
     mn_free(m);
 }
 
-void model_rope_inv_freq(const Model *m, double *inv_freq) {
+void model_rope_inv_freq(const Model *m, bool is_swa, double *inv_freq) {
     const ModelConfig *c = &m->cfg;
+    double base = is_swa ? (double)c->rope_base_swa : (double)c->rope_base;
+    bool is_scaled = !(is_swa && c->arch == ARCH_GEMMA3); /* gemma3 scales its global layers only */
     for (int i = 0; i < c->n_rot / 2; i++) {
-        double f = pow((double)c->rope_base, -2.0 * i / (double)c->n_rot);
+        double f = pow(base, -2.0 * i / (double)c->n_rot);
         if (m->rope_factors) f /= (double)m->rope_factors[i];
-        inv_freq[i] = f * (double)c->rope_freq_scale;
+        inv_freq[i] = is_scaled ? f * (double)c->rope_freq_scale : f;
     }
 }
 

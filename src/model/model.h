@@ -10,7 +10,11 @@
  * pairs, output tied to token_embd when output.weight is absent, per-pair
  * RoPE frequency factors from a rope_freqs tensor as Llama 3.1+ files carry
  * them), "qwen2" (Q/K/V biases, RoPE on halves) and "qwen3" (RMSNorm of each
- * Q and K head before RoPE on halves, no biases). RoPE scaling "linear" is
+ * Q and K head before RoPE on halves, no biases), "gemma2" and "gemma3"
+ * (embeddings scaled by sqrt(n_embd), RMS norms after attention and after
+ * the FFN too, GELU-gated FFN, sliding-window layers interleaved with global
+ * ones (gemma3: with their own RoPE base), soft-capped attention scores
+ * (gemma2) and logits; gemma3 also normalizes Q and K heads). RoPE scaling "linear" is
  * supported, and so is a sliding attention window where the file declares
  * one (attention.sliding_window: Mistral-style llama files, every layer);
  * any other scaling type, and anything else the file asks for
@@ -33,7 +37,10 @@
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 
-typedef enum ModelArch { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3 } ModelArch;
+typedef enum ModelArch { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA2, ARCH_GEMMA3 } ModelArch;
+
+/* The gate's activation of the gated FFN: silu(gate) * up or gelu(gate) * up. */
+typedef enum FfnAct { FFN_SILU, FFN_GELU } FfnAct;
 
 /* How RoPE pairs the dimensions of a head: (2i, 2i+1) or (i, i + n_rot/2). */
 typedef enum RopeStyle { ROPE_ADJACENT, ROPE_HALVES } RopeStyle;
@@ -56,8 +63,16 @@ typedef struct ModelConfig {
     float rms_eps;
     RopeStyle rope_style;
     bool has_qkv_bias;
-    bool has_qk_norm;      /* qwen3: RMSNorm per Q and K head before RoPE */
-    int n_swa;             /* attention.sliding_window: every layer's window (llama); 0: none */
+    bool has_qk_norm;      /* qwen3, gemma3: RMSNorm per Q and K head before RoPE */
+    bool has_post_norms;   /* gemma: RMSNorm of the attention and FFN outputs before each residual add */
+    FfnAct ffn_act;
+    float embd_scale;      /* the embeddings are multiplied by this (gemma: sqrt(n_embd)), else 1 */
+    float attn_scale;      /* scores are q.k times this: 1/sqrt(head_dim) but for gemma's 27B shapes */
+    float attn_softcap;    /* gemma2: scores become c*tanh(s/c); 0: none */
+    float final_softcap;   /* gemma: logits become c*tanh(l/c); 0: none */
+    int n_swa;             /* attention.sliding_window: the window of the sliding layers; 0: none */
+    int swa_period;        /* of every swa_period layers all but the last slide; 0: all (gemma2 2, gemma3 6) */
+    float rope_base_swa;   /* the sliding layers' RoPE base (rope.freq_base_swa; gemma3: 10000, unscaled) */
 } ModelConfig;
 
 typedef struct LayerWeights {
@@ -69,6 +84,8 @@ typedef struct LayerWeights {
     const float *q_norm;    /* (head_dim) or NULL: has_qk_norm */
     const float *k_norm;    /* (head_dim) or NULL */
     int window;             /* sliding-window attention over this many positions; 0: all */
+    const float *attn_post_norm; /* (n_embd) or NULL: has_post_norms */
+    const float *ffn_post_norm;  /* (n_embd) or NULL */
     MatW wo;                /* (q_dim -> n_embd) */
     const float *ffn_norm;  /* (n_embd) */
     MatW w_gate, w_up;      /* (n_embd -> n_ff) */
@@ -102,7 +119,8 @@ const char *model_supported_archs(void);
 void model_embed(const Model *m, int32_t id, float *out);
 
 /* RoPE's inverse frequencies for m (n_rot / 2 of them): base^(-2i/n_rot),
- * divided by rope_factors[i] when the file has them, times rope_freq_scale. */
-void model_rope_inv_freq(const Model *m, double *inv_freq);
+ * divided by rope_factors[i] when the file has them, times rope_freq_scale.
+ * is_swa: for a sliding layer (rope_base_swa; gemma3's are not scaled). */
+void model_rope_inv_freq(const Model *m, bool is_swa, double *inv_freq);
 
 #endif
