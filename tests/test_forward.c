@@ -149,6 +149,7 @@ static void test_ref_qwen2_f32(void **s) { check_reference("tiny-qwen2-gpt2-f32"
 static void test_ref_qwen3_f32(void **s) { check_reference("tiny-qwen3-gpt2-f32", "exact", 2e-3); }
 static void test_ref_gemma2_f32(void **s) { check_own_reference("tiny-gemma2-spm-f32", 2e-3); }
 static void test_ref_gemma3_f32(void **s) { check_own_reference("tiny-gemma3-spm-f32", 2e-3); }
+static void test_ref_phi3_f32(void **s) { check_own_reference("tiny-phi3-spm-f32", 2e-3); }
 static void test_ref_mha_f16(void **s) { check_reference("tiny-mha-spm-f16", "exact", 5e-3); }
 static void test_ref_llama_q8_0(void **s) { check_reference("tiny-llama-spm-q8_0", "exact", 5e-3); }
 static void test_ref_llama_q4_0(void **s) { check_reference("tiny-llama-spm-q4_0", "exact", 5e-3); }
@@ -406,6 +407,7 @@ static void test_invariance_mha_f16(void **s) { check_invariance("tiny-mha-spm-f
 static void test_invariance_q4_0(void **s) { check_invariance("tiny-llama-spm-q4_0", MN_TYPE_F16); }
 static void test_invariance_gemma2(void **s) { check_invariance("own:tiny-gemma2-spm-f32", MN_TYPE_F16); }
 static void test_invariance_gemma3(void **s) { check_invariance("own:tiny-gemma3-spm-f32", MN_TYPE_F32); }
+static void test_invariance_phi3(void **s) { check_invariance("own:tiny-phi3-spm-f32", MN_TYPE_F16); }
 
 /* ---- bad input --------------------------------------------------------------- */
 
@@ -459,6 +461,7 @@ int main(void) {
         cmocka_unit_test(test_ref_qwen3_f32),
         cmocka_unit_test(test_ref_gemma2_f32),
         cmocka_unit_test(test_ref_gemma3_f32),
+        cmocka_unit_test(test_ref_phi3_f32),
         cmocka_unit_test(test_sliding_window),
         cmocka_unit_test(test_ref_mha_f16),
         cmocka_unit_test(test_ref_llama_q8_0),
@@ -471,6 +474,7 @@ int main(void) {
         cmocka_unit_test(test_invariance_q4_0),
         cmocka_unit_test(test_invariance_gemma2),
         cmocka_unit_test(test_invariance_gemma3),
+        cmocka_unit_test(test_invariance_phi3),
         cmocka_unit_test(test_bad_batches),
         cmocka_unit_test(test_unknown_arch),
     };

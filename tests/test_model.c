@@ -53,10 +53,10 @@ static const char *variant(const char *drop, const char *key, uint32_t value, co
 }
 
 /* Copy stories260K to a temp file with RoPE scaling keys (scaling NULL:
- * none written), when factors is not NULL a rope_freqs tensor of n_factors
- * values, and when swa > 0 a sliding window. Returns the path (static buffer). */
-static const char *with_keys(const char *scaling, float factor, const float *factors, uint64_t n_factors,
-                             uint32_t swa) {
+ * none written), when factors is not NULL a tensor factors_name of
+ * n_factors values (rope_freqs.weight, rope_factors_long.weight, ...), and when swa > 0 a sliding window. Returns the path (static buffer). */
+static const char *with_keys(const char *scaling, float factor, const char *factors_name, const float *factors,
+                             uint64_t n_factors, uint32_t swa) {
     Gguf *g = NULL;
     GgufWriter *w = copy_begin(&g);
     for (int64_t i = 0; i < gguf_n_kv(g); i++) assert_int_equal(gguf_writer_copy_kv(w, g, i), MN_OK);
@@ -70,7 +70,7 @@ static const char *with_keys(const char *scaling, float factor, const float *fac
         assert_int_equal(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->n_bytes), MN_OK);
     }
     if (factors)
-        assert_int_equal(gguf_writer_add_tensor(w, "rope_freqs.weight", MN_TYPE_F32, 1, &n_factors, factors,
+        assert_int_equal(gguf_writer_add_tensor(w, factors_name, MN_TYPE_F32, 1, &n_factors, factors,
                                                 n_factors * sizeof(float)), MN_OK);
     return copy_end(g, w);
 }
@@ -135,44 +135,46 @@ static void test_wrong_shape(void **s) {
 static void test_rope_scaling(void **s) {
     char p[512];
     if (!test_require_file(test_data_path(p, sizeof p, "models/stories260K.gguf"))) return;
-    Model *m = load_ok(with_keys(NULL, 0, NULL, 0, 0));
+    Model *m = load_ok(with_keys(NULL, 0, NULL, NULL, 0, 0));
     const int half = m->cfg.n_rot / 2; /* stories260K: head 8, 4 pairs */
     assert_true(half > 1 && half <= 16);
     double plain[16], got[16];
-    model_rope_inv_freq(m, false, plain);
+    model_rope_inv_freq(m, false, 512, plain);
     for (int i = 0; i < half; i++) assert_true(fabs(plain[i] - pow(10000.0, -2.0 * i / m->cfg.n_rot)) < 1e-15);
     assert_null(m->rope_factors);
     model_free(m);
 
-    m = load_ok(with_keys("linear", 4.0f, NULL, 0, 0));
-    model_rope_inv_freq(m, false, got);
+    m = load_ok(with_keys("linear", 4.0f, NULL, NULL, 0, 0));
+    model_rope_inv_freq(m, false, 512, got);
     for (int i = 0; i < half; i++) assert_true(got[i] == plain[i] * 0.25);
     model_free(m);
 
     float factors[16];
     for (int i = 0; i < half; i++) factors[i] = 1.0f + (float)i;
-    m = load_ok(with_keys(NULL, 0, factors, (uint64_t)half, 0));
+    m = load_ok(with_keys(NULL, 0, "rope_freqs.weight", factors, (uint64_t)half, 0));
     assert_non_null(m->rope_factors);
-    model_rope_inv_freq(m, false, got);
+    model_rope_inv_freq(m, false, 512, got);
     for (int i = 0; i < half; i++) assert_true(got[i] == plain[i] / (double)factors[i]);
     model_free(m);
 
-    expect_refused(with_keys("yarn", 4.0f, NULL, 0, 0), "RoPE scaling 'yarn'");
-    expect_refused(with_keys("longrope", 4.0f, NULL, 0, 0), "RoPE scaling 'longrope'");
-    expect_refused(with_keys("linear", 0.5f, NULL, 0, 0), "rope.scaling.factor");
+    expect_refused(with_keys("yarn", 4.0f, NULL, NULL, 0, 0), "RoPE scaling 'yarn'");
+    expect_refused(with_keys("longrope", 4.0f, NULL, NULL, 0, 0), "RoPE scaling 'longrope'");
+    expect_refused(with_keys("linear", 0.5f, NULL, NULL, 0, 0), "rope.scaling.factor");
     factors[1] = 0.0f;
-    expect_refused(with_keys(NULL, 0, factors, (uint64_t)half, 0), "rope_freqs.weight[1]");
-    expect_refused(with_keys(NULL, 0, factors, (uint64_t)half + 1, 0), "rope_freqs.weight");
+    expect_refused(with_keys(NULL, 0, "rope_freqs.weight", factors, (uint64_t)half, 0), "rope_freqs.weight[1]");
+    expect_refused(with_keys(NULL, 0, "rope_freqs.weight", factors, (uint64_t)half + 1, 0), "rope_freqs.weight");
+    factors[1] = 2.0f;
+    expect_refused(with_keys(NULL, 0, "rope_factors_long.weight", factors, (uint64_t)half, 0), "rope_factors_short");
 }
 
 /* A declared sliding window applies to every layer of a llama file. */
 static void test_sliding_window_key(void **s) {
     char p[512];
     if (!test_require_file(test_data_path(p, sizeof p, "models/stories260K.gguf"))) return;
-    Model *m = load_ok(with_keys(NULL, 0, NULL, 0, 0));
+    Model *m = load_ok(with_keys(NULL, 0, NULL, NULL, 0, 0));
     for (int il = 0; il < m->cfg.n_layer; il++) assert_int_equal(m->layers[il].window, 0);
     model_free(m);
-    m = load_ok(with_keys(NULL, 0, NULL, 0, 128));
+    m = load_ok(with_keys(NULL, 0, NULL, NULL, 0, 128));
     assert_int_equal(m->cfg.n_swa, 128);
     for (int il = 0; il < m->cfg.n_layer; il++) assert_int_equal(m->layers[il].window, 128);
     model_free(m);

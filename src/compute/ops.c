@@ -48,12 +48,12 @@ void ops_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
     for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
-void ops_rope(float *x, int n_heads, int head_dim, int n_rot, const double *inv_freq, int32_t pos,
+void ops_rope(float *x, int n_heads, int head_dim, int n_rot, const double *inv_freq, int32_t pos, float mscale,
               int adjacent) {
     int half = n_rot / 2;
     for (int i = 0; i < half; i++) {
         double theta = (double)pos * inv_freq[i];
-        float c = (float)cos(theta), s = (float)sin(theta);
+        float c = (float)(cos(theta) * mscale), s = (float)(sin(theta) * mscale);
         int i0 = adjacent ? 2 * i : i;
         int i1 = adjacent ? 2 * i + 1 : i + half;
         for (int h = 0; h < n_heads; h++) {

@@ -20,9 +20,10 @@ void ops_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 
 
 /* Rotate the first n_rot dims of each of n_heads heads (head_dim apart) of
- * one token at position pos. adjacent: pairs (2i, 2i+1); else pairs
- * (i, i + n_rot/2) (NEOX / "halves"). */
-void ops_rope(float *x, int n_heads, int head_dim, int n_rot, const double *inv_freq, int32_t pos,
+ * one token at position pos, the rotation scaled by mscale (1: a pure
+ * rotation; LongRoPE's attention factor otherwise). adjacent: pairs
+ * (2i, 2i+1); else pairs (i, i + n_rot/2) (NEOX / "halves"). */
+void ops_rope(float *x, int n_heads, int head_dim, int n_rot, const double *inv_freq, int32_t pos, float mscale,
               int adjacent);
 
 /* out[i] = silu(gate[i]) * up[i]. out may alias gate. */

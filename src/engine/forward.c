@@ -77,8 +77,8 @@ int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, 
         fwd_free(f);
         return mn_err_set(err, MN_ENOMEM, "forward: out of memory for %d-token batches", T);
     }
-    model_rope_inv_freq(m, false, f->inv_freq);
-    model_rope_inv_freq(m, true, f->inv_freq_swa);
+    model_rope_inv_freq(m, false, opt->max_ctx, f->inv_freq);
+    model_rope_inv_freq(m, true, opt->max_ctx, f->inv_freq_swa);
     *out = f;
     return MN_OK;
 }
@@ -181,8 +181,9 @@ static void stage_token(const StageJob *j, int t) {
             ops_rmsnorm(k + h * hd, k + h * hd, lw->k_norm, hd, c->rms_eps);
         const int adjacent = c->rope_style == ROPE_ADJACENT;
         const double *inv_freq = lw->window > 0 ? f->inv_freq_swa : f->inv_freq;
-        ops_rope(q, c->n_head, c->head_dim, c->n_rot, inv_freq, j->b->pos[t], adjacent);
-        ops_rope(k, c->n_head_kv, c->head_dim, c->n_rot, inv_freq, j->b->pos[t], adjacent);
+        const float ms = c->rope_attn_factor;
+        ops_rope(q, c->n_head, c->head_dim, c->n_rot, inv_freq, j->b->pos[t], ms, adjacent);
+        ops_rope(k, c->n_head_kv, c->head_dim, c->n_rot, inv_freq, j->b->pos[t], ms, adjacent);
         store_kv(f, j->b, j->il, t);
         break;
     }

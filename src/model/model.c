@@ -35,10 +35,11 @@ static const ArchInfo arch_table[] = {
     {"qwen3", ARCH_QWEN3, ROPE_HALVES, false, true, false, 0, 0, 0.0f, 0.0f},
     {"gemma2", ARCH_GEMMA2, ROPE_HALVES, false, false, true, 2, 4096, 50.0f, 30.0f},
     {"gemma3", ARCH_GEMMA3, ROPE_HALVES, false, true, true, 6, 0, 0.0f, 0.0f},
+    {"phi3", ARCH_PHI3, ROPE_HALVES, false, false, false, 0, 0, 0.0f, 0.0f},
 };
 #define N_ARCHS (sizeof arch_table / sizeof arch_table[0])
 
-const char *model_supported_archs(void) { return "llama, qwen2, qwen3, gemma2, gemma3"; }
+const char *model_supported_archs(void) { return "llama, qwen2, qwen3, gemma2, gemma3, phi3"; }
 
 /* Whether layer il slides (given a window): of every swa_period layers
  * all but the last; every layer when swa_period is 0. */
@@ -74,6 +75,15 @@ static int rope_scaling_read(const Gguf *g, const char *arch, ModelConfig *c, Mn
     char key[128];
     GgufStr s;
     c->rope_freq_scale = 1.0f;
+    c->rope_attn_factor = 1.0f;
+    uint32_t orig = (uint32_t)c->n_ctx;
+    int rc = get_arch_u32(g, arch, "rope.scaling.original_context_length", &orig, false, err);
+    if (rc == MN_OK) rc = get_arch_f32(g, arch, "rope.scaling.attn_factor", &c->rope_attn_factor, err);
+    if (rc) return rc;
+    if (orig == 0 || orig > 1u << 24 || !(c->rope_attn_factor > 0.0f && c->rope_attn_factor < 16.0f))
+        return mn_err_set(err, MN_EFORMAT, "%s.rope.scaling: original context %u or attention factor %g out of range",
+                          arch, orig, c->rope_attn_factor);
+    c->n_ctx_orig = (int)orig;
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
     char type[32] = "none";
     if (gguf_get_str(g, key, &s) == MN_OK) snprintf(type, sizeof type, "%.*s", (int)(s.len < 31 ? s.len : 31), s.data);
@@ -82,7 +92,7 @@ static int rope_scaling_read(const Gguf *g, const char *arch, ModelConfig *c, Mn
         return mn_err_set(err, MN_EUNSUPPORTED, "RoPE scaling '%s' (%s) is not supported (supported: none, linear)",
                           type, key);
     float factor = 1.0f;
-    int rc = get_arch_f32(g, arch, "rope.scaling.factor", &factor, err);
+    rc = get_arch_f32(g, arch, "rope.scaling.factor", &factor, err);
     if (rc) return rc;
     if (!(factor >= 1.0f && factor <= 1024.0f))
         return mn_err_set(err, MN_EFORMAT, "%s.rope.scaling.factor %g is out of range [1, 1024]", arch, factor);
@@ -215,6 +225,15 @@ static int bind_matrix(const Gguf *g, const char *name, int64_t n_in, int64_t n_
     return MN_OK;
 }
 
+/* w's rows [r0, r0 + n) as a matrix of their own (a view of the same data). */
+static void matrix_rows(const MatW *w, int64_t r0, int64_t n, MatW *out) {
+    uint64_t row_bytes = 0;
+    ttype_row_bytes(w->type, (uint64_t)w->n_in, &row_bytes); /* checked when w was bound */
+    *out = *w;
+    out->n_out = n;
+    out->data = (const uint8_t *)w->data + (uint64_t)r0 * row_bytes;
+}
+
 /* Convert a 1-D tensor of n elements to f32 at dst. */
 static int bind_vector(const Gguf *g, const char *name, int64_t n, float *dst, MnErr *err) {
     const GgufTensor *t;
@@ -235,7 +254,7 @@ static size_t vector_floats(const ModelConfig *c) {
     if (c->has_qkv_bias) per_layer += (size_t)c->q_dim + 2 * (size_t)c->kv_dim;
     if (c->has_qk_norm) per_layer += 2 * (size_t)c->head_dim;
     if (c->has_post_norms) per_layer += 2 * (size_t)c->n_embd;
-    return per_layer * (size_t)c->n_layer + (size_t)c->n_embd + (size_t)c->n_rot / 2;
+    return per_layer * (size_t)c->n_layer + (size_t)c->n_embd + 3 * ((size_t)c->n_rot / 2);
 }
 
 static int bind_layer(Model *m, int il, float **vec, MnErr *err) {
@@ -245,12 +264,26 @@ static int bind_layer(Model *m, int il, float **vec, MnErr *err) {
     char name[96];
     int rc;
 #define NAME(suffix) (snprintf(name, sizeof name, "blk.%d.%s", il, suffix), name)
-    if ((rc = bind_matrix(g, NAME("attn_q.weight"), c->n_embd, c->q_dim, &L->wq, err)) ||
-        (rc = bind_matrix(g, NAME("attn_k.weight"), c->n_embd, c->kv_dim, &L->wk, err)) ||
-        (rc = bind_matrix(g, NAME("attn_v.weight"), c->n_embd, c->kv_dim, &L->wv, err)) ||
-        (rc = bind_matrix(g, NAME("attn_output.weight"), c->q_dim, c->n_embd, &L->wo, err)) ||
-        (rc = bind_matrix(g, NAME("ffn_gate.weight"), c->n_embd, c->n_ff, &L->w_gate, err)) ||
-        (rc = bind_matrix(g, NAME("ffn_up.weight"), c->n_embd, c->n_ff, &L->w_up, err)) ||
+    MatW fused;
+    if (gguf_find_tensor(g, NAME("attn_qkv.weight")) != NULL) { /* Q, K and V as one matrix's rows */
+        if ((rc = bind_matrix(g, name, c->n_embd, c->q_dim + 2 * c->kv_dim, &fused, err))) return rc;
+        matrix_rows(&fused, 0, c->q_dim, &L->wq);
+        matrix_rows(&fused, c->q_dim, c->kv_dim, &L->wk);
+        matrix_rows(&fused, c->q_dim + c->kv_dim, c->kv_dim, &L->wv);
+    } else if ((rc = bind_matrix(g, NAME("attn_q.weight"), c->n_embd, c->q_dim, &L->wq, err)) ||
+               (rc = bind_matrix(g, NAME("attn_k.weight"), c->n_embd, c->kv_dim, &L->wk, err)) ||
+               (rc = bind_matrix(g, NAME("attn_v.weight"), c->n_embd, c->kv_dim, &L->wv, err))) {
+        return rc;
+    }
+    if (c->arch == ARCH_PHI3) { /* gate and up as one matrix's rows, gate first */
+        if ((rc = bind_matrix(g, NAME("ffn_up.weight"), c->n_embd, 2 * (int64_t)c->n_ff, &fused, err))) return rc;
+        matrix_rows(&fused, 0, c->n_ff, &L->w_gate);
+        matrix_rows(&fused, c->n_ff, c->n_ff, &L->w_up);
+    } else if ((rc = bind_matrix(g, NAME("ffn_gate.weight"), c->n_embd, c->n_ff, &L->w_gate, err)) ||
+               (rc = bind_matrix(g, NAME("ffn_up.weight"), c->n_embd, c->n_ff, &L->w_up, err))) {
+        return rc;
+    }
+    if ((rc = bind_matrix(g, NAME("attn_output.weight"), c->q_dim, c->n_embd, &L->wo, err)) ||
         (rc = bind_matrix(g, NAME("ffn_down.weight"), c->n_ff, c->n_embd, &L->w_down, err)))
         return rc;
     L->window = layer_slides(c, il) ? c->n_swa : 0;
@@ -316,14 +349,22 @@ static int bind_all(Model *m, MnErr *err) {
     vec += c->n_embd;
     for (int il = 0; il < c->n_layer; il++)
         if ((rc = bind_layer(m, il, &vec, err))) return rc;
-    if (gguf_find_tensor(m->gguf, "rope_freqs.weight") != NULL) { /* Llama 3.1+ frequency factors */
-        if ((rc = bind_vector(m->gguf, "rope_freqs.weight", c->n_rot / 2, vec, err))) return rc;
+    /* per-pair RoPE factors: Llama 3.1+'s, and LongRoPE's two sets */
+    static const char *const factor_names[] = {"rope_freqs.weight", "rope_factors_long.weight",
+                                               "rope_factors_short.weight"};
+    const float **factors[] = {&m->rope_factors, &m->rope_long, &m->rope_short};
+    for (int f = 0; f < 3; f++) {
+        if (gguf_find_tensor(m->gguf, factor_names[f]) == NULL) continue;
+        if ((rc = bind_vector(m->gguf, factor_names[f], c->n_rot / 2, vec, err))) return rc;
         for (int i = 0; i < c->n_rot / 2; i++)
             if (!(vec[i] > 0.0f) || !isfinite(vec[i]))
-                return mn_err_set(err, MN_EFORMAT, "rope_freqs.weight[%d] is %g; factors must be positive", i, vec[i]);
-        m->rope_factors = vec;
+                return mn_err_set(err, MN_EFORMAT, "%s[%d] is %g; factors must be positive", factor_names[f], i,
+                                  vec[i]);
+        *factors[f] = vec;
         vec += c->n_rot / 2;
     }
+    if ((m->rope_long == NULL) != (m->rope_short == NULL))
+        return mn_err_set(err, MN_EFORMAT, "LongRoPE needs both rope_factors_long and rope_factors_short");
     for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) m->weight_bytes += gguf_tensor(m->gguf, i)->n_bytes;
     return MN_OK;
 }
@@ -360,13 +401,15 @@ void model_free(Model *m) {
     mn_free(m);
 }
 
-void model_rope_inv_freq(const Model *m, bool is_swa, double *inv_freq) {
+void model_rope_inv_freq(const Model *m, bool is_swa, int n_ctx, double *inv_freq) {
     const ModelConfig *c = &m->cfg;
+    const float *factors = m->rope_factors;
+    if (factors == NULL && m->rope_long) factors = n_ctx > c->n_ctx_orig ? m->rope_long : m->rope_short;
     double base = is_swa ? (double)c->rope_base_swa : (double)c->rope_base;
     bool is_scaled = !(is_swa && c->arch == ARCH_GEMMA3); /* gemma3 scales its global layers only */
     for (int i = 0; i < c->n_rot / 2; i++) {
         double f = pow(base, -2.0 * i / (double)c->n_rot);
-        if (m->rope_factors) f /= (double)m->rope_factors[i];
+        if (factors) f /= (double)factors[i];
         inv_freq[i] = is_scaled ? f * (double)c->rope_freq_scale : f;
     }
 }

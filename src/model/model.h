@@ -14,7 +14,12 @@
  * (embeddings scaled by sqrt(n_embd), RMS norms after attention and after
  * the FFN too, GELU-gated FFN, sliding-window layers interleaved with global
  * ones (gemma3: with their own RoPE base), soft-capped attention scores
- * (gemma2) and logits; gemma3 also normalizes Q and K heads). RoPE scaling "linear" is
+ * (gemma2) and logits; gemma3 also normalizes Q and K heads) and "phi3"
+ * (RoPE on halves with LongRoPE's short and long per-pair factors, chosen
+ * by the serving context against rope.scaling.original_context_length, and
+ * its attention factor). Any architecture may store Q, K and V fused
+ * (attn_qkv) and phi3 stores the FFN's gate and up fused (ffn_up of 2*n_ff
+ * rows, gate first): they are bound as row ranges of one matrix. RoPE scaling "linear" is
  * supported, and so is a sliding attention window where the file declares
  * one (attention.sliding_window: Mistral-style llama files, every layer);
  * any other scaling type, and anything else the file asks for
@@ -37,7 +42,7 @@
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 
-typedef enum ModelArch { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA2, ARCH_GEMMA3 } ModelArch;
+typedef enum ModelArch { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA2, ARCH_GEMMA3, ARCH_PHI3 } ModelArch;
 
 /* The gate's activation of the gated FFN: silu(gate) * up or gelu(gate) * up. */
 typedef enum FfnAct { FFN_SILU, FFN_GELU } FfnAct;
@@ -60,6 +65,8 @@ typedef struct ModelConfig {
     int n_rot;     /* dimensions rotated by RoPE (<= head_dim) */
     float rope_base;
     float rope_freq_scale; /* 1 / rope.scaling.factor for "linear" scaling, else 1 */
+    float rope_attn_factor; /* rope.scaling.attn_factor: rotated dims times this (LongRoPE), else 1 */
+    int n_ctx_orig;        /* rope.scaling.original_context_length (LongRoPE), else n_ctx */
     float rms_eps;
     RopeStyle rope_style;
     bool has_qkv_bias;
@@ -102,6 +109,7 @@ typedef struct Model {
     bool is_output_tied;
     LayerWeights *layers;    /* (n_layer) */
     const float *rope_factors; /* (n_rot / 2) divisors of RoPE's frequencies, or NULL */
+    const float *rope_long, *rope_short; /* (n_rot / 2) LongRoPE's factors, or NULL */
     float *vectors;          /* owned f32 copies of all 1-D tensors */
     uint64_t weight_bytes;   /* bytes of all tensor data */
     Hash128 fingerprint;     /* XXH3-128 of the whole GGUF image: metadata,
@@ -118,9 +126,11 @@ const char *model_supported_archs(void);
 /* Copy the embedding row of token id (0 <= id < n_vocab) into out (n_embd). */
 void model_embed(const Model *m, int32_t id, float *out);
 
-/* RoPE's inverse frequencies for m (n_rot / 2 of them): base^(-2i/n_rot),
- * divided by rope_factors[i] when the file has them, times rope_freq_scale.
+/* RoPE's inverse frequencies for m (n_rot / 2 of them) when serving
+ * contexts of n_ctx positions: base^(-2i/n_rot), divided by the per-pair
+ * factors where the file has them (rope_freqs; LongRoPE's long factors when
+ * n_ctx > n_ctx_orig, else its short ones), times rope_freq_scale.
  * is_swa: for a sliding layer (rope_base_swa; gemma3's are not scaled). */
-void model_rope_inv_freq(const Model *m, bool is_swa, double *inv_freq);
+void model_rope_inv_freq(const Model *m, bool is_swa, int n_ctx, double *inv_freq);
 
 #endif
