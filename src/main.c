@@ -8,6 +8,7 @@
  *   serve       the OpenAI HTTP server      chat   a terminal chat client
  *   bench       multi-turn load generator and report
  *   disk-probe  raw sequential bandwidth of a directory, as the disk tier moves data
+ *   cache       cache purge: erase a namespace's data from a disk tier directory
  *
  * Each cmd_* parses its options (base/cli), does its job with the library
  * and returns the process exit status. This file only wires things together.
@@ -33,6 +34,7 @@
 #include "bench/bench.h"
 #include "bench/client.h"
 #include "bench/diskprobe.h"
+#include "cache/purge.h"
 #include "compute/matmul.h"
 #include "engine/engine.h"
 #include "engine/profile.h"
@@ -908,6 +910,47 @@ done:
     return status;
 }
 
+/* ---- cache purge ------------------------------------------------------------------ */
+
+static int cmd_cache(int argc, char **argv) {
+    static const char synopsis[] =
+        "mnemo cache purge --disk-tier DIR (--namespace KEY | --default-namespace | --all)";
+    const char *dir = NULL, *ns = NULL;
+    bool is_default = false, is_all = false;
+    CliOpt opts[] = {
+        {"disk-tier", 0, CLI_STR, &dir, "DIR", "the disk tier's directory (no server may be running on it)"},
+        {"namespace", 0, CLI_STR, &ns, "KEY",
+         "erase this namespace: the API key its requests used (on a server without keys, their "
+         "X-Cache-Namespace header); MNEMO_NAMESPACE keeps it off the command line"},
+        {"default-namespace", 0, CLI_FLAG, &is_default, NULL, "erase the namespace of requests with neither"},
+        {"all", 0, CLI_FLAG, &is_all, NULL, "erase every namespace"},
+    };
+    if (argc < 1 || strcmp(argv[0], "purge") != 0) {
+        bool is_help = argc >= 1 && (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0);
+        if (!is_help) fprintf(stderr, "mnemo cache: needs the subcommand purge\n");
+        cli_usage(is_help ? stdout : stderr, synopsis, opts, N_OPTS(opts));
+        return is_help ? 0 : 2;
+    }
+    const char *pos[1];
+    int n_pos;
+    int rc = parse_or_usage(argc - 1, argv + 1, synopsis, opts, N_OPTS(opts), pos, 1, &n_pos);
+    if (rc >= 0) return rc;
+    if (dir == NULL || n_pos != 0 || (ns != NULL) + is_default + is_all != 1) {
+        fprintf(stderr, "mnemo cache purge: needs --disk-tier DIR and one of --namespace KEY, --default-namespace, "
+                        "--all\n");
+        cli_usage(stderr, synopsis, opts, N_OPTS(opts));
+        return 2;
+    }
+    MnErr err = {0};
+    PurgeReport r;
+    if (purge_disk_tier(dir, is_all ? NULL : is_default ? "" : ns, &r, &err) != MN_OK) return fail(&err);
+    printf("purged %s from %s: %d runs (%d blocks), %" PRId64 " replies, %" PRId64
+           " conversations; %" PRIu64 " bytes of slab space overwritten with zeros\n",
+           is_all ? "every namespace" : is_default ? "the default namespace" : "the namespace", dir, r.n_runs,
+           r.n_blocks, r.n_replies, r.n_convs, r.n_zeroed_bytes);
+    return 0;
+}
+
 /* ---- main ------------------------------------------------------------------------ */
 
 typedef struct Command {
@@ -921,6 +964,7 @@ static const Command commands[] = {
     {"chat", cmd_chat, "chat in the terminal with a server (or a model in-process)"},
     {"bench", bench_main, "load-test a server with multi-turn conversations"},
     {"disk-probe", diskprobe_main, "sequential O_DIRECT bandwidth of a directory, as the disk tier"},
+    {"cache", cmd_cache, "cache purge: erase a namespace's data from a disk tier directory"},
     {"generate", cmd_generate, "run a prompt and stream new tokens"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"detokenize", cmd_detokenize, "print the text of token ids"},

@@ -12,6 +12,10 @@
  * ids. Replies: put, replace, load the newest into a ReplyMemory and get
  * them back, trim. Conversations: put, replace, count, foreach in order
  * of activity, expire, id 0 ignored, the full 64-bit id range.
+ * Namespaces: run rows keep theirs (or none); a database of schema 1 is
+ * upgraded in place; store_purge deletes one namespace's replies and
+ * conversations (and replies of none) and leaves none of their bytes in
+ * the database or WAL, not even of rows trimmed before.
  */
 #include "test_util.h"
 
@@ -81,7 +85,7 @@ static void test_store_create_reopen(void **state) {
     assert_string_equal(store_path(s), want);
     assert_true(hash128_eq(&store_identity(s)->model_fingerprint, &id.model_fingerprint));
     assert_int_equal(store_identity(s)->n_layer, 6);
-    assert_int_equal(store_run_put(s, 5, "hello", 5, 100.5), MN_OK);
+    assert_int_equal(store_run_put(s, 5, "hello", 5, 100.5, NULL), MN_OK);
     assert_false(file_exists(dir, "mnemo.db-shm", NULL)); /* exclusive: the WAL index is in memory */
     /* another connection cannot have it meanwhile */
     CacheStore *s2 = (CacheStore *)1;
@@ -126,7 +130,7 @@ static void test_store_version(void **state) {
     assert_null(s);
     assert_non_null(strstr(err.msg, "mnemo.db"));
     assert_non_null(strstr(err.msg, "version 7"));
-    assert_non_null(strstr(err.msg, "uses 1"));
+    assert_non_null(strstr(err.msg, "uses 2"));
     assert_non_null(strstr(err.msg, "move"));
     /* refused, not changed: still version 7 */
     assert_int_equal(store_open(dir, &id, &s, &err), MN_EUNSUPPORTED);
@@ -202,7 +206,7 @@ static void test_store_garbage(void **state) {
     make_dir(dir);
     snprintf(path, sizeof path, "%s/mnemo.db", dir);
     s = open_ok(dir, &id);
-    for (int i = 1; i <= 50; i++) assert_int_equal(store_run_put(s, (uint64_t)i, path, sizeof path, i), MN_OK);
+    for (int i = 1; i <= 50; i++) assert_int_equal(store_run_put(s, (uint64_t)i, path, sizeof path, i, NULL), MN_OK);
     store_close(s);
     int fd = open(path, O_RDWR);
     assert_true(fd >= 0);
@@ -226,12 +230,17 @@ typedef struct Seen {
     char recs[16][32];
     size_t lens[16];
     double used[16];
+    bool has_ns[16];
+    Hash128 ns[16];
     int stop_after; /* 0 = never */
 } Seen;
 
-static int on_run(void *ctx, uint64_t run_id, const void *record, size_t len, double last_used) {
+static int on_run(void *ctx, uint64_t run_id, const void *record, size_t len, double last_used,
+                  const Hash128 *ns_id) {
     Seen *s = ctx;
     assert_true(s->n < 16 && len < 32);
+    s->has_ns[s->n] = ns_id != NULL;
+    if (ns_id) s->ns[s->n] = *ns_id;
     s->ids[s->n] = run_id;
     memcpy(s->recs[s->n], record, len);
     s->lens[s->n] = len;
@@ -246,11 +255,12 @@ static void test_store_runs(void **state) {
     StoreIdentity id = ident(0x55);
     CacheStore *s = open_ok(dir, &id);
     uint64_t big = (1ull << 47) + 3;
-    assert_int_equal(store_run_put(s, 9, "nine", 4, 1000.25), MN_OK);
-    assert_int_equal(store_run_put(s, 2, "two\0x", 5, 2000.5), MN_OK); /* bytes, NUL included */
-    assert_int_equal(store_run_put(s, big, "big", 3, 3000), MN_OK);
-    assert_int_equal(store_run_put(s, 4, "four", 4, 4000), MN_OK);
-    assert_int_equal(store_run_put(s, 9, "NINE!", 5, 5000), MN_OK); /* replaced */
+    Hash128 ns_a = hash128("a", 1), ns_b = hash128("b", 1);
+    assert_int_equal(store_run_put(s, 9, "nine", 4, 1000.25, &ns_a), MN_OK);
+    assert_int_equal(store_run_put(s, 2, "two\0x", 5, 2000.5, &ns_a), MN_OK); /* bytes, NUL included */
+    assert_int_equal(store_run_put(s, big, "big", 3, 3000, NULL), MN_OK);
+    assert_int_equal(store_run_put(s, 4, "four", 4, 4000, &ns_a), MN_OK);
+    assert_int_equal(store_run_put(s, 9, "NINE!", 5, 5000, &ns_b), MN_OK); /* replaced */
     assert_int_equal(store_run_touch(s, 2, 6000.75), MN_OK);
     assert_int_equal(store_run_touch(s, 77, 1), MN_OK); /* no such row: nothing */
     assert_int_equal(store_run_delete(s, 4), MN_OK);
@@ -265,11 +275,14 @@ static void test_store_runs(void **state) {
     assert_int_equal(seen.lens[0], 5);
     assert_memory_equal(seen.recs[0], "two\0x", 5);
     assert_true(seen.used[0] == 6000.75);
+    assert_true(seen.has_ns[0] && hash128_eq(&seen.ns[0], &ns_a));
     assert_int_equal(seen.ids[1], 9);
     assert_memory_equal(seen.recs[1], "NINE!", 5);
     assert_true(seen.used[1] == 5000);
+    assert_true(seen.has_ns[1] && hash128_eq(&seen.ns[1], &ns_b));
     assert_int_equal(seen.ids[2], big);
     assert_memory_equal(seen.recs[2], "big", 3);
+    assert_false(seen.has_ns[2]);
     int64_t n = 0;
     assert_int_equal(store_run_count(s, &n), MN_OK);
     assert_int_equal(n, 3);
@@ -300,15 +313,15 @@ static void test_store_replies(void **state) {
         keys[i] = replymem_prefix_key(&ns, prefix, 2);
         snprintf(texts[i], sizeof texts[i], "reply %d", i);
         for (int k = 0; k < 4; k++) ids[i][k] = 1000 * i + k - 2; /* negatives too */
-        assert_int_equal(store_reply_put(s, &keys[i], texts[i], strlen(texts[i]), ids[i], (size_t)(1 + i % 4), i),
+        assert_int_equal(store_reply_put(s, &ns, &keys[i], texts[i], strlen(texts[i]), ids[i], (size_t)(1 + i % 4), i),
                          MN_OK);
     }
     /* the same key and text again: replaced, and now the newest */
     int32_t new_ids[3] = {7, 8, 9};
-    assert_int_equal(store_reply_put(s, &keys[1], texts[1], strlen(texts[1]), new_ids, 3, 10), MN_OK);
+    assert_int_equal(store_reply_put(s, &ns, &keys[1], texts[1], strlen(texts[1]), new_ids, 3, 10), MN_OK);
     /* an empty reply is fine too */
     Hash128 k_empty = hash128("empty", 5);
-    assert_int_equal(store_reply_put(s, &k_empty, "", 0, NULL, 0, 11), MN_OK);
+    assert_int_equal(store_reply_put(s, NULL, &k_empty, "", 0, NULL, 0, 11), MN_OK);
     int64_t n = 0;
     assert_int_equal(store_reply_count(s, &n), MN_OK);
     assert_int_equal(n, 6);
@@ -430,13 +443,115 @@ static void test_store_convs(void **state) {
 
 /* ---- main ------------------------------------------------------------------ */
 
+/* ---- upgrade, purge ---------------------------------------------------------- */
+
+/* A database of schema version 1 (no namespace columns) opens: upgraded
+ * in place to version 2, its rows kept with no namespace, and a purge of
+ * any namespace takes its replies. */
+static void test_store_upgrade(void **state) {
+    char dir[64];
+    make_dir(dir);
+    StoreIdentity id = ident(0x88);
+    char sql[2048];
+    snprintf(sql, sizeof sql,
+             "PRAGMA journal_mode = WAL;"
+             "CREATE TABLE identity(id INTEGER PRIMARY KEY CHECK (id = 1), model_fingerprint BLOB NOT NULL,"
+             " kv_format INTEGER NOT NULL, n_layer INTEGER NOT NULL, block_bytes INTEGER NOT NULL, created REAL NOT NULL);"
+             "CREATE TABLE runs(run_id INTEGER PRIMARY KEY, record BLOB NOT NULL, last_used REAL NOT NULL);"
+             "CREATE TABLE replies(seq INTEGER PRIMARY KEY, entry BLOB NOT NULL UNIQUE, key BLOB NOT NULL,"
+             " text BLOB NOT NULL, ids BLOB NOT NULL, used REAL NOT NULL);"
+             "CREATE TABLE conversations(conv INTEGER PRIMARY KEY, ns_id BLOB NOT NULL, last_active REAL NOT NULL,"
+             " n_tokens INTEGER NOT NULL);"
+             "CREATE INDEX conversations_by_active ON conversations(last_active);"
+             "INSERT INTO identity VALUES (1, x'88888888888888888888888888888888', %u, %d, %llu, 1);"
+             "INSERT INTO runs VALUES (3, x'0102', 10);"
+             "INSERT INTO replies VALUES (1, x'00', x'11111111111111111111111111111111', CAST('old text' AS BLOB),"
+             " x'01000000', 5);"
+             "PRAGMA user_version = 1;",
+             id.kv_format, id.n_layer, (unsigned long long)id.block_bytes);
+    raw_sql(dir, sql);
+    CacheStore *s = open_ok(dir, &id);
+    Seen seen = {0};
+    assert_int_equal(store_run_foreach(s, on_run, &seen), MN_OK);
+    assert_int_equal(seen.n, 1);
+    assert_int_equal(seen.ids[0], 3);
+    assert_false(seen.has_ns[0]);
+    Hash128 ns = hash128("tenant", 6);
+    assert_int_equal(store_run_put(s, 4, "new", 3, 20, &ns), MN_OK);
+    store_close(s);
+    s = open_ok(dir, &id); /* version 2 now: opens as it is */
+    memset(&seen, 0, sizeof seen);
+    assert_int_equal(store_run_foreach(s, on_run, &seen), MN_OK);
+    assert_int_equal(seen.n, 2);
+    assert_true(seen.has_ns[1] && hash128_eq(&seen.ns[1], &ns));
+    int64_t n_replies = 0, n_convs = 0;
+    Hash128 other = hash128("other", 5);
+    assert_int_equal(store_purge(s, &other, &n_replies, &n_convs), MN_OK);
+    assert_int_equal(n_replies, 1); /* of no known namespace */
+    store_close(s);
+    assert_false(test_dir_contains(dir, "mnemo.db", "old text", 8));
+    test_rm_dir(dir);
+}
+
+/* store_purge deletes one namespace's replies and conversations and leaves
+ * none of their bytes in the database or its WAL, also of rows replaced
+ * and trimmed earlier; the other namespace's rows stay. NULL: all. */
+static void test_store_purge(void **state) {
+    char dir[64];
+    make_dir(dir);
+    StoreIdentity id = ident(0x99);
+    CacheStore *s = open_ok(dir, &id);
+    Hash128 a = hash128("a", 1), b = hash128("b", 1);
+    const char *text_a = "the secret reply of tenant a", *text_b = "the reply of tenant b";
+    for (int i = 0; i < 40; i++) { /* replaced, then trimmed away: in free pages */
+        char old[64];
+        int32_t v = i;
+        snprintf(old, sizeof old, "an older reply of tenant a, number %d", i);
+        Hash128 key = hash128(old, strlen(old));
+        assert_int_equal(store_reply_put(s, &a, &key, old, strlen(old), &v, 1, i), MN_OK);
+    }
+    assert_int_equal(store_reply_trim(s, 0), MN_OK);
+    int32_t v = 1;
+    Hash128 ka = hash128(text_a, strlen(text_a)), kb = hash128(text_b, strlen(text_b));
+    assert_int_equal(store_reply_put(s, &a, &ka, text_a, strlen(text_a), &v, 1, 100), MN_OK);
+    assert_int_equal(store_reply_put(s, &b, &kb, text_b, strlen(text_b), &v, 1, 101), MN_OK);
+    assert_int_equal(store_conv_put(s, 1, &a, 100, 8), MN_OK);
+    assert_int_equal(store_conv_put(s, 2, &b, 100, 8), MN_OK);
+    assert_true(test_dir_contains(dir, "mnemo.db", text_a, strlen(text_a)));
+
+    int64_t n_replies = -1, n_convs = -1;
+    assert_int_equal(store_purge(s, &a, &n_replies, &n_convs), MN_OK);
+    assert_int_equal(n_replies, 1);
+    assert_int_equal(n_convs, 1);
+    assert_false(test_dir_contains(dir, "mnemo.db", text_a, strlen(text_a)));
+    assert_false(test_dir_contains(dir, "mnemo.db", "an older reply of tenant a", 26));
+    assert_true(test_dir_contains(dir, "mnemo.db", text_b, strlen(text_b)));
+    int64_t n = -1;
+    assert_int_equal(store_reply_count(s, &n), MN_OK);
+    assert_int_equal(n, 1);
+    Convs c = {0};
+    assert_int_equal(store_conv_foreach(s, on_conv, &c), MN_OK);
+    assert_int_equal(c.n, 1);
+    assert_true(hash128_eq(&c.ns[0], &b));
+    store_close(s);
+
+    s = open_ok(dir, &id);
+    assert_int_equal(store_purge(s, NULL, &n_replies, &n_convs), MN_OK);
+    assert_int_equal(n_replies, 1);
+    assert_int_equal(n_convs, 1);
+    store_close(s);
+    assert_false(test_dir_contains(dir, "mnemo.db", text_b, strlen(text_b)));
+    test_rm_dir(dir);
+}
+
 int main(void) {
     test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_create_reopen), cmocka_unit_test(test_store_version),
         cmocka_unit_test(test_store_identity),      cmocka_unit_test(test_store_garbage),
         cmocka_unit_test(test_store_runs),          cmocka_unit_test(test_store_replies),
-        cmocka_unit_test(test_store_convs),
+        cmocka_unit_test(test_store_convs),         cmocka_unit_test(test_store_upgrade),
+        cmocka_unit_test(test_store_purge),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

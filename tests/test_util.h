@@ -56,6 +56,33 @@ static inline char *test_read_file(const char *path, size_t *len) {
     return buf;
 }
 
+/* Whether the bytes needle[0..n) occur anywhere in the file at path (false
+ * when it cannot be read): a raw look at what a file still holds. */
+static inline int test_file_contains(const char *path, const void *needle, size_t n) {
+    size_t len = 0;
+    char *data = test_read_file(path, &len);
+    int found = data != NULL && memmem(data, len, needle, n) != NULL;
+    free(data);
+    return found;
+}
+
+/* Whether a file of dir whose name begins with prefix holds the bytes
+ * needle[0..n). */
+static inline int test_dir_contains(const char *dir, const char *prefix, const void *needle, size_t n) {
+    DIR *d = opendir(dir);
+    int found = 0;
+    if (d == NULL) return 0;
+    struct dirent *e;
+    while (!found && (e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        found = test_file_contains(path, needle, n);
+    }
+    closedir(d);
+    return found;
+}
+
 /* Make a fresh directory from a mkdtemp template ("/tmp/name-XXXXXX",
  * rewritten in place); fails the test when it cannot. */
 static inline char *test_make_dir(char *tmpl) {

@@ -21,10 +21,8 @@
  */
 #include "cache/mover.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "base/clock.h"
@@ -168,7 +166,7 @@ static void run_save(Mover *m, MoverJob *j) {
     j->rc = m->n_tiers > 0 ? MN_EFULL : MN_OK;
     for (int i = 0; i < m->n_tiers; i++) {
         double t0 = mn_now();
-        TierRunInfo info = {.pos = j->pos};
+        TierRunInfo info = {.pos = j->pos, .ns_id = &j->ns_id};
         int rc = tier_put_run(m->tiers[i], j->hashes, j->n, m->cfg.pool, j->slots, &info);
         if (rc == MN_OK) {
             j->saved_tiers |= 1u << i;
@@ -286,7 +284,7 @@ static void run_promotes(Mover *m, JobBatch *b) {
         MoverJob *j = b->jobs[b->n_done];
         if (j->rc == MN_OK) {
             double t0 = mn_now();
-            TierRunInfo info = {.pos = j->pos};
+            TierRunInfo info = {.pos = j->pos, .ns_id = &j->ns_id};
             j->rc = tier_put_run(m->tiers[0], j->hashes, j->n, &m->staging, j->slots, &info);
             if (j->rc == MN_OK) {
                 j->saved_tiers = 1u;
@@ -315,7 +313,8 @@ static void run_reply(Mover *m, MoverJob *j) {
         j->rc = MN_OK;
         return;
     }
-    j->rc = store_reply_put(m->store, &j->key, j->text ? j->text : "", j->text_len, j->ids, j->n_ids, j->when);
+    j->rc = store_reply_put(m->store, &j->ns_id, &j->key, j->text ? j->text : "", j->text_len, j->ids, j->n_ids,
+                            j->when);
     if (++m->n_reply_puts >= 256 && m->cfg.max_replies > 0) {
         m->n_reply_puts = 0;
         store_reply_trim(m->store, m->cfg.max_replies);
@@ -424,12 +423,10 @@ static int add_tier(Mover *m, Tier *t) {
     return MN_OK;
 }
 
-/* The directory's database, created with it; the reply memory is filled
- * from it. */
+/* The directory's database, created with it (private: tier_dir.h); the
+ * reply memory is filled from it. */
 static int open_store(Mover *m, const MoverConfig *cfg, MnErr *err) {
     const KvPool *p = cfg->pool;
-    if (mkdir(cfg->disk_dir, 0755) != 0 && errno != EEXIST)
-        return mn_err_set(err, MN_EIO, "cannot create the disk tier directory %s: %s", cfg->disk_dir, strerror(errno));
     StoreIdentity id = {cfg->model_fingerprint, cfg->kv_format, p->n_layer, p->block_bytes};
     int rc = store_open(cfg->disk_dir, &id, &m->store, err);
     if (rc != MN_OK) return rc;

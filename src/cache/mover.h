@@ -102,7 +102,9 @@ struct MoverJob {
     uint8_t *tier;       /* LOAD, PROMOTE: (n) the tier each block is read
                             from (PROMOTE: not tier 0) */
     double cutoff;       /* EXPIRE: wall-clock seconds (mn_wall_now) */
-    /* REPLY: key -> (text, ids); CONV: conv, ns_id, n_tokens; both at `when` */
+    /* REPLY: key -> (text, ids); CONV: conv, n_tokens; both at `when`.
+       SAVE, PROMOTE, REPLY, CONV: ns_id, the namespace of the blocks,
+       reply or conversation (index_namespace_id) */
     Hash128 key, ns_id;
     char *text;          /* (text_len), owned */
     size_t text_len;

@@ -9,10 +9,20 @@
  * locking_mode=EXCLUSIVE keeps the WAL index in process memory (no -shm
  * file) and holds the file lock from the first write to close, so a
  * second process on the same directory is refused rather than let loose
- * on the same slab files.
+ * on the same slab files; `mnemo cache purge` relies on that lock too.
  *
- * SCHEMA, version 1 (PRAGMA user_version = 1; any other value is refused,
- * and so is a database with tables but user_version 0 — not ours).
+ * Data at rest: the directory is checked and made private first
+ * (tier_dir.h), the database file is created 0600 before SQLite opens it
+ * (SQLite gives the WAL the same mode), temporary tables and sorts stay in
+ * memory (temp_store=MEMORY), and deleted content is overwritten with
+ * zeros (secure_delete=ON, whatever the build's default). store_purge
+ * then rewrites the whole file (VACUUM) and truncates the WAL, so no byte
+ * of a purged row survives in a free page or an old WAL frame.
+ *
+ * SCHEMA, version 2 (PRAGMA user_version = 2; version 1 is upgraded in
+ * place by adding the ns_id columns, NULL in its old rows; any other value
+ * is refused, and so is a database with tables but user_version 0 — not
+ * ours).
  * Unsigned 64-bit ids are stored as the SQLite INTEGER with the same bits
  * (two's complement); times are unix seconds as REAL.
  *
@@ -30,6 +40,10 @@
  *     record             BLOB, the run record exactly as tier_disk.c's
  *                        ON-DISK FORMAT specifies (validated there)
  *     last_used          REAL, when the run was written or last read
+ *     ns_id              BLOB, 16 bytes: index_namespace_id of the
+ *                        namespace its blocks belong to; NULL when not
+ *                        known (rows of version 1): a purge of any
+ *                        namespace takes those
  *
  *   replies           the reply memory (reply_mem.h)
  *     seq                INTEGER PRIMARY KEY, insertion order (larger =
@@ -40,6 +54,8 @@
  *     text               BLOB, the reply text (its bytes, no NUL)
  *     ids                BLOB, the generated token ids, int32 little-endian
  *     used               REAL, when it was written
+ *     ns_id              BLOB, 16 bytes: the namespace of the reply (NULL
+ *                        in rows of version 1, purged with any namespace)
  *
  *   conversations     one row per conversation id (0 = none, never stored)
  *     conv               INTEGER PRIMARY KEY, the conversation id
@@ -63,6 +79,7 @@
 
 #include "base/log.h"
 #include "base/mem.h"
+#include "cache/tier_dir.h"
 
 /* ---- types --------------------------------------------------------------- */
 
@@ -84,12 +101,12 @@ enum {
 };
 
 static const char *const STMT_SQL[ST__COUNT] = {
-    [ST_RUN_PUT] = "INSERT OR REPLACE INTO runs(run_id, record, last_used) VALUES (?1, ?2, ?3)",
+    [ST_RUN_PUT] = "INSERT OR REPLACE INTO runs(run_id, record, last_used, ns_id) VALUES (?1, ?2, ?3, ?4)",
     [ST_RUN_TOUCH] = "UPDATE runs SET last_used = ?2 WHERE run_id = ?1",
     [ST_RUN_DELETE] = "DELETE FROM runs WHERE run_id = ?1",
-    [ST_RUN_ALL] = "SELECT run_id, record, last_used FROM runs ORDER BY run_id",
+    [ST_RUN_ALL] = "SELECT run_id, record, last_used, ns_id FROM runs ORDER BY run_id",
     [ST_RUN_COUNT] = "SELECT count(*) FROM runs",
-    [ST_REPLY_PUT] = "INSERT OR REPLACE INTO replies(entry, key, text, ids, used) VALUES (?1, ?2, ?3, ?4, ?5)",
+    [ST_REPLY_PUT] = "INSERT OR REPLACE INTO replies(entry, key, text, ids, used, ns_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     [ST_REPLY_LOAD] = "SELECT key, text, ids FROM "
                       "(SELECT seq, key, text, ids FROM replies ORDER BY seq DESC LIMIT ?1) ORDER BY seq",
     [ST_REPLY_TRIM] = "DELETE FROM replies WHERE seq <= (SELECT seq FROM replies ORDER BY seq DESC LIMIT 1 OFFSET ?1)",
@@ -111,20 +128,27 @@ static const char SCHEMA_SQL[] =
     "CREATE TABLE runs("
     " run_id INTEGER PRIMARY KEY,"
     " record BLOB NOT NULL,"
-    " last_used REAL NOT NULL);"
+    " last_used REAL NOT NULL,"
+    " ns_id BLOB);"
     "CREATE TABLE replies("
     " seq INTEGER PRIMARY KEY,"
     " entry BLOB NOT NULL UNIQUE,"
     " key BLOB NOT NULL,"
     " text BLOB NOT NULL,"
     " ids BLOB NOT NULL,"
-    " used REAL NOT NULL);"
+    " used REAL NOT NULL,"
+    " ns_id BLOB);"
     "CREATE TABLE conversations("
     " conv INTEGER PRIMARY KEY,"
     " ns_id BLOB NOT NULL,"
     " last_active REAL NOT NULL,"
     " n_tokens INTEGER NOT NULL);"
     "CREATE INDEX conversations_by_active ON conversations(last_active);";
+
+/* From version 1: the namespace columns (NULL in the rows already there). */
+static const char UPGRADE_1_SQL[] = "ALTER TABLE runs ADD COLUMN ns_id BLOB;"
+                                    "ALTER TABLE replies ADD COLUMN ns_id BLOB;"
+                                    "PRAGMA user_version = 2;";
 
 struct CacheStore {
     sqlite3 *db;
@@ -305,8 +329,8 @@ static int create_schema(CacheStore *s, const StoreIdentity *id, MnErr *err) {
     return open_exec(s, sql, err);
 }
 
-/* The identity row against *want: MN_OK, or MN_EINVAL naming what differs. */
-static int check_identity(CacheStore *s, const StoreIdentity *want, MnErr *err) {
+/* The identity row into *have (*fp_ok: its fingerprint is 16 bytes). */
+static int read_identity(CacheStore *s, StoreIdentity *have, bool *fp_ok, MnErr *err) {
     sqlite3_stmt *st = NULL;
     int rc = sqlite3_prepare_v2(s->db, "SELECT model_fingerprint, kv_format, n_layer, block_bytes FROM identity "
                                        "WHERE id = 1", -1, &st, NULL);
@@ -318,18 +342,26 @@ static int check_identity(CacheStore *s, const StoreIdentity *want, MnErr *err) 
         sqlite3_finalize(st);
         return code;
     }
-    StoreIdentity have = {0};
+    *have = (StoreIdentity){0};
     const void *fp = sqlite3_column_blob(st, 0);
-    int fp_len = sqlite3_column_bytes(st, 0);
-    if (fp != NULL && fp_len == 16) memcpy(have.model_fingerprint.b, fp, 16);
-    have.kv_format = (uint32_t)sqlite3_column_int64(st, 1);
-    have.n_layer = (int)sqlite3_column_int64(st, 2);
-    have.block_bytes = (uint64_t)sqlite3_column_int64(st, 3);
+    *fp_ok = fp != NULL && sqlite3_column_bytes(st, 0) == 16;
+    if (*fp_ok) memcpy(have->model_fingerprint.b, fp, 16);
+    have->kv_format = (uint32_t)sqlite3_column_int64(st, 1);
+    have->n_layer = (int)sqlite3_column_int64(st, 2);
+    have->block_bytes = (uint64_t)sqlite3_column_int64(st, 3);
     sqlite3_finalize(st);
+    return MN_OK;
+}
 
+/* The identity row against *want: MN_OK, or MN_EINVAL naming what differs. */
+static int check_identity(CacheStore *s, const StoreIdentity *want, MnErr *err) {
+    StoreIdentity have;
+    bool fp_ok;
+    int rc = read_identity(s, &have, &fp_ok, err);
+    if (rc != MN_OK) return rc;
     char what[400] = "";
     size_t at = 0;
-    if (fp_len != 16 || !hash128_eq(&have.model_fingerprint, &want->model_fingerprint)) {
+    if (!fp_ok || !hash128_eq(&have.model_fingerprint, &want->model_fingerprint)) {
         char a[33], b[33];
         hash128_hex(&have.model_fingerprint, a);
         hash128_hex(&want->model_fingerprint, b);
@@ -351,15 +383,22 @@ static int check_identity(CacheStore *s, const StoreIdentity *want, MnErr *err) 
 }
 
 /* Version, schema and identity, inside one write transaction. */
-static int open_schema(CacheStore *s, const StoreIdentity *id, MnErr *err) {
+/* want NULL: a database that exists already, whose identity is taken. */
+static int open_schema(CacheStore *s, const StoreIdentity *want, MnErr *err) {
     int rc = open_exec(s, "BEGIN IMMEDIATE", err);
     if (rc != MN_OK) return rc;
     int64_t version = 0, n_objects = 0;
     rc = open_query(s, "PRAGMA user_version", &version, NULL, 0, err);
     if (rc == MN_OK && version == 0)
         rc = open_query(s, "SELECT count(*) FROM sqlite_schema", &n_objects, NULL, 0, err);
-    if (rc == MN_OK && version == 0 && n_objects == 0) {
-        rc = create_schema(s, id, err);
+    if (rc == MN_OK && version == 1) {
+        rc = open_exec(s, UPGRADE_1_SQL, err);
+        if (rc == MN_OK) version = STORE_SCHEMA_VERSION;
+    }
+    if (rc == MN_OK && version == 0 && n_objects == 0 && want == NULL) {
+        rc = mn_err_set(err, MN_ENOTFOUND, "cache store %s is empty: no cache was ever stored there", s->path);
+    } else if (rc == MN_OK && version == 0 && n_objects == 0) {
+        rc = create_schema(s, want, err);
     } else if (rc == MN_OK && version != STORE_SCHEMA_VERSION) {
         if (version == 0)
             rc = mn_err_set(err, MN_EUNSUPPORTED,
@@ -371,8 +410,11 @@ static int open_schema(CacheStore *s, const StoreIdentity *id, MnErr *err) {
                             "cache store %s has schema version %lld, this build uses %d: move the file away (the "
                             "cache starts empty) or use another directory",
                             s->path, (long long)version, STORE_SCHEMA_VERSION);
+    } else if (rc == MN_OK && want != NULL) {
+        rc = check_identity(s, want, err);
     } else if (rc == MN_OK) {
-        rc = check_identity(s, id, err);
+        bool fp_ok;
+        rc = read_identity(s, &s->id, &fp_ok, err);
     }
     if (rc != MN_OK) {
         sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
@@ -383,13 +425,13 @@ static int open_schema(CacheStore *s, const StoreIdentity *id, MnErr *err) {
 
 /* ---- open, close ------------------------------------------------------------ */
 
-int store_open(const char *dir, const StoreIdentity *id, CacheStore **out, MnErr *err) {
+/* store_open (want: its identity; the directory and the file are made
+ * when missing) and store_open_existing (want NULL: both must exist). */
+static int open_at(const char *dir, const StoreIdentity *want, CacheStore **out, MnErr *err) {
     *out = NULL;
-    if (dir == NULL || dir[0] == '\0' || id == NULL) return mn_err_set(err, MN_EINVAL, "cache store: no directory");
-    struct stat st;
-    if (stat(dir, &st) != 0)
-        return mn_err_set(err, errno == ENOENT ? MN_ENOTFOUND : MN_EIO, "cache store: %s: %s", dir, strerror(errno));
-    if (!S_ISDIR(st.st_mode)) return mn_err_set(err, MN_EINVAL, "cache store: %s is not a directory", dir);
+    if (dir == NULL || dir[0] == '\0') return mn_err_set(err, MN_EINVAL, "cache store: no directory");
+    int rc = tierdir_prepare(dir, want != NULL, err);
+    if (rc != MN_OK) return rc;
 
     CacheStore *s = mn_calloc(1, sizeof *s);
     size_t path_len = strlen(dir) + sizeof "/mnemo.db";
@@ -401,10 +443,18 @@ int store_open(const char *dir, const StoreIdentity *id, CacheStore **out, MnErr
     }
     snprintf(path, path_len, "%s/mnemo.db", dir);
     s->path = path;
-    s->id = *id;
+    if (want != NULL) s->id = *want;
 
-    int rc = MN_OK;
-    int src = sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
+    struct stat st;
+    if (want != NULL) {
+        rc = tierdir_create_private(path, err); /* 0600 before SQLite makes it with the umask's mode */
+        if (rc != MN_OK) goto fail;
+    } else if (stat(path, &st) != 0) {
+        rc = mn_err_set(err, errno == ENOENT ? MN_ENOTFOUND : MN_EIO, "cache store %s: %s%s", path, strerror(errno),
+                        errno == ENOENT ? " (no cache was ever stored in that directory)" : "");
+        goto fail;
+    }
+    int src = sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
     if (src != SQLITE_OK) {
         rc = mn_err_set(err, sql_open_code(src), "cache store: cannot open %s: %s", path,
                         s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(src));
@@ -422,6 +472,8 @@ int store_open(const char *dir, const StoreIdentity *id, CacheStore **out, MnErr
         goto fail;
     }
     rc = open_exec(s, "PRAGMA synchronous = FULL", err);
+    if (rc == MN_OK) rc = open_exec(s, "PRAGMA secure_delete = ON", err);
+    if (rc == MN_OK) rc = open_exec(s, "PRAGMA temp_store = MEMORY", err);
     if (rc != MN_OK) goto fail;
     char check[128];
     rc = open_query(s, "PRAGMA quick_check(1)", NULL, check, sizeof check, err);
@@ -431,7 +483,7 @@ int store_open(const char *dir, const StoreIdentity *id, CacheStore **out, MnErr
                         check);
         goto fail;
     }
-    rc = open_schema(s, id, err);
+    rc = open_schema(s, want, err);
     if (rc != MN_OK) goto fail;
     for (int k = 0; k < ST__COUNT; k++) {
         src = sqlite3_prepare_v3(s->db, STMT_SQL[k], -1, SQLITE_PREPARE_PERSISTENT, &s->stmt[k], NULL);
@@ -451,6 +503,16 @@ fail:
     mn_free(s);
     return rc;
 }
+
+int store_open(const char *dir, const StoreIdentity *id, CacheStore **out, MnErr *err) {
+    if (id == NULL) {
+        *out = NULL;
+        return mn_err_set(err, MN_EINVAL, "cache store: no identity");
+    }
+    return open_at(dir, id, out, err);
+}
+
+int store_open_existing(const char *dir, CacheStore **out, MnErr *err) { return open_at(dir, NULL, out, err); }
 
 int store_checkpoint(CacheStore *s) {
     int rc = sqlite3_wal_checkpoint_v2(s->db, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
@@ -473,12 +535,19 @@ const char *store_path(const CacheStore *s) { return s->path; }
 
 /* ---- runs ------------------------------------------------------------------ */
 
-int store_run_put(CacheStore *s, uint64_t run_id, const void *record, size_t len, double last_used) {
+/* A namespace id as a 16-byte blob, or NULL. */
+static int bind_ns(sqlite3_stmt *st, int i, const Hash128 *ns_id) {
+    return ns_id != NULL ? sqlite3_bind_blob(st, i, ns_id->b, 16, SQLITE_STATIC) : sqlite3_bind_null(st, i);
+}
+
+int store_run_put(CacheStore *s, uint64_t run_id, const void *record, size_t len, double last_used,
+                  const Hash128 *ns_id) {
     if (len > INT32_MAX) return MN_EINVAL;
     sqlite3_stmt *st = s->stmt[ST_RUN_PUT];
     int rc = sqlite3_bind_int64(st, 1, (sqlite3_int64)run_id);
     if (rc == SQLITE_OK) rc = sqlite3_bind_blob(st, 2, record, (int)len, SQLITE_STATIC);
     if (rc == SQLITE_OK) rc = sqlite3_bind_double(st, 3, last_used);
+    if (rc == SQLITE_OK) rc = bind_ns(st, 4, ns_id);
     if (rc != SQLITE_OK) return bind_fail(s, ST_RUN_PUT, rc, "storing a run record");
     return run_done(s, ST_RUN_PUT, "storing a run record");
 }
@@ -513,7 +582,11 @@ int store_run_foreach(CacheStore *s, StoreRunFn fn, void *ctx) {
         const void *rec = sqlite3_column_blob(st, 1);
         int len = sqlite3_column_bytes(st, 1);
         double last_used = sqlite3_column_double(st, 2);
-        int r = fn(ctx, run_id, rec != NULL ? rec : (const void *)"", (size_t)len, last_used);
+        const void *ns = sqlite3_column_blob(st, 3);
+        Hash128 ns_id;
+        bool has_ns = ns != NULL && sqlite3_column_bytes(st, 3) == 16;
+        if (has_ns) memcpy(ns_id.b, ns, 16);
+        int r = fn(ctx, run_id, rec != NULL ? rec : (const void *)"", (size_t)len, last_used, has_ns ? &ns_id : NULL);
         if (r != 0) {
             sqlite3_reset(st);
             return r;
@@ -536,8 +609,8 @@ static Hash128 reply_entry(const Hash128 *key, const char *text, size_t len) {
     return hasher_final(&h);
 }
 
-int store_reply_put(CacheStore *s, const Hash128 *key, const char *text, size_t len, const int32_t *ids, size_t n,
-                    double when) {
+int store_reply_put(CacheStore *s, const Hash128 *ns_id, const Hash128 *key, const char *text, size_t len,
+                    const int32_t *ids, size_t n, double when) {
     if (len > INT32_MAX || n > INT32_MAX / 4) return MN_EINVAL;
     int code = buf_reserve(s, 4 * n + 1);
     if (code != MN_OK) return code;
@@ -552,6 +625,7 @@ int store_reply_put(CacheStore *s, const Hash128 *key, const char *text, size_t 
     if (rc == SQLITE_OK) rc = sqlite3_bind_blob(st, 3, len ? text : "", (int)len, SQLITE_STATIC);
     if (rc == SQLITE_OK) rc = sqlite3_bind_blob(st, 4, s->buf, (int)(4 * n), SQLITE_STATIC);
     if (rc == SQLITE_OK) rc = sqlite3_bind_double(st, 5, when);
+    if (rc == SQLITE_OK) rc = bind_ns(st, 6, ns_id);
     if (rc != SQLITE_OK) return bind_fail(s, ST_REPLY_PUT, rc, "storing a reply");
     return run_done(s, ST_REPLY_PUT, "storing a reply");
 }
@@ -643,6 +717,39 @@ int store_conv_expire(CacheStore *s, double cutoff) {
     int rc = sqlite3_bind_double(s->stmt[ST_CONV_EXPIRE], 1, cutoff);
     if (rc != SQLITE_OK) return bind_fail(s, ST_CONV_EXPIRE, rc, "expiring conversations");
     return run_done(s, ST_CONV_EXPIRE, "expiring conversations");
+}
+
+/* ---- purge ------------------------------------------------------------------------- */
+
+/* Run one DELETE with ?1 bound to the namespace (NULL: every row); *n_out
+ * the rows it deleted. Inside the caller's transaction. */
+static int purge_table(CacheStore *s, const char *sql, const Hash128 *ns_id, int64_t *n_out) {
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(s->db, sql, -1, &st, NULL);
+    if (rc == SQLITE_OK) rc = bind_ns(st, 1, ns_id);
+    if (rc == SQLITE_OK) rc = sqlite3_step(st);
+    int out = rc == SQLITE_DONE ? MN_OK : sql_fail(s, rc, "purging");
+    if (out == MN_OK) *n_out = sqlite3_changes64(s->db);
+    sqlite3_finalize(st);
+    return out;
+}
+
+int store_purge(CacheStore *s, const Hash128 *ns_id, int64_t *n_replies, int64_t *n_convs) {
+    *n_replies = *n_convs = 0;
+    int rc = sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) return sql_fail(s, rc, "purging (begin)");
+    int out = purge_table(s, "DELETE FROM replies WHERE ?1 IS NULL OR ns_id = ?1 OR ns_id IS NULL", ns_id, n_replies);
+    if (out == MN_OK)
+        out = purge_table(s, "DELETE FROM conversations WHERE ?1 IS NULL OR ns_id = ?1", ns_id, n_convs);
+    rc = sqlite3_exec(s->db, out == MN_OK ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
+    if (out == MN_OK && rc != SQLITE_OK) out = sql_fail(s, rc, "purging (commit)");
+    if (out != MN_OK) return out;
+    /* secure_delete zeroed what the deletes freed; VACUUM rewrites the file
+     * from the live rows only (free pages and old slack included), and the
+     * checkpoint moves that into the database and truncates the WAL */
+    rc = sqlite3_exec(s->db, "VACUUM", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) return sql_fail(s, rc, "compacting after a purge (VACUUM)");
+    return store_checkpoint(s);
 }
 
 /* ---- tests ------------------------------------------------------------------------ */

@@ -32,8 +32,9 @@
 #include "base/hash.h"
 #include "cache/reply_mem.h"
 
-/* The schema this build reads and writes (PRAGMA user_version). */
-#define STORE_SCHEMA_VERSION 1
+/* The schema this build reads and writes (PRAGMA user_version); version 1
+ * is upgraded in place when opened. */
+#define STORE_SCHEMA_VERSION 2
 
 typedef struct CacheStore CacheStore;
 
@@ -47,19 +48,28 @@ typedef struct StoreIdentity {
 
 /* ---- open, close ------------------------------------------------------------ */
 
-/* Open or create DIR/mnemo.db (DIR must exist). A new database is stamped
- * with STORE_SCHEMA_VERSION and *id. *out NULL on failure, with a message
- * in err naming the file:
+/* Open or create DIR/mnemo.db, creating DIR (one level) when missing;
+ * DIR is checked and made private first (tier_dir.h), and the file is
+ * created with mode 0600. A new database is stamped with
+ * STORE_SCHEMA_VERSION and *id. *out NULL on failure, with a message in
+ * err naming the file:
  *   MN_EUNSUPPORTED  another schema version (or a SQLite file that is not
  *                    a cache database): move it away or use another
  *                    directory;
  *   MN_EINVAL        made for another identity (model, KV format, layers,
- *                    block size), or a bad argument;
+ *                    block size), a directory refused by tierdir_prepare,
+ *                    or a bad argument;
  *   MN_EFORMAT       not a SQLite database, or corrupt;
  *   MN_EBUSY         open in another process;
- *   MN_ENOTFOUND     DIR does not exist;
+ *   MN_ENOTFOUND     DIR's parent does not exist;
  *   MN_EIO, MN_EFULL, MN_ENOMEM. */
 int store_open(const char *dir, const StoreIdentity *id, CacheStore **out, MnErr *err);
+/* Open the database that DIR/mnemo.db holds already, bound to whatever
+ * identity it records (store_identity), for tools that have no model
+ * (mnemo cache purge). As store_open, except: MN_ENOTFOUND when DIR or
+ * the file is missing, or the file holds no cache yet; nothing is
+ * created. */
+int store_open_existing(const char *dir, CacheStore **out, MnErr *err);
 /* Checkpoint (TRUNCATE: the WAL file ends empty) and close. NULL is fine. */
 void store_close(CacheStore *s);
 /* Copy the WAL into the database and truncate the WAL. MN_OK or a code. */
@@ -74,27 +84,32 @@ const char *store_path(const CacheStore *s);
 
 /* Store (or replace) the run record `record` (len bytes, tier_disk.c's
  * format, kept verbatim) under run_id, last used at last_used (unix
- * seconds). MN_OK once durable. */
-int store_run_put(CacheStore *s, uint64_t run_id, const void *record, size_t len, double last_used);
+ * seconds), its blocks of namespace ns_id (NULL: not known; purged with
+ * any namespace). MN_OK once durable. */
+int store_run_put(CacheStore *s, uint64_t run_id, const void *record, size_t len, double last_used,
+                  const Hash128 *ns_id);
 /* Set a run's last-used time (no-op when the row does not exist). */
 int store_run_touch(CacheStore *s, uint64_t run_id, double last_used);
 /* Delete a run's row (no-op when it does not exist). */
 int store_run_delete(CacheStore *s, uint64_t run_id);
-/* Call fn for every run row in run id order. record is valid during the
- * call only; fn must not call into the store (collect, then act). A
- * non-zero fn return stops the walk and is returned. */
-typedef int (*StoreRunFn)(void *ctx, uint64_t run_id, const void *record, size_t len, double last_used);
+/* Call fn for every run row in run id order. record and ns_id (NULL when
+ * the row has none) are valid during the call only; fn must not call into
+ * the store (collect, then act). A non-zero fn return stops the walk and
+ * is returned. */
+typedef int (*StoreRunFn)(void *ctx, uint64_t run_id, const void *record, size_t len, double last_used,
+                          const Hash128 *ns_id);
 int store_run_foreach(CacheStore *s, StoreRunFn fn, void *ctx);
 /* Rows in the runs table. */
 int store_run_count(CacheStore *s, int64_t *out);
 
 /* ---- reply memory ---------------------------------------------------------------- */
 
-/* Remember (key, text) -> ids (reply_mem.h), written at `when` (unix
- * seconds). An existing row for the same key and text is replaced and
- * becomes the newest. The caller bounds the table with store_reply_trim. */
-int store_reply_put(CacheStore *s, const Hash128 *key, const char *text, size_t len, const int32_t *ids, size_t n,
-                    double when);
+/* Remember (key, text) -> ids (reply_mem.h), a reply in namespace ns_id
+ * (NULL: not known), written at `when` (unix seconds). An existing row for
+ * the same key and text is replaced and becomes the newest. The caller
+ * bounds the table with store_reply_trim. */
+int store_reply_put(CacheStore *s, const Hash128 *ns_id, const Hash128 *key, const char *text, size_t len,
+                    const int32_t *ids, size_t n, double when);
 /* replymem_put the newest max_entries rows into rm, oldest first (so rm
  * drops the oldest first, as if they had been put in this process). A
  * malformed row is skipped (LOG_WARN). MN_OK, MN_ENOMEM, MN_EIO. */
@@ -116,6 +131,17 @@ typedef int (*StoreConvFn)(void *ctx, uint64_t conv, const Hash128 *ns_id, doubl
 int store_conv_foreach(CacheStore *s, StoreConvFn fn, void *ctx);
 /* Delete the conversations last active before cutoff (unix seconds). */
 int store_conv_expire(CacheStore *s, double cutoff);
+
+/* ---- purge ------------------------------------------------------------------------- */
+
+/* Delete the reply memory and the conversations of namespace ns_id
+ * (replies of no known namespace too; ns_id NULL: every row), in one
+ * transaction, then rewrite the file (VACUUM) and truncate the WAL, so
+ * none of their bytes is left in the database or its WAL (deleted content
+ * is zeroed, free pages are gone). *n_replies, *n_convs: rows deleted.
+ * The run rows are the disk tier's to delete (tier_drop_namespace). MN_OK,
+ * MN_EIO, MN_EFULL (no room to rewrite), MN_ENOMEM. */
+int store_purge(CacheStore *s, const Hash128 *ns_id, int64_t *n_replies, int64_t *n_convs);
 
 /* ---- tests ------------------------------------------------------------------------ */
 

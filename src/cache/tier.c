@@ -384,6 +384,12 @@ TierRun *tier_find_run(const Tier *t, const Hash128 *hash, int *index) {
 
 /* ---- put ----------------------------------------------------------------- */
 
+static void run_set_info(TierRun *r, const TierRunInfo *info) {
+    r->pos = info != NULL && info->pos > 0 ? info->pos : 0;
+    r->has_ns = info != NULL && info->ns_id != NULL;
+    if (r->has_ns) r->ns_id = *info->ns_id;
+}
+
 int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *pool, const int32_t *slots,
                  const TierRunInfo *info) {
     if (t->is_failed) return MN_EIO;
@@ -402,7 +408,7 @@ int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *poo
     r->id = t->next_run_id++;
     r->n_blocks = n_blocks;
     r->n_bytes = need;
-    r->pos = info != NULL && info->pos > 0 ? info->pos : 0;
+    run_set_info(r, info);
     memcpy(r->hashes, hashes, (size_t)n_blocks * sizeof(Hash128));
 
     /* room: first the budget, then the medium */
@@ -443,7 +449,7 @@ int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *poo
 /* ---- adopt (opening a persistent tier) ------------------------------------ */
 
 int tier_adopt_run(Tier *t, uint64_t run_id, const Hash128 *hashes, int n_blocks, void *data, uint64_t n_bytes,
-                   double last_used, int32_t pos) {
+                   double last_used, const TierRunInfo *info) {
     if (n_blocks < 1 || hashes == NULL || run_id == 0 || run_id >= (1ull << 48)) return MN_EINVAL;
     if (n_bytes > t->capacity_bytes) return MN_EFULL;
     int rc = scratch_reserve(t, n_blocks);
@@ -456,7 +462,7 @@ int tier_adopt_run(Tier *t, uint64_t run_id, const Hash128 *hashes, int n_blocks
     r->n_blocks = n_blocks;
     r->n_bytes = n_bytes;
     r->last_used = r->inserted = last_used;
-    r->pos = pos > 0 ? pos : 0;
+    run_set_info(r, info);
     r->data = data;
     memcpy(r->hashes, hashes, (size_t)n_blocks * sizeof(Hash128));
     if (run_id >= t->next_run_id) t->next_run_id = run_id + 1;
@@ -632,6 +638,18 @@ int tier_drop_run(Tier *t, const Hash128 *hash) {
     if (s == NULL) return MN_ENOTFOUND;
     run_drop(t, s->run, TIER_DROP_CALLER);
     return MN_OK;
+}
+
+int tier_drop_namespace(Tier *t, const Hash128 *ns_id, int *n_blocks) {
+    int n_runs = 0, n = 0;
+    for (TierRun *r = t->lru_head, *next; r != NULL; r = next) {
+        next = r->lru_next; /* run_drop frees r and nothing else */
+        if (ns_id != NULL && r->has_ns && !hash128_eq(&r->ns_id, ns_id)) continue;
+        n += run_drop(t, r, TIER_DROP_CALLER);
+        n_runs++;
+    }
+    if (n_blocks) *n_blocks = n;
+    return n_runs;
 }
 
 int tier_expire(Tier *t, double cutoff) {

@@ -83,11 +83,14 @@ typedef enum TierDropReason {
 /* Blocks hashes[0..n_hashes) left the tier (the live blocks of one run). */
 typedef void (*TierDropFn)(void *ctx, const Hash128 *hashes, int n_hashes, TierDropReason why);
 
-/* What the eviction policy knows of a run besides its use times: the
- * position (in tokens) of its first block's first token in its sequence.
- * The runs the engine saves are blocks of one sequence, in order. */
+/* What a tier knows of a run besides its blocks and use times: for the
+ * eviction policy, the position (in tokens) of its first block's first
+ * token in its sequence (the runs the engine saves are blocks of one
+ * sequence, in order); for tier_drop_namespace and the disk tier's
+ * records, the namespace its blocks belong to. */
 typedef struct TierRunInfo {
     int32_t pos;
+    const Hash128 *ns_id; /* index_namespace_id; NULL: not known */
 } TierRunInfo;
 
 /* Where a held block lives. */
@@ -242,6 +245,12 @@ int tier_drop(Tier *t, const Hash128 *hash);
  * one included, are reported (TIER_DROP_CALLER). MN_OK or MN_ENOTFOUND. */
 int tier_drop_run(Tier *t, const Hash128 *hash);
 
+/* Drop every run of namespace ns_id, and every run whose namespace is not
+ * known (TierRunInfo.ns_id was NULL); ns_id NULL drops every run. Reported
+ * with TIER_DROP_CALLER. Returns the number of runs dropped (*n_blocks:
+ * their live blocks; may be NULL). Works in the error state too. */
+int tier_drop_namespace(Tier *t, const Hash128 *ns_id, int *n_blocks);
+
 /* Drop every run last used before cutoff (unix seconds, CLOCK_REALTIME),
  * reported with TIER_DROP_EXPIRED. Returns the number of live blocks
  * dropped. Works in the error state too (touches no medium). */
@@ -286,6 +295,14 @@ Aio *tier_disk_aio(Tier *t);
  * record), the first n_skip succeed and the next n_fail fail (MN_ENOMEM),
  * as real ones would; n_fail 0 clears it. No-op for other kinds. */
 void tier_disk_fault_alloc(Tier *t, int n_skip, int n_fail);
+/* Overwrite with zeros every byte of the slab files' data areas that no
+ * held run occupies — what dropped, evicted and expired runs left behind —
+ * and sync the files. For a tool that has the directory to itself (mnemo
+ * cache purge): the writes are not counted in the stats, and a failure
+ * (MN_EIO, MN_EFULL) is returned without putting the tier in the error
+ * state. *n_zeroed: bytes written (ranges the filesystem reports as holes
+ * read as zeros and are skipped). MN_EINVAL for other kinds. */
+int tier_disk_scrub(Tier *t, uint64_t *n_zeroed);
 /* The data file and extent holding layer `layer` of the run that holds
  * hash: path (NUL-terminated, truncated to cap), file offset, length.
  * MN_ENOTFOUND, MN_EINVAL (not a disk tier, bad layer). */

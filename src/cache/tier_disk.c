@@ -22,7 +22,8 @@
  *     mnemo.db         the SQLite database (store.c; with mnemo.db-wal
  *                      while open): its table `runs` holds one row per
  *                      stored run — run id, the run record below verbatim,
- *                      the last-used time
+ *                      the last-used time, the namespace of its blocks
+ * The directory is 0700 and every file in it 0600 (tier_dir.h).
  *
  * Slab file = a 4096-byte slab header, then a data area of D bytes (D a
  * multiple of 4096); file size 4096 + D, reserved with fallocate when the
@@ -148,6 +149,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "cache/store.h"
+#include "cache/tier_dir.h"
 #include "cache/tier_impl.h"
 
 /* ---- types --------------------------------------------------------------- */
@@ -497,7 +499,9 @@ static int slab_create(DiskTier *d, int id) {
         return medium_code(rc);
     }
     slab_header(d, id, data_bytes, d->staging);
-    rc = transfer(d, AIO_OP_WRITE, &s->file, d->staging, 0, DISK_SLAB_HEADER);
+    /* private whatever the umask (tier_dir.h) */
+    rc = fchmod(s->file.fd, 0600) == 0 ? MN_OK : aio_errno_to_mn(errno);
+    if (rc == MN_OK) rc = transfer(d, AIO_OP_WRITE, &s->file, d->staging, 0, DISK_SLAB_HEADER);
     if (rc == MN_OK) rc = aio_fallocate(d->aio, &s->file, DISK_SLAB_HEADER, data_bytes);
     if (rc == MN_OK && d->is_durable && d->store != NULL) rc = sync_dir(d);
     if (rc != MN_OK) {
@@ -667,6 +671,8 @@ static int record_encode(DiskTier *d, const TierRun *run, const DiskRun *dr, siz
 typedef struct Found {
     uint64_t run_id;
     double last_used;
+    bool has_ns;        /* the row names its namespace: */
+    Hash128 ns_id;
     uint8_t *record;    /* (len) a copy */
     size_t len;
     const char *why;    /* NULL while it may be adopted */
@@ -681,7 +687,8 @@ typedef struct FoundList {
     DiskTier *d; /* whose alloc_fault counts */
 } FoundList;
 
-static int found_collect(void *ctx, uint64_t run_id, const void *record, size_t len, double last_used) {
+static int found_collect(void *ctx, uint64_t run_id, const void *record, size_t len, double last_used,
+                         const Hash128 *ns_id) {
     FoundList *fl = ctx;
     if (fl->n == fl->cap) {
         int cap = fl->cap ? 2 * fl->cap : 64;
@@ -694,7 +701,12 @@ static int found_collect(void *ctx, uint64_t run_id, const void *record, size_t 
     if (copy == NULL) return MN_ENOMEM;
     memcpy(copy, record, len);
     if (isnan(last_used)) last_used = 0; /* a hand-edited row must not upset the sort */
-    fl->v[fl->n++] = (Found){.run_id = run_id, .last_used = last_used, .record = copy, .len = len};
+    fl->v[fl->n++] = (Found){.run_id = run_id,
+                             .last_used = last_used,
+                             .has_ns = ns_id != NULL,
+                             .ns_id = ns_id != NULL ? *ns_id : (Hash128){{0}},
+                             .record = copy,
+                             .len = len};
     return 0;
 }
 
@@ -791,8 +803,9 @@ static int runs_adopt(DiskTier *d, Tier *t) {
             const uint8_t *c = f->record + DISK_RECORD_HEAD + 16 * (size_t)f->n_blocks;
             for (int l = 0; l < d->n_layer; l++) dr->checksums[l] = get_u64(c + 8 * l);
             /* Hash128 is 16 bytes with alignment 1: the record's bytes are hashes */
+            TierRunInfo info = {.pos = f->pos, .ns_id = f->has_ns ? &f->ns_id : NULL};
             rc = tier_adopt_run(t, f->run_id, (const Hash128 *)(const void *)(f->record + DISK_RECORD_HEAD),
-                                f->n_blocks, dr, f->n_bytes, f->last_used, f->pos);
+                                f->n_blocks, dr, f->n_bytes, f->last_used, &info);
             if (rc == MN_OK) continue;
             mn_free(dr);
             ext_free(&d->slabs[f->slab], f->offset, f->n_bytes);
@@ -881,7 +894,7 @@ static int disk_write(void *kind, TierRun *run, const KvPool *pool, const int32_
     if (d->store != NULL) { /* the bytes are durable: now the record may be visible */
         size_t len = 0;
         rc = record_encode(d, run, dr, &len);
-        if (rc == MN_OK) rc = store_run_put(d->store, run->id, d->record, len, run->last_used);
+        if (rc == MN_OK) rc = store_run_put(d->store, run->id, d->record, len, run->last_used, run->has_ns ? &run->ns_id : NULL);
         if (rc != MN_OK) return medium_code(rc);
         dr->is_stored = true;
     }
@@ -1234,12 +1247,11 @@ int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err) {
             return mn_err_set(err, MN_EINVAL, "disk tier: the cache store %s is bound to another model or KV layout",
                               store_path(cfg->store));
     }
-    if (mkdir(cfg->dir, 0700) != 0 && errno != EEXIST)
-        return mn_err_set(err, errno == ENOENT ? MN_ENOTFOUND : MN_EIO,
-                          "disk tier: cannot create %s: %s", cfg->dir, strerror(errno));
-    struct stat st;
-    if (stat(cfg->dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        return mn_err_set(err, MN_EINVAL, "disk tier: %s is not a directory", cfg->dir);
+    /* with a store, opening it (on this directory) checked it */
+    if (cfg->store == NULL) {
+        int rc = tierdir_prepare(cfg->dir, true, err);
+        if (rc != MN_OK) return rc;
+    }
 
     uint64_t slab = cfg->slab_bytes ? cfg->slab_bytes & ~(uint64_t)(DISK_PAGE - 1) : DISK_DEFAULT_SLAB;
     if (slab == 0) slab = DISK_PAGE;
@@ -1327,6 +1339,48 @@ void tier_disk_fault_alloc(Tier *t, int n_skip, int n_fail) {
     if (tier_kind_ops(t) != &disk_ops) return;
     DiskTier *d = tier_kind(t);
     alloc_faults_set(&d->faults, n_skip, n_fail);
+}
+
+/* Overwrite [off, end) of slab s (page-aligned, inside its data area) with
+ * the zeros in staging where the file holds data: what the filesystem
+ * reports as a hole (never written, or reserved and unwritten) reads as
+ * zeros already. */
+static int scrub_range(DiskTier *d, Slab *s, uint64_t off, uint64_t end, uint64_t *n_zeroed) {
+    while (off < end) {
+        off_t data = lseek(s->file.fd, (off_t)off, SEEK_DATA);
+        if (data < 0) return errno == ENXIO ? MN_OK : aio_errno_to_mn(errno); /* ENXIO: no data after off */
+        if ((uint64_t)data >= end) return MN_OK;
+        off_t hole = lseek(s->file.fd, data, SEEK_HOLE);
+        if (hole < 0) return aio_errno_to_mn(errno);
+        uint64_t from = (uint64_t)data & ~(uint64_t)(DISK_PAGE - 1), to = round_page((uint64_t)hole);
+        if (from < off) from = off;
+        if (to > end) to = end;
+        for (uint64_t at = from; at < to;) {
+            uint64_t n = to - at < d->staging_bytes ? to - at : d->staging_bytes;
+            int rc = transfer(d, AIO_OP_WRITE, &s->file, d->staging, at, n);
+            if (rc != MN_OK) return rc;
+            at += n;
+            *n_zeroed += n;
+        }
+        off = to;
+    }
+    return MN_OK;
+}
+
+int tier_disk_scrub(Tier *t, uint64_t *n_zeroed) {
+    *n_zeroed = 0;
+    if (tier_kind_ops(t) != &disk_ops) return MN_EINVAL;
+    DiskTier *d = tier_kind(t);
+    memset(d->staging, 0, d->staging_bytes); /* made at open: at least a page */
+    int rc = MN_OK;
+    for (int i = 0; i < d->n_slabs && rc == MN_OK; i++) {
+        Slab *s = &d->slabs[i];
+        uint64_t before = *n_zeroed;
+        for (int k = 0; k < s->n_free && rc == MN_OK; k++)
+            rc = scrub_range(d, s, s->free[k].off, s->free[k].off + s->free[k].len, n_zeroed);
+        if (rc == MN_OK && *n_zeroed > before) rc = aio_fdatasync(d->aio, &s->file);
+    }
+    return rc == MN_OK ? MN_OK : medium_code(rc);
 }
 
 int tier_disk_extent(const Tier *t, const Hash128 *hash, int layer, char *path, size_t cap, uint64_t *offset,

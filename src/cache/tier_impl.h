@@ -31,6 +31,8 @@ typedef struct TierRun {
     double last_used;                   /* unix seconds: put, or a read of layer 0 */
     double inserted;                    /* unix seconds: put (adopted: last_used) */
     int32_t pos;                        /* TierRunInfo.pos */
+    bool has_ns;                        /* TierRunInfo.ns_id was given: */
+    Hash128 ns_id;                      /* its namespace */
     int32_t window_idx;                 /* scratch of choose_victim: -1 = not in the window */
     struct TierRun *lru_prev, *lru_next; /* head of the core's list = LRU */
     void *data;                         /* the kind's: where the bytes are */
@@ -135,7 +137,8 @@ void *tier_kind(const Tier *t);
 TierRun *tier_find_run(const Tier *t, const Hash128 *hash, int *index);
 
 /* While the tier is being opened: take over a run the kind stored earlier
- * (its room already claimed, data set up as reserve would). Call in
+ * (its room already claimed, data set up as reserve would; info as in
+ * tier_put_run, may be NULL). Call in
  * ascending last_used order: the run becomes the most recently used, and
  * least recently used runs are evicted (released, reported, counted)
  * while the budget lacks room. A block already held by a run with a
@@ -146,7 +149,7 @@ TierRun *tier_find_run(const Tier *t, const Hash128 *hash, int *index);
  * n_blocks < 1, run_id 0 or >= 2^48; MN_ENOMEM — in these cases nothing
  * changed and data is still the caller's. */
 int tier_adopt_run(Tier *t, uint64_t run_id, const Hash128 *hashes, int n_blocks, void *data, uint64_t n_bytes,
-                   double last_used, int32_t pos);
+                   double last_used, const TierRunInfo *info);
 /* New runs get ids above `id`: ids seen in the store, adopted or not, are
  * never reused (the format wants run ids unique in the directory). */
 void tier_skip_run_ids(Tier *t, uint64_t id);

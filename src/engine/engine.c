@@ -1085,12 +1085,13 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         e->slot_pos = mn_calloc(nb, sizeof *e->slot_pos);
         e->slot_inserted = mn_calloc(nb, sizeof *e->slot_inserted);
         e->slot_conv = mn_calloc(nb, sizeof *e->slot_conv);
+        e->slot_ns = mn_calloc(nb, sizeof *e->slot_ns);
         e->slot_window = mn_malloc(nb * sizeof *e->slot_window);
         e->cands = mn_malloc(nb * sizeof *e->cands);
         e->keys = mn_malloc(nb * sizeof *e->keys);
         e->slot_load = mn_calloc(nb, sizeof *e->slot_load);
         e->slot_saving = mn_calloc(nb, 1);
-        if (!e->slot_pos || !e->slot_inserted || !e->slot_conv || !e->slot_window || !e->cands || !e->keys ||
+        if (!e->slot_pos || !e->slot_inserted || !e->slot_conv || !e->slot_ns || !e->slot_window || !e->cands || !e->keys ||
             !e->slot_load || !e->slot_saving)
             rc = MN_ENOMEM;
         else {
@@ -1177,6 +1178,7 @@ void engine_free(Engine *e) {
     mn_free(e->slot_pos);
     mn_free(e->slot_inserted);
     mn_free(e->slot_conv);
+    mn_free(e->slot_ns);
     mn_free(e->slot_window);
     mn_free(e->cands);
     mn_free(e->keys);

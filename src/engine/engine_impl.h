@@ -94,6 +94,8 @@ struct Engine {
     /* eviction policy state, per pool slot (engine thread) */
     int32_t *slot_pos;       /* position of the block's first token in its sequence */
     uint64_t *slot_conv;     /* its conversation (0: none) */
+    Hash128 *slot_ns;        /* its namespace: a tier records it with the
+                                run (what a purge erases) */
     double *slot_inserted;   /* when it was indexed (computed or restored) */
     int32_t *slot_window;    /* index of its request in the look-ahead window, -1 */
     bool has_window_marks;   /* some slot_window entry may be set */
@@ -162,10 +164,12 @@ static inline EvictCand slot_cand(const Engine *e, int32_t s) {
 }
 
 /* Slot holds block i of a's sequence, just indexed: what the policies
- * need of it (position, conversation, insertion time for fifo). */
+ * need of it (position, conversation, insertion time for fifo), and its
+ * namespace. */
 static inline void note_block(Engine *e, int32_t slot, const Active *a, int i) {
     e->slot_pos[slot] = i * e->opt.block_tokens;
     e->slot_conv[slot] = a->conv;
+    e->slot_ns[slot] = a->ns_id;
     e->slot_inserted[slot] = mn_now();
 }
 

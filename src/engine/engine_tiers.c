@@ -38,8 +38,9 @@ static void on_mover_event(void *ctx, MoverEvent *ev) {
 }
 
 /* Copy cached blocks (hashes[i] in slots[i], indexed, in no tier) down the
- * chain as one run whose first token sits at position pos. Blocks that
- * cannot be saved now simply stay unsaved. */
+ * chain as one run whose first token sits at position pos (blocks of one
+ * namespace: the first slot's). Blocks that cannot be saved now simply
+ * stay unsaved. */
 static void save_blocks(Engine *e, const Hash128 *hashes, const int32_t *slots, int n, int32_t pos) {
     if (n == 0) return;
     MoverJob *j = mover_job_new(MOVER_SAVE, n, 0);
@@ -47,6 +48,7 @@ static void save_blocks(Engine *e, const Hash128 *hashes, const int32_t *slots, 
     memcpy(j->hashes, hashes, (size_t)n * sizeof *hashes);
     memcpy(j->slots, slots, (size_t)n * sizeof *slots);
     j->pos = pos;
+    j->ns_id = e->slot_ns[slots[0]];
     for (int i = 0; i < n; i++) {
         kvpool_retain(&e->pool, slots[i]);
         e->slot_saving[slots[i]] = 1;
@@ -98,8 +100,10 @@ void tiers_save_active(Engine *e, Active *a) {
  * ones a tier already holds (reclaimable without I/O) are under the
  * watermark, copy the coldest unsaved cached blocks — in eviction-policy
  * order — down the chain, one batch in flight at a time, while compute
- * goes on: a run per conversation (its position the smallest of its
- * blocks'). Their slots stay cached until the pool needs them. */
+ * goes on: a run per conversation and namespace (its position the
+ * smallest of its blocks'; conversation 0 is every request without a
+ * session id, of any tenant). Their slots stay cached until the pool needs
+ * them. */
 void tiers_save_cold(Engine *e) {
     if (e->mover == NULL || e->n_save_blocks > 0 || mn_now() < e->t_save_retry) return;
     int n_free = kvpool_n_free(&e->pool);
@@ -124,9 +128,10 @@ void tiers_save_cold(Engine *e) {
         int32_t ss[SAVE_MAX_RUN];
         int m = 0;
         int32_t pos = e->cands[idx[i]].pos;
+        const Hash128 *ns = &e->slot_ns[e->cands[idx[i]].id];
         for (int j = i; j < k; j++) {
             const EvictCand *c = &e->cands[idx[j]];
-            if (taken[j] || c->conv != e->cands[idx[i]].conv) continue;
+            if (taken[j] || c->conv != e->cands[idx[i]].conv || !hash128_eq(&e->slot_ns[c->id], ns)) continue;
             taken[j] = true;
             ss[m] = (int32_t)c->id;
             hs[m++] = *index_slot_hash(e->index, (int32_t)c->id);
@@ -369,6 +374,7 @@ void tiers_persist_reply(Engine *e, const Hash128 *key, const Active *a) {
     size_t n_ids = (size_t)(a->n_tokens - a->n_prompt);
     if (j == NULL) return;
     j->key = *key;
+    j->ns_id = a->ns_id;
     j->text = mn_strndup(a->reply ? a->reply : "", a->n_reply);
     j->text_len = a->n_reply;
     j->ids = mn_malloc((n_ids ? n_ids : 1) * sizeof *j->ids);
@@ -438,6 +444,7 @@ static void promote_blocks(Engine *e, const Active *a, const int *at, int n) {
         j->tier[k] = (uint8_t)best_tier(e, &a->hashes[at[k]]);
     }
     j->pos = at[0] * e->opt.block_tokens;
+    j->ns_id = a->ns_id;
     if (mover_submit(e->mover, j) != MN_OK) mover_job_free(j);
     else e->n_promotes++;
 }
