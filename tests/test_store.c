@@ -479,6 +479,15 @@ static void test_store_upgrade(void **state) {
     Hash128 ns = hash128("tenant", 6);
     assert_int_equal(store_run_put(s, 4, "new", 3, 20, &ns), MN_OK);
     store_close(s);
+    /* a tool's open (no model) holds the database as a server's does */
+    CacheStore *tool = NULL, *server = (CacheStore *)1;
+    MnErr err = {0};
+    assert_int_equal(store_open_existing(dir, &tool, &err), MN_OK);
+    assert_true(hash128_eq(&store_identity(tool)->model_fingerprint, &id.model_fingerprint));
+    assert_int_equal(store_identity(tool)->n_layer, id.n_layer);
+    assert_int_equal(store_open(dir, &id, &server, &err), MN_EBUSY);
+    assert_null(server);
+    store_close(tool);
     s = open_ok(dir, &id); /* version 2 now: opens as it is */
     memset(&seen, 0, sizeof seen);
     assert_int_equal(store_run_foreach(s, on_run, &seen), MN_OK);

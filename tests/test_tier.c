@@ -2850,31 +2850,6 @@ static void test_tier_model(void **state) {
 
 /* ---- disk: data at rest -------------------------------------------------------- */
 
-/* Every entry of dir: the directory is 0700, every file in it 0600 (and
- * the ones named in want[] exist). */
-static void expect_private(const char *dir, const char *const *want, int n_want) {
-    struct stat st;
-    assert_int_equal(stat(dir, &st), 0);
-    if ((st.st_mode & 07777) != 0700) fail_msg("%s has mode %04o, want 0700", dir, (unsigned)(st.st_mode & 07777));
-    for (int i = 0; i < n_want; i++) {
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", dir, want[i]);
-        if (lstat(path, &st) != 0) fail_msg("%s is missing", path);
-    }
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        assert_int_equal(lstat(path, &st), 0);
-        if (!S_ISREG(st.st_mode) || (st.st_mode & 07777) != 0600)
-            fail_msg("%s: mode %06o, want a regular file of mode 0600", path, (unsigned)st.st_mode);
-    }
-    closedir(d);
-}
-
 /* A store and a disk tier on dir (made when missing), a few runs written:
  * slab files, the database and its WAL exist. */
 static void open_and_fill(const char *dir, KvPool *p) {
@@ -2883,9 +2858,9 @@ static void open_and_fill(const char *dir, KvPool *p) {
     pfx_open(&fx, p);
     for (int r = 0; r < 3; r++) assert_int_equal(put_range(fx.tier, p, 10 * (uint32_t)r, 4, 4 * r), MN_OK);
     static const char *const files[] = {"mnemo.db", "mnemo.db-wal", "slab-00000.dat"};
-    expect_private(dir, files, 3); /* while open: the WAL is there */
+    test_expect_private(dir, files, 3); /* while open: the WAL is there */
     pfx_close(&fx);
-    expect_private(dir, files, 1);
+    test_expect_private(dir, files, 1);
 }
 
 /* The tier's directory is made 0700 and every file in it 0600, whatever
@@ -2917,7 +2892,7 @@ static void test_disk_dir_private(void **state) {
     assert_int_equal(tier_disk_new(&cfg, &t, &err), MN_OK);
     assert_int_equal(put_range(t, &p, 0, 4, 0), MN_OK);
     static const char *const slab[] = {"slab-00000.dat"};
-    expect_private(dir, slab, 1);
+    test_expect_private(dir, slab, 1);
     tier_free(t);
     test_rm_dir(dir);
     /* an earlier mnemo's 0755 directory and 0644 database: made private */
@@ -3109,7 +3084,7 @@ static void test_disk_purge(void **state) {
     assert_false(db_holds(fx.dir, TEXT_OLD));
     assert_true(db_holds(fx.dir, TEXT_B));
     static const char *const files[] = {"mnemo.db", "slab-00000.dat"};
-    expect_private(fx.dir, files, 2);
+    test_expect_private(fx.dir, files, 2);
 
     pfx_open(&fx, &p);
     expect_held(fx.tier, 1, 6, false);

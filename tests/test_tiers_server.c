@@ -12,7 +12,11 @@
  * blocks are recomputed); a disk that really runs out of space (a 192 KiB
  * tmpfs); a restart after SIGTERM, which must flush what the pool held;
  * conversations returning one at a time to an otherwise idle server, their
- * history promoted from disk to RAM while they wait.
+ * history promoted from disk to RAM while they wait; two tenants (API keys)
+ * on one disk tier, one of them erased by `mnemo cache purge` (refused
+ * while the server runs; afterwards its KV extents are zero, its reply
+ * texts gone from the database files, its conversations recomputed, while
+ * the other tenant's still come from disk).
  * Every answer's usage must add up (cached_tokens_by_tier sums to
  * cached_tokens, recomputed_tokens = prompt - cached), and the per-tier
  * /metrics families are checked along the way.
@@ -28,6 +32,11 @@
  * takes the disk-full case's fallback as if the mount had failed. */
 #include "test_util.h"
 #include "test_serve_util.h"
+
+#include "base/err.h"
+#include "base/hash.h"
+#include "cache/index.h"
+#include "cache/store.h"
 
 #include <stdbool.h>
 
@@ -88,14 +97,19 @@ static size_t on_data(char *p, size_t sz, size_t n, void *ctx) {
     return sz * n;
 }
 
-/* GET when body is NULL, else POST. Returns the status (-1: no answer);
- * *out the body (malloc'd, never NULL). */
-static long http(const Srv *s, const char *path, const char *body, char **out) {
+/* GET when body is NULL, else POST, with API key `key` (NULL: none).
+ * Returns the status (-1: no answer); *out the body (malloc'd, never
+ * NULL). */
+static long http_as(const Srv *s, const char *path, const char *body, const char *key, char **out) {
     CURL *c = curl_easy_init();
-    char url[256];
+    char url[256], auth[128];
     snprintf(url, sizeof url, "http://127.0.0.1:%d%s", s->port, path);
     Buf b = {calloc(1, 1), 0};
     struct curl_slist *hs = curl_slist_append(NULL, "Content-Type: application/json");
+    if (key != NULL) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", key);
+        hs = curl_slist_append(hs, auth);
+    }
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, hs);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
@@ -111,6 +125,10 @@ static long http(const Srv *s, const char *path, const char *body, char **out) {
     curl_easy_cleanup(c);
     *out = b.data;
     return status;
+}
+
+static long http(const Srv *s, const char *path, const char *body, char **out) {
+    return http_as(s, path, body, NULL, out);
 }
 
 /* ---- answers ------------------------------------------------------------------- */
@@ -140,12 +158,12 @@ static const char *usage_of(const Answer *a) {
     return u ? u : "(no usage)";
 }
 
-/* POST a chat request. 0 when it answered 200 with a well-formed
- * completion whose usage adds up; otherwise -1 and why in err. *a is
- * filled either way (answer_free it). */
-static int ask(const Srv *s, const char *req, Answer *a, char *err, size_t cap) {
+/* POST a chat request (with API key `key`, NULL: none). 0 when it
+ * answered 200 with a well-formed completion whose usage adds up;
+ * otherwise -1 and why in err. *a is filled either way (answer_free it). */
+static int ask(const Srv *s, const char *req, const char *key, Answer *a, char *err, size_t cap) {
     memset(a, 0, sizeof *a);
-    a->status = http(s, "/v1/chat/completions", req, &a->text);
+    a->status = http_as(s, "/v1/chat/completions", req, key, &a->text);
     if (a->status != 200) {
         snprintf(err, cap, "status %ld: %.300s", a->status, a->text);
         return -1;
@@ -191,6 +209,7 @@ static const char *const follow_ups[MAX_TURNS - 1] = {"Tell me more.", "And then
 typedef struct Conv {
     const Srv *s;          /* the server under test (threads) */
     int n_turns;           /* turns to run (threads) */
+    const char *key;       /* its API key (NULL: none) */
     char first[96];        /* the first user message */
     char *req[MAX_TURNS];  /* request body of each turn (malloc'd) */
     Answer ans[MAX_TURNS]; /* the server's answer of each turn */
@@ -243,7 +262,7 @@ static int conv_next(Conv *c, const Srv *s) {
     free(c->req[turn]); /* an earlier try of this turn failed */
     answer_free(&c->ans[turn]);
     c->req[turn] = conv_request(c, turn);
-    if (ask(s, c->req[turn], &c->ans[turn], err, sizeof err) != 0) {
+    if (ask(s, c->req[turn], c->key, &c->ans[turn], err, sizeof err) != 0) {
         snprintf(c->failure, sizeof c->failure, "'%s' turn %d: %s", c->first, turn + 1, err);
         return -1;
     }
@@ -273,7 +292,7 @@ static void expect_reference(const Srv *ref, const Conv *c) {
     for (int t = 0; t < c->n_done; t++) {
         Answer want;
         char err[512], msg[1024] = "";
-        if (ask(ref, c->req[t], &want, err, sizeof err) != 0)
+        if (ask(ref, c->req[t], NULL, &want, err, sizeof err) != 0)
             snprintf(msg, sizeof msg, "reference server: %s", err);
         else if (strcmp(want.reply, c->ans[t].reply) != 0)
             snprintf(msg, sizeof msg,
@@ -661,13 +680,15 @@ static void test_tiers_corrupt_data_file(void **state) {
  * be reserved (ENOSPC) and the database's WAL fills the filesystem (it does
  * with 10 conversations; the ASan build's 6 leave some room). Every answer is still
  * right, the server keeps serving, stops cleanly and restarts on the full
- * filesystem, and an idle server does not keep retrying. */
+ * filesystem, and an idle server does not keep retrying. (The tmpfs is
+ * mounted 0700: the root of a tmpfs is 1777 by default, a directory other
+ * users can write, which the disk tier refuses.) */
 static void test_tiers_disk_full(void **state) {
     Fix *f = *state;
     fix_mkdir(f);
     bool is_fallback = false;
     int mount_errno = 0;
-    if (!env_is("MNEMO_TEST_NO_MOUNT", "1") && mount("tmpfs", f->dir, "tmpfs", 0, "size=192k") == 0)
+    if (!env_is("MNEMO_TEST_NO_MOUNT", "1") && mount("tmpfs", f->dir, "tmpfs", 0, "size=192k,mode=0700") == 0)
         f->is_mounted = true;
     else
         mount_errno = env_is("MNEMO_TEST_NO_MOUNT", "1") ? EPERM : errno;
@@ -798,6 +819,186 @@ static void test_tiers_sequential_promotes(void **state) {
     fix_term(f, 1);
 }
 
+/* ---- 7. purging a namespace ------------------------------------------------------ */
+
+#define KEY_A "tenant-a-key"
+#define KEY_B "tenant-b-key"
+
+/* Where one run's KV lies: [off, off + len) of a slab file. */
+typedef struct Extent {
+    char path[128];
+    uint64_t off, len;
+    uint8_t *bytes; /* (len) what it held when listed */
+} Extent;
+
+typedef struct Extents {
+    const char *dir;
+    Hash128 ns;
+    Extent v[64];
+    int n;
+} Extents;
+
+static uint64_t le_get(const uint8_t *p, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+/* A run row of namespace x->ns: its extent, from the run record (format
+ * at the top of tier_disk.c: slab id at 24, layers at 28, offset at 32,
+ * layer stride at 40). */
+static int on_ns_run(void *ctx, uint64_t run_id, const void *record, size_t len, double last_used,
+                     const Hash128 *ns_id) {
+    Extents *x = ctx;
+    if (ns_id == NULL || !hash128_eq(ns_id, &x->ns) || x->n == 64 || len < 48) return 0;
+    const uint8_t *r = record;
+    Extent *e = &x->v[x->n++];
+    snprintf(e->path, sizeof e->path, "%s/slab-%05u.dat", x->dir, (unsigned)le_get(r + 24, 4));
+    e->off = le_get(r + 32, 8);
+    e->len = le_get(r + 28, 4) * le_get(r + 40, 8);
+    return 0;
+}
+
+static uint8_t *read_extent(const Extent *e) {
+    uint8_t *b = malloc(e->len);
+    FILE *fp = fopen(e->path, "rb");
+    bool ok = b && fp && fseek(fp, (long)e->off, SEEK_SET) == 0 && fread(b, 1, e->len, fp) == e->len;
+    if (fp) fclose(fp);
+    if (!ok) fail_msg("cannot read %llu bytes at %llu of %s", (unsigned long long)e->len,
+                      (unsigned long long)e->off, e->path);
+    return b;
+}
+
+/* The extents of namespace `key`'s runs in dir, with their bytes (read
+ * through the store, as nobody else holds the directory). */
+static void list_extents(Extents *x, const char *dir, const char *key) {
+    memset(x, 0, sizeof *x);
+    x->dir = dir;
+    x->ns = index_namespace_id(key);
+    CacheStore *st = NULL;
+    MnErr err = {0};
+    if (store_open_existing(dir, &st, &err) != MN_OK) fail_msg("%s", err.msg);
+    assert_int_equal(store_run_foreach(st, on_ns_run, x), MN_OK);
+    store_close(st);
+    for (int i = 0; i < x->n; i++) x->v[i].bytes = read_extent(&x->v[i]);
+}
+
+static void extents_free(Extents *x) {
+    for (int i = 0; i < x->n; i++) free(x->v[i].bytes);
+    x->n = 0;
+}
+
+static bool is_zero(const uint8_t *b, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++)
+        if (b[i]) return false;
+    return true;
+}
+
+/* Run `mnemo ARGS` with env in front; its exit status, its output (stdout
+ * and stderr) in out. */
+static int run_mnemo(const Fix *f, const char *env, const char *args, char *out, size_t cap) {
+    char log[128], cmd[1024];
+    snprintf(log, sizeof log, "%s.out", f->dir);
+    const char *bin = getenv("MNEMO_BIN") ? getenv("MNEMO_BIN") : "./build/release/mnemo";
+    snprintf(cmd, sizeof cmd, "%s %s %s >%s 2>&1", env, bin, args, log);
+    int st = system(cmd);
+    char *text = test_read_file(log, NULL);
+    snprintf(out, cap, "%s", text ? text : "");
+    free(text);
+    unlink(log);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Two tenants (API keys) share a disk tier. `mnemo cache purge` is
+ * refused while the server runs (it keeps serving); once stopped, purging
+ * tenant A zeroes the KV bytes of A's runs in the slab files and leaves
+ * none of A's reply texts in mnemo.db or its WAL, while B's extents keep
+ * their bytes. After a restart, A's returning conversations find nothing
+ * on disk (the first one nothing at all: recomputed), B's find their
+ * history on disk and answer as a no-cache server does. Every file is
+ * 0600 in a 0700 directory throughout. */
+static void test_tiers_purge_namespace(void **state) {
+    Fix *f = *state;
+    mode_t old_mask = umask(022); /* the usual one: made mnemo.db 0644 */
+    fix_mkdir(f);
+    char flags[256], args[512], out[2048];
+    snprintf(flags, sizeof flags, "--api-key %s --api-key %s --disk-tier-mb 4", KEY_A, KEY_B);
+    Srv *s = fix_start_tiered(f, POOL2_FLAGS, flags);
+    Srv *ref = fix_start(f, 1, REF_FLAGS);
+    enum { N = 3 };
+    Conv *cs = f->cs; /* A: 0..N-1, B: N..2N-1 */
+    for (int i = 0; i < 2 * N; i++) {
+        conv_init(&cs[i], i < N ? "tenant A" : "tenant B", i);
+        cs[i].key = i < N ? KEY_A : KEY_B;
+        conv_step(&cs[i], s);
+    }
+    snprintf(args, sizeof args, "cache purge --disk-tier %s --namespace %s", f->dir, KEY_A);
+    if (run_mnemo(f, "", args, out, sizeof out) != 1 || strstr(out, "in use by a running mnemo server") == NULL)
+        fail_msg("a purge under a running server was not refused: %s", out);
+    expect_health(s);
+    fix_term(f, 0);
+    static const char *const files[] = {"mnemo.db", "slab-00000.dat"};
+    test_expect_private(f->dir, files, 2);
+
+    Extents xa, xb;
+    list_extents(&xa, f->dir, KEY_A);
+    list_extents(&xb, f->dir, KEY_B);
+    if (xa.n == 0 || xb.n == 0) fail_msg("runs on disk: %d of A, %d of B; want both", xa.n, xb.n);
+    for (int i = 0; i < xa.n; i++)
+        if (is_zero(xa.v[i].bytes, xa.v[i].len)) fail_msg("an extent of A holds only zeros before the purge");
+    for (int i = 0; i < N; i++)
+        if (!test_dir_contains(f->dir, "mnemo.db", cs[i].ans[0].reply, strlen(cs[i].ans[0].reply)))
+            fail_msg("A's reply \"%s\" is not in the database before the purge", cs[i].ans[0].reply);
+
+    /* the key from the environment: it stays off the command line */
+    snprintf(args, sizeof args, "cache purge --disk-tier %s", f->dir);
+    if (run_mnemo(f, "MNEMO_NAMESPACE=" KEY_A, args, out, sizeof out) != 0 || strstr(out, "purged the namespace") == NULL)
+        fail_msg("purge failed: %s", out);
+    fprintf(stderr, "(mnemo cache purge said: %s)\n", out);
+    test_expect_private(f->dir, files, 2);
+    for (int i = 0; i < xa.n; i++) {
+        uint8_t *now = read_extent(&xa.v[i]);
+        if (!is_zero(now, xa.v[i].len)) fail_msg("%s at %llu still holds A's KV after the purge", xa.v[i].path,
+                                                 (unsigned long long)xa.v[i].off);
+        free(now);
+    }
+    for (int i = 0; i < xb.n; i++) {
+        uint8_t *now = read_extent(&xb.v[i]);
+        if (memcmp(now, xb.v[i].bytes, xb.v[i].len) != 0) fail_msg("the purge of A changed an extent of B");
+        free(now);
+    }
+    for (int i = 0; i < N; i++) {
+        const char *text = cs[i].ans[0].reply;
+        bool is_b_too = false; /* a text B's replies contain too stays, rightly */
+        for (int k = N; k < 2 * N; k++) is_b_too = is_b_too || strstr(cs[k].ans[0].reply, text) != NULL;
+        if (!is_b_too && test_dir_contains(f->dir, "mnemo.db", text, strlen(text)))
+            fail_msg("A's reply \"%s\" is still in the database files after the purge", text);
+    }
+    for (int k = N; k < 2 * N; k++)
+        if (!test_dir_contains(f->dir, "mnemo.db", cs[k].ans[0].reply, strlen(cs[k].ans[0].reply)))
+            fail_msg("B's reply \"%s\" went with A's purge", cs[k].ans[0].reply);
+    extents_free(&xa);
+    extents_free(&xb);
+
+    s = fix_start_tiered(f, POOL2_FLAGS, flags);
+    for (int i = 0; i < 2 * N; i++) conv_step(&cs[i], s);
+    if (cs[0].ans[1].cached_tokens != 0)
+        fail_msg("A's first returning turn after the purge found cached tokens: %s", usage_of(&cs[0].ans[1]));
+    for (int i = 0; i < N; i++)
+        if (cs[i].ans[1].by_tier[T_DISK] != 0) fail_msg("A's turn 2 came from disk after the purge: %s",
+                                                         usage_of(&cs[i].ans[1]));
+    for (int i = N; i < 2 * N; i++) {
+        if (cs[i].ans[1].by_tier[T_DISK] <= 0) fail_msg("B's turn 2 found nothing on disk: %s", usage_of(&cs[i].ans[1]));
+        expect_reference(ref, &cs[i]);
+    }
+    expect_health(s);
+    expect_clean_log(s, false, false);
+    fix_term(f, 0);
+    fix_term(f, 1);
+    test_expect_private(f->dir, files, 2);
+    umask(old_mask);
+}
+
 int main(void) {
     test_apply_filter();
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -808,6 +1009,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_tiers_disk_full, fix_setup, fix_teardown),
         cmocka_unit_test_setup_teardown(test_tiers_sigterm_flush, fix_setup, fix_teardown),
         cmocka_unit_test_setup_teardown(test_tiers_sequential_promotes, fix_setup, fix_teardown),
+        cmocka_unit_test_setup_teardown(test_tiers_purge_namespace, fix_setup, fix_teardown),
     };
     if (getenv("MNEMO_TEST_FILTER")) cmocka_set_test_filter(getenv("MNEMO_TEST_FILTER"));
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

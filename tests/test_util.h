@@ -12,6 +12,7 @@
 #include <string.h>
 #include <cmocka.h>
 #include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Run only the cases whose names match $MNEMO_TEST_FILTER (a cmocka
@@ -81,6 +82,31 @@ static inline int test_dir_contains(const char *dir, const char *prefix, const v
     }
     closedir(d);
     return found;
+}
+
+/* The disk tier's directory is private: dir is 0700, every entry in it a
+ * regular file of mode 0600, and the ones named in want[] exist. */
+static inline void test_expect_private(const char *dir, const char *const *want, int n_want) {
+    struct stat st;
+    assert_int_equal(stat(dir, &st), 0);
+    if ((st.st_mode & 07777) != 0700) fail_msg("%s has mode %04o, want 0700", dir, (unsigned)(st.st_mode & 07777));
+    for (int i = 0; i < n_want; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, want[i]);
+        if (lstat(path, &st) != 0) fail_msg("%s is missing", path);
+    }
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        assert_int_equal(lstat(path, &st), 0);
+        if (!S_ISREG(st.st_mode) || (st.st_mode & 07777) != 0600)
+            fail_msg("%s: mode %06o, want a regular file of mode 0600", path, (unsigned)st.st_mode);
+    }
+    closedir(d);
 }
 
 /* Make a fresh directory from a mkdtemp template ("/tmp/name-XXXXXX",
