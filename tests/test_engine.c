@@ -15,6 +15,8 @@
 #include "base/err.h"
 #include "base/mem.h"
 #include "cache/aio.h"
+#include "cache/purge.h"
+#include "cache/store.h"
 #include "cache/tier.h"
 #include "engine/engine.h"
 #include "engine/runner.h"
@@ -118,6 +120,8 @@ typedef struct Job {
     Engine *e;
     int32_t prompt[200];
     int n_prompt, n_gen;
+    const char *ns;      /* its cache namespace; NULL: "" */
+    const char *session; /* its session id; NULL: none */
     Request *r;
     char *text;
     ReqResult res;
@@ -126,7 +130,7 @@ typedef struct Job {
 static void job_prepare(Job *j) {
     ReqParams p;
     greedy_params(&p, j->n_gen);
-    j->r = request_new(j->prompt, (size_t)j->n_prompt, &p, "", NULL);
+    j->r = request_new(j->prompt, (size_t)j->n_prompt, &p, j->ns ? j->ns : "", j->session);
 }
 
 static void job_submit(Job *j) {
@@ -1175,6 +1179,84 @@ static void test_disk_full(void **s) {
     model_free(m);
 }
 
+/* MoverTestHooks.disk_tier for test_writebehind_namespaces: the first
+ * slab cannot be reserved, so the first save fails and saving backs off. */
+static void first_save_full(void *ctx, Tier *t) { aio_fault_set(tier_disk_aio(t), AIO_OP_FALLOCATE, 0, 1, ENOSPC); }
+
+/* Write-behind never puts two tenants' blocks in one run, nor are two
+ * tenants' equal session ids one conversation. The first save fails (no
+ * room for the slab), so saving backs off for a second: the turns of
+ * tenants A and B that end meanwhile leave their blocks cached and
+ * unsaved in the pool: one turn of each without a session id (both in
+ * conversation 0), one of each with session id "chat-1". A
+ * request after the back-off finds them all there and write-behind (the
+ * watermark at the whole pool) copies them down together. Once A is purged
+ * from the disk tier, none of A's prompts finds a block on disk — a run
+ * holding A's blocks under B's name would still serve them — and every one
+ * of B's does — one holding B's under A's name would have gone with A;
+ * the database holds a conversation of each, and A's goes with A. */
+static void test_writebehind_namespaces(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = make_tmpdir();
+    MoverTestHooks hooks = {.disk_tier = first_save_full};
+    EngineOptions o;
+    engine_options_default(&o);
+    o.block_tokens = 8;
+    o.pool_blocks = 64;
+    o.parallel = 1;
+    o.swap_watermark = 1.0f;
+    o.disk_tier_dir = dir;
+    o.mover_hooks = &hooks;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    enum { N = 5 }; /* A B A B, then one more A after the back-off */
+    Job jobs[N];
+    for (int i = 0; i < N; i++) {
+        jobs[i] = (Job){.e = e, .n_prompt = 41, .n_gen = 4, .ns = i % 2 ? "tenant-b" : "tenant-a",
+                        .session = i == 2 || i == 3 ? "chat-1" : NULL};
+        make_prompt(jobs[i].prompt, jobs[i].n_prompt, m->cfg.n_vocab, 300 + (uint64_t)i, tok_bos(m->tok));
+    }
+    for (int i = 0; i < N; i++) {
+        if (i == N - 1) usleep(1100 * 1000); /* past the back-off (1 s after the failed save) */
+        job_prepare(&jobs[i]);
+        job_submit(&jobs[i]);
+        job_drain(&jobs[i]);
+        free(jobs[i].text);
+        settle(e); /* i = 0: the failed save is back, and the back-off set */
+    }
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_true(st.writebehind_blocks > 0);
+    engine_free(e);
+    CacheStore *store = NULL;
+    if (store_open_existing(dir, &store, &err) != MN_OK) fail_msg("%s", err.msg);
+    int64_t n_convs = 0;
+    assert_int_equal(store_conv_count(store, &n_convs), MN_OK);
+    assert_int_equal(n_convs, 2);
+    store_close(store);
+    PurgeReport r;
+    if (purge_disk_tier(dir, "tenant-a", &r, &err) != MN_OK) fail_msg("purge: %s", err.msg);
+    assert_int_equal(r.n_convs, 1);
+
+    o.mover_hooks = NULL;
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    for (int i = 0; i < N; i++) {
+        jobs[i].e = e;
+        job_prepare(&jobs[i]);
+        job_submit(&jobs[i]);
+        job_drain(&jobs[i]);
+        free(jobs[i].text);
+        int from_disk = jobs[i].res.n_cached_by[SRC_DISK];
+        if (i % 2 == 0 && from_disk != 0) fail_msg("A's request %d found %d purged tokens on disk", i, from_disk);
+        if (i % 2 == 1 && from_disk == 0) fail_msg("B's request %d found nothing on disk", i);
+    }
+    engine_free(e);
+    remove_tmpdir(dir);
+    model_free(m);
+}
+
 /* MoverTestHooks.disk_tier for test_restore_out_of_memory: the disk
  * tier's next allocation fails. */
 static void short_of_memory(void *ctx, Tier *t) { tier_disk_fault_alloc(t, 0, 1); }
@@ -1367,6 +1449,7 @@ int main(void) {
         cmocka_unit_test(test_turn_touches_disk_runs),
         cmocka_unit_test(test_hold_back_slow_restore),
         cmocka_unit_test(test_disk_full),
+        cmocka_unit_test(test_writebehind_namespaces),
         cmocka_unit_test(test_restore_out_of_memory),
         cmocka_unit_test(test_table_out_of_memory),
         cmocka_unit_test(test_many_conversations_tiered),

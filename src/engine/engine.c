@@ -229,8 +229,12 @@ static Active *active_new(Engine *e, Request *r) {
     a->arrival = e->n_arrivals++;
     a->t_submit = r->t_created;
     a->ns_id = index_namespace_id(r->ns);
-    if (r->session) {
-        Hash128 h = hash128(r->session, strlen(r->session));
+    if (r->session) { /* per tenant: two tenants' equal session ids are two conversations */
+        Hasher hs;
+        hasher_init(&hs);
+        hasher_update(&hs, a->ns_id.b, sizeof a->ns_id.b);
+        hasher_update(&hs, r->session, strlen(r->session));
+        Hash128 h = hasher_final(&hs);
         memcpy(&a->conv, h.b, sizeof a->conv);
     }
     a->n_prompt = (int)r->n_prompt;

@@ -37,7 +37,8 @@ typedef struct Active {
     uint64_t arrival;        /* order of arrival */
     double t_submit, t_first;
     Hash128 ns_id;
-    uint64_t conv;           /* conversation for the eviction policy: session id hash, or 0 */
+    uint64_t conv;           /* conversation for the eviction policy: hash of
+                                (namespace, session id), or 0 */
     Seq seq;
     Sampler *smp;
     TokStream ts;
