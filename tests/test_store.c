@@ -456,7 +456,8 @@ static void test_store_upgrade(void **state) {
     snprintf(sql, sizeof sql,
              "PRAGMA journal_mode = WAL;"
              "CREATE TABLE identity(id INTEGER PRIMARY KEY CHECK (id = 1), model_fingerprint BLOB NOT NULL,"
-             " kv_format INTEGER NOT NULL, n_layer INTEGER NOT NULL, block_bytes INTEGER NOT NULL, created REAL NOT NULL);"
+             " kv_format INTEGER NOT NULL, n_layer INTEGER NOT NULL, block_bytes INTEGER NOT NULL,"
+             " created REAL NOT NULL);"
              "CREATE TABLE runs(run_id INTEGER PRIMARY KEY, record BLOB NOT NULL, last_used REAL NOT NULL);"
              "CREATE TABLE replies(seq INTEGER PRIMARY KEY, entry BLOB NOT NULL UNIQUE, key BLOB NOT NULL,"
              " text BLOB NOT NULL, ids BLOB NOT NULL, used REAL NOT NULL);"

@@ -952,7 +952,8 @@ static void test_tiers_purge_namespace(void **state) {
 
     /* the key from the environment: it stays off the command line */
     snprintf(args, sizeof args, "cache purge --disk-tier %s", f->dir);
-    if (run_mnemo(f, "MNEMO_NAMESPACE=" KEY_A, args, out, sizeof out) != 0 || strstr(out, "purged the namespace") == NULL)
+    if (run_mnemo(f, "MNEMO_NAMESPACE=" KEY_A, args, out, sizeof out) != 0 ||
+        strstr(out, "purged the namespace") == NULL)
         fail_msg("purge failed: %s", out);
     fprintf(stderr, "(mnemo cache purge said: %s)\n", out);
     test_expect_private(f->dir, files, 2);
@@ -988,7 +989,8 @@ static void test_tiers_purge_namespace(void **state) {
         if (cs[i].ans[1].by_tier[T_DISK] != 0) fail_msg("A's turn 2 came from disk after the purge: %s",
                                                          usage_of(&cs[i].ans[1]));
     for (int i = N; i < 2 * N; i++) {
-        if (cs[i].ans[1].by_tier[T_DISK] <= 0) fail_msg("B's turn 2 found nothing on disk: %s", usage_of(&cs[i].ans[1]));
+        if (cs[i].ans[1].by_tier[T_DISK] <= 0)
+            fail_msg("B's turn 2 found nothing on disk: %s", usage_of(&cs[i].ans[1]));
         expect_reference(ref, &cs[i]);
     }
     expect_health(s);

@@ -51,7 +51,8 @@ int purge_disk_tier(const char *dir, const char *ns, PurgeReport *out, MnErr *er
     } else {
         out->n_runs = tier_drop_namespace(t, which, &out->n_blocks);
         rc = tier_disk_scrub(t, &out->n_zeroed_bytes);
-        if (rc != MN_OK) mn_err_set(err, rc, "overwriting the free space of the slab files in %s: %s", dir, mn_strerror(rc));
+        if (rc != MN_OK)
+            mn_err_set(err, rc, "overwriting the free space of the slab files in %s: %s", dir, mn_strerror(rc));
         tier_free(t); /* keeps the other namespaces' runs */
     }
     if (rc == MN_OK) {

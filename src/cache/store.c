@@ -106,7 +106,8 @@ static const char *const STMT_SQL[ST__COUNT] = {
     [ST_RUN_DELETE] = "DELETE FROM runs WHERE run_id = ?1",
     [ST_RUN_ALL] = "SELECT run_id, record, last_used, ns_id FROM runs ORDER BY run_id",
     [ST_RUN_COUNT] = "SELECT count(*) FROM runs",
-    [ST_REPLY_PUT] = "INSERT OR REPLACE INTO replies(entry, key, text, ids, used, ns_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    [ST_REPLY_PUT] = "INSERT OR REPLACE INTO replies(entry, key, text, ids, used, ns_id) "
+                     "VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     [ST_REPLY_LOAD] = "SELECT key, text, ids FROM "
                       "(SELECT seq, key, text, ids FROM replies ORDER BY seq DESC LIMIT ?1) ORDER BY seq",
     [ST_REPLY_TRIM] = "DELETE FROM replies WHERE seq <= (SELECT seq FROM replies ORDER BY seq DESC LIMIT 1 OFFSET ?1)",
@@ -382,8 +383,9 @@ static int check_identity(CacheStore *s, const StoreIdentity *want, MnErr *err) 
                       s->path, what);
 }
 
-/* Version, schema and identity, inside one write transaction. */
-/* want NULL: a database that exists already, whose identity is taken. */
+/* Version (upgrading version 1), schema and identity, inside one write
+ * transaction. want NULL: a database that exists already, whose identity
+ * is taken as it is. */
 static int open_schema(CacheStore *s, const StoreIdentity *want, MnErr *err) {
     int rc = open_exec(s, "BEGIN IMMEDIATE", err);
     if (rc != MN_OK) return rc;

@@ -894,7 +894,8 @@ static int disk_write(void *kind, TierRun *run, const KvPool *pool, const int32_
     if (d->store != NULL) { /* the bytes are durable: now the record may be visible */
         size_t len = 0;
         rc = record_encode(d, run, dr, &len);
-        if (rc == MN_OK) rc = store_run_put(d->store, run->id, d->record, len, run->last_used, run->has_ns ? &run->ns_id : NULL);
+        if (rc == MN_OK)
+            rc = store_run_put(d->store, run->id, d->record, len, run->last_used, run->has_ns ? &run->ns_id : NULL);
         if (rc != MN_OK) return medium_code(rc);
         dr->is_stored = true;
     }

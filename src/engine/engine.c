@@ -1095,8 +1095,8 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         e->keys = mn_malloc(nb * sizeof *e->keys);
         e->slot_load = mn_calloc(nb, sizeof *e->slot_load);
         e->slot_saving = mn_calloc(nb, 1);
-        if (!e->slot_pos || !e->slot_inserted || !e->slot_conv || !e->slot_ns || !e->slot_window || !e->cands || !e->keys ||
-            !e->slot_load || !e->slot_saving)
+        if (!e->slot_pos || !e->slot_inserted || !e->slot_conv || !e->slot_ns || !e->slot_window || !e->cands ||
+            !e->keys || !e->slot_load || !e->slot_saving)
             rc = MN_ENOMEM;
         else {
             for (size_t i = 0; i < nb; i++) e->slot_window[i] = -1;
