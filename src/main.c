@@ -634,7 +634,7 @@ static int cmd_serve(int argc, char **argv) {
     uint64_t pool_mb = 0;
     float drain_timeout = 30.0f, cache_ttl = 0.0f;
     bool no_prefix_cache = false;
-    CliStrList keys = {0};
+    CliStrList keys = {0}, cors = {0};
     EngineOptions eo;
     engine_options_default(&eo);
     CliOpt opts[] = {
@@ -643,6 +643,7 @@ static int cmd_serve(int argc, char **argv) {
         {"port", 0, CLI_INT, &port, "N", "port (default 8080; 0 = any free port)"},
         {"alias", 'a', CLI_STR, &alias, "NAME", "model name in /v1/models (default: the file name)"},
         {"api-key", 0, CLI_STR_LIST, &keys, "KEY", "require this API key (repeatable; each key is a cache namespace)"},
+        {"cors-origin", 0, CLI_STR_LIST, &cors, "ORIGIN", "let pages of this origin call the API (repeatable; '*': any)"},
         {"chat-template", 0, CLI_STR, &tmpl_name, "NAME", "chat template family, or 'list' (default: the model's)"},
         {"threads", 't', CLI_INT, &eo.n_threads, "N", "compute threads (default 2)"},
         {"compute-nice", 0, CLI_INT, &eo.compute_nice, "N",
@@ -716,6 +717,8 @@ static int cmd_serve(int argc, char **argv) {
     so.port = port;
     so.api_keys = keys.items;
     so.n_api_keys = keys.n;
+    so.cors_origins = cors.items;
+    so.n_cors_origins = cors.n;
     so.max_body = (size_t)max_body_kb * 1024;
     const char *base = strrchr(model_path, '/');
     so.model_name = alias ? alias : base ? base + 1 : model_path;

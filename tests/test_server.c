@@ -14,7 +14,13 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <regex.h>
 #include <signal.h>
+#include <strings.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,21 +42,28 @@ static size_t on_data(char *p, size_t sz, size_t n, void *ctx) {
     return sz * n;
 }
 
-/* method GET when body is NULL. Returns the status; *out the body (free). */
-static long http(const Srv *s, const char *path, const char *body, const char *header, char **out, size_t abort_after) {
+/* method: NULL for GET when body is NULL, else POST. headers: NULL-ended
+ * lines. Returns the status (-1: no answer); *out the body, *head_out the
+ * response's header block (both freed by the caller, either may be NULL). */
+static long http_full(const Srv *s, const char *method, const char *path, const char *body,
+                      const char *const *headers, char **out, char **head_out, size_t abort_after) {
     CURL *c = curl_easy_init();
     char url[256];
     snprintf(url, sizeof url, "http://127.0.0.1:%d%s", s->port, path);
-    Buf b = {calloc(1, 1), 0, abort_after};
+    Buf b = {calloc(1, 1), 0, abort_after}, h = {calloc(1, 1), 0, 0};
     struct curl_slist *hs = NULL;
     hs = curl_slist_append(hs, "Content-Type: application/json");
-    if (header) hs = curl_slist_append(hs, header);
+    for (int i = 0; headers && headers[i]; i++) hs = curl_slist_append(hs, headers[i]);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, hs);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, &h);
     curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
     if (body) curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    if (method && strcmp(method, "HEAD") == 0) curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+    else if (method) curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     CURLcode rc = curl_easy_perform(c);
     long status = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
@@ -59,7 +72,30 @@ static long http(const Srv *s, const char *path, const char *body, const char *h
     curl_easy_cleanup(c);
     if (out) *out = b.data;
     else free(b.data);
+    if (head_out) *head_out = h.data;
+    else free(h.data);
     return status;
+}
+
+/* method GET when body is NULL. Returns the status; *out the body (free). */
+static long http(const Srv *s, const char *path, const char *body, const char *header, char **out, size_t abort_after) {
+    const char *headers[] = {header, NULL};
+    return http_full(s, NULL, path, body, headers, out, NULL, abort_after);
+}
+
+/* The value of header name in a response's header block (case-insensitive
+ * name), copied into buf; NULL when absent. */
+static const char *header_value(const char *head, const char *name, char *buf, size_t cap) {
+    size_t n = strlen(name);
+    for (const char *line = head; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        if (strncasecmp(line, name, n) != 0 || line[n] != ':') continue;
+        const char *v = line + n + 1;
+        while (*v == ' ') v++;
+        size_t len = strcspn(v, "\r\n");
+        snprintf(buf, cap, "%.*s", (int)len, v);
+        return buf;
+    }
+    return NULL;
 }
 
 static json_t *parse(const char *text) {
@@ -546,6 +582,396 @@ static void test_sigterm_drain_timeout(void **st) {
     free(log);
 }
 
+/* ---- HTTP hardening ---------------------------------------------------------------------- */
+
+/* Raw sockets, for what curl will not send. */
+static int raw_connect(const Srv *s) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+/* Send what the server takes: it may answer and close before the end. */
+static void raw_send(int fd, const char *p, size_t n) {
+    while (n > 0) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k <= 0) return;
+        p += k;
+        n -= (size_t)k;
+    }
+}
+
+/* Everything until the server closes the connection (or resets it after
+ * its answer). The poll bound only turns a server that never answers into
+ * a failure instead of a hang. */
+static char *raw_read_all(int fd, size_t *len) {
+    char *out = calloc(1, 1);
+    size_t n = 0;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 60000) != 1) fail_msg("no answer (and no close) within 60 s; got %zu bytes: %.200s", n, out);
+        char buf[4096];
+        ssize_t k = recv(fd, buf, sizeof buf, 0);
+        if (k <= 0) break;
+        out = realloc(out, n + (size_t)k + 1);
+        memcpy(out + n, buf, (size_t)k);
+        n += (size_t)k;
+        out[n] = '\0';
+    }
+    *len = n;
+    return out;
+}
+
+/* resp[0..len) is exactly one response of status with Content-Type JSON,
+ * a Content-Length that covers the rest and an OpenAI error object whose
+ * message holds in_message (NULL: any). */
+static void expect_one_error(const char *resp, size_t len, long status, const char *in_message) {
+    char first[16], buf[128];
+    snprintf(first, sizeof first, "HTTP/1.1 %ld ", status);
+    if (strncmp(resp, first, strlen(first)) != 0) fail_msg("expected %s...: %.300s", first, resp);
+    const char *end = strstr(resp, "\r\n\r\n");
+    assert_non_null(end);
+    size_t head_len = (size_t)(end - resp) + 4;
+    char *head = strndup(resp, head_len);
+    assert_non_null(header_value(head, "Content-Type", buf, sizeof buf));
+    assert_string_equal(buf, "application/json");
+    assert_non_null(header_value(head, "Content-Length", buf, sizeof buf));
+    if ((size_t)atol(buf) != len - head_len)
+        fail_msg("Content-Length %s but %zu bytes follow the head: %.400s", buf, len - head_len, resp);
+    free(head);
+    json_t *j = parse(resp + head_len);
+    json_t *e = json_object_get(j, "error");
+    assert_non_null(json_string_value(json_object_get(e, "type")));
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    assert_non_null(msg);
+    if (in_message && !strstr(msg, in_message)) fail_msg("message '%s' lacks '%s'", msg, in_message);
+    json_decref(j);
+}
+
+/* Read fd to its close (and close it): one error response must have come. */
+static void raw_expect_answer(int fd, long status, const char *in_message) {
+    size_t len;
+    char *resp = raw_read_all(fd, &len);
+    close(fd);
+    expect_one_error(resp, len, status, in_message);
+    free(resp);
+}
+
+/* Send req on a new connection; the answer must be one error response. */
+static void raw_expect(const Srv *s, const char *req, size_t req_len, long status, const char *in_message) {
+    int fd = raw_connect(s);
+    raw_send(fd, req, req_len);
+    raw_expect_answer(fd, status, in_message);
+}
+
+/* The server still answers a good request. */
+static void expect_serving(const Srv *s) {
+    char *out;
+    assert_int_equal(http(s, "/tokenize", "{\"content\": \"Once upon a time\"}", NULL, &out, 0), 200);
+    assert_string_equal(out, "{\"tokens\":[403,407,261,378]}");
+    free(out);
+}
+
+static void raw_expect_str(const Srv *s, const char *req, long status, const char *in_message) {
+    raw_expect(s, req, strlen(req), status, in_message);
+}
+
+/* One response (head + Content-Length body) from a kept-alive connection. */
+static char *raw_read_response(int fd) {
+    char *out = calloc(1, 1);
+    size_t n = 0, need = 0;
+    while (need == 0 || n < need) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 60000) != 1) fail_msg("no answer within 60 s: %.200s", out);
+        char buf[4096];
+        ssize_t k = recv(fd, buf, need ? (need - n < sizeof buf ? need - n : sizeof buf) : 1, 0);
+        if (k <= 0) fail_msg("connection closed after %zu bytes: %.200s", n, out);
+        out = realloc(out, n + (size_t)k + 1);
+        memcpy(out + n, buf, (size_t)k);
+        n += (size_t)k;
+        out[n] = '\0';
+        char *end = need ? NULL : strstr(out, "\r\n\r\n"), cl[32];
+        if (end) need = (size_t)(end - out) + 4 + (size_t)atol(header_value(out, "Content-Length", cl, sizeof cl));
+    }
+    return out;
+}
+
+/* Malformed framing and heads: each answered by one well-formed response
+ * with an OpenAI error object (libmicrohttpd alone wrote a broken double
+ * reply for a bad Content-Length, HTML for the version and size errors,
+ * nothing for a bad request line, and took conflicting lengths). */
+static void test_http_framing(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "--max-body 1") != 0) return;
+    raw_expect_str(&s, "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 17\r\nContent-Length: 50\r\n\r\n"
+                       "{\"content\":\"hi\"}", 400, "Content-Length");
+    raw_expect_str(&s, "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n", 400, "Content-Length");
+    raw_expect_str(&s, "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n", 413,
+                   "Content-Length");
+    raw_expect_str(&s, "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 5, 5\r\n\r\nhello", 400, "Content-Length");
+    raw_expect_str(&s, "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length : 5\r\n\r\nhello", 400, "header");
+    raw_expect_str(&s, "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       "0\r\n\r\n", 400, "Transfer-Encoding");
+    raw_expect_str(&s, "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 400, "Transfer-Encoding");
+    /* a declared length over --max-body is answered without waiting for the body */
+    raw_expect_str(&s, "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n", 413, "larger than 1024");
+    raw_expect_str(&s, "GET /health HTTP/2.0\r\nHost: x\r\n\r\n", 505, "HTTP/2.0");
+    raw_expect_str(&s, "GET /health HTTP/0.9\r\nHost: x\r\n\r\n", 505, "HTTP/0.9");
+    raw_expect_str(&s, "GET /health\r\nHost: x\r\n\r\n", 400, "request line");
+    raw_expect_str(&s, "G(T /health HTTP/1.1\r\nHost: x\r\n\r\n", 400, "request line");
+    raw_expect_str(&s, "GET /health HTTP/1.1\r\nHost x\r\n\r\n", 400, "colon");
+    /* a request line or head larger than the gate looks at */
+    enum { BIG = 20000 };
+    char *big = malloc(BIG + 4096);
+    memset(big, 'a', BIG);
+    memcpy(big, "GET /", 5);
+    raw_expect(&s, big, BIG, 414, "request line");
+    int n = sprintf(big, "GET /health HTTP/1.1\r\n");
+    for (int i = 0; n < BIG; i++) n += sprintf(big + n, "X-Filler-%d: %0100d\r\n", i, 0);
+    raw_expect(&s, big, (size_t)n, 431, "head");
+    n = sprintf(big, "GET /health HTTP/1.1\r\n");
+    for (int i = 0; i < 200; i++) n += sprintf(big + n, "X-%d: 1\r\n", i);
+    n += sprintf(big + n, "\r\n");
+    raw_expect(&s, big, (size_t)n, 431, "header lines");
+    free(big);
+    /* a head sent in pieces is judged whole; a good one is served, and the
+     * connection stays open for a second request */
+    int fd = raw_connect(&s);
+    raw_send(fd, "GET /heal", 9);
+    raw_send(fd, "th HTTP/1.1\r\nHo", 15);
+    raw_send(fd, "st: x\r\n\r\n", 9);
+    char *resp = raw_read_response(fd);
+    assert_true(strncmp(resp, "HTTP/1.1 200 ", 13) == 0);
+    free(resp);
+    raw_send(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 33);
+    resp = raw_read_response(fd);
+    assert_true(strncmp(resp, "HTTP/1.1 200 ", 13) == 0);
+    free(resp);
+    close(fd);
+    fd = raw_connect(&s);
+    raw_send(fd, "POST /tokenize HTTP/1.1\r\nContent-Le", 35);
+    raw_send(fd, "ngth: x5\r\n\r\n", 12);
+    raw_expect_answer(fd, 400, "Content-Length");
+    expect_serving(&s);
+    srv_stop(&s);
+}
+
+/* A chunked body that passes --max-body is answered 413 as soon as it does
+ * (it was read to its end, however long), and the connection is closed.
+ * The client sends only a little past the limit and then waits: a server
+ * that waits for the rest never answers. */
+static void test_http_chunked_limit(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "--max-body 1") != 0) return;
+    const size_t limit = 1024, chunk = 256;
+    int fd = raw_connect(&s);
+    const char *head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       "Transfer-Encoding: chunked\r\n\r\n";
+    raw_send(fd, head, strlen(head));
+    char piece[512];
+    int n = sprintf(piece, "%zx\r\n", chunk);
+    memset(piece + n, ' ', chunk);
+    memcpy(piece + n + chunk, "\r\n", 2);
+    size_t sent = 0;
+    while (sent <= limit) { /* stop once past the limit (or answered) */
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 0) == 1) break;
+        raw_send(fd, piece, (size_t)n + chunk + 2);
+        sent += chunk;
+    }
+    assert_true(sent < 4 * limit);
+    raw_expect_answer(fd, 413, "larger than 1024"); /* the answer, then the close */
+    expect_serving(&s);
+    srv_stop(&s);
+}
+
+/* The Bearer scheme is case-insensitive; every 401 says which scheme. */
+static void test_http_auth_scheme(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "--api-key alpha") != 0) return;
+    const char *ok[] = {"Authorization: bearer alpha", "Authorization: BEARER alpha", "Authorization: Bearer  alpha"};
+    for (int i = 0; i < 3; i++) {
+        const char *h[] = {ok[i], NULL};
+        long st_ = http_full(&s, NULL, "/v1/models", NULL, h, NULL, NULL, 0);
+        if (st_ != 200) fail_msg("'%s': status %ld", ok[i], st_);
+    }
+    const char *bad[] = {NULL, "Authorization: Bearer wrong", "Authorization: Basic YWxwaGE6"};
+    for (int i = 0; i < 3; i++) {
+        const char *h[] = {bad[i], NULL};
+        char *head, *out, buf[64];
+        assert_int_equal(http_full(&s, NULL, "/v1/chat/completions", "{}", h, &out, &head, 0), 401);
+        if (!header_value(head, "WWW-Authenticate", buf, sizeof buf)) fail_msg("no WWW-Authenticate: %s", head);
+        assert_string_equal(buf, "Bearer");
+        free(head);
+        free(out);
+    }
+    srv_stop(&s);
+}
+
+/* One request with headers: its status, and Access-Control-Allow-Origin is
+ * want_origin (NULL: absent) with Vary: Origin. Returns the response's
+ * header block (the caller frees it). */
+static char *expect_cors(const Srv *s, const char *method, const char *path, const char *body,
+                         const char *const *headers, long status, const char *want_origin) {
+    char *head, *out, buf[256];
+    assert_int_equal(http_full(s, method, path, body, headers, &out, &head, 0), status);
+    free(out);
+    const char *got = header_value(head, "Access-Control-Allow-Origin", buf, sizeof buf);
+    if (want_origin == NULL && got != NULL) fail_msg("Access-Control-Allow-Origin %s for an unlisted origin", got);
+    if (want_origin) assert_string_equal(got, want_origin);
+    assert_non_null(header_value(head, "Vary", buf, sizeof buf));
+    assert_non_null(strstr(buf, "Origin"));
+    return head;
+}
+
+/* --cors-origin: preflights and answers carry the CORS headers for the
+ * listed origins only, and every answer varies by Origin. */
+static void test_http_cors(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "--cors-origin http://a.example --cors-origin http://b.example --api-key k") != 0)
+        return;
+    char buf[256];
+    const char *pre[] = {"Origin: http://a.example", "Access-Control-Request-Method: POST",
+                         "Access-Control-Request-Headers: authorization, content-type, x-stainless-os", NULL};
+    char *head = expect_cors(&s, "OPTIONS", "/v1/chat/completions", NULL, pre, 204, "http://a.example");
+    assert_non_null(strstr(header_value(head, "Access-Control-Allow-Methods", buf, sizeof buf), "POST"));
+    assert_non_null(header_value(head, "Access-Control-Allow-Headers", buf, sizeof buf));
+    assert_non_null(strcasestr(buf, "Authorization"));
+    assert_non_null(strcasestr(buf, "Content-Type"));
+    assert_non_null(strcasestr(buf, "x-stainless-os"));
+    assert_non_null(header_value(head, "Access-Control-Max-Age", buf, sizeof buf));
+    assert_true(atoi(buf) > 0);
+    free(head);
+    /* an unlisted origin gets no CORS header, so its pages cannot read answers */
+    const char *other[] = {"Origin: http://evil.example", "Access-Control-Request-Method: POST", NULL};
+    head = expect_cors(&s, "OPTIONS", "/v1/chat/completions", NULL, other, 204, NULL);
+    assert_null(header_value(head, "Access-Control-Allow-Methods", buf, sizeof buf));
+    free(head);
+    /* answers: a listed origin is echoed (on errors too, so the page can read them) */
+    const char *body = "{\"content\": \"Once\"}";
+    const char *b[] = {"Origin: http://b.example", "Authorization: Bearer k", NULL};
+    free(expect_cors(&s, NULL, "/tokenize", body, b, 200, "http://b.example"));
+    const char *a_nokey[] = {"Origin: http://a.example", NULL};
+    free(expect_cors(&s, NULL, "/tokenize", body, a_nokey, 401, "http://a.example"));
+    const char *evil[] = {"Origin: http://evil.example", "Authorization: Bearer k", NULL};
+    free(expect_cors(&s, NULL, "/tokenize", body, evil, 200, NULL));
+    srv_stop(&s);
+    /* without --cors-origin: no CORS headers at all */
+    if (srv_start(&s, "stories260K", "") != 0) return;
+    char *out;
+    assert_int_equal(http_full(&s, "OPTIONS", "/v1/chat/completions", NULL, pre, &out, &head, 0), 204);
+    assert_null(header_value(head, "Access-Control-Allow-Origin", buf, sizeof buf));
+    assert_null(header_value(head, "Vary", buf, sizeof buf));
+    assert_non_null(strstr(header_value(head, "Allow", buf, sizeof buf), "POST"));
+    free(head);
+    free(out);
+    srv_stop(&s);
+}
+
+/* /health and /metrics: other methods answer 405 with Allow; scrapes and
+ * health checks are not counted in mnemo_requests_total. */
+static void test_http_methods(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "") != 0) return;
+    const char *paths[] = {"/health", "/metrics"};
+    for (int i = 0; i < 2; i++) {
+        char *head, *out, buf[64];
+        assert_int_equal(http_full(&s, "HEAD", paths[i], NULL, NULL, &out, &head, 0), 405);
+        assert_non_null(strstr(header_value(head, "Allow", buf, sizeof buf), "GET"));
+        free(head);
+        free(out);
+        assert_int_equal(http_full(&s, "POST", paths[i], "{}", NULL, &out, &head, 0), 405);
+        assert_non_null(strstr(header_value(head, "Allow", buf, sizeof buf), "GET"));
+        free(head);
+        json_t *j = parse(out);
+        assert_non_null(json_object_get(j, "error"));
+        json_decref(j);
+        free(out);
+    }
+    char *head, *out, buf[64];
+    assert_int_equal(http_full(&s, NULL, "/v1/chat/completions", NULL, NULL, &out, &head, 0), 405);
+    assert_non_null(strstr(header_value(head, "Allow", buf, sizeof buf), "POST"));
+    free(head);
+    free(out);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(http(&s, "/health", NULL, NULL, NULL, 0), 200);
+        assert_int_equal(http(&s, "/metrics", NULL, NULL, NULL, 0), 200);
+    }
+    assert_int_equal(metric(&s, "mnemo_requests_total{status=\"200\"}"), -1);
+    assert_int_equal(metric(&s, "mnemo_requests_total{status=\"405\"}"), 5);
+    assert_int_equal(http(&s, "/tokenize", "{\"content\": \"Once\"}", NULL, NULL, 0), 200);
+    assert_int_equal(metric(&s, "mnemo_requests_total{status=\"200\"}"), 1);
+    srv_stop(&s);
+}
+
+/* The server's log has a line holding every regex of want (NULL-ended). */
+static void expect_log_line(const Srv *s, const char *const *want) {
+    char *log = test_read_file(s->log, NULL);
+    assert_non_null(log);
+    regex_t re[8];
+    int n = 0;
+    for (; want[n]; n++) assert_int_equal(regcomp(&re[n], want[n], REG_EXTENDED | REG_NOSUB), 0);
+    bool found = false;
+    for (char *line = strtok(log, "\n"); line && !found; line = strtok(NULL, "\n")) {
+        found = true;
+        for (int i = 0; i < n && found; i++) found = regexec(&re[i], line, 0, NULL, 0) == 0;
+    }
+    for (int i = 0; i < n; i++) regfree(&re[i]);
+    if (!found) {
+        char *again = test_read_file(s->log, NULL);
+        fail_msg("no log line matches %s ...; the log:\n%s", want[0], again);
+    }
+    free(log);
+}
+
+#define LOG_HEAD "^mnemo: [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z "
+
+/* Request log lines: time, method, path, status, the id the client saw,
+ * stream or not, the cached tokens by tier; errors in the same form. */
+static void test_request_log(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "") != 0) return;
+    const char *msgs[3] = {"Once upon a time there was a cat.", NULL, "And then?"};
+    char *body = chat_body(msgs, 1, 8, false), *out, pattern[256];
+    assert_int_equal(http(&s, "/v1/chat/completions", body, NULL, &out, 0), 200);
+    free(body);
+    json_t *j = parse(out);
+    char *id = strdup(json_string_value(json_object_get(j, "id")));
+    msgs[1] = json_string_value(json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content"));
+    snprintf(pattern, sizeof pattern, " id=%s stream=0 ", id);
+    const char *first[] = {LOG_HEAD "POST /v1/chat/completions 200 id=", pattern,
+                           "prompt=[0-9]+ cached=0 cached_pool=0 cached_ram=0 cached_disk=0 generated=8 ttft=", NULL};
+    expect_log_line(&s, first);
+    free(id);
+    free(out);
+    /* the second turn finds the first cached in the pool */
+    body = chat_body(msgs, 3, 4, true);
+    json_decref(j);
+    assert_int_equal(http(&s, "/v1/chat/completions", body, NULL, &out, 0), 200);
+    free(body);
+    char *p = strstr(out, "\"id\":\"");
+    assert_non_null(p);
+    snprintf(pattern, sizeof pattern, " id=%.*s stream=1 ", (int)strcspn(p + 6, "\""), p + 6);
+    const char *second[] = {LOG_HEAD "POST /v1/chat/completions 200 id=", pattern,
+                            "cached=([1-9][0-9]*) cached_pool=\\1 cached_ram=0 cached_disk=0 generated=4 ", NULL};
+    expect_log_line(&s, second);
+    free(out);
+    /* errors: from the server, and from the gate */
+    expect_error(&s, "/v1/chat/completions", "{not json", NULL, 400, "JSON");
+    const char *e1[] = {LOG_HEAD "POST /v1/chat/completions 400 id=- stream=0 error=\"invalid JSON", NULL};
+    expect_log_line(&s, e1);
+    expect_error(&s, "/nope", NULL, NULL, 404, NULL);
+    const char *e2[] = {LOG_HEAD "GET /nope 404 id=- stream=0 error=\"no route", NULL};
+    expect_log_line(&s, e2);
+    raw_expect_str(&s, "GET /x HTTP/3.0\r\n\r\n", 505, NULL);
+    const char *e3[] = {LOG_HEAD "GET /x 505 id=- stream=0 error=\"HTTP/3.0", NULL};
+    expect_log_line(&s, e3);
+    srv_stop(&s);
+}
+
 int main(void) {
     test_apply_filter();
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -565,6 +991,12 @@ int main(void) {
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_sigterm_drains),
         cmocka_unit_test(test_sigterm_drain_timeout),
+        cmocka_unit_test(test_http_framing),
+        cmocka_unit_test(test_http_chunked_limit),
+        cmocka_unit_test(test_http_auth_scheme),
+        cmocka_unit_test(test_http_cors),
+        cmocka_unit_test(test_http_methods),
+        cmocka_unit_test(test_request_log),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();

@@ -1,8 +1,13 @@
 /* server.c — the HTTP server (see server.h).
  *
- * One access-handler call chain per request: libmicrohttpd calls
- * handle_request first with the headers, then with body pieces (collected
- * into the connection's Conn up to max_body), then once more to answer.
+ * Connections come from server/gate, which answers the heads libmicrohttpd
+ * would answer badly and hands the rest over (MHD_add_connection; the
+ * daemon has no listening socket of its own). One access-handler call
+ * chain per request: libmicrohttpd calls handle_request first with the
+ * headers (begin_request checks the body's framing and declared size and
+ * may answer at once), then with body pieces (collected into the
+ * connection's Conn up to max_body; past it, refuse_body answers 413 on the
+ * socket and drops the connection), then once more to answer.
  * Answers are JSON built by server/openai; streams are SSE produced by
  * stream_read, which blocks on the Request's channel (allowed with a thread
  * per connection) and sends a comment line every second so a vanished
@@ -12,12 +17,15 @@
 #include "server/server.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -25,15 +33,21 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "engine/prompt.h"
+#include "server/gate.h"
 #include "server/metrics.h"
 #include "server/openai.h"
+
+/* Allow-Headers of a CORS preflight, besides those the browser asks for. */
+#define CORS_ALLOW_HEADERS "Authorization, Content-Type, X-Session-Id"
+/* How long a browser may cache a preflight answer (seconds). */
+#define CORS_MAX_AGE "600"
 
 struct Server {
     Engine *e;
     const Model *m;
     ServerOptions opt;
     struct MHD_Daemon *daemon;
-    int port;
+    Gate *gate;
     Metrics *metrics;
     MetricFamily *f_tier_read, *f_tier_written, *f_tier_read_s, *f_tier_write_s, *f_tier_occupancy, *f_tier_evictions,
         *f_tier_checksum, *f_dropped, *f_prefetched;
@@ -42,10 +56,13 @@ struct Server {
     atomic_uint_fast64_t next_id;
 };
 
+/* One per connection (libmicrohttpd's socket context, made and freed by
+ * conn_notify); with a thread per connection it holds one request at a
+ * time, whose fields begin_request resets. */
 typedef struct Conn {
+    const char *method, *url; /* the current request's: libmicrohttpd's strings, valid until it completes */
     char *body;
     size_t len, cap;
-    bool is_too_big;
 } Conn;
 
 void server_options_default(ServerOptions *o) {
@@ -67,34 +84,109 @@ static void count_request(Server *s, int status) {
     metrics_counter_add(s->f_requests, lbl, 1);
 }
 
-static enum MHD_Result send_body(struct MHD_Connection *c, int status, const char *type, const char *body,
-                                 size_t len, const char *retry_after) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
-    if (r == NULL) return MHD_NO;
-    MHD_add_response_header(r, "Content-Type", type);
-    if (retry_after) MHD_add_response_header(r, "Retry-After", retry_after);
+static Conn *conn_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return info ? info->socket_context : NULL;
+}
+
+/* The request's Origin when --cors-origin lists it ("*" lists every one), else NULL. */
+static const char *cors_origin(const Server *s, struct MHD_Connection *c) {
+    if (s->opt.n_cors_origins == 0) return NULL;
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    for (int i = 0; origin && i < s->opt.n_cors_origins; i++)
+        if (strcmp(s->opt.cors_origins[i], "*") == 0 || strcmp(s->opt.cors_origins[i], origin) == 0) return origin;
+    return NULL;
+}
+
+/* Queue r (and release it) with the headers every answer of its status
+ * carries. With CORS origins set every answer varies by Origin, so a cache
+ * never gives one origin's answer to another. */
+static enum MHD_Result queue_answer(Server *s, struct MHD_Connection *c, int status, struct MHD_Response *r,
+                                    const char *allow) {
+    if (status == 503) MHD_add_response_header(r, "Retry-After", "1");
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (allow) MHD_add_response_header(r, "Allow", allow);
+    if (s->opt.n_cors_origins > 0) MHD_add_response_header(r, "Vary", "Origin");
+    const char *origin = cors_origin(s, c);
+    if (origin) MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ok;
 }
 
+static enum MHD_Result send_body(Server *s, struct MHD_Connection *c, int status, const char *type, const char *body,
+                                 size_t len, const char *allow) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (r == NULL) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    return queue_answer(s, c, status, r, allow);
+}
+
 static enum MHD_Result send_json(Server *s, struct MHD_Connection *c, int status, char *json) {
     if (json == NULL) return MHD_NO;
     count_request(s, status);
-    enum MHD_Result ok = send_body(c, status, "application/json", json, strlen(json), NULL);
+    enum MHD_Result ok = send_body(s, c, status, "application/json", json, strlen(json), NULL);
+    mn_free(json);
+    return ok;
+}
+
+/* ---- the request log ------------------------------------------------------------ */
+
+/* src with quotes, backslashes and control characters escaped (the path and
+ * messages come from the client), cut to fit cap. */
+static void log_escape(char *dst, size_t cap, const char *src) {
+    size_t n = 0;
+    for (; *src && n + 5 < cap; src++) {
+        unsigned char ch = (unsigned char)*src;
+        if (ch == '"' || ch == '\\') n += (size_t)snprintf(dst + n, cap - n, "\\%c", ch);
+        else if (ch < 0x20 || ch == 0x7f) n += (size_t)snprintf(dst + n, cap - n, "\\x%02x", ch);
+        else dst[n++] = (char)ch;
+    }
+    dst[n] = '\0';
+}
+
+/* One line per answered generation or error, its fields in a fixed order:
+ * UTC time, method, path, status, id (the response's `id`; "-" when the
+ * answer carries none), stream (1: the answer was an event stream), then
+ * detail. */
+static void log_answer(const char *method, const char *path, int status, const char *id, bool is_stream,
+                       const char *detail) {
+    char when[40], safe_path[256];
+    double now = mn_wall_now();
+    time_t t = (time_t)now;
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    size_t n = strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(when + n, sizeof when - n, ".%03dZ", (int)((now - (double)t) * 1000) % 1000);
+    log_escape(safe_path, sizeof safe_path, path ? path : "-");
+    LOG_INFO("%s %s %s %d id=%s stream=%d %s", when, method ? method : "-", safe_path, status, id ? id : "-",
+             is_stream, detail);
+}
+
+/* The error line of an answer without an id. */
+static void log_error(const char *method, const char *path, int status, const char *msg) {
+    char detail[600];
+    strcpy(detail, "error=\"");
+    log_escape(detail + 7, sizeof detail - 8, msg ? msg : "");
+    strcat(detail, "\"");
+    log_answer(method, path, status, NULL, false, detail);
+}
+
+static enum MHD_Result send_error_allow(Server *s, struct MHD_Connection *c, int status, const char *msg,
+                                        const char *param, const char *allow) {
+    char *json = api_error_json(status, msg, param, NULL);
+    if (json == NULL) return MHD_NO;
+    count_request(s, status);
+    Conn *conn = conn_of(c);
+    log_error(conn ? conn->method : NULL, conn ? conn->url : NULL, status, msg);
+    enum MHD_Result ok = send_body(s, c, status, "application/json", json, strlen(json), allow);
     mn_free(json);
     return ok;
 }
 
 static enum MHD_Result send_error(Server *s, struct MHD_Connection *c, int status, const char *msg,
                                   const char *param) {
-    char *json = api_error_json(status, msg, param, NULL);
-    if (json == NULL) return MHD_NO;
-    count_request(s, status);
-    enum MHD_Result ok = send_body(c, status, "application/json", json, strlen(json), status == 503 ? "1" : NULL);
-    mn_free(json);
-    LOG_INFO("http %d: %s", status, msg);
-    return ok;
+    return send_error_allow(s, c, status, msg, param, NULL);
 }
 
 /* ---- metrics --------------------------------------------------------------- */
@@ -195,11 +287,10 @@ static enum MHD_Result handle_metrics(Server *s, struct MHD_Connection *c) {
         metrics_counter_set(s->f_tier_evictions, label, (double)t->tier.n_evicted_blocks);
         metrics_counter_set(s->f_tier_checksum, label, (double)t->tier.n_checksum_failures);
     }
-    count_request(s, 200);
-    char *text;
+    char *text; /* a scrape is not counted in mnemo_requests_total */
     size_t len;
     if (metrics_render(s->metrics, &text, &len)) return MHD_NO;
-    enum MHD_Result ok = send_body(c, 200, "text/plain; version=0.0.4", text, len, NULL);
+    enum MHD_Result ok = send_body(s, c, 200, "text/plain; version=0.0.4", text, len, NULL);
     mn_free(text);
     return ok;
 }
@@ -246,10 +337,16 @@ static void fill_usage(const ReqResult *res, ApiUsage *u) {
     for (int i = 0; i < SRC_COUNT; i++) api_usage_add_tier(u, engine_source_name(i), res->n_cached_by[i]);
 }
 
+/* The log line of a finished generation, with the id its answer carries. */
 static void log_request(const Gen *g, int status) {
-    LOG_INFO("POST %s %d prompt=%d cached=%d generated=%d ttft=%.3fs total=%.3fs%s", g->path, status,
-             g->res.n_prompt, g->res.n_cached, g->res.n_generated, g->res.ttft_s, mn_now() - g->t0,
-             g->res.finish == FINISH_CANCELLED ? " cancelled" : "");
+    char detail[512];
+    int n = snprintf(detail, sizeof detail, "prompt=%d cached=%d", g->res.n_prompt, g->res.n_cached);
+    for (int i = 0; i < SRC_COUNT && n > 0 && (size_t)n < sizeof detail; i++)
+        n += snprintf(detail + n, sizeof detail - (size_t)n, " cached_%s=%d", engine_source_name(i), g->res.n_cached_by[i]);
+    if (n > 0 && (size_t)n < sizeof detail)
+        snprintf(detail + n, sizeof detail - (size_t)n, " generated=%d ttft=%.3fs total=%.3fs%s", g->res.n_generated,
+                 g->res.ttft_s, mn_now() - g->t0, g->res.finish == FINISH_CANCELLED ? " cancelled" : "");
+    log_answer("POST", g->path, status, g->id, g->is_stream, detail);
 }
 
 /* Append an SSE event with json as its data (takes json). */
@@ -345,7 +442,7 @@ static void stream_free(void *cls) {
     Gen *g = cls;
     if (!g->is_finished) {
         engine_cancel(g->s->e, g->req);
-        LOG_INFO("POST %s: client went away, request cancelled", g->path);
+        log_answer("POST", g->path, 200, g->id, true, "cancelled: the client went away");
     }
     gen_free(g);
 }
@@ -361,9 +458,7 @@ static enum MHD_Result run_generation(Server *s, struct MHD_Connection *c, Gen *
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         count_request(s, 200);
-        enum MHD_Result ok = MHD_queue_response(c, 200, r);
-        MHD_destroy_response(r);
-        return ok;
+        return queue_answer(s, c, 200, r, NULL);
     }
     for (;;) {
         char *text;
@@ -388,8 +483,7 @@ static enum MHD_Result run_generation(Server *s, struct MHD_Connection *c, Gen *
         if (done) break;
     }
     metrics_on_finish(s, &g->res);
-    if (g->res.finish == FINISH_ERROR) {
-        log_request(g, 500);
+    if (g->res.finish == FINISH_ERROR) { /* send_error logs it */
         enum MHD_Result ok = send_error(s, c, 500, g->res.error, NULL);
         gen_free(g);
         return ok;
@@ -529,35 +623,131 @@ static enum MHD_Result handle_tokenize(Server *s, struct MHD_Connection *c, Conn
 
 /* ---- dispatch ------------------------------------------------------------------ */
 
-/* The API key of the request when keys are set: NULL if missing or wrong. */
+/* The API key of the request when keys are set: NULL if missing or wrong.
+ * The scheme is case-insensitive (RFC 9110 §11.1), one or more spaces
+ * follow it. */
 static const char *check_key(Server *s, struct MHD_Connection *c) {
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (h == NULL || strncmp(h, "Bearer ", 7) != 0) return NULL;
+    if (h == NULL || strncasecmp(h, "Bearer ", 7) != 0) return NULL;
+    h += 7;
+    while (*h == ' ') h++;
     for (int i = 0; i < s->opt.n_api_keys; i++)
-        if (strcmp(h + 7, s->opt.api_keys[i]) == 0) return s->opt.api_keys[i];
+        if (strcmp(h, s->opt.api_keys[i]) == 0) return s->opt.api_keys[i];
     return NULL;
+}
+
+/* The body's framing as the head declares it. */
+typedef struct Framing {
+    int n_lengths, n_codings;
+    const char *length;   /* the first Content-Length */
+    bool is_conflicting;  /* Content-Lengths that differ */
+    bool is_chunked_only; /* every Transfer-Encoding is exactly "chunked" */
+} Framing;
+
+static enum MHD_Result framing_add(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    Framing *f = cls;
+    if (strcasecmp(key, "Content-Length") == 0) {
+        if (f->n_lengths++ == 0) f->length = value;
+        else if (strcmp(value, f->length) != 0) f->is_conflicting = true;
+    } else if (strcasecmp(key, "Transfer-Encoding") == 0) {
+        f->n_codings++;
+        f->is_chunked_only = f->is_chunked_only && strcasecmp(value, "chunked") == 0;
+    }
+    return MHD_YES;
+}
+
+static void body_limit_msg(const Server *s, char *msg, size_t cap) {
+    snprintf(msg, cap, "the request body is larger than %zu bytes (--max-body)", s->opt.max_body);
+}
+
+/* The first call of a request, with its head: reset the connection's
+ * request state and check the framing. Framings a proxy in front could
+ * read otherwise than libmicrohttpd does (RFC 9112 §6.1, §6.3: Content-
+ * Lengths that differ, a length by both Content-Length and Transfer-
+ * Encoding, a coding other than chunked) would let a second request hide
+ * in the body (request smuggling): 400. A declared length over --max-body
+ * is answered 413 before the body is read. An answer queued now closes the
+ * connection once sent: libmicrohttpd reads no body after it. */
+static enum MHD_Result begin_request(Server *s, struct MHD_Connection *c, const char *url, const char *method,
+                                     void **con_cls) {
+    Conn *conn = conn_of(c);
+    if (conn == NULL) return MHD_NO;
+    conn->method = method;
+    conn->url = url;
+    conn->len = 0;
+    *con_cls = conn;
+    Framing f = {.is_chunked_only = true};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, framing_add, &f);
+    if (f.is_conflicting) return send_error(s, c, 400, "conflicting Content-Length headers", NULL);
+    if (f.n_lengths > 0 && f.n_codings > 0)
+        return send_error(s, c, 400, "both Content-Length and Transfer-Encoding are set", NULL);
+    if (f.n_codings > 0 && !(f.n_codings == 1 && f.is_chunked_only))
+        return send_error(s, c, 400, "unsupported Transfer-Encoding (only chunked is)", NULL);
+    /* libmicrohttpd parsed the value: digits that fit 64 bits */
+    if (f.n_lengths > 0 && strtoull(f.length, NULL, 10) > s->opt.max_body) {
+        char msg[96];
+        body_limit_msg(s, msg, sizeof msg);
+        return send_error(s, c, 413, msg, NULL);
+    }
+    return MHD_YES;
+}
+
+/* A body that passes --max-body while it arrives: only a chunked one can
+ * (a declared length was judged by begin_request). libmicrohttpd 0.9.75
+ * queues no answer between the head and the body's end, so the 413 is
+ * written on the socket here and MHD_NO makes the library drop the
+ * connection (it logs "Application reported internal error") instead of
+ * reading the rest. */
+static enum MHD_Result refuse_body(Server *s, struct MHD_Connection *c, const Conn *conn) {
+    char msg[96], cors[512] = "";
+    body_limit_msg(s, msg, sizeof msg);
+    const char *origin = cors_origin(s, c);
+    if (origin) snprintf(cors, sizeof cors, "Vary: Origin\r\nAccess-Control-Allow-Origin: %.400s\r\n", origin);
+    else if (s->opt.n_cors_origins > 0) strcpy(cors, "Vary: Origin\r\n");
+    count_request(s, 413);
+    log_error(conn->method, conn->url, 413, msg);
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (info) gate_write_error(info->connect_fd, 413, msg, cors);
+    return MHD_NO;
+}
+
+/* OPTIONS on a route: its methods, and for a listed Origin the CORS
+ * preflight answer. No key is asked: browsers send preflights without. */
+static enum MHD_Result answer_options(Server *s, struct MHD_Connection *c, const char *allow) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (r == NULL) return MHD_NO;
+    if (cors_origin(s, c)) {
+        /* the headers the page asks for are allowed too (the openai
+         * client sends its own X-Stainless-* ones) */
+        const char *asked = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+        char headers[1024];
+        snprintf(headers, sizeof headers, "%s%s%.900s", CORS_ALLOW_HEADERS, asked && *asked ? ", " : "",
+                 asked ? asked : "");
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", allow);
+        MHD_add_response_header(r, "Access-Control-Allow-Headers", headers);
+        MHD_add_response_header(r, "Access-Control-Max-Age", CORS_MAX_AGE);
+    }
+    count_request(s, 204);
+    return queue_answer(s, c, 204, r, allow);
+}
+
+static enum MHD_Result send_method_error(Server *s, struct MHD_Connection *c, const char *url, const char *method,
+                                         const char *allow) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "%.64s does not accept %.16s (only %s)", url, method, allow);
+    return send_error_allow(s, c, 405, msg, NULL, allow);
 }
 
 static enum MHD_Result handle_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                       const char *version, const char *upload_data, size_t *upload_data_size,
                                       void **con_cls) {
     Server *s = cls;
+    if (*con_cls == NULL) return begin_request(s, c, url, method, con_cls);
     Conn *conn = *con_cls;
-    if (conn == NULL) { /* headers only: set up the body buffer */
-        conn = mn_calloc(1, sizeof *conn);
-        if (conn == NULL) return MHD_NO;
-        *con_cls = conn;
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > s->opt.max_body) conn->is_too_big = true;
-        return MHD_YES;
-    }
     if (*upload_data_size > 0) { /* a piece of the body */
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (conn->is_too_big || conn->len + n > s->opt.max_body) {
-            conn->is_too_big = true;
-            return MHD_YES;
-        }
+        if (conn->len + n > s->opt.max_body) return refuse_body(s, c, conn);
         if (conn->len + n + 1 > conn->cap) {
             size_t cap = conn->cap ? conn->cap : 4096;
             while (cap < conn->len + n + 1) cap *= 2;
@@ -571,18 +761,16 @@ static enum MHD_Result handle_request(void *cls, struct MHD_Connection *c, const
         conn->body[conn->len] = '\0';
         return MHD_YES;
     }
-    if (conn->is_too_big) {
-        char msg[96];
-        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", s->opt.max_body);
-        return send_error(s, c, 413, msg, NULL);
-    }
-    bool is_get = strcmp(method, "GET") == 0, is_post = strcmp(method, "POST") == 0;
-    if (is_get && strcmp(url, "/health") == 0) {
-        count_request(s, 200);
+    bool is_get = strcmp(method, "GET") == 0, is_post = strcmp(method, "POST") == 0,
+         is_options = strcmp(method, "OPTIONS") == 0;
+    /* /health and /metrics: never a key, not counted in mnemo_requests_total */
+    if (strcmp(url, "/health") == 0 || strcmp(url, "/metrics") == 0) {
+        if (is_options) return answer_options(s, c, "GET, OPTIONS");
+        if (!is_get) return send_method_error(s, c, url, method, "GET, OPTIONS");
+        if (strcmp(url, "/metrics") == 0) return handle_metrics(s, c);
         static const char ok[] = "{\"status\":\"ok\"}";
-        return send_body(c, 200, "application/json", ok, sizeof ok - 1, NULL);
+        return send_body(s, c, 200, "application/json", ok, sizeof ok - 1, NULL);
     }
-    if (is_get && strcmp(url, "/metrics") == 0) return handle_metrics(s, c);
     static const char *const routes[] = {"/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize",
                                          "/detokenize"};
     int route = -1;
@@ -590,14 +778,12 @@ static enum MHD_Result handle_request(void *cls, struct MHD_Connection *c, const
         if (strcmp(url, routes[i]) == 0) route = i;
     if (route < 0) {
         char msg[128];
-        snprintf(msg, sizeof msg, "no route %s %.64s", method, url);
+        snprintf(msg, sizeof msg, "no route %.16s %.64s", method, url);
         return send_error(s, c, 404, msg, NULL);
     }
-    if ((route == 0 && !is_get) || (route > 0 && !is_post)) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "%s does not accept %s", url, method);
-        return send_error(s, c, 405, msg, NULL);
-    }
+    const char *allow = route == 0 ? "GET, OPTIONS" : "POST, OPTIONS";
+    if (is_options) return answer_options(s, c, allow);
+    if ((route == 0 && !is_get) || (route > 0 && !is_post)) return send_method_error(s, c, url, method, allow);
     const char *key = NULL;
     if (s->opt.n_api_keys > 0 && (key = check_key(s, c)) == NULL)
         return send_error(s, c, 401, "a valid API key is required (Authorization: Bearer KEY)", NULL);
@@ -613,15 +799,52 @@ static enum MHD_Result handle_request(void *cls, struct MHD_Connection *c, const
     }
 }
 
+/* A request ended: drop its body (a connection kept alive holds none). */
 static void request_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     Conn *conn = *con_cls;
     if (conn == NULL) return;
     mn_free(conn->body);
-    mn_free(conn);
+    conn->body = NULL;
+    conn->len = conn->cap = 0;
+    conn->method = conn->url = NULL;
     *con_cls = NULL;
 }
 
+/* A connection's Conn lives as long as the connection. */
+static void conn_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                        enum MHD_ConnectionNotificationCode toe) {
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        *socket_context = mn_calloc(1, sizeof(Conn)); /* NULL: begin_request drops the connection */
+    } else {
+        Conn *conn = *socket_context;
+        if (conn) mn_free(conn->body);
+        mn_free(conn);
+        *socket_context = NULL;
+    }
+}
+
 /* ---- life cycle ---------------------------------------------------------------- */
+
+/* libmicrohttpd's own messages, through the project's log. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == ' ')) msg[--n] = '\0';
+    LOG_INFO("libmicrohttpd: %s", msg);
+}
+
+static void gate_hand_over(void *ctx, int fd, const struct sockaddr_in *addr) {
+    Server *s = ctx;
+    if (MHD_add_connection(s->daemon, fd, (const struct sockaddr *)addr, sizeof *addr) != MHD_YES)
+        LOG_WARN("cannot take a connection: %s", strerror(errno)); /* the library closed it */
+}
+
+static void gate_rejected(void *ctx, const char *method, const char *path, int status, const char *msg) {
+    Server *s = ctx;
+    count_request(s, status);
+    log_error(method, path, status, msg);
+}
 
 int server_new(Engine *e, const ServerOptions *o, Server **out, MnErr *err) {
     *out = NULL;
@@ -643,30 +866,35 @@ int server_new(Engine *e, const ServerOptions *o, Server **out, MnErr *err) {
         server_free(s);
         return mn_err_set(err, MN_EINVAL, "--host %s is not an IPv4 address", o->host);
     }
+    /* the gate listens; the library may hold heads four times the largest
+     * the gate passes, so a passed head never meets its limits */
     s->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG |
-                                     MHD_USE_ITC,
-                                 (uint16_t)o->port, NULL, NULL, handle_request, s, MHD_OPTION_SOCK_ADDR, &addr,
-                                 MHD_OPTION_NOTIFY_COMPLETED, request_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
-                                 (unsigned)600, MHD_OPTION_END);
+                                     MHD_USE_ITC | MHD_USE_NO_LISTEN_SOCKET,
+                                 0, NULL, NULL, handle_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                                 MHD_OPTION_NOTIFY_COMPLETED, request_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
+                                 conn_notify, s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(4 * GATE_HEAD_MAX),
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
     if (s->daemon == NULL) {
         server_free(s);
-        return mn_err_set(err, MN_EIO, "cannot listen on %s:%d", o->host, o->port);
+        return mn_err_set(err, MN_EIO, "cannot start the HTTP server");
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = info ? info->port : o->port;
+    GateCallbacks cb = {.hand_over_fn = gate_hand_over, .rejected_fn = gate_rejected, .ctx = s};
+    int rc = gate_new(&addr, &cb, &s->gate, err);
+    if (rc != MN_OK) {
+        server_free(s);
+        return rc;
+    }
     *out = s;
     return MN_OK;
 }
 
-int server_port(const Server *s) { return s->port; }
+int server_port(const Server *s) { return gate_port(s->gate); }
 
-void server_quiesce(Server *s) {
-    MHD_socket fd = MHD_quiesce_daemon(s->daemon);
-    if (fd != MHD_INVALID_SOCKET) close(fd);
-}
+void server_quiesce(Server *s) { gate_quiesce(s->gate); }
 
 void server_free(Server *s) {
     if (s == NULL) return;
+    gate_free(s->gate); /* first: it hands connections to the daemon */
     if (s->daemon) MHD_stop_daemon(s->daemon);
     metrics_free(s->metrics);
     mn_free(s);

@@ -8,6 +8,12 @@
  * goes out whole or as Server-Sent Events. A client that disconnects while
  * streaming cancels its request.
  *
+ * Every answer a client can see is one well-formed HTTP response with an
+ * OpenAI error object, except what libmicrohttpd answers itself: a body's
+ * broken chunk framing (its HTML 400 or 413), and the head errors of a
+ * request after the first on a kept-alive connection (server/gate checks
+ * the first; docs/API.md lists the cases).
+ *
  * Threads: libmicrohttpd runs a thread per connection; each handles one
  * request at a time and blocks on its Request's channel. The Server's own
  * fields are read-only after server_new except the metrics registry
@@ -30,6 +36,8 @@ typedef struct ServerOptions {
     const char **api_keys;     /* each key is its own cache namespace */
     int n_api_keys;
     size_t max_body;           /* bytes; default 1 MiB */
+    const char **cors_origins; /* origins whose pages may call the API ("*": any) */
+    int n_cors_origins;
     ChatTemplate chat_template;
 } ServerOptions;
 

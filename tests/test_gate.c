@@ -1,0 +1,94 @@
+/* test_gate.c — the gate's head check (server/gate.c, included for its
+ * static functions): a head is judged only once it is whole, whatever
+ * pieces it came in; each malformed head gets its status; a head that
+ * fills everything the gate looks at is 414 or 431. The gate's sockets are
+ * exercised end to end in test_server. */
+#include "test_util.h"
+
+#include "server/gate.c"
+
+/* A head, judged on every prefix: a good one is HEAD_MORE until it is
+ * whole; a bad one is HEAD_MORE until its fault has arrived (a bad request
+ * line is refused before the rest of the head), then refused with status
+ * on every longer prefix. Neither is ever passed early. */
+static void check_prefixes(const char *head, HeadVerdict verdict, int status) {
+    size_t n = strlen(head);
+    HeadCheck hc;
+    bool is_refused = false;
+    for (size_t i = 0; i <= n; i++) {
+        HeadVerdict v = head_check(head, i, false, &hc);
+        bool is_ok = i < n && verdict == HEAD_PASS ? v == HEAD_MORE
+                     : verdict == HEAD_PASS        ? v == HEAD_PASS
+                     : v == HEAD_BAD               ? hc.status == status
+                                                   : v == HEAD_MORE && !is_refused && i < n;
+        if (!is_ok) fail_msg("%zu of %zu bytes of %s: verdict %d (%s)", i, n, head, v, v == HEAD_BAD ? hc.msg : "");
+        is_refused = is_refused || v == HEAD_BAD;
+    }
+}
+
+static void test_good_heads(void **state) {
+    check_prefixes("GET /health HTTP/1.1\r\nHost: x\r\n\r\n", HEAD_PASS, 0);
+    check_prefixes("GET /health HTTP/1.0\r\n\r\n", HEAD_PASS, 0);
+    check_prefixes("\r\n\r\nGET /health HTTP/1.1\r\n\r\n", HEAD_PASS, 0);  /* leading empty lines */
+    check_prefixes("GET /health HTTP/1.1\nHost: x\n\n", HEAD_PASS, 0);    /* bare LF */
+    check_prefixes("GET  /health  HTTP/1.1\r\n\r\n", HEAD_PASS, 0);       /* runs of spaces */
+    check_prefixes("POST /v1/completions HTTP/1.1\r\nContent-Length:\t12\r\nX-A: b\r\n c\r\n\r\n", HEAD_PASS, 0);
+    check_prefixes("POST / HTTP/1.1\r\ncontent-length: 18446744073709551615\r\n\r\n", HEAD_PASS, 0);
+    /* the body after the head is not the gate's business */
+    HeadCheck hc;
+    const char *with_body = "POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc GARBAGE\r\n";
+    assert_int_equal(head_check(with_body, strlen(with_body), false, &hc), HEAD_PASS);
+}
+
+static void test_bad_heads(void **state) {
+    check_prefixes("GET /health HTTP/2.0\r\n\r\n", HEAD_BAD, 505);
+    check_prefixes("GET /health HTTP/0.9\r\n\r\n", HEAD_BAD, 505);
+    check_prefixes("GET /health\r\n\r\n", HEAD_BAD, 400);
+    check_prefixes("GET /health HTTP/1.1 x\r\n\r\n", HEAD_BAD, 400);
+    check_prefixes("GE\"T / HTTP/1.1\r\n\r\n", HEAD_BAD, 400);
+    check_prefixes("GET / HTTP/1.1\r\nHost x\r\n\r\n", HEAD_BAD, 400);
+    check_prefixes("GET / HTTP/1.1\r\n: x\r\n\r\n", HEAD_BAD, 400);
+    check_prefixes("GET / HTTP/1.1\r\nHost : x\r\n\r\n", HEAD_BAD, 400);
+    check_prefixes("GET / HTTP/1.1\r\n folded\r\n\r\n", HEAD_BAD, 400);
+    check_prefixes("POST / HTTP/1.1\r\nContent-Length: 5\r\n 5\r\n\r\n", HEAD_BAD, 400);
+    check_prefixes("POST / HTTP/1.1\r\nContent-Length: -5\r\n\r\n", HEAD_BAD, 400);
+    check_prefixes("POST / HTTP/1.1\r\nContent-Length: 5 \r\n\r\n", HEAD_BAD, 400);
+    check_prefixes("POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n", HEAD_BAD, 400);
+    check_prefixes("POST / HTTP/1.1\r\nContent-Length:\r\n\r\n", HEAD_BAD, 400);
+    check_prefixes("POST / HTTP/1.1\r\nContent-Length: 18446744073709551616\r\n\r\n", HEAD_BAD, 413);
+    check_prefixes("POST / HTTP/1.1\r\nContent-Length: 99999999999999999999999999999999999999\r\n\r\n", HEAD_BAD, 413);
+}
+
+/* A buffer the gate fills without seeing the head's end. */
+static void test_too_large(void **state) {
+    static char buf[GATE_HEAD_MAX];
+    HeadCheck hc;
+    memset(buf, 'a', sizeof buf);
+    memcpy(buf, "GET /", 5);
+    assert_int_equal(head_check(buf, sizeof buf, true, &hc), HEAD_BAD);
+    assert_int_equal(hc.status, 414);
+    assert_int_equal(head_check(buf, sizeof buf, false, &hc), HEAD_MORE);
+    size_t n = (size_t)sprintf(buf, "GET / HTTP/1.1\r\nX-Big: ");
+    memset(buf + n, 'b', sizeof buf - n);
+    assert_int_equal(head_check(buf, sizeof buf, true, &hc), HEAD_BAD);
+    assert_int_equal(hc.status, 431);
+    /* a head that ends within the buffer is judged on its own */
+    n = (size_t)sprintf(buf, "GET / HTTP/1.1\r\n\r\n");
+    assert_int_equal(head_check(buf, sizeof buf, true, &hc), HEAD_PASS);
+    /* too many header lines, however short */
+    n = (size_t)sprintf(buf, "GET / HTTP/1.1\r\n");
+    for (int i = 0; i <= GATE_MAX_HEADERS; i++) n += (size_t)sprintf(buf + n, "A: %d\r\n", i);
+    n += (size_t)sprintf(buf + n, "\r\n");
+    assert_int_equal(head_check(buf, n, false, &hc), HEAD_BAD);
+    assert_int_equal(hc.status, 431);
+}
+
+int main(void) {
+    test_apply_filter();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_good_heads),
+        cmocka_unit_test(test_bad_heads),
+        cmocka_unit_test(test_too_large),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
