@@ -28,30 +28,44 @@ ASAN_CFLAGS := $(BASE) -O1 -march=native -g -fno-omit-frame-pointer \
 SCALAR_CFLAGS := $(BASE) -O2 -g
 AVX2_CFLAGS   := $(BASE) -O2 -g -march=native -mno-avx512f
 
-LIB_SRC  := $(filter-out src/main.c,$(wildcard src/*/*.c))
+LIB_SRC  := $(filter-out src/main.c src/base/version.c,$(wildcard src/*/*.c))
 TEST_SRC := $(wildcard tests/test_*.c)
+
+# The build's commit, compiled into base/version.c alone (the version number
+# itself is MNEMO_VERSION in src/base/version.h). build/commit holds the hash
+# and is rewritten only when HEAD has moved, so a new commit recompiles
+# version.o and relinks mnemo, nothing else. The tests link version.o too,
+# as an order-only prerequisite: a new commit does not relink them (they
+# run the mnemo binary to check what it reports).
+COMMIT := $(shell [ -e .git ] && git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 
 define variant
 $(1)_DIR  := build/$(1)
 $(1)_OBJ  := $$(patsubst src/%.c,build/$(1)/obj/%.o,$$(LIB_SRC))
 $(1)_TESTS:= $$(patsubst tests/%.c,build/$(1)/tests/%,$$(TEST_SRC))
 
+$(1)_VERSION := build/$(1)/obj/base/version.o
+
 build/$(1)/obj/%.o: src/%.c
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$($(2)) -MMD -MP -c $$< -o $$@
+
+$$($(1)_VERSION): src/base/version.c build/commit
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$($(2)) -DMNEMO_COMMIT='"$$(COMMIT)"' -MMD -MP -c $$< -o $$@
 
 build/$(1)/libmnemo.a: $$($(1)_OBJ)
 	@rm -f $$@
 	ar rcs $$@ $$^
 
-build/$(1)/mnemo: src/main.c build/$(1)/libmnemo.a
-	$$(CC) $$($(2)) -MMD -MP $$< build/$(1)/libmnemo.a $$(LIBS) -o $$@
+build/$(1)/mnemo: src/main.c build/$(1)/libmnemo.a $$($(1)_VERSION)
+	$$(CC) $$($(2)) -MMD -MP $$< build/$(1)/libmnemo.a $$($(1)_VERSION) $$(LIBS) -o $$@
 
-build/$(1)/tests/%: tests/%.c build/$(1)/libmnemo.a $$(wildcard tests/*.h)
+build/$(1)/tests/%: tests/%.c build/$(1)/libmnemo.a $$(wildcard tests/*.h) | $$($(1)_VERSION)
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$($(2)) -MMD -MP $$< build/$(1)/libmnemo.a $$(LIBS) $$(TESTLIBS) -o $$@
+	$$(CC) $$($(2)) -MMD -MP $$< build/$(1)/libmnemo.a $$($(1)_VERSION) $$(LIBS) $$(TESTLIBS) -o $$@
 
--include $$(patsubst %.o,%.d,$$($(1)_OBJ))
+-include $$(patsubst %.o,%.d,$$($(1)_OBJ) $$($(1)_VERSION))
 endef
 
 $(eval $(call variant,release,REL_CFLAGS))
@@ -62,7 +76,11 @@ $(eval $(call variant,avx2,AVX2_CFLAGS))
 # kernel tests that also run in the scalar and AVX2 builds
 KERNEL_TESTS := test_matmul test_attention test_forward
 
-.PHONY: all setup test test-release test-paths test-asan run bench install uninstall clean
+build/commit: FORCE
+	@mkdir -p build
+	@echo '$(COMMIT)' | cmp -s - $@ || echo '$(COMMIT)' > $@
+
+.PHONY: FORCE all setup test test-release test-paths test-asan run bench install uninstall clean
 all: build/release/mnemo
 	@ln -sf build/release/mnemo mnemo
 

@@ -31,6 +31,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/ttype.h"
+#include "base/version.h"
 #include "bench/bench.h"
 #include "bench/client.h"
 #include "bench/diskprobe.h"
@@ -771,8 +772,8 @@ static int cmd_serve(int argc, char **argv) {
     for (int i = 0; i < st.n_tiers; i++)
         LOG_INFO("cache tier %d: %s, %.1f MiB, %llu blocks held", i + 1, st.tiers[i].tier.name,
                  (double)st.tiers[i].tier.capacity_bytes / 1048576.0, (unsigned long long)st.tiers[i].tier.n_blocks);
-    LOG_INFO("serving %s on http://%s:%d (context %d, %d parallel)", so.model_name, host, server_port(srv), st.n_ctx,
-             eo.parallel);
+    LOG_INFO("mnemo %s (commit %s) serving %s on http://%s:%d (context %d, %d parallel)", MNEMO_VERSION,
+             mn_build_commit(), so.model_name, host, server_port(srv), st.n_ctx, eo.parallel);
     int sig = 0;
     sigwait(&sigs, &sig);
     LOG_INFO("signal %d: draining (at most %.1f s), then shutting down", sig, (double)drain_timeout);
@@ -977,7 +978,8 @@ static const Command commands[] = {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: mnemo COMMAND [options]   (mnemo COMMAND --help for its options)\n\ncommands:\n");
+    fprintf(f, "usage: mnemo COMMAND [options]   (mnemo COMMAND --help for its options)\n"
+               "       mnemo --version\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
 }
@@ -989,6 +991,10 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("mnemo %s (commit %s)\n", MNEMO_VERSION, mn_build_commit());
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "base/version.h"
 #include "engine/mref.h"
 #include "model/model.h"
 
@@ -211,6 +212,30 @@ static void test_sampling_reproducible(void **s) {
     free(c);
 }
 
+/* The commit the Makefile compiles in: git's abbreviated HEAD in a git
+ * checkout (the tests run from the checkout's top), else "unknown". */
+static void expected_commit(char *buf, size_t cap) {
+    char *out = NULL;
+    snprintf(buf, cap, "unknown");
+    if (access(".git", F_OK) == 0 && run("git rev-parse --short=12 HEAD 2>/dev/null", &out) == 0) {
+        chomp(out);
+        if (out[0]) snprintf(buf, cap, "%s", out);
+    }
+    free(out);
+}
+
+/* mnemo --version names the version of base/version.h and the commit built. */
+static void test_version(void **s) {
+    char cmd[1024], commit[64], want[128];
+    expected_commit(commit, sizeof commit);
+    snprintf(want, sizeof want, "mnemo %s (commit %s)\n", MNEMO_VERSION, commit);
+    char *out;
+    snprintf(cmd, sizeof cmd, "%s --version", bin());
+    assert_int_equal(run(cmd, &out), 0);
+    assert_string_equal(out, want);
+    free(out);
+}
+
 /* mnemo chat in-process: the second turn reports its history as cached. */
 static void test_chat(void **s) {
     char model[512], cmd[2048];
@@ -243,6 +268,7 @@ int main(void) {
         cmocka_unit_test(test_gen_model),
         cmocka_unit_test(test_sampling_reproducible),
         cmocka_unit_test(test_chat),
+        cmocka_unit_test(test_version),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

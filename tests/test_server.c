@@ -8,6 +8,8 @@
 #include "test_util.h"
 #include "test_serve_util.h"
 
+#include "base/version.h"
+
 #include <stdbool.h>
 
 #include <curl/curl.h>
@@ -426,6 +428,34 @@ static long metric(const Srv *s, const char *name) {
     if (p) v = atol(p + strlen(name) + 1);
     free(out);
     return v;
+}
+
+/* The start-up line and mnemo_build_info name the version and the commit
+ * that `mnemo --version` reports. */
+static void test_build_info(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "") != 0) return;
+    char cmd[600], want[512], line[128];
+    snprintf(cmd, sizeof cmd, "%s --version", getenv("MNEMO_BIN") ? getenv("MNEMO_BIN") : "./build/release/mnemo");
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(line, sizeof line, p));
+    assert_int_equal(pclose(p), 0);
+    line[strcspn(line, "\n")] = '\0'; /* "mnemo VERSION (commit HASH)" */
+    char *log = test_read_file(s.log, NULL);
+    snprintf(want, sizeof want, "%s serving stories260K.gguf on http://", line);
+    if (strstr(log, want) == NULL) fail_msg("no '%s' in the log:\n%s", want, log);
+    free(log);
+    char commit[64];
+    const char *c = strstr(line, "(commit ");
+    assert_non_null(c);
+    snprintf(commit, sizeof commit, "%.*s", (int)strcspn(c + 8, ")"), c + 8);
+    snprintf(want, sizeof want, "mnemo_build_info{version=\"%s\",commit=\"%s\"} 1\n", MNEMO_VERSION, commit);
+    char *out;
+    assert_int_equal(http(&s, "/metrics", NULL, NULL, &out, 0), 200);
+    if (strstr(out, want) == NULL) fail_msg("no '%s' in /metrics:\n%.2000s", want, out);
+    free(out);
+    srv_stop(&s);
 }
 
 static void test_disconnect_and_queue(void **st) {
@@ -987,6 +1017,7 @@ int main(void) {
         cmocka_unit_test(test_stream_bytes),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_api_keys),
+        cmocka_unit_test(test_build_info),
         cmocka_unit_test(test_disconnect_and_queue),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_sigterm_drains),

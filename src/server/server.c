@@ -32,6 +32,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/version.h"
 #include "engine/prompt.h"
 #include "server/gate.h"
 #include "server/metrics.h"
@@ -51,7 +52,7 @@ struct Server {
     Metrics *metrics;
     MetricFamily *f_tier_read, *f_tier_written, *f_tier_read_s, *f_tier_write_s, *f_tier_occupancy, *f_tier_evictions,
         *f_tier_checksum, *f_dropped, *f_prefetched;
-    MetricFamily *f_requests, *f_prompt, *f_generated, *f_cached, *f_recomputed, *f_ttft, *f_tpot, *f_pool,
+    MetricFamily *f_build_info, *f_requests, *f_prompt, *f_generated, *f_cached, *f_recomputed, *f_ttft, *f_tpot, *f_pool,
         *f_queue, *f_running;
     atomic_uint_fast64_t next_id;
 };
@@ -209,6 +210,8 @@ static int metrics_setup(Server *s) {
         size_t nb;
         MetricFamily **out;
     } fams[] = {
+        {"mnemo_build_info", "The version and commit of this build (always 1)", METRIC_GAUGE, NULL, 0,
+         &s->f_build_info},
         {"mnemo_requests_total", "HTTP requests answered, by status", METRIC_COUNTER, NULL, 0, &s->f_requests},
         {"mnemo_prompt_tokens_total", "Prompt tokens of completed requests", METRIC_COUNTER, NULL, 0, &s->f_prompt},
         {"mnemo_generated_tokens_total", "Tokens generated", METRIC_COUNTER, NULL, 0, &s->f_generated},
@@ -240,6 +243,12 @@ static int metrics_setup(Server *s) {
         if ((rc = metrics_register(s->metrics, fams[i].name, fams[i].help, fams[i].type, fams[i].b, fams[i].nb,
                                    fams[i].out)))
             return rc;
+    char version[64], commit[96], build[sizeof version + sizeof commit];
+    if ((rc = metrics_format_label(version, sizeof version, "version", MNEMO_VERSION)) ||
+        (rc = metrics_format_label(commit, sizeof commit, "commit", mn_build_commit())))
+        return rc;
+    snprintf(build, sizeof build, "%s,%s", version, commit);
+    if ((rc = metrics_gauge_set(s->f_build_info, build, 1))) return rc;
     for (int i = 0; i < SRC_COUNT; i++) metrics_counter_add(s->f_cached, tier_label(i), 0);
     metrics_counter_add(s->f_dropped, "", 0);
     metrics_counter_add(s->f_prefetched, "into=\"pool\"", 0);
