@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <math.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,11 +60,30 @@ static int parse_or_usage(int argc, char **argv, const char *synopsis, const Cli
         return 0;
     }
     if (rc) {
-        fprintf(stderr, "mnemo: %s\n", err.msg);
-        cli_usage(stderr, synopsis, opts, n_opts);
+        cli_error(stderr, synopsis, err.msg);
         return 2;
     }
     return -1;
+}
+
+/* One requirement on a command's options: when it does not hold, print
+ * "mnemo CMD: " and the message, and return false. Chained with ||, the
+ * first requirement that fails is the one named. */
+static bool require(bool ok, const char *cmd, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static bool require(bool ok, const char *cmd, const char *fmt, ...) {
+    if (ok) return true;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "mnemo %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return false;
+}
+
+/* A KV cache type the engine takes: f16 or f32. */
+static bool kv_type_ok(const char *name, MnType *out) {
+    return ttype_from_name(name, out) == MN_OK && (*out == MN_TYPE_F16 || *out == MN_TYPE_F32);
 }
 
 static int fail(const MnErr *err) {
@@ -73,8 +93,9 @@ static int fail(const MnErr *err) {
 
 /* Load only the tokenizer of a GGUF (any architecture, vocab-only files). */
 static int load_tokenizer(const char *path, Gguf **g, Tokenizer **tok, MnErr *err) {
-    int rc = gguf_open(path, g, err);
-    if (rc == MN_OK) rc = tok_load(*g, tok, err);
+    int rc = gguf_open(path, g, err); /* its messages name the file */
+    if (rc) return rc;
+    rc = tok_load(*g, tok, err);
     if (rc) {
         mn_err_prefix(err, "%s", path);
         gguf_close(*g);
@@ -98,10 +119,9 @@ static int cmd_tokenize(int argc, char **argv) {
     int rc = parse_or_usage(argc, argv, "mnemo tokenize -m MODEL [--no-bos] [--parse-special] TEXT", opts,
                             N_OPTS(opts), pos, 1, &n_pos);
     if (rc >= 0) return rc;
-    if (model == NULL || n_pos != 1) {
-        fprintf(stderr, "mnemo tokenize: needs -m MODEL and one TEXT argument\n");
+    if (!require(model != NULL, "tokenize", "needs a model: -m FILE") ||
+        !require(n_pos == 1, "tokenize", "needs the TEXT to tokenize as its one argument"))
         return 2;
-    }
     MnErr err = {0};
     Gguf *g = NULL;
     Tokenizer *tok = NULL;
@@ -142,8 +162,7 @@ static int cmd_detokenize(int argc, char **argv) {
         status = rc;
         goto done;
     }
-    if (model == NULL) {
-        fprintf(stderr, "mnemo detokenize: needs -m MODEL\n");
+    if (!require(model != NULL, "detokenize", "needs a model: -m FILE")) {
         status = 2;
         goto done;
     }
@@ -245,11 +264,11 @@ static int cmd_generate(int argc, char **argv) {
                             0, &n_pos);
     if (rc >= 0) return rc;
     MnType kv_type;
-    if (model_path == NULL || n_gen < 0 || ttype_from_name(kv_type_name, &kv_type) != MN_OK ||
-        (kv_type != MN_TYPE_F16 && kv_type != MN_TYPE_F32)) {
-        fprintf(stderr, "mnemo generate: needs -m MODEL, -n >= 0 and --kv-type f16 or f32\n");
+    if (!require(model_path != NULL, "generate", "needs a model: -m FILE") ||
+        !require(n_gen >= 0, "generate", "-n must be at least 0, got %d", n_gen) ||
+        !require(kv_type_ok(kv_type_name, &kv_type), "generate", "--kv-type must be f16 or f32, got '%s'",
+                 kv_type_name))
         return 2;
-    }
     sp.seed = seed;
     MnErr err = {0};
     Model *m = NULL;
@@ -260,6 +279,7 @@ static int cmd_generate(int argc, char **argv) {
     GenCtx gc = {0};
     MrefWriter mw = {0};
     int status = 1;
+    bool is_line_open = false; /* text printed that a newline must end */
     if (model_load(model_path, &m, &err)) return fail(&err);
     rc = tok_encode(m->tok, prompt, strlen(prompt), tok_add_bos(m->tok), true, &ids);
     if (rc) {
@@ -298,6 +318,7 @@ static int cmd_generate(int argc, char **argv) {
     }
     fputs(prompt, stdout);
     fflush(stdout);
+    is_line_open = true;
     for (size_t i = 0; i < ids.n; i++) sampler_accept(smp, ids.ids[i]);
     double t0 = mn_now();
     if (runner_eval(&r, ids.ids, (int)ids.n, dump != NULL, gen_row, &gc, &err)) goto done;
@@ -330,7 +351,10 @@ static int cmd_generate(int argc, char **argv) {
     size_t n_out = 0;
     tok_stream_flush(&ts, piece, cap, &n_out);
     fwrite(piece, 1, n_out, stdout);
+    /* the text ends its line before the statistics go to stderr */
     printf("\n");
+    fflush(stdout);
+    is_line_open = false;
     mn_free(piece);
     double t_gen = mn_now() - t1;
     fprintf(stderr, "mnemo: prompt %zu tokens in %.3f s (%.1f t/s), generated %d tokens in %.3f s (%.1f t/s), seed %" PRIu64 "\n",
@@ -338,6 +362,10 @@ static int cmd_generate(int argc, char **argv) {
     status = 0;
 done:
     if (mw.f) fclose(mw.f);
+    if (is_line_open) {
+        printf("\n");
+        fflush(stdout);
+    }
     if (status) fail(&err);
     mn_free(gc.last);
     sampler_free(smp);
@@ -376,11 +404,12 @@ static int cmd_speed(int argc, char **argv) {
                             opts, N_OPTS(opts), pos, 0, &n_pos);
     if (rc >= 0) return rc;
     MnType kv_type;
-    if (model_path == NULL || n_prompt < 1 || n_gen < 1 || reps < 1 || ttype_from_name(kv_type_name, &kv_type) ||
-        (kv_type != MN_TYPE_F16 && kv_type != MN_TYPE_F32)) {
-        fprintf(stderr, "mnemo speed: needs -m MODEL, positive token counts and --kv-type f16|f32\n");
+    if (!require(model_path != NULL, "speed", "needs a model: -m FILE") ||
+        !require(n_prompt >= 1, "speed", "--prompt-tokens must be at least 1, got %d", n_prompt) ||
+        !require(n_gen >= 1, "speed", "--gen-tokens must be at least 1, got %d", n_gen) ||
+        !require(reps >= 1, "speed", "--repetitions must be at least 1, got %d", reps) ||
+        !require(kv_type_ok(kv_type_name, &kv_type), "speed", "--kv-type must be f16 or f32, got '%s'", kv_type_name))
         return 2;
-    }
     MnErr err = {0};
     Model *m = NULL;
     if (model_load(model_path, &m, &err)) return fail(&err);
@@ -513,27 +542,30 @@ static int cmd_gen_model(int argc, char **argv) {
         {"ctx", 0, CLI_INT, &ctx, "C", "context length (default 2048)"},
         {"type", 0, CLI_STR, &type_name, "T", "weights: f32, f16, bf16, q8_0 or q4_0 (default f32)"},
         {"seed", 0, CLI_U64, &seed, "S", "random seed (default 1)"},
-        {"vocab-from", 0, CLI_STR, &vocab, "FILE", "GGUF whose tokenizer to copy"},
-        {"output", 'o', CLI_STR, &out, "FILE", "where to write the model"},
+        {"vocab-from", 0, CLI_STR, &vocab, "FILE", "GGUF whose tokenizer to copy (required)"},
+        {"output", 'o', CLI_STR, &out, "FILE", "where to write the model (required)"},
     };
     const char *pos[1];
     int n_pos;
     int rc = parse_or_usage(argc, argv,
-                            "mnemo gen-model --arch llama|qwen2 --dim D --layers L --heads H --kv-heads K --ffn F "
-                            "--ctx C --type T --seed S --vocab-from VOCAB.gguf -o OUT.gguf",
+                            "mnemo gen-model --vocab-from VOCAB.gguf -o OUT.gguf [--arch llama|qwen2] [--dim D] "
+                            "[--layers L] [--heads H] [--kv-heads K] [--ffn F] [--ctx C] [--type T] [--seed S]",
                             opts, N_OPTS(opts), pos, 0, &n_pos);
     if (rc >= 0) return rc;
     if (kv_heads <= 0) kv_heads = heads;
     if (ffn <= 0) ffn = 3 * dim;
     MnType type;
     bool is_qwen2 = strcmp(arch, "qwen2") == 0;
-    if (vocab == NULL || out == NULL || ttype_from_name(type_name, &type) ||
-        (!is_qwen2 && strcmp(arch, "llama") != 0) || dim <= 0 || layers <= 0 || heads <= 0 || dim % heads ||
-        heads % kv_heads || ctx <= 0) {
-        fprintf(stderr, "mnemo gen-model: needs --vocab-from, -o, --arch llama|qwen2, a known --type, and a "
-                        "dimension divisible by heads divisible by kv-heads\n");
+    if (!require(vocab != NULL, "gen-model", "needs the tokenizer's file: --vocab-from VOCAB.gguf") ||
+        !require(out != NULL, "gen-model", "needs the output file: -o OUT.gguf") ||
+        !require(is_qwen2 || strcmp(arch, "llama") == 0, "gen-model", "--arch must be llama or qwen2, got '%s'", arch) ||
+        !require(ttype_from_name(type_name, &type) == MN_OK, "gen-model",
+                 "--type must be f32, f16, bf16, q8_0 or q4_0, got '%s'", type_name) ||
+        !require(dim > 0 && layers > 0 && heads > 0 && ctx > 0, "gen-model",
+                 "--dim, --layers, --heads and --ctx must be positive") ||
+        !require(dim % heads == 0, "gen-model", "--dim %d is not divisible by --heads %d", dim, heads) ||
+        !require(heads % kv_heads == 0, "gen-model", "--heads %d is not divisible by --kv-heads %d", heads, kv_heads))
         return 2;
-    }
     const size_t blk = ttype_traits(type)->block_elems;
     if ((size_t)dim % blk || (size_t)ffn % blk) {
         fprintf(stderr, "mnemo gen-model: --dim and --ffn must be multiples of %zu for %s\n", blk, type_name);
@@ -687,7 +719,7 @@ static int cmd_serve(int argc, char **argv) {
     else if (strcmp(schedule, "fpf") == 0) eo.schedule = SCHED_FPF;
     else if (strcmp(schedule, "relaxed-fpf") == 0) eo.schedule = SCHED_RELAXED_FPF;
     else {
-        fprintf(stderr, "mnemo serve: --schedule must be fcfs, fpf or relaxed-fpf\n");
+        fprintf(stderr, "mnemo serve: --schedule must be fcfs, fpf or relaxed-fpf, got '%s'\n", schedule);
         goto out;
     }
     MnErr perr = {0};
@@ -695,11 +727,12 @@ static int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "mnemo serve: %s\n", perr.msg);
         goto out;
     }
-    if (model_path == NULL || ttype_from_name(kv_type_name, &eo.kv_type) ||
-        (eo.kv_type != MN_TYPE_F16 && eo.kv_type != MN_TYPE_F32) || port < 0 || port > 65535 || max_body_kb < 1) {
-        fprintf(stderr, "mnemo serve: needs -m MODEL, --kv-type f16|f32, a port in 0..65535, --max-body >= 1\n");
+    if (!require(model_path != NULL, "serve", "needs a model: -m FILE") ||
+        !require(kv_type_ok(kv_type_name, &eo.kv_type), "serve", "--kv-type must be f16 or f32, got '%s'",
+                 kv_type_name) ||
+        !require(port >= 0 && port <= 65535, "serve", "--port must be in 0..65535, got %d", port) ||
+        !require(max_body_kb >= 1, "serve", "--max-body must be at least 1 (KiB), got %d", max_body_kb))
         goto out;
-    }
     eo.pool_mb = pool_mb;
     eo.prefix_cache = !no_prefix_cache;
     eo.cache_ttl_s = cache_ttl;
@@ -1010,7 +1043,10 @@ int main(int argc, char **argv) {
         client_global_deinit();
         return status;
     }
-    fprintf(stderr, "mnemo: unknown command '%s'\n", argv[1]);
-    usage(stderr);
+    const char *names[sizeof commands / sizeof commands[0]];
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) names[i] = commands[i].name;
+    const char *near = cli_closest(argv[1], names, (int)(sizeof commands / sizeof commands[0]));
+    if (near) fprintf(stderr, "mnemo: unknown command '%s'; did you mean %s?\n", argv[1], near);
+    else fprintf(stderr, "mnemo: unknown command '%s' (mnemo --help lists the commands)\n", argv[1]);
     return 2;
 }

@@ -153,6 +153,96 @@ static void test_inspect_and_errors(void **s) {
     free(out);
 }
 
+/* How many times needle occurs in hay. */
+static int count_of(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle)) n++;
+    return n;
+}
+
+/* Each error is one line naming the one requirement that failed (a file
+ * once; an unknown option with its closest spelling, not the usage). */
+static void test_errors_one_line(void **s) {
+    char model[512], bad[512], cmd[2048];
+    test_data_path(model, sizeof model, "models/stories260K.gguf");
+    test_data_path(bad, sizeof bad, "models/bad-stories260K-f32-gguf-v1.gguf");
+    if (!test_require_file(model)) return;
+    static const struct {
+        const char *args, *want; /* args: %s is the model */
+    } cases[] = {
+        {"serve", "mnemo serve: needs a model: -m FILE\n"},
+        {"serve -m %s --port 99999", "mnemo serve: --port must be in 0..65535, got 99999\n"},
+        {"serve -m %s --kv-type q4_0", "mnemo serve: --kv-type must be f16 or f32, got 'q4_0'\n"},
+        {"serve -m %s --prot 5", "mnemo serve: unknown option '--prot'; did you mean --port?\n"},
+        {"serve -m %s --pool-md 5", "mnemo serve: unknown option '--pool-md'; did you mean --pool-mb?\n"},
+        {"serve -m %s --xyzzy", "mnemo serve: unknown option '--xyzzy' (--help lists the options)\n"},
+        {"generate -m %s --threds 2", "mnemo generate: unknown option '--threds'; did you mean --threads?\n"},
+        {"generate -m %s -n -1", "mnemo generate: -n must be at least 0, got -1\n"},
+        {"gen-model -o /dev/null", "mnemo gen-model: needs the tokenizer's file: --vocab-from VOCAB.gguf\n"},
+        {"gen-model --vocab-from %s --dim 62 -o /dev/null", "mnemo gen-model: --dim 62 is not divisible by --heads 4\n"},
+        {"tokenize -m %s", "mnemo tokenize: needs the TEXT to tokenize as its one argument\n"},
+        {"speed -m %s --gen-tokens 0", "mnemo speed: --gen-tokens must be at least 1, got 0\n"},
+        {"bench --concur 3", "mnemo bench: unknown option '--concur'; did you mean --concurrency?\n"},
+        {"serv", "mnemo: unknown command 'serv'; did you mean serve?\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char args[1024];
+        snprintf(args, sizeof args, cases[i].args, model);
+        snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin(), args);
+        char *out;
+        int rc = run(cmd, &out);
+        if (rc != 2 || strcmp(out, cases[i].want) != 0)
+            fail_msg("mnemo %s exited %d and said:\n%s\nwanted 2 and:\n%s", args, rc, out, cases[i].want);
+        free(out);
+    }
+    /* a file that cannot be opened or read is named once */
+    const char *files[] = {"/nonexistent.gguf", bad};
+    const char *cmds[] = {"generate -m %s -p x", "serve -m %s", "tokenize -m %s x", "inspect %s",
+                          "gen-model --vocab-from %s -o /dev/null"};
+    for (size_t f = 0; f < 2; f++)
+        for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+            char args[1024];
+            snprintf(args, sizeof args, cmds[i], files[f]);
+            snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin(), args);
+            char *out;
+            assert_int_equal(run(cmd, &out), 1);
+            if (count_of(out, files[f]) != 1 || count_of(out, "\n") != 1)
+                fail_msg("mnemo %s did not name the file once, in one line:\n%s", args, out);
+            free(out);
+        }
+}
+
+/* gen-model's help marks what it cannot do without. */
+static void test_gen_model_help(void **s) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s gen-model --help", bin());
+    char *out;
+    assert_int_equal(run(cmd, &out), 0);
+    const char *line = strstr(out, "--vocab-from FILE");
+    assert_non_null(line);
+    const char *eol = strchr(line, '\n');
+    const char *req = strstr(line, "(required)");
+    assert_true(req != NULL && req < eol);
+    free(out);
+}
+
+/* generate ends its text with a newline before the statistics line, also
+ * when both go to one file. */
+static void test_generate_ends_line(void **s) {
+    char model[512], cmd[2048];
+    test_data_path(model, sizeof model, "models/stories260K.gguf");
+    if (!test_require_file(model)) return;
+    snprintf(cmd, sizeof cmd, "%s generate -m %s -p 'Once upon a time' -n 12 --temp 0 --ignore-eos 2>&1", bin(), model);
+    char *out;
+    assert_int_equal(run(cmd, &out), 0);
+    const char *stats = strstr(out, "mnemo: prompt ");
+    assert_non_null(stats);
+    if (stats == out || stats[-1] != '\n') fail_msg("the statistics do not start a line:\n%s", out);
+    assert_int_equal(strncmp(out, "Once upon a time", 16), 0);
+    assert_null(strchr(stats, '\n')[1] == '\0' ? NULL : "text after the statistics line");
+    free(out);
+}
+
 /* gen-model writes models that load and run, for both architectures. */
 static void test_gen_model(void **s) {
     char vocab[512], cmd[4096], tmp[] = "/tmp/mnemo-gen-XXXXXX";
@@ -269,6 +359,9 @@ int main(void) {
         cmocka_unit_test(test_sampling_reproducible),
         cmocka_unit_test(test_chat),
         cmocka_unit_test(test_version),
+        cmocka_unit_test(test_errors_one_line),
+        cmocka_unit_test(test_gen_model_help),
+        cmocka_unit_test(test_generate_ends_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +64,80 @@ static void env_name(const char *name, char *buf, size_t cap) {
     buf[n] = '\0';
 }
 
+/* ---- suggestions ---------------------------------------------------------------- */
+
+#define CLI_MAX_WORD 64
+
+/* Optimal string alignment distance of a[0..na) and b[0..nb) (each at most
+ * CLI_MAX_WORD bytes). */
+static int edit_distance(const char *a, size_t na, const char *b, size_t nb) {
+    int d[CLI_MAX_WORD + 1][CLI_MAX_WORD + 1];
+    for (size_t i = 0; i <= na; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= nb; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= na; i++)
+        for (size_t j = 1; j <= nb; j++) {
+            int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    return d[na][nb];
+}
+
+typedef struct Closest {
+    const char *typed;
+    size_t typed_len;
+    char best[CLI_MAX_WORD + 1];
+    int best_d;
+} Closest;
+
+/* Keep name when it is closer to the typed word than the best so far. A
+ * name counts as close within two edits and within half the typed word's
+ * letters (so "-x" suggests nothing); a name that the typed word begins,
+ * with three letters or more ("--conc"), counts as one edit away. */
+static bool closest_consider(Closest *c, const char *name, size_t len) {
+    if (len > CLI_MAX_WORD || c->typed_len > CLI_MAX_WORD) return false;
+    size_t dashes = strspn(c->typed, "-");
+    size_t letters = c->typed_len > dashes ? c->typed_len - dashes : 0;
+    bool is_prefix = letters >= 3 && c->typed_len < len && strncmp(name, c->typed, c->typed_len) == 0;
+    int d = is_prefix ? 1 : edit_distance(c->typed, c->typed_len, name, len);
+    if (d > 2 || (size_t)d * 2 > letters || d >= c->best_d) return false;
+    memcpy(c->best, name, len);
+    c->best[len] = '\0';
+    c->best_d = d;
+    return true;
+}
+
+const char *cli_closest(const char *typed, const char *const *names, int n) {
+    Closest c = {typed, strlen(typed), "", INT_MAX};
+    const char *best = NULL;
+    for (int i = 0; i < n; i++)
+        if (closest_consider(&c, names[i], strlen(names[i]))) best = names[i];
+    return best;
+}
+
+/* The error for an unknown option typed[0..len): with the closest spelling
+ * of a known option when one is close. */
+static int unknown_option(const CliOpt *opts, int n_opts, const char *typed, size_t len, MnErr *err) {
+    Closest c = {typed, len, "", INT_MAX};
+    char name[CLI_MAX_WORD + 3];
+    for (int i = 0; i < n_opts; i++) {
+        int k = snprintf(name, sizeof name, "--%s", opts[i].name);
+        if (k > 0 && (size_t)k < sizeof name) closest_consider(&c, name, (size_t)k);
+        if (opts[i].short_name) {
+            snprintf(name, sizeof name, "-%c", opts[i].short_name);
+            closest_consider(&c, name, 2);
+        }
+    }
+    if (c.best_d == INT_MAX)
+        return mn_err_set(err, MN_EINVAL, "unknown option '%.*s' (--help lists the options)", (int)len, typed);
+    return mn_err_set(err, MN_EINVAL, "unknown option '%.*s'; did you mean %s?", (int)len, typed, c.best);
+}
+
+/* ---- parsing --------------------------------------------------------------------- */
+
 static const CliOpt *find_long(const CliOpt *opts, int n_opts, const char *name, size_t len) {
     for (int i = 0; i < n_opts; i++)
         if (strlen(opts[i].name) == len && strncmp(opts[i].name, name, len) == 0) return &opts[i];
@@ -94,12 +169,12 @@ int cli_parse(int argc, char **argv, const CliOpt *opts, int n_opts, const char 
             const char *eq = strchr(a + 2, '=');
             size_t len = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
             o = find_long(opts, n_opts, a + 2, len);
-            if (o == NULL) return mn_err_set(err, MN_EINVAL, "unknown option '%.*s'", (int)len + 2, a);
+            if (o == NULL) return unknown_option(opts, n_opts, a, len + 2, err);
             if (eq) val = eq + 1;
         } else if (!only_positional && a[0] == '-' && a[1] != '\0' && !isdigit((unsigned char)a[1])) {
             for (int k = 0; k < n_opts && o == NULL; k++)
                 if (opts[k].short_name == a[1] && a[2] == '\0') o = &opts[k];
-            if (o == NULL) return mn_err_set(err, MN_EINVAL, "unknown option '%s'", a);
+            if (o == NULL) return unknown_option(opts, n_opts, a, strlen(a), err);
         } else {
             if (*n_pos >= max_pos) return mn_err_set(err, MN_EINVAL, "unexpected argument '%s'", a);
             positional[(*n_pos)++] = a;
@@ -132,6 +207,12 @@ void cli_usage(FILE *f, const char *synopsis, const CliOpt *opts, int n_opts) {
         fprintf(f, "  %-30s %s\n", left, opts[i].help);
     }
     fprintf(f, "\nEvery long option can also be set with MNEMO_<NAME> (e.g. --kv-type -> MNEMO_KV_TYPE).\n");
+}
+
+void cli_error(FILE *f, const char *synopsis, const char *msg) {
+    size_t first = strcspn(synopsis, " ");
+    size_t n = synopsis[first] ? first + 1 + strcspn(synopsis + first + 1, " ") : first;
+    fprintf(f, "%.*s: %s\n", (int)n, synopsis, msg);
 }
 
 void cli_free(const CliOpt *opts, int n_opts) {

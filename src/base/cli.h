@@ -34,12 +34,22 @@ typedef struct CliOpt {
 
 /* Parse argv[0..argc) (argv[0] is the first argument, not the program).
  * positional receives up to max_pos non-option arguments, *n_pos their
- * count. Returns MN_OK, or MN_EINVAL with err naming the bad option/value.
- * "--help"/"-h" returns MN_ECANCELED so the caller prints usage. */
+ * count. Returns MN_OK, or MN_EINVAL with err naming the bad option/value
+ * in one line (an unknown option with the closest known spelling, when one
+ * is close). "--help"/"-h" returns MN_ECANCELED so the caller prints usage. */
 int cli_parse(int argc, char **argv, const CliOpt *opts, int n_opts, const char **positional, int max_pos,
               int *n_pos, MnErr *err);
 
 void cli_usage(FILE *f, const char *synopsis, const CliOpt *opts, int n_opts);
+
+/* Print one line "mnemo CMD: msg", CMD taken from the synopsis's first two
+ * words ("mnemo serve -m MODEL ..." -> "mnemo serve"). */
+void cli_error(FILE *f, const char *synopsis, const char *msg);
+
+/* Of names[0..n), the one closest to typed (edit distance: insertions,
+ * deletions, substitutions and swaps of neighbours), or NULL when none is
+ * close enough to be a likely typo. */
+const char *cli_closest(const char *typed, const char *const *names, int n);
 
 /* Free the arrays of CLI_STR_LIST options. */
 void cli_free(const CliOpt *opts, int n_opts);

@@ -148,8 +148,7 @@ int bench_main(int argc, char **argv) {
     if (rc == MN_OK && !(timeout_s >= 0)) rc = mn_err_set(&err, MN_EINVAL, "--timeout must be >= 0");
     if (rc == MN_OK) rc = bench_config_resolve(&cfg, &err);
     if (rc) {
-        fprintf(stderr, "mnemo bench: %s\n", err.msg);
-        cli_usage(stderr, synopsis, opts, N_OPTS(opts));
+        cli_error(stderr, synopsis, err.msg);
         cli_free(opts, N_OPTS(opts));
         return 2;
     }

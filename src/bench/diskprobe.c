@@ -730,8 +730,7 @@ int diskprobe_main(int argc, char **argv) {
     if (rc == MN_OK && sample_ms > 0 && memory_load > 0)
         rc = mn_err_set(&err, MN_EINVAL, "--memory-load does not sample");
     if (rc != MN_OK) {
-        fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
-        cli_usage(stderr, synopsis, opts, N_OPTS(opts));
+        cli_error(stderr, synopsis, err.msg);
         return 2;
     }
     DiskProbeOpts o = {.request_bytes = request_kb * 1024, .queue_depth = queue_depth};

@@ -69,7 +69,8 @@ typedef struct Gguf Gguf;
 
 /* ---- reader ---------------------------------------------------------------- */
 
-/* Map and validate path. On success *out owns the mapping. */
+/* Map and validate path. On success *out owns the mapping. Every error
+ * message names the file (callers need not add it). */
 int gguf_open(const char *path, Gguf **out, MnErr *err);
 /* Validate a file image held in memory (borrowed: must outlive the Gguf). */
 int gguf_open_memory(const void *data, size_t n_bytes, Gguf **out, MnErr *err);

@@ -375,8 +375,12 @@ int model_load(const char *path, Model **out, MnErr *err) {
     *out = NULL;
     Model *m = mn_calloc(1, sizeof *m);
     if (m == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
-    int rc = gguf_open(path, &m->gguf, err);
-    if (rc == MN_OK) rc = config_read(m->gguf, &m->cfg, err);
+    int rc = gguf_open(path, &m->gguf, err); /* its messages name the file */
+    if (rc != MN_OK) {
+        model_free(m);
+        return rc;
+    }
+    rc = config_read(m->gguf, &m->cfg, err);
     if (rc == MN_OK) rc = bind_all(m, err);
     if (rc == MN_OK) rc = tok_load(m->gguf, &m->tok, err);
     if (rc == MN_OK) m->fingerprint = hash128(gguf_file_data(m->gguf), gguf_file_bytes(m->gguf));

@@ -116,7 +116,7 @@ typedef struct Model {
                                 tensor descriptors and tensor data */
 } Model;
 
-/* Load path. On failure *out is NULL and err says why. */
+/* Load path. On failure *out is NULL and err says why, naming the file once. */
 int model_load(const char *path, Model **out, MnErr *err);
 void model_free(Model *m);
 
