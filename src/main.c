@@ -663,7 +663,8 @@ static int pick_template(const Model *m, const char *name, ChatTemplate *out) {
 static int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *alias = NULL, *tmpl_name = NULL, *kv_type_name = "f16",
                *schedule = "fcfs", *evict = NULL, *profile_file = NULL;
-    int port = 8080, max_body_kb = 1024;
+    int port = 8080, max_body_kb = 1024, n_predict = -1;
+    const char *gpu_layers = NULL, *flash_attn = NULL; /* llama.cpp's, ignored */
     uint64_t pool_mb = 0;
     float drain_timeout = 30.0f, cache_ttl = 0.0f;
     bool no_prefix_cache = false;
@@ -682,9 +683,22 @@ static int cmd_serve(int argc, char **argv) {
         {"compute-nice", 0, CLI_INT, &eo.compute_nice, "N",
          "compute threads run N nice levels below the mover and HTTP threads (0-19, default 5)"},
         {"parallel", 'P', CLI_INT, &eo.parallel, "N", "running sequences at most (default 4)"},
-        {"batch-tokens", 0, CLI_INT, &eo.batch_tokens, "N", "token budget of one step (default 512)"},
+        {"np", 0, CLI_INT, &eo.parallel, "N", NULL},
+        {"batch-tokens", 'b', CLI_INT, &eo.batch_tokens, "N", "token budget of one step (default 512)"},
+        {"batch-size", 0, CLI_INT, &eo.batch_tokens, "N", NULL},
         {"block-tokens", 0, CLI_INT, &eo.block_tokens, "N", "tokens per KV block (default 32)"},
-        {"ctx", 'c', CLI_INT, &eo.n_ctx, "N", "context per sequence (default: the model's)"},
+        {"ctx", 'c', CLI_INT, &eo.n_ctx, "N",
+         "positions one sequence may use (default: the model's); not, as llama-server's -c, the KV of all"},
+        {"ctx-size", 0, CLI_INT, &eo.n_ctx, "N", NULL},
+        {"n-predict", 'n', CLI_INT, &n_predict, "N",
+         "max_tokens of a request that gives none (default -1: until the context or the pool is full)"},
+        {"predict", 0, CLI_INT, &n_predict, "N", NULL},
+        {"n-gpu-layers", 0, CLI_STR, &gpu_layers, "N", "accepted for llama.cpp command lines; does nothing (CPU only)"},
+        {"ngl", 0, CLI_STR, &gpu_layers, "N", NULL},
+        {"gpu-layers", 0, CLI_STR, &gpu_layers, "N", NULL},
+        {"flash-attn", 0, CLI_STR_OPTVAL, &flash_attn, "[on|off|auto]",
+         "accepted for llama.cpp command lines; does nothing (mnemo has one attention kernel)"},
+        {"fa", 0, CLI_STR_OPTVAL, &flash_attn, NULL, NULL},
         {"pool-mb", 0, CLI_U64, &pool_mb, "N", "KV pool size in MiB (default: a quarter of free RAM, at most 4 GiB)"},
         {"pool-blocks", 0, CLI_INT, &eo.pool_blocks, "N", "KV pool size in blocks (overrides --pool-mb)"},
         {"decode-reserve", 0, CLI_FLOAT, &eo.decode_reserve, "F", "pool fraction kept for running sequences (0.1)"},
@@ -731,8 +745,14 @@ static int cmd_serve(int argc, char **argv) {
         !require(kv_type_ok(kv_type_name, &eo.kv_type), "serve", "--kv-type must be f16 or f32, got '%s'",
                  kv_type_name) ||
         !require(port >= 0 && port <= 65535, "serve", "--port must be in 0..65535, got %d", port) ||
-        !require(max_body_kb >= 1, "serve", "--max-body must be at least 1 (KiB), got %d", max_body_kb))
+        !require(max_body_kb >= 1, "serve", "--max-body must be at least 1 (KiB), got %d", max_body_kb) ||
+        !require(n_predict == -1 || n_predict >= 1, "serve", "-n must be -1 (no limit) or at least 1, got %d",
+                 n_predict))
         goto out;
+    if (gpu_layers || flash_attn)
+        fprintf(stderr, "mnemo serve: warning: %s%s%s do%s nothing: mnemo computes on the CPU\n",
+                gpu_layers ? "-ngl (--n-gpu-layers)" : "", gpu_layers && flash_attn ? " and " : "",
+                flash_attn ? "-fa (--flash-attn)" : "", gpu_layers && flash_attn ? "" : "es");
     eo.pool_mb = pool_mb;
     eo.prefix_cache = !no_prefix_cache;
     eo.cache_ttl_s = cache_ttl;
@@ -754,6 +774,7 @@ static int cmd_serve(int argc, char **argv) {
     so.cors_origins = cors.items;
     so.n_cors_origins = cors.n;
     so.max_body = (size_t)max_body_kb * 1024;
+    so.default_max_tokens = n_predict;
     const char *base = strrchr(model_path, '/');
     so.model_name = alias ? alias : base ? base + 1 : model_path;
     if (pick_template(m, tmpl_name, &so.chat_template)) goto out_model;
@@ -805,8 +826,9 @@ static int cmd_serve(int argc, char **argv) {
     for (int i = 0; i < st.n_tiers; i++)
         LOG_INFO("cache tier %d: %s, %.1f MiB, %llu blocks held", i + 1, st.tiers[i].tier.name,
                  (double)st.tiers[i].tier.capacity_bytes / 1048576.0, (unsigned long long)st.tiers[i].tier.n_blocks);
-    LOG_INFO("mnemo %s (commit %s) serving %s on http://%s:%d (context %d, %d parallel)", MNEMO_VERSION,
-             mn_build_commit(), so.model_name, host, server_port(srv), st.n_ctx, eo.parallel);
+    LOG_INFO("mnemo %s (commit %s) serving %s on http://%s:%d (context %d, %d parallel, batch %d tokens)",
+             MNEMO_VERSION, mn_build_commit(), so.model_name, host, server_port(srv), st.n_ctx, eo.parallel,
+             eo.batch_tokens);
     int sig = 0;
     sigwait(&sigs, &sig);
     LOG_INFO("signal %d: draining (at most %.1f s), then shutting down", sig, (double)drain_timeout);

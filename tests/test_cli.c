@@ -184,6 +184,11 @@ static void test_errors_one_line(void **s) {
         {"speed -m %s --gen-tokens 0", "mnemo speed: --gen-tokens must be at least 1, got 0\n"},
         {"bench --concur 3", "mnemo bench: unknown option '--concur'; did you mean --concurrency?\n"},
         {"serv", "mnemo: unknown command 'serv'; did you mean serve?\n"},
+        /* llama.cpp's spellings parse: -fa with a value or without one */
+        {"serve -m %s -fa on -np 2 --port 99999", "mnemo serve: --port must be in 0..65535, got 99999\n"},
+        {"serve -m %s -fa --ctx-size 64 --port 99999", "mnemo serve: --port must be in 0..65535, got 99999\n"},
+        {"serve -m %s -ngll 2", "mnemo serve: unknown option '-ngll'; did you mean -ngl?\n"},
+        {"serve -m %s -n 0", "mnemo serve: -n must be -1 (no limit) or at least 1, got 0\n"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[1024];

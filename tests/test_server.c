@@ -100,6 +100,14 @@ static const char *header_value(const char *head, const char *name, char *buf, s
     return NULL;
 }
 
+/* How many lines of text begin with prefix. */
+static int count_lines(const char *text, const char *prefix) {
+    int n = 0;
+    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        n += strncmp(l, prefix, strlen(prefix)) == 0;
+    return n;
+}
+
 static json_t *parse(const char *text) {
     json_error_t e;
     json_t *j = json_loads(text, 0, &e);
@@ -454,6 +462,39 @@ static void test_build_info(void **st) {
     char *out;
     assert_int_equal(http(&s, "/metrics", NULL, NULL, &out, 0), 200);
     if (strstr(out, want) == NULL) fail_msg("no '%s' in /metrics:\n%.2000s", want, out);
+    free(out);
+    srv_stop(&s);
+}
+
+/* llama-server's flags: -np, --ctx-size, -b and -n set mnemo's options (-n:
+ * max_tokens of a request that gives none); -ngl and -fa are accepted with
+ * one warning. */
+static void test_llama_flags(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "-np 2 --ctx-size 256 -b 64 -n 3 -ngl 99 -fa on") != 0) return;
+    char *log = test_read_file(s.log, NULL);
+    if (strstr(log, "(context 256, 2 parallel, batch 64 tokens)") == NULL ||
+        count_lines(log, "mnemo serve: warning: -ngl (--n-gpu-layers) and -fa (--flash-attn) do nothing") != 1)
+        fail_msg("log:\n%s", log);
+    free(log);
+    const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}], "
+                       "\"ignore_eos\": true, \"temperature\": 0}";
+    char *out;
+    assert_int_equal(http(&s, "/v1/chat/completions", body, NULL, &out, 0), 200);
+    json_t *j = parse(out);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 3);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
+                                                          "finish_reason")),
+                        "length");
+    json_decref(j);
+    free(out);
+    /* a request's own max_tokens wins */
+    const char *body5 = "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}], "
+                        "\"ignore_eos\": true, \"max_tokens\": 5}";
+    assert_int_equal(http(&s, "/v1/chat/completions", body5, NULL, &out, 0), 200);
+    j = parse(out);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 5);
+    json_decref(j);
     free(out);
     srv_stop(&s);
 }
@@ -1018,6 +1059,7 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_api_keys),
         cmocka_unit_test(test_build_info),
+        cmocka_unit_test(test_llama_flags),
         cmocka_unit_test(test_disconnect_and_queue),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_sigterm_drains),

@@ -10,29 +10,44 @@
 
 #include "base/mem.h"
 
+/* Names this short are written with one dash (llama.cpp's "-np", "-ngl"). */
+#define CLI_ONE_DASH_MAX 3
+
+static bool is_alias(const CliOpt *o) { return o->help == NULL; }
+
+/* How an option is written on the command line: "--ctx", or "-np" for a
+ * short alias. */
+static const char *spelling(const CliOpt *o, char *buf, size_t cap) {
+    bool one_dash = is_alias(o) && strlen(o->name) <= CLI_ONE_DASH_MAX;
+    snprintf(buf, cap, "%s%s", one_dash ? "-" : "--", o->name);
+    return buf;
+}
+
 static int set_value(const CliOpt *o, const char *val, MnErr *err) {
-    char *end = NULL;
+    char *end = NULL, sp[80];
+    spelling(o, sp, sizeof sp);
     errno = 0;
     switch (o->kind) {
-    case CLI_STR: *(const char **)o->out = val; return MN_OK;
+    case CLI_STR:
+    case CLI_STR_OPTVAL: *(const char **)o->out = val; return MN_OK;
     case CLI_INT: {
         long v = strtol(val, &end, 10);
         if (errno || end == val || *end || v < -2147483647L || v > 2147483647L)
-            return mn_err_set(err, MN_EINVAL, "--%s expects an integer, got '%s'", o->name, val);
+            return mn_err_set(err, MN_EINVAL, "%s expects an integer, got '%s'", sp, val);
         *(int *)o->out = (int)v;
         return MN_OK;
     }
     case CLI_U64: {
         unsigned long long v = strtoull(val, &end, 10);
         if (errno || end == val || *end || val[0] == '-')
-            return mn_err_set(err, MN_EINVAL, "--%s expects a non-negative integer, got '%s'", o->name, val);
+            return mn_err_set(err, MN_EINVAL, "%s expects a non-negative integer, got '%s'", sp, val);
         *(uint64_t *)o->out = (uint64_t)v;
         return MN_OK;
     }
     case CLI_FLOAT: {
         float v = strtof(val, &end);
         if (errno || end == val || *end || !isfinite(v))
-            return mn_err_set(err, MN_EINVAL, "--%s expects a number, got '%s'", o->name, val);
+            return mn_err_set(err, MN_EINVAL, "%s expects a number, got '%s'", sp, val);
         *(float *)o->out = v;
         return MN_OK;
     }
@@ -45,7 +60,7 @@ static int set_value(const CliOpt *o, const char *val, MnErr *err) {
             *(bool *)o->out = false;
             return MN_OK;
         }
-        return mn_err_set(err, MN_EINVAL, "--%s expects true or false, got '%s'", o->name, val);
+        return mn_err_set(err, MN_EINVAL, "%s expects true or false, got '%s'", sp, val);
     case CLI_STR_LIST: {
         CliStrList *l = o->out;
         const char **items = mn_realloc(l->items, (size_t)(l->n + 1) * sizeof *items);
@@ -124,8 +139,8 @@ static int unknown_option(const CliOpt *opts, int n_opts, const char *typed, siz
     Closest c = {typed, len, "", INT_MAX};
     char name[CLI_MAX_WORD + 3];
     for (int i = 0; i < n_opts; i++) {
-        int k = snprintf(name, sizeof name, "--%s", opts[i].name);
-        if (k > 0 && (size_t)k < sizeof name) closest_consider(&c, name, (size_t)k);
+        spelling(&opts[i], name, sizeof name);
+        closest_consider(&c, name, strlen(name));
         if (opts[i].short_name) {
             snprintf(name, sizeof name, "-%c", opts[i].short_name);
             closest_consider(&c, name, 2);
@@ -138,16 +153,35 @@ static int unknown_option(const CliOpt *opts, int n_opts, const char *typed, siz
 
 /* ---- parsing --------------------------------------------------------------------- */
 
-static const CliOpt *find_long(const CliOpt *opts, int n_opts, const char *name, size_t len) {
+/* The option named name[0..len) (no dashes), at most max_len long. */
+static const CliOpt *find_long(const CliOpt *opts, int n_opts, const char *name, size_t len, size_t max_len) {
     for (int i = 0; i < n_opts; i++)
-        if (strlen(opts[i].name) == len && strncmp(opts[i].name, name, len) == 0) return &opts[i];
+        if (len <= max_len && strlen(opts[i].name) == len && strncmp(opts[i].name, name, len) == 0) return &opts[i];
     return NULL;
+}
+
+/* The option of a word that begins with a dash: "--name[=value]", "-x", or a
+ * short alias "-np[=value]". *val is the value after '=', or NULL. */
+static const CliOpt *find_option(const CliOpt *opts, int n_opts, const char *a, const char **val, MnErr *err) {
+    bool two = a[1] == '-';
+    const char *name = a + (two ? 2 : 1);
+    const char *eq = strchr(name, '=');
+    size_t len = eq ? (size_t)(eq - name) : strlen(name);
+    *val = eq ? eq + 1 : NULL;
+    const CliOpt *o = NULL;
+    if (!two && len == 1 && eq == NULL)
+        for (int k = 0; k < n_opts && o == NULL; k++)
+            if (opts[k].short_name == name[0]) o = &opts[k];
+    if (o == NULL) o = find_long(opts, n_opts, name, len, two ? SIZE_MAX : CLI_ONE_DASH_MAX);
+    if (o == NULL) unknown_option(opts, n_opts, a, (size_t)(name - a) + len, err);
+    return o;
 }
 
 int cli_parse(int argc, char **argv, const CliOpt *opts, int n_opts, const char **positional, int max_pos,
               int *n_pos, MnErr *err) {
     *n_pos = 0;
     for (int i = 0; i < n_opts; i++) {
+        if (is_alias(&opts[i])) continue;
         char env[128];
         env_name(opts[i].name, env, sizeof env);
         const char *val = getenv(env);
@@ -165,27 +199,22 @@ int cli_parse(int argc, char **argv, const CliOpt *opts, int n_opts, const char 
             continue;
         }
         if (!only_positional && (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)) return MN_ECANCELED;
-        if (!only_positional && a[0] == '-' && a[1] == '-') {
-            const char *eq = strchr(a + 2, '=');
-            size_t len = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
-            o = find_long(opts, n_opts, a + 2, len);
-            if (o == NULL) return unknown_option(opts, n_opts, a, len + 2, err);
-            if (eq) val = eq + 1;
-        } else if (!only_positional && a[0] == '-' && a[1] != '\0' && !isdigit((unsigned char)a[1])) {
-            for (int k = 0; k < n_opts && o == NULL; k++)
-                if (opts[k].short_name == a[1] && a[2] == '\0') o = &opts[k];
-            if (o == NULL) return unknown_option(opts, n_opts, a, strlen(a), err);
-        } else {
+        bool is_option = a[0] == '-' && a[1] != '\0' && (a[1] == '-' || !isdigit((unsigned char)a[1]));
+        if (only_positional || !is_option) {
             if (*n_pos >= max_pos) return mn_err_set(err, MN_EINVAL, "unexpected argument '%s'", a);
             positional[(*n_pos)++] = a;
             continue;
         }
+        if ((o = find_option(opts, n_opts, a, &val, err)) == NULL) return MN_EINVAL;
         if (o->kind == CLI_FLAG && val == NULL) {
             *(bool *)o->out = true;
             continue;
         }
+        if (o->kind == CLI_STR_OPTVAL && val == NULL)
+            val = i + 1 < argc && argv[i + 1][0] != '-' ? argv[++i] : "";
         if (val == NULL) {
-            if (i + 1 >= argc) return mn_err_set(err, MN_EINVAL, "option --%s needs a value", o->name);
+            char sp[80];
+            if (i + 1 >= argc) return mn_err_set(err, MN_EINVAL, "option %s needs a value", spelling(o, sp, sizeof sp));
             val = argv[++i];
         }
         int rc = set_value(o, val, err);
@@ -197,14 +226,18 @@ int cli_parse(int argc, char **argv, const CliOpt *opts, int n_opts, const char 
 void cli_usage(FILE *f, const char *synopsis, const CliOpt *opts, int n_opts) {
     fprintf(f, "usage: %s\n\noptions:\n", synopsis);
     for (int i = 0; i < n_opts; i++) {
-        char left[64];
-        if (opts[i].short_name)
-            snprintf(left, sizeof left, "-%c, --%s%s%s", opts[i].short_name, opts[i].name, opts[i].arg ? " " : "",
-                     opts[i].arg ? opts[i].arg : "");
-        else
-            snprintf(left, sizeof left, "    --%s%s%s", opts[i].name, opts[i].arg ? " " : "",
-                     opts[i].arg ? opts[i].arg : "");
-        fprintf(f, "  %-30s %s\n", left, opts[i].help);
+        const CliOpt *o = &opts[i];
+        if (is_alias(o)) continue;
+        char left[64], also[160] = "", sp[80];
+        snprintf(left, sizeof left, "%c%c%c --%s%s%s", o->short_name ? '-' : ' ', o->short_name ? o->short_name : ' ',
+                 o->short_name ? ',' : ' ', o->name, o->arg ? " " : "", o->arg ? o->arg : "");
+        for (int k = 0; k < n_opts; k++) {
+            if (!is_alias(&opts[k]) || opts[k].out != o->out) continue;
+            size_t n = strlen(also);
+            snprintf(also + n, sizeof also - n, "%s%s", n ? ", " : " (also ", spelling(&opts[k], sp, sizeof sp));
+        }
+        if (also[0]) strncat(also, ")", sizeof also - strlen(also) - 1);
+        fprintf(f, "  %-30s %s%s\n", left, o->help, also);
     }
     fprintf(f, "\nEvery long option can also be set with MNEMO_<NAME> (e.g. --kv-type -> MNEMO_KV_TYPE).\n");
 }

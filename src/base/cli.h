@@ -6,6 +6,12 @@
  * may be given as "--name value", "--name=value" or "-x value"; boolean
  * flags take no value ("--no-bos"). Repeatable string options collect every
  * value. Arguments that are not options are returned in order.
+ *
+ * Other spellings (llama.cpp's, so its users' command lines work): an entry
+ * whose help is NULL is an alias of the entry with help that writes the
+ * same out. It parses alike, is listed on that entry's help line and is not
+ * read from the environment. An alias of at most three letters is written
+ * with one dash ("-np", "-ngl"); a longer one with two ("--ctx-size").
  */
 #ifndef MN_CLI_H
 #define MN_CLI_H
@@ -16,7 +22,10 @@
 
 #include "base/err.h"
 
-typedef enum CliKind { CLI_STR, CLI_INT, CLI_FLOAT, CLI_U64, CLI_FLAG, CLI_STR_LIST } CliKind;
+/* CLI_STR_OPTVAL: a string whose value may be left out ("-fa" or "-fa on"):
+ * it takes "=value", else the next argument unless that begins with '-',
+ * else "". */
+typedef enum CliKind { CLI_STR, CLI_INT, CLI_FLOAT, CLI_U64, CLI_FLAG, CLI_STR_LIST, CLI_STR_OPTVAL } CliKind;
 
 typedef struct CliStrList {
     const char **items; /* owned array (strings borrowed from argv/environ) */
@@ -27,9 +36,9 @@ typedef struct CliOpt {
     const char *name;   /* long name without "--" */
     char short_name;    /* 0 for none */
     CliKind kind;
-    void *out;          /* const char **, int *, float *, uint64_t *, bool *, CliStrList * */
+    void *out;          /* const char ** (STR, STR_OPTVAL), int *, float *, uint64_t *, bool *, CliStrList * */
     const char *arg;    /* placeholder shown in help, e.g. "N" */
-    const char *help;
+    const char *help;   /* NULL: an alias (above) */
 } CliOpt;
 
 /* Parse argv[0..argc) (argv[0] is the first argument, not the program).

@@ -555,9 +555,11 @@ static enum MHD_Result handle_generation(Server *s, struct MHD_Connection *c, Ap
     memset(&p, 0, sizeof p);
     p.sp = ar.sampler;
     if (!(ar.fields_set & API_SET_SEED)) p.sp.seed = (uint64_t)time(NULL) ^ atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull;
-    /* unset max_tokens: as far as the context and the pool allow */
+    /* unset max_tokens: the server's default (-n), at most as far as the
+     * context and the pool allow */
     int room = st.n_ctx < st.pool_blocks * st.block_tokens ? st.n_ctx : st.pool_blocks * st.block_tokens;
-    p.max_tokens = ar.max_tokens > 0 ? ar.max_tokens : room - (int)ids.n;
+    int left = room - (int)ids.n, dflt = s->opt.default_max_tokens;
+    p.max_tokens = ar.max_tokens > 0 ? ar.max_tokens : dflt > 0 && dflt < left ? dflt : left;
     if (p.max_tokens < 1) p.max_tokens = 1;
     p.ignore_eos = ar.ignore_eos;
     for (size_t i = 0; i < ar.n_stop && i < ENGINE_MAX_STOP; i++) p.stop[p.n_stop++] = ar.stop[i];

@@ -38,6 +38,8 @@ typedef struct ServerOptions {
     size_t max_body;           /* bytes; default 1 MiB */
     const char **cors_origins; /* origins whose pages may call the API ("*": any) */
     int n_cors_origins;
+    int default_max_tokens;    /* for requests without max_tokens; <= 0 (default): until
+                                  the context or the pool is full */
     ChatTemplate chat_template;
 } ServerOptions;
 
