@@ -13,6 +13,8 @@
  * Each cmd_* parses its options (base/cli), does its job with the library
  * and returns the process exit status. This file only wires things together.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -25,6 +27,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 #include "base/cli.h"
@@ -34,6 +37,7 @@
 #include "base/ttype.h"
 #include "base/version.h"
 #include "bench/bench.h"
+#include "bench/chat_input.h"
 #include "bench/client.h"
 #include "bench/diskprobe.h"
 #include "cache/purge.h"
@@ -102,6 +106,21 @@ static int load_tokenizer(const char *path, Gguf **g, Tokenizer **tok, MnErr *er
         *g = NULL;
     }
     return rc;
+}
+
+/* "$HOME/.cache/mnemo/NAME" in buf, the directories made when missing.
+ * MN_ENOTFOUND without $HOME, MN_ERANGE when buf is too small. */
+static int user_cache_path(const char *name, char *buf, size_t cap) {
+    const char *home = getenv("HOME");
+    if (home == NULL || home[0] == '\0') return MN_ENOTFOUND;
+    int n = snprintf(buf, cap, "%s/.cache/mnemo/%s", home, name);
+    if (n < 0 || (size_t)n >= cap) return MN_ERANGE;
+    snprintf(buf, cap, "%s/.cache", home);
+    mkdir(buf, 0755);
+    snprintf(buf, cap, "%s/.cache/mnemo", home);
+    mkdir(buf, 0755);
+    snprintf(buf, cap, "%s/.cache/mnemo/%s", home, name);
+    return MN_OK;
 }
 
 /* ---- tokenize / detokenize ---------------------------------------------------- */
@@ -782,17 +801,10 @@ static int cmd_serve(int argc, char **argv) {
      * once and cached (a cache that cannot be written only costs time) */
     CostModel cost;
     if (!no_prefix_cache && policy_uses_cost(eo.evict)) {
-        char path[1024], hex[33];
+        char path[1024], name[64], hex[33];
         hash128_hex(&m->fingerprint, hex);
-        const char *home = getenv("HOME");
-        if (profile_file == NULL && home != NULL) {
-            snprintf(path, sizeof path, "%s/.cache", home);
-            mkdir(path, 0755);
-            snprintf(path, sizeof path, "%s/.cache/mnemo", home);
-            mkdir(path, 0755);
-            snprintf(path, sizeof path, "%s/.cache/mnemo/cost-%s.txt", home, hex);
-            profile_file = path;
-        }
+        snprintf(name, sizeof name, "cost-%s.txt", hex);
+        if (profile_file == NULL && user_cache_path(name, path, sizeof path) == MN_OK) profile_file = path;
         ProfileOptions po;
         profile_options_default(&po);
         po.n_threads = eo.n_threads;
@@ -855,28 +867,62 @@ static void chat_print(void *ctx, const char *text, size_t len) {
     fflush(stdout);
 }
 
-/* Read one line from stdin (without the newline) into *line; false at EOF. */
-static bool read_line(char **line, size_t *cap) {
-    size_t n = 0;
-    int ch;
-    while ((ch = getchar()) != EOF && ch != '\n') {
-        if (n + 2 > *cap) {
-            size_t c = *cap ? 2 * *cap : 256;
-            char *b = mn_realloc(*line, c);
-            if (b == NULL) return false;
-            *line = b;
-            *cap = c;
-        }
-        (*line)[n++] = (char)ch;
+/* The in-process server's log goes to a file: on the terminal its lines
+ * would land inside the replies. fd 2 is pointed at path (default
+ * ~/.cache/mnemo/chat.log, truncated), so every thread's log follows; the
+ * chat keeps the terminal in *term, a copy of the old stderr, until
+ * chat_log_end puts it back. */
+static int chat_log_begin(const char *path, FILE **term) {
+    char def[1024];
+    if (path == NULL) path = user_cache_path("chat.log", def, sizeof def) == MN_OK ? def : "/dev/null";
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fprintf(stderr, "mnemo chat: cannot write the server's log %s: %s\n", path, strerror(errno));
+        return MN_EIO;
     }
-    if (ch == EOF && n == 0) return false;
-    if (*line == NULL && (*line = mn_malloc(1)) == NULL) return false;
-    (*line)[n] = '\0';
+    int saved = dup(STDERR_FILENO);
+    FILE *t = saved >= 0 ? fdopen(saved, "w") : NULL;
+    if (t == NULL) {
+        fprintf(stderr, "mnemo chat: cannot keep the terminal: %s\n", strerror(errno));
+        if (saved >= 0) close(saved);
+        close(fd);
+        return MN_EIO;
+    }
+    setvbuf(t, NULL, _IONBF, 0);
+    fflush(stderr);
+    dup2(fd, STDERR_FILENO);
+    close(fd);
+    fprintf(t, "mnemo chat: the in-process server logs to %s\n", path);
+    *term = t;
+    return MN_OK;
+}
+
+static void chat_log_end(FILE *term) {
+    fflush(stderr);
+    dup2(fileno(term), STDERR_FILENO);
+    fclose(term);
+}
+
+/* After a failed turn: whether the chat can go on, else the hint to stop with. */
+static bool chat_can_go_on(const ClientResult *res, const char *url, const char *api_key, FILE *term) {
+    if (res->http_status == 401) {
+        if (api_key)
+            fprintf(term, "mnemo chat: %s refused the API key (HTTP 401): check --api-key\n", url);
+        else
+            fprintf(term, "mnemo chat: %s wants an API key (HTTP 401): give it with --api-key KEY\n", url);
+        return false;
+    }
+    if (res->http_status == 0) { /* no HTTP answer at all */
+        fprintf(term, "mnemo chat: no answer from %s (%s): is the server running?\n", url,
+                res->error[0] ? res->error : "no connection");
+        return false;
+    }
+    fprintf(term, "mnemo chat: %s\n", res->error[0] ? res->error : "request failed");
     return true;
 }
 
 static int cmd_chat(int argc, char **argv) {
-    const char *url = NULL, *model_path = NULL, *api_key = NULL, *name = "mnemo", *system = NULL;
+    const char *url = NULL, *model_path = NULL, *api_key = NULL, *name = "mnemo", *system = NULL, *log_path = NULL;
     int max_tokens = 256, n_threads = 2;
     float temp = 0.8f;
     bool ignore_eos = false;
@@ -884,6 +930,7 @@ static int cmd_chat(int argc, char **argv) {
         {"url", 0, CLI_STR, &url, "URL", "server to talk to, e.g. http://127.0.0.1:8080"},
         {"ignore-eos", 0, CLI_FLAG, &ignore_eos, NULL, "always generate --max-tokens tokens"},
         {"model", 'm', CLI_STR, &model_path, "FILE", "or: serve this model in-process"},
+        {"log", 0, CLI_STR, &log_path, "FILE", "with -m: the server's log (default ~/.cache/mnemo/chat.log)"},
         {"api-key", 0, CLI_STR, &api_key, "KEY", "API key for --url"},
         {"name", 0, CLI_STR, &name, "NAME", "model name sent to the server"},
         {"system", 0, CLI_STR, &system, "TEXT", "system message"},
@@ -895,14 +942,17 @@ static int cmd_chat(int argc, char **argv) {
     int n_pos;
     int rc = parse_or_usage(argc, argv, "mnemo chat --url URL | -m MODEL [options]", opts, N_OPTS(opts), pos, 0, &n_pos);
     if (rc >= 0) return rc;
-    if ((url == NULL) == (model_path == NULL)) {
-        fprintf(stderr, "mnemo chat: give either --url or -m\n");
-        return 2;
-    }
+    if (!require((url == NULL) != (model_path == NULL), "chat", "give either --url URL or -m MODEL")) return 2;
+    FILE *term = stderr; /* the chat's prompts, statistics and errors */
+    if (model_path && chat_log_begin(log_path, &term) != MN_OK) return 1;
     MnErr err = {0};
     Model *m = NULL;
     Engine *e = NULL;
     Server *srv = NULL;
+    ChatClient *c = NULL;
+    ChatInput *in = NULL;
+    ClientMsg *msgs = NULL;
+    size_t n_msgs = 0;
     char local[64];
     int status = 1;
     if (model_path) {
@@ -914,27 +964,21 @@ static int cmd_chat(int argc, char **argv) {
         so.port = 0;
         if (model_load(model_path, &m, &err) || pick_template(m, NULL, &so.chat_template) ||
             engine_new(m, &eo, &e, &err) || server_new(e, &so, &srv, &err)) {
-            fail(&err);
+            fprintf(term, "mnemo chat: %s\n", err.msg[0] ? err.msg : mn_strerror(err.code));
             goto done;
         }
         snprintf(local, sizeof local, "http://127.0.0.1:%d", server_port(srv));
         url = local;
     }
-    ChatClient *c = NULL;
-    if (client_new(url, api_key, &c) != MN_OK) goto done;
-    ClientMsg *msgs = NULL;
-    size_t n_msgs = 0;
-    char *line = NULL;
-    size_t cap = 0;
-    bool ok = true;
+    if (client_new(url, api_key, &c) != MN_OK || chat_input_new(stdin, term, &in) != MN_OK) goto done;
     if (system) {
         msgs = mn_realloc(msgs, sizeof *msgs);
         msgs[n_msgs++] = (ClientMsg){"system", mn_strdup(system)};
     }
-    fprintf(stderr, "chatting with %s (empty line or end of input to quit)\n", url);
-    for (;;) {
-        fprintf(stderr, "> ");
-        if (!read_line(&line, &cap) || line[0] == '\0') break;
+    fprintf(term, "chatting with %s (empty line or end of input to quit)\n", url);
+    bool ok = true;
+    const char *line;
+    while (chat_input_read(in, "> ", &line) == MN_OK && line[0] != '\0') {
         ClientMsg *grown = mn_realloc(msgs, (n_msgs + 2) * sizeof *msgs);
         if (grown == NULL) break;
         msgs = grown;
@@ -943,29 +987,31 @@ static int cmd_chat(int argc, char **argv) {
         ClientResult res;
         rc = client_chat(c, msgs, n_msgs, &p, chat_print, NULL, &res);
         printf("\n");
+        fflush(stdout);
         if (rc != MN_OK || res.http_status != 200) {
-            fprintf(stderr, "mnemo chat: %s\n", res.error[0] ? res.error : "request failed");
             mn_free(res.content);
             mn_free((char *)msgs[--n_msgs].content);
             ok = false;
+            if (!chat_can_go_on(&res, url, api_key, term)) break;
             continue;
         }
-        fprintf(stderr, "[ttft %.3f s, %.1f tokens/s; prompt %ld tokens, %ld from cache]\n", res.ttft_s,
+        fprintf(term, "[ttft %.3f s, %.1f tokens/s; prompt %ld tokens, %ld from cache]\n", res.ttft_s,
                 res.completion_tokens > 1 && res.total_s > res.ttft_s
                     ? (double)(res.completion_tokens - 1) / (res.total_s - res.ttft_s) : 0.0,
                 res.prompt_tokens, res.cached_tokens);
         msgs[n_msgs++] = (ClientMsg){"assistant", res.content};
     }
     status = ok ? 0 : 1;
+done:
     for (size_t i = 0; i < n_msgs; i++) mn_free((char *)msgs[i].content);
     mn_free(msgs);
-    mn_free(line);
+    chat_input_free(in);
     client_free(c);
-done:
     if (e) engine_shutdown(e);
     server_free(srv);
     engine_free(e);
     model_free(m);
+    if (term != stderr) chat_log_end(term);
     return status;
 }
 

@@ -3,8 +3,16 @@
  * vocabulary-only files, inspect, gen-model (what it writes loads and runs),
  * and clear failures for bad files and bad options. Runs $MNEMO_BIN. */
 #include "test_util.h"
+#include "test_serve_util.h"
+#include "test_tty.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <math.h>
+#include <netinet/in.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -178,8 +186,8 @@ static void test_errors_one_line(void **s) {
         {"serve -m %s --xyzzy", "mnemo serve: unknown option '--xyzzy' (--help lists the options)\n"},
         {"generate -m %s --threds 2", "mnemo generate: unknown option '--threds'; did you mean --threads?\n"},
         {"generate -m %s -n -1", "mnemo generate: -n must be at least 0, got -1\n"},
-        {"gen-model -o /dev/null", "mnemo gen-model: needs the tokenizer's file: --vocab-from VOCAB.gguf\n"},
-        {"gen-model --vocab-from %s --dim 62 -o /dev/null", "mnemo gen-model: --dim 62 is not divisible by --heads 4\n"},
+        {"gen-model -o /nonexistent-dir/out.gguf", "mnemo gen-model: needs the tokenizer's file: --vocab-from VOCAB.gguf\n"},
+        {"gen-model --vocab-from %s --dim 62 -o /nonexistent-dir/out.gguf", "mnemo gen-model: --dim 62 is not divisible by --heads 4\n"},
         {"tokenize -m %s", "mnemo tokenize: needs the TEXT to tokenize as its one argument\n"},
         {"speed -m %s --gen-tokens 0", "mnemo speed: --gen-tokens must be at least 1, got 0\n"},
         {"bench --concur 3", "mnemo bench: unknown option '--concur'; did you mean --concurrency?\n"},
@@ -203,7 +211,7 @@ static void test_errors_one_line(void **s) {
     /* a file that cannot be opened or read is named once */
     const char *files[] = {"/nonexistent.gguf", bad};
     const char *cmds[] = {"generate -m %s -p x", "serve -m %s", "tokenize -m %s x", "inspect %s",
-                          "gen-model --vocab-from %s -o /dev/null"};
+                          "gen-model --vocab-from %s -o /nonexistent-dir/out.gguf"};
     for (size_t f = 0; f < 2; f++)
         for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
             char args[1024];
@@ -353,6 +361,219 @@ static void test_chat(void **s) {
     free(out);
 }
 
+/* ---- chat: its server's log, stopping with a hint, line editing ------------------ */
+
+/* The text of the last line of the output that contains needle, from
+ * needle on (up to the newline), in buf. */
+static void from_on(const char *out, const char *needle, int nth, char *buf, size_t cap) {
+    const char *p = out;
+    for (int i = 0; i < nth && p; i++) p = strstr(i ? p + 1 : p, needle);
+    assert_non_null(p);
+    snprintf(buf, cap, "%.*s", (int)strcspn(p, "\r\n"), p);
+}
+
+/* The in-process server's log lines go to ~/.cache/mnemo/chat.log (or
+ * --log FILE), not to the terminal among the replies. */
+static void test_chat_log_in_file(void **s) {
+    char model[512], cmd[4096], home[] = "/tmp/mnemo-chat-home-XXXXXX", path[1024], dir[1024];
+    test_data_path(model, sizeof model, "models/stories260K.gguf");
+    if (!test_require_file(model)) return;
+    test_make_dir(home);
+    for (int explicit_log = 0; explicit_log < 2; explicit_log++) {
+        if (explicit_log) snprintf(path, sizeof path, "%s/other.log", home);
+        else snprintf(path, sizeof path, "%s/.cache/mnemo/chat.log", home);
+        snprintf(cmd, sizeof cmd,
+                 "printf 'Once upon a time\\nTell me more\\n' | HOME=%s %s chat -m %s -n 8 --temp 0 --ignore-eos %s%s 2>&1",
+                 home, bin(), model, explicit_log ? "--log " : "", explicit_log ? path : "");
+        char *out;
+        assert_int_equal(run(cmd, &out), 0);
+        assert_int_equal(count_of(out, "from cache]"), 2);
+        char *log = test_read_file(path, NULL);
+        if (log == NULL) fail_msg("no log at %s; the chat said:\n%s", path, out);
+        assert_true(count_of(log, "\n") >= 2); /* at least a line per request */
+        for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n"))
+            if (strstr(out, line)) fail_msg("the server's line '%s' is on the terminal:\n%s", line, out);
+        char want[1200];
+        snprintf(want, sizeof want, "the in-process server logs to %s\n", path);
+        assert_non_null(strstr(out, want));
+        struct stat st;
+        assert_int_equal(stat(path, &st), 0);
+        assert_int_equal(st.st_mode & 0777, 0600);
+        free(log);
+        free(out);
+        unlink(path);
+    }
+    snprintf(dir, sizeof dir, "%s/.cache/mnemo", home);
+    rmdir(dir);
+    snprintf(dir, sizeof dir, "%s/.cache", home);
+    rmdir(dir);
+    rmdir(home);
+}
+
+/* Nothing listens at the URL: the chat stops at once and asks whether the
+ * server runs (a port bound without listen refuses connections). */
+static void test_chat_stops_without_server(void **s) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &alen), 0);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "printf 'hi\\nhi again\\n' | %s chat --url http://127.0.0.1:%d 2>&1", bin(),
+             ntohs(a.sin_port));
+    char *out;
+    assert_int_equal(run(cmd, &out), 1);
+    if (count_of(out, "mnemo chat:") != 1 || !strstr(out, "is the server running?")) fail_msg("%s", out);
+    free(out);
+    close(fd);
+}
+
+/* A 401 stops the chat with the --api-key hint; the right key chats. */
+static void test_chat_stops_on_401(void **s) {
+    Srv srv;
+    if (srv_start(&srv, "stories260K", "--api-key sesame") != 0) return;
+    static const struct {
+        const char *flags, *hint;
+        int status;
+    } cases[] = {
+        {"", "wants an API key (HTTP 401): give it with --api-key KEY", 1},
+        {"--api-key wrong", "refused the API key (HTTP 401): check --api-key", 1},
+        {"--api-key sesame", "from cache]", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char cmd[1024], *out;
+        snprintf(cmd, sizeof cmd, "printf 'hi\\nhi again\\n' | %s chat --url http://127.0.0.1:%d -n 4 %s 2>&1",
+                 bin(), srv.port, cases[i].flags);
+        assert_int_equal(run(cmd, &out), cases[i].status);
+        if (!strstr(out, cases[i].hint) || count_of(out, "mnemo chat:") != (cases[i].status ? 1 : 0))
+            fail_msg("with '%s':\n%s", cases[i].flags, out);
+        free(out);
+    }
+    srv_stop(&srv);
+}
+
+/* `mnemo chat` on a terminal (a pseudo-terminal the test drives). */
+typedef struct Tty {
+    int master;
+    pid_t pid;
+    char *text; /* all it printed */
+    size_t len;
+} Tty;
+
+static void tty_start(Tty *t, char *const argv[]) {
+    char slave[128];
+    tty_open_pair(&t->master, slave, sizeof slave);
+    t->text = calloc(1, 1);
+    t->len = 0;
+    t->pid = fork();
+    if (t->pid == 0) {
+        setsid();
+        int fd = open(slave, O_RDWR); /* the session's controlling terminal */
+        if (fd < 0) _exit(127);
+        struct winsize ws = {.ws_row = 24, .ws_col = 200};
+        ioctl(fd, TIOCSWINSZ, &ws);
+        dup2(fd, 0);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        if (fd > 2) close(fd);
+        setenv("TERM", "xterm", 1);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+}
+
+/* Read what the program prints until `then` has appeared after the nth
+ * `after` (NULL: after the start). False when the output ended first. */
+static bool tty_wait(Tty *t, const char *after, int nth, const char *then) {
+    for (;;) {
+        const char *p = t->text;
+        for (int i = 0; after && i < nth && p; i++) p = strstr(i ? p + strlen(after) : p, after);
+        if (p && strstr(p, then)) return true;
+        char buf[4096];
+        ssize_t k = read(t->master, buf, sizeof buf);
+        if (k <= 0) return false; /* EIO: the program closed the terminal */
+        t->text = realloc(t->text, t->len + (size_t)k + 1);
+        memcpy(t->text + t->len, buf, (size_t)k);
+        t->len += (size_t)k;
+        t->text[t->len] = '\0';
+    }
+}
+
+/* Type keys once the program edits a line. */
+static void tty_send(Tty *t, const char *keys) {
+    tty_wait_raw(t->master);
+    assert_int_equal(write(t->master, keys, strlen(keys)), (ssize_t)strlen(keys));
+}
+
+/* Wait for the end; the exit status. The text keeps what was printed with
+ * the terminal's \r removed. */
+static int tty_finish(Tty *t) {
+    while (tty_wait(t, NULL, 0, "\x01never printed\x01")) {}
+    int st;
+    waitpid(t->pid, &st, 0);
+    close(t->master);
+    size_t n = 0;
+    for (size_t i = 0; i < t->len; i++)
+        if (t->text[i] != '\r') t->text[n++] = t->text[i];
+    t->text[n] = '\0';
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* On a terminal the chat edits lines with libedit and keeps a history: a
+ * line typed as "upon a time", Ctrl-A, "Once " is sent as "Once upon a
+ * time", and Ctrl-P then Enter sends it again. Both turns must equal a
+ * piped chat that typed "Once upon a time" twice: the same prompt and cache
+ * counts, the same replies. */
+static void test_chat_line_editing(void **s) {
+    char model[512], cmd[2048];
+    test_data_path(model, sizeof model, "models/stories260K.gguf");
+    if (!test_require_file(model)) return;
+    alarm(300); /* a guard against a hang, not a condition of the test */
+    const char *common = "-n 12 --temp 0 --ignore-eos --log /tmp/mnemo-test-chat-tty.log";
+    char *piped, *replies, *first_only;
+    const char *twice = "printf 'Once upon a time\\nOnce upon a time\\n'";
+    snprintf(cmd, sizeof cmd, "%s | %s chat -m %s %s 2>&1", twice, bin(), model, common);
+    assert_int_equal(run(cmd, &piped), 0);
+    snprintf(cmd, sizeof cmd, "%s | %s chat -m %s %s 2>/dev/null", twice, bin(), model, common);
+    assert_int_equal(run(cmd, &replies), 0); /* both replies, each with a newline */
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time\\n' | %s chat -m %s %s 2>/dev/null", bin(), model, common);
+    assert_int_equal(run(cmd, &first_only), 0); /* the first reply and its newline */
+
+    char *argv[] = {(char *)bin(), "chat", "-m", model, "-n", "12", "--temp", "0", "--ignore-eos",
+                    "--log", "/tmp/mnemo-test-chat-tty.log", NULL};
+    Tty t;
+    tty_start(&t, argv);
+    assert_true(tty_wait(&t, "to quit)", 1, "> "));
+    tty_send(&t, "upon a time\x01Once \r");
+    assert_true(tty_wait(&t, "from cache]", 1, "> "));
+    tty_send(&t, "\x10\r");
+    assert_true(tty_wait(&t, "from cache]", 2, "> "));
+    tty_send(&t, "\r");
+    assert_int_equal(tty_finish(&t), 0);
+
+    for (int turn = 1; turn <= 2; turn++) {
+        char want[256], got[256];
+        from_on(piped, "prompt ", turn, want, sizeof want);
+        from_on(t.text, "prompt ", turn, got, sizeof got);
+        if (strcmp(want, got) != 0) fail_msg("turn %d: '%s' on the terminal, '%s' piped:\n%s", turn, got, want, t.text);
+    }
+    /* the replies: the first as a chat of one turn printed it, the second
+     * what the piped chat printed after it */
+    size_t n1 = strlen(first_only), n = strlen(replies);
+    assert_true(n1 > 1 && n > n1 + 1 && strncmp(replies, first_only, n1) == 0);
+    char *second = strndup(replies + n1, n - n1 - 1);
+    first_only[n1 - 1] = '\0';
+    if (!strstr(t.text, first_only) || !strstr(t.text, second))
+        fail_msg("replies '%s' and '%s' not on the terminal:\n%s", first_only, second, t.text);
+    alarm(0);
+    free(second);
+    free(first_only);
+    free(replies);
+    free(piped);
+    free(t.text);
+    unlink("/tmp/mnemo-test-chat-tty.log");
+}
+
 int main(void) {
     test_apply_filter();
     const struct CMUnitTest tests[] = {
@@ -367,6 +588,10 @@ int main(void) {
         cmocka_unit_test(test_errors_one_line),
         cmocka_unit_test(test_gen_model_help),
         cmocka_unit_test(test_generate_ends_line),
+        cmocka_unit_test(test_chat_log_in_file),
+        cmocka_unit_test(test_chat_stops_without_server),
+        cmocka_unit_test(test_chat_stops_on_401),
+        cmocka_unit_test(test_chat_line_editing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
