@@ -729,7 +729,7 @@ static int cmd_serve(int argc, char **argv) {
         {"drain-timeout", 0, CLI_FLOAT, &drain_timeout, "S", "on SIGTERM, let running requests finish this long (30)"},
         {"cache-ttl", 0, CLI_FLOAT, &cache_ttl, "S", "drop cached blocks idle longer than S seconds (0: never)"},
         {"evict", 0, CLI_STR, &evict, "POLICY", "lru|fifo|pensieve|lookahead|pensieve+lookahead (default the last)"},
-        {"profile-file", 0, CLI_STR, &profile_file, "FILE", "where the machine's cost profile is cached (default ~/.cache/mnemo/cost-MODEL.txt)"},
+        {"profile-file", 0, CLI_STR, &profile_file, "FILE", "where the machine's cost profile is cached (default ~/.cache/mnemo/cost-MODEL-tN-bN-KV-CPU.txt)"},
         {"ram-tier-mb", 0, CLI_U64, &eo.ram_tier_mb, "N", "host RAM tier below the pool, in MiB (default 0: none)"},
         {"disk-tier", 0, CLI_STR, &eo.disk_tier_dir, "DIR", "disk tier directory, kept across restarts (default: none)"},
         {"disk-tier-mb", 0, CLI_U64, &eo.disk_tier_mb, "N", "disk tier budget in MiB (default 4096)"},
@@ -801,15 +801,14 @@ static int cmd_serve(int argc, char **argv) {
      * once and cached (a cache that cannot be written only costs time) */
     CostModel cost;
     if (!no_prefix_cache && policy_uses_cost(eo.evict)) {
-        char path[1024], name[64], hex[33];
-        hash128_hex(&m->fingerprint, hex);
-        snprintf(name, sizeof name, "cost-%s.txt", hex);
-        if (profile_file == NULL && user_cache_path(name, path, sizeof path) == MN_OK) profile_file = path;
         ProfileOptions po;
         profile_options_default(&po);
         po.n_threads = eo.n_threads;
         po.block_tokens = eo.block_tokens;
         po.kv_type = eo.kv_type;
+        char path[1024], name[COST_FILE_NAME_LEN];
+        profile_file_name(m, &po, name, sizeof name);
+        if (profile_file == NULL && user_cache_path(name, path, sizeof path) == MN_OK) profile_file = path;
         bool was_loaded = false;
         if (profile_load_or_measure(m, &po, profile_file, &cost, &was_loaded, &err) == MN_OK) {
             eo.cost = &cost;

@@ -375,7 +375,7 @@ static void from_on(const char *out, const char *needle, int nth, char *buf, siz
 /* The in-process server's log lines go to ~/.cache/mnemo/chat.log (or
  * --log FILE), not to the terminal among the replies. */
 static void test_chat_log_in_file(void **s) {
-    char model[512], cmd[4096], home[] = "/tmp/mnemo-chat-home-XXXXXX", path[1024], dir[1024];
+    char model[512], cmd[4096], home[] = "/tmp/mnemo-chat-home-XXXXXX", path[1024];
     test_data_path(model, sizeof model, "models/stories260K.gguf");
     if (!test_require_file(model)) return;
     test_make_dir(home);
@@ -403,11 +403,7 @@ static void test_chat_log_in_file(void **s) {
         free(out);
         unlink(path);
     }
-    snprintf(dir, sizeof dir, "%s/.cache/mnemo", home);
-    rmdir(dir);
-    snprintf(dir, sizeof dir, "%s/.cache", home);
-    rmdir(dir);
-    rmdir(home);
+    test_rm_home(home);
 }
 
 /* Nothing listens at the URL: the chat stops at once and asks whether the

@@ -200,6 +200,34 @@ static void test_key_init(void **state) {
 
 /* ---- the profile file ----------------------------------------------------- */
 
+/* Keys that differ in any field name different files; equal keys the same. */
+static void test_key_file_name(void **state) {
+    (void)state;
+    CostKey keys[7];
+    for (int i = 0; i < 7; i++) keys[i] = test_key();
+    keys[1].model.b[15] ^= 1;
+    keys[2].n_threads = 2;
+    keys[3].block_tokens = 16;
+    keys[4].kv_type = MN_TYPE_F32;
+    keys[5].cpu[0] ^= 1;
+    keys[6].n_cpus += 1;
+    char names[7][COST_FILE_NAME_LEN + 1];
+    for (int i = 0; i < 7; i++) {
+        names[i][COST_FILE_NAME_LEN] = '\0';
+        cost_key_file_name(&keys[i], names[i], COST_FILE_NAME_LEN);
+        assert_true(strlen(names[i]) < COST_FILE_NAME_LEN - 1); /* not cut short */
+        assert_int_equal(strncmp(names[i], "cost-", 5), 0);
+        assert_null(strchr(names[i], '/'));
+        for (int j = 0; j < i; j++)
+            if (strcmp(names[i], names[j]) == 0) fail_msg("keys %d and %d share %s", i, j, names[i]);
+    }
+    CostKey again = test_key();
+    char name[COST_FILE_NAME_LEN];
+    cost_key_file_name(&again, name, sizeof name);
+    assert_string_equal(name, names[0]);
+    assert_non_null(strstr(name, "-t4-b32-f16-"));
+}
+
 static void test_file_round_trip(void **state) {
     (void)state;
     TmpDir t;
@@ -458,6 +486,7 @@ int main(void) {
         cmocka_unit_test(test_monotonic),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_key_init),
+        cmocka_unit_test(test_key_file_name),
         cmocka_unit_test(test_file_round_trip),
         cmocka_unit_test(test_file_other_key_ignored),
         cmocka_unit_test(test_file_corrupt_rejected),

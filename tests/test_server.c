@@ -499,6 +499,39 @@ static void test_llama_flags(void **st) {
     srv_stop(&s);
 }
 
+/* The cost profile cached under ~/.cache/mnemo is keyed by everything it
+ * depends on: a server with another thread count measures its own and
+ * leaves the first one's in place, so the first set-up loads it again. */
+static void test_profile_per_setup(void **st) {
+    char home[] = "/tmp/mnemo-test-home-XXXXXX";
+    test_make_dir(home);
+    const char *old_home = getenv("HOME");
+    char *saved = old_home ? strdup(old_home) : NULL;
+    setenv("HOME", home, 1);
+    static const struct {
+        const char *flags, *want;
+    } runs[] = {
+        {"-t 1", "cost profile measured, cached in"},
+        {"-t 2", "cost profile measured, cached in"},
+        {"-t 1", "cost profile loaded from"},
+        {"-t 2", "cost profile loaded from"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        Srv s;
+        if (srv_start(&s, "stories260K", runs[i].flags) != 0) break;
+        char *log = test_read_file(s.log, NULL);
+        char want[700];
+        snprintf(want, sizeof want, "%s %s/.cache/mnemo/cost-", runs[i].want, home);
+        if (strstr(log, want) == NULL) fail_msg("start %zu (%s): no '%s' in\n%s", i, runs[i].flags, want, log);
+        free(log);
+        srv_stop(&s);
+    }
+    if (saved) setenv("HOME", saved, 1);
+    else unsetenv("HOME");
+    free(saved);
+    test_rm_home(home);
+}
+
 static void test_disconnect_and_queue(void **st) {
     Srv s;
     if (srv_start(&s, "stories260K", "--parallel 1 --max-queue 1") != 0) return;
@@ -1060,6 +1093,7 @@ int main(void) {
         cmocka_unit_test(test_api_keys),
         cmocka_unit_test(test_build_info),
         cmocka_unit_test(test_llama_flags),
+        cmocka_unit_test(test_profile_per_setup),
         cmocka_unit_test(test_disconnect_and_queue),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_sigterm_drains),

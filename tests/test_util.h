@@ -133,4 +133,15 @@ static inline void test_rm_dir(const char *dir) {
     rmdir(dir);
 }
 
+/* Remove a HOME made for a test and what mnemo writes under it: the files
+ * of HOME/.cache/mnemo and of HOME, and the directories. */
+static inline void test_rm_home(const char *home) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/.cache/mnemo", home);
+    test_rm_dir(dir);
+    snprintf(dir, sizeof dir, "%s/.cache", home);
+    rmdir(dir);
+    test_rm_dir(home);
+}
+
 #endif

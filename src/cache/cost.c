@@ -116,6 +116,19 @@ bool cost_key_eq(const CostKey *a, const CostKey *b) {
            a->kv_type == b->kv_type;
 }
 
+void cost_key_file_name(const CostKey *k, char *buf, size_t cap) {
+    char model[33], machine[33];
+    hash128_hex(&k->model, model);
+    Hasher h;
+    hasher_init(&h);
+    hasher_update(&h, k->cpu, strnlen(k->cpu, COST_CPU_LEN));
+    hasher_u32(&h, (uint32_t)k->n_cpus);
+    Hash128 m = hasher_final(&h);
+    hash128_hex(&m, machine);
+    const char *kv = ttype_ggml_name((uint32_t)k->kv_type);
+    snprintf(buf, cap, "cost-%s-t%d-b%d-%s-%.8s.txt", model, k->n_threads, k->block_tokens, kv ? kv : "kv", machine);
+}
+
 /* ---- building and checking ------------------------------------------------ */
 
 int cost_validate(const CostModel *cm, MnErr *err) {

@@ -63,6 +63,15 @@ typedef struct CostModel {
 void cost_key_init(CostKey *k, const Hash128 *model, int n_threads, int block_tokens, MnType kv_type);
 bool cost_key_eq(const CostKey *a, const CostKey *b);
 
+/* The name of the file that caches the profile of key k, in buf (cap >=
+ * COST_FILE_NAME_LEN): "cost-MODEL-tTHREADS-bBLOCK-KV-MACHINE.txt", MODEL
+ * the fingerprint in hex and MACHINE a hash of the CPU model and count.
+ * Keys that differ get different names (short of a hash collision), so
+ * servers set up differently keep a profile each instead of overwriting
+ * one another's. */
+#define COST_FILE_NAME_LEN 96
+void cost_key_file_name(const CostKey *k, char *buf, size_t cap);
+
 /* Build a model from measured values. MN_EINVAL (with err) when tok_sec is
  * not finite and > 0, n_knots is out of range, the contexts are not strictly
  * increasing and positive, an attention value is not finite and >= 0, or

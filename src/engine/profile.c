@@ -208,6 +208,12 @@ done:
     return rc;
 }
 
+void profile_file_name(const Model *m, const ProfileOptions *o, char *buf, size_t cap) {
+    CostKey key;
+    cost_key_init(&key, &m->fingerprint, o->n_threads, o->block_tokens, o->kv_type);
+    cost_key_file_name(&key, buf, cap);
+}
+
 int profile_load_or_measure(const Model *m, const ProfileOptions *o, const char *path, CostModel *out,
                             bool *was_loaded, MnErr *err) {
     if (was_loaded) *was_loaded = false;

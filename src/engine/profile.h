@@ -40,6 +40,11 @@ void profile_options_default(ProfileOptions *o);
  * block, MN_ENOMEM, or a forward-pass error. *out is written only on success. */
 int profile_measure(const Model *m, const ProfileOptions *o, CostModel *out, MnErr *err);
 
+/* The file name (no directory) under which a profile for this model and
+ * these options is cached: cost_key_file_name of the key that
+ * profile_load_or_measure checks. */
+void profile_file_name(const Model *m, const ProfileOptions *o, char *buf, size_t cap);
+
 /* Load the profile cached at path when it was made for this model and
  * machine; otherwise measure and save it there (a failed save is logged,
  * not returned). *was_loaded (may be NULL) tells which happened. path NULL:
