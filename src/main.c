@@ -1039,12 +1039,11 @@ static int cmd_cache(int argc, char **argv) {
     int n_pos;
     int rc = parse_or_usage(argc - 1, argv + 1, synopsis, opts, N_OPTS(opts), pos, 1, &n_pos);
     if (rc >= 0) return rc;
-    if (dir == NULL || n_pos != 0 || (ns != NULL) + is_default + is_all != 1) {
-        fprintf(stderr, "mnemo cache purge: needs --disk-tier DIR and one of --namespace KEY, --default-namespace, "
-                        "--all\n");
-        cli_usage(stderr, synopsis, opts, N_OPTS(opts));
+    if (!require(dir != NULL, "cache purge", "needs the disk tier's directory: --disk-tier DIR") ||
+        !require(n_pos == 0, "cache purge", "unexpected argument '%s'", n_pos ? pos[0] : "") ||
+        !require((ns != NULL) + is_default + is_all == 1, "cache purge",
+                 "needs one of --namespace KEY, --default-namespace, --all"))
         return 2;
-    }
     MnErr err = {0};
     PurgeReport r;
     if (purge_disk_tier(dir, is_all ? NULL : is_default ? "" : ns, &r, &err) != MN_OK) return fail(&err);

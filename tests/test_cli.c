@@ -192,6 +192,9 @@ static void test_errors_one_line(void **s) {
         {"speed -m %s --gen-tokens 0", "mnemo speed: --gen-tokens must be at least 1, got 0\n"},
         {"bench --concur 3", "mnemo bench: unknown option '--concur'; did you mean --concurrency?\n"},
         {"serv", "mnemo: unknown command 'serv'; did you mean serve?\n"},
+        {"cache purge --all", "mnemo cache purge: needs the disk tier's directory: --disk-tier DIR\n"},
+        {"cache purge --disk-tier /nonexistent-dir",
+         "mnemo cache purge: needs one of --namespace KEY, --default-namespace, --all\n"},
         /* llama.cpp's spellings parse: -fa with a value or without one */
         {"serve -m %s -fa on -np 2 --port 99999", "mnemo serve: --port must be in 0..65535, got 99999\n"},
         {"serve -m %s -fa --ctx-size 64 --port 99999", "mnemo serve: --port must be in 0..65535, got 99999\n"},
