@@ -7,6 +7,8 @@
  * size so that any over-read is caught. */
 #include "test_util.h"
 
+#include <sys/stat.h>
+
 #include <inttypes.h>
 #include <math.h>
 #include <unistd.h>
@@ -519,6 +521,26 @@ static void test_writer_errors(void **state) {
     assert_int_equal(gguf_writer_add_u32(w, "a", 1), MN_OK);
     assert_int_equal(gguf_writer_write(w, "/nonexistent-dir-for-test/out.gguf", &err), MN_EIO);
     assert_true(msg_has(&err, "nonexistent-dir-for-test"));
+    gguf_writer_free(w);
+
+    /* a path that is not a regular file (a FIFO, a directory) is never
+     * replaced: the writer renames its temporary file over the path */
+    char special[64];
+    snprintf(special, sizeof special, "/tmp/mnemo-gguf-fifo-%d", (int)getpid());
+    assert_int_equal(mkfifo(special, 0600), 0);
+    w = gguf_writer_new();
+    assert_int_equal(gguf_writer_add_u32(w, "a", 1), MN_OK);
+    assert_int_equal(gguf_writer_write(w, special, &err), MN_EINVAL);
+    assert_true(msg_has(&err, "not a regular file"));
+    struct stat st;
+    assert_int_equal(lstat(special, &st), 0);
+    assert_true(S_ISFIFO(st.st_mode));
+    unlink(special);
+    assert_int_equal(mkdir(special, 0700), 0);
+    assert_int_equal(gguf_writer_write(w, special, &err), MN_EINVAL);
+    assert_int_equal(lstat(special, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    rmdir(special);
     gguf_writer_free(w);
 
     /* a failed add is sticky */

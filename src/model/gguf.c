@@ -1222,6 +1222,12 @@ int gguf_writer_write(GgufWriter *w, const char *path, MnErr *err) {
         off += padded;
     }
 
+    /* the file is written beside path and renamed over it: never over a
+     * device, a directory or anything else that is not a regular file
+     * (as root, `-o /dev/null` replaced the device with a file) */
+    struct stat st;
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return mn_err_set(err, MN_EINVAL, "%s: exists and is not a regular file; not replacing it", path);
     size_t path_len = strlen(path);
     char *tmp = mn_malloc(path_len + 5);
     if (tmp == NULL) return mn_err_set(err, MN_ENOMEM, "gguf writer: out of memory");
