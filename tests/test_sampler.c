@@ -633,6 +633,96 @@ static void test_broken_logits(void **state) {
     sampler_free(s);
 }
 
+/* logit_bias is added before anything else: it moves greedy's choice, bans
+ * a token under sampling, adds twice for an id given twice, and survives
+ * the caller's array going away (the sampler keeps a copy). */
+static void test_logit_bias(void **state) {
+    float row[6] = {1.0f, 3.0f, 2.0f, 0.5f, 2.9f, -1.0f};
+    SamplerParams p = params_plain(0.0f);
+    SamplerBias *b = malloc(2 * sizeof *b);
+    b[0] = (SamplerBias){.id = 4, .bias = 0.2f};
+    b[1] = (SamplerBias){.id = 4, .bias = 0.2f};
+    p.logit_bias = b;
+    p.n_logit_bias = 2;
+    Sampler *s = make(&p, 6);
+    free(b);
+    float a[6];
+    memcpy(a, row, sizeof a);
+    assert_int_equal(sampler_sample(s, a), 4); /* 2.9 + 0.4 beats 3.0 */
+    sampler_free(s);
+
+    SamplerBias ban[2] = {{.id = 1, .bias = -100.0f}, {.id = 4, .bias = -100.0f}};
+    p = params_plain(1.0f);
+    p.logit_bias = ban;
+    p.n_logit_bias = 2;
+    s = make(&p, 6);
+    for (int it = 0; it < 500; it++) {
+        memcpy(a, row, sizeof a);
+        int32_t t = sampler_sample(s, a);
+        assert_true(t != 1 && t != 4);
+    }
+    sampler_free(s);
+
+    SamplerBias bad_id[1] = {{.id = 6, .bias = 1.0f}}, bad_val[1] = {{.id = 0, .bias = NAN}};
+    Sampler *none = NULL;
+    p.logit_bias = bad_id;
+    p.n_logit_bias = 1;
+    assert_int_equal(sampler_new(&p, 6, &none), MN_EINVAL);
+    p.logit_bias = bad_val;
+    assert_int_equal(sampler_new(&p, 6, &none), MN_EINVAL);
+    p.logit_bias = NULL;
+    assert_int_equal(sampler_new(&p, 6, &none), MN_EINVAL);
+    assert_null(none);
+}
+
+/* log-softmax computed here in long double, straight from the definition. */
+static double ref_logprob(const float *x, int32_t n, int32_t id) {
+    long double sum = 0;
+    for (int32_t i = 0; i < n; i++) sum += expl((long double)x[i]);
+    return (double)((long double)x[id] - logl(sum));
+}
+
+/* sampler_logprobs against the definition on random rows with ties: the
+ * chosen token's value, the top list (values, and order by logit then id,
+ * against a full sort), n_top 0 and n_top above the vocabulary. */
+static void test_logprobs(void **state) {
+    enum { N = 300 };
+    float *row = malloc(N * sizeof *row);
+    SamplerCand *sorted = malloc(N * sizeof *sorted);
+    for (int it = 0; it < 50; it++) {
+        for (int32_t i = 0; i < N; i++) row[i] = (float)(int)(test_randf(-8.0f, 8.0f) * 4) / 4; /* ties */
+        int32_t token = (int32_t)(test_rand() % N);
+        TokenProb chosen, top[SAMPLER_MAX_TOP_LOGPROBS];
+        int n_top = it % (SAMPLER_MAX_TOP_LOGPROBS + 1);
+        sampler_logprobs(row, N, token, n_top, &chosen, top);
+        assert_int_equal(chosen.id, token);
+        assert_float_equal(chosen.logprob, ref_logprob(row, N, token), 1e-5);
+        for (int32_t i = 0; i < N; i++) sorted[i] = (SamplerCand){.id = i, .logit = row[i]};
+        qsort(sorted, N, sizeof *sorted, cand_cmp);
+        for (int k = 0; k < n_top; k++) {
+            assert_int_equal(top[k].id, sorted[k].id);
+            assert_float_equal(top[k].logprob, ref_logprob(row, N, sorted[k].id), 1e-5);
+        }
+    }
+    /* more alternatives than tokens: all of them; probabilities sum to 1 */
+    float small[3] = {0.0f, 1.0f, 0.0f};
+    TokenProb chosen, top[SAMPLER_MAX_TOP_LOGPROBS];
+    sampler_logprobs(small, 3, 0, 5, &chosen, top);
+    assert_int_equal(top[0].id, 1);
+    assert_int_equal(top[1].id, 0);
+    assert_int_equal(top[2].id, 2);
+    assert_float_equal(exp(top[0].logprob) + exp(top[1].logprob) + exp(top[2].logprob), 1.0, 1e-6);
+    /* broken logits: NaN as -FLT_MAX, +inf as FLT_MAX; every value finite */
+    float broken[4] = {NAN, INFINITY, 0.0f, -INFINITY};
+    sampler_logprobs(broken, 4, 0, 4, &chosen, top);
+    assert_int_equal(top[0].id, 1);
+    assert_float_equal(top[0].logprob, 0.0, 1e-6);
+    assert_true(isfinite(chosen.logprob) && chosen.logprob < -1e30f);
+    for (int k = 0; k < 4; k++) assert_true(isfinite(top[k].logprob) && top[k].logprob <= 0.0f);
+    free(sorted);
+    free(row);
+}
+
 int main(void) {
     test_apply_filter();
     const struct CMUnitTest tests[] = {
@@ -656,6 +746,8 @@ int main(void) {
         cmocka_unit_test(test_top_p_prefilter_model),
         cmocka_unit_test(test_large_vocab),
         cmocka_unit_test(test_broken_logits),
+        cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_logprobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,11 +4,13 @@
  * single sequence and is used only by the engine thread, so it holds no
  * locks. Everything it needs per call is allocated in sampler_new: a
  * candidate array of n_vocab (id, logit) pairs, a ring of the last
- * repeat_last_n accepted tokens and a per-token count of how often each id
- * occurs in that ring. sampler_sample never allocates.
+ * repeat_last_n accepted tokens, a per-token count of how often each id
+ * occurs in that ring and a copy of the logit biases. sampler_sample never
+ * allocates.
  *
  * The chain, in order:
  *
+ *   logit bias   logit += bias for each (id, bias) of the request
  *   penalties    on the logits of the tokens in the window, once per
  *                distinct token: repetition (CTRL style, logit > 0 ?
  *                logit / penalty : logit * penalty), then
@@ -30,6 +32,10 @@
  * Invariants: 0 <= n_window <= repeat_last_n; counts[t] is the number of
  * times t occurs in ring[0..n_window); the sum of counts equals n_window.
  * Every non-greedy sample consumes exactly one 64-bit draw of the PRNG.
+ *
+ * sampler_logprobs is separate from the chain: it reports the model's own
+ * distribution (log-softmax of the raw row), which is what a client asking
+ * for logprobs wants to see whatever sampling settings it chose.
  */
 #include "engine/sampler.h"
 
@@ -39,6 +45,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/err.h"
 #include "base/mem.h"
@@ -59,6 +66,7 @@ struct Sampler {
     int32_t ring_head;  /* next slot to write */
     int32_t n_window;   /* valid entries in ring */
     int32_t *counts;    /* (n_vocab) occurrences of each id in the ring */
+    SamplerBias *bias;  /* (params.n_logit_bias) owned copy; params.logit_bias points here */
     uint64_t rng[4];    /* xoshiro256** state, never all zero */
 };
 
@@ -108,6 +116,8 @@ void sampler_params_default(SamplerParams *p) {
     p->presence_penalty = 0.0f;
     p->frequency_penalty = 0.0f;
     p->seed = 0;
+    p->logit_bias = NULL;
+    p->n_logit_bias = 0;
 }
 
 /* Written as positive checks so that NaN fails every one of them. */
@@ -118,13 +128,22 @@ static bool params_valid(const SamplerParams *p) {
     if (!(isfinite(p->repeat_penalty) && p->repeat_penalty > 0.0f)) return false;
     if (p->repeat_last_n < 0) return false;
     if (!isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty)) return false;
+    if (p->n_logit_bias < 0 || (p->n_logit_bias > 0 && p->logit_bias == NULL)) return false;
+    return true;
+}
+
+static bool bias_valid(const SamplerParams *p, int32_t n_vocab) {
+    for (int32_t i = 0; i < p->n_logit_bias; i++) {
+        const SamplerBias *b = &p->logit_bias[i];
+        if (b->id < 0 || b->id >= n_vocab || !isfinite(b->bias)) return false;
+    }
     return true;
 }
 
 int sampler_new(const SamplerParams *p, int32_t n_vocab, Sampler **out) {
     if (out == NULL) return MN_EINVAL;
     *out = NULL;
-    if (p == NULL || n_vocab <= 0 || !params_valid(p)) return MN_EINVAL;
+    if (p == NULL || n_vocab <= 0 || !params_valid(p) || !bias_valid(p, n_vocab)) return MN_EINVAL;
 
     Sampler *s = mn_calloc(1, sizeof *s);
     if (s == NULL) return MN_ENOMEM;
@@ -134,10 +153,13 @@ int sampler_new(const SamplerParams *p, int32_t n_vocab, Sampler **out) {
     s->cands = mn_calloc((size_t)n_vocab, sizeof *s->cands);
     s->counts = mn_calloc((size_t)n_vocab, sizeof *s->counts);
     s->ring = mn_calloc(p->repeat_last_n > 0 ? (size_t)p->repeat_last_n : 1, sizeof *s->ring);
-    if (s->cands == NULL || s->counts == NULL || s->ring == NULL) {
+    s->bias = mn_calloc(p->n_logit_bias > 0 ? (size_t)p->n_logit_bias : 1, sizeof *s->bias);
+    if (s->cands == NULL || s->counts == NULL || s->ring == NULL || s->bias == NULL) {
         sampler_free(s);
         return MN_ENOMEM;
     }
+    if (p->n_logit_bias > 0) memcpy(s->bias, p->logit_bias, (size_t)p->n_logit_bias * sizeof *s->bias);
+    s->params.logit_bias = s->bias;
     rng_seed(s->rng, p->seed);
     *out = s;
     return MN_OK;
@@ -145,6 +167,7 @@ int sampler_new(const SamplerParams *p, int32_t n_vocab, Sampler **out) {
 
 void sampler_free(Sampler *s) {
     if (s == NULL) return;
+    mn_free(s->bias);
     mn_free(s->ring);
     mn_free(s->counts);
     mn_free(s->cands);
@@ -167,6 +190,14 @@ void sampler_accept(Sampler *s, int32_t token) {
     s->ring_head = (s->ring_head + 1 == cap) ? 0 : s->ring_head + 1;
 }
 
+/* The sampler's view of a logit: NaN as -FLT_MAX, infinities clamped. */
+static inline float logit_clean(float l) {
+    if (isnan(l)) return -FLT_MAX;
+    if (l > FLT_MAX) return FLT_MAX;
+    if (l < -FLT_MAX) return -FLT_MAX;
+    return l;
+}
+
 static void apply_penalties(Sampler *s, float *logits);
 static int32_t argmax(const float *logits, int32_t n);
 static int32_t top_k_select(SamplerCand *c, int32_t n, int32_t k);
@@ -177,16 +208,11 @@ int32_t sampler_sample(Sampler *s, float *logits) {
     const SamplerParams *p = &s->params;
     int32_t n = s->n_vocab;
 
+    for (int32_t i = 0; i < p->n_logit_bias; i++) logits[p->logit_bias[i].id] += p->logit_bias[i].bias;
     apply_penalties(s, logits);
     if (p->temperature <= 0.0f) return argmax(logits, n);
 
-    for (int32_t i = 0; i < n; i++) {
-        float l = logits[i];
-        if (isnan(l)) l = -FLT_MAX;
-        else if (l > FLT_MAX) l = FLT_MAX;
-        else if (l < -FLT_MAX) l = -FLT_MAX;
-        s->cands[i] = (SamplerCand){.id = i, .logit = l, .prob = 0.0f};
-    }
+    for (int32_t i = 0; i < n; i++) s->cands[i] = (SamplerCand){.id = i, .logit = logit_clean(logits[i]), .prob = 0.0f};
 
     int32_t n_cand = n;
     bool is_sorted = false;
@@ -195,6 +221,43 @@ int32_t sampler_sample(Sampler *s, float *logits) {
         is_sorted = true;
     }
     return sample_filtered(s, n_cand, is_sorted);
+}
+
+/* logit - lse as a float; -FLT_MAX - FLT_MAX (a NaN row entry beside an
+ * infinite one) would round to -inf, so it is clamped. */
+static float logprob_of(float logit, double lse) {
+    double x = (double)logit - lse;
+    return x < -FLT_MAX ? -FLT_MAX : (float)x;
+}
+
+void sampler_logprobs(const float *logits, int32_t n_vocab, int32_t token, int n_top, TokenProb *chosen,
+                      TokenProb *top) {
+    assert(logits != NULL && n_vocab > 0 && token >= 0 && token < n_vocab && chosen != NULL);
+    assert(n_top >= 0 && n_top <= SAMPLER_MAX_TOP_LOGPROBS && (n_top == 0 || top != NULL));
+    if (n_top > n_vocab) n_top = n_vocab;
+    /* One pass keeps the max and the n_top best (insertion into a short
+     * sorted list: most candidates are rejected with one comparison);
+     * top[].logprob holds the logit until the end. */
+    float max_l = -FLT_MAX;
+    int n_have = 0;
+    for (int32_t i = 0; i < n_vocab; i++) {
+        float l = logit_clean(logits[i]);
+        if (l > max_l) max_l = l;
+        if (n_top == 0 || (n_have == n_top && !(l > top[n_have - 1].logprob))) continue;
+        int at = n_have < n_top ? n_have++ : n_top - 1; /* equal logits keep the lower id first */
+        while (at > 0 && l > top[at - 1].logprob) {
+            top[at] = top[at - 1];
+            at--;
+        }
+        top[at] = (TokenProb){.id = i, .logprob = l};
+    }
+    /* log-sum-exp around the max: every term is in (0, 1], the sum >= 1 */
+    double sum = 0.0;
+    for (int32_t i = 0; i < n_vocab; i++) sum += exp((double)logit_clean(logits[i]) - max_l);
+    double lse = (double)max_l + log(sum);
+    for (int i = 0; i < n_have; i++) top[i].logprob = logprob_of(top[i].logprob, lse);
+    chosen->id = token;
+    chosen->logprob = logprob_of(logit_clean(logits[token]), lse);
 }
 
 /* ----------------------------------------------------------------- helpers */

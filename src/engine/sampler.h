@@ -1,7 +1,8 @@
 /* sampler.h — choose the next token from a row of logits.
  *
- * The chain, in llama.cpp's default order: penalties (repetition over the
- * last repeat_last_n accepted tokens, frequency, presence) -> top-k ->
+ * The chain, in llama.cpp's default order: logit bias -> penalties
+ * (repetition over the last repeat_last_n accepted tokens, frequency,
+ * presence) -> top-k ->
  * top-p -> min-p -> temperature -> draw with the sampler's own seeded RNG.
  * temperature <= 0 is greedy (argmax after penalties; ties go to the lowest
  * id). The same params, seed and sequence of logits give the same tokens.
@@ -11,6 +12,13 @@
 #define MN_SAMPLER_H
 
 #include <stdint.h>
+
+/* A bias added to one token's logit before anything else (OpenAI's
+ * logit_bias: -100 all but bans the token, 100 all but forces it). */
+typedef struct SamplerBias {
+    int32_t id;  /* in [0, n_vocab) */
+    float bias;  /* finite */
+} SamplerBias;
 
 typedef struct SamplerParams {
     float temperature;       /* default 0.8; <= 0 greedy */
@@ -22,17 +30,40 @@ typedef struct SamplerParams {
     float presence_penalty;  /* default 0 */
     float frequency_penalty; /* default 0 */
     uint64_t seed;           /* default 0xFFFFFFFF-style "random" is the caller's job */
+    const SamplerBias *logit_bias; /* (n_logit_bias) borrowed: sampler_new copies it; an id
+                                      given twice adds both biases. Default none */
+    int32_t n_logit_bias;
 } SamplerParams;
+
+/* A token and its log-probability. */
+typedef struct TokenProb {
+    int32_t id;
+    float logprob;
+} TokenProb;
+
+#define SAMPLER_MAX_TOP_LOGPROBS 20 /* OpenAI's limit on top_logprobs */
 
 typedef struct Sampler Sampler;
 
 void sampler_params_default(SamplerParams *p);
-/* MN_OK, MN_EINVAL for out-of-range params, MN_ENOMEM. */
+/* MN_OK, MN_EINVAL for out-of-range params (a logit_bias id outside the
+ * vocabulary included), MN_ENOMEM. */
 int sampler_new(const SamplerParams *p, int32_t n_vocab, Sampler **out);
 void sampler_free(Sampler *s);
 /* Record a token of the sequence (prompt or generated) for the penalties. */
 void sampler_accept(Sampler *s, int32_t token);
 /* Pick the next token; logits (n_vocab) may be modified. */
 int32_t sampler_sample(Sampler *s, float *logits);
+
+/* The log-probabilities of the model's distribution: the log-softmax of
+ * logits (n_vocab, unchanged) as they come from the model, before bias,
+ * penalties, temperature and truncation — what OpenAI's logprobs report.
+ * *chosen gets token's; top[0..n_top) the n_top most likely tokens, best
+ * first, ties to the lower id (0 <= n_top <= SAMPLER_MAX_TOP_LOGPROBS;
+ * top may be NULL when n_top is 0). Logits are sanitized as the sampler
+ * does (NaN as -FLT_MAX, infinities clamped), so every result is finite
+ * and <= 0. Never allocates. */
+void sampler_logprobs(const float *logits, int32_t n_vocab, int32_t token, int n_top, TokenProb *chosen,
+                      TokenProb *top);
 
 #endif
