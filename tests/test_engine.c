@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <sys/resource.h>
@@ -19,6 +20,7 @@
 #include "cache/store.h"
 #include "cache/tier.h"
 #include "engine/engine.h"
+#include "engine/mref.h"
 #include "engine/runner.h"
 #include "model/model.h"
 
@@ -41,24 +43,38 @@ static void greedy_params(ReqParams *p, int max_tokens) {
     p->ignore_eos = true;
 }
 
-/* Read a request to its end; returns the text (malloc'd). */
-static char *drain(Request *r, ReqResult *res) {
+/* Read a request to its end; returns the text (malloc'd). With lp, the
+ * logprob records of all reads are gathered into *lp (malloc'd, *n_lp). */
+static char *drain_lp(Request *r, ReqResult *res, ReqLogprob **lp, size_t *n_lp) {
     size_t cap = 1024, n = 0;
     char *all = malloc(cap);
     all[0] = '\0';
+    if (lp) {
+        *lp = NULL;
+        *n_lp = 0;
+    }
     for (;;) {
-        char *t;
-        size_t len;
-        bool done;
-        assert_int_equal(request_read(r, &t, &len, &done, res, 1000), MN_OK);
-        if (n + len + 1 > cap) all = realloc(all, cap = 2 * (n + len + 1));
-        memcpy(all + n, t, len);
-        n += len;
+        ReqOutput o;
+        assert_int_equal(request_read(r, &o, 1000), MN_OK);
+        if (n + o.len + 1 > cap) all = realloc(all, cap = 2 * (n + o.len + 1));
+        memcpy(all + n, o.text, o.len);
+        n += o.len;
         all[n] = '\0';
-        mn_free(t);
-        if (done) return all;
+        if (lp) {
+            *lp = realloc(*lp, (*n_lp + o.n_logprobs + 1) * sizeof **lp);
+            memcpy(*lp + *n_lp, o.logprobs, o.n_logprobs * sizeof **lp);
+            *n_lp += o.n_logprobs;
+        } else {
+            assert_int_equal(o.n_logprobs, 0); /* none unless asked for */
+        }
+        bool is_done = o.is_done;
+        if (is_done && res) *res = o.res;
+        request_output_deinit(&o);
+        if (is_done) return all;
     }
 }
+
+static char *drain(Request *r, ReqResult *res) { return drain_lp(r, res, NULL, NULL); }
 
 /* Greedy reference text of n tokens after prompt, by the runner. */
 typedef struct Greedy {
@@ -426,6 +442,7 @@ static void test_stop_and_cancel(void **s) {
     r = request_new(prompt, 5, &p, "", NULL);
     assert_int_equal(engine_submit(e, r, &err), MN_ERANGE);
     assert_non_null(strstr(err.msg, "context"));
+    assert_non_null(strstr(err.msg, "max_tokens must be between 1 and 507")); /* the allowed range */
     request_unref(r);
     settle(e); /* a cancelled request's blocks go back right after its answer */
     engine_free(e);
@@ -562,12 +579,11 @@ static void check_schedule(SchedPolicy policy, bool cached_first) {
     Request *a = request_new(fresh + 1, 20, &p, "", NULL); /* occupies the only slot */
     assert_int_equal(engine_submit(e, a, &err), MN_OK);
     for (;;) { /* wait until it runs */
-        char *t;
-        size_t len;
-        bool done;
-        assert_int_equal(request_read(a, &t, &len, &done, &res, 1000), MN_OK);
-        mn_free(t);
-        if (len > 0 || done) break;
+        ReqOutput out;
+        assert_int_equal(request_read(a, &out, 1000), MN_OK);
+        bool is_running = out.len > 0 || out.is_done;
+        request_output_deinit(&out);
+        if (is_running) break;
     }
     greedy_params(&p, 20);
     Request *b = request_new(fresh, 41, &p, "", NULL); /* arrives first, nothing cached */
@@ -616,6 +632,161 @@ static float *reference_logits(Model *m, const int32_t *prompt, int n_prompt) {
     assert_int_equal(runner_eval(&r, prompt, n_prompt, false, row_copy, &c, &err), MN_OK);
     runner_deinit(&r);
     return c.out;
+}
+
+/* log-softmax of a row, in double, from the definition. */
+static void log_softmax(const float *x, int n, double *out) {
+    double max = x[0], sum = 0;
+    for (int i = 1; i < n; i++) max = x[i] > max ? x[i] : max;
+    for (int i = 0; i < n; i++) sum += exp((double)x[i] - max);
+    for (int i = 0; i < n; i++) out[i] = (double)x[i] - max - log(sum);
+}
+
+/* The text (and its code points) that the ids give, as an answer's text. */
+static size_t answer_text(const Model *m, const int32_t *ids, int n, char *out, size_t cap, int *n_chars) {
+    TokStream ts;
+    tok_stream_init(&ts, m->tok, false);
+    ts.at_start = false;
+    size_t len = 0, k;
+    for (int i = 0; i < n; i++) {
+        tok_stream_push(&ts, ids[i], out + len, cap - len, &k);
+        len += k;
+    }
+    *n_chars = 0;
+    for (size_t i = 0; i < len; i++) *n_chars += ((unsigned char)out[i] & 0xC0) != 0x80;
+    return len;
+}
+
+/* Each generated token's logprobs are the log-softmax of the model's own
+ * logits at its position — recomputed here by the runner for the prompt
+ * plus the tokens before it — whatever the sampling settings (a high
+ * temperature, penalties and a logit_bias that forces a token change the
+ * draw, not the numbers); the top alternatives are the row's best ids;
+ * text_offset counts the code points before the token; a stop string
+ * keeps the records of the tokens that began before it. */
+static void test_logprobs(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    const int n_vocab = m->cfg.n_vocab, N_GEN = 14, N_TOP = 7;
+    EngineOptions o;
+    engine_options_default(&o);
+    o.block_tokens = 8;
+    Engine *e;
+    MnErr err = {0};
+    assert_int_equal(engine_new(m, &o, &e, &err), MN_OK);
+    int32_t prompt[64];
+    make_prompt(prompt, 21, n_vocab, 11, 1);
+    for (int variant = 0; variant < 2; variant++) {
+        ReqParams p;
+        greedy_params(&p, N_GEN);
+        SamplerBias force = {.id = 300, .bias = 100.0f};
+        if (variant == 0) { /* sampled, with penalties */
+            p.sp.temperature = 1.7f;
+            p.sp.top_k = 0;
+            p.sp.top_p = 1.0f;
+            p.sp.min_p = 0.0f;
+            p.sp.seed = 42;
+            p.sp.repeat_penalty = 1.3f;
+            p.sp.frequency_penalty = 0.5f;
+        } else { /* greedy, one token forced by its bias */
+            p.sp.logit_bias = &force;
+            p.sp.n_logit_bias = 1;
+        }
+        p.is_logprobs = true;
+        p.n_top_logprobs = N_TOP;
+        float *first = calloc((size_t)n_vocab, sizeof *first);
+        p.first_logits = first;
+        Request *r = request_new(prompt, 21, &p, "", NULL);
+        assert_int_equal(engine_submit(e, r, &err), MN_OK);
+        ReqResult res;
+        ReqLogprob *lp;
+        size_t n_lp;
+        char *text = drain_lp(r, &res, &lp, &n_lp);
+        request_unref(r);
+        assert_int_equal(n_lp, N_GEN);
+        int32_t seq[64];
+        memcpy(seq, prompt, 21 * sizeof *seq);
+        double *want = malloc((size_t)n_vocab * sizeof *want);
+        for (int k = 0; k < N_GEN; k++) {
+            float *ref = reference_logits(m, seq, 21 + k);
+            if (k == 0) assert_memory_equal(ref, first, (size_t)n_vocab * sizeof *ref);
+            log_softmax(ref, n_vocab, want);
+            int32_t id = lp[k].token.id;
+            if (variant == 1) assert_int_equal(id, 300);
+            assert_float_equal(lp[k].token.logprob, want[id], 1e-4);
+            assert_int_equal(lp[k].n_top, N_TOP);
+            int32_t top_ids[MREF_K];
+            float top_vals[MREF_K];
+            mref_top_k(ref, n_vocab, N_TOP, top_ids, top_vals);
+            for (int j = 0; j < N_TOP; j++) {
+                assert_int_equal(lp[k].top[j].id, top_ids[j]);
+                assert_float_equal(lp[k].top[j].logprob, want[top_ids[j]], 1e-4);
+            }
+            char buf[4096];
+            int n_chars;
+            answer_text(m, seq + 21, k, buf, sizeof buf, &n_chars);
+            assert_int_equal(lp[k].text_offset, n_chars);
+            seq[21 + k] = id;
+            free(ref);
+        }
+        /* the answer is the text of the ids */
+        char whole[4096];
+        int n_chars;
+        size_t len = answer_text(m, seq + 21, N_GEN, whole, sizeof whole, &n_chars);
+        assert_true(len <= strlen(text));
+        assert_memory_equal(text, whole, len);
+        free(want);
+        free(first);
+        free(lp);
+        free(text);
+    }
+
+    /* a stop string in the middle of a greedy answer: the records are those
+     * of the tokens whose text begins before it */
+    ReqParams p;
+    greedy_params(&p, 40);
+    p.is_logprobs = true;
+    Request *r = request_new(prompt, 21, &p, "", NULL);
+    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    ReqLogprob *all;
+    size_t n_all;
+    char *text = drain_lp(r, NULL, &all, &n_all);
+    request_unref(r);
+    assert_int_equal(n_all, 40);
+    size_t text_len = strlen(text), cut = text_len / 2;
+    while (cut < text_len && ((unsigned char)text[cut] & 0xC0) == 0x80) cut++;
+    char stop[8] = {0};
+    memcpy(stop, text + cut, text_len - cut < 4 ? text_len - cut : 4);
+    cut = (size_t)(strstr(text, stop) - text); /* its first occurrence */
+    int32_t ids[64];
+    for (size_t k = 0; k < n_all; k++) ids[k] = all[k].token.id;
+    int n_before = 0; /* tokens whose text starts before the cut */
+    for (int k = 0; k < 40; k++) {
+        char buf[4096];
+        int n_chars;
+        if (answer_text(m, ids, k, buf, sizeof buf, &n_chars) < cut) n_before = k + 1;
+    }
+    greedy_params(&p, 40);
+    p.is_logprobs = true;
+    p.stop[0] = stop;
+    p.n_stop = 1;
+    r = request_new(prompt, 21, &p, "", NULL);
+    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    ReqLogprob *lp;
+    size_t n_lp;
+    char *cut_text = drain_lp(r, NULL, &lp, &n_lp);
+    request_unref(r);
+    assert_int_equal(strlen(cut_text), cut);
+    assert_int_equal(n_lp, n_before);
+    assert_true(n_lp < n_all);
+    assert_memory_equal(lp, all, n_lp * sizeof *lp);
+    free(cut_text);
+    free(lp);
+    free(text);
+    free(all);
+    settle(e);
+    engine_free(e);
+    model_free(m);
 }
 
 /* Run one greedy request; its first logits into logits (n_vocab). */
@@ -1426,6 +1597,7 @@ int main(void) {
         cmocka_unit_test(test_schedule_fpf),
         cmocka_unit_test(test_schedule_relaxed_fpf),
         cmocka_unit_test(test_stop_and_cancel),
+        cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_cache_ttl),
         cmocka_unit_test(test_cache_ttl_tiers),
         cmocka_unit_test(test_leading_blocks_recomputed),

@@ -1,7 +1,11 @@
 /* hash.c — XXH3-128 behind the Hash128 type (see hash.h). */
 #include "base/hash.h"
 
+#include <fcntl.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "base/err.h"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -40,4 +44,19 @@ void hash128_hex(const Hash128 *h, char out[33]) {
         out[2 * i + 1] = hex[h->b[i] & 15];
     }
     out[32] = '\0';
+}
+
+int hash128_file(const char *path, Hash128 *out) {
+    memset(out, 0, sizeof *out);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return MN_EIO;
+    Hasher h;
+    hasher_init(&h);
+    unsigned char buf[1 << 16];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0) hasher_update(&h, buf, (size_t)n);
+    close(fd);
+    if (n < 0) return MN_EIO;
+    *out = hasher_final(&h);
+    return MN_OK;
 }

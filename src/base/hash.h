@@ -30,4 +30,8 @@ bool hash128_eq(const Hash128 *a, const Hash128 *b);
 /* Lower-case hex, 32 characters + NUL. */
 void hash128_hex(const Hash128 *h, char out[33]);
 
+/* The hash of a whole file's contents (read in pieces, nothing allocated).
+ * MN_OK, or MN_EIO when it cannot be opened or read (*out zeroed). */
+int hash128_file(const char *path, Hash128 *out);
+
 #endif

@@ -4,7 +4,8 @@
  *   - the engine thread owns the pool, the index, the Forward, and every
  *     Active (a request being served: its block table, sampler, token list);
  *   - other threads own their Request references; a Request's output channel
- *     (text, done, result) is guarded by the Request's own mutex;
+ *     (text, logprob records, done, result) is guarded by the Request's own
+ *     mutex;
  *   - the inbox (submit/cancel/stop messages, and the mover's events) is
  *     guarded by the engine's inbox mutex; engine statistics by the stats
  *     mutex.
@@ -54,18 +55,23 @@ struct Request {
     size_t n_prompt;
     ReqParams params;
     char *stops[ENGINE_MAX_STOP];
+    SamplerBias *bias; /* (params.sp.n_logit_bias) the copy params.sp.logit_bias points to */
     char *ns;
     char *session;
     double t_created; /* request_new: TTFT counts from here, queueing included */
     /* output, guarded by lock */
     char *out;
     size_t out_len, out_cap;
+    ReqLogprob *lp;      /* records not read yet */
+    size_t n_lp, cap_lp;
     bool is_done;
     ReqResult result;
 };
 
 Request *request_new(const int32_t *prompt, size_t n, const ReqParams *p, const char *ns, const char *session) {
-    if (n == 0 || p->max_tokens <= 0 || p->n_stop < 0 || p->n_stop > ENGINE_MAX_STOP) return NULL;
+    if (n == 0 || p->max_tokens <= 0 || p->n_stop < 0 || p->n_stop > ENGINE_MAX_STOP || p->n_top_logprobs < 0 ||
+        p->n_top_logprobs > ENGINE_MAX_TOP_LOGPROBS || p->sp.n_logit_bias < 0)
+        return NULL;
     Request *r = mn_calloc(1, sizeof *r);
     if (r == NULL) return NULL;
     pthread_mutex_init(&r->lock, NULL);
@@ -77,7 +83,11 @@ Request *request_new(const int32_t *prompt, size_t n, const ReqParams *p, const 
     r->prompt = mn_malloc(n * sizeof *prompt);
     r->ns = mn_strdup(ns ? ns : "");
     r->session = session ? mn_strdup(session) : NULL;
-    bool ok = r->prompt && r->ns && (!session || r->session);
+    size_t n_bias = (size_t)p->sp.n_logit_bias;
+    r->bias = n_bias ? mn_malloc(n_bias * sizeof *r->bias) : NULL;
+    if (r->bias) memcpy(r->bias, p->sp.logit_bias, n_bias * sizeof *r->bias);
+    r->params.sp.logit_bias = r->bias;
+    bool ok = r->prompt && r->ns && (!session || r->session) && (n_bias == 0 || r->bias);
     for (int i = 0; ok && i < p->n_stop; i++) {
         r->stops[i] = mn_strdup(p->stop[i]);
         r->params.stop[i] = r->stops[i];
@@ -105,18 +115,20 @@ void request_unref(Request *r) {
     if (left > 0) return;
     for (int i = 0; i < ENGINE_MAX_STOP; i++) mn_free(r->stops[i]);
     mn_free(r->prompt);
+    mn_free(r->bias);
     mn_free(r->ns);
     mn_free(r->session);
     mn_free(r->out);
+    mn_free(r->lp);
     pthread_cond_destroy(&r->cond);
     pthread_mutex_destroy(&r->lock);
     mn_free(r);
 }
 
-/* Engine side: append text to the channel. On allocation failure the text
- * is dropped and the request will finish with an error. */
-static int request_emit(Request *r, const char *text, size_t len) {
-    if (len == 0) return MN_OK;
+/* Engine side: append text and the records of the tokens it completes to
+ * the channel. On allocation failure they are dropped (MN_ENOMEM). */
+static int request_emit(Request *r, const char *text, size_t len, const HeldLogprob *lp, size_t n_lp) {
+    if (len == 0 && n_lp == 0) return MN_OK;
     int rc = MN_OK;
     pthread_mutex_lock(&r->lock);
     if (r->out_len + len + 1 > r->out_cap) {
@@ -129,9 +141,20 @@ static int request_emit(Request *r, const char *text, size_t len) {
             r->out_cap = cap;
         }
     }
+    if (rc == MN_OK && r->n_lp + n_lp > r->cap_lp) {
+        size_t cap = r->cap_lp ? r->cap_lp : 16;
+        while (cap < r->n_lp + n_lp) cap *= 2;
+        ReqLogprob *b = mn_realloc(r->lp, cap * sizeof *b);
+        if (b == NULL) rc = MN_ENOMEM;
+        else {
+            r->lp = b;
+            r->cap_lp = cap;
+        }
+    }
     if (rc == MN_OK) {
-        memcpy(r->out + r->out_len, text, len);
+        if (len) memcpy(r->out + r->out_len, text, len);
         r->out_len += len;
+        for (size_t i = 0; i < n_lp; i++) r->lp[r->n_lp++] = lp[i].rec;
         pthread_cond_broadcast(&r->cond);
     }
     pthread_mutex_unlock(&r->lock);
@@ -146,7 +169,8 @@ static void request_finish(Request *r, const ReqResult *res) {
     pthread_mutex_unlock(&r->lock);
 }
 
-int request_read(Request *r, char **text, size_t *len, bool *done, ReqResult *res, int timeout_ms) {
+int request_read(Request *r, ReqOutput *out, int timeout_ms) {
+    memset(out, 0, sizeof *out);
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
     deadline.tv_sec += timeout_ms / 1000;
@@ -156,18 +180,29 @@ int request_read(Request *r, char **text, size_t *len, bool *done, ReqResult *re
         deadline.tv_nsec -= 1000000000L;
     }
     pthread_mutex_lock(&r->lock);
-    while (r->out_len == 0 && !r->is_done)
+    while (r->out_len == 0 && r->n_lp == 0 && !r->is_done)
         if (pthread_cond_timedwait(&r->cond, &r->lock, &deadline) != 0) break;
-    *text = mn_strndup(r->out ? r->out : "", r->out_len);
-    int rc = *text ? MN_OK : MN_ENOMEM;
+    out->text = mn_strndup(r->out ? r->out : "", r->out_len);
+    int rc = out->text ? MN_OK : MN_ENOMEM;
     if (rc == MN_OK) {
-        *len = r->out_len;
+        out->len = r->out_len;
         r->out_len = 0;
+        out->logprobs = r->lp; /* handed over whole: the engine starts a new array */
+        out->n_logprobs = r->n_lp;
+        r->lp = NULL;
+        r->n_lp = r->cap_lp = 0;
+        out->is_done = r->is_done;
+        if (out->is_done) out->res = r->result;
     }
-    *done = r->is_done && r->out_len == 0;
-    if (*done && res) *res = r->result;
     pthread_mutex_unlock(&r->lock);
     return rc;
+}
+
+void request_output_deinit(ReqOutput *o) {
+    if (o == NULL) return;
+    mn_free(o->text);
+    mn_free(o->logprobs);
+    memset(o, 0, sizeof *o);
 }
 
 void engine_options_default(EngineOptions *o) {
@@ -218,6 +253,7 @@ static void active_free(Engine *e, Active *a) {
     mn_free(a->hashes);
     mn_free(a->pending);
     mn_free(a->reply);
+    mn_free(a->lp_held);
     request_unref(a->req);
     mn_free(a);
 }
@@ -333,6 +369,55 @@ void engine_stats(Engine *e, EngineStats *out) {
     pthread_mutex_unlock(&e->stats_lock);
 }
 
+/* ---- emitting text and logprobs ------------------------------------------------- */
+
+/* Which held records go out with a piece of text (see request_read). */
+typedef enum Release {
+    RELEASE_ENDED, /* those whose text is all out */
+    RELEASE_CUT,   /* a stop string cut the text here: those that began before the
+                      cut go, the others are dropped (they are not in the answer) */
+    RELEASE_ALL,   /* the answer is complete */
+} Release;
+
+/* Emit text[0..len) (the next bytes of the answer) with the held records
+ * that release lets go, and keep the text for the reply memory. */
+static void active_emit(Active *a, const char *text, size_t len, Release release) {
+    size_t out = a->n_reply + len; /* bytes of the answer emitted after this */
+    int n = 0;
+    while (n < a->n_lp_held &&
+           (release == RELEASE_ALL || (release == RELEASE_CUT ? a->lp_held[n].start < out : a->lp_held[n].end <= out)))
+        n++;
+    request_emit(a->req, text, len, a->lp_held, (size_t)n);
+    if (len) buf_append(&a->reply, &a->n_reply, &a->cap_reply, text, len);
+    if (release == RELEASE_CUT) n = a->n_lp_held;
+    memmove(a->lp_held, a->lp_held + n, (size_t)(a->n_lp_held - n) * sizeof *a->lp_held);
+    a->n_lp_held -= n;
+}
+
+/* Hold rec for the token whose text the token stream just gave (n_piece
+ * bytes, not counted yet). MN_ENOMEM drops the record. */
+static int active_hold_logprob(Active *a, const ReqLogprob *rec, size_t n_piece) {
+    if (a->n_lp_held == a->cap_lp_held) {
+        int cap = a->cap_lp_held ? 2 * a->cap_lp_held : 8;
+        HeldLogprob *b = mn_realloc(a->lp_held, (size_t)cap * sizeof *b);
+        if (b == NULL) return MN_ENOMEM;
+        a->lp_held = b;
+        a->cap_lp_held = cap;
+    }
+    HeldLogprob *h = &a->lp_held[a->n_lp_held++];
+    h->rec = *rec;
+    h->rec.text_offset = a->n_text_chars;
+    h->start = a->n_text_bytes;
+    h->end = a->n_text_bytes + n_piece;
+    return MN_OK;
+}
+
+/* Count the token stream's output (valid UTF-8: a code point per lead byte). */
+static void active_count_text(Active *a, const char *piece, size_t n) {
+    a->n_text_bytes += n;
+    for (size_t i = 0; i < n; i++) a->n_text_chars += ((unsigned char)piece[i] & 0xC0) != 0x80;
+}
+
 /* ---- finishing ------------------------------------------------------------------- */
 
 /* Emit the text held back (it is final now) and finish the request; the
@@ -344,10 +429,8 @@ static void active_complete(Engine *e, Active *a, FinishReason why, const char *
     if (why != FINISH_ERROR) {
         tok_stream_flush(&a->ts, e->piece, e->piece_cap, &n_out);
         if (!a->is_stop_cut) buf_append(&a->pending, &a->n_pending, &a->cap_pending, e->piece, n_out);
-        if (a->n_pending) {
-            request_emit(a->req, a->pending, a->n_pending);
-            buf_append(&a->reply, &a->n_reply, &a->cap_reply, a->pending, a->n_pending);
-        }
+        active_emit(a, a->pending, a->n_pending, RELEASE_ALL);
+        a->n_pending = 0;
     }
     /* remember the ids of a complete reply (not one cut by a stop string or a
      * cancel: then the text is not what those ids decode to) */
@@ -396,10 +479,13 @@ static size_t stop_holdback(const ReqParams *p, const char *s, size_t n) {
     return best;
 }
 
-/* Add a generated token's text; returns true when a stop string ended the reply. */
-static bool active_push_text(Engine *e, Active *a, int32_t id) {
+/* Add a generated token's text (and, when the request wants them, its
+ * logprobs rec); returns true when a stop string ended the reply. */
+static bool active_push_text(Engine *e, Active *a, int32_t id, const ReqLogprob *rec) {
     size_t n_out = 0;
     tok_stream_push(&a->ts, id, e->piece, e->piece_cap, &n_out);
+    if (rec) active_hold_logprob(a, rec, n_out);
+    active_count_text(a, e->piece, n_out);
     if (buf_append(&a->pending, &a->n_pending, &a->cap_pending, e->piece, n_out) != MN_OK) return false;
     const ReqParams *p = &a->req->params;
     size_t cut = a->n_pending;
@@ -412,10 +498,7 @@ static bool active_push_text(Engine *e, Active *a, int32_t id) {
         }
     }
     size_t emit = stopped ? cut : a->n_pending - stop_holdback(p, a->pending, a->n_pending);
-    if (emit > 0) {
-        request_emit(a->req, a->pending, emit);
-        buf_append(&a->reply, &a->n_reply, &a->cap_reply, a->pending, emit);
-    }
+    active_emit(a, a->pending, emit, stopped ? RELEASE_CUT : RELEASE_ENDED);
     if (stopped) {
         a->n_pending = 0;
         a->is_stop_cut = true;
@@ -428,19 +511,26 @@ static bool active_push_text(Engine *e, Active *a, int32_t id) {
 
 /* Sample the next token of a; returns false when a has finished (and is freed). */
 static bool active_sample(Engine *e, Active *a, float *logits) {
-    if (a->n_generated == 0 && a->req->params.first_logits)
-        memcpy(a->req->params.first_logits, logits, (size_t)e->m->cfg.n_vocab * sizeof *logits);
-    int32_t next = sampler_sample(a->smp, logits);
-    if (a->t_first == 0) a->t_first = mn_now();
     const ReqParams *p = &a->req->params;
+    int32_t n_vocab = e->m->cfg.n_vocab;
+    if (a->n_generated == 0 && p->first_logits) memcpy(p->first_logits, logits, (size_t)n_vocab * sizeof *logits);
+    float *row = logits; /* the sampler changes its row: logprobs need it raw */
+    if (p->is_logprobs) row = memcpy(e->lp_row, logits, (size_t)n_vocab * sizeof *logits);
+    int32_t next = sampler_sample(a->smp, row);
+    if (a->t_first == 0) a->t_first = mn_now();
     if (!p->ignore_eos && tok_is_eog(e->m->tok, next)) {
         active_finish(e, a, FINISH_STOP, NULL);
         return false;
     }
+    ReqLogprob rec;
+    if (p->is_logprobs) {
+        rec.n_top = p->n_top_logprobs < n_vocab ? p->n_top_logprobs : n_vocab;
+        sampler_logprobs(logits, n_vocab, next, rec.n_top, &rec.token, rec.top);
+    }
     sampler_accept(a->smp, next);
     a->tokens[a->n_tokens++] = next;
     a->n_generated++;
-    if (active_push_text(e, a, next)) {
+    if (active_push_text(e, a, next, p->is_logprobs ? &rec : NULL)) {
         active_finish(e, a, FINISH_STOP, NULL);
         return false;
     }
@@ -1015,12 +1105,23 @@ int engine_submit(Engine *e, Request *r, MnErr *err) {
     for (int i = 0; i < n; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= e->m->cfg.n_vocab)
             return mn_err_set(err, MN_EINVAL, "token id %d is out of range [0, %d)", r->prompt[i], e->m->cfg.n_vocab);
-    if ((int64_t)n + r->params.max_tokens > e->opt.n_ctx)
-        return mn_err_set(err, MN_ERANGE, "the prompt (%d tokens) plus max_tokens (%d) exceed the context of %d tokens", n,
-                          r->params.max_tokens, e->opt.n_ctx);
-    int need = (n + r->params.max_tokens + e->opt.block_tokens - 1) / e->opt.block_tokens;
-    if (need > e->pool.n_blocks)
-        return mn_err_set(err, MN_ERANGE, "the request needs %d KV blocks but the pool has %d", need, e->pool.n_blocks);
+    const SamplerParams *sp = &r->params.sp;
+    for (int i = 0; i < sp->n_logit_bias; i++)
+        if (sp->logit_bias[i].id < 0 || sp->logit_bias[i].id >= e->m->cfg.n_vocab)
+            return mn_err_set(err, MN_EINVAL, "logit_bias: token id %d is out of range [0, %d)", sp->logit_bias[i].id,
+                              e->m->cfg.n_vocab);
+    /* a sequence holds at most the context, and the pool's blocks */
+    int64_t pool_tokens = (int64_t)e->pool.n_blocks * e->opt.block_tokens;
+    bool is_pool = pool_tokens < e->opt.n_ctx;
+    int64_t room = is_pool ? pool_tokens : e->opt.n_ctx;
+    if ((int64_t)n + r->params.max_tokens > room) {
+        if (n >= room)
+            return mn_err_set(err, MN_ERANGE, "the prompt has %d tokens; the %s holds %lld", n,
+                              is_pool ? "KV pool" : "context", (long long)room);
+        return mn_err_set(err, MN_ERANGE,
+                          "max_tokens must be between 1 and %lld for this prompt of %d tokens (the %s holds %lld)",
+                          (long long)(room - n), n, is_pool ? "KV pool" : "context", (long long)room);
+    }
     int rc = post(e, MSG_SUBMIT, r, true);
     if (rc == MN_EBUSY) mn_err_set(err, rc, "the queue is full (%d requests)", e->opt.max_queue);
     else if (rc) mn_err_set(err, rc, "the engine is %s", rc == MN_ECANCELED ? "shutting down" : "out of memory");
@@ -1104,8 +1205,9 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         }
         e->piece_cap = tok_max_piece_bytes(m->tok) + 16;
         e->piece = mn_malloc(e->piece_cap);
+        e->lp_row = mn_malloc((size_t)m->cfg.n_vocab * sizeof *e->lp_row);
         if (rc || !e->replies || !e->running || !e->b_owner || !e->b_seqs || !e->b_tok || !e->b_seq || !e->b_pos ||
-            !e->b_logit || !e->piece)
+            !e->b_logit || !e->piece || !e->lp_row)
             rc = mn_err_set(err, MN_ENOMEM, "out of memory");
     }
     if (rc == MN_OK) {
@@ -1179,6 +1281,7 @@ void engine_free(Engine *e) {
     mn_free(e->b_pos);
     mn_free(e->b_logit);
     mn_free(e->piece);
+    mn_free(e->lp_row);
     mn_free(e->slot_pos);
     mn_free(e->slot_inserted);
     mn_free(e->slot_conv);

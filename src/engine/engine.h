@@ -69,15 +69,30 @@ const char *engine_source_name(CacheSource s); /* "pool", "ram", "disk" */
 #define ENGINE_MAX_STOP 4
 
 typedef struct ReqParams {
-    SamplerParams sp;
+    SamplerParams sp;     /* sp.logit_bias is copied by request_new */
     int max_tokens;       /* > 0 */
     bool ignore_eos;
     const char *stop[ENGINE_MAX_STOP]; /* copied by request_new */
     int n_stop;
+    bool is_logprobs;     /* report each generated token's logprob (ReqOutput.logprobs) */
+    int n_top_logprobs;   /* ... with this many alternatives, 0..ENGINE_MAX_TOP_LOGPROBS */
     float *first_logits;  /* optional (n_vocab) floats: the logits the first token was
                              sampled from are copied here before the request finishes
                              (tests compare restore paths with a recompute) */
 } ReqParams;
+
+#define ENGINE_MAX_TOP_LOGPROBS SAMPLER_MAX_TOP_LOGPROBS
+
+/* The log-probabilities at one generated token: the model's distribution
+ * (sampler_logprobs: log-softmax of the raw logits, whatever the sampling
+ * settings), the token drawn from it and the most likely alternatives. */
+typedef struct ReqLogprob {
+    TokenProb token;                        /* the generated token */
+    TokenProb top[ENGINE_MAX_TOP_LOGPROBS]; /* top[0..n_top): the most likely tokens, best first */
+    int32_t n_top;                          /* ReqParams.n_top_logprobs (fewer for a tiny vocabulary) */
+    int32_t text_offset;                    /* code points of the answer's text before the character
+                                               where this token's text begins */
+} ReqLogprob;
 
 typedef enum FinishReason {
     FINISH_NONE = 0,  /* still running */
@@ -107,11 +122,28 @@ typedef struct Engine Engine;
 Request *request_new(const int32_t *prompt, size_t n, const ReqParams *p, const char *ns, const char *session);
 void request_unref(Request *r);
 
-/* Wait up to timeout_ms for output. *text receives the text produced since
- * the last call (malloc'd, may be empty; the caller frees it with mn_free),
- * *done whether the request has finished, and then *res its result.
- * Returns MN_OK, or MN_ENOMEM. */
-int request_read(Request *r, char **text, size_t *len, bool *done, ReqResult *res, int timeout_ms);
+/* What one request_read takes from the request's output channel. */
+typedef struct ReqOutput {
+    char *text;             /* the text produced since the last read, NUL-terminated, may be
+                               empty; owned by the caller (request_output_deinit) */
+    size_t len;
+    ReqLogprob *logprobs;   /* with is_logprobs: the tokens whose text ends in this read
+                               (or, held back for a stop string, begins in the answer's
+                               last text), in order; owned by the caller; NULL when none */
+    size_t n_logprobs;
+    bool is_done;           /* the request has finished: nothing more will come */
+    ReqResult res;          /* its result, when is_done */
+} ReqOutput;
+
+/* Wait up to timeout_ms for output and take it into *out (overwritten).
+ * Across all reads, the logprobs are one per generated token that belongs
+ * to the answer: not the end-of-generation token, not a token whose text
+ * lies wholly in or after a stop string; they come in the read whose text
+ * holds their last byte, so a stream and a whole answer carry the same
+ * records. Returns MN_OK, or MN_ENOMEM (then *out holds nothing to free). */
+int request_read(Request *r, ReqOutput *out, int timeout_ms);
+/* Free what a read left in o (fine on a zeroed ReqOutput) and zero it. */
+void request_output_deinit(ReqOutput *o);
 
 void engine_options_default(EngineOptions *o);
 int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err);
@@ -125,9 +157,11 @@ void engine_shutdown(Engine *e);
 /* engine_shutdown, then free. No other thread may use e afterwards. */
 void engine_free(Engine *e);
 
-/* Queue a request (the engine takes its own reference). MN_EBUSY when the
- * queue is full, MN_ERANGE (err says why) when prompt + max_tokens do not fit
- * the context or the pool, MN_ECANCELED while shutting down. */
+/* Queue a request (the engine takes its own reference). MN_EINVAL when a
+ * prompt or logit_bias token id is outside the vocabulary, MN_EBUSY when
+ * the queue is full, MN_ERANGE (err says why and gives max_tokens' allowed
+ * range) when prompt + max_tokens do not fit the context or the pool,
+ * MN_ECANCELED while shutting down. */
 int engine_submit(Engine *e, Request *r, MnErr *err);
 /* Ask the engine to stop a request; its blocks stay cached. */
 void engine_cancel(Engine *e, Request *r);

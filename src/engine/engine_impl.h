@@ -31,6 +31,13 @@ typedef struct Msg {
     struct Msg *next;
 } Msg;
 
+/* A generated token's logprobs waiting for the end of its text to be
+ * emitted: bytes [start, end) of the token stream's output for this reply. */
+typedef struct HeldLogprob {
+    ReqLogprob rec;
+    size_t start, end;
+} HeldLogprob;
+
 /* A request being served: owned by the engine thread. */
 typedef struct Active {
     Request *req;
@@ -60,6 +67,10 @@ typedef struct Active {
     size_t n_pending, cap_pending;
     char *reply;             /* all emitted text (for the reply memory) */
     size_t n_reply, cap_reply;
+    HeldLogprob *lp_held;    /* with is_logprobs: records not handed out yet, in order */
+    int n_lp_held, cap_lp_held;
+    size_t n_text_bytes;     /* bytes of text the token stream gave so far */
+    int32_t n_text_chars;    /* ... and their code points */
     bool is_stop_cut;        /* a stop string cut the text */
     bool is_completed;       /* the request has its answer; the Active only
                                 finishes computing KV for the next turn */
@@ -139,6 +150,8 @@ struct Engine {
     AttnSeq *b_seqs;         /* (parallel) */
     char *piece;             /* (piece_cap) */
     size_t piece_cap;
+    float *lp_row;           /* (n_vocab) the row the sampler may change while the raw
+                                one stays for a request's logprobs */
     /* inbox */
     pthread_t thread;
     bool has_thread;

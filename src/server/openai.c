@@ -9,11 +9,17 @@
  * Parsing walks the jansson tree with small typed getters (get_bool,
  * get_real, get_int, get_string) that treat an absent member and a JSON
  * null alike and fill err with "<field> must be ..." on a type or range
- * error, so every message names the field the client got wrong. The
- * request owns copies of all strings, so the jansson tree is dropped before
- * the parse returns. Invariant of a parsed request: every pointer member is
- * NULL or owned, and fields a route does not use are zero; after a failure
- * the whole request is zero.
+ * error. Every message about a field starts with its path ("stop[1] must
+ * be", "logit_bias: ...") followed by a space or a colon; the entry point
+ * takes that path as OpenAI's "param" (messages about the body as a whole
+ * come from load_object, which sets no param). Before any field is read,
+ * check_fields holds every member of a chat or completion object (and of
+ * each message, content part and stream_options) against its table of
+ * fields: unknown ones and unimplemented ones not at their do-nothing
+ * value are refused. The request owns copies of all strings, so the
+ * jansson tree is dropped before the parse returns. Invariant of a parsed
+ * request: every pointer member is NULL or owned, and fields a route does
+ * not use are zero; after a failure the whole request is zero.
  *
  * Building makes a jansson tree and serializes it compactly through a
  * callback into an mn_malloc'd buffer, so the caller frees the result with
@@ -33,6 +39,8 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/mem.h"
@@ -147,6 +155,162 @@ static int load_object(const char *body, size_t len, json_t **out, MnErr *err) {
     return MN_OK;
 }
 
+/* ---- the fields a request may hold -------------------------------------- */
+
+typedef enum FieldKind {
+    FIELD_USED,        /* parsed below and acted on */
+    FIELD_NO_EFFECT,   /* accepted: asks for nothing mnemo would do otherwise (docs/API.md) */
+    FIELD_UNSUPPORTED, /* refused unless is_default accepts its value */
+} FieldKind;
+
+typedef struct ApiField {
+    const char *name;
+    FieldKind kind;
+    bool (*is_default)(const json_t *v); /* FIELD_UNSUPPORTED: the values that ask for nothing */
+} ApiField;
+
+static bool is_false(const json_t *v) { return json_is_false(v); }
+static bool is_none_string(const json_t *v) { return json_is_string(v) && strcmp(json_string_value(v), "none") == 0; }
+static bool is_one(const json_t *v) { return json_is_number(v) && json_number_value(v) == 1.0; }
+static bool is_empty_array(const json_t *v) { return json_is_array(v) && json_array_size(v) == 0; }
+
+static bool is_text_format(const json_t *v) {
+    json_t *type = json_object_get(v, "type");
+    return json_is_object(v) && json_object_size(v) == 1 && json_is_string(type) &&
+           strcmp(json_string_value(type), "text") == 0;
+}
+
+static bool is_text_modality(const json_t *v) {
+    json_t *m = json_array_get(v, 0);
+    return json_is_array(v) && json_array_size(v) == 1 && json_is_string(m) && strcmp(json_string_value(m), "text") == 0;
+}
+
+#define USED(name) {name, FIELD_USED, NULL}
+#define NO_EFFECT(name) {name, FIELD_NO_EFFECT, NULL}
+#define UNSUPPORTED(name, is_default) {name, FIELD_UNSUPPORTED, is_default}
+
+/* parse_generation's, in both routes */
+static const ApiField GEN_FIELDS[] = {
+    USED("model"), USED("session_id"), USED("stream"), USED("stream_options"), USED("ignore_eos"),
+    USED("max_tokens"), USED("max_completion_tokens"), USED("temperature"), USED("top_p"), USED("min_p"),
+    USED("presence_penalty"), USED("frequency_penalty"), USED("repeat_penalty"), USED("top_k"), USED("seed"),
+    USED("n"), USED("stop"), USED("logit_bias"), USED("logprobs"),
+    NO_EFFECT("user"), /* an end-user id for OpenAI's abuse monitoring */
+    {NULL, FIELD_USED, NULL},
+};
+
+static const ApiField CHAT_FIELDS[] = {
+    USED("messages"), USED("top_logprobs"),
+    /* about OpenAI's accounts, storage and routing: nothing to do here */
+    NO_EFFECT("metadata"), NO_EFFECT("service_tier"), NO_EFFECT("prompt_cache_key"), NO_EFFECT("safety_identifier"),
+    UNSUPPORTED("store", is_false),
+    UNSUPPORTED("tools", NULL), UNSUPPORTED("tool_choice", is_none_string), UNSUPPORTED("parallel_tool_calls", NULL),
+    UNSUPPORTED("functions", NULL), UNSUPPORTED("function_call", is_none_string),
+    UNSUPPORTED("response_format", is_text_format), UNSUPPORTED("modalities", is_text_modality),
+    UNSUPPORTED("audio", NULL), UNSUPPORTED("prediction", NULL), UNSUPPORTED("reasoning_effort", NULL),
+    UNSUPPORTED("verbosity", NULL), UNSUPPORTED("web_search_options", NULL),
+    {NULL, FIELD_USED, NULL},
+};
+
+static const ApiField COMPLETION_FIELDS[] = {
+    USED("prompt"), UNSUPPORTED("echo", is_false), UNSUPPORTED("best_of", is_one), UNSUPPORTED("suffix", NULL),
+    {NULL, FIELD_USED, NULL},
+};
+
+static const ApiField MESSAGE_FIELDS[] = {
+    USED("role"), USED("content"),
+    NO_EFFECT("annotations"), /* citations the API attached to an earlier answer */
+    UNSUPPORTED("name", NULL), UNSUPPORTED("tool_calls", is_empty_array), UNSUPPORTED("tool_call_id", NULL),
+    UNSUPPORTED("function_call", NULL), UNSUPPORTED("refusal", NULL), UNSUPPORTED("audio", NULL),
+    {NULL, FIELD_USED, NULL},
+};
+
+static const ApiField PART_FIELDS[] = {USED("type"), USED("text"), {NULL, FIELD_USED, NULL}};
+
+static const ApiField STREAM_OPTION_FIELDS[] = {
+    USED("include_usage"), UNSUPPORTED("include_obfuscation", is_false), {NULL, FIELD_USED, NULL},
+};
+
+#undef USED
+#undef NO_EFFECT
+#undef UNSUPPORTED
+
+static const ApiField *field_find(const ApiField *table, const char *key) {
+    for (; table && table->name; table++)
+        if (strcmp(table->name, key) == 0) return table;
+    return NULL;
+}
+
+/* Every non-null member of obj must be in table or extra (may be NULL), and
+ * an unsupported one at its default. path prefixes the names in messages
+ * ("" at the top, "messages[2]."). */
+static int check_fields(const json_t *obj, const ApiField *table, const ApiField *extra, const char *path,
+                        MnErr *err) {
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)obj, key, v) {
+        if (json_is_null(v)) continue;
+        const ApiField *f = field_find(table, key);
+        if (f == NULL) f = field_find(extra, key);
+        if (f == NULL) return mn_err_set(err, MN_EINVAL, "%s%.64s: unknown field", path, key);
+        if (f->kind == FIELD_UNSUPPORTED && !(f->is_default && f->is_default(v)))
+            return mn_err_set(err, MN_EINVAL, "%s%s: not supported", path, key);
+    }
+    return MN_OK;
+}
+
+/* "logit_bias": {"TOKEN_ID": bias, ...}, ids as decimal strings. */
+static int parse_logit_bias(const json_t *root, ApiRequest *r, MnErr *err) {
+    json_t *lb = member(root, "logit_bias");
+    if (lb == NULL) return MN_OK;
+    if (!json_is_object(lb))
+        return mn_err_set(err, MN_EINVAL, "logit_bias must be an object of token ids (as strings) to numbers");
+    size_t n = json_object_size(lb);
+    r->logit_bias = mn_calloc(n ? n : 1, sizeof *r->logit_bias);
+    if (r->logit_bias == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    const char *key;
+    json_t *v;
+    json_object_foreach(lb, key, v) {
+        size_t len = strlen(key);
+        bool is_id = len > 0 && len <= 10;
+        for (size_t i = 0; is_id && i < len; i++) is_id = key[i] >= '0' && key[i] <= '9';
+        long long id = is_id ? strtoll(key, NULL, 10) : -1;
+        if (!is_id || id > INT32_MAX)
+            return mn_err_set(err, MN_EINVAL, "logit_bias: \"%.32s\" is not a token id (a decimal integer >= 0)", key);
+        double b = json_is_number(v) ? json_number_value(v) : NAN;
+        if (!(b >= -API_MAX_LOGIT_BIAS && b <= API_MAX_LOGIT_BIAS))
+            return mn_err_set(err, MN_EINVAL, "logit_bias: the bias of token %lld must be a number between -100 and 100",
+                              id);
+        r->logit_bias[r->n_logit_bias++] = (SamplerBias){.id = (int32_t)id, .bias = (float)b};
+    }
+    r->sampler.logit_bias = r->logit_bias;
+    r->sampler.n_logit_bias = (int32_t)r->n_logit_bias;
+    return MN_OK;
+}
+
+/* chat: "logprobs": bool, "top_logprobs": 0..20 (only with logprobs);
+ * completion: "logprobs": 0..20, the number of alternatives. */
+static int parse_logprobs(const json_t *root, bool is_chat, ApiRequest *r, MnErr *err) {
+    int64_t x;
+    bool is_set;
+    int rc;
+    if (!is_chat) {
+        if ((rc = get_int(root, "logprobs", 0, API_MAX_TOP_LOGPROBS, "an integer between 0 and 20", &x, &is_set,
+                          err)) != MN_OK)
+            return rc;
+        r->is_logprobs = is_set;
+        r->top_logprobs = is_set ? (int32_t)x : 0;
+        return MN_OK;
+    }
+    if ((rc = get_bool(root, "logprobs", &r->is_logprobs, err)) != MN_OK) return rc;
+    if ((rc = get_int(root, "top_logprobs", 0, API_MAX_TOP_LOGPROBS, "an integer between 0 and 20", &x, &is_set,
+                      err)) != MN_OK)
+        return rc;
+    if (is_set && !r->is_logprobs) return mn_err_set(err, MN_EINVAL, "top_logprobs needs \"logprobs\": true");
+    r->top_logprobs = is_set ? (int32_t)x : 0;
+    return MN_OK;
+}
+
 /* ---- generation fields shared by chat and completions ------------------- */
 
 static int parse_stop(const json_t *root, ApiRequest *r, MnErr *err) {
@@ -211,6 +375,7 @@ static int parse_generation(const json_t *root, ApiRequest *r, MnErr *err) {
     json_t *so = member(root, "stream_options");
     if (so != NULL) {
         if (!json_is_object(so)) return mn_err_set(err, MN_EINVAL, "stream_options must be an object");
+        if ((rc = check_fields(so, STREAM_OPTION_FIELDS, NULL, "stream_options.", err)) != MN_OK) return rc;
         json_t *iu = member(so, "include_usage");
         if (iu != NULL && !json_is_boolean(iu))
             return mn_err_set(err, MN_EINVAL, "stream_options.include_usage must be a boolean");
@@ -218,13 +383,13 @@ static int parse_generation(const json_t *root, ApiRequest *r, MnErr *err) {
     }
     if ((rc = get_bool(root, "ignore_eos", &r->ignore_eos, err)) != MN_OK) return rc;
 
-    /* max_completion_tokens is the newer name; it wins when both are given. */
-    if ((rc = get_int(root, "max_tokens", 1, INT32_MAX, "a positive integer", &x, &is_set, err)) != MN_OK)
+    /* max_completion_tokens is the newer name; it wins when both are given.
+     * The upper bound is the context's, which the server checks. */
+    if ((rc = get_int(root, "max_tokens", 1, INT64_MAX, "an integer >= 1", &x, &is_set, err)) != MN_OK) return rc;
+    if (is_set) r->max_tokens = x;
+    if ((rc = get_int(root, "max_completion_tokens", 1, INT64_MAX, "an integer >= 1", &x, &is_set, err)) != MN_OK)
         return rc;
-    if (is_set) r->max_tokens = (int32_t)x;
-    if ((rc = get_int(root, "max_completion_tokens", 1, INT32_MAX, "a positive integer", &x, &is_set, err)) != MN_OK)
-        return rc;
-    if (is_set) r->max_tokens = (int32_t)x;
+    if (is_set) r->max_tokens = x;
     if (r->max_tokens > 0) r->fields_set |= API_SET_MAX_TOKENS;
 
     GEN_REAL("temperature", 0.0, false, 2.0, "between 0 and 2", &r->sampler.temperature, API_SET_TEMPERATURE);
@@ -249,6 +414,8 @@ static int parse_generation(const json_t *root, ApiRequest *r, MnErr *err) {
     if ((rc = get_int(root, "n", INT64_MIN, INT64_MAX, "an integer", &x, &is_set, err)) != MN_OK) return rc;
     if (is_set && x != 1) return mn_err_set(err, MN_EINVAL, "n: only n=1 is supported");
 
+    if ((rc = parse_logit_bias(root, r, err)) != MN_OK) return rc;
+    if ((rc = parse_logprobs(root, r->route == API_ROUTE_CHAT, r, err)) != MN_OK) return rc;
     return parse_stop(root, r, err);
 }
 
@@ -284,6 +451,10 @@ static int chat_parts_text(const json_t *parts, size_t i, char **out, MnErr *err
             return mn_err_set(err, MN_EINVAL,
                               "messages[%zu].content[%zu].type \"%.64s\" is not supported (only \"text\")", i, k,
                               json_string_value(type));
+        char path[API_PARAM_MAX];
+        snprintf(path, sizeof path, "messages[%zu].content[%zu].", i, k);
+        int rc = check_fields(part, PART_FIELDS, NULL, path, err);
+        if (rc != MN_OK) return rc;
         json_t *text = json_object_get(part, "text");
         if (!json_is_string(text))
             return mn_err_set(err, MN_EINVAL, "messages[%zu].content[%zu].text must be a string", i, k);
@@ -305,6 +476,10 @@ static int chat_parts_text(const json_t *parts, size_t i, char **out, MnErr *err
 
 static int parse_message(const json_t *msg, size_t i, ChatMsg *out, MnErr *err) {
     if (!json_is_object(msg)) return mn_err_set(err, MN_EINVAL, "messages[%zu] must be an object", i);
+    char path[API_PARAM_MAX];
+    snprintf(path, sizeof path, "messages[%zu].", i);
+    int rc = check_fields(msg, MESSAGE_FIELDS, NULL, path, err);
+    if (rc != MN_OK) return rc;
     json_t *role = json_object_get(msg, "role");
     if (!json_is_string(role)) return mn_err_set(err, MN_EINVAL, "messages[%zu].role must be a string", i);
     ApiRole r = chat_role(json_string_value(role));
@@ -318,7 +493,7 @@ static int parse_message(const json_t *msg, size_t i, ChatMsg *out, MnErr *err) 
     if (json_is_string(content)) {
         text = mn_strndup(json_string_value(content), json_string_length(content));
     } else if (json_is_array(content)) {
-        int rc = chat_parts_text(content, i, &text, err);
+        rc = chat_parts_text(content, i, &text, err);
         if (rc != MN_OK) return rc;
     } else if (content == NULL && r == ROLE_ASSISTANT) {
         text = mn_strdup(""); /* an assistant turn that only called tools */
@@ -332,6 +507,8 @@ static int parse_message(const json_t *msg, size_t i, ChatMsg *out, MnErr *err) 
 }
 
 static int parse_chat_body(const json_t *root, ApiRequest *r, MnErr *err) {
+    int rc = check_fields(root, CHAT_FIELDS, GEN_FIELDS, "", err);
+    if (rc != MN_OK) return rc;
     json_t *msgs = member(root, "messages");
     if (msgs == NULL) return mn_err_set(err, MN_EINVAL, "messages is required");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
@@ -340,7 +517,7 @@ static int parse_chat_body(const json_t *root, ApiRequest *r, MnErr *err) {
     r->msgs = mn_calloc(n, sizeof *r->msgs);
     if (r->msgs == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
-        int rc = parse_message(json_array_get(msgs, i), i, &r->msgs[i], err);
+        rc = parse_message(json_array_get(msgs, i), i, &r->msgs[i], err);
         if (rc != MN_OK) return rc;
         r->n_msgs = i + 1;
     }
@@ -357,31 +534,29 @@ static int copy_text(const json_t *s, ApiRequest *r, MnErr *err) {
 
 static int parse_completion_body(const json_t *root, ApiRequest *r, MnErr *err) {
     static const char *const BAD_PROMPT = "prompt must be a string or a non-empty array of token ids";
+    int rc = check_fields(root, COMPLETION_FIELDS, GEN_FIELDS, "", err);
+    if (rc != MN_OK) return rc;
     json_t *prompt = member(root, "prompt");
     if (prompt == NULL) return mn_err_set(err, MN_EINVAL, "prompt is required");
     if (json_is_string(prompt)) {
-        int rc = copy_text(prompt, r, err);
+        rc = copy_text(prompt, r, err);
         if (rc != MN_OK) return rc;
     } else if (json_is_array(prompt) && json_array_size(prompt) > 0) {
         json_t *first = json_array_get(prompt, 0);
         if (json_is_string(first)) { /* a batch of prompts: only one allowed */
             if (json_array_size(prompt) > 1)
                 return mn_err_set(err, MN_EINVAL, "prompt: only one prompt per request is supported");
-            int rc = copy_text(first, r, err);
+            rc = copy_text(first, r, err);
             if (rc != MN_OK) return rc;
         } else {
-            int rc = parse_token_array(prompt, "prompt", r, err);
+            rc = parse_token_array(prompt, "prompt", r, err);
             if (rc != MN_OK) return rc;
         }
     } else {
         return mn_err_set(err, MN_EINVAL, "%s", BAD_PROMPT);
     }
 
-    bool is_echo = false;
-    int rc = get_bool(root, "echo", &is_echo, err);
-    if (rc != MN_OK) return rc;
-    if (is_echo) return mn_err_set(err, MN_EINVAL, "echo: not supported");
-    return parse_generation(root, r, err);
+    return parse_generation(root, r, err); /* echo: check_fields accepts false only */
 }
 
 static int parse_tokenize_body(const json_t *root, ApiRequest *r, MnErr *err) {
@@ -407,11 +582,22 @@ static int parse_detokenize_body(const json_t *root, ApiRequest *r, MnErr *err) 
 
 /* ------------------------------------------------------------- public API */
 
-int api_parse_request(ApiRoute route, const char *body, size_t len, ApiRequest *out, MnErr *err) {
+/* The path a field error's message starts with (see the top of the file). */
+static void param_of(const char *msg, char *param) {
+    size_t n = strcspn(msg, " :");
+    if (n >= API_PARAM_MAX) n = 0;
+    memcpy(param, msg, n);
+    param[n] = '\0';
+}
+
+int api_parse_request(ApiRoute route, const char *body, size_t len, ApiRequest *out, MnErr *err, char *param) {
     assert(out != NULL);
     memset(out, 0, sizeof *out);
+    if (param) param[0] = '\0';
     out->route = route;
     json_t *root = NULL;
+    MnErr local = {0};
+    if (err == NULL) err = &local; /* param needs the message */
     int rc = load_object(body, len, &root, err);
     if (rc != MN_OK) {
         memset(out, 0, sizeof *out);
@@ -425,24 +611,11 @@ int api_parse_request(ApiRoute route, const char *body, size_t len, ApiRequest *
     default: rc = mn_err_set(err, MN_EINVAL, "unknown route %d", (int)route); break;
     }
     json_decref(root);
-    if (rc != MN_OK) api_request_deinit(out);
+    if (rc != MN_OK) {
+        api_request_deinit(out);
+        if (param && rc == MN_EINVAL) param_of(err->msg, param);
+    }
     return rc;
-}
-
-int api_parse_chat(const char *body, size_t len, ApiRequest *out, MnErr *err) {
-    return api_parse_request(API_ROUTE_CHAT, body, len, out, err);
-}
-
-int api_parse_completion(const char *body, size_t len, ApiRequest *out, MnErr *err) {
-    return api_parse_request(API_ROUTE_COMPLETION, body, len, out, err);
-}
-
-int api_parse_tokenize(const char *body, size_t len, ApiRequest *out, MnErr *err) {
-    return api_parse_request(API_ROUTE_TOKENIZE, body, len, out, err);
-}
-
-int api_parse_detokenize(const char *body, size_t len, ApiRequest *out, MnErr *err) {
-    return api_parse_request(API_ROUTE_DETOKENIZE, body, len, out, err);
 }
 
 void api_request_deinit(ApiRequest *r) {
@@ -453,6 +626,7 @@ void api_request_deinit(ApiRequest *r) {
     mn_free(r->msgs);
     mn_free(r->text);
     mn_free(r->tokens);
+    mn_free(r->logit_bias);
     for (size_t i = 0; i < r->n_stop; i++) mn_free(r->stop[i]);
     memset(r, 0, sizeof *r);
 }
@@ -585,7 +759,7 @@ static json_t *usage_object(const ApiUsage *u) {
     return o;
 }
 
-/* {"id","object","created","model"} — the head of every completion object. */
+/* {"id","object","created","model","system_fingerprint"} — the head of every completion object. */
 static json_t *meta_object(const ApiMeta *m, const char *object) {
     assert(m != NULL);
     json_t *o = json_object();
@@ -594,6 +768,123 @@ static json_t *meta_object(const ApiMeta *m, const char *object) {
     is_ok = is_ok && put(o, "object", json_string_nocheck(object));
     is_ok = is_ok && put(o, "created", json_integer(m->created));
     is_ok = is_ok && put(o, "model", jtext(m->model));
+    if (m->system_fingerprint) is_ok = is_ok && put(o, "system_fingerprint", jtext(m->system_fingerprint));
+    if (!is_ok) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* ---- logprobs ------------------------------------------------------------ */
+
+#define API_LOGPROB_FLOOR -9999.0 /* OpenAI writes a probability of (about) 0 so */
+
+static json_t *jlogprob(float x) { return json_real(x < API_LOGPROB_FLOOR ? API_LOGPROB_FLOOR : (double)x); }
+
+/* The bytes of token id (special tokens by their text). */
+static const char *token_bytes(const Tokenizer *tok, int32_t id, size_t *len) {
+    char buf[8];
+    return tok_piece(tok, id, true, buf, len);
+}
+
+/* A token's string: its bytes if they are valid UTF-8, else "bytes:\xNN..." */
+static json_t *token_string(const char *b, size_t len) {
+    if (utf8_is_valid(b, len)) return json_stringn_nocheck(b, len);
+    char *s = mn_malloc(6 + 4 * len + 1); /* token pieces are short: no overflow */
+    if (s == NULL) return NULL;
+    size_t n = (size_t)sprintf(s, "bytes:");
+    for (size_t i = 0; i < len; i++) n += (size_t)sprintf(s + n, "\\x%02x", (unsigned char)b[i]);
+    json_t *j = json_stringn_nocheck(s, n);
+    mn_free(s);
+    return j;
+}
+
+/* {"token","logprob","bytes":[...]} */
+static json_t *chat_token_object(const Tokenizer *tok, const TokenProb *t) {
+    size_t len;
+    const char *b = token_bytes(tok, t->id, &len);
+    json_t *o = json_object(), *bytes = json_array();
+    bool is_ok = o && bytes;
+    for (size_t i = 0; is_ok && i < len; i++) is_ok = append(bytes, json_integer((unsigned char)b[i]));
+    is_ok = is_ok && put(o, "token", token_string(b, len));
+    is_ok = is_ok && put(o, "logprob", jlogprob(t->logprob));
+    is_ok = is_ok && put(o, "bytes", json_incref(bytes));
+    json_decref(bytes);
+    if (!is_ok) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* chat: {"content":[{token..., "top_logprobs":[{token...},...]},...],"refusal":null} */
+static json_t *chat_logprobs(const ApiLogprobs *lp) {
+    if (lp == NULL) return json_null();
+    json_t *o = json_object(), *content = json_array();
+    bool is_ok = o && content;
+    for (size_t i = 0; is_ok && i < lp->n_tokens; i++) {
+        const ReqLogprob *r = &lp->tokens[i];
+        json_t *entry = chat_token_object(lp->tok, &r->token), *top = json_array();
+        is_ok = entry && top;
+        for (int k = 0; is_ok && k < r->n_top; k++) is_ok = append(top, chat_token_object(lp->tok, &r->top[k]));
+        is_ok = is_ok && put(entry, "top_logprobs", json_incref(top));
+        json_decref(top);
+        if (is_ok) is_ok = append(content, entry);
+        else json_decref(entry);
+    }
+    is_ok = is_ok && put(o, "content", json_incref(content));
+    is_ok = is_ok && put(o, "refusal", json_null());
+    json_decref(content);
+    if (!is_ok) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* {TOKEN: logprob} += t, unless a likelier token of the same string is there. */
+static bool top_add(json_t *dict, const Tokenizer *tok, const TokenProb *t) {
+    size_t len;
+    const char *b = token_bytes(tok, t->id, &len);
+    json_t *key = token_string(b, len);
+    if (key == NULL) return false;
+    bool is_ok = true;
+    json_t *have = json_object_getn(dict, json_string_value(key), json_string_length(key));
+    if (have == NULL || json_real_value(have) < t->logprob)
+        is_ok = json_object_setn_new_nocheck(dict, json_string_value(key), json_string_length(key), jlogprob(t->logprob)) == 0;
+    json_decref(key);
+    return is_ok;
+}
+
+/* completions (legacy): {"tokens","token_logprobs","top_logprobs","text_offset"} */
+static json_t *text_logprobs(const ApiLogprobs *lp) {
+    if (lp == NULL) return json_null();
+    json_t *o = json_object(), *tokens = json_array(), *values = json_array(), *tops = json_array(),
+           *offsets = json_array();
+    bool is_ok = o && tokens && values && tops && offsets;
+    for (size_t i = 0; is_ok && i < lp->n_tokens; i++) {
+        const ReqLogprob *r = &lp->tokens[i];
+        size_t len;
+        const char *b = token_bytes(lp->tok, r->token.id, &len);
+        is_ok = append(tokens, token_string(b, len));
+        is_ok = is_ok && append(values, jlogprob(r->token.logprob));
+        is_ok = is_ok && append(offsets, json_integer(r->text_offset));
+        json_t *dict = json_object();
+        is_ok = is_ok && dict != NULL;
+        for (int k = 0; is_ok && k < r->n_top; k++) is_ok = top_add(dict, lp->tok, &r->top[k]);
+        is_ok = is_ok && top_add(dict, lp->tok, &r->token);
+        if (is_ok) is_ok = append(tops, dict);
+        else json_decref(dict);
+    }
+    is_ok = is_ok && put(o, "tokens", json_incref(tokens));
+    is_ok = is_ok && put(o, "token_logprobs", json_incref(values));
+    is_ok = is_ok && put(o, "top_logprobs", json_incref(tops));
+    is_ok = is_ok && put(o, "text_offset", json_incref(offsets));
+    json_decref(tokens);
+    json_decref(values);
+    json_decref(tops);
+    json_decref(offsets);
     if (!is_ok) {
         json_decref(o);
         return NULL;
@@ -633,14 +924,14 @@ int api_usage_add_tier(ApiUsage *u, const char *name, int64_t n_tokens) {
 }
 
 char *api_chat_completion_json(const ApiMeta *m, const char *content, ApiFinish finish,
-                               const ApiUsage *usage) {
+                               const ApiUsage *usage, const ApiLogprobs *lp) {
     json_t *choice = json_object(), *message = json_object();
     bool is_ok = choice && message;
     is_ok = is_ok && put(message, "role", json_string_nocheck("assistant"));
     is_ok = is_ok && put(message, "content", jtext(content));
     is_ok = is_ok && put(choice, "index", json_integer(0));
     is_ok = is_ok && put(choice, "message", json_incref(message));
-    is_ok = is_ok && put(choice, "logprobs", json_null());
+    is_ok = is_ok && put(choice, "logprobs", chat_logprobs(lp));
     is_ok = is_ok && put(choice, "finish_reason", finish_reason(finish));
     json_decref(message);
     if (!is_ok) {
@@ -650,14 +941,15 @@ char *api_chat_completion_json(const ApiMeta *m, const char *content, ApiFinish 
     return finish_completion(meta_object(m, "chat.completion"), choice, usage);
 }
 
-char *api_chat_chunk_json(const ApiMeta *m, bool with_role, const char *content, ApiFinish finish) {
+char *api_chat_chunk_json(const ApiMeta *m, bool with_role, const char *content, ApiFinish finish,
+                          const ApiLogprobs *lp) {
     json_t *choice = json_object(), *delta = json_object();
     bool is_ok = choice && delta;
     if (with_role) is_ok = is_ok && put(delta, "role", json_string_nocheck("assistant"));
     if (content) is_ok = is_ok && put(delta, "content", jtext(content));
     is_ok = is_ok && put(choice, "index", json_integer(0));
     is_ok = is_ok && put(choice, "delta", json_incref(delta));
-    is_ok = is_ok && put(choice, "logprobs", json_null());
+    is_ok = is_ok && put(choice, "logprobs", chat_logprobs(lp));
     is_ok = is_ok && put(choice, "finish_reason", finish_reason(finish));
     json_decref(delta);
     if (!is_ok) {
@@ -668,12 +960,12 @@ char *api_chat_chunk_json(const ApiMeta *m, bool with_role, const char *content,
 }
 
 /* A text_completion choice. */
-static json_t *text_choice(const char *text, ApiFinish finish) {
+static json_t *text_choice(const char *text, ApiFinish finish, const ApiLogprobs *lp) {
     json_t *choice = json_object();
     bool is_ok = choice != NULL;
     is_ok = is_ok && put(choice, "text", jtext(text));
     is_ok = is_ok && put(choice, "index", json_integer(0));
-    is_ok = is_ok && put(choice, "logprobs", json_null());
+    is_ok = is_ok && put(choice, "logprobs", text_logprobs(lp));
     is_ok = is_ok && put(choice, "finish_reason", finish_reason(finish));
     if (!is_ok) {
         json_decref(choice);
@@ -683,14 +975,14 @@ static json_t *text_choice(const char *text, ApiFinish finish) {
 }
 
 char *api_text_completion_json(const ApiMeta *m, const char *text, ApiFinish finish,
-                               const ApiUsage *usage) {
-    json_t *choice = text_choice(text, finish);
+                               const ApiUsage *usage, const ApiLogprobs *lp) {
+    json_t *choice = text_choice(text, finish, lp);
     if (choice == NULL) return NULL;
     return finish_completion(meta_object(m, "text_completion"), choice, usage);
 }
 
-char *api_text_chunk_json(const ApiMeta *m, const char *text, ApiFinish finish) {
-    json_t *choice = text_choice(text, finish);
+char *api_text_chunk_json(const ApiMeta *m, const char *text, ApiFinish finish, const ApiLogprobs *lp) {
+    json_t *choice = text_choice(text, finish, lp);
     if (choice == NULL) return NULL;
     return finish_completion(meta_object(m, "text_completion"), choice, NULL);
 }
@@ -742,27 +1034,34 @@ char *api_error_json(int http_status, const char *message, const char *param, co
     return finish_json(o, is_ok);
 }
 
+static json_t *model_object(const char *name, int64_t created) {
+    json_t *model = json_object();
+    bool is_ok = model != NULL;
+    is_ok = is_ok && put(model, "id", jtext(name));
+    is_ok = is_ok && put(model, "object", json_string_nocheck("model"));
+    is_ok = is_ok && put(model, "created", json_integer(created));
+    is_ok = is_ok && put(model, "owned_by", json_string_nocheck("mnemo"));
+    if (!is_ok) {
+        json_decref(model);
+        return NULL;
+    }
+    return model;
+}
+
 char *api_models_json(const char *const *names, size_t n_names, int64_t created) {
     assert(names != NULL || n_names == 0);
     json_t *o = json_object(), *data = json_array();
     bool is_ok = o && data;
-    for (size_t i = 0; is_ok && i < n_names; i++) {
-        json_t *model = json_object();
-        is_ok = model != NULL;
-        is_ok = is_ok && put(model, "id", jtext(names[i]));
-        is_ok = is_ok && put(model, "object", json_string_nocheck("model"));
-        is_ok = is_ok && put(model, "created", json_integer(created));
-        is_ok = is_ok && put(model, "owned_by", json_string_nocheck("mnemo"));
-        if (is_ok) {
-            is_ok = append(data, model);
-        } else {
-            json_decref(model);
-        }
-    }
+    for (size_t i = 0; is_ok && i < n_names; i++) is_ok = append(data, model_object(names[i], created));
     is_ok = is_ok && put(o, "object", json_string_nocheck("list"));
     is_ok = is_ok && put(o, "data", json_incref(data));
     json_decref(data);
     return finish_json(o, is_ok);
+}
+
+char *api_model_json(const char *name, int64_t created) {
+    json_t *o = model_object(name, created);
+    return finish_json(o, o != NULL);
 }
 
 char *api_tokenize_json(const int32_t *tokens, size_t n_tokens) {

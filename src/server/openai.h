@@ -4,11 +4,17 @@
  *
  * Parsing: api_parse_* take the raw request body, check every field the
  * server understands and fill an ApiRequest that owns copies of everything
- * it holds. Unknown fields are ignored; a known field set to JSON null
- * counts as absent. Failures return MN_EINVAL with a message in err that
- * names the offending field ("messages[2].content must be a string or an
- * array of text parts"), meant for an HTTP 400; MN_ENOMEM on allocation
- * failure. On any failure the ApiRequest is left zeroed (nothing to free).
+ * it holds. Chat and completion requests are checked member by member, as
+ * OpenAI does: a field mnemo does not know is refused, and so is one it
+ * knows but does not implement (tools, response_format, ...) unless it
+ * holds the value that asks for nothing (docs/API.md lists them), so no
+ * field is ever silently ignored. /tokenize and /detokenize (llama.cpp's
+ * routes) ignore unknown fields, as llama.cpp does. A field set to JSON
+ * null counts as absent. Failures return MN_EINVAL with a message in err
+ * that names the offending field ("messages[2].content must be a string or
+ * an array of text parts"), meant for an HTTP 400, and that field's path
+ * in param (OpenAI's "param"); MN_ENOMEM on allocation failure. On any
+ * failure the ApiRequest is left zeroed (nothing to free).
  *
  * Building: the api_*_json builders return a NUL-terminated compact JSON
  * text allocated with mn_malloc (free with mn_free), or NULL when memory
@@ -24,12 +30,17 @@
 #include <stdint.h>
 
 #include "base/err.h"
+#include "engine/engine.h"
 #include "engine/sampler.h"
 #include "model/chat_template.h"
+#include "model/tokenizer.h"
 
 /* ============================================================== requests */
 
 #define API_MAX_STOP 4 /* OpenAI's limit on stop sequences */
+#define API_MAX_TOP_LOGPROBS ENGINE_MAX_TOP_LOGPROBS /* OpenAI's limit on top_logprobs */
+#define API_MAX_LOGIT_BIAS 100.0 /* |bias| at most, as OpenAI has it */
+#define API_PARAM_MAX 64 /* bytes of a failed field's path, NUL included */
 
 /* /tokenize defaults, as llama.cpp's server has them. */
 #define API_TOKENIZE_ADD_SPECIAL_DEFAULT false
@@ -62,7 +73,8 @@ enum {
  * api_request_deinit. */
 typedef struct ApiRequest {
     ApiRoute route;
-    char *model;      /* chat, completion: the client's "model", "" if absent */
+    char *model;      /* chat, completion: the client's "model", "" if absent (mnemo
+                         serves one model: it answers whatever the name) */
     char *session_id; /* chat, completion: NULL if absent */
 
     /* chat: the conversation, n_msgs >= 1. role is one of the static
@@ -90,10 +102,18 @@ typedef struct ApiRequest {
      * what the client left unset: temperature 1, top_p 1, top_k 0 (off),
      * min_p 0 (off), presence/frequency penalty 0, repeat_penalty 1 (off),
      * repeat_last_n from sampler_params_default, seed 0 (meaningful only
-     * with API_SET_SEED; a negative client seed is taken modulo 2^64). */
+     * with API_SET_SEED; a negative client seed is taken modulo 2^64).
+     * sampler.logit_bias points into logit_bias below. */
     SamplerParams sampler;
     uint32_t fields_set;          /* API_SET_* bits */
-    int32_t max_tokens;           /* >= 1, or -1 when unset */
+    int64_t max_tokens;           /* >= 1, or -1 when unset (no upper bound here: the
+                                     server knows the context) */
+    SamplerBias *logit_bias;      /* (n_logit_bias) "logit_bias": ids >= 0 (not checked
+                                     against a vocabulary here), biases in [-100, 100] */
+    size_t n_logit_bias;
+    bool is_logprobs;             /* chat "logprobs": true; completion "logprobs" given */
+    int32_t top_logprobs;         /* chat "top_logprobs", completion "logprobs":
+                                     0..API_MAX_TOP_LOGPROBS alternatives per token */
     char *stop[API_MAX_STOP];     /* non-empty strings, stop[0..n_stop) */
     size_t n_stop;
     bool is_stream;               /* "stream" */
@@ -104,14 +124,11 @@ typedef struct ApiRequest {
 /* Parse and validate a request body (body[0..len), need not be
  * NUL-terminated) for route into *out (overwritten; the caller does not
  * initialize it). MN_OK, MN_EINVAL (err names the field, or says the body is
- * not valid JSON / not an object) or MN_ENOMEM; on failure *out is zeroed. */
-int api_parse_request(ApiRoute route, const char *body, size_t len, ApiRequest *out, MnErr *err);
-
-/* The same, one route each. */
-int api_parse_chat(const char *body, size_t len, ApiRequest *out, MnErr *err);
-int api_parse_completion(const char *body, size_t len, ApiRequest *out, MnErr *err);
-int api_parse_tokenize(const char *body, size_t len, ApiRequest *out, MnErr *err);
-int api_parse_detokenize(const char *body, size_t len, ApiRequest *out, MnErr *err);
+ * not valid JSON / not an object) or MN_ENOMEM; on failure *out is zeroed.
+ * param (API_PARAM_MAX bytes; may be NULL) gets the path of the field at
+ * fault ("logit_bias", "messages[2].content"), or "" when the message is
+ * about the body as a whole (and on success). */
+int api_parse_request(ApiRoute route, const char *body, size_t len, ApiRequest *out, MnErr *err, char *param);
 
 /* Release what r owns and zero it. Fine on a zeroed or already released
  * request and on NULL. */
@@ -131,9 +148,21 @@ const char *api_finish_name(ApiFinish f);
 /* What every completion object and chunk repeats. Strings borrowed. */
 typedef struct ApiMeta {
     const char *id;    /* "chatcmpl-..." / "cmpl-...", the caller's choice */
-    const char *model; /* echoed back */
+    const char *model; /* the model that answers */
     int64_t created;   /* Unix seconds */
+    const char *system_fingerprint; /* NULL: no "system_fingerprint" member */
 } ApiMeta;
+
+/* The logprobs of a choice (or of one chunk's tokens): the engine's records,
+ * their token ids rendered with tok (special tokens by their text). Token
+ * strings are the token's bytes when they are valid UTF-8, else
+ * "bytes:\xNN..." (OpenAI's form for part of a character); a logprob
+ * below -9999 is written -9999 (OpenAI's floor). Borrowed for the call. */
+typedef struct ApiLogprobs {
+    const Tokenizer *tok;
+    const ReqLogprob *tokens; /* (n_tokens) */
+    size_t n_tokens;
+} ApiLogprobs;
 
 #define API_USAGE_MAX_TIERS 4
 
@@ -163,27 +192,38 @@ typedef struct ApiUsage {
  * is used. */
 int api_usage_add_tier(ApiUsage *u, const char *name, int64_t n_tokens);
 
-/* {"id","object":"chat.completion","created","model","choices":[{"index":0,
- *  "message":{"role":"assistant","content"},"logprobs":null,
- *  "finish_reason"}],"usage"}. usage NULL: no "usage" member. */
+/* {"id","object":"chat.completion","created","model","system_fingerprint",
+ *  "choices":[{"index":0,"message":{"role":"assistant","content"},
+ *  "logprobs","finish_reason"}],"usage"}. usage NULL: no "usage" member.
+ * logprobs: lp NULL gives null, else {"content":[{"token","logprob",
+ * "bytes":[...],"top_logprobs":[{"token","logprob","bytes"},...]},...],
+ * "refusal":null}, one entry per record, top_logprobs its n_top. */
 char *api_chat_completion_json(const ApiMeta *m, const char *content, ApiFinish finish,
-                               const ApiUsage *usage);
+                               const ApiUsage *usage, const ApiLogprobs *lp);
 
 /* One SSE payload: {"id","object":"chat.completion.chunk","created","model",
- * "choices":[{"index":0,"delta":{...},"logprobs":null,"finish_reason"}]}.
- * The delta holds "role":"assistant" when with_role (the first chunk) and
- * "content" when content is not NULL; the last chunk passes content NULL
- * and a finish reason, giving "delta":{}. */
-char *api_chat_chunk_json(const ApiMeta *m, bool with_role, const char *content, ApiFinish finish);
+ * "system_fingerprint","choices":[{"index":0,"delta":{...},"logprobs",
+ * "finish_reason"}]}. The delta holds "role":"assistant" when with_role (the
+ * first chunk) and "content" when content is not NULL; the last chunk passes
+ * content NULL and a finish reason, giving "delta":{}. logprobs as in
+ * api_chat_completion_json, for this chunk's tokens. */
+char *api_chat_chunk_json(const ApiMeta *m, bool with_role, const char *content, ApiFinish finish,
+                          const ApiLogprobs *lp);
 
-/* {"id","object":"text_completion","created","model","choices":[{"text",
- *  "index":0,"logprobs":null,"finish_reason"}],"usage"}. usage may be NULL. */
+/* {"id","object":"text_completion","created","model","system_fingerprint",
+ *  "choices":[{"text","index":0,"logprobs","finish_reason"}],"usage"}.
+ * usage may be NULL. logprobs: lp NULL gives null, else the legacy form
+ * {"tokens":[...],"token_logprobs":[...],"top_logprobs":[{TOKEN:logprob,...},
+ * ...],"text_offset":[...]}: each top_logprobs object holds the record's
+ * n_top alternatives and the generated token itself (so up to n_top + 1, as
+ * OpenAI documents; of tokens with the same string, the likelier is kept);
+ * text_offset is the record's (code points into the choice's text). */
 char *api_text_completion_json(const ApiMeta *m, const char *text, ApiFinish finish,
-                               const ApiUsage *usage);
+                               const ApiUsage *usage, const ApiLogprobs *lp);
 
 /* The streamed form of the above: the same object with one piece of text
- * (NULL means "") and no "usage". */
-char *api_text_chunk_json(const ApiMeta *m, const char *text, ApiFinish finish);
+ * (NULL means "") and no "usage"; logprobs of this piece's tokens. */
+char *api_text_chunk_json(const ApiMeta *m, const char *text, ApiFinish finish, const ApiLogprobs *lp);
 
 /* The usage-only chunk sent last when stream_options.include_usage:
  * {"id","object":"chat.completion.chunk" (is_chat) or "text_completion",
@@ -210,6 +250,10 @@ int api_http_status(int code);
 /* {"object":"list","data":[{"id":NAME,"object":"model","created",
  *  "owned_by":"mnemo"},...]} for names[0..n_names). */
 char *api_models_json(const char *const *names, size_t n_names, int64_t created);
+
+/* One entry of that list: {"id":name,"object":"model","created","owned_by":"mnemo"}
+ * (GET /v1/models/{id}). */
+char *api_model_json(const char *name, int64_t created);
 
 /* {"tokens":[...]} for tokens[0..n_tokens) (tokens may be NULL if 0). */
 char *api_tokenize_json(const int32_t *tokens, size_t n_tokens);

@@ -13,6 +13,13 @@
  * per connection) and sends a comment line every second so a vanished
  * client is noticed. stream_free runs when the response ends for any reason
  * and cancels the request if it is still running.
+ *
+ * Every answer names the model as /v1/models lists it (whatever the request
+ * said), a system_fingerprint that changes when the model file or the mnemo
+ * binary does (what decides the numbers a seed reproduces), and an id of a
+ * random per-process prefix and a counter, so ids never repeat across
+ * restarts. Logprobs travel from the engine as records with the text
+ * (ReqOutput) and are rendered here with the tokenizer.
  */
 #include "server/server.h"
 
@@ -26,10 +33,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/hash.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/version.h"
@@ -55,6 +64,9 @@ struct Server {
     MetricFamily *f_build_info, *f_requests, *f_prompt, *f_generated, *f_cached, *f_recomputed, *f_ttft, *f_tpot, *f_pool,
         *f_queue, *f_running;
     atomic_uint_fast64_t next_id;
+    char id_prefix[24];         /* random per process: "chatcmpl-<prefix>-<n>" */
+    char fingerprint[24];       /* system_fingerprint: "fp_" + hex of model and binary */
+    int64_t created;            /* when the model was loaded (/v1/models) */
 };
 
 /* One per connection (libmicrohttpd's socket context, made and freed by
@@ -173,9 +185,10 @@ static void log_error(const char *method, const char *path, int status, const ch
     log_answer(method, path, status, NULL, false, detail);
 }
 
-static enum MHD_Result send_error_allow(Server *s, struct MHD_Connection *c, int status, const char *msg,
-                                        const char *param, const char *allow) {
-    char *json = api_error_json(status, msg, param, NULL);
+/* An OpenAI error answer; param, code and allow (an Allow header) may be NULL. */
+static enum MHD_Result send_error_full(Server *s, struct MHD_Connection *c, int status, const char *msg,
+                                       const char *param, const char *code, const char *allow) {
+    char *json = api_error_json(status, msg, param, code);
     if (json == NULL) return MHD_NO;
     count_request(s, status);
     Conn *conn = conn_of(c);
@@ -187,7 +200,7 @@ static enum MHD_Result send_error_allow(Server *s, struct MHD_Connection *c, int
 
 static enum MHD_Result send_error(Server *s, struct MHD_Connection *c, int status, const char *msg,
                                   const char *param) {
-    return send_error_allow(s, c, status, msg, param, NULL);
+    return send_error_full(s, c, status, msg, param, NULL, NULL);
 }
 
 /* ---- metrics --------------------------------------------------------------- */
@@ -309,9 +322,8 @@ static enum MHD_Result handle_metrics(Server *s, struct MHD_Connection *c) {
 typedef struct Gen {
     Server *s;
     Request *req;
-    bool is_chat, is_stream, include_usage;
-    char id[48];
-    char *model;
+    bool is_chat, is_stream, include_usage, is_logprobs;
+    char id[64];
     int64_t created;
     double t0;
     /* streaming state */
@@ -321,15 +333,17 @@ typedef struct Gen {
     ReqResult res;
     char *text;          /* whole answer (non-streaming) */
     size_t text_len;
+    ReqLogprob *lp;      /* its logprobs (non-streaming, is_logprobs) */
+    size_t n_lp;
     const char *path;
 } Gen;
 
 static void gen_free(Gen *g) {
     if (g == NULL) return;
     request_unref(g->req);
-    mn_free(g->model);
     mn_free(g->out);
     mn_free(g->text);
+    mn_free(g->lp);
     mn_free(g);
 }
 
@@ -376,24 +390,32 @@ static int sse_append(Gen *g, char *json) {
     return MN_OK;
 }
 
-static int sse_text(Gen *g, const char *text, size_t len) {
+/* The meta of g's answer. */
+static ApiMeta gen_meta(const Gen *g) {
+    return (ApiMeta){g->id, g->s->opt.model_name, g->created, g->s->fingerprint};
+}
+
+/* A chunk of o's text and logprobs. */
+static int sse_text(Gen *g, const ReqOutput *o) {
     size_t clean_len;
-    char *clean = api_utf8_sanitize(text, len, &clean_len);
+    char *clean = api_utf8_sanitize(o->text, o->len, &clean_len);
     if (clean == NULL) return MN_ENOMEM;
-    ApiMeta meta = {g->id, g->model, g->created};
-    char *json = g->is_chat ? api_chat_chunk_json(&meta, !g->sent_role, clean, API_FINISH_NONE)
-                            : api_text_chunk_json(&meta, clean, API_FINISH_NONE);
+    ApiMeta meta = gen_meta(g);
+    ApiLogprobs lp = {engine_model(g->s->e)->tok, o->logprobs, o->n_logprobs};
+    const ApiLogprobs *lpp = o->n_logprobs > 0 ? &lp : NULL;
+    char *json = g->is_chat ? api_chat_chunk_json(&meta, !g->sent_role, clean, API_FINISH_NONE, lpp)
+                            : api_text_chunk_json(&meta, clean, API_FINISH_NONE, lpp);
     g->sent_role = true;
     mn_free(clean);
     return sse_append(g, json);
 }
 
 static int sse_finish(Gen *g) {
-    ApiMeta meta = {g->id, g->model, g->created};
+    ApiMeta meta = gen_meta(g);
     int rc = MN_OK;
     if (g->res.finish != FINISH_ERROR) {
-        char *json = g->is_chat ? api_chat_chunk_json(&meta, !g->sent_role, "", api_finish(g->res.finish))
-                                : api_text_chunk_json(&meta, "", api_finish(g->res.finish));
+        char *json = g->is_chat ? api_chat_chunk_json(&meta, !g->sent_role, "", api_finish(g->res.finish), NULL)
+                                : api_text_chunk_json(&meta, "", api_finish(g->res.finish), NULL);
         rc = sse_append(g, json);
         if (rc == MN_OK && g->include_usage) {
             ApiUsage u;
@@ -420,12 +442,12 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     while (g->out_off == g->out_len) {
         g->out_len = g->out_off = 0;
         if (g->is_done_sent) return MHD_CONTENT_READER_END_OF_STREAM;
-        char *text;
-        size_t len;
-        bool done;
-        if (request_read(g->req, &text, &len, &done, &g->res, 1000) != MN_OK) return MHD_CONTENT_READER_END_WITH_ERROR;
-        int rc = len > 0 ? sse_text(g, text, len) : MN_OK;
-        mn_free(text);
+        ReqOutput o;
+        if (request_read(g->req, &o, 1000) != MN_OK) return MHD_CONTENT_READER_END_WITH_ERROR;
+        int rc = o.len > 0 || o.n_logprobs > 0 ? sse_text(g, &o) : MN_OK;
+        bool done = o.is_done;
+        if (done) g->res = o.res;
+        request_output_deinit(&o);
         if (rc == MN_OK && done) {
             g->is_finished = true;
             rc = sse_finish(g);
@@ -470,25 +492,29 @@ static enum MHD_Result run_generation(Server *s, struct MHD_Connection *c, Gen *
         return queue_answer(s, c, 200, r, NULL);
     }
     for (;;) {
-        char *text;
-        size_t len;
-        bool done;
-        if (request_read(g->req, &text, &len, &done, &g->res, 1000) != MN_OK) {
+        ReqOutput o;
+        if (request_read(g->req, &o, 1000) != MN_OK) {
             gen_free(g);
             return send_error(s, c, 500, "out of memory", NULL);
         }
-        char *b = mn_realloc(g->text, g->text_len + len + 1);
-        if (b == NULL) {
-            mn_free(text);
+        char *b = mn_realloc(g->text, g->text_len + o.len + 1);
+        ReqLogprob *lp = o.n_logprobs ? mn_realloc(g->lp, (g->n_lp + o.n_logprobs) * sizeof *lp) : g->lp;
+        if (b) g->text = b;
+        if (lp) g->lp = lp;
+        if (b == NULL || lp == NULL) {
+            request_output_deinit(&o);
             engine_cancel(s->e, g->req);
             gen_free(g);
             return send_error(s, c, 500, "out of memory", NULL);
         }
-        g->text = b;
-        memcpy(g->text + g->text_len, text, len);
-        g->text_len += len;
+        memcpy(g->text + g->text_len, o.text, o.len);
+        g->text_len += o.len;
         g->text[g->text_len] = '\0';
-        mn_free(text);
+        if (o.n_logprobs) memcpy(g->lp + g->n_lp, o.logprobs, o.n_logprobs * sizeof *lp);
+        g->n_lp += o.n_logprobs;
+        bool done = o.is_done;
+        if (done) g->res = o.res;
+        request_output_deinit(&o);
         if (done) break;
     }
     metrics_on_finish(s, &g->res);
@@ -501,10 +527,12 @@ static enum MHD_Result run_generation(Server *s, struct MHD_Connection *c, Gen *
     char *clean = api_utf8_sanitize(g->text, g->text_len, &clean_len);
     ApiUsage u;
     fill_usage(&g->res, &u);
-    ApiMeta meta = {g->id, g->model, g->created};
+    ApiMeta meta = gen_meta(g);
+    ApiLogprobs lp = {engine_model(s->e)->tok, g->lp, g->n_lp};
+    const ApiLogprobs *lpp = g->is_logprobs ? &lp : NULL;
     char *json = clean == NULL ? NULL
-                 : g->is_chat ? api_chat_completion_json(&meta, clean, api_finish(g->res.finish), &u)
-                              : api_text_completion_json(&meta, clean, api_finish(g->res.finish), &u);
+                 : g->is_chat ? api_chat_completion_json(&meta, clean, api_finish(g->res.finish), &u, lpp)
+                              : api_text_completion_json(&meta, clean, api_finish(g->res.finish), &u, lpp);
     mn_free(clean);
     log_request(g, 200);
     gen_free(g);
@@ -522,9 +550,11 @@ static enum MHD_Result handle_generation(Server *s, struct MHD_Connection *c, Ap
                                          Conn *conn, const char *key) {
     ApiRequest ar;
     MnErr err = {0};
-    if (api_parse_request(route, conn->body ? conn->body : "", conn->len, &ar, &err) != MN_OK)
-        return send_error(s, c, 400, err.msg, NULL);
+    char param[API_PARAM_MAX];
+    if (api_parse_request(route, conn->body ? conn->body : "", conn->len, &ar, &err, param) != MN_OK)
+        return send_error(s, c, 400, err.msg, param[0] ? param : NULL);
     const Model *m = engine_model(s->e);
+    const char *prompt_param = route == API_ROUTE_CHAT ? "messages" : "prompt";
     const char *ns = request_namespace(s, c, key);
     Hash128 ns_id = engine_namespace_id(ns);
     TokIds ids = {0};
@@ -548,9 +578,16 @@ static enum MHD_Result handle_generation(Server *s, struct MHD_Connection *c, Ap
     if (rc == MN_OK && (int64_t)ids.n >= st.n_ctx)
         rc = mn_err_set(&err, MN_ERANGE, "the prompt has %zu tokens; the context holds %d", ids.n, st.n_ctx);
     if (rc != MN_OK) {
-        ok = send_error(s, c, rc == MN_ENOMEM ? 500 : 400, err.msg, rc == MN_ERANGE ? "messages" : NULL);
+        ok = send_error(s, c, rc == MN_ENOMEM ? 500 : 400, err.msg, rc == MN_ENOMEM ? NULL : prompt_param);
         goto done;
     }
+    for (size_t i = 0; i < ar.n_logit_bias; i++)
+        if (ar.logit_bias[i].id >= m->cfg.n_vocab) {
+            mn_err_set(&err, MN_EINVAL, "logit_bias: token id %d is out of range [0, %d)", ar.logit_bias[i].id,
+                       m->cfg.n_vocab);
+            ok = send_error(s, c, 400, err.msg, "logit_bias");
+            goto done;
+        }
     ReqParams p;
     memset(&p, 0, sizeof p);
     p.sp = ar.sampler;
@@ -559,14 +596,20 @@ static enum MHD_Result handle_generation(Server *s, struct MHD_Connection *c, Ap
      * context and the pool allow */
     int room = st.n_ctx < st.pool_blocks * st.block_tokens ? st.n_ctx : st.pool_blocks * st.block_tokens;
     int left = room - (int)ids.n, dflt = s->opt.default_max_tokens;
-    p.max_tokens = ar.max_tokens > 0 ? ar.max_tokens : dflt > 0 && dflt < left ? dflt : left;
+    /* more than INT32_MAX is as far out of range as INT32_MAX: engine_submit
+     * refuses it with the allowed range */
+    p.max_tokens = ar.max_tokens > INT32_MAX ? INT32_MAX
+                   : ar.max_tokens > 0       ? (int)ar.max_tokens
+                   : dflt > 0 && dflt < left ? dflt
+                                             : left;
     if (p.max_tokens < 1) p.max_tokens = 1;
     p.ignore_eos = ar.ignore_eos;
+    p.is_logprobs = ar.is_logprobs;
+    p.n_top_logprobs = ar.top_logprobs;
     for (size_t i = 0; i < ar.n_stop && i < ENGINE_MAX_STOP; i++) p.stop[p.n_stop++] = ar.stop[i];
     const char *session = ar.session_id ? ar.session_id : MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
     Gen *g = mn_calloc(1, sizeof *g);
-    if (g == NULL || (g->req = request_new(ids.ids, ids.n, &p, ns, session)) == NULL ||
-        (g->model = mn_strdup(ar.model ? ar.model : "")) == NULL) {
+    if (g == NULL || (g->req = request_new(ids.ids, ids.n, &p, ns, session)) == NULL) {
         gen_free(g);
         ok = send_error(s, c, 500, "out of memory", NULL);
         goto done;
@@ -576,13 +619,15 @@ static enum MHD_Result handle_generation(Server *s, struct MHD_Connection *c, Ap
     g->is_chat = route == API_ROUTE_CHAT;
     g->is_stream = ar.is_stream;
     g->include_usage = ar.include_usage;
+    g->is_logprobs = ar.is_logprobs;
     g->created = (int64_t)time(NULL);
     g->t0 = mn_now();
-    snprintf(g->id, sizeof g->id, "%s-%llu", g->is_chat ? "chatcmpl" : "cmpl",
+    snprintf(g->id, sizeof g->id, "%s-%s-%llu", g->is_chat ? "chatcmpl" : "cmpl", s->id_prefix,
              (unsigned long long)atomic_fetch_add(&s->next_id, 1));
     rc = engine_submit(s->e, g->req, &err);
     if (rc != MN_OK) {
         gen_free(g);
+        /* the prompt alone was checked above: a range error is max_tokens' */
         ok = send_error(s, c, rc == MN_EBUSY ? 503 : rc == MN_ENOMEM || rc == MN_ECANCELED ? 503 : 400, err.msg,
                         rc == MN_ERANGE ? "max_tokens" : NULL);
         goto done;
@@ -598,8 +643,9 @@ static enum MHD_Result handle_tokenize(Server *s, struct MHD_Connection *c, Conn
     ApiRequest ar;
     MnErr err = {0};
     ApiRoute route = is_detok ? API_ROUTE_DETOKENIZE : API_ROUTE_TOKENIZE;
-    if (api_parse_request(route, conn->body ? conn->body : "", conn->len, &ar, &err) != MN_OK)
-        return send_error(s, c, 400, err.msg, NULL);
+    char param[API_PARAM_MAX];
+    if (api_parse_request(route, conn->body ? conn->body : "", conn->len, &ar, &err, param) != MN_OK)
+        return send_error(s, c, 400, err.msg, param[0] ? param : NULL);
     const Tokenizer *tok = engine_model(s->e)->tok;
     enum MHD_Result ok;
     if (!is_detok) {
@@ -746,7 +792,21 @@ static enum MHD_Result send_method_error(Server *s, struct MHD_Connection *c, co
                                          const char *allow) {
     char msg[128];
     snprintf(msg, sizeof msg, "%.64s does not accept %.16s (only %s)", url, method, allow);
-    return send_error_allow(s, c, 405, msg, NULL, allow);
+    return send_error_full(s, c, 405, msg, NULL, NULL, allow);
+}
+
+/* GET /v1/models/{id}: the served model, or 404 in OpenAI's shape. */
+static enum MHD_Result handle_model(Server *s, struct MHD_Connection *c, const char *method, const char *url) {
+    static const char allow[] = "GET, OPTIONS";
+    if (strcmp(method, "OPTIONS") == 0) return answer_options(s, c, allow);
+    if (strcmp(method, "GET") != 0) return send_method_error(s, c, "/v1/models/{id}", method, allow);
+    if (s->opt.n_api_keys > 0 && check_key(s, c) == NULL)
+        return send_error(s, c, 401, "a valid API key is required (Authorization: Bearer KEY)", NULL);
+    const char *id = url + strlen("/v1/models/");
+    if (strcmp(id, s->opt.model_name) == 0) return send_json(s, c, 200, api_model_json(id, s->created));
+    char msg[160];
+    snprintf(msg, sizeof msg, "The model '%.100s' does not exist", id);
+    return send_error_full(s, c, 404, msg, "model", "model_not_found", NULL);
 }
 
 static enum MHD_Result handle_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -782,6 +842,7 @@ static enum MHD_Result handle_request(void *cls, struct MHD_Connection *c, const
         static const char ok[] = "{\"status\":\"ok\"}";
         return send_body(s, c, 200, "application/json", ok, sizeof ok - 1, NULL);
     }
+    if (strncmp(url, "/v1/models/", strlen("/v1/models/")) == 0) return handle_model(s, c, method, url);
     static const char *const routes[] = {"/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize",
                                          "/detokenize"};
     int route = -1;
@@ -801,7 +862,7 @@ static enum MHD_Result handle_request(void *cls, struct MHD_Connection *c, const
     switch (route) {
     case 0: {
         const char *names[] = {s->opt.model_name};
-        return send_json(s, c, 200, api_models_json(names, 1, (int64_t)time(NULL)));
+        return send_json(s, c, 200, api_models_json(names, 1, s->created));
     }
     case 1: return handle_generation(s, c, API_ROUTE_CHAT, routes[1], conn, key);
     case 2: return handle_generation(s, c, API_ROUTE_COMPLETION, routes[2], conn, key);
@@ -857,6 +918,20 @@ static void gate_rejected(void *ctx, const char *method, const char *path, int s
     log_error(method, path, status, msg);
 }
 
+/* "fp_" + 16 hex digits of the model's fingerprint and this binary's hash. */
+static void server_fingerprint(Server *s) {
+    Hash128 exe;
+    if (hash128_file("/proc/self/exe", &exe) != MN_OK) LOG_WARN("cannot read /proc/self/exe: system_fingerprint covers the model only");
+    Hasher h;
+    hasher_init(&h);
+    hasher_update(&h, s->m->fingerprint.b, sizeof s->m->fingerprint.b);
+    hasher_update(&h, exe.b, sizeof exe.b);
+    Hash128 fp = hasher_final(&h);
+    char hex[33];
+    hash128_hex(&fp, hex);
+    snprintf(s->fingerprint, sizeof s->fingerprint, "fp_%.16s", hex);
+}
+
 int server_new(Engine *e, const ServerOptions *o, Server **out, MnErr *err) {
     *out = NULL;
     Server *s = mn_calloc(1, sizeof *s);
@@ -865,6 +940,12 @@ int server_new(Engine *e, const ServerOptions *o, Server **out, MnErr *err) {
     s->m = engine_model(e);
     s->opt = *o;
     atomic_init(&s->next_id, 1);
+    s->created = (int64_t)time(NULL);
+    uint64_t nonce;
+    if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce) /* no entropy yet: still differs by run */
+        nonce = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid() ^ (uint64_t)(mn_now() * 1e9);
+    snprintf(s->id_prefix, sizeof s->id_prefix, "%016llx", (unsigned long long)nonce);
+    server_fingerprint(s);
     if (metrics_setup(s) != MN_OK) {
         server_free(s);
         return mn_err_set(err, MN_ENOMEM, "out of memory");
