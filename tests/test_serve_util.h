@@ -15,6 +15,7 @@ typedef struct Srv {
     pid_t pid;
     int port;
     char log[64];
+    char model[128]; /* the served id, as /v1/models lists it: the model's file name */
 } Srv;
 
 /* Start `mnemo serve -m MODEL --port 0 --block-tokens 8 EXTRA`; returns 0
@@ -25,6 +26,7 @@ static inline int srv_start(Srv *s, const char *model, const char *extra) {
     snprintf(rel, sizeof rel, "models/%s.gguf", model);
     test_data_path(path, sizeof path, rel);
     if (!test_require_file(path)) return -1;
+    snprintf(s->model, sizeof s->model, "%s.gguf", model);
     snprintf(s->log, sizeof s->log, "/tmp/mnemo-test-srv-%d-XXXXXX", (int)getpid());
     int fd = mkstemp(s->log);
     close(fd);

@@ -14,6 +14,7 @@
 
 #include <curl/curl.h>
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <arpa/inet.h>
@@ -25,6 +26,9 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "engine/runner.h"
+#include "model/model.h"
 
 /* ---- HTTP ----------------------------------------------------------------------- */
 
@@ -176,7 +180,8 @@ static Turn chat_turn_ex(const Srv *s, const char *const *msgs, int n, int max_t
     t.prompt_tokens = (long)json_integer_value(json_object_get(u, "prompt_tokens"));
     t.completion_tokens = (long)json_integer_value(json_object_get(u, "completion_tokens"));
     t.cached_tokens = (long)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
-    assert_string_equal(json_string_value(json_object_get(j, "model")), "test");
+    /* the model that answered, whatever the request named ("test") */
+    assert_string_equal(json_string_value(json_object_get(j, "model")), s->model);
     json_decref(j);
     free(out);
     free(body);
@@ -1076,6 +1081,363 @@ static void test_request_log(void **st) {
     srv_stop(&s);
 }
 
+/* ---- the OpenAI surface ------------------------------------------------------------ */
+
+/* An error answer with its status, a message holding in_message and the
+ * param it names (NULL: JSON null). */
+static void expect_param(const Srv *s, const char *path, const char *body, long status, const char *in_message,
+                         const char *param) {
+    char *out;
+    long got = http(s, path, body, NULL, &out, 0);
+    if (got != status) fail_msg("%s %s: status %ld, expected %ld: %s", path, body ? body : "", got, status, out);
+    json_t *j = parse(out);
+    json_t *e = json_object_get(j, "error");
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    if (msg == NULL || !strstr(msg, in_message)) fail_msg("%s: message '%s' lacks '%s'", body, msg, in_message);
+    json_t *pj = json_object_get(e, "param");
+    if (param == NULL) assert_true(json_is_null(pj));
+    else if (!json_is_string(pj) || strcmp(json_string_value(pj), param) != 0)
+        fail_msg("%s: param %s, expected %s", body, json_is_string(pj) ? json_string_value(pj) : "null", param);
+    json_decref(j);
+    free(out);
+}
+
+/* POST body to path, 200 expected; the parsed answer. */
+static json_t *post_ok(const Srv *s, const char *path, const char *body) {
+    char *out;
+    long st = http(s, path, body, NULL, &out, 0);
+    if (st != 200) fail_msg("%s %s: status %ld: %s", path, body, st, out);
+    json_t *j = parse(out);
+    free(out);
+    return j;
+}
+
+static char *answer_id(const Srv *s) {
+    json_t *j = post_ok(s, "/v1/chat/completions",
+                        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2}");
+    char *id = strdup(json_string_value(json_object_get(j, "id")));
+    json_decref(j);
+    return id;
+}
+
+/* A request that names no model is answered with the served id, as
+ * /v1/models and /v1/models/{id} list it; every answer and chunk carries a
+ * system_fingerprint; ids differ across a restart. */
+static void test_model_fingerprint_ids(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "") != 0) return;
+    json_t *j = post_ok(&s, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":2}");
+    assert_string_equal(json_string_value(json_object_get(j, "model")), s.model);
+    const char *fp = json_string_value(json_object_get(j, "system_fingerprint"));
+    assert_non_null(fp);
+    assert_true(strncmp(fp, "fp_", 3) == 0 && strlen(fp) == 19);
+    char *fp1 = strdup(fp);
+    json_decref(j);
+    char *out;
+    assert_int_equal(http(&s, "/v1/chat/completions",
+                          "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":3,\"stream\":true,"
+                          "\"stream_options\":{\"include_usage\":true}}",
+                          NULL, &out, 0),
+                     200);
+    int n_chunks = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        if (strncmp(line, "data: {", 7) != 0) continue;
+        json_t *c = parse(line + 6);
+        assert_string_equal(json_string_value(json_object_get(c, "model")), s.model);
+        assert_string_equal(json_string_value(json_object_get(c, "system_fingerprint")), fp1);
+        json_decref(c);
+        n_chunks++;
+    }
+    assert_true(n_chunks >= 3);
+    free(out);
+    /* /v1/models/{id} */
+    char path[256];
+    snprintf(path, sizeof path, "/v1/models/%s", s.model);
+    assert_int_equal(http(&s, path, NULL, NULL, &out, 0), 200);
+    j = parse(out);
+    assert_string_equal(json_string_value(json_object_get(j, "id")), s.model);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "model");
+    json_decref(j);
+    free(out);
+    assert_int_equal(http(&s, "/v1/models/gpt-4o", NULL, NULL, &out, 0), 404);
+    j = parse(out);
+    json_t *e = json_object_get(j, "error");
+    assert_string_equal(json_string_value(json_object_get(e, "code")), "model_not_found");
+    assert_string_equal(json_string_value(json_object_get(e, "param")), "model");
+    assert_non_null(strstr(json_string_value(json_object_get(e, "message")), "gpt-4o"));
+    json_decref(j);
+    free(out);
+    char *id1 = answer_id(&s);
+    srv_stop(&s);
+    /* a restart: new ids, the same fingerprint */
+    srv_start(&s, "stories260K", "");
+    char *id2 = answer_id(&s);
+    assert_string_not_equal(id1, id2);
+    assert_true(strncmp(id2, "chatcmpl-", 9) == 0);
+    j = post_ok(&s, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":2}");
+    assert_string_equal(json_string_value(json_object_get(j, "system_fingerprint")), fp1);
+    assert_true(strncmp(json_string_value(json_object_get(j, "id")), "cmpl-", 5) == 0);
+    json_decref(j);
+    free(id1);
+    free(id2);
+    free(fp1);
+    srv_stop(&s);
+}
+
+/* The fields mnemo does not implement are refused naming them; logit_bias
+ * ids must be in the vocabulary; a prompt too long names prompt or
+ * messages; max_tokens past the context gives the allowed range. */
+static void test_refused_and_ranges(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "") != 0) return;
+#define CHAT_WITH(x) "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]," x "}"
+    const char *chat = "/v1/chat/completions", *cmpl = "/v1/completions";
+    expect_param(&s, chat, CHAT_WITH("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"), 400,
+                 "not supported", "tools");
+    expect_param(&s, chat, CHAT_WITH("\"tool_choice\":\"required\""), 400, "not supported", "tool_choice");
+    expect_param(&s, chat, CHAT_WITH("\"response_format\":{\"type\":\"json_object\"}"), 400, "not supported",
+                 "response_format");
+    expect_param(&s, cmpl, "{\"prompt\":\"x\",\"suffix\":\"y\"}", 400, "not supported", "suffix");
+    expect_param(&s, cmpl, "{\"prompt\":\"x\",\"best_of\":3}", 400, "not supported", "best_of");
+    expect_param(&s, chat, CHAT_WITH("\"frobnicate\":1"), 400, "unknown field", "frobnicate");
+    expect_param(&s, chat, CHAT_WITH("\"logprobs\":true,\"top_logprobs\":21"), 400, "between 0 and 20",
+                 "top_logprobs");
+    expect_param(&s, chat, CHAT_WITH("\"top_logprobs\":2"), 400, "logprobs", "top_logprobs");
+    expect_param(&s, cmpl, "{\"prompt\":\"x\",\"logprobs\":30}", 400, "between 0 and 20", "logprobs");
+    expect_param(&s, chat, CHAT_WITH("\"logit_bias\":{\"512\":1}"), 400, "out of range", "logit_bias");
+    expect_param(&s, chat, CHAT_WITH("\"logit_bias\":{\"5\":150}"), 400, "between -100 and 100", "logit_bias");
+    /* the defaults that ask for nothing are accepted */
+    json_decref(post_ok(&s, chat, CHAT_WITH("\"response_format\":{\"type\":\"text\"},\"tool_choice\":\"none\","
+                                            "\"max_tokens\":2")));
+    json_decref(post_ok(&s, cmpl, "{\"prompt\":\"x\",\"best_of\":1,\"max_tokens\":2}"));
+    /* context and range */
+    char *long_prompt = malloc(64 * 1024), *body = malloc(70 * 1024);
+    long_prompt[0] = '\0';
+    for (int i = 0; i < 700; i++) strcat(long_prompt, "Once upon a ");
+    snprintf(body, 70 * 1024, "{\"prompt\":\"%s\"}", long_prompt);
+    expect_param(&s, cmpl, body, 400, "the context holds", "prompt");
+    snprintf(body, 70 * 1024, "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}]}", long_prompt);
+    expect_param(&s, chat, body, 400, "the context holds", "messages");
+    free(long_prompt);
+    free(body);
+    expect_param(&s, cmpl, "{\"prompt\":[1,403,407,261,378],\"max_tokens\":1000000000000}", 400,
+                 "max_tokens must be between 1 and 507", "max_tokens");
+    expect_param(&s, chat, CHAT_WITH("\"max_tokens\":1000000000000"), 400, "max_tokens must be between 1 and",
+                 "max_tokens");
+    expect_param(&s, cmpl, "{\"prompt\":[1,403,407,261,378],\"max_tokens\":508}", 400,
+                 "max_tokens must be between 1 and 507", "max_tokens");
+    json_decref(post_ok(&s, cmpl, "{\"prompt\":[1,403,407,261,378],\"max_tokens\":507,\"stop\":\".\"}"));
+#undef CHAT_WITH
+    srv_stop(&s);
+}
+
+/* log-softmax of a runner's logits row: the model's own distribution,
+ * computed without the server. */
+typedef struct RowOut {
+    double *lp;
+    int n_vocab;
+} RowOut;
+
+static int row_logprobs(void *ctx, int idx, const float *logits) {
+    RowOut *o = ctx;
+    double max = logits[0], sum = 0;
+    for (int i = 1; i < o->n_vocab; i++) max = logits[i] > max ? logits[i] : max;
+    for (int i = 0; i < o->n_vocab; i++) sum += exp((double)logits[i] - max);
+    for (int i = 0; i < o->n_vocab; i++) o->lp[i] = (double)logits[i] - max - log(sum);
+    return 0;
+}
+
+/* The bytes of a token as the API writes its string. */
+static void token_string(const Model *m, int32_t id, char *out, size_t cap) {
+    size_t len;
+    char buf[8];
+    const char *p = tok_piece(m->tok, id, true, buf, &len);
+    snprintf(out, cap, "%.*s", (int)len, p);
+}
+
+/* /v1/completions with logprobs: every token's logprob and its top
+ * alternatives are the log-softmax of the model's logits (recomputed here
+ * by a runner in this process) at its position, whatever the sampling
+ * settings; the generated token is in each top_logprobs object; text_offset
+ * counts characters. Streamed, the same numbers arrive piece by piece. */
+static void test_completion_logprobs(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "") != 0) return;
+    char path[512];
+    test_data_path(path, sizeof path, "models/stories260K.gguf");
+    Model *m = NULL;
+    MnErr err = {0};
+    assert_int_equal(model_load(path, &m, &err), MN_OK);
+    const int n_vocab = m->cfg.n_vocab, N = 10, TOP = 4;
+    Runner r;
+    RunnerOptions ro;
+    runner_options_default(&ro);
+    ro.n_ctx = 64;
+    assert_int_equal(runner_init(&r, m, &ro, &err), MN_OK);
+    int32_t seq[64] = {1, 403, 407, 261, 378}; /* "Once upon a time" */
+    double *want = malloc((size_t)n_vocab * sizeof *want);
+    /* sampled at a high temperature with penalties: the numbers stay the model's */
+    const char *body = "{\"prompt\":[1,403,407,261,378],\"max_tokens\":10,\"logprobs\":4,\"temperature\":1.8,"
+                       "\"seed\":7,\"presence_penalty\":1.5,\"ignore_eos\":true}";
+    json_t *j = post_ok(&s, "/v1/completions", body);
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *lp = json_object_get(c, "logprobs");
+    json_t *tokens = json_object_get(lp, "tokens"), *values = json_object_get(lp, "token_logprobs"),
+           *tops = json_object_get(lp, "top_logprobs"), *offsets = json_object_get(lp, "text_offset");
+    assert_int_equal(json_array_size(tokens), N);
+    assert_int_equal(json_array_size(values), N);
+    assert_int_equal(json_array_size(tops), N);
+    assert_int_equal(json_array_size(offsets), N);
+    const char *text = json_string_value(json_object_get(c, "text"));
+    long chars_before = 0;
+    for (int k = 0; k < N; k++) {
+        RowOut ro_out = {want, n_vocab};
+        runner_reset(&r);
+        assert_int_equal(runner_eval(&r, seq, 5 + k, false, row_logprobs, &ro_out, &err), MN_OK);
+        /* which token was generated: the one whose string the answer names */
+        const char *tk = json_string_value(json_array_get(tokens, k));
+        int32_t id = -1;
+        double best = -1e300;
+        for (int32_t v = 0; v < n_vocab; v++) {
+            char str[64];
+            token_string(m, v, str, sizeof str);
+            if (strcmp(str, tk) == 0 && want[v] > best) {
+                id = v;
+                best = want[v];
+            }
+        }
+        assert_true(id >= 0);
+        assert_float_equal(json_real_value(json_array_get(values, k)), want[id], 1e-4);
+        /* the TOP best of the row, and the generated token */
+        json_t *d = json_array_get(tops, k);
+        int32_t order[512];
+        for (int v = 0; v < n_vocab; v++) order[v] = v;
+        for (int a = 0; a < TOP; a++)
+            for (int b = a + 1; b < n_vocab; b++)
+                if (want[order[b]] > want[order[a]]) {
+                    int32_t t = order[a];
+                    order[a] = order[b];
+                    order[b] = t;
+                }
+        for (int a = 0; a < TOP; a++) {
+            char str[64];
+            token_string(m, order[a], str, sizeof str);
+            json_t *v = json_object_get(d, str);
+            assert_non_null(v);
+            assert_float_equal(json_real_value(v), want[order[a]], 1e-4);
+        }
+        assert_non_null(json_object_get(d, tk));
+        assert_true(json_object_size(d) == TOP || json_object_size(d) == TOP + 1);
+        assert_int_equal(json_integer_value(json_array_get(offsets, k)), chars_before);
+        for (const char *p = tk; *p; p++) chars_before += ((unsigned char)*p & 0xC0) != 0x80;
+        seq[5 + k] = id;
+    }
+    /* the same request streamed: the same arrays, piece by piece */
+    char *sbody = malloc(strlen(body) + 32), *out;
+    sprintf(sbody, "%.*s,\"stream\":true}", (int)strlen(body) - 1, body);
+    assert_int_equal(http(&s, "/v1/completions", sbody, NULL, &out, 0), 200);
+    json_t *all_tokens = json_array(), *all_values = json_array(), *all_offsets = json_array();
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        if (strncmp(line, "data: {", 7) != 0) continue;
+        json_t *chunk = parse(line + 6);
+        json_t *l = json_object_get(json_array_get(json_object_get(chunk, "choices"), 0), "logprobs");
+        if (json_is_object(l)) {
+            json_array_extend(all_tokens, json_object_get(l, "tokens"));
+            json_array_extend(all_values, json_object_get(l, "token_logprobs"));
+            json_array_extend(all_offsets, json_object_get(l, "text_offset"));
+        }
+        json_decref(chunk);
+    }
+    assert_true(json_equal(all_tokens, tokens));
+    assert_true(json_equal(all_values, values));
+    assert_true(json_equal(all_offsets, offsets));
+    assert_non_null(text);
+    json_decref(all_tokens);
+    json_decref(all_values);
+    json_decref(all_offsets);
+    free(out);
+    free(sbody);
+    json_decref(j);
+
+    /* logit_bias forces a token; the logprobs still are the model's */
+    j = post_ok(&s, "/v1/completions",
+                "{\"prompt\":[1,403,407,261,378],\"max_tokens\":3,\"logprobs\":0,\"temperature\":0,"
+                "\"logit_bias\":{\"300\":100},\"ignore_eos\":true}");
+    lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    char forced[64];
+    token_string(m, 300, forced, sizeof forced);
+    seq[5] = 300;
+    seq[6] = 300;
+    for (int k = 0; k < 3; k++) {
+        assert_string_equal(json_string_value(json_array_get(json_object_get(lp, "tokens"), k)), forced);
+        RowOut ro_out = {want, n_vocab};
+        runner_reset(&r);
+        assert_int_equal(runner_eval(&r, seq, 5 + k, false, row_logprobs, &ro_out, &err), MN_OK);
+        assert_float_equal(json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), k)), want[300], 1e-4);
+    }
+    json_decref(j);
+    free(want);
+    runner_deinit(&r);
+    model_free(m);
+    srv_stop(&s);
+}
+
+/* Chat logprobs, whole and streamed, are the same entries; each entry's
+ * bytes are its token's; the tokens' strings make up the content. */
+static void test_chat_logprobs(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "") != 0) return;
+    const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story.\"}],\"max_tokens\":24,"
+                       "\"logprobs\":true,\"top_logprobs\":3,\"temperature\":0.9,\"seed\":3,\"stop\":\".\"}";
+    json_t *j = post_ok(&s, "/v1/chat/completions", body);
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    const char *content = json_string_value(json_object_get(json_object_get(c, "message"), "content"));
+    json_t *whole = json_object_get(json_object_get(c, "logprobs"), "content");
+    assert_true(json_array_size(whole) > 0);
+    size_t joined_len = 0;
+    char joined[4096] = "";
+    for (size_t i = 0; i < json_array_size(whole); i++) {
+        json_t *t = json_array_get(whole, i);
+        const char *tk = json_string_value(json_object_get(t, "token"));
+        json_t *bytes = json_object_get(t, "bytes");
+        assert_int_equal(json_array_size(bytes), strlen(tk));
+        for (size_t b = 0; b < strlen(tk); b++)
+            assert_int_equal(json_integer_value(json_array_get(bytes, b)), (unsigned char)tk[b]);
+        assert_int_equal(json_array_size(json_object_get(t, "top_logprobs")), 3);
+        double lp = json_real_value(json_object_get(t, "logprob"));
+        assert_true(lp <= 0);
+        /* the generated token is never likelier than the best alternative */
+        assert_true(lp <= json_real_value(json_object_get(json_array_get(json_object_get(t, "top_logprobs"), 0),
+                                                          "logprob")) + 1e-6);
+        joined_len += strlen(tk);
+        strcat(joined, tk);
+    }
+    /* the stop string cut the last token's text, or it is all there */
+    assert_true(joined_len >= strlen(content));
+    assert_memory_equal(joined, content, strlen(content));
+    char *sbody = malloc(strlen(body) + 32), *out;
+    sprintf(sbody, "%.*s,\"stream\":true}", (int)strlen(body) - 1, body);
+    assert_int_equal(http(&s, "/v1/chat/completions", sbody, NULL, &out, 0), 200);
+    json_t *streamed = json_array();
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        if (strncmp(line, "data: {", 7) != 0) continue;
+        json_t *chunk = parse(line + 6);
+        json_t *l = json_object_get(json_array_get(json_object_get(chunk, "choices"), 0), "logprobs");
+        if (json_is_object(l)) json_array_extend(streamed, json_object_get(l, "content"));
+        json_decref(chunk);
+    }
+    assert_true(json_equal(streamed, whole));
+    json_decref(streamed);
+    free(out);
+    free(sbody);
+    json_decref(j);
+    /* not asked for: null */
+    j = post_ok(&s, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2}");
+    assert_true(json_is_null(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs")));
+    json_decref(j);
+    srv_stop(&s);
+}
+
 int main(void) {
     test_apply_filter();
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -1094,6 +1456,10 @@ int main(void) {
         cmocka_unit_test(test_build_info),
         cmocka_unit_test(test_llama_flags),
         cmocka_unit_test(test_profile_per_setup),
+        cmocka_unit_test(test_model_fingerprint_ids),
+        cmocka_unit_test(test_refused_and_ranges),
+        cmocka_unit_test(test_completion_logprobs),
+        cmocka_unit_test(test_chat_logprobs),
         cmocka_unit_test(test_disconnect_and_queue),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_sigterm_drains),

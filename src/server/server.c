@@ -498,10 +498,10 @@ static enum MHD_Result run_generation(Server *s, struct MHD_Connection *c, Gen *
             return send_error(s, c, 500, "out of memory", NULL);
         }
         char *b = mn_realloc(g->text, g->text_len + o.len + 1);
-        ReqLogprob *lp = o.n_logprobs ? mn_realloc(g->lp, (g->n_lp + o.n_logprobs) * sizeof *lp) : g->lp;
         if (b) g->text = b;
-        if (lp) g->lp = lp;
-        if (b == NULL || lp == NULL) {
+        ReqLogprob *lp = NULL;
+        if (o.n_logprobs && (lp = mn_realloc(g->lp, (g->n_lp + o.n_logprobs) * sizeof *lp)) != NULL) g->lp = lp;
+        if (b == NULL || (o.n_logprobs && lp == NULL)) {
             request_output_deinit(&o);
             engine_cancel(s->e, g->req);
             gen_free(g);
