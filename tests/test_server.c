@@ -342,8 +342,11 @@ static void test_stream_bytes(void **st) { check_stream("tiny-llama-spm-q4_0", 2
 
 /* ---- errors ---------------------------------------------------------------------- */
 
-static void expect_error(const Srv *s, const char *path, const char *body, const char *header, long status,
-                         const char *in_message) {
+/* An error answer: its status, an OpenAI error object whose message holds
+ * in_message (NULL: any) and, when is_param, whose param is param (NULL:
+ * JSON null). */
+static void expect_error_param(const Srv *s, const char *path, const char *body, const char *header, long status,
+                               const char *in_message, bool is_param, const char *param) {
     char *out;
     long got = http(s, path, body, header, &out, 0);
     if (got != status) fail_msg("%s %s: status %ld, expected %ld: %s", path, body ? body : "", got, status, out);
@@ -354,8 +357,22 @@ static void expect_error(const Srv *s, const char *path, const char *body, const
     assert_non_null(msg);
     assert_non_null(json_string_value(json_object_get(e, "type")));
     if (in_message && !strstr(msg, in_message)) fail_msg("message '%s' lacks '%s'", msg, in_message);
+    json_t *pj = json_object_get(e, "param");
+    if (is_param && param == NULL) assert_true(json_is_null(pj));
+    if (is_param && param && (!json_is_string(pj) || strcmp(json_string_value(pj), param) != 0))
+        fail_msg("%s: param %s, expected %s", body, json_is_string(pj) ? json_string_value(pj) : "null", param);
     json_decref(j);
     free(out);
+}
+
+static void expect_error(const Srv *s, const char *path, const char *body, const char *header, long status,
+                         const char *in_message) {
+    expect_error_param(s, path, body, header, status, in_message, false, NULL);
+}
+
+static void expect_param(const Srv *s, const char *path, const char *body, long status, const char *in_message,
+                         const char *param) {
+    expect_error_param(s, path, body, NULL, status, in_message, true, param);
 }
 
 static void test_errors(void **st) {
@@ -1082,25 +1099,6 @@ static void test_request_log(void **st) {
 }
 
 /* ---- the OpenAI surface ------------------------------------------------------------ */
-
-/* An error answer with its status, a message holding in_message and the
- * param it names (NULL: JSON null). */
-static void expect_param(const Srv *s, const char *path, const char *body, long status, const char *in_message,
-                         const char *param) {
-    char *out;
-    long got = http(s, path, body, NULL, &out, 0);
-    if (got != status) fail_msg("%s %s: status %ld, expected %ld: %s", path, body ? body : "", got, status, out);
-    json_t *j = parse(out);
-    json_t *e = json_object_get(j, "error");
-    const char *msg = json_string_value(json_object_get(e, "message"));
-    if (msg == NULL || !strstr(msg, in_message)) fail_msg("%s: message '%s' lacks '%s'", body, msg, in_message);
-    json_t *pj = json_object_get(e, "param");
-    if (param == NULL) assert_true(json_is_null(pj));
-    else if (!json_is_string(pj) || strcmp(json_string_value(pj), param) != 0)
-        fail_msg("%s: param %s, expected %s", body, json_is_string(pj) ? json_string_value(pj) : "null", param);
-    json_decref(j);
-    free(out);
-}
 
 /* POST body to path, 200 expected; the parsed answer. */
 static json_t *post_ok(const Srv *s, const char *path, const char *body) {

@@ -127,9 +127,9 @@ typedef struct ReqOutput {
     char *text;             /* the text produced since the last read, NUL-terminated, may be
                                empty; owned by the caller (request_output_deinit) */
     size_t len;
-    ReqLogprob *logprobs;   /* with is_logprobs: the tokens whose text ends in this read
-                               (or, held back for a stop string, begins in the answer's
-                               last text), in order; owned by the caller; NULL when none */
+    ReqLogprob *logprobs;   /* with is_logprobs: records of the tokens this read's text
+                               completes (see request_read), in order; owned by the
+                               caller; NULL when none */
     size_t n_logprobs;
     bool is_done;           /* the request has finished: nothing more will come */
     ReqResult res;          /* its result, when is_done */
@@ -138,9 +138,11 @@ typedef struct ReqOutput {
 /* Wait up to timeout_ms for output and take it into *out (overwritten).
  * Across all reads, the logprobs are one per generated token that belongs
  * to the answer: not the end-of-generation token, not a token whose text
- * lies wholly in or after a stop string; they come in the read whose text
- * holds their last byte, so a stream and a whole answer carry the same
- * records. Returns MN_OK, or MN_ENOMEM (then *out holds nothing to free). */
+ * lies wholly in or after a stop string. Each comes in the read whose text
+ * holds its last byte (a token cut by a stop string: the last byte kept; a
+ * token that only begins a character: with the text before it), so a
+ * stream and a whole answer carry the same records. Returns MN_OK, or
+ * MN_ENOMEM (then *out holds nothing to free). */
 int request_read(Request *r, ReqOutput *out, int timeout_ms);
 /* Free what a read left in o (fine on a zeroed ReqOutput) and zero it. */
 void request_output_deinit(ReqOutput *o);
