@@ -62,7 +62,7 @@ static char *drain_lp(Request *r, ReqResult *res, ReqLogprob **lp, size_t *n_lp)
         all[n] = '\0';
         if (lp) {
             *lp = realloc(*lp, (*n_lp + o.n_logprobs + 1) * sizeof **lp);
-            memcpy(*lp + *n_lp, o.logprobs, o.n_logprobs * sizeof **lp);
+            if (o.n_logprobs) memcpy(*lp + *n_lp, o.logprobs, o.n_logprobs * sizeof **lp);
             *n_lp += o.n_logprobs;
         } else {
             assert_int_equal(o.n_logprobs, 0); /* none unless asked for */

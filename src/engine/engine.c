@@ -390,6 +390,7 @@ static void active_emit(Active *a, const char *text, size_t len, Release release
     request_emit(a->req, text, len, a->lp_held, (size_t)n);
     if (len) buf_append(&a->reply, &a->n_reply, &a->cap_reply, text, len);
     if (release == RELEASE_CUT) n = a->n_lp_held;
+    if (n == 0) return; /* lp_held may be NULL */
     memmove(a->lp_held, a->lp_held + n, (size_t)(a->n_lp_held - n) * sizeof *a->lp_held);
     a->n_lp_held -= n;
 }
@@ -524,6 +525,7 @@ static bool active_sample(Engine *e, Active *a, float *logits) {
     }
     ReqLogprob rec;
     if (p->is_logprobs) {
+        memset(&rec, 0, sizeof rec); /* top[] past n_top too: records are compared whole */
         rec.n_top = p->n_top_logprobs < n_vocab ? p->n_top_logprobs : n_vocab;
         sampler_logprobs(logits, n_vocab, next, rec.n_top, &rec.token, rec.top);
     }
