@@ -7,7 +7,12 @@
  * streams and refused connections are counted as failures and the report
  * is still written. A fake mnemo with tiers has its usage split by tier,
  * recomputed tokens and /metrics tier I/O (restore bandwidth) reported; a
- * fake plain OpenAI server without them has none of it shown. `mnemo
+ * fake plain OpenAI server without them has none of it shown. The SSE
+ * parser gives the same events however a stream is cut; the client reads
+ * streams with CRLF or CR line ends, `data:` without its space and events
+ * split across reads (gated on the deltas received, not on time), and
+ * keeps the server's own message from an error event (llama-server's
+ * shapes, mnemo's), which bench reports as server_error. `mnemo
  * disk-probe` measures a temporary directory, leaves nothing behind, and
  * names missing directories and a full disk (injected ENOSPC). */
 #include "test_util.h"
@@ -38,26 +43,62 @@
 #include "bench/diskprobe.h"
 #include "bench/loadgen.h"
 #include "bench/report.h"
+#include "bench/sse.h"
 #include "bench/workload.h"
 
 /* ---- a fake server: 500s and cut streams ------------------------------------------ */
 
 /* FAKE_TIERS: a mnemo with RAM and disk tiers (usage split by tier, tier
  * I/O in /metrics); FAKE_PLAIN: another OpenAI server (usage with cached
- * tokens only, no /metrics). Both answer every turn with two deltas. */
-typedef enum FakeMode { FAKE_500, FAKE_CUT, FAKE_NO_DONE, FAKE_TIERS, FAKE_PLAIN } FakeMode;
+ * tokens only, no /metrics). Both answer every turn with two deltas.
+ * FAKE_SCRIPT streams the exact bytes of a FakeScript. */
+typedef enum FakeMode { FAKE_500, FAKE_CUT, FAKE_NO_DONE, FAKE_TIERS, FAKE_PLAIN, FAKE_SCRIPT } FakeMode;
+
+/* A chat stream's body, piece by piece: each piece is one read of the
+ * response (one HTTP chunk), produced only once the client has had
+ * gates[k] content deltas (fake_on_delta counts them), so a piece after a
+ * gate reaches the client in a read of its own whatever the machine's
+ * timing. The stream then ends cleanly, or without its last chunk when
+ * is_cut (a broken connection). */
+typedef struct FakeScript {
+    const char *pieces[4];
+    int gates[4];        /* all 0: no gates */
+    int n_pieces;
+    bool is_cut;
+} FakeScript;
 
 typedef struct Fake {
     struct MHD_Daemon *d;
     FakeMode mode;
     int port;
     atomic_int n_metrics; /* GET /metrics answered so far */
+    const FakeScript *script;
+    pthread_mutex_t mu;   /* guards n_deltas and is_stopping */
+    pthread_cond_t cv;
+    int n_deltas;         /* content deltas the client has had */
+    bool is_stopping;     /* fake_stop: gates open */
 } Fake;
 
 typedef struct FakeStream {
     FakeMode mode;
     int step;
+    Fake *f;
 } FakeStream;
+
+/* A ClientDeltaFn (ctx: the Fake) that opens the gates. */
+static void fake_on_delta(void *ctx, const char *text, size_t len) {
+    Fake *f = ctx;
+    pthread_mutex_lock(&f->mu);
+    f->n_deltas++;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+}
+
+static void fake_wait_deltas(Fake *f, int n) {
+    pthread_mutex_lock(&f->mu);
+    while (f->n_deltas < n && !f->is_stopping) pthread_cond_wait(&f->cv, &f->mu);
+    pthread_mutex_unlock(&f->mu);
+}
 
 static const char CHUNK[] = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi \"}}]}\n\n";
 static const char USAGE_TIERS[] =
@@ -105,8 +146,19 @@ static ssize_t put_str(char *buf, size_t max, const char *s, size_t n) {
     return (ssize_t)n;
 }
 
+static ssize_t script_read(FakeStream *st, char *buf, size_t max) {
+    const FakeScript *sc = st->f->script;
+    if (st->step == sc->n_pieces) return sc->is_cut ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
+    fake_wait_deltas(st->f, sc->gates[st->step]);
+    const char *piece = sc->pieces[st->step];
+    ssize_t n = put_str(buf, max, piece, strlen(piece));
+    if (n > 0) st->step++;
+    return n;
+}
+
 static ssize_t fake_read(void *cls, uint64_t pos, char *buf, size_t max) {
     FakeStream *st = cls;
+    if (st->mode == FAKE_SCRIPT) return script_read(st, buf, max);
     if (st->step < 2 && max >= sizeof CHUNK) {
         st->step++;
         memcpy(buf, CHUNK, sizeof CHUNK - 1);
@@ -154,6 +206,7 @@ static enum MHD_Result fake_handler(void *cls, struct MHD_Connection *c, const c
     } else {
         FakeStream *st = calloc(1, sizeof *st);
         st->mode = f->mode;
+        st->f = f;
         r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, fake_read, st, fake_free);
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
     }
@@ -162,9 +215,14 @@ static enum MHD_Result fake_handler(void *cls, struct MHD_Connection *c, const c
     return ok;
 }
 
-static void fake_start(Fake *f, FakeMode mode) {
+static void fake_start_with(Fake *f, FakeMode mode, const FakeScript *script) {
     f->mode = mode;
     atomic_init(&f->n_metrics, 0);
+    f->script = script;
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->cv, NULL);
+    f->n_deltas = 0;
+    f->is_stopping = false;
     f->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0, NULL, NULL,
                             fake_handler, f, MHD_OPTION_END);
     assert_non_null(f->d);
@@ -173,7 +231,17 @@ static void fake_start(Fake *f, FakeMode mode) {
     f->port = info->port;
 }
 
-static void fake_stop(Fake *f) { MHD_stop_daemon(f->d); }
+static void fake_start(Fake *f, FakeMode mode) { fake_start_with(f, mode, NULL); }
+
+static void fake_stop(Fake *f) {
+    pthread_mutex_lock(&f->mu); /* a stream waiting at a gate ends */
+    f->is_stopping = true;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    MHD_stop_daemon(f->d);
+    pthread_cond_destroy(&f->cv);
+    pthread_mutex_destroy(&f->mu);
+}
 
 /* A loopback port with nothing listening. */
 static int closed_port(void) {
@@ -322,27 +390,45 @@ static void rm_dir(const char *d) {
     rmdir(d);
 }
 
-/* CSV rows as arrays of fields (all strings malloc'd). */
+/* CSV rows as arrays of fields (all strings malloc'd; the quoted error
+ * field unquoted). */
 typedef struct Csv {
     int n_rows;
-    char *fields[512][9];
+    char *fields[512][10];
 } Csv;
+
+/* The last field of a row: empty, or quoted with quotes doubled. */
+static char *csv_last(const char *p) {
+    if (p[0] == '\0') return strdup("");
+    assert_true(p[0] == '"');
+    char *out = malloc(strlen(p)), *o = out;
+    for (p++; !(p[0] == '"' && p[1] != '"'); p++) {
+        assert_true(p[0] != '\0');
+        if (p[0] == '"') p++; /* a doubled quote */
+        *o++ = *p;
+    }
+    assert_true(p[1] == '\0');
+    *o = '\0';
+    return out;
+}
 
 static Csv *csv_read(const char *path) {
     char *text = test_read_file(path, NULL);
     assert_non_null(text);
     Csv *c = calloc(1, sizeof *c);
     char *save = NULL, *line = strtok_r(text, "\n", &save);
-    assert_string_equal(line, "conversation,turn,prompt_tokens,cached_tokens,output_tokens,ttft_s,tpot_s,e2e_s,status");
+    assert_string_equal(line,
+                        "conversation,turn,prompt_tokens,cached_tokens,output_tokens,ttft_s,tpot_s,e2e_s,status,error");
     while ((line = strtok_r(NULL, "\n", &save)) != NULL) {
         assert_true(c->n_rows < 512);
         char *p = line;
         for (int k = 0; k < 9; k++) {
             size_t n = strcspn(p, ",");
             c->fields[c->n_rows][k] = strndup(p, n);
-            assert_true(k == 8 ? p[n] == '\0' : p[n] == ',');
-            p += n + (p[n] ? 1 : 0);
+            assert_true(p[n] == ',');
+            p += n + 1;
         }
+        c->fields[c->n_rows][9] = csv_last(p);
         c->n_rows++;
     }
     free(text);
@@ -351,7 +437,7 @@ static Csv *csv_read(const char *path) {
 
 static void csv_free(Csv *c) {
     for (int i = 0; i < c->n_rows; i++)
-        for (int k = 0; k < 9; k++) free(c->fields[i][k]);
+        for (int k = 0; k < 10; k++) free(c->fields[i][k]);
     free(c);
 }
 
@@ -380,6 +466,7 @@ static void check_report(const char *dir, const BenchSummary *s, const BenchResu
         char **f = csv->fields[i];
         bool ok = strcmp(f[8], "ok") == 0;
         failures += !ok;
+        assert_string_equal(f[9], r->records[i].error); /* rows in record order */
         if (!ok) continue;
         if (f[2][0] && f[3][0]) {
             prompt += atol(f[2]);
@@ -875,8 +962,9 @@ static void test_real_server(void **state) {
 /* ---- failures ------------------------------------------------------------------------------- */
 
 /* Run 3 conversations x 2 turns against port; every first turn fails with
- * `expect`, second turns are skipped; the report is written and consistent. */
-static void run_failing(int port, BenchStatus expect, const char *expect_status) {
+ * `expect` (and the message expect_error, when not NULL), second turns are
+ * skipped; the report is written and consistent. */
+static void run_failing(int port, BenchStatus expect, const char *expect_status, const char *expect_error) {
     BenchConfig c;
     small_config(&c, BENCH_MULTITURN, 3, 2);
     MnErr err = {0};
@@ -891,6 +979,7 @@ static void run_failing(int port, BenchStatus expect, const char *expect_status)
         assert_int_equal(r->records[i].status, expect);
         assert_string_equal(bench_status_name(&r->records[i], name, sizeof name), expect_status);
         assert_true(r->records[i].error[0] != '\0');
+        if (expect_error) assert_string_equal(r->records[i].error, expect_error);
     }
     BenchSummary s;
     assert_int_equal(bench_summarize(r, &s), MN_OK);
@@ -899,6 +988,11 @@ static void run_failing(int port, BenchStatus expect, const char *expect_status)
     assert_int_equal(s.skipped, 3);
     assert_true(isnan(s.ttft.p50));
     assert_true(s.n_errors >= 1 && s.errors[0].n >= 1);
+    if (expect_error && strpbrk(expect_error, "0123456789") == NULL) { /* no digits to normalize */
+        char want[192];
+        snprintf(want, sizeof want, "%s: %s", expect_status, expect_error);
+        assert_string_equal(s.errors[0].msg, want);
+    }
     FILE *devnull = fopen("/dev/null", "w");
     BenchInfo info = {"multiturn", "x", "test", 1, 3, 1.3, false};
     bench_print_summary(devnull, &s, r, &info);
@@ -918,23 +1012,168 @@ static void run_failing(int port, BenchStatus expect, const char *expect_status)
     bench_plan_free(p);
 }
 
-static void test_connection_refused(void **state) { run_failing(closed_port(), BENCH_CONNECT_ERROR, "connect_error"); }
+static void test_connection_refused(void **state) { run_failing(closed_port(), BENCH_CONNECT_ERROR, "connect_error", NULL); }
 
 static void test_http_500(void **state) {
     Fake f;
     fake_start(&f, FAKE_500);
-    run_failing(f.port, BENCH_HTTP_ERROR, "http_500");
+    run_failing(f.port, BENCH_HTTP_ERROR, "http_500", "HTTP 500: fake failure");
     fake_stop(&f);
 }
 
 static void test_stream_cut(void **state) {
     Fake f;
     fake_start(&f, FAKE_CUT); /* the connection drops mid-stream */
-    run_failing(f.port, BENCH_STREAM_ERROR, "stream_error");
+    run_failing(f.port, BENCH_STREAM_ERROR, "stream_error", NULL);
     fake_stop(&f);
     fake_start(&f, FAKE_NO_DONE); /* a clean end without [DONE] */
-    run_failing(f.port, BENCH_STREAM_ERROR, "stream_error");
+    run_failing(f.port, BENCH_STREAM_ERROR, "stream_error", "the stream ended before [DONE]");
     fake_stop(&f);
+}
+
+/* ---- SSE shapes: the parser, and the client against each shape ------------------------ */
+
+typedef struct SseLog {
+    char text[512]; /* "type|data;" per event */
+} SseLog;
+
+static void sse_log_event(void *ctx, const char *type, const char *data, size_t len) {
+    SseLog *l = ctx;
+    assert_int_equal(strlen(data), len);
+    size_t n = strlen(l->text);
+    snprintf(l->text + n, sizeof l->text - n, "%s|%s;", type, data);
+}
+
+/* Parse stream cut in two at every byte, and one byte at a time: the
+ * events are always `expect`. */
+static void sse_expect(const char *stream, const char *expect) {
+    size_t len = strlen(stream);
+    for (size_t cut = 0; cut <= len + 1; cut++) { /* cut == len + 1: byte by byte */
+        SseLog log = {{0}};
+        SseParser p;
+        sse_init(&p, sse_log_event, &log);
+        if (cut <= len) {
+            assert_int_equal(sse_feed(&p, stream, cut), MN_OK);
+            assert_int_equal(sse_feed(&p, stream + cut, len - cut), MN_OK);
+        } else {
+            for (size_t i = 0; i < len; i++) assert_int_equal(sse_feed(&p, stream + i, 1), MN_OK);
+        }
+        assert_int_equal(sse_end(&p), MN_OK);
+        sse_deinit(&p);
+        if (strcmp(log.text, expect) != 0) fail_msg("cut at %zu of %zu: got\n%s\nwant\n%s", cut, len, log.text, expect);
+    }
+}
+
+static void test_sse_parser(void **state) {
+    /* LF, CRLF and CR endings; "data:" with and without its space; a
+     * comment; typed events (`event: error`, llama-server's `error:` line);
+     * data over two lines; fields that are ignored; an empty data field;
+     * an unterminated last event */
+    sse_expect("data: a\n\ndata:b\r\n\r\n: ping\n\nevent: error\ndata: {\"x\":1}\n\n"
+               "error: {\"m\":2}\r\rdata: l1\ndata: l2\n\nid: 7\nretry: 5\n\ndata\n\ndata: [DONE]",
+               "message|a;message|b;error|{\"x\":1};error|{\"m\":2};message|l1\nl2;message|;message|[DONE];");
+    /* a byte-order mark; only one space after the colon is dropped; a
+     * type does not outlive its event; a CR alone, then LF pairs */
+    sse_expect("\xEF\xBB\xBF" "data:  two\n\nevent: x\ndata: y\n\ndata: z\r\n\r\ndata: w\r\r\n\n",
+               "message| two;x|y;message|z;message|w;");
+    /* events without data dispatch nothing, nor does a stream of comments */
+    sse_expect(": keep-alive\n\nevent: ping\n\n\n\n", "");
+}
+
+#define SSE_A "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}"
+#define SSE_B "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"}}]}"
+#define SSE_USAGE "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}"
+#define LLAMA_ERROR "{\"code\":500,\"message\":\"Context size has been exceeded.\",\"type\":\"server_error\"}"
+
+typedef struct StreamCase {
+    const char *what;
+    FakeScript script;
+    int rc;                /* client_chat's */
+    bool is_server_error;
+    const char *error;     /* res.error */
+} StreamCase;
+
+static const StreamCase STREAM_CASES[] = {
+    {"CRLF line ends", {{SSE_A "\r\n\r\n" SSE_B "\r\n\r\n" SSE_USAGE "\r\n\r\ndata: [DONE]\r\n\r\n"}, {0}, 1, false},
+     MN_OK, false, ""},
+    {"CR line ends", {{SSE_A "\r\r" SSE_B "\r\r" SSE_USAGE "\r\rdata: [DONE]\r\r"}, {0}, 1, false}, MN_OK, false, ""},
+    {"data: without its space",
+     {{"data:{\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata:{\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n"
+       "data:{\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}\n\ndata:[DONE]\n\n"},
+      {0}, 1, false},
+     MN_OK, false, ""},
+    /* the second event cut in its JSON and between CR and LF; the second
+     * piece is sent after the first delta came through */
+    {"an event split across reads",
+     {{SSE_A "\n\ndata: {\"choi", "ces\":[{\"index\":0,\"delta\":{\"content\":\"b\"}}]}\r",
+       "\n\r\n: ping\n\n" SSE_USAGE "\n\ndata: [DONE]\n\n"},
+      {0, 1, 1}, 3, false},
+     MN_OK, false, ""},
+    /* llama-server: the error as a chunk, then the end without [DONE] */
+    {"llama-server's error chunk", {{SSE_A "\n\n" SSE_B "\n\n", "data: {\"error\":" LLAMA_ERROR "}\n\n"}, {0}, 2, false},
+     MN_EIO, true, "Context size has been exceeded."},
+    {"llama-server's older error line", {{SSE_A "\n\n" SSE_B "\n\nerror: " LLAMA_ERROR "\n\n"}, {0}, 1, false}, MN_EIO,
+     true, "Context size has been exceeded."},
+    {"an error event",
+     {{SSE_A "\n\n" SSE_B "\n\nevent: error\ndata: {\"type\":\"error\",\"error\":{\"message\":\"Overloaded\"}}\n\n"},
+      {0}, 1, false},
+     MN_EIO, true, "Overloaded"},
+    {"an error string", {{SSE_A "\n\n" SSE_B "\n\ndata: {\"error\":\"model unloaded\"}\n\n"}, {0}, 1, false}, MN_EIO,
+     true, "model unloaded"},
+    /* mnemo: the error chunk, then [DONE] */
+    {"an error, then [DONE]",
+     {{SSE_A "\n\n" SSE_B "\n\ndata: {\"error\":{\"message\":\"engine failed\"}}\n\ndata: [DONE]\n\n"}, {0}, 1, false},
+     MN_EIO, true, "engine failed"},
+    /* the error survives the broken connection after it */
+    {"an error, then a cut", {{SSE_A "\n\n" SSE_B "\n\ndata: {\"error\":" LLAMA_ERROR "}\n\n"}, {0}, 1, true}, MN_EIO,
+     true, "Context size has been exceeded."},
+    {"no [DONE], no error", {{SSE_A "\n\n" SSE_B "\n\n"}, {0}, 1, false}, MN_EIO, false,
+     "the stream ended before [DONE]"},
+};
+
+/* client_chat against each shape of stream: the two deltas arrive, and the
+ * result says what the stream said. */
+static void test_client_stream_shapes(void **state) {
+    int n_wrong = 0; /* every case runs, and each wrong one is told */
+    for (size_t i = 0; i < sizeof STREAM_CASES / sizeof STREAM_CASES[0]; i++) {
+        const StreamCase *k = &STREAM_CASES[i];
+        Fake f;
+        fake_start_with(&f, FAKE_SCRIPT, &k->script);
+        char url[64];
+        snprintf(url, sizeof url, "http://127.0.0.1:%d", f.port);
+        ChatClient *c;
+        assert_int_equal(client_new(url, NULL, &c), MN_OK);
+        client_set_timeouts(c, 10, 60); /* only a broken parser waits at a gate: fail, not hang */
+        ClientMsg m = {"user", "hi"};
+        ClientResult res;
+        int rc = client_chat(c, &m, 1, NULL, fake_on_delta, &f, &res);
+        fake_stop(&f);
+        client_free(c);
+        if (rc != k->rc || res.is_server_error != k->is_server_error || strcmp(res.error, k->error) != 0 ||
+            strcmp(res.content, "ab") != 0 || res.n_deltas != 2 || res.http_status != 200 ||
+            (k->rc == MN_OK && res.completion_tokens != 2)) {
+            n_wrong++;
+            print_message("%s: rc %d (want %d), server error %d, error \"%s\" (want \"%s\"), content \"%s\", %d deltas, "
+                     "HTTP %d\n",
+                     k->what, rc, k->rc, res.is_server_error, res.error, k->error, res.content, res.n_deltas,
+                     res.http_status);
+        }
+        mn_free(res.content);
+    }
+    assert_int_equal(n_wrong, 0);
+}
+
+/* A stream that carries llama-server's error mid-reply is a server_error
+ * with the server's message in the records, the summary, requests.csv
+ * and summary.json; a broken connection after it does not hide it. */
+static void test_server_error(void **state) {
+    for (int cut = 0; cut < 2; cut++) {
+        FakeScript sc = {{SSE_A "\n\n", "data: {\"error\":" LLAMA_ERROR "}\n\n"}, {0}, 2, cut == 1};
+        Fake f;
+        fake_start_with(&f, FAKE_SCRIPT, &sc);
+        run_failing(f.port, BENCH_SERVER_ERROR, "server_error", "Context size has been exceeded.");
+        fake_stop(&f);
+    }
 }
 
 static void test_command_failures(void **state) {
@@ -947,7 +1186,7 @@ static void test_command_failures(void **state) {
     snprintf(path, sizeof path, "%s/requests.csv", dir);
     char *csv = test_read_file(path, NULL);
     assert_non_null(csv);
-    assert_non_null(strstr(csv, ",connect_error\n"));
+    assert_non_null(strstr(csv, ",connect_error,\""));
     free(csv);
     rm_dir(dir);
     free(dir);
@@ -1478,6 +1717,9 @@ int main(void) {
         cmocka_unit_test(test_connection_refused),
         cmocka_unit_test(test_http_500),
         cmocka_unit_test(test_stream_cut),
+        cmocka_unit_test(test_sse_parser),
+        cmocka_unit_test(test_client_stream_shapes),
+        cmocka_unit_test(test_server_error),
         cmocka_unit_test(test_command_failures),
         cmocka_unit_test(test_duration),
         cmocka_unit_test(test_tiers_from_metrics),

@@ -2,6 +2,8 @@
  * choke point is what matters. */
 #include "base/mem.h"
 
+#include "base/err.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +28,17 @@ char *mn_strndup(const char *s, size_t n) {
     memcpy(d, s, n);
     d[n] = '\0';
     return d;
+}
+
+int mn_reserve(char **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return MN_OK;
+    size_t c = *cap ? *cap : 256;
+    while (c < need) c = c > SIZE_MAX / 2 ? need : c * 2;
+    char *b = mn_realloc(*buf, c);
+    if (b == NULL) return MN_ENOMEM;
+    *buf = b;
+    *cap = c;
+    return MN_OK;
 }
 
 void *mn_alloc_aligned(size_t n_bytes, size_t align) {

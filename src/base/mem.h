@@ -17,6 +17,11 @@ void mn_free(void *ptr);
 char *mn_strdup(const char *s);
 char *mn_strndup(const char *s, size_t n);
 
+/* Make the growing byte buffer *buf (*cap bytes, NULL when 0) hold at least
+ * need bytes, doubling its capacity so that appends cost amortized O(1).
+ * MN_OK, or MN_ENOMEM with *buf and *cap unchanged; the contents stay. */
+int mn_reserve(char **buf, size_t *cap, size_t need);
+
 /* n_bytes rounded up to a multiple of align (a power of two >= 8). */
 void *mn_alloc_aligned(size_t n_bytes, size_t align);
 void mn_free_aligned(void *ptr);

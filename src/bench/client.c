@@ -1,11 +1,16 @@
 /* client.c — streaming chat client over libcurl (see client.h).
  *
- * The response body is cut into lines as it arrives; "data: " lines of an
- * SSE stream are parsed as JSON (jansson): choices[0].delta.content goes to
- * the callback, a usage object is recorded, "[DONE]" ends the stream. A
- * non-SSE body (an error object) is kept whole for the error message.
- * Timeouts and the cancel flag (client_set_timeouts, client_set_cancel) are
- * set again on every request, since each one starts with curl_easy_reset.
+ * The response body goes through an SSE parser (bench/sse.c) as it
+ * arrives, so an event may be cut anywhere by the network and lines may
+ * end in LF, CRLF or CR. Each event's data is parsed as JSON (jansson):
+ * choices[0].delta.content goes to the callback, a usage object is
+ * recorded, "[DONE]" ends the stream, and an error (an `error` event, or a
+ * chunk with an "error" member, as llama-server and OpenAI send one
+ * mid-stream) is kept as the server's message, which no later transport
+ * failure overwrites. A non-SSE body (an error object with a non-200
+ * status) is kept whole for the error message. Timeouts and the cancel
+ * flag (client_set_timeouts, client_set_cancel) are set again on every
+ * request, since each one starts with curl_easy_reset.
  */
 #include "bench/client.h"
 
@@ -16,6 +21,7 @@
 
 #include "base/clock.h"
 #include "base/mem.h"
+#include "bench/sse.h"
 
 struct ChatClient {
     CURL *curl;
@@ -90,25 +96,13 @@ typedef struct Stream {
     ClientDeltaFn fn;
     void *ctx;
     double t0;
-    char *line;      /* partial line */
-    size_t n_line, cap_line;
+    SseParser sse;
     char *content;
     size_t n_content, cap_content;
-    char *raw;       /* first bytes of a non-SSE body */
+    char *raw;       /* first bytes of the body, for a non-SSE error answer */
     size_t n_raw;
     bool is_done, is_oom;
 } Stream;
-
-static bool grow(char **buf, size_t *cap, size_t need) {
-    if (need <= *cap) return true;
-    size_t c = *cap ? *cap : 256;
-    while (c < need) c *= 2;
-    char *b = mn_realloc(*buf, c);
-    if (b == NULL) return false;
-    *buf = b;
-    *cap = c;
-    return true;
-}
 
 /* usage's cached_tokens_by_tier object -> t (see ClientTierTokens). */
 static void parse_tiers(json_t *obj, ClientTierTokens *t) {
@@ -123,48 +117,61 @@ static void parse_tiers(json_t *obj, ClientTierTokens *t) {
     }
 }
 
-static void on_line(Stream *s, const char *line, size_t len) {
-    if (len < 6 || memcmp(line, "data: ", 6) != 0) return;
-    line += 6;
-    len -= 6;
-    if (len == 6 && memcmp(line, "[DONE]", 6) == 0) {
+static void on_usage(Stream *s, json_t *u) {
+    s->res->prompt_tokens = (long)json_integer_value(json_object_get(u, "prompt_tokens"));
+    s->res->completion_tokens = (long)json_integer_value(json_object_get(u, "completion_tokens"));
+    json_t *details = json_object_get(u, "prompt_tokens_details");
+    json_t *cached = json_object_get(details, "cached_tokens");
+    if (json_is_integer(cached)) s->res->cached_tokens = (long)json_integer_value(cached);
+    json_t *recomputed = json_object_get(details, "recomputed_tokens");
+    if (!json_is_integer(recomputed)) recomputed = json_object_get(u, "recomputed_tokens");
+    if (json_is_integer(recomputed)) s->res->recomputed_tokens = (long)json_integer_value(recomputed);
+    parse_tiers(json_object_get(details, "cached_tokens_by_tier"), &s->res->cached_by_tier);
+}
+
+static void on_text(Stream *s, const char *text, size_t len) {
+    if (s->res->ttft_s < 0) s->res->ttft_s = mn_now() - s->t0;
+    s->res->n_deltas++;
+    if (mn_reserve(&s->content, &s->cap_content, s->n_content + len + 1) != MN_OK) s->is_oom = true;
+    else {
+        memcpy(s->content + s->n_content, text, len);
+        s->n_content += len;
+        s->content[s->n_content] = '\0';
+    }
+    if (s->fn) s->fn(s->ctx, text, len);
+}
+
+/* The server's error event: err is the error value (an object with a
+ * message, or a string; NULL when the data was not JSON), data the event's
+ * text. The first one is kept. */
+static void on_server_error(Stream *s, json_t *err, const char *data, size_t len) {
+    if (s->res->is_server_error) return;
+    s->res->is_server_error = true;
+    const char *msg = json_is_string(err) ? json_string_value(err) : json_string_value(json_object_get(err, "message"));
+    if (msg && msg[0]) snprintf(s->res->error, sizeof s->res->error, "%s", msg);
+    else snprintf(s->res->error, sizeof s->res->error, "%.*s", (int)(len < 255 ? len : 255), data);
+}
+
+/* One SSE event: a chunk of the reply (content delta, usage, or an error
+ * object as OpenAI and llama-server send it), an `error` event, or [DONE]. */
+static void on_event(void *ctx, const char *type, const char *data, size_t len) {
+    Stream *s = ctx;
+    bool is_error_event = strcmp(type, "error") == 0;
+    if (!is_error_event && len == 6 && memcmp(data, "[DONE]", 6) == 0) {
         s->is_done = true;
         return;
     }
-    json_t *j = json_loadb(line, len, 0, NULL);
+    json_t *j = json_loadb(data, len, 0, NULL);
+    json_t *err = json_object_get(j, "error");
+    if (err != NULL && !json_is_null(err)) on_server_error(s, err, data, len);
+    else if (is_error_event) on_server_error(s, j, data, len);
     if (j == NULL) return;
     json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
     const char *text = json_string_value(json_object_get(json_object_get(choice, "delta"), "content"));
     if (text == NULL) text = json_string_value(json_object_get(choice, "text"));
-    size_t tl = text ? strlen(text) : 0;
-    if (tl > 0) {
-        if (s->res->ttft_s < 0) s->res->ttft_s = mn_now() - s->t0;
-        s->res->n_deltas++;
-        if (!grow(&s->content, &s->cap_content, s->n_content + tl + 1)) s->is_oom = true;
-        else {
-            memcpy(s->content + s->n_content, text, tl);
-            s->n_content += tl;
-            s->content[s->n_content] = '\0';
-        }
-        if (s->fn) s->fn(s->ctx, text, tl);
-    }
+    if (text && text[0]) on_text(s, text, strlen(text));
     json_t *u = json_object_get(j, "usage");
-    if (json_is_object(u)) {
-        s->res->prompt_tokens = (long)json_integer_value(json_object_get(u, "prompt_tokens"));
-        s->res->completion_tokens = (long)json_integer_value(json_object_get(u, "completion_tokens"));
-        json_t *details = json_object_get(u, "prompt_tokens_details");
-        json_t *cached = json_object_get(details, "cached_tokens");
-        if (json_is_integer(cached)) s->res->cached_tokens = (long)json_integer_value(cached);
-        json_t *recomputed = json_object_get(details, "recomputed_tokens");
-        if (!json_is_integer(recomputed)) recomputed = json_object_get(u, "recomputed_tokens");
-        if (json_is_integer(recomputed)) s->res->recomputed_tokens = (long)json_integer_value(recomputed);
-        parse_tiers(json_object_get(details, "cached_tokens_by_tier"), &s->res->cached_by_tier);
-    }
-    json_t *err = json_object_get(j, "error");
-    if (json_is_object(err)) {
-        const char *msg = json_string_value(json_object_get(err, "message"));
-        snprintf(s->res->error, sizeof s->res->error, "%s", msg ? msg : "error");
-    }
+    if (json_is_object(u)) on_usage(s, u);
     json_decref(j);
 }
 
@@ -177,15 +184,9 @@ static size_t on_body(char *p, size_t sz, size_t n, void *ctx) {
         s->n_raw += k;
         s->raw[s->n_raw] = '\0';
     }
-    for (size_t i = 0; i < len; i++) {
-        if (p[i] == '\n') {
-            on_line(s, s->line ? s->line : "", s->n_line);
-            s->n_line = 0;
-            continue;
-        }
-        if (!grow(&s->line, &s->cap_line, s->n_line + 2)) return 0;
-        s->line[s->n_line++] = p[i];
-        s->line[s->n_line] = '\0';
+    if (sse_feed(&s->sse, p, len) != MN_OK) {
+        s->is_oom = true;
+        return 0;
     }
     return len;
 }
@@ -223,6 +224,7 @@ int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientPara
         return MN_ENOMEM;
     }
     s.raw[0] = '\0';
+    sse_init(&s.sse, on_event, &s);
     struct curl_slist *hs = curl_slist_append(NULL, "Content-Type: application/json");
     if (c->auth) hs = curl_slist_append(hs, c->auth);
     CURL *h = c->curl;
@@ -239,26 +241,30 @@ int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientPara
     long status = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
     res->http_status = (int)status;
-    if (s.n_line > 0) on_line(&s, s.line, s.n_line);
+    if (!s.is_oom && sse_end(&s.sse) != MN_OK) s.is_oom = true;
+    res->is_timeout = rc == CURLE_OPERATION_TIMEDOUT;
+    res->is_canceled = rc == CURLE_ABORTED_BY_CALLBACK;
     int out = MN_OK;
-    if (rc != CURLE_OK) {
-        snprintf(res->error, sizeof res->error, "%s", curl_easy_strerror(rc));
-        res->is_timeout = rc == CURLE_OPERATION_TIMEDOUT;
-        res->is_canceled = rc == CURLE_ABORTED_BY_CALLBACK;
-        out = MN_EIO;
-    } else if (status == 200 && !s.is_done) {
-        snprintf(res->error, sizeof res->error, "the stream ended before [DONE]");
-        out = MN_EIO;
-    } else if (status != 200 && res->error[0] == '\0') {
+    if (status != 200 && status != 0) { /* the body is an error object, not a stream */
+        res->is_server_error = false;
         json_t *j = json_loads(s.raw, 0, NULL);
         const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
         snprintf(res->error, sizeof res->error, "HTTP %ld: %s", status, msg ? msg : s.raw);
         json_decref(j);
+        if (rc != CURLE_OK) out = MN_EIO;
+    } else if (res->is_server_error) { /* its message is in res->error, whatever happened next */
+        out = MN_EIO;
+    } else if (rc != CURLE_OK) {
+        snprintf(res->error, sizeof res->error, "%s", curl_easy_strerror(rc));
+        out = MN_EIO;
+    } else if (!s.is_done) {
+        snprintf(res->error, sizeof res->error, "the stream ended before [DONE]");
+        out = MN_EIO;
     }
     res->content = s.content ? s.content : mn_strdup("");
     curl_slist_free_all(hs);
     mn_free(body);
-    mn_free(s.line);
+    sse_deinit(&s.sse);
     mn_free(s.raw);
     return s.is_oom ? MN_ENOMEM : out;
 }
@@ -270,7 +276,7 @@ typedef struct Body {
 
 static size_t on_get(char *p, size_t sz, size_t n, void *ctx) {
     Body *b = ctx;
-    if (!grow(&b->data, &b->cap, b->len + sz * n + 1)) return 0;
+    if (mn_reserve(&b->data, &b->cap, b->len + sz * n + 1) != MN_OK) return 0;
     memcpy(b->data + b->len, p, sz * n);
     b->len += sz * n;
     b->data[b->len] = '\0';

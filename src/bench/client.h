@@ -54,6 +54,7 @@ typedef struct ClientResult {
     int n_deltas;
     bool is_timeout;     /* the connection or the stream timed out (client_set_timeouts) */
     bool is_canceled;    /* the cancel flag (client_set_cancel) stopped it */
+    bool is_server_error;/* a 200 stream carried the server's error event; error holds its message */
     char *content;       /* the whole reply, caller frees with mn_free */
     char error[256];
 } ClientResult;
@@ -79,8 +80,12 @@ void client_set_timeouts(ChatClient *c, double connect_s, double idle_s);
  * flag must outlive the client's use. NULL: never. */
 void client_set_cancel(ChatClient *c, const atomic_int *flag);
 
-/* MN_OK when an answer (of any status) came back; MN_EIO when the
- * connection failed or the stream broke (res says what is known). */
+/* MN_OK when an answer came back: a complete stream (200, ended by
+ * [DONE]) or an error answer of another status (res->http_status, with its
+ * message in res->error). MN_EIO when the connection failed, the stream
+ * broke off, or it carried an error event (res->is_server_error, the
+ * server's own message in res->error); res says what is known either way.
+ * MN_ENOMEM when the reply could not be kept. */
 int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientParams *p, ClientDeltaFn fn, void *ctx,
                 ClientResult *res);
 

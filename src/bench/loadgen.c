@@ -295,6 +295,7 @@ const char *bench_status_name(const BenchRecord *r, char *buf, size_t cap) {
     case BENCH_CONNECT_ERROR: return "connect_error";
     case BENCH_TIMEOUT: return "timeout";
     case BENCH_STREAM_ERROR: return "stream_error";
+    case BENCH_SERVER_ERROR: return "server_error";
     case BENCH_STATUS__COUNT: break;
     }
     return "unknown";
@@ -376,10 +377,10 @@ static int send_turn(Run *r, ChatClient *c, int ci, int turn, ConvState *cs, Ben
         mn_free(res.content);
         return MN_ENOMEM;
     }
-    if (rc != MN_OK)
+    if (res.http_status != 0 && res.http_status != 200) rec->status = BENCH_HTTP_ERROR;
+    else if (res.is_server_error) rec->status = BENCH_SERVER_ERROR; /* the cause, whatever broke after it */
+    else if (rc != MN_OK)
         rec->status = res.is_timeout ? BENCH_TIMEOUT : res.http_status == 0 ? BENCH_CONNECT_ERROR : BENCH_STREAM_ERROR;
-    else if (res.http_status != 200) rec->status = BENCH_HTTP_ERROR;
-    else if (res.error[0]) rec->status = BENCH_STREAM_ERROR;
     else rec->status = BENCH_OK;
     snprintf(rec->error, sizeof rec->error, "%.159s", rec->status == BENCH_OK ? "" : res.error);
     if (rec->status == BENCH_OK) {

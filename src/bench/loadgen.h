@@ -28,7 +28,8 @@ typedef enum BenchStatus {
     BENCH_HTTP_ERROR,    /* an answer with another status */
     BENCH_CONNECT_ERROR, /* no HTTP answer (refused, reset before a status) */
     BENCH_TIMEOUT,       /* connect or idle timeout */
-    BENCH_STREAM_ERROR,  /* the stream broke off or carried an error event */
+    BENCH_STREAM_ERROR,  /* a 200 stream broke off or ended without [DONE] */
+    BENCH_SERVER_ERROR,  /* a 200 stream carried the server's error event (its message in error) */
     BENCH_STATUS__COUNT
 } BenchStatus;
 

@@ -350,10 +350,22 @@ static void csv_num(FILE *f, double v, bool is_known) {
     if (is_known) fprintf(f, "%.6f", v);
 }
 
+/* A text field, quoted as RFC 4180 says (quotes doubled); line breaks
+ * become spaces so that a row stays one line. Empty text: an empty field. */
+static void csv_text(FILE *f, const char *s) {
+    if (s[0] == '\0') return;
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"') fputc('"', f);
+        fputc(*s == '\n' || *s == '\r' ? ' ' : *s, f);
+    }
+    fputc('"', f);
+}
+
 int bench_write_csv(const char *path, const BenchResults *r, MnErr *err) {
     FILE *f = fopen(path, "w");
     if (f == NULL) return mn_err_set(err, MN_EIO, "%s: %s", path, strerror(errno));
-    fprintf(f, "conversation,turn,prompt_tokens,cached_tokens,output_tokens,ttft_s,tpot_s,e2e_s,status\n");
+    fprintf(f, "conversation,turn,prompt_tokens,cached_tokens,output_tokens,ttft_s,tpot_s,e2e_s,status,error\n");
     for (long i = 0; i < r->n_records; i++) {
         const BenchRecord *x = &r->records[i];
         char name[32];
@@ -367,7 +379,9 @@ int bench_write_csv(const char *path, const BenchResults *r, MnErr *err) {
         csv_num(f, x->tpot_s, x->tpot_s >= 0);
         fputc(',', f);
         csv_num(f, x->e2e_s, true);
-        fprintf(f, ",%s\n", bench_status_name(x, name, sizeof name));
+        fprintf(f, ",%s,", bench_status_name(x, name, sizeof name));
+        csv_text(f, x->error);
+        fputc('\n', f);
     }
     return file_close(f, path, err);
 }

@@ -76,8 +76,9 @@ int bench_summarize(const BenchResults *r, BenchSummary *s);
 void bench_print_summary(FILE *f, const BenchSummary *s, const BenchResults *r, const BenchInfo *info);
 
 /* One row per request, header
- * conversation,turn,prompt_tokens,cached_tokens,output_tokens,ttft_s,tpot_s,e2e_s,status
- * (turns 1-based; unknown values empty). */
+ * conversation,turn,prompt_tokens,cached_tokens,output_tokens,ttft_s,tpot_s,e2e_s,status,error
+ * (turns 1-based; unknown values empty; error: a failed request's message,
+ * quoted, empty when ok). */
 int bench_write_csv(const char *path, const BenchResults *r, MnErr *err);
 int bench_write_json(const char *path, const BenchSummary *s, const BenchResults *r, const BenchInfo *info,
                      MnErr *err);
