@@ -151,7 +151,7 @@ static void job_prepare(Job *j) {
 
 static void job_submit(Job *j) {
     MnErr err = {0};
-    if (engine_submit(j->e, j->r, &err) != MN_OK) fail_msg("submit: %s", err.msg);
+    if (engine_submit(j->e, j->r, &err, NULL) != MN_OK) fail_msg("submit: %s", err.msg);
 }
 
 static void *job_drain(void *arg) {
@@ -283,21 +283,21 @@ static void test_prefix_reuse(void **s) {
     ReqParams p;
     greedy_params(&p, 20);
     Request *r = request_new(prompt, 37, &p, "", NULL);
-    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
     ReqResult res;
     char *t1 = drain(r, &res);
     assert_int_equal(res.n_cached, 0);
     request_unref(r);
     /* same prompt again: 36 of 37 tokens usable, 4 full blocks of 8 */
     r = request_new(prompt, 37, &p, "", NULL);
-    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
     char *t2 = drain(r, &res);
     assert_int_equal(res.n_cached, 32);
     assert_string_equal(t1, t2);
     request_unref(r);
     /* another namespace never hits */
     r = request_new(prompt, 37, &p, "tenant-b", NULL);
-    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
     char *t3 = drain(r, &res);
     assert_int_equal(res.n_cached, 0);
     assert_string_equal(t1, t3);
@@ -333,19 +333,19 @@ static void test_leading_blocks_recomputed(void **s) {
     char *ref = reference_text(m, a_prompt, 65, 6);
     /* A: 65 + 6 tokens, its 8 full prompt blocks stay cached */
     Request *r = request_new(a_prompt, 65, &p, "", NULL);
-    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
     char *t = drain(r, &res);
     assert_string_equal(t, ref);
     free(t);
     request_unref(r);
     /* B needs 6 blocks: 3 free ones and A's 3 least recently used = its leading ones */
     r = request_new(b_prompt, 41, &p, "", NULL);
-    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
     free(drain(r, &res));
     request_unref(r);
     /* A again: leading blocks recomputed, the rest used from the pool */
     r = request_new(a_prompt, 65, &p, "", NULL);
-    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
     t = drain(r, &res);
     assert_string_equal(t, ref);
     assert_true(res.n_cached > 0 && res.n_cached < 64);
@@ -353,7 +353,7 @@ static void test_leading_blocks_recomputed(void **s) {
     request_unref(r);
     /* and once more: everything is back in the pool */
     r = request_new(a_prompt, 65, &p, "", NULL);
-    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
     t = drain(r, &res);
     assert_string_equal(t, ref);
     assert_int_equal(res.n_cached, 64);
@@ -388,7 +388,7 @@ static void check_cache_ttl(bool has_tiers) {
     for (int round = 0; round < 3; round++) {
         if (round == 2) usleep(1800 * 1000); /* idle past the TTL (checked at least every second) */
         Request *r = request_new(prompt, 37, &p, "", NULL);
-        assert_int_equal(engine_submit(e, r, &err), MN_OK);
+        assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
         free(drain(r, &res));
         assert_int_equal(res.n_cached, expect[round]);
         request_unref(r);
@@ -421,7 +421,7 @@ static void test_stop_and_cancel(void **s) {
     p.stop[0] = "Lily";
     p.n_stop = 1;
     Request *r = request_new(prompt, 5, &p, "", NULL);
-    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
     ReqResult res;
     char *t = drain(r, &res);
     assert_string_equal(t, ", there was a little girl named ");
@@ -431,7 +431,7 @@ static void test_stop_and_cancel(void **s) {
     /* cancel a long request */
     greedy_params(&p, 400);
     r = request_new(prompt, 5, &p, "", NULL);
-    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
     engine_cancel(e, r);
     t = drain(r, &res);
     assert_int_equal(res.finish, FINISH_CANCELLED);
@@ -440,7 +440,9 @@ static void test_stop_and_cancel(void **s) {
     /* too long for the context */
     greedy_params(&p, 600);
     r = request_new(prompt, 5, &p, "", NULL);
-    assert_int_equal(engine_submit(e, r, &err), MN_ERANGE);
+    ReqField field;
+    assert_int_equal(engine_submit(e, r, &err, &field), MN_ERANGE);
+    assert_int_equal(field, REQ_FIELD_MAX_TOKENS);
     assert_non_null(strstr(err.msg, "context"));
     assert_non_null(strstr(err.msg, "max_tokens must be between 1 and 507")); /* the allowed range */
     request_unref(r);
@@ -498,7 +500,7 @@ static void test_compute_nice(void **s) {
         ReqParams p;
         greedy_params(&p, 12);
         Request *r = request_new(prompt, 5, &p, "", NULL);
-        assert_int_equal(engine_submit(e, r, &err), MN_OK);
+        assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
         ReqResult res;
         char *t = drain(r, &res); /* the engine thread has started: priorities are set */
         assert_string_equal(t, ref);
@@ -525,6 +527,134 @@ static void test_compute_nice(void **s) {
     model_free(m);
 }
 
+/* engine_submit's refusal of r: its code, the field it names and a part
+ * of its message. */
+static void expect_refusal(Engine *e, const int32_t *prompt, size_t n, const ReqParams *p, int code, ReqField field,
+                           const char *in_msg) {
+    Request *r = request_new(prompt, n, p, "", NULL);
+    assert_non_null(r);
+    MnErr err = {0};
+    ReqField got = REQ_FIELD_NONE;
+    assert_int_equal(engine_submit(e, r, &err, &got), code);
+    if (got != field || strstr(err.msg, in_msg) == NULL)
+        fail_msg("refusal names field %d, expected %d; message '%s', expected '%s' in it", (int)got, (int)field,
+                 err.msg, in_msg);
+    request_unref(r);
+}
+
+/* Submit and drain one request; its result. */
+static ReqResult finish_one(Engine *e, const int32_t *prompt, size_t n, const ReqParams *p, char **text) {
+    Request *r = request_new(prompt, n, p, "", NULL);
+    assert_non_null(r);
+    MnErr err = {0};
+    ReqField field = REQ_FIELD_PROMPT;
+    if (engine_submit(e, r, &err, &field) != MN_OK) fail_msg("submit: %s", err.msg);
+    assert_int_equal(field, REQ_FIELD_NONE);
+    ReqResult res;
+    char *t = drain(r, &res);
+    if (text) *text = t;
+    else free(t);
+    request_unref(r);
+    return res;
+}
+
+/* engine_submit is the one place a request is checked: every refusal names
+ * its field, in the documented order (the prompt's ids, its length against
+ * the context and then the pool, logit_bias, max_tokens against the room
+ * left), and max_tokens 0 takes the engine's default, capped by that room. */
+static void test_submit_checks(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    EngineOptions o;
+    engine_options_default(&o);
+    o.pool_blocks = 4; /* 128 tokens: less than the context (512) */
+    o.decode_reserve = 0;
+    o.default_max_tokens = 7;
+    Engine *e;
+    MnErr err = {0};
+    assert_int_equal(engine_new(m, &o, &e, &err), MN_OK);
+    int32_t prompt[600];
+    for (int i = 0; i < 600; i++) prompt[i] = 1 + i % 500;
+    ReqParams p;
+    greedy_params(&p, 4);
+    /* ids outside the vocabulary come first, whatever else is wrong */
+    prompt[3] = 512;
+    expect_refusal(e, prompt, 600, &p, MN_EINVAL, REQ_FIELD_PROMPT, "prompt: token id 512 is out of range [0, 512)");
+    prompt[3] = -1;
+    expect_refusal(e, prompt, 5, &p, MN_EINVAL, REQ_FIELD_PROMPT, "token id -1 is out of range");
+    prompt[3] = 4;
+    /* the context before the pool; a prompt that fills either is the prompt's fault */
+    expect_refusal(e, prompt, 512, &p, MN_ERANGE, REQ_FIELD_PROMPT, "the prompt has 512 tokens; the context holds 512");
+    expect_refusal(e, prompt, 128, &p, MN_ERANGE, REQ_FIELD_PROMPT, "the prompt has 128 tokens; the KV pool holds 128");
+    SamplerBias bias[2] = {{5, 1.0f}, {512, 2.0f}};
+    p.sp.logit_bias = bias;
+    p.sp.n_logit_bias = 2;
+    expect_refusal(e, prompt, 128, &p, MN_ERANGE, REQ_FIELD_PROMPT, "KV pool"); /* the prompt before logit_bias */
+    p.max_tokens = 1000;
+    expect_refusal(e, prompt, 5, &p, MN_EINVAL, REQ_FIELD_LOGIT_BIAS, "logit_bias: token id 512 is out of range");
+    p.sp.n_logit_bias = 1;
+    expect_refusal(e, prompt, 5, &p, MN_ERANGE, REQ_FIELD_MAX_TOKENS,
+                   "max_tokens must be between 1 and 123 for this prompt of 5 tokens (the KV pool holds 128)");
+    p.max_tokens = 123; /* exactly the room left */
+    assert_int_equal(finish_one(e, prompt, 5, &p, NULL).n_generated, 123);
+    /* max_tokens 0: the engine's default (-n), or the room left when that is less */
+    p.max_tokens = 0;
+    ReqResult res = finish_one(e, prompt, 5, &p, NULL);
+    assert_int_equal(res.n_generated, 7);
+    assert_int_equal(res.finish, FINISH_LENGTH);
+    assert_int_equal(finish_one(e, prompt, 124, &p, NULL).n_generated, 4);
+    engine_free(e);
+    /* without a default: up to the room left (here the context, less than the pool) */
+    engine_options_default(&o);
+    o.n_ctx = 40;
+    assert_int_equal(engine_new(m, &o, &e, &err), MN_OK);
+    greedy_params(&p, 0);
+    assert_int_equal(finish_one(e, prompt, 5, &p, NULL).n_generated, 35);
+    p.max_tokens = 36;
+    expect_refusal(e, prompt, 5, &p, MN_ERANGE, REQ_FIELD_MAX_TOKENS,
+                   "max_tokens must be between 1 and 35 for this prompt of 5 tokens (the context holds 40)");
+    engine_free(e);
+    model_free(m);
+}
+
+/* A request without a seed gets one of its own at submit; a seed given is
+ * kept. Sampled at a high temperature, two unseeded answers differ (32
+ * tokens of a 512-token vocabulary: equal only if the seeds were), two
+ * answers with the same seed are equal. */
+static void test_submit_seed(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    EngineOptions o;
+    engine_options_default(&o);
+    Engine *e;
+    MnErr err = {0};
+    assert_int_equal(engine_new(m, &o, &e, &err), MN_OK);
+    int32_t prompt[5] = {1, 403, 407, 261, 378};
+    ReqParams p;
+    greedy_params(&p, 32);
+    p.sp.temperature = 2.0f;
+    p.sp.top_k = 0;
+    p.sp.top_p = 1.0f;
+    p.sp.min_p = 0;
+    p.sp.seed = 0;
+    p.is_seed_random = true;
+    char *a, *b, *c, *d;
+    finish_one(e, prompt, 5, &p, &a);
+    finish_one(e, prompt, 5, &p, &b);
+    assert_string_not_equal(a, b);
+    p.is_seed_random = false;
+    p.sp.seed = 42;
+    finish_one(e, prompt, 5, &p, &c);
+    finish_one(e, prompt, 5, &p, &d);
+    assert_string_equal(c, d);
+    free(a);
+    free(b);
+    free(c);
+    free(d);
+    engine_free(e);
+    model_free(m);
+}
+
 static void test_queue_full(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
@@ -542,7 +672,7 @@ static void test_queue_full(void **s) {
     int n_busy = 0;
     for (int i = 0; i < 8; i++) {
         rs[i] = request_new(prompt, 5, &p, "", NULL);
-        int rc = engine_submit(e, rs[i], &err);
+        int rc = engine_submit(e, rs[i], &err, NULL);
         if (rc == MN_EBUSY) n_busy++;
         else assert_int_equal(rc, MN_OK);
     }
@@ -572,12 +702,12 @@ static void check_schedule(SchedPolicy policy, bool cached_first) {
     greedy_params(&p, 4);
     ReqResult res;
     Request *d = request_new(warm, 40, &p, "", NULL); /* puts warm's prefix in the pool */
-    assert_int_equal(engine_submit(e, d, &err), MN_OK);
+    assert_int_equal(engine_submit(e, d, &err, NULL), MN_OK);
     free(drain(d, &res));
     request_unref(d);
     greedy_params(&p, 300);
     Request *a = request_new(fresh + 1, 20, &p, "", NULL); /* occupies the only slot */
-    assert_int_equal(engine_submit(e, a, &err), MN_OK);
+    assert_int_equal(engine_submit(e, a, &err, NULL), MN_OK);
     for (;;) { /* wait until it runs */
         ReqOutput out;
         assert_int_equal(request_read(a, &out, 1000), MN_OK);
@@ -588,8 +718,8 @@ static void check_schedule(SchedPolicy policy, bool cached_first) {
     greedy_params(&p, 20);
     Request *b = request_new(fresh, 41, &p, "", NULL); /* arrives first, nothing cached */
     Request *c = request_new(warm, 41, &p, "", NULL);  /* arrives second, 32 tokens cached */
-    assert_int_equal(engine_submit(e, b, &err), MN_OK);
-    assert_int_equal(engine_submit(e, c, &err), MN_OK);
+    assert_int_equal(engine_submit(e, b, &err, NULL), MN_OK);
+    assert_int_equal(engine_submit(e, c, &err, NULL), MN_OK);
     ReqResult rb, rc;
     free(drain(a, &res));
     free(drain(b, &rb));
@@ -697,7 +827,7 @@ static void test_logprobs(void **s) {
         float *first = calloc((size_t)n_vocab, sizeof *first);
         p.first_logits = first;
         Request *r = request_new(prompt, 21, &p, "", NULL);
-        assert_int_equal(engine_submit(e, r, &err), MN_OK);
+        assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
         ReqResult res;
         ReqLogprob *lp;
         size_t n_lp;
@@ -747,7 +877,7 @@ static void test_logprobs(void **s) {
     greedy_params(&p, 40);
     p.is_logprobs = true;
     Request *r = request_new(prompt, 21, &p, "", NULL);
-    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
     ReqLogprob *all;
     size_t n_all;
     char *text = drain_lp(r, NULL, &all, &n_all);
@@ -771,7 +901,7 @@ static void test_logprobs(void **s) {
     p.stop[0] = stop;
     p.n_stop = 1;
     r = request_new(prompt, 21, &p, "", NULL);
-    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
     ReqLogprob *lp;
     size_t n_lp;
     char *cut_text = drain_lp(r, NULL, &lp, &n_lp);
@@ -796,7 +926,7 @@ static char *run_one(Engine *e, const int32_t *prompt, int n, int n_gen, float *
     p.first_logits = logits;
     Request *r = request_new(prompt, (size_t)n, &p, "", NULL);
     MnErr err = {0};
-    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
     char *t = drain(r, res);
     request_unref(r);
     return t;
@@ -988,7 +1118,7 @@ static Request *submit_one(Engine *e, const int32_t *prompt, int n, int n_gen) {
     greedy_params(&p, n_gen);
     Request *r = request_new(prompt, (size_t)n, &p, "", NULL);
     MnErr err = {0};
-    assert_int_equal(engine_submit(e, r, &err), MN_OK);
+    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
     return r;
 }
 
@@ -1279,7 +1409,7 @@ static void test_hold_back_slow_restore(void **s) {
     greedy_params(&p, 4);
     p.first_logits = got;
     Request *ry = request_new(y, 9, &p, "", NULL);
-    assert_int_equal(engine_submit(e, ry, &err), MN_OK);
+    assert_int_equal(engine_submit(e, ry, &err, NULL), MN_OK);
     free(drain(rd, &res));
     assert_int_equal(res.n_generated, 40);
     pthread_mutex_lock(&g.lock);
@@ -1536,7 +1666,7 @@ static void *conv_main(void *arg) {
         greedy_params(&p, c->n_gen);
         Request *r = request_new(c->prompt, (size_t)(turn ? c->n2 : c->n1), &p, "", NULL);
         MnErr err = {0};
-        if (engine_submit(c->e, r, &err) != MN_OK) c->text[turn] = strdup("SUBMIT FAILED");
+        if (engine_submit(c->e, r, &err, NULL) != MN_OK) c->text[turn] = strdup("SUBMIT FAILED");
         else c->text[turn] = drain(r, &c->res[turn]);
         request_unref(r);
     }
@@ -1597,6 +1727,8 @@ int main(void) {
         cmocka_unit_test(test_schedule_fpf),
         cmocka_unit_test(test_schedule_relaxed_fpf),
         cmocka_unit_test(test_stop_and_cancel),
+        cmocka_unit_test(test_submit_checks),
+        cmocka_unit_test(test_submit_seed),
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_cache_ttl),
         cmocka_unit_test(test_cache_ttl_tiers),

@@ -35,6 +35,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "base/clock.h"
@@ -50,7 +51,8 @@ struct Request {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     int refs;
-    /* input, immutable after request_new */
+    /* input, immutable once engine_submit has queued it (it fills in the
+     * defaults params leave open) */
     int32_t *prompt;
     size_t n_prompt;
     ReqParams params;
@@ -69,7 +71,7 @@ struct Request {
 };
 
 Request *request_new(const int32_t *prompt, size_t n, const ReqParams *p, const char *ns, const char *session) {
-    if (n == 0 || p->max_tokens <= 0 || p->n_stop < 0 || p->n_stop > ENGINE_MAX_STOP || p->n_top_logprobs < 0 ||
+    if (n == 0 || p->max_tokens < 0 || p->n_stop < 0 || p->n_stop > ENGINE_MAX_STOP || p->n_top_logprobs < 0 ||
         p->n_top_logprobs > ENGINE_MAX_TOP_LOGPROBS || p->sp.n_logit_bias < 0)
         return NULL;
     Request *r = mn_calloc(1, sizeof *r);
@@ -1102,29 +1104,63 @@ static int post(Engine *e, MsgKind kind, Request *r, bool count_queue) {
     return rc;
 }
 
-int engine_submit(Engine *e, Request *r, MnErr *err) {
-    int n = (int)r->n_prompt;
-    for (int i = 0; i < n; i++)
-        if (r->prompt[i] < 0 || r->prompt[i] >= e->m->cfg.n_vocab)
-            return mn_err_set(err, MN_EINVAL, "token id %d is out of range [0, %d)", r->prompt[i], e->m->cfg.n_vocab);
-    const SamplerParams *sp = &r->params.sp;
-    for (int i = 0; i < sp->n_logit_bias; i++)
-        if (sp->logit_bias[i].id < 0 || sp->logit_bias[i].id >= e->m->cfg.n_vocab)
-            return mn_err_set(err, MN_EINVAL, "logit_bias: token id %d is out of range [0, %d)", sp->logit_bias[i].id,
-                              e->m->cfg.n_vocab);
+/* A seed for a request that names none: unpredictable, and different for
+ * requests submitted in the same instant. */
+static uint64_t random_seed(const Request *r) {
+    uint64_t seed;
+    if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) == (ssize_t)sizeof seed) return seed;
+    /* no entropy yet (early boot): the clock and the request's address */
+    return (uint64_t)(mn_now() * 1e9) ^ (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)r;
+}
+
+/* engine_submit's checks, in its contract's order, and the defaults: the
+ * submitting thread still owns r alone, so its params may be completed. */
+static int submit_check(const Engine *e, Request *r, MnErr *err, ReqField *field) {
+    int32_t n_vocab = e->m->cfg.n_vocab;
+    int64_t n = (int64_t)r->n_prompt, n_ctx = e->opt.n_ctx;
     /* a sequence holds at most the context, and the pool's blocks */
     int64_t pool_tokens = (int64_t)e->pool.n_blocks * e->opt.block_tokens;
-    bool is_pool = pool_tokens < e->opt.n_ctx;
-    int64_t room = is_pool ? pool_tokens : e->opt.n_ctx;
-    if ((int64_t)n + r->params.max_tokens > room) {
-        if (n >= room)
-            return mn_err_set(err, MN_ERANGE, "the prompt has %d tokens; the %s holds %lld", n,
-                              is_pool ? "KV pool" : "context", (long long)room);
-        return mn_err_set(err, MN_ERANGE,
-                          "max_tokens must be between 1 and %lld for this prompt of %d tokens (the %s holds %lld)",
-                          (long long)(room - n), n, is_pool ? "KV pool" : "context", (long long)room);
+    *field = REQ_FIELD_PROMPT;
+    for (size_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= n_vocab)
+            return mn_err_set(err, MN_EINVAL, "prompt: token id %d is out of range [0, %d)", r->prompt[i], n_vocab);
+    if (n >= n_ctx)
+        return mn_err_set(err, MN_ERANGE, "the prompt has %lld tokens; the context holds %lld", (long long)n,
+                          (long long)n_ctx);
+    if (n >= pool_tokens)
+        return mn_err_set(err, MN_ERANGE, "the prompt has %lld tokens; the KV pool holds %lld", (long long)n,
+                          (long long)pool_tokens);
+    ReqParams *p = &r->params;
+    *field = REQ_FIELD_LOGIT_BIAS;
+    for (int i = 0; i < p->sp.n_logit_bias; i++)
+        if (p->sp.logit_bias[i].id < 0 || p->sp.logit_bias[i].id >= n_vocab)
+            return mn_err_set(err, MN_EINVAL, "logit_bias: token id %d is out of range [0, %d)",
+                              p->sp.logit_bias[i].id, n_vocab);
+    *field = REQ_FIELD_MAX_TOKENS;
+    bool is_pool = pool_tokens < n_ctx;
+    int64_t room = is_pool ? pool_tokens : n_ctx, left = room - n; /* left >= 1: checked above */
+    if (p->max_tokens == 0) {
+        int dflt = e->opt.default_max_tokens;
+        p->max_tokens = dflt > 0 && dflt < left ? dflt : (int)left;
     }
-    int rc = post(e, MSG_SUBMIT, r, true);
+    if (p->max_tokens > left)
+        return mn_err_set(err, MN_ERANGE,
+                          "max_tokens must be between 1 and %lld for this prompt of %lld tokens (the %s holds %lld)",
+                          (long long)left, (long long)n, is_pool ? "KV pool" : "context", (long long)room);
+    *field = REQ_FIELD_NONE;
+    if (p->is_seed_random) {
+        p->sp.seed = random_seed(r);
+        p->is_seed_random = false;
+    }
+    return MN_OK;
+}
+
+int engine_submit(Engine *e, Request *r, MnErr *err, ReqField *field) {
+    ReqField ignored;
+    if (field == NULL) field = &ignored;
+    int rc = submit_check(e, r, err, field);
+    if (rc != MN_OK) return rc;
+    rc = post(e, MSG_SUBMIT, r, true);
     if (rc == MN_EBUSY) mn_err_set(err, rc, "the queue is full (%d requests)", e->opt.max_queue);
     else if (rc) mn_err_set(err, rc, "the engine is %s", rc == MN_ECANCELED ? "shutting down" : "out of memory");
     return rc;

@@ -49,6 +49,8 @@ typedef struct EngineOptions {
     MnType kv_type;       /* default f16 */
     bool prefix_cache;    /* default true */
     SchedPolicy schedule; /* default FCFS */
+    int default_max_tokens; /* max_tokens of a request that leaves it to the engine (ReqParams.max_tokens
+                               0), capped by the room its prompt leaves; <= 0 (default): that room */
     double cache_ttl_s;   /* cached blocks idle longer than this are dropped; 0 = never */
     EvictPolicy evict;    /* which cached pool block goes first (default pensieve+lookahead) */
     const CostModel *cost; /* recompute cost by position for pensieve (copied); NULL: grows with position */
@@ -70,7 +72,8 @@ const char *engine_source_name(CacheSource s); /* "pool", "ram", "disk" */
 
 typedef struct ReqParams {
     SamplerParams sp;     /* sp.logit_bias is copied by request_new */
-    int max_tokens;       /* > 0 */
+    bool is_seed_random;  /* ignore sp.seed: engine_submit draws one (a client that gave none) */
+    int max_tokens;       /* > 0, or 0: engine_submit applies EngineOptions.default_max_tokens */
     bool ignore_eos;
     const char *stop[ENGINE_MAX_STOP]; /* copied by request_new */
     int n_stop;
@@ -116,9 +119,20 @@ typedef struct ReqResult {
 typedef struct Request Request;
 typedef struct Engine Engine;
 
+/* The field of a request that a refusal is about, for the caller to name
+ * it in its error (the server's OpenAI "param"). */
+typedef enum ReqField {
+    REQ_FIELD_NONE = 0,   /* the request as a whole, or no refusal */
+    REQ_FIELD_PROMPT,     /* the prompt: its ids, or its length against the context or the pool */
+    REQ_FIELD_MAX_TOKENS,
+    REQ_FIELD_LOGIT_BIAS,
+} ReqField;
+
 /* A request for n prompt tokens (copied). ns: cache namespace ("" or NULL
  * for none); session: optional conversation id. One reference, owned by the
- * caller. NULL on allocation failure or bad params. */
+ * caller. NULL on allocation failure or bad params (n == 0, a negative
+ * max_tokens, too many stops, an empty stop string). Ids and lengths are
+ * checked by engine_submit. */
 Request *request_new(const int32_t *prompt, size_t n, const ReqParams *p, const char *ns, const char *session);
 void request_unref(Request *r);
 
@@ -159,12 +173,21 @@ void engine_shutdown(Engine *e);
 /* engine_shutdown, then free. No other thread may use e afterwards. */
 void engine_free(Engine *e);
 
-/* Queue a request (the engine takes its own reference). MN_EINVAL when a
- * prompt or logit_bias token id is outside the vocabulary, MN_EBUSY when
- * the queue is full, MN_ERANGE (err says why and gives max_tokens' allowed
- * range) when prompt + max_tokens do not fit the context or the pool,
- * MN_ECANCELED while shutting down. */
-int engine_submit(Engine *e, Request *r, MnErr *err);
+/* Check a request against the model and the engine, fill in the defaults
+ * it left open (max_tokens 0, is_seed_random) and queue it (the engine
+ * takes its own reference). This is the one place a request is validated.
+ * Refusals, in the order checked, with the field at fault in *field
+ * (REQ_FIELD_NONE on success and for the last three; field may be NULL)
+ * and err saying why:
+ *   MN_EINVAL    a prompt token id outside the vocabulary (PROMPT);
+ *   MN_ERANGE    the prompt fills the context, or the pool (PROMPT);
+ *   MN_EINVAL    a logit_bias id outside the vocabulary (LOGIT_BIAS);
+ *   MN_ERANGE    prompt + max_tokens do not fit the context or the pool
+ *                (MAX_TOKENS; err gives max_tokens' allowed range);
+ *   MN_EBUSY     the queue is full;
+ *   MN_ECANCELED the engine is draining or shutting down;
+ *   MN_ENOMEM. */
+int engine_submit(Engine *e, Request *r, MnErr *err, ReqField *field);
 /* Ask the engine to stop a request; its blocks stay cached. */
 void engine_cancel(Engine *e, Request *r);
 

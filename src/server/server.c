@@ -624,7 +624,7 @@ static enum MHD_Result handle_generation(Server *s, struct MHD_Connection *c, Ap
     g->t0 = mn_now();
     snprintf(g->id, sizeof g->id, "%s-%s-%llu", g->is_chat ? "chatcmpl" : "cmpl", s->id_prefix,
              (unsigned long long)atomic_fetch_add(&s->next_id, 1));
-    rc = engine_submit(s->e, g->req, &err);
+    rc = engine_submit(s->e, g->req, &err, NULL);
     if (rc != MN_OK) {
         gen_free(g);
         /* the prompt alone was checked above: a range error is max_tokens' */
