@@ -1,7 +1,9 @@
 /* test_prompt.c — chat prompts and the reply memory: a remembered reply is
  * tokenized to the generated ids right after exactly the prompt it answered;
  * without an entry the same pieces are tokenized; a template that rewrites
- * contents falls back to tokenizing the whole rendering. */
+ * contents falls back to tokenizing the whole rendering. prompt_submit, the
+ * engine's front door: each prompt form becomes the ids it should (with the
+ * engine's chat template), and every refusal names its field. */
 #include "test_util.h"
 
 #include "base/err.h"
@@ -9,6 +11,7 @@
 #include "cache/reply_mem.h"
 #include "engine/prompt.h"
 #include "model/gguf.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
 
 static Gguf *g;
@@ -103,12 +106,179 @@ static void test_bad_role(void **s) {
     assert_non_null(strstr(err.msg, "wizard"));
 }
 
+/* ---- prompt_submit ---------------------------------------------------------- */
+
+static Model *load_stories(void) {
+    char path[512];
+    test_data_path(path, sizeof path, "models/stories260K.gguf");
+    if (!test_require_file(path)) return NULL;
+    Model *m = NULL;
+    MnErr err = {0};
+    if (model_load(path, &m, &err)) fail_msg("%s", err.msg);
+    return m;
+}
+
+/* An engine serving stories260K with chat template tmpl; NULL (the test is
+ * skipped) when the model file is missing. */
+static Engine *start_engine(ChatTemplate tmpl, Model **m) {
+    if ((*m = load_stories()) == NULL) return NULL;
+    EngineOptions o;
+    engine_options_default(&o);
+    o.chat_template = tmpl;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(*m, &o, &e, &err) != MN_OK) fail_msg("engine_new: %s", err.msg);
+    return e;
+}
+
+static void greedy(ReqParams *p, int max_tokens, float *first_logits) {
+    memset(p, 0, sizeof *p);
+    sampler_params_default(&p->sp);
+    p->sp.temperature = 0;
+    p->max_tokens = max_tokens;
+    p->ignore_eos = true;
+    p->first_logits = first_logits;
+}
+
+/* Read r to its end and drop it: its text (malloc'd) and result. */
+static char *finish(Request *r, ReqResult *res) {
+    char *all = strdup("");
+    for (;;) {
+        ReqOutput o;
+        assert_int_equal(request_read(r, &o, 1000), MN_OK);
+        size_t n = strlen(all);
+        all = realloc(all, n + o.len + 1);
+        memcpy(all + n, o.text, o.len);
+        all[n + o.len] = '\0';
+        bool is_done = o.is_done;
+        if (is_done) *res = o.res;
+        request_output_deinit(&o);
+        if (is_done) break;
+    }
+    request_unref(r);
+    return all;
+}
+
+/* in through prompt_submit answers as want[0..n_want) submitted directly:
+ * the same prompt length, first logits and greedy text. */
+static void expect_same_answer(Engine *e, const PromptInput *in, const int32_t *want, size_t n_want) {
+    int n_vocab = engine_model(e)->cfg.n_vocab;
+    float *la = calloc((size_t)n_vocab, sizeof *la), *lb = calloc((size_t)n_vocab, sizeof *lb);
+    ReqParams p;
+    greedy(&p, 8, la);
+    Request *r = NULL;
+    MnErr err = {0};
+    ReqField field = REQ_FIELD_PROMPT;
+    if (prompt_submit(e, in, &p, "", NULL, &r, &err, &field) != MN_OK) fail_msg("prompt_submit: %s", err.msg);
+    assert_non_null(r);
+    assert_int_equal(field, REQ_FIELD_NONE);
+    ReqResult ra, rb;
+    char *ta = finish(r, &ra);
+    greedy(&p, 8, lb);
+    r = request_new(want, n_want, &p, "", NULL);
+    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
+    char *tb = finish(r, &rb);
+    assert_int_equal(ra.n_prompt, (int)n_want);
+    assert_int_equal(rb.n_prompt, (int)n_want);
+    assert_string_equal(ta, tb);
+    assert_memory_equal(la, lb, (size_t)n_vocab * sizeof *la);
+    free(ta);
+    free(tb);
+    free(la);
+    free(lb);
+}
+
+/* A chat is rendered with the engine's template (llama2 here, not the
+ * default) and tokenized with the reply memory; a text gets BOS as the
+ * vocabulary asks; ids are used as given. */
+static void test_submit_forms(void **s) {
+    Model *m;
+    Engine *e = start_engine(CHAT_TMPL_LLAMA2, &m);
+    if (e == NULL) return;
+    MnErr err = {0};
+    ChatMsg msgs[] = {{"user", "Once upon a time"}, {"assistant", "there was a cat"}, {"user", "and then"}};
+    Hash128 ns = engine_namespace_id("");
+    TokIds want = {0}, other = {0};
+    assert_int_equal(prompt_build_chat(m->tok, CHAT_TMPL_LLAMA2, msgs, 3, engine_reply_memory(e), &ns, &want, NULL,
+                                       &err), MN_OK);
+    assert_int_equal(prompt_build_chat(m->tok, CHAT_TMPL_DEFAULT, msgs, 3, NULL, &ns, &other, NULL, &err), MN_OK);
+    assert_false(other.n == want.n && memcmp(other.ids, want.ids, want.n * sizeof *want.ids) == 0);
+    PromptInput chat = {.form = PROMPT_CHAT, .msgs = msgs, .n_msgs = 3};
+    expect_same_answer(e, &chat, want.ids, want.n);
+    const char *text = "Once upon a time, there was";
+    TokIds tw = {0};
+    assert_int_equal(tok_encode(m->tok, text, strlen(text), tok_add_bos(m->tok), true, &tw), MN_OK);
+    PromptInput in_text = {.form = PROMPT_TEXT, .text = text, .text_len = strlen(text)};
+    expect_same_answer(e, &in_text, tw.ids, tw.n);
+    int32_t ids[5] = {1, 403, 407, 261, 378};
+    PromptInput in_ids = {.form = PROMPT_IDS, .ids = ids, .n_ids = 5};
+    expect_same_answer(e, &in_ids, ids, 5);
+    tok_ids_free(&want);
+    tok_ids_free(&other);
+    tok_ids_free(&tw);
+    engine_free(e);
+    model_free(m);
+}
+
+/* prompt_submit's refusal of in: its code, field and a part of its message;
+ * no request comes back. */
+static void expect_refusal(Engine *e, const PromptInput *in, const ReqParams *p, int code, ReqField field,
+                           const char *in_msg) {
+    Request *r = (Request *)&r; /* not NULL: prompt_submit must clear it */
+    MnErr err = {0};
+    ReqField got = REQ_FIELD_NONE;
+    assert_int_equal(prompt_submit(e, in, p, "", NULL, &r, &err, &got), code);
+    assert_null(r);
+    if (got != field || strstr(err.msg, in_msg) == NULL)
+        fail_msg("refusal names field %d, expected %d; message '%s', expected '%s' in it", (int)got, (int)field,
+                 err.msg, in_msg);
+}
+
+/* What the prompt step refuses names the prompt (a template that cannot
+ * express the chat, an empty prompt); the engine's refusals come through
+ * with their own fields. */
+static void test_submit_refusals(void **s) {
+    Model *m;
+    Engine *e = start_engine(CHAT_TMPL_LLAMA2, &m);
+    if (e == NULL) return;
+    ReqParams p;
+    greedy(&p, 4, NULL);
+    ChatMsg bad[] = {{"user", "a"}, {"wizard", "b"}};
+    PromptInput in = {.form = PROMPT_CHAT, .msgs = bad, .n_msgs = 2};
+    expect_refusal(e, &in, &p, MN_EINVAL, REQ_FIELD_PROMPT, "wizard");
+    int32_t ids[3] = {1, 600, 5};
+    in = (PromptInput){.form = PROMPT_IDS, .ids = ids, .n_ids = 0};
+    expect_refusal(e, &in, &p, MN_EINVAL, REQ_FIELD_PROMPT, "the prompt is empty");
+    in.n_ids = 3;
+    expect_refusal(e, &in, &p, MN_EINVAL, REQ_FIELD_PROMPT, "prompt: token id 600 is out of range");
+    char *text = calloc(20000, 1);
+    for (int i = 0; i < 700; i++) strcat(text, "Once upon a ");
+    in = (PromptInput){.form = PROMPT_TEXT, .text = text, .text_len = strlen(text)};
+    expect_refusal(e, &in, &p, MN_ERANGE, REQ_FIELD_PROMPT, "the context holds 512");
+    ChatMsg long_chat[] = {{"user", text}};
+    in = (PromptInput){.form = PROMPT_CHAT, .msgs = long_chat, .n_msgs = 1};
+    expect_refusal(e, &in, &p, MN_ERANGE, REQ_FIELD_PROMPT, "the context holds 512");
+    in = (PromptInput){.form = PROMPT_TEXT, .text = "Once", .text_len = 4};
+    p.max_tokens = 1000;
+    expect_refusal(e, &in, &p, MN_ERANGE, REQ_FIELD_MAX_TOKENS, "max_tokens must be between 1 and");
+    SamplerBias bias = {512, 1.0f};
+    p.max_tokens = 4;
+    p.sp.logit_bias = &bias;
+    p.sp.n_logit_bias = 1;
+    expect_refusal(e, &in, &p, MN_EINVAL, REQ_FIELD_LOGIT_BIAS, "logit_bias: token id 512 is out of range");
+    free(text);
+    engine_free(e);
+    model_free(m);
+}
+
 int main(void) {
     test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reply_memory_used),
         cmocka_unit_test(test_rewriting_template_falls_back),
         cmocka_unit_test(test_bad_role),
+        cmocka_unit_test(test_submit_forms),
+        cmocka_unit_test(test_submit_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

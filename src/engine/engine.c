@@ -219,6 +219,7 @@ void engine_options_default(EngineOptions *o) {
     o->kv_type = MN_TYPE_F16;
     o->prefix_cache = true;
     o->schedule = SCHED_FCFS;
+    o->chat_template = CHAT_TMPL_DEFAULT;
     o->evict = EVICT_DEFAULT;
     o->swap_watermark = 0.25f;
 }
@@ -231,6 +232,7 @@ const char *engine_source_name(CacheSource s) {
 Hash128 engine_namespace_id(const char *ns) { return index_namespace_id(ns); }
 ReplyMemory *engine_reply_memory(Engine *e) { return e->replies; }
 const Model *engine_model(const Engine *e) { return e->m; }
+ChatTemplate engine_chat_template(const Engine *e) { return e->opt.chat_template; }
 
 /* Bytes of RAM available, from /proc/meminfo (0 when unknown). */
 static uint64_t mem_available(void) {

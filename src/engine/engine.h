@@ -31,6 +31,7 @@
 #include "cache/policy.h"
 #include "cache/reply_mem.h"
 #include "engine/sampler.h"
+#include "model/chat_template.h"
 #include "model/model.h"
 
 typedef enum SchedPolicy { SCHED_FCFS, SCHED_FPF, SCHED_RELAXED_FPF } SchedPolicy;
@@ -49,6 +50,7 @@ typedef struct EngineOptions {
     MnType kv_type;       /* default f16 */
     bool prefix_cache;    /* default true */
     SchedPolicy schedule; /* default FCFS */
+    ChatTemplate chat_template; /* renders chat prompts (engine/prompt.h); default CHAT_TMPL_DEFAULT */
     int default_max_tokens; /* max_tokens of a request that leaves it to the engine (ReqParams.max_tokens
                                0), capped by the room its prompt leaves; <= 0 (default): that room */
     double cache_ttl_s;   /* cached blocks idle longer than this are dropped; 0 = never */
@@ -214,6 +216,7 @@ typedef struct EngineStats {
 void engine_stats(Engine *e, EngineStats *out);
 ReplyMemory *engine_reply_memory(Engine *e);
 const Model *engine_model(const Engine *e);
+ChatTemplate engine_chat_template(const Engine *e); /* EngineOptions.chat_template */
 Hash128 engine_namespace_id(const char *ns);
 
 #endif

@@ -1,4 +1,8 @@
-/* prompt.c — chat -> prompt ids with the reply memory (see prompt.h). */
+/* prompt.c — a client's prompt into the engine (see prompt.h): chat ->
+ * prompt ids with the reply memory; any form -> a submitted Request.
+ * Stateless: runs on the calling (HTTP) thread, reading the engine only
+ * through engine.h (the model, the chat template and the reply memory,
+ * which has its own lock). */
 #include "engine/prompt.h"
 
 #include <stdio.h>
@@ -93,10 +97,57 @@ int prompt_build_chat(const Tokenizer *tok, ChatTemplate tmpl, const ChatMsg *ms
     if (rc) out->n = n0;
 done:
     if (rc == MN_ENOMEM) mn_err_set(err, rc, "out of memory");
+    else if (rc != MN_OK) mn_err_set(err, rc, "cannot tokenize the prompt"); /* the template's own are returned above */
     if (stats) *stats = st;
     mn_free(real);
     mn_free(marked);
     mn_free(copy);
     mn_free(markers);
+    return rc;
+}
+
+/* The prompt ids of a chat or a text (in PROMPT_IDS form: none to make). */
+static int prompt_ids(Engine *e, const PromptInput *in, const char *ns, TokIds *ids, MnErr *err) {
+    const Tokenizer *tok = engine_model(e)->tok;
+    if (in->form == PROMPT_CHAT) {
+        Hash128 ns_id = engine_namespace_id(ns);
+        return prompt_build_chat(tok, engine_chat_template(e), in->msgs, in->n_msgs, engine_reply_memory(e), &ns_id,
+                                 ids, NULL, err);
+    }
+    int rc = tok_encode(tok, in->text, in->text_len, tok_add_bos(tok), true, ids);
+    if (rc != MN_OK) mn_err_set(err, rc, "cannot tokenize the prompt");
+    return rc;
+}
+
+int prompt_submit(Engine *e, const PromptInput *in, const ReqParams *p, const char *ns, const char *session,
+                  Request **out, MnErr *err, ReqField *field) {
+    ReqField ignored;
+    if (field == NULL) field = &ignored;
+    *out = NULL;
+    *field = REQ_FIELD_NONE;
+    TokIds built = {0};
+    const int32_t *ids = in->ids;
+    size_t n = in->n_ids;
+    Request *r = NULL;
+    int rc = MN_OK;
+    if (in->form != PROMPT_IDS) {
+        rc = prompt_ids(e, in, ns, &built, err);
+        ids = built.ids;
+        n = built.n;
+    }
+    if (rc == MN_OK && n == 0) rc = mn_err_set(err, MN_EINVAL, "the prompt is empty");
+    if (rc != MN_OK) {
+        if (rc != MN_ENOMEM) *field = REQ_FIELD_PROMPT;
+        goto done;
+    }
+    if ((r = request_new(ids, n, p, ns, session)) == NULL) {
+        rc = mn_err_set(err, MN_ENOMEM, "out of memory");
+        goto done;
+    }
+    rc = engine_submit(e, r, err, field);
+    if (rc == MN_OK) *out = r;
+    else request_unref(r);
+done:
+    tok_ids_free(&built);
     return rc;
 }

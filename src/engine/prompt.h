@@ -1,8 +1,16 @@
-/* prompt.h — turning a chat into prompt token ids, with the reply memory.
+/* prompt.h — a client's prompt into the engine: a chat, a text or token
+ * ids become prompt ids, a Request, and a submission.
  *
- * The conversation is rendered with its chat template, and the rendering is
- * cut at the contents of assistant messages (found by rendering a second
- * time with a unique marker in place of each assistant content). The pieces
+ * prompt_submit is what the HTTP layer calls with a parsed request: it
+ * prepares the prompt here (below) and leaves every check against the
+ * model and the engine, and the defaults, to engine_submit, so each rule
+ * lives in one place. A refusal comes back as a code, a message and the
+ * request field at fault (ReqField), from whichever step refused.
+ *
+ * A chat: the conversation is rendered with its chat template, and the
+ * rendering is cut at the contents of assistant messages (found by
+ * rendering a second time with a unique marker in place of each assistant
+ * content). The pieces
  * are tokenized in order — the first with BOS as the vocabulary asks, every
  * later one as a continuation — and each assistant content is looked up in
  * the reply memory under (namespace, ids so far): when this exact text was
@@ -21,6 +29,7 @@
 #include "base/err.h"
 #include "base/hash.h"
 #include "cache/reply_mem.h"
+#include "engine/engine.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 
@@ -31,8 +40,40 @@ typedef struct PromptStats {
 
 /* Append the prompt ids of msgs (with the generation prompt) to out.
  * rm may be NULL (no reply memory). MN_EINVAL (err) when the template
- * cannot express the conversation, MN_ENOMEM. */
+ * cannot express the conversation, MN_ERANGE (err) when the tokenizer hits
+ * a resource limit, MN_ENOMEM; on failure out is as it was. */
 int prompt_build_chat(const Tokenizer *tok, ChatTemplate tmpl, const ChatMsg *msgs, size_t n_msgs,
                       ReplyMemory *rm, const Hash128 *ns_id, TokIds *out, PromptStats *stats, MnErr *err);
+
+/* The forms a client's prompt comes in. */
+typedef enum PromptForm {
+    PROMPT_CHAT, /* messages, rendered with the engine's chat template */
+    PROMPT_TEXT, /* a completion's text, tokenized with BOS as the vocabulary asks */
+    PROMPT_IDS,  /* a completion's token ids, as given */
+} PromptForm;
+
+/* A prompt in one of its forms; everything borrowed for the call. */
+typedef struct PromptInput {
+    PromptForm form;
+    const ChatMsg *msgs; /* PROMPT_CHAT: (n_msgs), n_msgs >= 1 */
+    size_t n_msgs;
+    const char *text;    /* PROMPT_TEXT: text[0..text_len) */
+    size_t text_len;
+    const int32_t *ids;  /* PROMPT_IDS: (n_ids) */
+    size_t n_ids;
+} PromptInput;
+
+/* Turn in into prompt ids (a chat with the reply memory of namespace ns),
+ * make a Request of them with p, ns and session (request_new) and submit
+ * it (engine_submit). On MN_OK *out is the caller's reference to the
+ * running request. Otherwise *out is NULL, err says why and *field names
+ * the field at fault (field may be NULL):
+ *   MN_EINVAL   the template cannot express the chat, or the prompt is
+ *               empty (REQ_FIELD_PROMPT);
+ *   MN_ERANGE   the tokenizer hit a resource limit (REQ_FIELD_PROMPT);
+ *   MN_ENOMEM   (REQ_FIELD_NONE);
+ *   any refusal of engine_submit, with its field. */
+int prompt_submit(Engine *e, const PromptInput *in, const ReqParams *p, const char *ns, const char *session,
+                  Request **out, MnErr *err, ReqField *field);
 
 #endif
