@@ -793,10 +793,10 @@ static int cmd_serve(int argc, char **argv) {
     so.cors_origins = cors.items;
     so.n_cors_origins = cors.n;
     so.max_body = (size_t)max_body_kb * 1024;
-    so.default_max_tokens = n_predict;
+    eo.default_max_tokens = n_predict;
     const char *base = strrchr(model_path, '/');
     so.model_name = alias ? alias : base ? base + 1 : model_path;
-    if (pick_template(m, tmpl_name, &so.chat_template)) goto out_model;
+    if (pick_template(m, tmpl_name, &eo.chat_template)) goto out_model;
     /* the pensieve policy's recompute cost: a profile of this machine, taken
      * once and cached (a cache that cannot be written only costs time) */
     CostModel cost;
@@ -961,7 +961,7 @@ static int cmd_chat(int argc, char **argv) {
         ServerOptions so;
         server_options_default(&so);
         so.port = 0;
-        if (model_load(model_path, &m, &err) || pick_template(m, NULL, &so.chat_template) ||
+        if (model_load(model_path, &m, &err) || pick_template(m, NULL, &eo.chat_template) ||
             engine_new(m, &eo, &e, &err) || server_new(e, &so, &srv, &err)) {
             fprintf(term, "mnemo chat: %s\n", err.msg[0] ? err.msg : mn_strerror(err.code));
             goto done;

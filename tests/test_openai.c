@@ -985,6 +985,7 @@ static void test_error_objects(void **state) {
     assert_int_equal(api_http_status(MN_ENOTFOUND), 404);
     assert_int_equal(api_http_status(MN_EBUSY), 503);
     assert_int_equal(api_http_status(MN_EFULL), 503);
+    assert_int_equal(api_http_status(MN_ECANCELED), 503); /* the engine is shutting down */
     assert_int_equal(api_http_status(MN_ENOMEM), 500);
     assert_int_equal(api_http_status(MN_EIO), 500);
 

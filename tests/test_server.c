@@ -1229,6 +1229,32 @@ static void test_refused_and_ranges(void **st) {
     srv_stop(&s);
 }
 
+/* A pool smaller than the context (8 blocks of 8 tokens): a prompt that
+ * fills it names prompt or messages as one that fills the context does
+ * (it named max_tokens before the engine checked both); max_tokens past it
+ * gives the range the pool allows, and without max_tokens the answer runs
+ * to the pool's end. */
+static void test_prompt_over_pool(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "--pool-blocks 8") != 0) return;
+    const char *chat = "/v1/chat/completions", *cmpl = "/v1/completions";
+    char ids[1024] = "{\"prompt\":[1";
+    for (int i = 1; i < 70; i++) snprintf(ids + strlen(ids), sizeof ids - strlen(ids), ",%d", 300 + i);
+    strcat(ids, "]}");
+    expect_param(&s, cmpl, ids, 400, "the prompt has 70 tokens; the KV pool holds 64", "prompt");
+    char body[2048] = "{\"messages\":[{\"role\":\"user\",\"content\":\"";
+    for (int i = 0; i < 20; i++) strcat(body, "Once upon a time ");
+    strcat(body, "\"}]}");
+    expect_param(&s, chat, body, 400, "the KV pool holds 64", "messages");
+    expect_param(&s, cmpl, "{\"prompt\":[1,403,407,261,378],\"max_tokens\":60}", 400,
+                 "max_tokens must be between 1 and 59 for this prompt of 5 tokens (the KV pool holds 64)",
+                 "max_tokens");
+    json_t *j = post_ok(&s, cmpl, "{\"prompt\":[1,403,407,261,378],\"ignore_eos\":true}");
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 59);
+    json_decref(j);
+    srv_stop(&s);
+}
+
 /* log-softmax of a runner's logits row: the model's own distribution,
  * computed without the server. */
 typedef struct RowOut {
@@ -1456,6 +1482,7 @@ int main(void) {
         cmocka_unit_test(test_profile_per_setup),
         cmocka_unit_test(test_model_fingerprint_ids),
         cmocka_unit_test(test_refused_and_ranges),
+        cmocka_unit_test(test_prompt_over_pool),
         cmocka_unit_test(test_completion_logprobs),
         cmocka_unit_test(test_chat_logprobs),
         cmocka_unit_test(test_disconnect_and_queue),

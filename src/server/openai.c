@@ -1017,7 +1017,8 @@ int api_http_status(int code) {
     case MN_EUNSUPPORTED: return 400;
     case MN_ENOTFOUND: return 404;
     case MN_EBUSY:
-    case MN_EFULL: return 503;
+    case MN_EFULL:
+    case MN_ECANCELED: return 503; /* the engine is shutting down */
     default: return 500;
     }
 }

@@ -107,9 +107,10 @@ typedef struct ApiRequest {
     SamplerParams sampler;
     uint32_t fields_set;          /* API_SET_* bits */
     int64_t max_tokens;           /* >= 1, or -1 when unset (no upper bound here: the
-                                     server knows the context) */
-    SamplerBias *logit_bias;      /* (n_logit_bias) "logit_bias": ids >= 0 (not checked
-                                     against a vocabulary here), biases in [-100, 100] */
+                                     engine knows the context and the pool) */
+    SamplerBias *logit_bias;      /* (n_logit_bias) "logit_bias": ids >= 0 (the engine
+                                     checks them against the vocabulary), biases in
+                                     [-100, 100] */
     size_t n_logit_bias;
     bool is_logprobs;             /* chat "logprobs": true; completion "logprobs" given */
     int32_t top_logprobs;         /* chat "top_logprobs", completion "logprobs":
@@ -244,7 +245,8 @@ const char *api_error_type(int http_status);
 
 /* The HTTP status for an MN_* code from parsing or serving: MN_EINVAL,
  * MN_EFORMAT, MN_ERANGE, MN_EUNSUPPORTED 400; MN_ENOTFOUND 404; MN_EBUSY,
- * MN_EFULL 503; MN_OK 200; anything else 500. */
+ * MN_EFULL, MN_ECANCELED (shutting down) 503; MN_OK 200; anything else
+ * (MN_ENOMEM included) 500. */
 int api_http_status(int code);
 
 /* {"object":"list","data":[{"id":NAME,"object":"model","created",

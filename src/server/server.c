@@ -84,7 +84,6 @@ void server_options_default(ServerOptions *o) {
     o->port = 8080;
     o->model_name = "mnemo";
     o->max_body = 1 << 20;
-    o->chat_template = CHAT_TMPL_DEFAULT;
 }
 
 /* ---- responses ------------------------------------------------------------------ */
@@ -546,6 +545,45 @@ static const char *request_namespace(Server *s, struct MHD_Connection *c, const 
     return h ? h : "";
 }
 
+/* The prompt as the engine takes it: views into ar. */
+static PromptInput prompt_input(const ApiRequest *ar) {
+    PromptInput in = {.form = ar->route == API_ROUTE_CHAT ? PROMPT_CHAT : ar->text ? PROMPT_TEXT : PROMPT_IDS};
+    in.msgs = ar->msgs;
+    in.n_msgs = ar->n_msgs;
+    in.text = ar->text;
+    in.text_len = ar->text_len;
+    in.ids = ar->tokens;
+    in.n_ids = ar->n_tokens;
+    return in;
+}
+
+/* The generation parameters of ar; what the client left unset stays for
+ * the engine to fill in (max_tokens 0, is_seed_random). */
+static ReqParams req_params(const ApiRequest *ar) {
+    ReqParams p;
+    memset(&p, 0, sizeof p);
+    p.sp = ar->sampler;
+    p.is_seed_random = !(ar->fields_set & API_SET_SEED);
+    /* more than INT32_MAX is as far out of range as INT32_MAX: engine_submit
+     * refuses it with the allowed range */
+    p.max_tokens = ar->max_tokens > INT32_MAX ? INT32_MAX : ar->max_tokens > 0 ? (int)ar->max_tokens : 0;
+    p.ignore_eos = ar->ignore_eos;
+    p.is_logprobs = ar->is_logprobs;
+    p.n_top_logprobs = ar->top_logprobs;
+    for (size_t i = 0; i < ar->n_stop && i < ENGINE_MAX_STOP; i++) p.stop[p.n_stop++] = ar->stop[i];
+    return p;
+}
+
+/* OpenAI's "param" for a field the engine refused (NULL: none). */
+static const char *field_param(ApiRoute route, ReqField f) {
+    switch (f) {
+    case REQ_FIELD_PROMPT: return route == API_ROUTE_CHAT ? "messages" : "prompt";
+    case REQ_FIELD_MAX_TOKENS: return "max_tokens";
+    case REQ_FIELD_LOGIT_BIAS: return "logit_bias";
+    default: return NULL;
+    }
+}
+
 static enum MHD_Result handle_generation(Server *s, struct MHD_Connection *c, ApiRoute route, const char *path,
                                          Conn *conn, const char *key) {
     ApiRequest ar;
@@ -553,66 +591,10 @@ static enum MHD_Result handle_generation(Server *s, struct MHD_Connection *c, Ap
     char param[API_PARAM_MAX];
     if (api_parse_request(route, conn->body ? conn->body : "", conn->len, &ar, &err, param) != MN_OK)
         return send_error(s, c, 400, err.msg, param[0] ? param : NULL);
-    const Model *m = engine_model(s->e);
-    const char *prompt_param = route == API_ROUTE_CHAT ? "messages" : "prompt";
-    const char *ns = request_namespace(s, c, key);
-    Hash128 ns_id = engine_namespace_id(ns);
-    TokIds ids = {0};
-    int rc = MN_OK;
-    if (route == API_ROUTE_CHAT) {
-        rc = prompt_build_chat(m->tok, s->opt.chat_template, ar.msgs, ar.n_msgs, engine_reply_memory(s->e), &ns_id,
-                               &ids, NULL, &err);
-    } else if (ar.text != NULL) {
-        rc = tok_encode(m->tok, ar.text, ar.text_len, tok_add_bos(m->tok), true, &ids);
-        if (rc) mn_err_set(&err, rc, "cannot tokenize the prompt");
-    } else {
-        for (size_t i = 0; rc == MN_OK && i < ar.n_tokens; i++) {
-            if (ar.tokens[i] >= m->cfg.n_vocab) rc = mn_err_set(&err, MN_EINVAL, "prompt: token id %d is out of range", ar.tokens[i]);
-            else rc = tok_ids_push(&ids, ar.tokens[i]);
-        }
-    }
-    enum MHD_Result ok;
-    if (rc == MN_OK && ids.n == 0) rc = mn_err_set(&err, MN_EINVAL, "the prompt is empty");
-    EngineStats st;
-    engine_stats(s->e, &st);
-    if (rc == MN_OK && (int64_t)ids.n >= st.n_ctx)
-        rc = mn_err_set(&err, MN_ERANGE, "the prompt has %zu tokens; the context holds %d", ids.n, st.n_ctx);
-    if (rc != MN_OK) {
-        ok = send_error(s, c, rc == MN_ENOMEM ? 500 : 400, err.msg, rc == MN_ENOMEM ? NULL : prompt_param);
-        goto done;
-    }
-    for (size_t i = 0; i < ar.n_logit_bias; i++)
-        if (ar.logit_bias[i].id >= m->cfg.n_vocab) {
-            mn_err_set(&err, MN_EINVAL, "logit_bias: token id %d is out of range [0, %d)", ar.logit_bias[i].id,
-                       m->cfg.n_vocab);
-            ok = send_error(s, c, 400, err.msg, "logit_bias");
-            goto done;
-        }
-    ReqParams p;
-    memset(&p, 0, sizeof p);
-    p.sp = ar.sampler;
-    if (!(ar.fields_set & API_SET_SEED)) p.sp.seed = (uint64_t)time(NULL) ^ atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull;
-    /* unset max_tokens: the server's default (-n), at most as far as the
-     * context and the pool allow */
-    int room = st.n_ctx < st.pool_blocks * st.block_tokens ? st.n_ctx : st.pool_blocks * st.block_tokens;
-    int left = room - (int)ids.n, dflt = s->opt.default_max_tokens;
-    /* more than INT32_MAX is as far out of range as INT32_MAX: engine_submit
-     * refuses it with the allowed range */
-    p.max_tokens = ar.max_tokens > INT32_MAX ? INT32_MAX
-                   : ar.max_tokens > 0       ? (int)ar.max_tokens
-                   : dflt > 0 && dflt < left ? dflt
-                                             : left;
-    if (p.max_tokens < 1) p.max_tokens = 1;
-    p.ignore_eos = ar.ignore_eos;
-    p.is_logprobs = ar.is_logprobs;
-    p.n_top_logprobs = ar.top_logprobs;
-    for (size_t i = 0; i < ar.n_stop && i < ENGINE_MAX_STOP; i++) p.stop[p.n_stop++] = ar.stop[i];
-    const char *session = ar.session_id ? ar.session_id : MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
     Gen *g = mn_calloc(1, sizeof *g);
-    if (g == NULL || (g->req = request_new(ids.ids, ids.n, &p, ns, session)) == NULL) {
-        gen_free(g);
-        ok = send_error(s, c, 500, "out of memory", NULL);
-        goto done;
+    if (g == NULL) {
+        api_request_deinit(&ar);
+        return send_error(s, c, 500, "out of memory", NULL);
     }
     g->s = s;
     g->path = path;
@@ -624,19 +606,17 @@ static enum MHD_Result handle_generation(Server *s, struct MHD_Connection *c, Ap
     g->t0 = mn_now();
     snprintf(g->id, sizeof g->id, "%s-%s-%llu", g->is_chat ? "chatcmpl" : "cmpl", s->id_prefix,
              (unsigned long long)atomic_fetch_add(&s->next_id, 1));
-    rc = engine_submit(s->e, g->req, &err, NULL);
+    PromptInput in = prompt_input(&ar);
+    ReqParams p = req_params(&ar);
+    const char *session = ar.session_id ? ar.session_id : MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
+    ReqField field;
+    int rc = prompt_submit(s->e, &in, &p, request_namespace(s, c, key), session, &g->req, &err, &field);
+    api_request_deinit(&ar);
     if (rc != MN_OK) {
         gen_free(g);
-        /* the prompt alone was checked above: a range error is max_tokens' */
-        ok = send_error(s, c, rc == MN_EBUSY ? 503 : rc == MN_ENOMEM || rc == MN_ECANCELED ? 503 : 400, err.msg,
-                        rc == MN_ERANGE ? "max_tokens" : NULL);
-        goto done;
+        return send_error(s, c, api_http_status(rc), err.msg, field_param(route, field));
     }
-    ok = run_generation(s, c, g);
-done:
-    tok_ids_free(&ids);
-    api_request_deinit(&ar);
-    return ok;
+    return run_generation(s, c, g);
 }
 
 static enum MHD_Result handle_tokenize(Server *s, struct MHD_Connection *c, Conn *conn, bool is_detok) {

@@ -2,11 +2,15 @@
  *
  * Routes: POST /v1/chat/completions, POST /v1/completions (both with
  * stream), GET /v1/models, POST /tokenize, POST /detokenize, GET /health,
- * GET /metrics. Requests are parsed and validated here (server/openai),
- * turned into prompt ids (engine/prompt, with the reply memory) and handed
- * to the engine; their text comes back through the Request's channel and
- * goes out whole or as Server-Sent Events. A client that disconnects while
- * streaming cancels its request.
+ * GET /metrics. The server parses a request's JSON (server/openai: every
+ * field's type and range), takes its namespace and session from the
+ * connection, and hands the rest to the engine (engine/prompt.h's
+ * prompt_submit), which builds the prompt, checks it against the model,
+ * the context and the pool, fills in the defaults and queues it, or says
+ * which field it refuses. The text comes back through the Request's
+ * channel and goes out whole or as Server-Sent Events, serialized by
+ * server/openai (which also makes it valid UTF-8). A client that
+ * disconnects while streaming cancels its request.
  *
  * Every answer a client can see is one well-formed HTTP response with an
  * OpenAI error object, except what libmicrohttpd answers itself: a body's
@@ -27,7 +31,6 @@
 
 #include "base/err.h"
 #include "engine/engine.h"
-#include "model/chat_template.h"
 
 typedef struct ServerOptions {
     const char *host;          /* default "127.0.0.1" */
@@ -38,9 +41,6 @@ typedef struct ServerOptions {
     size_t max_body;           /* bytes; default 1 MiB */
     const char **cors_origins; /* origins whose pages may call the API ("*": any) */
     int n_cors_origins;
-    int default_max_tokens;    /* for requests without max_tokens; <= 0 (default): until
-                                  the context or the pool is full */
-    ChatTemplate chat_template;
 } ServerOptions;
 
 typedef struct Server Server;
