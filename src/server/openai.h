@@ -19,8 +19,10 @@
  * Building: the api_*_json builders return a NUL-terminated compact JSON
  * text allocated with mn_malloc (free with mn_free), or NULL when memory
  * runs out. Every string argument is borrowed for the call and may hold
- * invalid UTF-8: it is passed through api_utf8_sanitize first, so a
- * streamed answer and the same answer sent whole carry identical text.
+ * invalid UTF-8: the builders are the one place text is made valid — each
+ * passes its strings through api_utf8_sanitize — so callers hand them the
+ * engine's bytes as they come, and a streamed answer and the same answer
+ * sent whole carry identical text.
  */
 #ifndef MN_OPENAI_H
 #define MN_OPENAI_H

@@ -394,18 +394,14 @@ static ApiMeta gen_meta(const Gen *g) {
     return (ApiMeta){g->id, g->s->opt.model_name, g->created, g->s->fingerprint};
 }
 
-/* A chunk of o's text and logprobs. */
+/* A chunk of o's text and logprobs (the builders sanitize the text). */
 static int sse_text(Gen *g, const ReqOutput *o) {
-    size_t clean_len;
-    char *clean = api_utf8_sanitize(o->text, o->len, &clean_len);
-    if (clean == NULL) return MN_ENOMEM;
     ApiMeta meta = gen_meta(g);
     ApiLogprobs lp = {engine_model(g->s->e)->tok, o->logprobs, o->n_logprobs};
     const ApiLogprobs *lpp = o->n_logprobs > 0 ? &lp : NULL;
-    char *json = g->is_chat ? api_chat_chunk_json(&meta, !g->sent_role, clean, API_FINISH_NONE, lpp)
-                            : api_text_chunk_json(&meta, clean, API_FINISH_NONE, lpp);
+    char *json = g->is_chat ? api_chat_chunk_json(&meta, !g->sent_role, o->text, API_FINISH_NONE, lpp)
+                            : api_text_chunk_json(&meta, o->text, API_FINISH_NONE, lpp);
     g->sent_role = true;
-    mn_free(clean);
     return sse_append(g, json);
 }
 
@@ -522,17 +518,13 @@ static enum MHD_Result run_generation(Server *s, struct MHD_Connection *c, Gen *
         gen_free(g);
         return ok;
     }
-    size_t clean_len;
-    char *clean = api_utf8_sanitize(g->text, g->text_len, &clean_len);
     ApiUsage u;
     fill_usage(&g->res, &u);
     ApiMeta meta = gen_meta(g);
     ApiLogprobs lp = {engine_model(s->e)->tok, g->lp, g->n_lp};
     const ApiLogprobs *lpp = g->is_logprobs ? &lp : NULL;
-    char *json = clean == NULL ? NULL
-                 : g->is_chat ? api_chat_completion_json(&meta, clean, api_finish(g->res.finish), &u, lpp)
-                              : api_text_completion_json(&meta, clean, api_finish(g->res.finish), &u, lpp);
-    mn_free(clean);
+    char *json = g->is_chat ? api_chat_completion_json(&meta, g->text, api_finish(g->res.finish), &u, lpp)
+                            : api_text_completion_json(&meta, g->text, api_finish(g->res.finish), &u, lpp);
     log_request(g, 200);
     gen_free(g);
     return send_json(s, c, 200, json);
@@ -646,12 +638,7 @@ static enum MHD_Result handle_tokenize(Server *s, struct MHD_Connection *c, Conn
         char *text = NULL;
         size_t len = 0;
         if (tok_decode(tok, ar.tokens, ar.n_tokens, false, &text, &len)) ok = send_error(s, c, 500, "out of memory", NULL);
-        else {
-            size_t clean_len;
-            char *clean = api_utf8_sanitize(text, len, &clean_len);
-            ok = clean ? send_json(s, c, 200, api_detokenize_json(clean, clean_len)) : MHD_NO;
-            mn_free(clean);
-        }
+        else ok = send_json(s, c, 200, api_detokenize_json(text, len));
         mn_free(text);
     }
     api_request_deinit(&ar);
