@@ -527,6 +527,9 @@ static void test_invalid_requests(void **state) {
     MnErr err = {0};
     assert_int_equal(api_parse_request((ApiRoute)99, "{}", 2, &r, &err, NULL), MN_EINVAL);
     assert_true(is_zero(&r));
+    /* GET /v1/models has no body to parse */
+    assert_int_equal(api_parse_request(API_ROUTE_MODELS, "{}", 2, &r, &err, NULL), MN_EINVAL);
+    assert_true(is_zero(&r));
 }
 
 /* ------------------------------------------- fields refused or accepted */

@@ -53,6 +53,7 @@ typedef enum ApiRoute {
     API_ROUTE_COMPLETION, /* POST /v1/completions */
     API_ROUTE_TOKENIZE,   /* POST /tokenize */
     API_ROUTE_DETOKENIZE, /* POST /detokenize */
+    API_ROUTE_MODELS,     /* GET /v1/models: no body (api_parse_request refuses it) */
 } ApiRoute;
 
 /* Bits of ApiRequest.fields_set: which optional fields the client gave

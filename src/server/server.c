@@ -611,10 +611,10 @@ static enum MHD_Result handle_generation(Server *s, struct MHD_Connection *c, Ap
     return run_generation(s, c, g);
 }
 
-static enum MHD_Result handle_tokenize(Server *s, struct MHD_Connection *c, Conn *conn, bool is_detok) {
+static enum MHD_Result handle_tokenize(Server *s, struct MHD_Connection *c, ApiRoute route, Conn *conn) {
     ApiRequest ar;
     MnErr err = {0};
-    ApiRoute route = is_detok ? API_ROUTE_DETOKENIZE : API_ROUTE_TOKENIZE;
+    bool is_detok = route == API_ROUTE_DETOKENIZE;
     char param[API_PARAM_MAX];
     if (api_parse_request(route, conn->body ? conn->body : "", conn->len, &ar, &err, param) != MN_OK)
         return send_error(s, c, 400, err.msg, param[0] ? param : NULL);
@@ -646,6 +646,20 @@ static enum MHD_Result handle_tokenize(Server *s, struct MHD_Connection *c, Conn
 }
 
 /* ---- dispatch ------------------------------------------------------------------ */
+
+/* The API's routes by path (/v1/models is GET, the others POST). */
+typedef struct ApiPath {
+    const char *path;
+    ApiRoute route;
+} ApiPath;
+
+static const ApiPath api_paths[] = {
+    {"/v1/models", API_ROUTE_MODELS},
+    {"/v1/chat/completions", API_ROUTE_CHAT},
+    {"/v1/completions", API_ROUTE_COMPLETION},
+    {"/tokenize", API_ROUTE_TOKENIZE},
+    {"/detokenize", API_ROUTE_DETOKENIZE},
+};
 
 /* The API key of the request when keys are set: NULL if missing or wrong.
  * The scheme is case-insensitive (RFC 9110 §11.1), one or more spaces
@@ -810,32 +824,32 @@ static enum MHD_Result handle_request(void *cls, struct MHD_Connection *c, const
         return send_body(s, c, 200, "application/json", ok, sizeof ok - 1, NULL);
     }
     if (strncmp(url, "/v1/models/", strlen("/v1/models/")) == 0) return handle_model(s, c, method, url);
-    static const char *const routes[] = {"/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize",
-                                         "/detokenize"};
-    int route = -1;
-    for (int i = 0; i < 5; i++)
-        if (strcmp(url, routes[i]) == 0) route = i;
-    if (route < 0) {
+    const ApiPath *ap = NULL;
+    for (size_t i = 0; i < sizeof api_paths / sizeof *api_paths; i++)
+        if (strcmp(url, api_paths[i].path) == 0) ap = &api_paths[i];
+    if (ap == NULL) {
         char msg[128];
         snprintf(msg, sizeof msg, "no route %.16s %.64s", method, url);
         return send_error(s, c, 404, msg, NULL);
     }
-    const char *allow = route == 0 ? "GET, OPTIONS" : "POST, OPTIONS";
+    bool is_get_route = ap->route == API_ROUTE_MODELS;
+    const char *allow = is_get_route ? "GET, OPTIONS" : "POST, OPTIONS";
     if (is_options) return answer_options(s, c, allow);
-    if ((route == 0 && !is_get) || (route > 0 && !is_post)) return send_method_error(s, c, url, method, allow);
+    if (is_get_route ? !is_get : !is_post) return send_method_error(s, c, url, method, allow);
     const char *key = NULL;
     if (s->opt.n_api_keys > 0 && (key = check_key(s, c)) == NULL)
         return send_error(s, c, 401, "a valid API key is required (Authorization: Bearer KEY)", NULL);
-    switch (route) {
-    case 0: {
+    switch (ap->route) {
+    case API_ROUTE_MODELS: {
         const char *names[] = {s->opt.model_name};
         return send_json(s, c, 200, api_models_json(names, 1, s->created));
     }
-    case 1: return handle_generation(s, c, API_ROUTE_CHAT, routes[1], conn, key);
-    case 2: return handle_generation(s, c, API_ROUTE_COMPLETION, routes[2], conn, key);
-    case 3: return handle_tokenize(s, c, conn, false);
-    default: return handle_tokenize(s, c, conn, true);
+    case API_ROUTE_CHAT:
+    case API_ROUTE_COMPLETION: return handle_generation(s, c, ap->route, ap->path, conn, key);
+    case API_ROUTE_TOKENIZE:
+    case API_ROUTE_DETOKENIZE: return handle_tokenize(s, c, ap->route, conn);
     }
+    return MHD_NO; /* every route is handled above */
 }
 
 /* A request ended: drop its body (a connection kept alive holds none). */
