@@ -559,7 +559,7 @@ static int cmd_gen_model(int argc, char **argv) {
         {"kv-heads", 0, CLI_INT, &kv_heads, "K", "KV heads (default = heads)"},
         {"ffn", 0, CLI_INT, &ffn, "F", "feed-forward size (default 3 x dim)"},
         {"ctx", 0, CLI_INT, &ctx, "C", "context length (default 2048)"},
-        {"type", 0, CLI_STR, &type_name, "T", "weights: f32, f16, bf16, q8_0 or q4_0 (default f32)"},
+        {"type", 0, CLI_STR, &type_name, "T", "weights (default f32), one of the types mnemo loads (README)"},
         {"seed", 0, CLI_U64, &seed, "S", "random seed (default 1)"},
         {"vocab-from", 0, CLI_STR, &vocab, "FILE", "GGUF whose tokenizer to copy (required)"},
         {"output", 'o', CLI_STR, &out, "FILE", "where to write the model (required)"},
@@ -579,7 +579,7 @@ static int cmd_gen_model(int argc, char **argv) {
         !require(out != NULL, "gen-model", "needs the output file: -o OUT.gguf") ||
         !require(is_qwen2 || strcmp(arch, "llama") == 0, "gen-model", "--arch must be llama or qwen2, got '%s'", arch) ||
         !require(ttype_from_name(type_name, &type) == MN_OK, "gen-model",
-                 "--type must be f32, f16, bf16, q8_0 or q4_0, got '%s'", type_name) ||
+                 "--type must be one of %s, got '%s'", ttype_supported_names(), type_name) ||
         !require(dim > 0 && layers > 0 && heads > 0 && ctx > 0, "gen-model",
                  "--dim, --layers, --heads and --ctx must be positive") ||
         !require(dim % heads == 0, "gen-model", "--dim %d is not divisible by --heads %d", dim, heads) ||
@@ -605,8 +605,12 @@ static int cmd_gen_model(int argc, char **argv) {
     Rng rng = {seed};
     char key[128];
     int head_dim = dim / heads, kv_dim = kv_heads * head_dim;
-    static const uint32_t file_types[] = {[MN_TYPE_F32] = 0, [MN_TYPE_F16] = 1, [MN_TYPE_Q4_0] = 2,
-                                          [MN_TYPE_Q8_0] = 7, [MN_TYPE_BF16] = 32};
+    /* general.file_type (llama.cpp's ftype; one type throughout: the K-quants' _S) */
+    static const uint32_t file_types[] = {[MN_TYPE_F32] = 0,     [MN_TYPE_F16] = 1,     [MN_TYPE_Q4_0] = 2,
+                                          [MN_TYPE_Q4_1] = 3,    [MN_TYPE_Q8_0] = 7,    [MN_TYPE_Q5_0] = 8,
+                                          [MN_TYPE_Q5_1] = 9,    [MN_TYPE_Q2_K] = 10,   [MN_TYPE_Q3_K] = 11,
+                                          [MN_TYPE_Q4_K] = 14,   [MN_TYPE_Q5_K] = 16,   [MN_TYPE_Q6_K] = 18,
+                                          [MN_TYPE_IQ4_NL] = 25, [MN_TYPE_IQ4_XS] = 30, [MN_TYPE_BF16] = 32};
     rc = w ? MN_OK : MN_ENOMEM;
 #define KV_U32(suffix, v) (snprintf(key, sizeof key, "%s.%s", arch, suffix), gguf_writer_add_u32(w, key, (uint32_t)(v)))
 #define KV_F32(suffix, v) (snprintf(key, sizeof key, "%s.%s", arch, suffix), gguf_writer_add_f32(w, key, (float)(v)))

@@ -1,6 +1,7 @@
 /* test_cli.c — the mnemo command end to end: generate (golden text and
  * --dump-logits against the reference), tokenize / detokenize on models and
- * vocabulary-only files, inspect, gen-model (what it writes loads and runs),
+ * vocabulary-only files, inspect, gen-model (what it writes loads and runs,
+ * in every weight type, and reads back as written),
  * and clear failures for bad files and bad options. Runs $MNEMO_BIN. */
 #include "test_util.h"
 #include "test_serve_util.h"
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "base/ttype.h"
 #include "base/version.h"
 #include "engine/mref.h"
 #include "model/model.h"
@@ -301,6 +303,89 @@ static void test_gen_model(void **s) {
     rmdir(tmp);
 }
 
+/* Every row of q (type `type`) dequantizes to what quantizing f's row
+ * (F32, the same random values) and dequantizing gives, bit for bit. */
+static void expect_same_dequant(const MatW *f, const MatW *q, MnType type, const char *what) {
+    assert_int_equal(f->type, MN_TYPE_F32);
+    assert_int_equal(q->type, type);
+    assert_int_equal(f->n_in, q->n_in);
+    assert_int_equal(f->n_out, q->n_out);
+    uint64_t q_row;
+    assert_int_equal(ttype_row_bytes(type, (uint64_t)q->n_in, &q_row), MN_OK);
+    size_t n = (size_t)q->n_in;
+    float *got = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
+    void *blocks = malloc(q_row);
+    for (int64_t r = 0; r < q->n_out; r++) {
+        ttype_dequantize_row(type, (const uint8_t *)q->data + (uint64_t)r * q_row, got, q->n_in);
+        ttype_quantize_row(type, (const float *)f->data + (size_t)r * n, blocks, q->n_in);
+        ttype_dequantize_row(type, blocks, want, q->n_in);
+        if (memcmp(got, want, n * sizeof(float)) != 0)
+            fail_msg("%s %s: row %lld does not read back as written", ttype_traits(type)->name, what, (long long)r);
+    }
+    free(blocks);
+    free(want);
+    free(got);
+}
+
+/* gen-model --type T for every quantized type: the file loads, its
+ * matrices have type T and read back as their values were quantized (the
+ * F32 model of the same seed has the values before quantization), and it
+ * generates. */
+static void test_gen_model_types(void **s) {
+    char vocab[512], cmd[4096], tmp[] = "/tmp/mnemo-gentypes-XXXXXX";
+    test_data_path(vocab, sizeof vocab, "vocab/ggml-vocab-llama-spm.gguf");
+    if (!test_require_file(vocab)) return;
+    assert_non_null(mkdtemp(tmp));
+    static const MnType types[] = {MN_TYPE_Q8_0, MN_TYPE_Q4_0, MN_TYPE_Q4_1, MN_TYPE_Q5_0, MN_TYPE_Q5_1,
+                                   MN_TYPE_Q2_K, MN_TYPE_Q3_K, MN_TYPE_Q4_K, MN_TYPE_Q5_K, MN_TYPE_Q6_K,
+                                   MN_TYPE_IQ4_NL, MN_TYPE_IQ4_XS};
+    const char *shape = "--arch llama --dim 256 --layers 1 --heads 4 --kv-heads 2 --ffn 512 --ctx 128 --seed 5";
+    char fpath[600];
+    snprintf(fpath, sizeof fpath, "%s/f32.gguf", tmp);
+    snprintf(cmd, sizeof cmd, "%s gen-model %s --type f32 --vocab-from %s -o %s 2>/dev/null", bin(), shape, vocab, fpath);
+    assert_int_equal(run(cmd, NULL), 0);
+    Model *mf = NULL;
+    MnErr err = {0};
+    if (model_load(fpath, &mf, &err)) fail_msg("%s", err.msg);
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        const char *name = ttype_traits(types[i])->name;
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s.gguf", tmp, name);
+        snprintf(cmd, sizeof cmd, "%s gen-model %s --type %s --vocab-from %s -o %s 2>/dev/null", bin(), shape, name,
+                 vocab, path);
+        assert_int_equal(run(cmd, NULL), 0);
+        Model *m = NULL;
+        if (model_load(path, &m, &err)) fail_msg("%s", err.msg);
+        expect_same_dequant(&mf->tok_embd, &m->tok_embd, types[i], "token_embd");
+        expect_same_dequant(&mf->output, &m->output, types[i], "output");
+        const LayerWeights *lf = &mf->layers[0], *lq = &m->layers[0];
+        expect_same_dequant(&lf->wq, &lq->wq, types[i], "attn_q");
+        expect_same_dequant(&lf->wk, &lq->wk, types[i], "attn_k");
+        expect_same_dequant(&lf->wv, &lq->wv, types[i], "attn_v");
+        expect_same_dequant(&lf->wo, &lq->wo, types[i], "attn_output");
+        expect_same_dequant(&lf->w_gate, &lq->w_gate, types[i], "ffn_gate");
+        expect_same_dequant(&lf->w_up, &lq->w_up, types[i], "ffn_up");
+        expect_same_dequant(&lf->w_down, &lq->w_down, types[i], "ffn_down");
+        model_free(m);
+        char *out;
+        snprintf(cmd, sizeof cmd, "%s generate -m %s -p 'Hello' -n 4 --temp 0 --ignore-eos 2>/dev/null", bin(), path);
+        assert_int_equal(run(cmd, &out), 0);
+        assert_true(strncmp(out, "Hello", 5) == 0);
+        free(out);
+        unlink(path);
+    }
+    /* a K-quant needs whole super-blocks */
+    snprintf(cmd, sizeof cmd,
+             "%s gen-model --dim 64 --heads 4 --type q4_k --vocab-from %s -o %s/bad.gguf 2>&1", bin(), vocab, tmp);
+    char *out;
+    assert_int_equal(run(cmd, &out), 2);
+    assert_non_null(strstr(out, "multiples of 256 for q4_k"));
+    free(out);
+    model_free(mf);
+    unlink(fpath);
+    rmdir(tmp);
+}
+
 static void test_sampling_reproducible(void **s) {
     char model[512], cmd[2048];
     test_data_path(model, sizeof model, "models/stories260K.gguf");
@@ -581,6 +666,7 @@ int main(void) {
         cmocka_unit_test(test_tokenize_detokenize),
         cmocka_unit_test(test_inspect_and_errors),
         cmocka_unit_test(test_gen_model),
+        cmocka_unit_test(test_gen_model_types),
         cmocka_unit_test(test_sampling_reproducible),
         cmocka_unit_test(test_chat),
         cmocka_unit_test(test_version),

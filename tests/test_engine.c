@@ -249,6 +249,10 @@ static void settle(Engine *e) {
 static void test_concurrent_cache(void **s) {
     check_concurrent((Concurrent){"tiny-llama-spm-q8_0", true, 0, 4, 0, 11, 7, 12, 1});
 }
+/* K-quant weights (Q3_K, Q4_K, Q5_K, Q6_K): batched answers equal alone */
+static void test_concurrent_kquant(void **s) {
+    check_concurrent((Concurrent){"k-llama-q3_k_m", true, 0, 4, 0, 11, 7, 12, 1});
+}
 static void test_concurrent_nocache(void **s) {
     check_concurrent((Concurrent){"tiny-qwen2-gpt2-f32", false, 0, 3, 0, 11, 7, 12, 1});
 }
@@ -1736,6 +1740,7 @@ int main(void) {
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_compute_nice),
         cmocka_unit_test(test_concurrent_cache),
+        cmocka_unit_test(test_concurrent_kquant),
         cmocka_unit_test(test_concurrent_nocache),
         cmocka_unit_test(test_concurrent_tiny_pool),
         cmocka_unit_test(test_concurrent_suspend_reorders),

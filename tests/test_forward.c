@@ -153,6 +153,10 @@ static void test_ref_phi3_f32(void **s) { check_own_reference("tiny-phi3-spm-f32
 static void test_ref_mha_f16(void **s) { check_reference("tiny-mha-spm-f16", "exact", 5e-3); }
 static void test_ref_llama_q8_0(void **s) { check_reference("tiny-llama-spm-q8_0", "exact", 5e-3); }
 static void test_ref_llama_q4_0(void **s) { check_reference("tiny-llama-spm-q4_0", "exact", 5e-3); }
+/* K-quants (Q3_K, Q4_K, Q5_K, Q6_K weights; activations stay f32) */
+static void test_ref_k_q3_k_m(void **s) { check_reference("k-llama-q3_k_m", "exact", 5e-3); }
+static void test_ref_k_q4_k_m(void **s) { check_reference("k-llama-q4_k_m", "exact", 5e-3); }
+static void test_ref_k_q6_k(void **s) { check_reference("k-llama-q6_k", "exact", 5e-3); }
 
 /* ---- golden generation ----------------------------------------------------------- */
 
@@ -408,6 +412,9 @@ static void test_invariance_q4_0(void **s) { check_invariance("tiny-llama-spm-q4
 static void test_invariance_gemma2(void **s) { check_invariance("own:tiny-gemma2-spm-f32", MN_TYPE_F16); }
 static void test_invariance_gemma3(void **s) { check_invariance("own:tiny-gemma3-spm-f32", MN_TYPE_F32); }
 static void test_invariance_phi3(void **s) { check_invariance("own:tiny-phi3-spm-f32", MN_TYPE_F16); }
+static void test_invariance_q3_k_m(void **s) { check_invariance("k-llama-q3_k_m", MN_TYPE_F16); }
+static void test_invariance_q4_k_m(void **s) { check_invariance("k-llama-q4_k_m", MN_TYPE_F32); }
+static void test_invariance_q6_k(void **s) { check_invariance("k-llama-q6_k", MN_TYPE_F16); }
 
 /* ---- bad input --------------------------------------------------------------- */
 
@@ -466,6 +473,9 @@ int main(void) {
         cmocka_unit_test(test_ref_mha_f16),
         cmocka_unit_test(test_ref_llama_q8_0),
         cmocka_unit_test(test_ref_llama_q4_0),
+        cmocka_unit_test(test_ref_k_q3_k_m),
+        cmocka_unit_test(test_ref_k_q4_k_m),
+        cmocka_unit_test(test_ref_k_q6_k),
         cmocka_unit_test(test_golden_stories),
         cmocka_unit_test(test_invariance_llama_q8_0_f16kv),
         cmocka_unit_test(test_invariance_llama_f32_f32kv),
@@ -475,6 +485,9 @@ int main(void) {
         cmocka_unit_test(test_invariance_gemma2),
         cmocka_unit_test(test_invariance_gemma3),
         cmocka_unit_test(test_invariance_phi3),
+        cmocka_unit_test(test_invariance_q3_k_m),
+        cmocka_unit_test(test_invariance_q4_k_m),
+        cmocka_unit_test(test_invariance_q6_k),
         cmocka_unit_test(test_bad_batches),
         cmocka_unit_test(test_unknown_arch),
     };

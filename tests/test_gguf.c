@@ -398,11 +398,16 @@ static void test_writer_all_types(void **state) {
     assert_int_equal(gguf_writer_add_u32(w, "general.alignment", 64), MN_OK);
 
     /* tensors of every supported type */
-    enum { N_T = 5 };
-    const uint32_t types[N_T] = {MN_TYPE_F32, MN_TYPE_F16, MN_TYPE_BF16, MN_TYPE_Q8_0, MN_TYPE_Q4_0};
-    const uint64_t shapes[N_T][4] = {{8, 3, 1, 1}, {16, 2, 1, 1}, {5, 1, 1, 1}, {64, 2, 1, 1}, {32, 3, 2, 1}};
-    const uint32_t dims[N_T] = {2, 2, 1, 2, 3};
-    const char *names[N_T] = {"w.f32", "w.f16", "w.bf16", "w.q8_0", "w.q4_0"};
+    enum { N_T = 15 };
+    const uint32_t types[N_T] = {MN_TYPE_F32,  MN_TYPE_F16,  MN_TYPE_BF16,  MN_TYPE_Q8_0,   MN_TYPE_Q4_0,
+                                 MN_TYPE_Q4_1, MN_TYPE_Q5_0, MN_TYPE_Q5_1,  MN_TYPE_Q2_K,   MN_TYPE_Q3_K,
+                                 MN_TYPE_Q4_K, MN_TYPE_Q5_K, MN_TYPE_Q6_K,  MN_TYPE_IQ4_NL, MN_TYPE_IQ4_XS};
+    const uint64_t shapes[N_T][4] = {{8, 3, 1, 1},   {16, 2, 1, 1},  {5, 1, 1, 1},   {64, 2, 1, 1},  {32, 3, 2, 1},
+                                     {64, 2, 1, 1},  {32, 3, 1, 1},  {96, 1, 1, 1},  {256, 2, 1, 1}, {512, 1, 1, 1},
+                                     {256, 3, 1, 1}, {256, 1, 2, 1}, {512, 2, 1, 1}, {32, 2, 1, 1},  {256, 2, 1, 1}};
+    const uint32_t dims[N_T] = {2, 2, 1, 2, 3, 2, 2, 1, 2, 1, 2, 3, 2, 2, 2};
+    const char *names[N_T] = {"w.f32",  "w.f16",  "w.bf16", "w.q8_0", "w.q4_0", "w.q4_1",   "w.q5_0",  "w.q5_1",
+                              "w.q2_k", "w.q3_k", "w.q4_k", "w.q5_k", "w.q6_k", "w.iq4_nl", "w.iq4_xs"};
     void *data[N_T];
     uint64_t sizes[N_T];
     for (int k = 0; k < N_T; k++) {
@@ -410,7 +415,7 @@ static void test_writer_all_types(void **state) {
         assert_int_equal(ttype_row_bytes(types[k], shapes[k][0], &row_bytes), MN_OK);
         sizes[k] = row_bytes * n_rows;
         data[k] = malloc(sizes[k]);
-        float row[64];
+        float row[512];
         for (uint64_t r = 0; r < n_rows; r++) {
             fill_tensor(row, (int64_t)shapes[k][0], (uint32_t)(r + 10 * k));
             ttype_quantize_row((MnType)types[k], row, (uint8_t *)data[k] + r * row_bytes, (int64_t)shapes[k][0]);
@@ -558,7 +563,7 @@ static void test_writer_errors(void **state) {
     w = gguf_writer_new();
     uint64_t ne[2] = {64, 2};
     uint8_t buf[512] = {0};
-    assert_int_equal(gguf_writer_add_tensor(w, "x", 13, 2, ne, buf, 176), MN_EUNSUPPORTED);
+    assert_int_equal(gguf_writer_add_tensor(w, "x", 16, 2, ne, buf, 176), MN_EUNSUPPORTED); /* iq2_xxs */
     gguf_writer_free(w);
     w = gguf_writer_new();
     assert_int_equal(gguf_writer_add_tensor(w, "x", MN_TYPE_F32, 2, ne, buf, 100), MN_EINVAL);
@@ -892,11 +897,12 @@ static void test_handmade_tensors(void **state) {
     b_data(&b, 4096);
     expect_reject(&b, MN_EFORMAT, "tensor 'blk.0.attn_q.weight': unknown tensor type 57");
     b_header(&b, 3, 1, 0);
-    b_tensor(&b, "blk.0.attn_q.weight", 2, ne_q, 13, 0);
+    b_tensor(&b, "blk.0.attn_q.weight", 2, ne_q, 16, 0);
     b_data(&b, 4096);
     expect_reject(&b, MN_EUNSUPPORTED,
-                  "tensor 'blk.0.attn_q.weight': tensor type q5_k is not supported "
-                  "(supported: f32, f16, bf16, q8_0, q4_0)");
+                  "tensor 'blk.0.attn_q.weight': tensor type iq2_xxs is not supported "
+                  "(supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, "
+                  "iq4_nl, iq4_xs)");
     /* rows that are not whole blocks */
     const uint64_t ne_r[2] = {40, 2};
     b_header(&b, 3, 1, 0);

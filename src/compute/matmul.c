@@ -51,6 +51,7 @@
 #include "compute/matmul.h"
 
 #include "base/err.h"
+#include "compute/dequant.h"
 
 #include <assert.h>
 #include <stdatomic.h>
@@ -95,7 +96,15 @@ static void rows_run(const MmJob *job, long r0, long r1);
 
 static inline long round_up(long n, long m) { return (n + m - 1) / m * m; }
 
-static inline bool type_is_quant(MnType t) { return t == MN_TYPE_Q8_0 || t == MN_TYPE_Q4_0; }
+/* Q8_0 and Q4_0 have kernels of their own (qtile); the other quantized
+ * types share ktile, which dequantizes through dq_row. */
+static inline bool type_is_q32(MnType t) { return t == MN_TYPE_Q8_0 || t == MN_TYPE_Q4_0; }
+static inline bool type_is_k(MnType t) { return ttype_traits(t)->is_quantized && !type_is_q32(t); }
+
+/* ktile's step: the elements of each row dequantized at a time (a K-quant
+ * super-block, or eight 32-element blocks), and their bytes. */
+enum { KB = MN_QK_K };
+static inline size_t kb_bytes(MnType t) { return KB / ttype_traits(t)->block_elems * ttype_traits(t)->block_bytes; }
 
 /* ========================================================================
  * AVX-512 path
@@ -115,6 +124,9 @@ enum {
     QPT = 6,                    /* panel mode: tokens per tile (4x6: 24 accumulators) */
     Q_DIRECT_MAX_TOK = 8,       /* more tokens: panel mode */
     Q_SC_FLOATS = 16384,        /* panel mode: widened scales on the worker's stack */
+    KR1 = 8,                    /* other quantized types: rows per tile of one token */
+    KR = 4,                     /* ... rows per tile of more tokens */
+    KT = 6,                     /* ... tokens per tile (4x6: 24 accumulators) */
 };
 
 /* The one horizontal sum every result goes through. */
@@ -433,6 +445,95 @@ MM_INLINE void qrows_panel(MnType type, const MmJob *job, long r0, long r1) {
     }
 }
 
+/* ---- the other quantized types ---- */
+
+/* out[t][r] for R rows from w0 and T tokens from x0, for any quantized
+ * type: each row's weights are dequantized KB elements at a time into buf
+ * (dq_row: exactly ttype_dequantize_row's values), then multiplied as
+ * ftile multiplies float weights — lane l of chunk c gets w[16c + l] *
+ * x[16c + l] — so the result equals the F32 product with the dequantized
+ * matrix. pf0, when not NULL, is a later tile's first row: the same bytes
+ * of its R rows are prefetched alongside. */
+MM_INLINE void ktile(MnType type, int R, int T, const uint8_t *w0, size_t row_bytes, const float *x0, int64_t n_in,
+                     float *out0, int64_t n_out, const uint8_t *pf0) {
+    _Alignas(64) float buf[KR1][KB];
+    __m512 acc[KR1][KT];
+    const size_t kbb = kb_bytes(type);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t k0 = 0, i = 0; k0 < n_in; k0 += KB, i++) {
+        int n = (int)MM_MIN(KB, n_in - k0);
+        for (int r = 0; r < R; r++) dq_row(type, w0 + r * row_bytes + i * kbb, buf[r], n);
+        if (pf0 != NULL)
+            for (int r = 0; r < R; r++)
+                for (size_t o = 0; o < kbb; o += 64) _mm_prefetch((const char *)pf0 + r * row_bytes + i * kbb + o, _MM_HINT_T0);
+        for (int c = 0; c < n / 16; c++) {
+            __m512 xv[KT];
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                xv[t] = _mm512_loadu_ps(x0 + t * n_in + k0 + 16 * c);
+                MM_PIN(xv[t]);
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                __m512 wv = _mm512_load_ps(buf[r] + 16 * c);
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) out0[t * n_out + r] = hsum16(acc[r][t]);
+}
+
+#define KTILE(R, T) ktile(type, R, T, w0, row_bytes, x0, n_in, out0, n_out, pf0)
+/* ktile with constant shapes, so its loops unroll. */
+#define KTILE_CASES(R) \
+    switch (T) { \
+    case 1: KTILE(R, 1); break; \
+    case 2: KTILE(R, 2); break; \
+    case 3: KTILE(R, 3); break; \
+    case 4: KTILE(R, 4); break; \
+    case 5: KTILE(R, 5); break; \
+    default: KTILE(R, 6); break; \
+    }
+_Static_assert(KT == 6, "KTILE_CASES covers T = 1..6");
+
+/* Rows [r0, r1) of a type ktile serves: token tiles outside, row tiles
+ * inside, as frows; decode (one token) takes KR1 rows a tile and, as the
+ * weights then stream from DRAM, prefetches the next tile. */
+static void krows(const MmJob *job, long r0, long r1) {
+    const MatW *w = job->w;
+    const MnType type = w->type;
+    int64_t n_in = w->n_in, n_out = w->n_out;
+    size_t row_bytes = job->row_bytes;
+    bool is_stream = job->n_tok <= Q_DIRECT_MAX_TOK;
+    int tt = is_stream ? QDT : KT;
+    for (int t0 = 0; t0 < job->n_tok; t0 += tt) {
+        int T = MM_MIN(tt, job->n_tok - t0);
+        const float *x0 = job->x + (int64_t)t0 * n_in;
+        long r = r0;
+        int rt = T == 1 ? KR1 : KR;
+        for (; r + rt <= r1; r += rt) {
+            const uint8_t *w0 = (const uint8_t *)w->data + (size_t)r * row_bytes;
+            const uint8_t *pf0 = is_stream && r + 2 * rt <= r1 ? w0 + rt * row_bytes : NULL;
+            float *out0 = job->out + (int64_t)t0 * n_out + r;
+            if (T == 1) KTILE(KR1, 1);
+            else KTILE_CASES(KR)
+        }
+        for (; r < r1; r++) {
+            const uint8_t *w0 = (const uint8_t *)w->data + (size_t)r * row_bytes;
+            const uint8_t *pf0 = NULL;
+            float *out0 = job->out + (int64_t)t0 * n_out + r;
+            KTILE_CASES(1)
+        }
+    }
+}
+
 static void frows_f32(const MmJob *job, long r0, long r1) { frows(MN_TYPE_F32, job, r0, r1); }
 static void frows_f16(const MmJob *job, long r0, long r1) { frows(MN_TYPE_F16, job, r0, r1); }
 static void frows_bf16(const MmJob *job, long r0, long r1) { frows(MN_TYPE_BF16, job, r0, r1); }
@@ -452,6 +553,7 @@ static void rows_run(const MmJob *job, long r0, long r1) {
     case MN_TYPE_BF16: frows_bf16(job, r0, r1); break;
     case MN_TYPE_Q8_0: qrows_q8(job, r0, r1); break;
     case MN_TYPE_Q4_0: qrows_q4(job, r0, r1); break;
+    default: krows(job, r0, r1); break;
     }
 }
 
@@ -462,7 +564,9 @@ static void job_plan(MmJob *job, int nth) {
     const MatW *w = job->w;
     long n_out = (long)w->n_out, align = FR, cap = (long)(F_PANEL_BYTES / job->row_bytes);
     job->is_panel = false;
-    if (type_is_quant(w->type)) {
+    if (type_is_k(w->type)) {
+        align = job->n_tok <= Q_DIRECT_MAX_TOK ? KR1 : KR;
+    } else if (type_is_q32(w->type)) {
         long sc_rows = (long)(Q_SC_FLOATS / (w->n_in / 32));
         job->is_panel = job->n_tok > Q_DIRECT_MAX_TOK && sc_rows >= QPR;
         align = job->is_panel ? QPR : QD1R;
@@ -591,10 +695,37 @@ MM_INLINE void qtile(MnType type, int R, int T, const uint8_t *w0, size_t row_by
         for (int t = 0; t < T; t++) out0[t * n_out + r] = hsum8(acc[r][t]);
 }
 
+/* ftile for the other quantized types: each row's weights dequantized KB
+ * elements at a time into buf (dq_row, exact), then multiplied in the
+ * float order. */
+MM_INLINE void ktile(MnType type, int R, int T, const uint8_t *w0, size_t row_bytes, const float *x0,
+                     int64_t n_in, float *out0, int64_t n_out) {
+    _Alignas(32) float buf[FR][KB];
+    const size_t kbb = kb_bytes(type);
+    __m256 acc[FR][FT];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t k0 = 0, i = 0; k0 < n_in; k0 += KB, i++) {
+        int n = (int)MM_MIN(KB, n_in - k0);
+        for (int r = 0; r < R; r++) dq_row(type, w0 + r * row_bytes + i * kbb, buf[r], n);
+        for (int c = 0; c < n / 8; c++) {
+            __m256 xv[FT];
+            for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x0 + t * n_in + k0 + 8 * c);
+            for (int r = 0; r < R; r++) {
+                __m256 wv = _mm256_load_ps(buf[r] + 8 * c);
+                for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) out0[t * n_out + r] = hsum8(acc[r][t]);
+}
+
 /* One tile of any type: R rows x T tokens. */
 MM_INLINE void tile(MnType type, int R, int T, const uint8_t *w0, size_t row_bytes, const float *x0,
                     int64_t n_in, float *out0, int64_t n_out) {
-    if (type_is_quant(type)) qtile(type, R, T, w0, row_bytes, x0, n_in, out0, n_out);
+    if (type_is_q32(type)) qtile(type, R, T, w0, row_bytes, x0, n_in, out0, n_out);
+    else if (type_is_k(type)) ktile(type, R, T, w0, row_bytes, x0, n_in, out0, n_out);
     else ftile(type, R, T, w0, row_bytes, x0, n_in, out0, n_out);
 }
 
@@ -629,6 +760,7 @@ static void rows_run(const MmJob *job, long r0, long r1) {
     case MN_TYPE_BF16: frows(MN_TYPE_BF16, job, r0, r1); break;
     case MN_TYPE_Q8_0: frows(MN_TYPE_Q8_0, job, r0, r1); break;
     case MN_TYPE_Q4_0: frows(MN_TYPE_Q4_0, job, r0, r1); break;
+    default: frows(job->w->type, job, r0, r1); break; /* ktile */
     }
 }
 
@@ -647,37 +779,27 @@ const char *mm_simd_name(void) { return "avx2"; }
  * ===================================================================== */
 #else
 
-/* Element k of a weight row, exactly as ttype_dequantize_row gives it. */
-static float wval(MnType type, const uint8_t *row, int64_t k) {
-    uint16_t h;
-    float v;
-    switch (type) {
-    case MN_TYPE_F16: memcpy(&h, row + 2 * k, 2); return mn_f16_to_f32(h);
-    case MN_TYPE_BF16: memcpy(&h, row + 2 * k, 2); return mn_bf16_to_f32(h);
-    case MN_TYPE_Q8_0: {
-        const BlockQ8_0 *blk = (const BlockQ8_0 *)row + k / 32;
-        return mn_f16_to_f32(blk->d) * (float)blk->qs[k % 32];
-    }
-    case MN_TYPE_Q4_0: {
-        const BlockQ4_0 *blk = (const BlockQ4_0 *)row + k / 32;
-        int j = (int)(k % 32);
-        int q = j < 16 ? blk->qs[j] & 0x0f : blk->qs[j - 16] >> 4;
-        return mn_f16_to_f32(blk->d) * (float)(q - 8);
-    }
-    default: memcpy(&v, row + 4 * k, 4); return v;
-    }
-}
-
+/* Each row is dequantized KB elements at a time (ttype_dequantize_row;
+ * dq_row's scalar path is the same function) and every token's dot product
+ * goes on from where the last slice left it, in out itself: one f32
+ * accumulator per output, k in order. */
 static void rows_run(const MmJob *job, long r0, long r1) {
     const MatW *w = job->w;
+    const TypeTraits *tt = ttype_traits(w->type);
     int64_t n_in = w->n_in, n_out = w->n_out;
+    float buf[KB];
     for (long r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)r * job->row_bytes;
-        for (int t = 0; t < job->n_tok; t++) {
-            const float *xt = job->x + (int64_t)t * n_in;
-            float acc = 0.0f;
-            for (int64_t k = 0; k < n_in; k++) acc += wval(w->type, row, k) * xt[k];
-            job->out[(int64_t)t * n_out + r] = acc;
+        for (int t = 0; t < job->n_tok; t++) job->out[(int64_t)t * n_out + r] = 0.0f;
+        for (int64_t k0 = 0; k0 < n_in; k0 += KB) {
+            int64_t n = MM_MIN(KB, n_in - k0);
+            ttype_dequantize_row(w->type, row + (size_t)k0 / tt->block_elems * tt->block_bytes, buf, n);
+            for (int t = 0; t < job->n_tok; t++) {
+                const float *xt = job->x + (int64_t)t * n_in + k0;
+                float acc = job->out[(int64_t)t * n_out + r];
+                for (int64_t k = 0; k < n; k++) acc += buf[k] * xt[k];
+                job->out[(int64_t)t * n_out + r] = acc;
+            }
         }
     }
 }
@@ -714,7 +836,6 @@ static void mm_worker(void *ctx, int ith, int nth) {
 void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_tok) {
     assert(w != NULL && out != NULL && (x != NULL || n_tok == 0));
     assert(ttype_traits(w->type) != NULL);
-    assert(!type_is_quant(w->type) || w->n_in % 32 == 0);
     if (n_tok <= 0 || w->n_out <= 0) return;
     if (w->n_in <= 0) {
         memset(out, 0, (size_t)n_tok * (size_t)w->n_out * sizeof(float));

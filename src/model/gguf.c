@@ -351,10 +351,8 @@ static int tensor_size(const char *name, uint32_t type, uint32_t n_dims, const u
     if (gname == NULL)
         return mn_err_set(err, MN_EFORMAT, "tensor '%s': unknown tensor type %" PRIu32, name, type);
     if (tr == NULL)
-        return mn_err_set(err, MN_EUNSUPPORTED,
-                          "tensor '%s': tensor type %s is not supported "
-                          "(supported: f32, f16, bf16, q8_0, q4_0)",
-                          name, gname);
+        return mn_err_set(err, MN_EUNSUPPORTED, "tensor '%s': tensor type %s is not supported (supported: %s)", name,
+                          gname, ttype_supported_names());
     if (n_dims < 1 || n_dims > GGUF_MAX_DIMS)
         return mn_err_set(err, MN_EFORMAT, "tensor '%s': %" PRIu32 " dimensions (must be 1 to %d)",
                           name, n_dims, GGUF_MAX_DIMS);
