@@ -4,6 +4,8 @@
  *  - logits of every model and prompt in ../shared/data/reference (f32 KV):
  *    top-16 values at every position and the full last vector, within the
  *    tolerances the data README states;
+ *  - weight types without a reference model: logits bit-identical to the
+ *    F32 model of the dequantized weights;
  *  - stories260K greedy generation equals llama2.c's golden text;
  *  - a sequence's logits are identical alone or batched with another
  *    sequence, in one chunk or many or token by token, with contiguous or
@@ -12,12 +14,14 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <unistd.h>
 
 #include "base/err.h"
 #include "base/mem.h"
 #include "engine/forward.h"
 #include "engine/mref.h"
 #include "engine/runner.h"
+#include "model/gguf.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 
@@ -416,6 +420,120 @@ static void test_invariance_q3_k_m(void **s) { check_invariance("k-llama-q3_k_m"
 static void test_invariance_q4_k_m(void **s) { check_invariance("k-llama-q4_k_m", MN_TYPE_F32); }
 static void test_invariance_q6_k(void **s) { check_invariance("k-llama-q6_k", MN_TYPE_F16); }
 
+/* ---- types without a reference model: exact by dequantization --------------- */
+
+/* Rewrite k-llama-q6_k with every 2-D weight requantized to `type` (from
+ * its dequantized values); with as_f32, those weights are then dequantized
+ * again and stored as F32. Writes to path. */
+static void write_requantized(const char *path, MnType type, bool as_f32) {
+    char src[512];
+    test_data_path(src, sizeof src, "models/k-llama-q6_k.gguf");
+    Gguf *g = NULL;
+    MnErr err = {0};
+    if (gguf_open(src, &g, &err)) fail_msg("%s", err.msg);
+    GgufWriter *w = gguf_writer_new();
+    assert_non_null(w);
+    for (int64_t i = 0; i < gguf_n_kv(g); i++) assert_int_equal(gguf_writer_copy_kv(w, g, i), MN_OK);
+    int64_t n_t = gguf_n_tensors(g);
+    void **bufs = calloc((size_t)n_t, sizeof *bufs);
+    for (int64_t i = 0; i < n_t; i++) {
+        const GgufTensor *t = gguf_tensor(g, i);
+        if (t->n_dims != 2) {
+            assert_int_equal(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->n_bytes), MN_OK);
+            continue;
+        }
+        int64_t n_in = (int64_t)t->ne[0], n_out = (int64_t)t->ne[1];
+        uint64_t src_row, q_row;
+        assert_int_equal(ttype_row_bytes(t->type, (uint64_t)n_in, &src_row), MN_OK);
+        assert_int_equal(ttype_row_bytes(type, (uint64_t)n_in, &q_row), MN_OK);
+        MnType out_type = as_f32 ? MN_TYPE_F32 : type;
+        uint64_t out_row = as_f32 ? (uint64_t)n_in * 4 : q_row;
+        float *row = malloc((size_t)n_in * sizeof(float));
+        void *q = malloc(q_row);
+        bufs[i] = malloc(out_row * (uint64_t)n_out);
+        for (int64_t r = 0; r < n_out; r++) {
+            uint8_t *dst = (uint8_t *)bufs[i] + (uint64_t)r * out_row;
+            ttype_dequantize_row((MnType)t->type, (const uint8_t *)t->data + (uint64_t)r * src_row, row, n_in);
+            ttype_quantize_row(type, row, as_f32 ? q : dst, n_in);
+            if (as_f32) ttype_dequantize_row(type, q, (float *)dst, n_in);
+        }
+        free(q);
+        free(row);
+        assert_int_equal(gguf_writer_add_tensor(w, t->name, out_type, 2, t->ne, bufs[i], out_row * (uint64_t)n_out),
+                         MN_OK);
+    }
+    if (gguf_writer_write(w, path, &err)) fail_msg("%s", err.msg);
+    gguf_writer_free(w);
+    for (int64_t i = 0; i < n_t; i++) free(bufs[i]);
+    free(bufs);
+    gguf_close(g);
+}
+
+typedef struct Collect {
+    float *all; /* (n, n_vocab) */
+    int n_vocab;
+} Collect;
+
+static int collect_row(void *ctx, int idx, const float *logits) {
+    Collect *c = ctx;
+    memcpy(c->all + (size_t)idx * c->n_vocab, logits, sizeof(float) * (size_t)c->n_vocab);
+    return 0;
+}
+
+/* Logits of every position of tokens (f32 KV, chunks of 16). */
+static float *model_logits(const char *path, const int32_t *tokens, int n, int *n_vocab) {
+    MnErr err = {0};
+    Model *m = NULL;
+    if (model_load(path, &m, &err)) fail_msg("%s", err.msg);
+    RunnerOptions ro;
+    runner_options_default(&ro);
+    ro.kv_type = MN_TYPE_F32;
+    ro.all_logits = true;
+    ro.n_ctx = n;
+    ro.max_batch = 16;
+    Runner r;
+    if (runner_init(&r, m, &ro, &err)) fail_msg("%s", err.msg);
+    Collect c = {malloc(sizeof(float) * (size_t)n * (size_t)m->cfg.n_vocab), m->cfg.n_vocab};
+    assert_int_equal(runner_eval(&r, tokens, n, true, collect_row, &c, &err), MN_OK);
+    *n_vocab = c.n_vocab;
+    runner_deinit(&r);
+    model_free(m);
+    return c.all;
+}
+
+/* A model in each weight type gives, at every position, logits bit-identical
+ * to the F32 model that holds its dequantized weights: the forward pass
+ * computes with exactly the dequantized values (the F32 model's logits are
+ * the reference's answer for those weights within 2e-3, test_ref_*). */
+static void test_exact_by_dequantization(void **s) {
+    char src[512];
+    if (!test_require_file(test_data_path(src, sizeof src, "models/k-llama-q6_k.gguf"))) return;
+    static const MnType types[] = {MN_TYPE_Q4_1, MN_TYPE_Q5_0, MN_TYPE_Q5_1,   MN_TYPE_Q2_K,  MN_TYPE_Q3_K,
+                                   MN_TYPE_Q4_K, MN_TYPE_Q5_K, MN_TYPE_IQ4_NL, MN_TYPE_IQ4_XS};
+    enum { N = 40 };
+    int32_t tokens[N];
+    make_tokens(tokens, N, 32000, 9);
+    tokens[0] = 1;
+    char qpath[64], fpath[64];
+    snprintf(qpath, sizeof qpath, "/tmp/mnemo-fwd-q-%d.gguf", (int)getpid());
+    snprintf(fpath, sizeof fpath, "/tmp/mnemo-fwd-f-%d.gguf", (int)getpid());
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        write_requantized(qpath, types[i], false);
+        write_requantized(fpath, types[i], true);
+        int nv_q, nv_f;
+        float *lq = model_logits(qpath, tokens, N, &nv_q), *lf = model_logits(fpath, tokens, N, &nv_f);
+        assert_int_equal(nv_q, nv_f);
+        for (int p = 0; p < N; p++)
+            if (memcmp(lq + (size_t)p * nv_q, lf + (size_t)p * nv_q, sizeof(float) * (size_t)nv_q) != 0)
+                fail_msg("%s: logits at position %d differ from the F32 model of its dequantized weights",
+                         ttype_traits(types[i])->name, p);
+        free(lq);
+        free(lf);
+    }
+    unlink(qpath);
+    unlink(fpath);
+}
+
 /* ---- bad input --------------------------------------------------------------- */
 
 static void test_bad_batches(void **s) {
@@ -488,6 +606,7 @@ int main(void) {
         cmocka_unit_test(test_invariance_q3_k_m),
         cmocka_unit_test(test_invariance_q4_k_m),
         cmocka_unit_test(test_invariance_q6_k),
+        cmocka_unit_test(test_exact_by_dequantization),
         cmocka_unit_test(test_bad_batches),
         cmocka_unit_test(test_unknown_arch),
     };
