@@ -42,12 +42,77 @@
 
 #define DQ_INLINE static inline __attribute__((always_inline))
 
+/* Hides a pointer's value from the optimizer, so a scale array the code
+ * just stored is read back with broadcast loads (load ports) rather than
+ * kept in registers and broadcast by shuffles (port 5, which the table
+ * lookups need). */
+#define DQ_FROM_MEMORY(p) __asm__ volatile("" : "+r"(p))
+
 static inline float f16_at(const uint16_t *h) { return _cvtsh_ss(*h); }
 
 static inline uint32_t u32_at(const uint8_t *p) {
     uint32_t v;
     memcpy(&v, p, 4);
     return v;
+}
+/* ---- K-quant sub-block scales, both SIMD paths ---- */
+
+/* a[i] = d * (byte i + off) for the 8 unsigned bytes of lo (0..3) and hi (4..7). */
+DQ_INLINE void scale8(float *a, uint32_t lo, uint32_t hi, int off, float d) {
+    __m128i b = _mm_unpacklo_epi32(_mm_cvtsi32_si128((int)lo), _mm_cvtsi32_si128((int)hi));
+    __m256i v = _mm256_add_epi32(_mm256_cvtepu8_epi32(b), _mm256_set1_epi32(off));
+    _mm256_storeu_ps(a, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(v)));
+}
+
+/* ttype_kscales for Q2_K .. Q6_K, the bit fields unpacked four at a time in
+ * 32-bit words and converted in vectors: the same exact products d * scale
+ * and (-dmin) * min, so the same values (test_matmul checks). */
+DQ_INLINE void kscales(MnType type, const void *blk, float *a, float *c) {
+    switch (type) {
+    case MN_TYPE_Q2_K: {
+        const BlockQ2_K *x = blk;
+        const uint32_t m4 = 0x0f0f0f0f;
+        float d = f16_at(&x->d), nm = -f16_at(&x->dmin);
+        for (int i = 0; i < 2; i++) {
+            uint32_t w0 = u32_at(x->scales + 8 * i), w1 = u32_at(x->scales + 8 * i + 4);
+            scale8(a + 8 * i, w0 & m4, w1 & m4, 0, d);
+            scale8(c + 8 * i, (w0 >> 4) & m4, (w1 >> 4) & m4, 0, nm);
+        }
+        return;
+    }
+    case MN_TYPE_Q3_K: {
+        /* scale i: low 4 bits from byte i (i < 8) or the high nibble of byte
+         * i - 8; top 2 bits from bits 2(i/4) of byte 8 + i%4 */
+        const BlockQ3_K *x = blk;
+        const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
+        uint32_t u0 = u32_at(x->scales), u1 = u32_at(x->scales + 4), u2 = u32_at(x->scales + 8);
+        float d = f16_at(&x->d);
+        scale8(a, (u0 & m4) | (u2 & m2) << 4, (u1 & m4) | ((u2 >> 2) & m2) << 4, -32, d);
+        scale8(a + 8, ((u0 >> 4) & m4) | ((u2 >> 4) & m2) << 4, ((u1 >> 4) & m4) | ((u2 >> 6) & m2) << 4, -32, d);
+        return;
+    }
+    case MN_TYPE_Q4_K:
+    case MN_TYPE_Q5_K: {
+        /* scales 0..3 and mins 0..3: low 6 bits of bytes 0..3, 4..7; 4..7:
+         * nibbles of bytes 8..11 and the top bits of bytes 0..3, 4..7 */
+        const BlockQ4_K *x = blk;
+        const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+        uint32_t u0 = u32_at(x->scales), u1 = u32_at(x->scales + 4), u2 = u32_at(x->scales + 8);
+        scale8(a, u0 & m6, (u2 & m4) | ((u0 >> 6) & m2) << 4, 0, f16_at(&x->d));
+        scale8(c, u1 & m6, ((u2 >> 4) & m4) | ((u1 >> 6) & m2) << 4, 0, -f16_at(&x->dmin));
+        return;
+    }
+    case MN_TYPE_Q6_K: {
+        const BlockQ6_K *x = blk;
+        __m256 d = _mm256_set1_ps(f16_at(&x->d));
+        for (int i = 0; i < 2; i++) {
+            __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(x->scales + 8 * i)));
+            _mm256_storeu_ps(a + 8 * i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(v)));
+        }
+        return;
+    }
+    default: ttype_kscales(type, blk, a, c); return;
+    }
 }
 #endif
 
@@ -130,14 +195,17 @@ static void dq_q5_1(const BlockQ5_1 *x, float *y) {
  * code do not matter. */
 static void dq_q2_k(const BlockQ2_K *x, float *y) {
     float a[16], c[16];
-    ttype_kscales(MN_TYPE_Q2_K, x, a, c);
+    kscales(MN_TYPE_Q2_K, x, a, c);
+    const float *as = a, *cs = c;
+    DQ_FROM_MEMORY(as);
+    DQ_FROM_MEMORY(cs);
     const __m512 i4 = _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
     for (int hu = 0; hu < 4; hu++) {
         int h = hu / 2, u = hu % 2;
         __m512i e = bytes16(x->qs + 32 * h + 16 * u);
         for (int j = 0; j < 4; j++) {
             int s = 8 * h + 2 * j + u;
-            __m512 t = _mm512_fmadd_ps(i4, _mm512_set1_ps(a[s]), _mm512_set1_ps(c[s]));
+            __m512 t = _mm512_fmadd_ps(i4, _mm512_set1_ps(as[s]), _mm512_set1_ps(cs[s]));
             _mm512_storeu_ps(y + 16 * s, _mm512_permutexvar_ps(_mm512_srli_epi32(e, 2 * j), t));
         }
     }
@@ -147,7 +215,9 @@ static void dq_q2_k(const BlockQ2_K *x, float *y) {
  * table[i] = a * (i - 4), repeated every 8 entries (bit 3 is left over). */
 static void dq_q3_k(const BlockQ3_K *x, float *y) {
     float a[16];
-    ttype_kscales(MN_TYPE_Q3_K, x, a, NULL);
+    kscales(MN_TYPE_Q3_K, x, a, NULL);
+    const float *as = a;
+    DQ_FROM_MEMORY(as);
     const __m512 v = _mm512_setr_ps(-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3);
     for (int hu = 0; hu < 4; hu++) {
         int h = hu / 2, u = hu % 2;
@@ -157,7 +227,7 @@ static void dq_q3_k(const BlockQ3_K *x, float *y) {
             /* bits 0..1 from the code, bit 2 (and up) from hmask's bit moved there */
             __m512i hb = bit >= 2 ? _mm512_srli_epi32(m, (unsigned)(bit - 2)) : _mm512_slli_epi32(m, (unsigned)(2 - bit));
             __m512i idx = _mm512_ternarylogic_epi32(_mm512_set1_epi32(3), _mm512_srli_epi32(e, 2 * j), hb, 0xca);
-            __m512 t = _mm512_mul_ps(_mm512_set1_ps(a[s]), v);
+            __m512 t = _mm512_mul_ps(_mm512_set1_ps(as[s]), v);
             _mm512_storeu_ps(y + 16 * s, _mm512_permutexvar_ps(idx, t));
         }
     }
@@ -167,9 +237,12 @@ static void dq_q3_k(const BlockQ3_K *x, float *y) {
  * nibbles of qs[32(s/2) ..]; Q5_K's bit 4 is bit s of qh[l]. */
 static void dq_q4_k(const BlockQ4_K *x, float *y) {
     float a[8], c[8];
-    ttype_kscales(MN_TYPE_Q4_K, x, a, c);
+    kscales(MN_TYPE_Q4_K, x, a, c);
+    const float *as = a, *cs = c;
+    DQ_FROM_MEMORY(as);
+    DQ_FROM_MEMORY(cs);
     for (int g = 0; g < 4; g++) {
-        __m512 t0 = table16(a[2 * g], c[2 * g]), t1 = table16(a[2 * g + 1], c[2 * g + 1]);
+        __m512 t0 = table16(as[2 * g], cs[2 * g]), t1 = table16(as[2 * g + 1], cs[2 * g + 1]);
         for (int u = 0; u < 2; u++) {
             __m512i e = bytes16(x->qs + 32 * g + 16 * u);
             _mm512_storeu_ps(y + 64 * g + 16 * u, _mm512_permutexvar_ps(e, t0));
@@ -180,11 +253,14 @@ static void dq_q4_k(const BlockQ4_K *x, float *y) {
 
 static void dq_q5_k(const BlockQ5_K *x, float *y) {
     float a[8], c[8];
-    ttype_kscales(MN_TYPE_Q5_K, x, a, c);
+    kscales(MN_TYPE_Q5_K, x, a, c);
+    const float *as = a, *cs = c;
+    DQ_FROM_MEMORY(as);
+    DQ_FROM_MEMORY(cs);
     __m128i qh[2] = {_mm_loadu_si128((const __m128i *)x->qh), _mm_loadu_si128((const __m128i *)(x->qh + 16))};
     const __m512i v16 = _mm512_set1_epi32(16), low4 = _mm512_set1_epi32(0x0f);
     for (int s = 0; s < 8; s++) {
-        __m512 t0 = table16(a[s], c[s]), t1 = table16_hi(a[s], c[s]);
+        __m512 t0 = table16(as[s], cs[s]), t1 = table16_hi(as[s], cs[s]);
         for (int u = 0; u < 2; u++) {
             __m512i e = bytes16(x->qs + 32 * (s / 2) + 16 * u);
             __m512i idx = s % 2 == 0 ? _mm512_and_si512(e, low4) : _mm512_srli_epi32(e, 4);
@@ -200,7 +276,9 @@ static void dq_q5_k(const BlockQ5_K *x, float *y) {
  * + l] (high nibble when j >= 2), high bits 2j.. of qh[32h + 16u + l]. */
 static void dq_q6_k(const BlockQ6_K *x, float *y) {
     float a[16];
-    ttype_kscales(MN_TYPE_Q6_K, x, a, NULL);
+    kscales(MN_TYPE_Q6_K, x, a, NULL);
+    const float *as = a;
+    DQ_FROM_MEMORY(as);
     const __m512i low4 = _mm512_set1_epi32(0x0f), hi2 = _mm512_set1_epi32(0x30), v32 = _mm512_set1_epi32(32);
     for (int hu = 0; hu < 4; hu++) {
         int h = hu / 2, u = hu % 2;
@@ -212,7 +290,7 @@ static void dq_q6_k(const BlockQ6_K *x, float *y) {
             __m512i hb = j < 2 ? _mm512_slli_epi32(qh, 4 - 2 * (unsigned)j) : _mm512_srli_epi32(qh, 2 * (unsigned)j - 4);
             /* lo | (hb & 0x30), then - 32 */
             __m512i q = _mm512_sub_epi32(_mm512_ternarylogic_epi32(lo, hb, hi2, 0xf8), v32);
-            _mm512_storeu_ps(y + 16 * s, _mm512_mul_ps(_mm512_set1_ps(a[s]), _mm512_cvtepi32_ps(q)));
+            _mm512_storeu_ps(y + 16 * s, _mm512_mul_ps(_mm512_set1_ps(as[s]), _mm512_cvtepi32_ps(q)));
         }
     }
 }
@@ -220,8 +298,10 @@ static void dq_q6_k(const BlockQ6_K *x, float *y) {
 static void dq_iq4_xs(const BlockIQ4_XS *x, float *y) {
     float a[8];
     ttype_kscales(MN_TYPE_IQ4_XS, x, a, NULL);
+    const float *as = a;
+    DQ_FROM_MEMORY(as);
     __m512 lv = iq4_levels();
-    for (int s = 0; s < 8; s++) q4_block(x->qs + 16 * s, _mm512_mul_ps(_mm512_set1_ps(a[s]), lv), y + 32 * s);
+    for (int s = 0; s < 8; s++) q4_block(x->qs + 16 * s, _mm512_mul_ps(_mm512_set1_ps(as[s]), lv), y + 32 * s);
 }
 
 /* ========================================================================
@@ -303,56 +383,69 @@ static void dq_q5_1(const BlockQ5_1 *x, float *y) {
 
 static void dq_q2_k(const BlockQ2_K *x, float *y) {
     float a[16], c[16];
-    ttype_kscales(MN_TYPE_Q2_K, x, a, c);
+    kscales(MN_TYPE_Q2_K, x, a, c);
+    const float *as = a, *cs = c;
+    DQ_FROM_MEMORY(as);
+    DQ_FROM_MEMORY(cs);
     for (int s = 0; s < 16; s++) {
         int h = s / 8, j = s % 8 / 2, u = s % 2;
         for (int i = 0; i < 2; i++) {
             __m256i e = bytes8(x->qs + 32 * h + 16 * u + 8 * i);
             __m256i q = _mm256_and_si256(_mm256_srli_epi32(e, 2 * j), _mm256_set1_epi32(3));
-            put8(y + 16 * s + 8 * i, q, a[s], &c[s]);
+            put8(y + 16 * s + 8 * i, q, as[s], cs + s);
         }
     }
 }
 
 static void dq_q3_k(const BlockQ3_K *x, float *y) {
     float a[16];
-    ttype_kscales(MN_TYPE_Q3_K, x, a, NULL);
+    kscales(MN_TYPE_Q3_K, x, a, NULL);
+    const float *as = a;
+    DQ_FROM_MEMORY(as);
     for (int s = 0; s < 16; s++) {
         int h = s / 8, j = s % 8 / 2, u = s % 2, bit = 4 * h + j;
         for (int i = 0; i < 2; i++) {
             __m256i e = bytes8(x->qs + 32 * h + 16 * u + 8 * i), m = bytes8(x->hmask + 16 * u + 8 * i);
             __m256i q = _mm256_and_si256(_mm256_srli_epi32(e, 2 * j), _mm256_set1_epi32(3));
             __m256i hb = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(m, bit), _mm256_set1_epi32(1)), 2);
-            put8(y + 16 * s + 8 * i, _mm256_sub_epi32(_mm256_or_si256(q, hb), _mm256_set1_epi32(4)), a[s], NULL);
+            put8(y + 16 * s + 8 * i, _mm256_sub_epi32(_mm256_or_si256(q, hb), _mm256_set1_epi32(4)), as[s], NULL);
         }
     }
 }
 
 static void dq_q4_k(const BlockQ4_K *x, float *y) {
     float a[8], c[8];
-    ttype_kscales(MN_TYPE_Q4_K, x, a, c);
+    kscales(MN_TYPE_Q4_K, x, a, c);
+    const float *as = a, *cs = c;
+    DQ_FROM_MEMORY(as);
+    DQ_FROM_MEMORY(cs);
     for (int s = 0; s < 8; s++)
         for (int i = 0; i < 4; i++) {
             __m256i e = bytes8(x->qs + 32 * (s / 2) + 8 * i);
-            put8(y + 32 * s + 8 * i, s % 2 == 0 ? low4(e) : _mm256_srli_epi32(e, 4), a[s], &c[s]);
+            put8(y + 32 * s + 8 * i, s % 2 == 0 ? low4(e) : _mm256_srli_epi32(e, 4), as[s], cs + s);
         }
 }
 
 static void dq_q5_k(const BlockQ5_K *x, float *y) {
     float a[8], c[8];
-    ttype_kscales(MN_TYPE_Q5_K, x, a, c);
+    kscales(MN_TYPE_Q5_K, x, a, c);
+    const float *as = a, *cs = c;
+    DQ_FROM_MEMORY(as);
+    DQ_FROM_MEMORY(cs);
     for (int s = 0; s < 8; s++)
         for (int i = 0; i < 4; i++) {
             __m256i e = bytes8(x->qs + 32 * (s / 2) + 8 * i), m = bytes8(x->qh + 8 * i);
             __m256i q = s % 2 == 0 ? low4(e) : _mm256_srli_epi32(e, 4);
             __m256i hb = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(m, s), _mm256_set1_epi32(1)), 4);
-            put8(y + 32 * s + 8 * i, _mm256_or_si256(q, hb), a[s], &c[s]);
+            put8(y + 32 * s + 8 * i, _mm256_or_si256(q, hb), as[s], cs + s);
         }
 }
 
 static void dq_q6_k(const BlockQ6_K *x, float *y) {
     float a[16];
-    ttype_kscales(MN_TYPE_Q6_K, x, a, NULL);
+    kscales(MN_TYPE_Q6_K, x, a, NULL);
+    const float *as = a;
+    DQ_FROM_MEMORY(as);
     for (int s = 0; s < 16; s++) {
         int h = s / 8, j = s % 8 / 2, u = s % 2;
         for (int i = 0; i < 2; i++) {
@@ -360,7 +453,7 @@ static void dq_q6_k(const BlockQ6_K *x, float *y) {
             __m256i e = bytes8(x->ql + 64 * h + 32 * (j & 1) + l), m = bytes8(x->qh + 32 * h + l);
             __m256i lo = j < 2 ? low4(e) : _mm256_srli_epi32(e, 4);
             __m256i hi = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(m, 2 * j), _mm256_set1_epi32(3)), 4);
-            put8(y + 16 * s + 8 * i, _mm256_sub_epi32(_mm256_or_si256(lo, hi), _mm256_set1_epi32(32)), a[s], NULL);
+            put8(y + 16 * s + 8 * i, _mm256_sub_epi32(_mm256_or_si256(lo, hi), _mm256_set1_epi32(32)), as[s], NULL);
         }
     }
 }
@@ -368,7 +461,9 @@ static void dq_q6_k(const BlockQ6_K *x, float *y) {
 static void dq_iq4_xs(const BlockIQ4_XS *x, float *y) {
     float a[8];
     ttype_kscales(MN_TYPE_IQ4_XS, x, a, NULL);
-    for (int s = 0; s < 8; s++) iq4_block(x->qs + 16 * s, a[s], y + 32 * s);
+    const float *as = a;
+    DQ_FROM_MEMORY(as);
+    for (int s = 0; s < 8; s++) iq4_block(x->qs + 16 * s, as[s], y + 32 * s);
 }
 
 #endif
@@ -377,31 +472,38 @@ static void dq_iq4_xs(const BlockIQ4_XS *x, float *y) {
  * Dispatch
  * ===================================================================== */
 
-void dq_row(MnType type, const void *src, float *dst, int64_t n) {
+void dq_rows(MnType type, const void *src, size_t src_stride, int n_rows, float *dst, size_t dst_stride, int64_t n) {
+    assert(ttype_traits(type) != NULL && ttype_traits(type)->is_quantized);
+    assert(n % (int64_t)ttype_traits(type)->block_elems == 0);
 #if defined(DQ_AVX512) || defined(DQ_AVX2)
-    const TypeTraits *t = ttype_traits(type);
-    assert(t != NULL && t->is_quantized && n % (int64_t)t->block_elems == 0);
-    const uint8_t *b = src;
-    int64_t be = (int64_t)t->block_elems;
-    for (int64_t k = 0; k < n; k += be, b += t->block_bytes) {
-        float *y = dst + k;
-        switch (type) {
-        case MN_TYPE_Q8_0: dq_q8_0((const BlockQ8_0 *)b, y); break;
-        case MN_TYPE_Q4_0: dq_q4_0((const BlockQ4_0 *)b, y); break;
-        case MN_TYPE_Q4_1: dq_q4_1((const BlockQ4_1 *)b, y); break;
-        case MN_TYPE_Q5_0: dq_q5_0((const BlockQ5_0 *)b, y); break;
-        case MN_TYPE_Q5_1: dq_q5_1((const BlockQ5_1 *)b, y); break;
-        case MN_TYPE_Q2_K: dq_q2_k((const BlockQ2_K *)b, y); break;
-        case MN_TYPE_Q3_K: dq_q3_k((const BlockQ3_K *)b, y); break;
-        case MN_TYPE_Q4_K: dq_q4_k((const BlockQ4_K *)b, y); break;
-        case MN_TYPE_Q5_K: dq_q5_k((const BlockQ5_K *)b, y); break;
-        case MN_TYPE_Q6_K: dq_q6_k((const BlockQ6_K *)b, y); break;
-        case MN_TYPE_IQ4_NL: dq_iq4_nl((const BlockIQ4_NL *)b, y); break;
-        case MN_TYPE_IQ4_XS: dq_iq4_xs((const BlockIQ4_XS *)b, y); break;
-        default: assert(!"not a quantized type"); return;
-        }
+/* the row's blocks, one function call each, for every row */
+#define DQ_LOOP(fn, Block, be) \
+    for (int r = 0; r < n_rows; r++) { \
+        const Block *xb = (const Block *)((const uint8_t *)src + (size_t)r * src_stride); \
+        float *y = dst + (size_t)r * dst_stride; \
+        for (int64_t k = 0; k < n; k += (be)) fn(xb++, y + k); \
+    } \
+    break
+    switch (type) {
+    case MN_TYPE_Q8_0: DQ_LOOP(dq_q8_0, BlockQ8_0, MN_QK);
+    case MN_TYPE_Q4_0: DQ_LOOP(dq_q4_0, BlockQ4_0, MN_QK);
+    case MN_TYPE_Q4_1: DQ_LOOP(dq_q4_1, BlockQ4_1, MN_QK);
+    case MN_TYPE_Q5_0: DQ_LOOP(dq_q5_0, BlockQ5_0, MN_QK);
+    case MN_TYPE_Q5_1: DQ_LOOP(dq_q5_1, BlockQ5_1, MN_QK);
+    case MN_TYPE_Q2_K: DQ_LOOP(dq_q2_k, BlockQ2_K, MN_QK_K);
+    case MN_TYPE_Q3_K: DQ_LOOP(dq_q3_k, BlockQ3_K, MN_QK_K);
+    case MN_TYPE_Q4_K: DQ_LOOP(dq_q4_k, BlockQ4_K, MN_QK_K);
+    case MN_TYPE_Q5_K: DQ_LOOP(dq_q5_k, BlockQ5_K, MN_QK_K);
+    case MN_TYPE_Q6_K: DQ_LOOP(dq_q6_k, BlockQ6_K, MN_QK_K);
+    case MN_TYPE_IQ4_NL: DQ_LOOP(dq_iq4_nl, BlockIQ4_NL, MN_QK);
+    case MN_TYPE_IQ4_XS: DQ_LOOP(dq_iq4_xs, BlockIQ4_XS, MN_QK_K);
+    default: assert(!"not a quantized type"); break;
     }
+#undef DQ_LOOP
 #else
-    ttype_dequantize_row(type, src, dst, n);
+    for (int r = 0; r < n_rows; r++)
+        ttype_dequantize_row(type, (const uint8_t *)src + (size_t)r * src_stride, dst + (size_t)r * dst_stride, n);
 #endif
 }
+
+void dq_row(MnType type, const void *src, float *dst, int64_t n) { dq_rows(type, src, 0, 1, dst, 0, n); }

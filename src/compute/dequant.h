@@ -13,6 +13,7 @@
 #ifndef MN_DEQUANT_H
 #define MN_DEQUANT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "base/ttype.h"
@@ -21,5 +22,9 @@
  * multiple of the type's block size; dst holds n floats (no alignment
  * needed). Never allocates. */
 void dq_row(MnType type, const void *src, float *dst, int64_t n);
+
+/* dq_row for n_rows rows: row r from src + r * src_stride (bytes) to
+ * dst + r * dst_stride (floats). One call per kernel step for a tile's rows. */
+void dq_rows(MnType type, const void *src, size_t src_stride, int n_rows, float *dst, size_t dst_stride, int64_t n);
 
 #endif

@@ -465,7 +465,7 @@ MM_INLINE void ktile(MnType type, int R, int T, const uint8_t *w0, size_t row_by
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
     for (int64_t k0 = 0, i = 0; k0 < n_in; k0 += KB, i++) {
         int n = (int)MM_MIN(KB, n_in - k0);
-        for (int r = 0; r < R; r++) dq_row(type, w0 + r * row_bytes + i * kbb, buf[r], n);
+        dq_rows(type, w0 + i * kbb, row_bytes, R, buf[0], KB, n);
         if (pf0 != NULL)
             for (int r = 0; r < R; r++)
                 for (size_t o = 0; o < kbb; o += 64) _mm_prefetch((const char *)pf0 + r * row_bytes + i * kbb + o, _MM_HINT_T0);
@@ -707,7 +707,7 @@ MM_INLINE void ktile(MnType type, int R, int T, const uint8_t *w0, size_t row_by
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (int64_t k0 = 0, i = 0; k0 < n_in; k0 += KB, i++) {
         int n = (int)MM_MIN(KB, n_in - k0);
-        for (int r = 0; r < R; r++) dq_row(type, w0 + r * row_bytes + i * kbb, buf[r], n);
+        dq_rows(type, w0 + i * kbb, row_bytes, R, buf[0], KB, n);
         for (int c = 0; c < n / 8; c++) {
             __m256 xv[FT];
             for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x0 + t * n_in + k0 + 8 * c);
