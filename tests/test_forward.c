@@ -161,6 +161,8 @@ static void test_ref_llama_q4_0(void **s) { check_reference("tiny-llama-spm-q4_0
 static void test_ref_k_q3_k_m(void **s) { check_reference("k-llama-q3_k_m", "exact", 5e-3); }
 static void test_ref_k_q4_k_m(void **s) { check_reference("k-llama-q4_k_m", "exact", 5e-3); }
 static void test_ref_k_q6_k(void **s) { check_reference("k-llama-q6_k", "exact", 5e-3); }
+static void test_ref_k_llama3_rope(void **s) { check_reference("llama3-rope-q4_k_m", "exact", 5e-3); }
+static void test_ref_k_qwen3(void **s) { check_reference("qwen3-q4_k_m", "exact", 5e-3); }
 
 /* ---- golden generation ----------------------------------------------------------- */
 
@@ -594,6 +596,8 @@ int main(void) {
         cmocka_unit_test(test_ref_k_q3_k_m),
         cmocka_unit_test(test_ref_k_q4_k_m),
         cmocka_unit_test(test_ref_k_q6_k),
+        cmocka_unit_test(test_ref_k_llama3_rope),
+        cmocka_unit_test(test_ref_k_qwen3),
         cmocka_unit_test(test_golden_stories),
         cmocka_unit_test(test_invariance_llama_q8_0_f16kv),
         cmocka_unit_test(test_invariance_llama_f32_f32kv),
