@@ -7,13 +7,15 @@
  * caller's stack for the duration of the call, and each output element is
  * written by exactly one worker.
  *
- * Activations always stay in f32. Quantized weights (Q8_0, Q4_0) are
- * dequantized in registers, w = d * q (Q4_0: d * (q - 8)), and multiplied
- * like float weights. That product is exact in f32 — an f16 scale (11
- * significant bits) times an integer of at most 8 bits — so every weight
- * value the kernels use equals ttype_dequantize_row's, and a Q8_0/Q4_0
- * product is bit-identical to the F32 product against the dequantized
- * matrix (test_matmul checks this).
+ * Activations always stay in f32. Quantized weights are dequantized
+ * exactly — to ttype_dequantize_row's values, bit for bit — and multiplied
+ * like float weights: Q8_0 and Q4_0 in registers, w = d * q (Q4_0: d * (q -
+ * 8)), exact in f32 (an f16 scale, 11 significant bits, times an integer of
+ * at most 8 bits); the other types through dq_rows (compute/dequant.c),
+ * whose values are exact by the same argument but for one rounded offset
+ * addition, done as the reference does it. So a quantized product is
+ * bit-identical to the F32 product against the dequantized matrix
+ * (test_matmul checks this for every type).
  *
  * Batch invariance, the invariant everything here is built around: the value
  * of out[t][r] depends only on W's row r, x's row t and n_in — not on n_tok,
@@ -22,8 +24,9 @@
  *
  *   AVX-512: one 16-lane f32 accumulator; lane l gets fma(w[16c+l],
  *     x[16c+l]) for chunks c = 0, 1, ... in order, the last chunk masked with
- *     zeros (float types only: quantized rows are whole 32-element blocks);
+ *     zeros;
  *     then hsum16's fixed tree (l, l+8), (l, l+4), (l, l+2), (l, l+1).
+ *     (Quantized rows are whole blocks, so their chunks are never masked.)
  *     Tiles of R rows x T tokens run R*T such accumulators side by side; the
  *     edge tiles use the same sequence.
  *   AVX2 and scalar paths: the same with 8 lanes / one lane.
@@ -44,9 +47,17 @@
  *               first widened into an f32 array on the worker's stack, so
  *               the inner loop takes them as broadcast memory operands;
  *               4 rows x 6 tokens, weights from L2 as in ftile.
+ *   ktile   every other quantized type (Q4_1, Q5_0, Q5_1, the K-quants,
+ *           IQ4_NL/IQ4_XS): per step of KB (256) elements, dq_rows writes
+ *           the step of each of the tile's rows into a buffer on the stack
+ *           (L1), then the tile's tokens multiply it as ftile multiplies
+ *           float weights. 8 rows x 1 token (decode; the next tile's rows
+ *           prefetched as in qtile's direct mode), 4 rows x 2..4 tokens up
+ *           to 8 tokens, else 4 rows x 6 tokens.
  *
  * Nothing here allocates and no scratch is needed. The panel mode keeps
- * Q_SC_FLOATS scales (64 KB) on the worker's stack.
+ * Q_SC_FLOATS scales (64 KB) on the worker's stack, ktile KR1 x KB floats
+ * (8 KB).
  */
 #include "compute/matmul.h"
 
