@@ -251,47 +251,66 @@ static void dq_q4_k(const BlockQ4_K *x, float *y) {
     }
 }
 
+/* Q5_K: the 5-bit codes of each 64 elements (sub-blocks 2g and 2g + 1) put
+ * together in bytes — low nibbles, then high nibbles, of qs[32g ..], bit 4
+ * from bits 2g and 2g + 1 of qh[l] — then widened 16 at a time, converted
+ * and multiplied with the offset added: fma(q, a, c), one rounding. */
 static void dq_q5_k(const BlockQ5_K *x, float *y) {
     float a[8], c[8];
     kscales(MN_TYPE_Q5_K, x, a, c);
     const float *as = a, *cs = c;
     DQ_FROM_MEMORY(as);
     DQ_FROM_MEMORY(cs);
-    __m128i qh[2] = {_mm_loadu_si128((const __m128i *)x->qh), _mm_loadu_si128((const __m128i *)(x->qh + 16))};
-    const __m512i v16 = _mm512_set1_epi32(16), low4 = _mm512_set1_epi32(0x0f);
-    for (int s = 0; s < 8; s++) {
-        __m512 t0 = table16(as[s], cs[s]), t1 = table16_hi(as[s], cs[s]);
-        for (int u = 0; u < 2; u++) {
-            __m512i e = bytes16(x->qs + 32 * (s / 2) + 16 * u);
-            __m512i idx = s % 2 == 0 ? _mm512_and_si512(e, low4) : _mm512_srli_epi32(e, 4);
-            __mmask16 hb = _mm_test_epi8_mask(qh[u], _mm_set1_epi8((char)(1 << s)));
-            idx = _mm512_mask_or_epi32(idx, hb, idx, v16);
-            _mm512_storeu_ps(y + 32 * s + 16 * u, _mm512_permutex2var_ps(t0, idx, t1));
+    const __m512i m0f = _mm512_set1_epi8(0x0f), m01 = _mm512_set1_epi8(0x01);
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh);
+    _Alignas(64) uint8_t q[64];
+    for (int g = 0; g < 4; g++) {
+        __m256i l = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * g));
+        __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(l), _mm256_srli_epi16(l, 4), 1);
+        __m512i hh = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi16(qh, 2 * g)),
+                                        _mm256_srli_epi16(qh, 2 * g + 1), 1);
+        __m512i hb = _mm512_slli_epi16(_mm512_and_si512(hh, m01), 4);
+        _mm512_store_si512(q, _mm512_ternarylogic_epi32(m0f, z, hb, 0xca));
+        for (int i = 0; i < 4; i++) {
+            int s = 2 * g + i / 2;
+            __m512 qf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(q + 16 * i))));
+            _mm512_storeu_ps(y + 64 * g + 16 * i, _mm512_fmadd_ps(qf, _mm512_set1_ps(as[s]), _mm512_set1_ps(cs[s])));
         }
     }
 }
 
-/* Q6_K: codes of 6 bits, converted and multiplied; sub-block s = 8h + 2j
- * + u (16 elements), element l of it: low bits in qs[64h + 32(j & 1) + 16u
- * + l] (high nibble when j >= 2), high bits 2j.. of qh[32h + 16u + l]. */
+/* Q6_K: codes of 6 bits, converted and multiplied. For each half h (128
+ * elements), the codes are put together 64 at a time in bytes: element
+ * 128h + 32j + l has its low 4 bits in ql[64h + 32(j & 1) + l] (high nibble
+ * when j >= 2) and its high 2 bits at bits 2j.. of qh[32h + l]; minus 32
+ * they are signed bytes, widened 16 at a time from a buffer. */
 static void dq_q6_k(const BlockQ6_K *x, float *y) {
     float a[16];
     kscales(MN_TYPE_Q6_K, x, a, NULL);
     const float *as = a;
     DQ_FROM_MEMORY(as);
-    const __m512i low4 = _mm512_set1_epi32(0x0f), hi2 = _mm512_set1_epi32(0x30), v32 = _mm512_set1_epi32(32);
-    for (int hu = 0; hu < 4; hu++) {
-        int h = hu / 2, u = hu % 2;
-        __m512i qh = bytes16(x->qh + 32 * h + 16 * u);
-        __m512i ql[2] = {bytes16(x->ql + 64 * h + 16 * u), bytes16(x->ql + 64 * h + 32 + 16 * u)};
-        for (int j = 0; j < 4; j++) {
-            int s = 8 * h + 2 * j + u;
-            __m512i lo = j < 2 ? _mm512_and_si512(ql[j & 1], low4) : _mm512_srli_epi32(ql[j & 1], 4);
-            __m512i hb = j < 2 ? _mm512_slli_epi32(qh, 4 - 2 * (unsigned)j) : _mm512_srli_epi32(qh, 2 * (unsigned)j - 4);
-            /* lo | (hb & 0x30), then - 32 */
-            __m512i q = _mm512_sub_epi32(_mm512_ternarylogic_epi32(lo, hb, hi2, 0xf8), v32);
-            _mm512_storeu_ps(y + 16 * s, _mm512_mul_ps(_mm512_set1_ps(as[s]), _mm512_cvtepi32_ps(q)));
-        }
+    const __m512i m03 = _mm512_set1_epi8(0x03), m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const __m512i v32 = _mm512_set1_epi8(32);
+    _Alignas(64) int8_t q[128];
+    for (int h = 0; h < 2; h++) {
+        __m512i l = _mm512_loadu_si512(x->ql + 64 * h);
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+        /* bytes 0..31: qh (j = 0, 2 read its bits 0..1, 4..5); 32..63: qh >> 2 (j = 1, 3) */
+        __m512i h2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+        /* j = 0, 1: low nibbles, high bits (h2 & 3) << 4 */
+        __m512i hb = _mm512_slli_epi16(_mm512_and_si512(h2, m03), 4);
+        __m512i q01 = _mm512_ternarylogic_epi32(m0f, l, hb, 0xca);
+        /* j = 2, 3: high nibbles, high bits h2 & 0x30 */
+        __m512i q23 = _mm512_ternarylogic_epi32(m0f, _mm512_srli_epi16(l, 4), _mm512_and_si512(h2, m30), 0xca);
+        _mm512_store_si512(q, _mm512_sub_epi8(q01, v32));
+        _mm512_store_si512(q + 64, _mm512_sub_epi8(q23, v32));
+        /* q[32(j & 1) + 64(j >> 1) + l] is element 32j + l of this half */
+        for (int j = 0; j < 4; j++)
+            for (int u = 0; u < 2; u++) {
+                int s = 8 * h + 2 * j + u;
+                __m512i c = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(q + 32 * (j & 1) + 64 * (j >> 1) + 16 * u)));
+                _mm512_storeu_ps(y + 16 * s, _mm512_mul_ps(_mm512_set1_ps(as[s]), _mm512_cvtepi32_ps(c)));
+            }
     }
 }
 
