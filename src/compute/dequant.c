@@ -57,6 +57,15 @@ static inline uint32_t u32_at(const uint8_t *p) {
 }
 /* ---- K-quant sub-block scales, both SIMD paths ---- */
 
+/* Declares as (the sub-block scales) and cs (the offsets, types with a
+ * min) of K-quant block x, read back from memory (DQ_FROM_MEMORY). */
+#define DQ_KSCALES(type, x) \
+    float a_[16], c_[16]; \
+    kscales(type, x, a_, c_); \
+    const float *as = a_, *cs = c_; \
+    DQ_FROM_MEMORY(as); \
+    DQ_FROM_MEMORY(cs)
+
 /* a[i] = d * (byte i + off) for the 8 unsigned bytes of lo (0..3) and hi (4..7). */
 DQ_INLINE void scale8(float *a, uint32_t lo, uint32_t hi, int off, float d) {
     __m128i b = _mm_unpacklo_epi32(_mm_cvtsi32_si128((int)lo), _mm_cvtsi32_si128((int)hi));
@@ -194,11 +203,7 @@ static void dq_q5_1(const BlockQ5_1 *x, float *y) {
  * qs[32h + 16u + l]; the table repeats its 4 values, so the bits above a
  * code do not matter. */
 static void dq_q2_k(const BlockQ2_K *x, float *y) {
-    float a[16], c[16];
-    kscales(MN_TYPE_Q2_K, x, a, c);
-    const float *as = a, *cs = c;
-    DQ_FROM_MEMORY(as);
-    DQ_FROM_MEMORY(cs);
+    DQ_KSCALES(MN_TYPE_Q2_K, x);
     const __m512 i4 = _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
     for (int hu = 0; hu < 4; hu++) {
         int h = hu / 2, u = hu % 2;
@@ -214,10 +219,7 @@ static void dq_q2_k(const BlockQ2_K *x, float *y) {
 /* Q3_K: as Q2_K, with bit 2 of the index the code's high bit (hmask);
  * table[i] = a * (i - 4), repeated every 8 entries (bit 3 is left over). */
 static void dq_q3_k(const BlockQ3_K *x, float *y) {
-    float a[16];
-    kscales(MN_TYPE_Q3_K, x, a, NULL);
-    const float *as = a;
-    DQ_FROM_MEMORY(as);
+    DQ_KSCALES(MN_TYPE_Q3_K, x);
     const __m512 v = _mm512_setr_ps(-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3);
     for (int hu = 0; hu < 4; hu++) {
         int h = hu / 2, u = hu % 2;
@@ -236,11 +238,7 @@ static void dq_q3_k(const BlockQ3_K *x, float *y) {
 /* Q4_K and Q5_K: sub-block s (32 elements) is the low (s even) or high
  * nibbles of qs[32(s/2) ..]; Q5_K's bit 4 is bit s of qh[l]. */
 static void dq_q4_k(const BlockQ4_K *x, float *y) {
-    float a[8], c[8];
-    kscales(MN_TYPE_Q4_K, x, a, c);
-    const float *as = a, *cs = c;
-    DQ_FROM_MEMORY(as);
-    DQ_FROM_MEMORY(cs);
+    DQ_KSCALES(MN_TYPE_Q4_K, x);
     for (int g = 0; g < 4; g++) {
         __m512 t0 = table16(as[2 * g], cs[2 * g]), t1 = table16(as[2 * g + 1], cs[2 * g + 1]);
         for (int u = 0; u < 2; u++) {
@@ -256,11 +254,7 @@ static void dq_q4_k(const BlockQ4_K *x, float *y) {
  * from bits 2g and 2g + 1 of qh[l] — then widened 16 at a time, converted
  * and multiplied with the offset added: fma(q, a, c), one rounding. */
 static void dq_q5_k(const BlockQ5_K *x, float *y) {
-    float a[8], c[8];
-    kscales(MN_TYPE_Q5_K, x, a, c);
-    const float *as = a, *cs = c;
-    DQ_FROM_MEMORY(as);
-    DQ_FROM_MEMORY(cs);
+    DQ_KSCALES(MN_TYPE_Q5_K, x);
     const __m512i m0f = _mm512_set1_epi8(0x0f), m01 = _mm512_set1_epi8(0x01);
     const __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh);
     _Alignas(64) uint8_t q[64];
@@ -285,10 +279,7 @@ static void dq_q5_k(const BlockQ5_K *x, float *y) {
  * when j >= 2) and its high 2 bits at bits 2j.. of qh[32h + l]; minus 32
  * they are signed bytes, widened 16 at a time from a buffer. */
 static void dq_q6_k(const BlockQ6_K *x, float *y) {
-    float a[16];
-    kscales(MN_TYPE_Q6_K, x, a, NULL);
-    const float *as = a;
-    DQ_FROM_MEMORY(as);
+    DQ_KSCALES(MN_TYPE_Q6_K, x);
     const __m512i m03 = _mm512_set1_epi8(0x03), m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const __m512i v32 = _mm512_set1_epi8(32);
     _Alignas(64) int8_t q[128];
@@ -315,10 +306,7 @@ static void dq_q6_k(const BlockQ6_K *x, float *y) {
 }
 
 static void dq_iq4_xs(const BlockIQ4_XS *x, float *y) {
-    float a[8];
-    ttype_kscales(MN_TYPE_IQ4_XS, x, a, NULL);
-    const float *as = a;
-    DQ_FROM_MEMORY(as);
+    DQ_KSCALES(MN_TYPE_IQ4_XS, x);
     __m512 lv = iq4_levels();
     for (int s = 0; s < 8; s++) q4_block(x->qs + 16 * s, _mm512_mul_ps(_mm512_set1_ps(as[s]), lv), y + 32 * s);
 }
@@ -401,11 +389,7 @@ static void dq_q5_1(const BlockQ5_1 *x, float *y) {
 }
 
 static void dq_q2_k(const BlockQ2_K *x, float *y) {
-    float a[16], c[16];
-    kscales(MN_TYPE_Q2_K, x, a, c);
-    const float *as = a, *cs = c;
-    DQ_FROM_MEMORY(as);
-    DQ_FROM_MEMORY(cs);
+    DQ_KSCALES(MN_TYPE_Q2_K, x);
     for (int s = 0; s < 16; s++) {
         int h = s / 8, j = s % 8 / 2, u = s % 2;
         for (int i = 0; i < 2; i++) {
@@ -417,10 +401,7 @@ static void dq_q2_k(const BlockQ2_K *x, float *y) {
 }
 
 static void dq_q3_k(const BlockQ3_K *x, float *y) {
-    float a[16];
-    kscales(MN_TYPE_Q3_K, x, a, NULL);
-    const float *as = a;
-    DQ_FROM_MEMORY(as);
+    DQ_KSCALES(MN_TYPE_Q3_K, x);
     for (int s = 0; s < 16; s++) {
         int h = s / 8, j = s % 8 / 2, u = s % 2, bit = 4 * h + j;
         for (int i = 0; i < 2; i++) {
@@ -433,11 +414,7 @@ static void dq_q3_k(const BlockQ3_K *x, float *y) {
 }
 
 static void dq_q4_k(const BlockQ4_K *x, float *y) {
-    float a[8], c[8];
-    kscales(MN_TYPE_Q4_K, x, a, c);
-    const float *as = a, *cs = c;
-    DQ_FROM_MEMORY(as);
-    DQ_FROM_MEMORY(cs);
+    DQ_KSCALES(MN_TYPE_Q4_K, x);
     for (int s = 0; s < 8; s++)
         for (int i = 0; i < 4; i++) {
             __m256i e = bytes8(x->qs + 32 * (s / 2) + 8 * i);
@@ -446,11 +423,7 @@ static void dq_q4_k(const BlockQ4_K *x, float *y) {
 }
 
 static void dq_q5_k(const BlockQ5_K *x, float *y) {
-    float a[8], c[8];
-    kscales(MN_TYPE_Q5_K, x, a, c);
-    const float *as = a, *cs = c;
-    DQ_FROM_MEMORY(as);
-    DQ_FROM_MEMORY(cs);
+    DQ_KSCALES(MN_TYPE_Q5_K, x);
     for (int s = 0; s < 8; s++)
         for (int i = 0; i < 4; i++) {
             __m256i e = bytes8(x->qs + 32 * (s / 2) + 8 * i), m = bytes8(x->qh + 8 * i);
@@ -461,10 +434,7 @@ static void dq_q5_k(const BlockQ5_K *x, float *y) {
 }
 
 static void dq_q6_k(const BlockQ6_K *x, float *y) {
-    float a[16];
-    kscales(MN_TYPE_Q6_K, x, a, NULL);
-    const float *as = a;
-    DQ_FROM_MEMORY(as);
+    DQ_KSCALES(MN_TYPE_Q6_K, x);
     for (int s = 0; s < 16; s++) {
         int h = s / 8, j = s % 8 / 2, u = s % 2;
         for (int i = 0; i < 2; i++) {
@@ -478,10 +448,7 @@ static void dq_q6_k(const BlockQ6_K *x, float *y) {
 }
 
 static void dq_iq4_xs(const BlockIQ4_XS *x, float *y) {
-    float a[8];
-    ttype_kscales(MN_TYPE_IQ4_XS, x, a, NULL);
-    const float *as = a;
-    DQ_FROM_MEMORY(as);
+    DQ_KSCALES(MN_TYPE_IQ4_XS, x);
     for (int s = 0; s < 8; s++) iq4_block(x->qs + 16 * s, as[s], y + 32 * s);
 }
 
