@@ -17,12 +17,16 @@
  * turn a -0 into +0). test_matmul compares every type's output with the
  * reference bit for bit.
  *
- * AVX-512: the 4- and 5-bit types look their codes up in a table of the 16
- * (vpermps) or 32 (vpermt2ps) values of a sub-block, built with one FMA;
- * Q2_K and Q3_K do the same with tables repeated every 4 or 8 entries, so
- * a code's neighbouring bits need no masking; Q6_K and Q8_0 convert codes
- * to float and multiply. AVX2 converts every code and multiplies (or FMAs
- * the offset). The scalar path is the reference itself.
+ * AVX-512: the 4-bit types, Q5_0 and Q5_1 look their codes up in a table
+ * of the 16 (vpermps) or 32 (vpermt2ps) values of a sub-block, built with
+ * one FMA; Q2_K and Q3_K do the same with tables repeated every 4 or 8
+ * entries, so a code's neighbouring bits need no masking; Q5_K and Q6_K put
+ * their codes together 64 at a time in bytes, then widen, convert and
+ * multiply (Q8_0 likewise, its codes being bytes already). A table lookup
+ * costs one shuffle per 16 weights, the scarcest port here; where building
+ * a code takes more than a nibble shift, the byte form was measured faster.
+ * AVX2 converts every code and multiplies (or FMAs the offset). The scalar
+ * path is the reference itself.
  */
 #include "compute/dequant.h"
 
