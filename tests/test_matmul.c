@@ -146,6 +146,9 @@ static void test_matches_reference_large(void **state) {
     /* 32-element types whose rows end in a partial step of ktile */
     check_shape(tp, MN_TYPE_Q5_1, 13, 5664, 9, 312);
     check_shape(tp, MN_TYPE_IQ4_NL, 13, 2080, 1, 313);
+    /* rows too long for ktile's panel buffer: step by step at any n_tok */
+    check_shape(tp, MN_TYPE_Q4_K, 7, 8192, 13, 314);
+    check_shape(tp, MN_TYPE_Q5_1, 5, 8224, 10, 315);
     tpool_free(tp);
 }
 
@@ -193,7 +196,7 @@ static void test_quant_equals_float(void **state) {
     ThreadPool *tp1 = tpool_new(1), *tp2 = tpool_new(2);
     assert_non_null(tp1);
     assert_non_null(tp2);
-    static const int64_t shapes[][2] = {{1, 32}, {37, 96}, {5, 256}, {9, 768}, {130, 2048}, {23, 5632}};
+    static const int64_t shapes[][2] = {{1, 32}, {37, 96}, {5, 256}, {9, 768}, {130, 2048}, {23, 5632}, {3, 6400}};
     static const int toks[] = {1, 2, 4, 5, 8, 9, 13, 40};
     uint64_t seed = 2000;
     for (int qi = N_FLOAT_TYPES; qi < N_TYPES; qi++)
@@ -294,8 +297,10 @@ static void test_batch_invariance(void **state) {
                 check_invariance(tp1, tp2, all_types[ti], shapes[s][0], shapes[s][1], 77 + 13 * s + ti);
     /* float weights with a masked tail */
     for (int ti = 0; ti < N_FLOAT_TYPES; ti++) check_invariance(tp1, tp2, all_types[ti], 23, 1001, 991 + ti);
-    /* quantized rows too long for the panel mode */
+    /* quantized rows too long for the panel modes */
     check_invariance(tp1, tp2, MN_TYPE_Q4_0, 7, 65568, 995);
+    check_invariance(tp1, tp2, MN_TYPE_Q6_K, 9, 6400, 996);
+    check_invariance(tp1, tp2, MN_TYPE_IQ4_NL, 8, 6176, 997);
     tpool_free(tp2);
     tpool_free(tp1);
 }

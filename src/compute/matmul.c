@@ -48,16 +48,21 @@
  *               the inner loop takes them as broadcast memory operands;
  *               4 rows x 6 tokens, weights from L2 as in ftile.
  *   ktile   every other quantized type (Q4_1, Q5_0, Q5_1, the K-quants,
- *           IQ4_NL/IQ4_XS): per step of KB (256) elements, dq_rows writes
- *           the step of each of the tile's rows into a buffer on the stack
- *           (L1), then the tile's tokens multiply it as ftile multiplies
- *           float weights. 8 rows x 1 token (decode; the next tile's rows
- *           prefetched as in qtile's direct mode), 4 rows x 2..4 tokens up
- *           to 8 tokens, else 4 rows x 6 tokens.
+ *           IQ4_NL/IQ4_XS), up to 8 tokens: per step of KB (256) elements,
+ *           dq_rows writes the step of each of the tile's rows into a
+ *           buffer on the stack (L1), then the tile's tokens multiply it as
+ *           ftile multiplies float weights. 8 rows x 1 token (decode; the
+ *           next tile's rows prefetched as in qtile's direct mode), 4 rows x
+ *           2..4 tokens.
+ *   krows_panel  the same types with more tokens: a tile of FR rows is
+ *           dequantized whole (dq_rows) once per KG tokens and ftile runs
+ *           on it as on F32 weights, so the dequantization is shared by KG
+ *           tokens rather than a tile's; rows longer than the buffer take
+ *           ktile's steps (4 rows x 6 tokens).
  *
  * Nothing here allocates and no scratch is needed. The panel mode keeps
  * Q_SC_FLOATS scales (64 KB) on the worker's stack, ktile KR1 x KB floats
- * (8 KB).
+ * (8 KB), krows_panel KP_FLOATS (144 KB).
  */
 #include "compute/matmul.h"
 
@@ -138,6 +143,8 @@ enum {
     KR1 = 8,                    /* other quantized types: rows per tile of one token */
     KR = 4,                     /* ... rows per tile of more tokens */
     KT = 6,                     /* ... tokens per tile (4x6: 24 accumulators) */
+    KG = 32,                    /* ... panel mode: tokens per dequantization of a row tile */
+    KP_FLOATS = FR * 6144,      /* ... panel mode: a row tile dequantized whole, on the stack */
 };
 
 /* The one horizontal sum every result goes through. */
@@ -545,6 +552,45 @@ static void krows(const MmJob *job, long r0, long r1) {
     }
 }
 
+/* Rows [r0, r1) of a type ktile serves, with more than Q_DIRECT_MAX_TOK
+ * tokens (panel mode): each tile of FR rows is dequantized whole into buf
+ * once per group of KG tokens, and ftile multiplies it as F32 weights — the
+ * same accumulation order as ktile's, so the same bits — for every token
+ * tile of the group. Dequantizing then costs once per KG tokens instead of
+ * once per KT; the group's activations stay in L2 while the rows go by.
+ * job_plan takes this mode only when FR rows fit buf. */
+static void krows_panel(const MmJob *job, long r0, long r1) {
+    _Alignas(64) float buf[KP_FLOATS];
+    const MatW *w = job->w;
+    int64_t n_in = w->n_in, n_out = w->n_out;
+    const size_t row_bytes = (size_t)n_in * sizeof(float); /* of buf */
+    const uint8_t *pf0 = NULL;
+    assert(FR * n_in <= KP_FLOATS);
+    for (int g0 = 0; g0 < job->n_tok; g0 += KG) {
+        int g1 = MM_MIN(job->n_tok, g0 + KG);
+        for (long r = r0; r < r1; r += FR) {
+            int R = (int)MM_MIN(FR, r1 - r);
+            dq_rows(w->type, (const uint8_t *)w->data + (size_t)r * job->row_bytes, job->row_bytes, R, buf,
+                    (size_t)n_in, n_in);
+            for (int t0 = g0; t0 < g1; t0 += FT) {
+                int T = MM_MIN(FT, g1 - t0);
+                const float *x0 = job->x + (int64_t)t0 * n_in;
+                if (R == FR) {
+                    const uint8_t *w0 = (const uint8_t *)buf;
+                    float *out0 = job->out + (int64_t)t0 * n_out + r;
+                    FTILE_CASES(MN_TYPE_F32, FR)
+                } else {
+                    for (int i = 0; i < R; i++) {
+                        const uint8_t *w0 = (const uint8_t *)(buf + (size_t)i * (size_t)n_in);
+                        float *out0 = job->out + (int64_t)t0 * n_out + r + i;
+                        FTILE_CASES(MN_TYPE_F32, 1)
+                    }
+                }
+            }
+        }
+    }
+}
+
 static void frows_f32(const MmJob *job, long r0, long r1) { frows(MN_TYPE_F32, job, r0, r1); }
 static void frows_f16(const MmJob *job, long r0, long r1) { frows(MN_TYPE_F16, job, r0, r1); }
 static void frows_bf16(const MmJob *job, long r0, long r1) { frows(MN_TYPE_BF16, job, r0, r1); }
@@ -564,7 +610,10 @@ static void rows_run(const MmJob *job, long r0, long r1) {
     case MN_TYPE_BF16: frows_bf16(job, r0, r1); break;
     case MN_TYPE_Q8_0: qrows_q8(job, r0, r1); break;
     case MN_TYPE_Q4_0: qrows_q4(job, r0, r1); break;
-    default: krows(job, r0, r1); break;
+    default:
+        if (job->is_panel) krows_panel(job, r0, r1);
+        else krows(job, r0, r1);
+        break;
     }
 }
 
@@ -576,7 +625,8 @@ static void job_plan(MmJob *job, int nth) {
     long n_out = (long)w->n_out, align = FR, cap = (long)(F_PANEL_BYTES / job->row_bytes);
     job->is_panel = false;
     if (type_is_k(w->type)) {
-        align = job->n_tok <= Q_DIRECT_MAX_TOK ? KR1 : KR;
+        job->is_panel = job->n_tok > Q_DIRECT_MAX_TOK && FR * w->n_in <= KP_FLOATS;
+        align = job->is_panel ? FR : job->n_tok <= Q_DIRECT_MAX_TOK ? KR1 : KR;
     } else if (type_is_q32(w->type)) {
         long sc_rows = (long)(Q_SC_FLOATS / (w->n_in / 32));
         job->is_panel = job->n_tok > Q_DIRECT_MAX_TOK && sc_rows >= QPR;
