@@ -60,6 +60,10 @@
  *           tokens rather than a tile's; rows longer than the buffer take
  *           ktile's steps (4 rows x 6 tokens).
  *
+ * The AVX2 path has the same kernels in 8 lanes, with smaller tiles (4 rows
+ * x 2 tokens) and no direct/panel split for Q8_0/Q4_0; krows_panel is
+ * shared by both.
+ *
  * Nothing here allocates and no scratch is needed. The panel mode keeps
  * Q_SC_FLOATS scales (64 KB) on the worker's stack, ktile KR1 x KB floats
  * (8 KB), krows_panel KP_FLOATS (144 KB).
@@ -109,6 +113,9 @@ typedef struct MmJob {
 } MmJob;
 
 static void rows_run(const MmJob *job, long r0, long r1);
+#if !defined(MM_SCALAR)
+static void krows_panel(const MmJob *job, long r0, long r1);
+#endif
 
 static inline long round_up(long n, long m) { return (n + m - 1) / m * m; }
 
@@ -118,8 +125,14 @@ static inline bool type_is_q32(MnType t) { return t == MN_TYPE_Q8_0 || t == MN_T
 static inline bool type_is_k(MnType t) { return ttype_traits(t)->is_quantized && !type_is_q32(t); }
 
 /* ktile's step: the elements of each row dequantized at a time (a K-quant
- * super-block, or eight 32-element blocks), and their bytes. */
-enum { KB = MN_QK_K };
+ * super-block, or eight 32-element blocks), and their bytes; krows_panel's
+ * token group and buffer (both SIMD paths). */
+enum {
+    KB = MN_QK_K,
+    Q_DIRECT_MAX_TOK = 8,  /* more tokens: panel modes */
+    KG = 32,               /* krows_panel: tokens per dequantization of a row tile */
+    KP_FLOATS = 6 * 6144,  /* krows_panel: a row tile dequantized whole, on the stack */
+};
 static inline size_t kb_bytes(MnType t) { return KB / ttype_traits(t)->block_elems * ttype_traits(t)->block_bytes; }
 
 /* ========================================================================
@@ -138,13 +151,10 @@ enum {
     QDT = 4,                    /* direct mode: tokens per tile */
     QPR = 4,                    /* quantized, panel mode: rows per tile */
     QPT = 6,                    /* panel mode: tokens per tile (4x6: 24 accumulators) */
-    Q_DIRECT_MAX_TOK = 8,       /* more tokens: panel mode */
     Q_SC_FLOATS = 16384,        /* panel mode: widened scales on the worker's stack */
     KR1 = 8,                    /* other quantized types: rows per tile of one token */
     KR = 4,                     /* ... rows per tile of more tokens */
     KT = 6,                     /* ... tokens per tile (4x6: 24 accumulators) */
-    KG = 32,                    /* ... panel mode: tokens per dequantization of a row tile */
-    KP_FLOATS = FR * 6144,      /* ... panel mode: a row tile dequantized whole, on the stack */
 };
 
 /* The one horizontal sum every result goes through. */
@@ -552,42 +562,15 @@ static void krows(const MmJob *job, long r0, long r1) {
     }
 }
 
-/* Rows [r0, r1) of a type ktile serves, with more than Q_DIRECT_MAX_TOK
- * tokens (panel mode): each tile of FR rows is dequantized whole into buf
- * once per group of KG tokens, and ftile multiplies it as F32 weights — the
- * same accumulation order as ktile's, so the same bits — for every token
- * tile of the group. Dequantizing then costs once per KG tokens instead of
- * once per KT; the group's activations stay in L2 while the rows go by.
- * job_plan takes this mode only when FR rows fit buf. */
-static void krows_panel(const MmJob *job, long r0, long r1) {
-    _Alignas(64) float buf[KP_FLOATS];
-    const MatW *w = job->w;
-    int64_t n_in = w->n_in, n_out = w->n_out;
-    const size_t row_bytes = (size_t)n_in * sizeof(float); /* of buf */
-    const uint8_t *pf0 = NULL;
-    assert(FR * n_in <= KP_FLOATS);
-    for (int g0 = 0; g0 < job->n_tok; g0 += KG) {
-        int g1 = MM_MIN(job->n_tok, g0 + KG);
-        for (long r = r0; r < r1; r += FR) {
-            int R = (int)MM_MIN(FR, r1 - r);
-            dq_rows(w->type, (const uint8_t *)w->data + (size_t)r * job->row_bytes, job->row_bytes, R, buf,
-                    (size_t)n_in, n_in);
-            for (int t0 = g0; t0 < g1; t0 += FT) {
-                int T = MM_MIN(FT, g1 - t0);
-                const float *x0 = job->x + (int64_t)t0 * n_in;
-                if (R == FR) {
-                    const uint8_t *w0 = (const uint8_t *)buf;
-                    float *out0 = job->out + (int64_t)t0 * n_out + r;
-                    FTILE_CASES(MN_TYPE_F32, FR)
-                } else {
-                    for (int i = 0; i < R; i++) {
-                        const uint8_t *w0 = (const uint8_t *)(buf + (size_t)i * (size_t)n_in);
-                        float *out0 = job->out + (int64_t)t0 * n_out + r + i;
-                        FTILE_CASES(MN_TYPE_F32, 1)
-                    }
-                }
-            }
-        }
+/* ftile on F32 weights at wf (rows n_in floats apart), for krows_panel:
+ * R is FR or 1, T 1..FT. */
+MM_INLINE void f32tile(int R, int T, const float *wf, const float *x0, int64_t n_in, float *out0, int64_t n_out) {
+    const uint8_t *w0 = (const uint8_t *)wf, *pf0 = NULL;
+    const size_t row_bytes = (size_t)n_in * sizeof(float);
+    if (R == FR) {
+        FTILE_CASES(MN_TYPE_F32, FR)
+    } else {
+        FTILE_CASES(MN_TYPE_F32, 1)
     }
 }
 
@@ -814,6 +797,20 @@ MM_INLINE void frows(MnType type, const MmJob *job, long r0, long r1) {
 }
 _Static_assert(FT == 2, "frows covers T = 1..2");
 
+/* ftile on F32 weights at wf (rows n_in floats apart), for krows_panel:
+ * R is FR or 1, T 1..FT. */
+MM_INLINE void f32tile(int R, int T, const float *wf, const float *x0, int64_t n_in, float *out0, int64_t n_out) {
+    const uint8_t *w0 = (const uint8_t *)wf;
+    const size_t row_bytes = (size_t)n_in * sizeof(float);
+    if (R == FR) {
+        if (T == FT) ftile(MN_TYPE_F32, FR, FT, w0, row_bytes, x0, n_in, out0, n_out);
+        else ftile(MN_TYPE_F32, FR, 1, w0, row_bytes, x0, n_in, out0, n_out);
+    } else {
+        if (T == FT) ftile(MN_TYPE_F32, 1, FT, w0, row_bytes, x0, n_in, out0, n_out);
+        else ftile(MN_TYPE_F32, 1, 1, w0, row_bytes, x0, n_in, out0, n_out);
+    }
+}
+
 static void rows_run(const MmJob *job, long r0, long r1) {
     switch (job->w->type) {
     case MN_TYPE_F32: frows(MN_TYPE_F32, job, r0, r1); break;
@@ -821,14 +818,17 @@ static void rows_run(const MmJob *job, long r0, long r1) {
     case MN_TYPE_BF16: frows(MN_TYPE_BF16, job, r0, r1); break;
     case MN_TYPE_Q8_0: frows(MN_TYPE_Q8_0, job, r0, r1); break;
     case MN_TYPE_Q4_0: frows(MN_TYPE_Q4_0, job, r0, r1); break;
-    default: frows(job->w->type, job, r0, r1); break; /* ktile */
+    default:
+        if (job->is_panel) krows_panel(job, r0, r1);
+        else frows(job->w->type, job, r0, r1); /* ktile */
+        break;
     }
 }
 
 static void job_plan(MmJob *job, int nth) {
     long n_out = (long)job->w->n_out;
     long chunk = round_up((n_out + (long)nth * 4 - 1) / ((long)nth * 4), FR);
-    job->is_panel = false;
+    job->is_panel = type_is_k(job->w->type) && job->n_tok > Q_DIRECT_MAX_TOK && FR * job->w->n_in <= KP_FLOATS;
     job->chunk_rows = chunk;
     job->n_chunks = (n_out + chunk - 1) / chunk;
 }
@@ -875,6 +875,39 @@ static void job_plan(MmJob *job, int nth) {
 }
 
 const char *mm_simd_name(void) { return "scalar"; }
+
+#endif
+
+#if !defined(MM_SCALAR)
+/* Rows [r0, r1) of a type ktile serves, with more than Q_DIRECT_MAX_TOK
+ * tokens (panel mode): each tile of FR rows is dequantized whole into buf
+ * once per group of KG tokens, and ftile multiplies it as F32 weights — the
+ * same accumulation order as ktile's, so the same bits — for every token
+ * tile of the group. Dequantizing then costs once per KG tokens instead of
+ * once per KT; the group's activations stay in L2 while the rows go by.
+ * job_plan takes this mode only when FR rows fit buf. */
+static void krows_panel(const MmJob *job, long r0, long r1) {
+    _Alignas(64) float buf[KP_FLOATS];
+    const MatW *w = job->w;
+    int64_t n_in = w->n_in, n_out = w->n_out;
+    assert(FR * n_in <= KP_FLOATS);
+    for (int g0 = 0; g0 < job->n_tok; g0 += KG) {
+        int g1 = MM_MIN(job->n_tok, g0 + KG);
+        for (long r = r0; r < r1; r += FR) {
+            int R = (int)MM_MIN(FR, r1 - r);
+            dq_rows(w->type, (const uint8_t *)w->data + (size_t)r * job->row_bytes, job->row_bytes, R, buf,
+                    (size_t)n_in, n_in);
+            for (int t0 = g0; t0 < g1; t0 += FT) {
+                int T = MM_MIN(FT, g1 - t0);
+                const float *x0 = job->x + (int64_t)t0 * n_in;
+                float *out0 = job->out + (int64_t)t0 * n_out + r;
+                if (R == FR) f32tile(FR, T, buf, x0, n_in, out0, n_out);
+                else
+                    for (int i = 0; i < R; i++) f32tile(1, T, buf + (size_t)i * (size_t)n_in, x0, n_in, out0 + i, n_out);
+            }
+        }
+    }
+}
 
 #endif
 
