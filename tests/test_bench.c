@@ -1383,7 +1383,6 @@ static void inject(Aio *a, void *ctx) {
     aio_fault_set(a, f->op_mask, f->n_skip, 1000, f->errnum);
 }
 
-/* What `mnemo disk-probe argv...` prints on stdout (it must succeed). */
 /* SIGTERM to the thread running a sampling disk-probe command, once the
  * command has printed its first sample to out_path (or, should it never,
  * after TEST_HANG_GUARD_S). */
@@ -1405,8 +1404,8 @@ static void *signal_after_first_sample(void *arg) {
     return NULL;
 }
 
-/* Run the command with stdout into a file and return what it printed
- * (malloc'd); with sg, a signaller thread watches it meanwhile. */
+/* What `mnemo disk-probe argv...` prints on stdout (it must succeed),
+ * malloc'd; with sg, a signaller thread watches it meanwhile. */
 static char *probe_output_signalled(int argc, char **argv, Signaller *sg) {
     char out_path[] = "/tmp/mnemo-test-diskprobe-out-XXXXXX";
     int out_fd = mkstemp(out_path);

@@ -159,11 +159,11 @@ static char *run_one(Engine *e, const int32_t *prompt, int n, int n_gen, float *
 /* ---- gates: the order of events, as the test says ------------------------------ */
 
 /* A gate on another thread's path (an engine hook, a mover hook): that
- * thread calls gate_pass, which counts it and, while the gate is closed,
- * waits there. A test closes it, waits until the thread is held, lines up
- * what must happen meanwhile and opens it, so the order of events never
- * depends on how fast the machine runs. A thread held longer than
- * TEST_HANG_GUARD_S goes on by itself (timed_out; gate_open fails the
+ * thread calls gate_pass_locked, which counts it and, while the gate is
+ * closed, waits there. A test closes it, waits until the thread is held,
+ * lines up what must happen meanwhile and opens it, so the order of
+ * events never depends on how fast the machine runs. A thread held longer
+ * than TEST_HANG_GUARD_S goes on by itself (timed_out; gate_open fails the
  * test), so a test waiting on the wrong thing fails instead of hanging. */
 typedef struct Gate {
     pthread_mutex_t lock;
@@ -520,11 +520,6 @@ static void test_leading_blocks_recomputed(void **s) {
     model_free(m);
 }
 
-/* --cache-ttl: blocks idle longer than the TTL leave the pool, even while
- * the engine has nothing else to do. The TTL is longer than any round of
- * this test takes by the machine's clock; the test moves the engine's
- * clock past it instead of sleeping (and waits for the engine to act on
- * that while idle: it looks at least every second). */
 /* Whether the TTL has dropped blocks from the pool and from every tier. */
 static bool has_expired_everywhere(Engine *e, EngineStats *st) {
     engine_stats(e, st);
@@ -533,6 +528,11 @@ static bool has_expired_everywhere(Engine *e, EngineStats *st) {
     return is_everywhere;
 }
 
+/* --cache-ttl: blocks idle longer than the TTL leave the pool, even while
+ * the engine has nothing else to do. The TTL is longer than any round of
+ * this test takes by the machine's clock; the test moves the engine's
+ * clock past it instead of sleeping (and waits for the engine to act on
+ * that while idle: it looks at least every second). */
 static void check_cache_ttl(bool has_tiers) {
     Model *m = load("stories260K");
     if (!m) return;
@@ -892,7 +892,7 @@ static void check_schedule(SchedPolicy policy, bool cached_first) {
     settle(e);
     Request *a = submit_held(e, &dr, fresh + 1, 20, 300); /* occupies the only slot */
     Request *b = submit_one(e, fresh, 41, 20); /* arrives first, nothing cached */
-    Request *c = submit_one(e, warm, 41, 20);  /* arrives second, 32 tokens cached */
+    Request *c = submit_one(e, warm, 41, 20);  /* arrives second, 40 tokens cached */
     drive_run(&dr);
     free(drain(a, &res));
     ReqResult rb, rc;
