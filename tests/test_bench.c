@@ -274,7 +274,8 @@ static BenchResults *run_plan(const BenchPlan *p, int port, int concurrency, boo
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
     BenchRunOpts o = {.url = url, .model = "test", .temperature = 0, .concurrency = concurrency,
-                      .connect_timeout_s = 5, .idle_timeout_s = 60, .keep_text = keep_text};
+                      .connect_timeout_s = TEST_HANG_GUARD_S, .idle_timeout_s = TEST_HANG_GUARD_S,
+                      .keep_text = keep_text};
     BenchResults *r = NULL;
     MnErr err = {0};
     int rc = bench_run(p, &o, &r, &err);
@@ -1215,7 +1216,7 @@ static void test_duration(void **state) {
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d", f.port);
     BenchRunOpts o = {.url = url, .model = "m", .concurrency = 4, .duration_s = TEST_HANG_GUARD_S,
-                      .connect_timeout_s = 5, .idle_timeout_s = 30};
+                      .connect_timeout_s = TEST_HANG_GUARD_S, .idle_timeout_s = TEST_HANG_GUARD_S};
     BenchResults *r = NULL;
     assert_int_equal(bench_run(p, &o, &r, &err), MN_OK);
     bool started[30] = {0};
