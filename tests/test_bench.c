@@ -274,7 +274,8 @@ static BenchResults *run_plan(const BenchPlan *p, int port, int concurrency, boo
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
     BenchRunOpts o = {.url = url, .model = "test", .temperature = 0, .concurrency = concurrency,
-                      .connect_timeout_s = 5, .idle_timeout_s = 60, .keep_text = keep_text};
+                      .connect_timeout_s = TEST_HANG_GUARD_S, .idle_timeout_s = TEST_HANG_GUARD_S,
+                      .keep_text = keep_text};
     BenchResults *r = NULL;
     MnErr err = {0};
     int rc = bench_run(p, &o, &r, &err);
@@ -1198,27 +1199,29 @@ static void test_command_failures(void **state) {
     assert_int_equal(bench_main(2, bad3), 2);
 }
 
+/* --duration: no conversation starts after it. The plan's arrivals are
+ * set here so that the outcome cannot depend on how fast a loaded machine
+ * sends: ten conversations are due within 0.2 s of a duration as long as
+ * the tests' hang guard, the rest after it (the run does not wait for
+ * those: they never start). */
 static void test_duration(void **state) {
     Fake f;
     fake_start(&f, FAKE_500);
     BenchConfig c;
     small_config(&c, BENCH_MULTITURN, 30, 1);
-    c.rate = 10; /* arrivals over about 3 s; start none after 1 s */
     MnErr err = {0};
     BenchPlan *p;
     assert_int_equal(bench_plan_new(&c, NULL, NULL, &p, &err), MN_OK);
+    for (int i = 0; i < p->n_convs; i++) p->convs[i].start_s = i < 10 ? 0.02 * i : TEST_HANG_GUARD_S + i;
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d", f.port);
-    BenchRunOpts o = {.url = url, .model = "m", .concurrency = 4, .duration_s = 1.0, .connect_timeout_s = 5,
-                      .idle_timeout_s = 30};
+    BenchRunOpts o = {.url = url, .model = "m", .concurrency = 4, .duration_s = TEST_HANG_GUARD_S,
+                      .connect_timeout_s = TEST_HANG_GUARD_S, .idle_timeout_s = TEST_HANG_GUARD_S};
     BenchResults *r = NULL;
     assert_int_equal(bench_run(p, &o, &r, &err), MN_OK);
     bool started[30] = {0};
     for (long i = 0; i < r->n_records; i++) started[r->records[i].conversation] = true;
-    for (int i = 0; i < p->n_convs; i++) {
-        if (p->convs[i].start_s < 0.6) assert_true(started[i]);
-        if (p->convs[i].start_s >= 1.0) assert_false(started[i]);
-    }
+    for (int i = 0; i < p->n_convs; i++) assert_true(started[i] == (i < 10));
     assert_int_equal(r->n_records + r->n_skipped, p->n_requests);
     bench_results_free(r);
     bench_plan_free(p);
@@ -1381,15 +1384,44 @@ static void inject(Aio *a, void *ctx) {
     aio_fault_set(a, f->op_mask, f->n_skip, 1000, f->errnum);
 }
 
-/* What `mnemo disk-probe argv...` prints on stdout (it must succeed). */
-static char *probe_output(int argc, char **argv) {
+/* SIGTERM to the thread running a sampling disk-probe command, once the
+ * command has printed its first sample to out_path (or, should it never,
+ * after TEST_HANG_GUARD_S). */
+typedef struct Signaller {
+    pthread_t target;
+    const char *out_path;
+} Signaller;
+
+static void *signal_after_first_sample(void *arg) {
+    Signaller *sg = arg;
+    for (int i = 0; i < TEST_HANG_GUARD_S * 100; i++) {
+        char *text = test_read_file(sg->out_path, NULL);
+        bool has_sample = text && strstr(text, "sample_read_mbps=");
+        free(text);
+        if (has_sample) break;
+        usleep(10 * 1000);
+    }
+    pthread_kill(sg->target, SIGTERM);
+    return NULL;
+}
+
+/* What `mnemo disk-probe argv...` prints on stdout (it must succeed),
+ * malloc'd; with sg, a signaller thread watches it meanwhile. */
+static char *probe_output_signalled(int argc, char **argv, Signaller *sg) {
     char out_path[] = "/tmp/mnemo-test-diskprobe-out-XXXXXX";
     int out_fd = mkstemp(out_path);
     assert_true(out_fd >= 0);
     fflush(stdout);
     int saved = dup(STDOUT_FILENO);
     dup2(out_fd, STDOUT_FILENO);
+    pthread_t th;
+    if (sg) {
+        sg->target = pthread_self();
+        sg->out_path = out_path;
+        assert_int_equal(pthread_create(&th, NULL, signal_after_first_sample, sg), 0);
+    }
     int rc = diskprobe_main(argc, argv);
+    if (sg) pthread_join(th, NULL);
     fflush(stdout);
     dup2(saved, STDOUT_FILENO);
     close(saved);
@@ -1400,6 +1432,8 @@ static char *probe_output(int argc, char **argv) {
     assert_non_null(text);
     return text;
 }
+
+static char *probe_output(int argc, char **argv) { return probe_output_signalled(argc, argv, NULL); }
 
 static void test_disk_probe(void **state) {
     char dir[] = "/tmp/mnemo-test-diskprobe-XXXXXX";
@@ -1481,19 +1515,25 @@ static int n_threads_now(void) {
 }
 
 /* Threads of this process once those ending have left /proc (a joined
- * thread may linger there a moment): at most `most`, within a second. */
+ * thread may linger there a moment, longer on a loaded machine): at most
+ * `most`, or as many as remain after TEST_HANG_GUARD_S. */
 static int threads_settled(int most) {
     int n = n_threads_now();
-    for (int i = 0; i < 100 && n > most; i++) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (n > most) {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec > TEST_HANG_GUARD_S) break;
         usleep(10 * 1000);
         n = n_threads_now();
     }
     return n;
 }
 
-/* The memory load: refused sizes; threads that copy until stopped (and
- * are gone after); the command prints its figure after the probe's, and
- * refuses it with sampling or out of range. */
+/* The memory load: refused sizes; threads that copy until stopped, each
+ * at least once however soon that is (and are gone after); the command
+ * prints its figure after the probe's, and refuses it with sampling or out
+ * of range. How fast they copy is the machine's business. */
 static void test_disk_probe_memory_load(void **state) {
     MnErr err = {0};
     MemLoad *l = (MemLoad *)&err;
@@ -1506,9 +1546,8 @@ static void test_disk_probe_memory_load(void **state) {
     int before = threads_settled(1);
     assert_int_equal(diskprobe_load_start(2, &l, &err), MN_OK);
     assert_int_equal(n_threads_now(), before + 2);
-    usleep(200 * 1000);
-    double rate = diskprobe_load_stop(l);
-    assert_true(rate > 1e8); /* 0.1 GB/s: any machine copies faster */
+    double rate = diskprobe_load_stop(l); /* at once: they may not have run yet */
+    assert_true(rate > 0);
     assert_int_equal(threads_settled(before), before);
 
     char dir[] = "/tmp/mnemo-test-diskprobe-load-XXXXXX";
@@ -1519,7 +1558,7 @@ static void test_disk_probe_memory_load(void **state) {
     double gbps = 0;
     char *line = strstr(text, "memory_load_threads=");
     if (!strstr(text, "read_mbps=") || line == NULL || sscanf(line, "memory_load_threads=%d memory_load_gbps=%lf", &n,
-                                                              &gbps) != 2 || n != 1 || !(gbps > 0.1))
+                                                              &gbps) != 2 || n != 1 || !(gbps >= 0))
         fail_msg("disk-probe printed:\n%s", text);
     free(text);
     assert_int_equal(threads_settled(before), before);
@@ -1544,18 +1583,6 @@ static bool take_samples(void *ctx, double last) {
     s->n_calls++;
     if (last >= 0) s->rates[s->n++] = last;
     return s->n < s->want;
-}
-
-typedef struct Signaller {
-    pthread_t target;
-    int delay_ms;
-} Signaller;
-
-static void *signal_later(void *arg) {
-    Signaller *sg = arg;
-    usleep((useconds_t)sg->delay_ms * 1000);
-    pthread_kill(sg->target, SIGTERM);
-    return NULL;
 }
 
 /* Raw reads sampled over time: each read timed and reported, the file
@@ -1609,13 +1636,11 @@ static void test_disk_probe_sample(void **state) {
     assert_int_equal(n_dir_entries(dir), 0);
 
     /* the command, stopped by SIGTERM (to this thread, which it blocks and
-     * waits for between reads): it ends normally and removes its file */
-    Signaller sg = {pthread_self(), 300};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, signal_later, &sg), 0);
+     * waits for between reads) after its first sample: it ends normally
+     * and removes its file */
+    Signaller sg;
     char *argv2[] = {dir, "--mb", "4", "--sample-mb", "2", "--sample-ms", "20"};
-    text = probe_output(7, argv2);
-    pthread_join(th, NULL);
+    text = probe_output_signalled(7, argv2, &sg);
     sum = strstr(text, "samples=");
     if (sum == NULL || sscanf(sum, "samples=%d", &n) != 1 || n < 1) fail_msg("disk-probe printed:\n%s", text);
     free(text);

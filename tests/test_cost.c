@@ -6,7 +6,6 @@
 
 #include <math.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "base/mem.h"
@@ -379,12 +378,6 @@ static void test_file_corrupt_rejected(void **state) {
 
 /* ---- profiling ------------------------------------------------------------ */
 
-static double wall(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void test_profile_stories(void **state) {
     (void)state;
     char path[512];
@@ -399,11 +392,10 @@ static void test_profile_stories(void **state) {
     o.n_threads = 2;
     o.budget_sec = 0.5;
     CostModel cm;
-    double t0 = wall();
+    /* how long it took is the machine's business; that the budget bounds
+     * the contexts measured is checked below, with none and with plenty */
     if (profile_measure(m, &o, &cm, &err)) fail_msg("%s", err.msg);
-    double elapsed = wall() - t0;
     cost_dump(&cm);
-    assert_true(elapsed < 10.0); /* about 0.05 s in release, 0.2 s under ASan, on an idle machine */
     assert_int_equal(cost_validate(&cm, NULL), MN_OK);
     assert_true(hash128_eq(&cm.key.model, &m->fingerprint));
     assert_int_equal(cm.key.block_tokens, 32);

@@ -132,6 +132,155 @@ static void make_prompts(int32_t (*p)[80], int n, int len, int n_vocab, uint64_t
     for (int i = 0; i < n; i++) make_prompt(p[i], len, n_vocab, seed + (uint64_t)i, 1);
 }
 
+/* Submit a request (greedy, n_gen tokens; its first logits into logits
+ * unless NULL); the caller reads and unrefs it. */
+static Request *submit_one_logits(Engine *e, const int32_t *prompt, int n, int n_gen, float *logits) {
+    ReqParams p;
+    greedy_params(&p, n_gen);
+    p.first_logits = logits;
+    Request *r = request_new(prompt, (size_t)n, &p, "", NULL);
+    MnErr err = {0};
+    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
+    return r;
+}
+
+static Request *submit_one(Engine *e, const int32_t *prompt, int n, int n_gen) {
+    return submit_one_logits(e, prompt, n, n_gen, NULL);
+}
+
+/* Run one greedy request; its first logits into logits (n_vocab). */
+static char *run_one(Engine *e, const int32_t *prompt, int n, int n_gen, float *logits, ReqResult *res) {
+    Request *r = submit_one_logits(e, prompt, n, n_gen, logits);
+    char *t = drain(r, res);
+    request_unref(r);
+    return t;
+}
+
+/* ---- gates: the order of events, as the test says ------------------------------ */
+
+/* A gate on another thread's path (an engine hook, a mover hook): that
+ * thread calls gate_pass_locked, which counts it and, while the gate is
+ * closed, waits there. A test closes it, waits until the thread is held,
+ * lines up what must happen meanwhile and opens it, so the order of
+ * events never depends on how fast the machine runs. A thread held longer
+ * than TEST_HANG_GUARD_S goes on by itself (timed_out; gate_open fails the
+ * test), so a test waiting on the wrong thing fails instead of hanging. */
+typedef struct Gate {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool is_closed, is_holding, timed_out;
+    int n_calls;
+} Gate;
+
+static void gate_init(Gate *g) {
+    memset(g, 0, sizeof *g);
+    pthread_mutex_init(&g->lock, NULL);
+    pthread_cond_init(&g->cond, NULL);
+}
+
+static void gate_deinit(Gate *g) {
+    pthread_cond_destroy(&g->cond);
+    pthread_mutex_destroy(&g->lock);
+}
+
+/* On the hooked thread; the caller holds g->lock. */
+static void gate_pass_locked(Gate *g) {
+    struct timespec until = test_hang_deadline();
+    g->n_calls++;
+    while (g->is_closed && !g->timed_out) {
+        g->is_holding = true;
+        pthread_cond_broadcast(&g->cond);
+        if (pthread_cond_timedwait(&g->cond, &g->lock, &until) == ETIMEDOUT) g->timed_out = true;
+    }
+    g->is_holding = false;
+}
+
+static void gate_close(Gate *g) {
+    pthread_mutex_lock(&g->lock);
+    g->is_closed = true;
+    pthread_mutex_unlock(&g->lock);
+}
+
+/* Until the hooked thread waits at the closed gate. */
+static void gate_wait_holding(Gate *g) {
+    struct timespec until = test_hang_deadline();
+    pthread_mutex_lock(&g->lock);
+    int rc = 0;
+    while (!g->is_holding && rc == 0) rc = pthread_cond_timedwait(&g->cond, &g->lock, &until);
+    bool is_holding = g->is_holding;
+    pthread_mutex_unlock(&g->lock);
+    if (!is_holding) fail_msg("nothing came to the gate within %d s", TEST_HANG_GUARD_S);
+}
+
+static void gate_open(Gate *g) {
+    pthread_mutex_lock(&g->lock);
+    g->is_closed = false;
+    bool timed_out = g->timed_out;
+    pthread_cond_broadcast(&g->cond);
+    pthread_mutex_unlock(&g->lock);
+    if (timed_out) fail_msg("a thread waited at the gate for %d s: what it waited for never came", TEST_HANG_GUARD_S);
+}
+
+/* EngineTestHooks: a gate before each forward pass, and the engine's
+ * clock. The clock is the machine's plus shift_s; a jump armed in
+ * wait_jump_s is added right after the next reading that starts a wait
+ * for restored layers, so that wait lasts that long by the engine's
+ * clock. n_held_steps counts the passes some request sat out. All under
+ * steps.lock. */
+typedef struct Drive {
+    Gate steps;
+    double shift_s, wait_jump_s;
+    int n_held_steps;
+    EngineTestHooks hooks;
+} Drive;
+
+static double drive_clock(void *ctx, EngineClockUse use) {
+    Drive *d = ctx;
+    pthread_mutex_lock(&d->steps.lock);
+    double shift = d->shift_s;
+    if (use == ENGINE_CLOCK_WAIT && d->wait_jump_s > 0) {
+        d->shift_s += d->wait_jump_s;
+        d->wait_jump_s = 0;
+    }
+    pthread_mutex_unlock(&d->steps.lock);
+    return shift;
+}
+
+static void drive_step(void *ctx, int n_running, int n_held_back) {
+    (void)n_running;
+    Drive *d = ctx;
+    pthread_mutex_lock(&d->steps.lock);
+    if (n_held_back > 0) d->n_held_steps++;
+    gate_pass_locked(&d->steps);
+    pthread_mutex_unlock(&d->steps.lock);
+}
+
+static void drive_init(Drive *d) {
+    memset(d, 0, sizeof *d);
+    gate_init(&d->steps);
+    d->hooks = (EngineTestHooks){.clock_shift_fn = drive_clock, .step_fn = drive_step, .ctx = d};
+}
+
+/* Add seconds to the engine's clock, from its next reading on. */
+static void drive_shift(Drive *d, double seconds) {
+    pthread_mutex_lock(&d->steps.lock);
+    d->shift_s += seconds;
+    pthread_mutex_unlock(&d->steps.lock);
+}
+
+/* Submit a request to an idle engine (settle) and return once the engine
+ * holds it at its first forward pass; what the test submits before
+ * drive_run(d) arrives while that request still has all its other steps
+ * to run. */
+static Request *submit_held(Engine *e, Drive *d, const int32_t *prompt, int n, int n_gen) {
+    gate_close(&d->steps);
+    Request *r = submit_one(e, prompt, n, n_gen);
+    gate_wait_holding(&d->steps);
+    return r;
+}
+
+static void drive_run(Drive *d) { gate_open(&d->steps); }
+
 typedef struct Job {
     Engine *e;
     int32_t prompt[200];
@@ -189,6 +338,9 @@ static void check_concurrent(Concurrent c) {
     o.batch_tokens = 64;
     o.block_tokens = 8;
     o.n_ctx = 256;
+    Drive dr;
+    drive_init(&dr);
+    o.test_hooks = &dr.hooks;
     Engine *e;
     MnErr err = {0};
     if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
@@ -201,10 +353,15 @@ static void check_concurrent(Concurrent c) {
         jobs[i].n_gen = c.gen_base + (c.gen_step * i) % 13;
         make_prompt(jobs[i].prompt, jobs[i].n_prompt, m->cfg.n_vocab, (uint64_t)i / 2, tok_bos(m->tok));
     }
-    /* all are submitted at once (so the pool is contended), then read by a
-     * client thread each */
+    /* all arrive during the first one's first pass (so the pool is
+     * contended however fast the machine runs), then each is read by a
+     * client thread */
     for (int i = 0; i < N; i++) job_prepare(&jobs[i]);
-    for (int i = 0; i < N; i++) job_submit(&jobs[i]);
+    gate_close(&dr.steps);
+    job_submit(&jobs[0]);
+    gate_wait_holding(&dr.steps);
+    for (int i = 1; i < N; i++) job_submit(&jobs[i]);
+    drive_run(&dr);
     for (int i = 0; i < N; i++) pthread_create(&th[i], NULL, job_drain, &jobs[i]);
     for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
     /* a sequence whose answer ended by length computes its last token's KV
@@ -232,18 +389,17 @@ static void check_concurrent(Concurrent c) {
     if (c.ram_tier_mb) assert_true(st.writebehind_blocks > 0);
     free(jobs);
     engine_free(e);
+    gate_deinit(&dr.steps);
     model_free(m);
 }
 
-/* Wait until the engine holds no pool block (saves in flight hold some). */
+/* Wait until the engine runs nothing and holds no pool block (saves in
+ * flight hold some, and a request that ended by length computes its last
+ * token's KV one step after its client saw the end). */
 static void settle(Engine *e) {
     EngineStats st;
-    for (int i = 0; i < 500; i++) {
-        engine_stats(e, &st);
-        if (st.pool_used == 0 && st.running == 0) return;
-        usleep(10000);
-    }
-    fail_msg("the engine still uses %d pool blocks", st.pool_used);
+    TEST_WAIT_UNTIL((engine_stats(e, &st), st.pool_used == 0 && st.running == 0),
+                    "the engine still runs %d requests and uses %d pool blocks", st.running, st.pool_used);
 }
 
 static void test_concurrent_cache(void **s) {
@@ -368,18 +524,32 @@ static void test_leading_blocks_recomputed(void **s) {
     model_free(m);
 }
 
+/* Whether the TTL has dropped blocks from the pool and from every tier. */
+static bool has_expired_everywhere(Engine *e, EngineStats *st) {
+    engine_stats(e, st);
+    bool is_everywhere = st->expired_blocks > 0;
+    for (int i = 0; i < st->n_tiers; i++) is_everywhere = is_everywhere && st->tiers[i].tier.n_expired_blocks > 0;
+    return is_everywhere;
+}
+
 /* --cache-ttl: blocks idle longer than the TTL leave the pool, even while
- * the engine has nothing else to do. */
+ * the engine has nothing else to do. The TTL is longer than any round of
+ * this test takes by the machine's clock; the test moves the engine's
+ * clock past it instead of sleeping (and waits for the engine to act on
+ * that while idle: it looks at least every second). */
 static void check_cache_ttl(bool has_tiers) {
     Model *m = load("stories260K");
     if (!m) return;
     char *dir = has_tiers ? make_tmpdir() : NULL;
+    Drive dr;
+    drive_init(&dr);
     EngineOptions o;
     engine_options_default(&o);
     o.block_tokens = 8;
-    o.cache_ttl_s = 0.3;
+    o.cache_ttl_s = 1000;
     o.ram_tier_mb = has_tiers ? 1 : 0;
     o.disk_tier_dir = dir;
+    o.test_hooks = &dr.hooks;
     Engine *e;
     MnErr err = {0};
     assert_int_equal(engine_new(m, &o, &e, &err), MN_OK);
@@ -388,21 +558,24 @@ static void check_cache_ttl(bool has_tiers) {
     ReqParams p;
     greedy_params(&p, 4);
     ReqResult res;
+    EngineStats st;
     int expect[3] = {0, 32, 0};
     for (int round = 0; round < 3; round++) {
-        if (round == 2) usleep(1800 * 1000); /* idle past the TTL (checked at least every second) */
+        if (round == 2) { /* idle past the TTL: dropped from the pool and from every tier */
+            drive_shift(&dr, 2 * o.cache_ttl_s);
+            TEST_WAIT_UNTIL(has_expired_everywhere(e, &st), "%llu blocks expired from the pool, some tier none",
+                            (unsigned long long)st.expired_blocks);
+        }
         Request *r = request_new(prompt, 37, &p, "", NULL);
         assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
         free(drain(r, &res));
         assert_int_equal(res.n_cached, expect[round]);
         request_unref(r);
     }
-    EngineStats st;
     engine_stats(e, &st);
-    assert_true(st.expired_blocks > 0);
-    /* every tier dropped them too (the last round's copies are fresh) */
-    for (int i = 0; i < st.n_tiers; i++) assert_true(st.tiers[i].tier.n_expired_blocks > 0);
+    assert_int_equal(st.n_tiers, has_tiers ? 2 : 0);
     engine_free(e);
+    gate_deinit(&dr.steps);
     if (dir) remove_tmpdir(dir);
     model_free(m);
 }
@@ -414,8 +587,11 @@ static void test_cache_ttl_tiers(void **s) { check_cache_ttl(true); }
 static void test_stop_and_cancel(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
+    Drive dr;
+    drive_init(&dr);
     EngineOptions o;
     engine_options_default(&o);
+    o.test_hooks = &dr.hooks;
     Engine *e;
     MnErr err = {0};
     assert_int_equal(engine_new(m, &o, &e, &err), MN_OK);
@@ -432,11 +608,11 @@ static void test_stop_and_cancel(void **s) {
     assert_int_equal(res.finish, FINISH_STOP);
     free(t);
     request_unref(r);
-    /* cancel a long request */
-    greedy_params(&p, 400);
-    r = request_new(prompt, 5, &p, "", NULL);
-    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
+    /* cancel a long request during its first pass */
+    settle(e);
+    r = submit_held(e, &dr, prompt, 5, 400);
     engine_cancel(e, r);
+    drive_run(&dr);
     t = drain(r, &res);
     assert_int_equal(res.finish, FINISH_CANCELLED);
     free(t);
@@ -452,6 +628,7 @@ static void test_stop_and_cancel(void **s) {
     request_unref(r);
     settle(e); /* a cancelled request's blocks go back right after its answer */
     engine_free(e);
+    gate_deinit(&dr.steps);
     model_free(m);
 }
 
@@ -666,6 +843,9 @@ static void test_queue_full(void **s) {
     engine_options_default(&o);
     o.max_queue = 2;
     o.parallel = 1;
+    Drive dr;
+    drive_init(&dr);
+    o.test_hooks = &dr.hooks;
     Engine *e;
     MnErr err = {0};
     assert_int_equal(engine_new(m, &o, &e, &err), MN_OK);
@@ -673,68 +853,68 @@ static void test_queue_full(void **s) {
     ReqParams p;
     greedy_params(&p, 400);
     Request *rs[8];
+    rs[0] = submit_held(e, &dr, prompt, 5, 400); /* the others arrive while it runs */
     int n_busy = 0;
-    for (int i = 0; i < 8; i++) {
+    for (int i = 1; i < 8; i++) {
         rs[i] = request_new(prompt, 5, &p, "", NULL);
         int rc = engine_submit(e, rs[i], &err, NULL);
         if (rc == MN_EBUSY) n_busy++;
         else assert_int_equal(rc, MN_OK);
     }
     assert_true(n_busy >= 4);
+    drive_run(&dr);
     engine_free(e); /* cancels what runs */
     for (int i = 0; i < 8; i++) request_unref(rs[i]);
+    gate_deinit(&dr.steps);
     model_free(m);
 }
 
 /* With one running slot busy, the waiting requests are admitted in the
- * policy's order: FCFS by arrival, FPF most cached prefix first. */
+ * policy's order: FCFS by arrival, FPF most cached prefix first. Both
+ * arrive during the busy request's first pass (it has 299 more to go),
+ * and with one slot the first admitted has finished before the other
+ * starts: when the second is done, the first must be already. */
 static void check_schedule(SchedPolicy policy, bool cached_first) {
     Model *m = load("stories260K");
     if (!m) return;
+    Drive dr;
+    drive_init(&dr);
     EngineOptions o;
     engine_options_default(&o);
     o.parallel = 1;
     o.block_tokens = 8;
     o.schedule = policy;
+    o.test_hooks = &dr.hooks;
     Engine *e;
     MnErr err = {0};
     assert_int_equal(engine_new(m, &o, &e, &err), MN_OK);
     int32_t warm[64], fresh[64];
     make_prompt(warm, 41, 512, 11, 1);
     make_prompt(fresh, 41, 512, 12, 1);
-    ReqParams p;
-    greedy_params(&p, 4);
     ReqResult res;
-    Request *d = request_new(warm, 40, &p, "", NULL); /* puts warm's prefix in the pool */
-    assert_int_equal(engine_submit(e, d, &err, NULL), MN_OK);
-    free(drain(d, &res));
-    request_unref(d);
-    greedy_params(&p, 300);
-    Request *a = request_new(fresh + 1, 20, &p, "", NULL); /* occupies the only slot */
-    assert_int_equal(engine_submit(e, a, &err, NULL), MN_OK);
-    for (;;) { /* wait until it runs */
-        ReqOutput out;
-        assert_int_equal(request_read(a, &out, 1000), MN_OK);
-        bool is_running = out.len > 0 || out.is_done;
-        request_output_deinit(&out);
-        if (is_running) break;
-    }
-    greedy_params(&p, 20);
-    Request *b = request_new(fresh, 41, &p, "", NULL); /* arrives first, nothing cached */
-    Request *c = request_new(warm, 41, &p, "", NULL);  /* arrives second, 32 tokens cached */
-    assert_int_equal(engine_submit(e, b, &err, NULL), MN_OK);
-    assert_int_equal(engine_submit(e, c, &err, NULL), MN_OK);
-    ReqResult rb, rc;
+    free(run_one(e, warm, 40, 4, NULL, &res)); /* puts warm's prefix in the pool */
+    settle(e);
+    Request *a = submit_held(e, &dr, fresh + 1, 20, 300); /* occupies the only slot */
+    Request *b = submit_one(e, fresh, 41, 20); /* arrives first, nothing cached */
+    Request *c = submit_one(e, warm, 41, 20);  /* arrives second, 40 tokens cached */
+    drive_run(&dr);
     free(drain(a, &res));
-    free(drain(b, &rb));
-    free(drain(c, &rc));
+    ReqResult rb, rc;
+    Request *first = cached_first ? c : b, *second = cached_first ? b : c;
+    free(drain(second, cached_first ? &rb : &rc));
+    ReqOutput out;
+    assert_int_equal(request_read(first, &out, 0), MN_OK);
+    bool is_done = out.is_done;
+    if (is_done) *(cached_first ? &rc : &rb) = out.res;
+    request_output_deinit(&out);
+    assert_true(is_done);
     assert_int_equal(rc.n_cached, 40);
-    if (cached_first) assert_true(rc.ttft_s < rb.ttft_s);
-    else assert_true(rb.ttft_s < rc.ttft_s);
+    assert_int_equal(rb.n_cached, 0);
     request_unref(a);
     request_unref(b);
     request_unref(c);
     engine_free(e);
+    gate_deinit(&dr.steps);
     model_free(m);
 }
 
@@ -923,19 +1103,6 @@ static void test_logprobs(void **s) {
     model_free(m);
 }
 
-/* Run one greedy request; its first logits into logits (n_vocab). */
-static char *run_one(Engine *e, const int32_t *prompt, int n, int n_gen, float *logits, ReqResult *res) {
-    ReqParams p;
-    greedy_params(&p, n_gen);
-    p.first_logits = logits;
-    Request *r = request_new(prompt, (size_t)n, &p, "", NULL);
-    MnErr err = {0};
-    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
-    char *t = drain(r, res);
-    request_unref(r);
-    return t;
-}
-
 /* What a full recompute of a prompt gives: its first logits and its
  * greedy text (n_gen tokens). */
 typedef struct Recomputed {
@@ -964,6 +1131,18 @@ static void expect_recomputed(Engine *e, const Recomputed *want, const int32_t *
     free(got);
 }
 
+/* expect_recomputed for a request submitted apart (submit_one_logits with
+ * want->n_gen tokens and got for its first logits): read it, compare,
+ * free got and the request. */
+static void expect_recomputed_read(Request *r, const Recomputed *want, float *got, ReqResult *res) {
+    char *t = drain(r, res);
+    request_unref(r);
+    assert_string_equal(t, want->text);
+    assert_memory_equal(got, want->logits, sizeof(float) * (size_t)want->n_vocab);
+    free(t);
+    free(got);
+}
+
 
 static char *make_tmpdir(void) { return test_make_dir(strdup("/tmp/mnemo-test-tier-XXXXXX")); }
 static void remove_tmpdir(char *d) {
@@ -986,7 +1165,7 @@ static void corrupt_slabs(const char *dir, int n_pages) {
  * pool_blocks, one sequence at a time, a RAM tier of ram_mb (0: none), a
  * disk tier in dir (NULL: none). */
 static Engine *tier_engine_hooked(Model *m, int pool_blocks, uint64_t ram_mb, const char *dir, EvictPolicy evict,
-                                  const MoverTestHooks *hooks) {
+                                  const MoverTestHooks *hooks, const EngineTestHooks *test_hooks) {
     EngineOptions o;
     engine_options_default(&o);
     o.block_tokens = 8;
@@ -996,6 +1175,7 @@ static Engine *tier_engine_hooked(Model *m, int pool_blocks, uint64_t ram_mb, co
     o.disk_tier_dir = dir;
     o.evict = evict;
     o.mover_hooks = hooks;
+    o.test_hooks = test_hooks;
     Engine *e;
     MnErr err = {0};
     if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
@@ -1003,7 +1183,7 @@ static Engine *tier_engine_hooked(Model *m, int pool_blocks, uint64_t ram_mb, co
 }
 
 static Engine *tier_engine(Model *m, int pool_blocks, uint64_t ram_mb, const char *dir, EvictPolicy evict) {
-    return tier_engine_hooked(m, pool_blocks, ram_mb, dir, evict, NULL);
+    return tier_engine_hooked(m, pool_blocks, ram_mb, dir, evict, NULL, NULL);
 }
 
 /* A conversation's blocks leave the pool (two other requests need it) and
@@ -1116,16 +1296,6 @@ static void test_restore_mixed(void **s) {
     model_free(m);
 }
 
-/* Submit a request (greedy, n_gen tokens); the caller reads and unrefs it. */
-static Request *submit_one(Engine *e, const int32_t *prompt, int n, int n_gen) {
-    ReqParams p;
-    greedy_params(&p, n_gen);
-    Request *r = request_new(prompt, (size_t)n, &p, "", NULL);
-    MnErr err = {0};
-    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
-    return r;
-}
-
 /* Run each prompt (4 tokens generated) on a tier engine over dir, then
  * stop it: their full blocks are on disk only, for the next engine there. */
 static void put_on_disk(Model *m, const char *dir, const int32_t *const *prompts, const int *lens, int n) {
@@ -1149,11 +1319,16 @@ static void test_prefetch_waiting(void **s) {
     make_prompt(a, 65, nv, 61, 1);
     make_prompt(d, 9, nv, 62, 1);
     put_on_disk(m, dir, (const int32_t *[]){a}, (int[]){65}, 1);
-    Engine *e = tier_engine(m, 32, 0, dir, EVICT_DEFAULT); /* a's 8 blocks are on disk only */
+    Drive dr;
+    drive_init(&dr);
+    Engine *e = tier_engine_hooked(m, 32, 0, dir, EVICT_DEFAULT, NULL, &dr.hooks); /* a's 8 blocks are on disk only */
     ReqResult res;
     Recomputed want = recompute(m, a, 65, 4);
-    Request *rd = submit_one(e, d, 9, 100); /* runs first: a waits behind it */
-    expect_recomputed(e, &want, a, 65, &res);
+    Request *rd = submit_held(e, &dr, d, 9, 100); /* runs first: a waits behind it */
+    float *got = calloc((size_t)nv, sizeof *got);
+    Request *ra = submit_one_logits(e, a, 65, want.n_gen, got);
+    drive_run(&dr);
+    expect_recomputed_read(ra, &want, got, &res);
     assert_int_equal(res.n_cached, 64);
     free(drain(rd, &res));
     request_unref(rd);
@@ -1162,6 +1337,7 @@ static void test_prefetch_waiting(void **s) {
     assert_int_equal(st.prefetched_blocks, 8);
     recomputed_free(&want);
     engine_free(e);
+    gate_deinit(&dr.steps);
     remove_tmpdir(dir);
     model_free(m);
 }
@@ -1182,7 +1358,9 @@ static void test_promote_waiting(void **s) {
     make_prompts(fill, 3, 65, nv, 82);
     make_prompt(d, 9, nv, 85, 1);
     put_on_disk(m, dir, (const int32_t *[]){a}, (int[]){65}, 1);
-    Engine *e = tier_engine(m, 24, 1, dir, EVICT_DEFAULT); /* a's 8 blocks are on disk only */
+    Drive dr;
+    drive_init(&dr);
+    Engine *e = tier_engine_hooked(m, 24, 1, dir, EVICT_DEFAULT, NULL, &dr.hooks); /* a's 8 blocks are on disk only */
     ReqResult res;
     for (int i = 0; i < 3; i++) free(run_one(e, fill[i], 65, 4, NULL, &res)); /* the pool fills with cached blocks */
     settle(e);
@@ -1190,8 +1368,11 @@ static void test_promote_waiting(void **s) {
     engine_stats(e, &st);
     assert_true(st.pool_free < 8);
     Recomputed want = recompute(m, a, 65, 4);
-    Request *rd = submit_one(e, d, 9, 180); /* runs first, as long as the pool allows */
-    expect_recomputed(e, &want, a, 65, &res);
+    Request *rd = submit_held(e, &dr, d, 9, 180); /* runs first, as long as the pool allows */
+    float *got = calloc((size_t)nv, sizeof *got);
+    Request *ra = submit_one_logits(e, a, 65, want.n_gen, got);
+    drive_run(&dr);
+    expect_recomputed_read(ra, &want, got, &res);
     assert_int_equal(res.n_cached, 64);
     assert_int_equal(res.n_cached_by[SRC_RAM], 64);
     free(drain(rd, &res));
@@ -1202,6 +1383,7 @@ static void test_promote_waiting(void **s) {
     request_unref(rd);
     recomputed_free(&want);
     engine_free(e);
+    gate_deinit(&dr.steps);
     remove_tmpdir(dir);
     model_free(m);
 }
@@ -1218,14 +1400,18 @@ static int window_keeps(EvictPolicy evict) {
     make_prompt(b, 65, nv, 72, 1);
     make_prompt(d, 9, nv, 73, 1);
     char *ref_text = reference_text(m, a, 65, 4);
-    Engine *e = tier_engine(m, 40, 0, NULL, evict);
+    Drive dr;
+    drive_init(&dr);
+    Engine *e = tier_engine_hooked(m, 40, 0, NULL, evict, NULL, &dr.hooks);
     ReqResult res;
     free(run_one(e, a, 65, 4, NULL, &res)); /* 8 cached blocks, the oldest */
     free(run_one(e, b, 65, 4, NULL, &res)); /* 8 more; 24 free */
+    settle(e);
     /* d grows to 30 blocks, so its last 6 evict, the first of them at its
-     * 184th token; a, submitted right behind it, waits meanwhile */
-    Request *rd = submit_one(e, d, 9, 230);
+     * 184th token; a, arriving during d's first pass, waits meanwhile */
+    Request *rd = submit_held(e, &dr, d, 9, 230);
     Request *ra = submit_one(e, a, 65, 4);
+    drive_run(&dr);
     char *ta = drain(ra, &res);
     assert_string_equal(ta, ref_text);
     int n_cached = res.n_cached;
@@ -1235,6 +1421,7 @@ static int window_keeps(EvictPolicy evict) {
     free(drain(rd, &res));
     request_unref(rd);
     engine_free(e);
+    gate_deinit(&dr.steps);
     model_free(m);
     return n_cached;
 }
@@ -1326,50 +1513,33 @@ static void test_pool_fifo_vs_lru(void **s) {
     assert_int_equal(pool_keeps_a(EVICT_FIFO), 24); /* blocks 0..4 went: 5..7 are reused, 0..4 recomputed */
 }
 
-/* A mover layer gate (MoverTestHooks.layer_gate): sleeps sleep_ms
- * per layer (a slow disk), or, while closed, holds the load where it is
- * until opened or until 20 s have passed (then it opens itself and says
- * so, so a test that waits on the wrong thing fails instead of hanging).
- * n_calls counts the layers that came through. */
-typedef struct Gate {
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    int sleep_ms;
-    bool is_closed;
-    bool timed_out;
-    int n_calls;
-} Gate;
-
+/* MoverTestHooks for test_hold_back_slow_restore: a gate at each layer of
+ * a load, and a disk that reports its reads SLOW_READ_S slower than they
+ * were. */
+#define SLOW_READ_S 9000.0
 static void gate_layer(void *ctx, int layer) {
     (void)layer;
     Gate *g = ctx;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 20;
     pthread_mutex_lock(&g->lock);
-    g->n_calls++;
-    int ms = g->sleep_ms;
-    while (g->is_closed)
-        if (pthread_cond_timedwait(&g->cond, &g->lock, &until) != 0) {
-            g->timed_out = true;
-            g->is_closed = false;
-        }
+    gate_pass_locked(g);
     pthread_mutex_unlock(&g->lock);
-    if (ms > 0) usleep((useconds_t)ms * 1000);
 }
+static double slow_reads(void *ctx, int tier) { return SLOW_READ_S; }
 
-/* A slow restore sits out the steps it would stall (tiers_hold_back): the
- * disk tier has read slowly before (the gate slept 200 ms a layer while
- * x's 8 blocks came back, 1 s), so y's one block is expected to take
- * ~125 ms, longer than a step's compute even under a sanitizer on a busy
- * machine. While y's load is held at the gate, a request running beside it
- * decodes all 40 of its tokens; then the load finishes and y's first
- * logits are a full recompute's, bit for bit. Without the hold-back, the
- * first step with both waits on the gate and the other request cannot
- * finish before the gate gives up. The step time it compares with leaves
- * out the ~1 s x's step waited for its layers: counted in, it would make a
- * step look longer (~0.2 s by y's turn) than y's restore, and y would join
- * the batch. */
+/* A slow restore sits out the steps it would stall (tiers_hold_back), and
+ * the step time it is compared with leaves out what a pass waited for
+ * restored layers. Time is the test's, not the machine's: the disk tier
+ * reports its reads SLOW_READ_S slower, so once x's 8 blocks have come
+ * back, y's one block is expected to take SLOW_READ_S / 8 seconds, longer
+ * than any step; and x's pass, restoring alone (nothing else would run, so
+ * it is not held back), waits 1e5 s by the engine's clock. Counted into
+ * the step time, that wait would make y's restore look short enough to
+ * join the next batch. Then d runs, and y arrives during d's first pass:
+ * y's load is held at the mover's layer gate, d decodes all 40 tokens
+ * with y sitting out each step, and once the gate opens y's first logits
+ * are a full recompute's, bit for bit. Had y joined a batch, that pass
+ * would wait at the closed gate and d could not finish before the gate's
+ * hang guard gave up. */
 static void test_hold_back_slow_restore(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
@@ -1380,58 +1550,65 @@ static void test_hold_back_slow_restore(void **s) {
     make_prompt(y, 9, nv, 82, 1);
     make_prompt(d, 9, nv, 83, 1);
     put_on_disk(m, dir, (const int32_t *[]){x, y}, (int[]){65, 9}, 2); /* x's 8 blocks, y's first */
-    Engine *e;
-    ReqResult res;
-
-    Gate g = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .sleep_ms = 200};
+    Gate layers;
+    gate_init(&layers);
+    Drive dr;
+    drive_init(&dr);
+    MoverTestHooks mh = {.layer_gate = gate_layer, .read_delay_fn = slow_reads, .ctx = &layers};
     EngineOptions o;
     engine_options_default(&o);
     o.block_tokens = 8;
     o.pool_blocks = 32;
     o.parallel = 2;
     o.disk_tier_dir = dir;
-    MoverTestHooks hooks = {.layer_gate = gate_layer, .ctx = &g};
-    o.mover_hooks = &hooks;
+    o.mover_hooks = &mh;
+    o.test_hooks = &dr.hooks;
+    Engine *e;
     MnErr err = {0};
     if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
-    free(run_one(e, d, 9, 20, NULL, &res)); /* steps of plain compute */
+    ReqResult res;
+
+    pthread_mutex_lock(&dr.steps.lock);
+    dr.wait_jump_s = 1e5;
+    pthread_mutex_unlock(&dr.steps.lock);
     float *ref = reference_logits(m, x, 65), *got = calloc((size_t)nv, sizeof(float));
-    free(run_one(e, x, 65, 1, got, &res)); /* alone: restored slowly, not held back */
+    free(run_one(e, x, 65, 1, got, &res));
     assert_int_equal(res.n_cached_by[SRC_DISK], 64);
     assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
     free(ref);
-    EngineStats st; /* the engine sees the slow read once the mover publishes it */
-    for (int i = 0; i < 500 && (engine_stats(e, &st), st.tiers[0].tier.read_seconds < 0.9); i++) usleep(10000);
-    assert_true(st.tiers[0].tier.read_seconds >= 0.9);
+    pthread_mutex_lock(&dr.steps.lock);
+    assert_true(dr.wait_jump_s == 0); /* x's pass waited for its layers */
+    pthread_mutex_unlock(&dr.steps.lock);
+    settle(e); /* x's load is done: its read is in the stats the engine estimates with */
+    EngineStats st;
+    engine_stats(e, &st);
+    if (!(st.tiers[0].tier.bytes_read > 0 && st.tiers[0].tier.read_seconds >= SLOW_READ_S))
+        fail_msg("the disk tier read %llu bytes in %.3f s", (unsigned long long)st.tiers[0].tier.bytes_read,
+                 st.tiers[0].tier.read_seconds);
 
-    pthread_mutex_lock(&g.lock);
-    g.sleep_ms = 0;
-    g.is_closed = true;
-    pthread_mutex_unlock(&g.lock);
-    Request *rd = submit_one(e, d, 9, 40);
-    ReqParams p;
-    greedy_params(&p, 4);
-    p.first_logits = got;
-    Request *ry = request_new(y, 9, &p, "", NULL);
-    assert_int_equal(engine_submit(e, ry, &err, NULL), MN_OK);
+    gate_close(&layers);
+    Request *rd = submit_held(e, &dr, d, 9, 40);
+    Request *ry = submit_one_logits(e, y, 9, 4, got);
+    drive_run(&dr);
     free(drain(rd, &res));
     assert_int_equal(res.n_generated, 40);
-    pthread_mutex_lock(&g.lock);
-    bool was_held = !g.timed_out;
-    g.is_closed = false;
-    pthread_cond_broadcast(&g.cond);
-    pthread_mutex_unlock(&g.lock);
-    assert_true(was_held); /* d finished while y's load was held */
     request_unref(rd);
+    pthread_mutex_lock(&dr.steps.lock);
+    int n_held_steps = dr.n_held_steps;
+    pthread_mutex_unlock(&dr.steps.lock);
+    gate_open(&layers); /* fails if a pass waited there (y joined a batch) */
+    assert_true(n_held_steps > 0);
     free(drain(ry, &res));
     request_unref(ry);
     assert_int_equal(res.n_cached_by[SRC_DISK], 8);
-    assert_int_equal(g.n_calls, 2 * m->cfg.n_layer); /* both came through the gate */
+    assert_int_equal(layers.n_calls, 2 * m->cfg.n_layer); /* x's and y's layers came through the gate */
     ref = reference_logits(m, y, 9);
     assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
     free(ref);
     free(got);
     engine_free(e);
+    gate_deinit(&layers);
+    gate_deinit(&dr.steps);
     remove_tmpdir(dir);
     model_free(m);
 }
@@ -1458,7 +1635,7 @@ static void test_disk_full(void **s) {
     for (int k = 0; k < 2; k++) {
         char *dir = make_tmpdir();
         MoverTestHooks hooks = {.disk_tier = full_disk, .ctx = (void *)&kinds[k]};
-        Engine *e = tier_engine_hooked(m, 16, 0, dir, EVICT_DEFAULT, &hooks);
+        Engine *e = tier_engine_hooked(m, 16, 0, dir, EVICT_DEFAULT, &hooks, NULL);
         ReqResult res;
         free(run_one(e, a, 65, 4, NULL, &res));
         settle(e);
@@ -1579,7 +1756,7 @@ static void test_restore_out_of_memory(void **s) {
     make_prompt(a, 65, nv, 121, 1);
     put_on_disk(m, dir, (const int32_t *[]){a}, (int[]){65}, 1);
     MoverTestHooks hooks = {.disk_tier = short_of_memory};
-    Engine *e = tier_engine_hooked(m, 32, 0, dir, EVICT_DEFAULT, &hooks);
+    Engine *e = tier_engine_hooked(m, 32, 0, dir, EVICT_DEFAULT, &hooks, NULL);
     ReqResult res;
     Recomputed want = recompute(m, a, 65, 4);
     expect_recomputed(e, &want, a, 65, &res);
@@ -1651,29 +1828,31 @@ static void test_restore_from_disk(void **s) { check_restore(0, true, SRC_DISK, 
 static void test_restore_ram_and_disk(void **s) { check_restore(1, true, SRC_RAM, false); }
 static void test_restore_corrupt_disk(void **s) { check_restore(0, true, SRC_DISK, true); }
 
-/* Many more conversations than the pool holds, two turns each, all at
- * once, through a pool of 24 blocks with RAM and disk tiers below it:
- * every answer equals its solo run, and the second turns find their
+/* Many more conversations than the pool holds, two turns each, through a
+ * pool of 24 blocks with RAM and disk tiers below it: all first turns at
+ * once, then all second turns at once (so the pool has had to let go of
+ * most first turns, whatever order a loaded machine runs the threads in).
+ * Every answer equals its solo run, and the second turns find their
  * history in the tiers. */
 typedef struct Conv {
     Engine *e;
     int32_t prompt[160];
     int n1, n2, n_gen;
+    int turn; /* the one to run next */
     char *text[2];
     ReqResult res[2];
 } Conv;
 
 static void *conv_main(void *arg) {
     Conv *c = arg;
-    for (int turn = 0; turn < 2; turn++) {
-        ReqParams p;
-        greedy_params(&p, c->n_gen);
-        Request *r = request_new(c->prompt, (size_t)(turn ? c->n2 : c->n1), &p, "", NULL);
-        MnErr err = {0};
-        if (engine_submit(c->e, r, &err, NULL) != MN_OK) c->text[turn] = strdup("SUBMIT FAILED");
-        else c->text[turn] = drain(r, &c->res[turn]);
-        request_unref(r);
-    }
+    int turn = c->turn;
+    ReqParams p;
+    greedy_params(&p, c->n_gen);
+    Request *r = request_new(c->prompt, (size_t)(turn ? c->n2 : c->n1), &p, "", NULL);
+    MnErr err = {0};
+    if (engine_submit(c->e, r, &err, NULL) != MN_OK) c->text[turn] = strdup("SUBMIT FAILED");
+    else c->text[turn] = drain(r, &c->res[turn]);
+    request_unref(r);
     return NULL;
 }
 
@@ -1702,9 +1881,14 @@ static void test_many_conversations_tiered(void **s) {
         cv[i].n2 = cv[i].n1 + 30;
         cv[i].n_gen = 6 + i % 4;
         make_prompt(cv[i].prompt, cv[i].n2, m->cfg.n_vocab, 100 + (uint64_t)i, tok_bos(m->tok));
-        pthread_create(&th[i], NULL, conv_main, &cv[i]);
     }
-    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    for (int turn = 0; turn < 2; turn++) {
+        for (int i = 0; i < N; i++) {
+            cv[i].turn = turn;
+            pthread_create(&th[i], NULL, conv_main, &cv[i]);
+        }
+        for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    }
     uint64_t from_tiers = 0;
     for (int i = 0; i < N; i++)
         for (int turn = 0; turn < 2; turn++) {

@@ -18,9 +18,20 @@ typedef struct Srv {
     char model[128]; /* the served id, as /v1/models lists it: the model's file name */
 } Srv;
 
+/* The port from the server's start-up line ("serving ... on
+ * http://127.0.0.1:PORT") into s->port, once it is in the log; else 0. */
+static inline int srv_port(Srv *s) {
+    char *log = test_read_file(s->log, NULL);
+    char *p = log ? strstr(log, "on http://127.0.0.1:") : NULL;
+    if (p) s->port = atoi(p + strlen("on http://127.0.0.1:"));
+    free(log);
+    return s->port;
+}
+
 /* Start `mnemo serve -m MODEL --port 0 --block-tokens 8 EXTRA`; returns 0
  * once it listens (the port is read from its start-up line), -1 when the
- * model file is missing (the test is skipped). */
+ * model file is missing (the test is skipped). A server that exits first,
+ * or is not listening after TEST_HANG_GUARD_S, fails the test. */
 static inline int srv_start(Srv *s, const char *model, const char *extra) {
     char path[512], rel[256], cmd[2048];
     snprintf(rel, sizeof rel, "models/%s.gguf", model);
@@ -37,19 +48,15 @@ static inline int srv_start(Srv *s, const char *model, const char *extra) {
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
-    for (int i = 0; i < 300; i++) { /* wait for "serving ... on http://127.0.0.1:PORT" */
-        usleep(50000);
-        char *log = test_read_file(s->log, NULL);
-        char *p = log ? strstr(log, "on http://127.0.0.1:") : NULL;
-        if (p) {
-            s->port = atoi(p + strlen("on http://127.0.0.1:"));
-            free(log);
-            return 0;
-        }
-        free(log);
+    int status = 0;
+    s->port = 0;
+    TEST_WAIT_UNTIL(srv_port(s) > 0 || waitpid(s->pid, &status, WNOHANG) == s->pid,
+                    "the server is not listening after %d s; see %s", TEST_HANG_GUARD_S, s->log);
+    if (s->port <= 0) {
+        s->pid = 0; /* reaped: nothing to stop */
+        fail_msg("the server exited (status 0x%x) before listening; see %s", status, s->log);
     }
-    fail_msg("server did not start; see %s", s->log);
-    return -1;
+    return 0;
 }
 
 /* SIGTERM, and the server must exit 0. */

@@ -13,7 +13,36 @@
 #include <cmocka.h>
 #include <dirent.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
+
+/* How long a test waits for something that must happen before it calls
+ * the run hung. Never a measure of speed, only a guard against hanging:
+ * long enough for any load a shared machine may be under, so that its
+ * expiry means a bug. */
+#define TEST_HANG_GUARD_S 60
+
+/* CLOCK_REALTIME TEST_HANG_GUARD_S from now, for pthread_cond_timedwait. */
+static inline struct timespec test_hang_deadline(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += TEST_HANG_GUARD_S;
+    return ts;
+}
+
+/* Poll until cond holds (every 10 ms); after TEST_HANG_GUARD_S fail with
+ * the printf-style message. For state a test can only read (a counter, a
+ * metric, a file), not wait on. */
+#define TEST_WAIT_UNTIL(cond, ...)                                                   \
+    do {                                                                             \
+        struct timespec t0_, t_;                                                     \
+        clock_gettime(CLOCK_MONOTONIC, &t0_);                                        \
+        while (!(cond)) {                                                            \
+            clock_gettime(CLOCK_MONOTONIC, &t_);                                     \
+            if (t_.tv_sec - t0_.tv_sec > TEST_HANG_GUARD_S) fail_msg(__VA_ARGS__);   \
+            usleep(10000);                                                           \
+        }                                                                            \
+    } while (0)
 
 /* Run only the cases whose names match $MNEMO_TEST_FILTER (a cmocka
  * pattern: '*' and '?'), when it is set; call first thing in main. */

@@ -587,13 +587,16 @@ static bool told_to_stop(int fd) {
     return poll(&p, 1, 0) != 0;
 }
 
+/* Copies once before it looks at the pipe: a load stopped before its
+ * threads were first scheduled (a short probe, a busy machine) still
+ * copied and reports a rate, rather than 0. */
 static void *load_main(void *arg) {
     LoadThread *t = arg;
-    while (!told_to_stop(t->stop_fd)) {
+    do {
         memcpy(t->b, t->a, DISKPROBE_LOAD_BYTES);
         memcpy(t->a, t->b, DISKPROBE_LOAD_BYTES);
         t->copied += 2ull * DISKPROBE_LOAD_BYTES;
-    }
+    } while (!told_to_stop(t->stop_fd));
     return NULL;
 }
 

@@ -131,9 +131,9 @@ int diskprobe_main(int argc, char **argv);
  *
  * diskprobe_load_start starts n_threads (1..DISKPROBE_LOAD_MAX) threads,
  * each copying DISKPROBE_LOAD_BYTES back and forth between two buffers of
- * its own until diskprobe_load_stop, which tells them through a pipe and
- * joins them. MN_EINVAL, MN_ENOMEM (buffers, threads); *out is NULL on
- * failure, with nothing left running. */
+ * its own, at least once, until diskprobe_load_stop, which tells them
+ * through a pipe and joins them. MN_EINVAL, MN_ENOMEM (buffers, threads);
+ * *out is NULL on failure, with nothing left running. */
 #define DISKPROBE_LOAD_MAX 64
 #define DISKPROBE_LOAD_BYTES (64u << 20)
 

@@ -145,6 +145,8 @@ static void on_drop(void *ctx, const Hash128 *hashes, int n, TierDropReason why)
 static void publish_stats(Mover *m, int i) {
     MoverTierStats st;
     tier_stats(m->tiers[i], &st.tier);
+    const MoverTestHooks *hk = m->cfg.hooks;
+    if (hk && hk->read_delay_fn) st.tier.read_seconds += hk->read_delay_fn(hk->ctx, i);
     st.reads = m->reads[i];
     st.writes = m->writes[i];
     pthread_mutex_lock(&m->stats_lock);

@@ -162,10 +162,15 @@ typedef void (*MoverHeldFn)(void *ctx, int tier, const Hash128 *hashes, int n);
 /* Hooks for tests; a production config has none. */
 typedef struct MoverTestHooks {
     /* Called on the mover thread as each layer of a streamed load is in
-     * place, before its LAYER events, inside the tier's timed read. A gate
-     * that sleeps reads as a slow tier (its measured bandwidth drops); one
+     * place, before its LAYER events, inside the tier's timed read. One
      * that blocks holds the load at that layer. May be NULL. */
     void (*layer_gate)(void *ctx, int layer);
+    /* Seconds added to tier i's measured read time wherever mover_stats
+     * reports it, so the engine's bandwidth estimate (bytes read over read
+     * seconds) sees a slow tier whatever the machine's load; a sleep in
+     * layer_gate would make the reads slow only by as much as it slept,
+     * against steps that a loaded machine also slows. May be NULL. */
+    double (*read_delay_fn)(void *ctx, int tier);
     /* Called once with the disk tier as soon as it is open, before the
      * mover thread starts (to inject a failure: aio_fault_set on
      * tier_disk_aio, tier_disk_fault_alloc). May be NULL. */

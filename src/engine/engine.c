@@ -459,6 +459,10 @@ static void active_complete(Engine *e, Active *a, FinishReason why, const char *
     e->stats.requests_finished[why]++;
     e->stats.generated_tokens += (uint64_t)a->n_generated;
     pthread_mutex_unlock(&e->stats_lock);
+    /* the gauges too, so that whoever has read this result sees the
+     * engine as it was then or later, never as it was before (they are
+     * otherwise taken once per loop, after the step that finished it) */
+    stats_update_gauges(e);
     request_finish(a->req, &res);
 }
 
@@ -870,6 +874,7 @@ static void engine_step(Engine *e) {
         if (!ensure_blocks(e, i)) i = -1; /* the list changed: start over */
     if (e->n_running == 0) return;
     tiers_hold_back(e);
+    engine_test_step(e);
     int budget = e->opt.batch_tokens, n = 0, n_logits = 0;
     for (int i = 0; i < e->n_running; i++) e->running[i]->is_in_batch = false;
     /* decodes first (one pending token), then prefill chunks */
@@ -910,14 +915,14 @@ static void engine_step(Engine *e) {
     }
     const float *logits;
     MnErr err = {0};
-    double t0 = mn_now();
+    double t0 = engine_now(e, ENGINE_CLOCK_STEP);
     e->step_wait_s = 0;
     if (fwd_run(e->fwd, &b, &logits, &err) != MN_OK) {
         LOG_ERROR("forward pass failed: %s", err.msg);
         fail_all_running(e, err.msg);
         return;
     }
-    e->step_s = 0.7 * e->step_s + 0.3 * (mn_now() - t0 - e->step_wait_s);
+    e->step_s = 0.7 * e->step_s + 0.3 * (engine_now(e, ENGINE_CLOCK_STEP) - t0 - e->step_wait_s);
     /* advance, register full blocks (not for a sequence whose restore
      * failed during the pass: its work is discarded below) */
     for (int t = 0; t < n; t++) {
@@ -995,7 +1000,7 @@ static void handle_msgs(Engine *e, Msg *m) {
 static void expire_cached(Engine *e) {
     if (e->opt.cache_ttl_s <= 0) return;
     tiers_expire(e);
-    int n = kvpool_expire(&e->pool, mn_now() - e->opt.cache_ttl_s);
+    int n = kvpool_expire(&e->pool, engine_now(e, ENGINE_CLOCK_EXPIRY) - e->opt.cache_ttl_s);
     if (n == 0) return;
     pthread_mutex_lock(&e->stats_lock);
     e->stats.expired_blocks += (uint64_t)n;

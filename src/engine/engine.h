@@ -36,6 +36,30 @@
 
 typedef enum SchedPolicy { SCHED_FCFS, SCHED_FPF, SCHED_RELAXED_FPF } SchedPolicy;
 
+/* What a reading of the engine's clock decides (EngineTestHooks). */
+typedef enum EngineClockUse {
+    ENGINE_CLOCK_STEP,   /* the start and end of a forward pass: its compute time */
+    ENGINE_CLOCK_WAIT,   /* the start and end of a wait for restored layers in a pass */
+    ENGINE_CLOCK_EXPIRY, /* what the cache TTL expires, and when the tiers are asked next */
+} EngineClockUse;
+
+/* Hooks for tests, so that a test drives the engine's time and order of
+ * events instead of sleeping and hoping that a loaded machine keeps up; a
+ * production engine has none. Both are called on the engine thread and
+ * may be NULL. */
+typedef struct EngineTestHooks {
+    /* Seconds added to a reading of the engine's clocks (monotonic and
+     * wall) of this use: time moves as the test says, not as the machine
+     * runs. */
+    double (*clock_shift_fn)(void *ctx, EngineClockUse use);
+    /* Before each forward pass: how many requests run, and how many of
+     * them sit out this step because their restores are not expected to
+     * finish within its compute. It may block: a test holds the engine
+     * there while it lines up what arrives during a request's run. */
+    void (*step_fn)(void *ctx, int n_running, int n_held_back);
+    void *ctx;
+} EngineTestHooks;
+
 typedef struct EngineOptions {
     int n_threads;        /* compute workers (default 2) */
     int compute_nice;     /* they run this many nice levels lower than the rest, 0-19 (default 5) */
@@ -62,6 +86,7 @@ typedef struct EngineOptions {
     uint64_t disk_tier_mb;     /* disk tier budget (default 4096 when a directory is given) */
     float swap_watermark;      /* write-behind of cold blocks when free pool blocks fall under this fraction (0.25) */
     const MoverTestHooks *mover_hooks; /* tests only: MoverConfig.hooks; NULL normally */
+    const EngineTestHooks *test_hooks; /* tests only (borrowed, outlives the engine); NULL normally */
     int test_table_faults;             /* tests only: the next N block-table growths fail
                                           as out of memory; 0 normally */
 } EngineOptions;

@@ -237,4 +237,22 @@ void tiers_persist_conversation(Engine *e, const Active *a);
  * what is older. */
 void tiers_expire(Engine *e);
 
+/* What the test hooks add to a clock reading of this use (0 normally). */
+static inline double engine_clock_shift(const Engine *e, EngineClockUse use) {
+    const EngineTestHooks *hk = e->opt.test_hooks;
+    return hk && hk->clock_shift_fn ? hk->clock_shift_fn(hk->ctx, use) : 0;
+}
+
+/* mn_now() as the engine reads it for this use. */
+static inline double engine_now(const Engine *e, EngineClockUse use) { return mn_now() + engine_clock_shift(e, use); }
+
+/* EngineTestHooks.step_fn, once the step's hold-backs are decided. */
+static inline void engine_test_step(const Engine *e) {
+    const EngineTestHooks *hk = e->opt.test_hooks;
+    if (hk == NULL || hk->step_fn == NULL) return;
+    int n_held_back = 0;
+    for (int i = 0; i < e->n_running; i++) n_held_back += e->running[i]->is_held_back;
+    hk->step_fn(hk->ctx, e->n_running, n_held_back);
+}
+
 #endif

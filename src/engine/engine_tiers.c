@@ -323,9 +323,9 @@ void tiers_wait_layer(void *ctx, int layer) {
         for (int i = 0; i < e->n_running && !is_waiting; i++)
             if (e->running[i]->is_in_batch) is_waiting = is_waiting_for(e, e->running[i], layer);
         if (!is_waiting) return;
-        double t0 = mn_now();
+        double t0 = engine_now(e, ENGINE_CLOCK_WAIT);
         tiers_take_events(e, true);
-        e->step_wait_s += mn_now() - t0;
+        e->step_wait_s += engine_now(e, ENGINE_CLOCK_WAIT) - t0;
     }
 }
 
@@ -596,11 +596,11 @@ void tiers_stop(Engine *e) {
 }
 
 void tiers_expire(Engine *e) {
-    double now = mn_now();
+    double shift = engine_clock_shift(e, ENGINE_CLOCK_EXPIRY), now = mn_now() + shift;
     if (e->mover == NULL || now - e->t_tier_expire < 1.0) return;
     e->t_tier_expire = now;
     MoverJob *j = mover_job_new(MOVER_EXPIRE, 0, 0);
     if (j == NULL) return;
-    j->cutoff = mn_wall_now() - e->opt.cache_ttl_s;
+    j->cutoff = mn_wall_now() + shift - e->opt.cache_ttl_s;
     if (mover_submit(e->mover, j) != MN_OK) mover_job_free(j);
 }
