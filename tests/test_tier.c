@@ -54,6 +54,7 @@
 
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/rng.h"
 #include "base/hash.h"
 #include "base/mem.h"
 #include "cache/aio.h"
@@ -67,13 +68,6 @@
 #include <xxhash.h>
 
 /* ---- helpers ------------------------------------------------------------- */
-
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 /* A block hash that carries its id in the first four bytes. */
 static Hash128 h_of(uint32_t id) {
@@ -91,7 +85,7 @@ static uint32_t id_of(const Hash128 *h) {
 static void content_of(uint32_t id, int layer, uint8_t *out, size_t n) {
     uint64_t s = ((uint64_t)id << 20) ^ (uint64_t)layer * 0x51ed27u;
     for (size_t i = 0; i < n; i += 8) {
-        uint64_t v = splitmix(&s);
+        uint64_t v = rng_splitmix64(&s);
         size_t k = n - i < 8 ? n - i : 8;
         memcpy(out + i, &v, k);
     }
@@ -110,7 +104,7 @@ static bool slot_is(const KvPool *p, int layer, int32_t slot, uint32_t id) {
 
 static void scramble_pool(KvPool *p, uint64_t seed) {
     for (int l = 0; l < p->n_layer; l++)
-        for (size_t i = 0; i < (size_t)p->n_blocks * p->block_bytes; i++) p->arenas[l][i] = (uint8_t)splitmix(&seed);
+        for (size_t i = 0; i < (size_t)p->n_blocks * p->block_bytes; i++) p->arenas[l][i] = (uint8_t)rng_splitmix64(&seed);
 }
 
 /* ---- tiers under test ------------------------------------------------------ */
@@ -308,7 +302,7 @@ static void test_aio_roundtrip(void **state) {
         total += lens[i];
     }
     uint8_t *src = mn_alloc_aligned(total, 4096), *dst = mn_alloc_aligned(total, 4096);
-    for (size_t i = 0; i < total; i++) src[i] = (uint8_t)splitmix(&seed);
+    for (size_t i = 0; i < total; i++) src[i] = (uint8_t)rng_splitmix64(&seed);
     memset(dst, 0, total);
     for (int i = 0; i < N; i++)
         w[i] = (AioReq){.op = AIO_OP_WRITE, .file = &f, .buf = src + offs[i], .offset = offs[i], .len = lens[i],
@@ -673,7 +667,7 @@ static void test_aio_ring_broken(void **state) {
     uint8_t *src = mn_alloc_aligned((size_t)N * LEN, 4096), *dst = mn_alloc_aligned((size_t)N * LEN, 4096);
     uint64_t seed = 11;
     for (size_t i = 0; i < (size_t)N * LEN; i += 8) {
-        uint64_t x = splitmix(&seed);
+        uint64_t x = rng_splitmix64(&seed);
         memcpy(src + i, &x, 8);
     }
     AioReq w = {.op = AIO_OP_WRITE, .file = &f, .buf = src, .offset = 0, .len = (size_t)N * LEN};
@@ -2768,12 +2762,12 @@ static void test_tier_model(void **state) {
     uint64_t seed = 1234;
     int n_ok_reads = 0, n_full = 0;
     for (int step = 0; step < 3000; step++) {
-        int op = (int)(splitmix(&seed) % 100);
+        int op = (int)(rng_splitmix64(&seed) % 100);
         if (op < 40) { /* put a run of consecutive ids, overlapping others at times */
-            int n = 1 + (int)(splitmix(&seed) % 10);
-            uint32_t first = (uint32_t)(splitmix(&seed) % (MODEL_IDS - (uint64_t)n));
-            int32_t slot0 = (int32_t)(splitmix(&seed) % (uint64_t)p.n_blocks);
-            bool inject = pa->kind == KIND_DISK && splitmix(&seed) % 20 == 0;
+            int n = 1 + (int)(rng_splitmix64(&seed) % 10);
+            uint32_t first = (uint32_t)(rng_splitmix64(&seed) % (MODEL_IDS - (uint64_t)n));
+            int32_t slot0 = (int32_t)(rng_splitmix64(&seed) % (uint64_t)p.n_blocks);
+            bool inject = pa->kind == KIND_DISK && rng_splitmix64(&seed) % 20 == 0;
             if (inject) aio_fault_set(tier_disk_aio(t), AIO_OP_WRITE, 0, 1, ENOSPC);
             int rc = put_range(t, &p, first, n, slot0);
             if (inject) aio_fault_set(tier_disk_aio(t), 0, 0, 0, 0);
@@ -2788,16 +2782,16 @@ static void test_tier_model(void **state) {
         } else if (op < 80) { /* read some held blocks, one layer */
             uint32_t ids[12];
             int32_t slots[12];
-            int n = 0, want = 1 + (int)(splitmix(&seed) % 12);
+            int n = 0, want = 1 + (int)(rng_splitmix64(&seed) % 12);
             for (int tries = 0; tries < 64 && n < want; tries++) {
-                uint32_t id = (uint32_t)(splitmix(&seed) % MODEL_IDS);
+                uint32_t id = (uint32_t)(rng_splitmix64(&seed) % MODEL_IDS);
                 if (!held[id]) continue;
                 ids[n] = id;
-                slots[n] = (int32_t)((uint64_t)n * 5 + splitmix(&seed) % 5); /* distinct */
+                slots[n] = (int32_t)((uint64_t)n * 5 + rng_splitmix64(&seed) % 5); /* distinct */
                 n++;
             }
             if (n == 0) continue;
-            int layer = (int)(splitmix(&seed) % (uint64_t)p.n_layer);
+            int layer = (int)(rng_splitmix64(&seed) % (uint64_t)p.n_layer);
             int rc = read_ids(t, &p, ids, slots, n, layer);
             if (rc != MN_OK) {
                 tier_dump(t);
@@ -2806,18 +2800,18 @@ static void test_tier_model(void **state) {
             for (int i = 0; i < n; i++) assert_true(slot_is(&p, layer, slots[i], ids[i]));
             n_ok_reads++;
         } else if (op < 90) { /* drop one block */
-            uint32_t id = (uint32_t)(splitmix(&seed) % MODEL_IDS);
+            uint32_t id = (uint32_t)(rng_splitmix64(&seed) % MODEL_IDS);
             Hash128 h = h_of(id);
             assert_int_equal(tier_drop(t, &h), held[id] ? MN_OK : MN_ENOTFOUND);
             held[id] = false;
         } else if (op < 97) { /* drop a run (reported through the callback) */
-            uint32_t id = (uint32_t)(splitmix(&seed) % MODEL_IDS);
+            uint32_t id = (uint32_t)(rng_splitmix64(&seed) % MODEL_IDS);
             Hash128 h = h_of(id);
             bool was = held[id];
             assert_int_equal(tier_drop_run(t, &h), was ? MN_OK : MN_ENOTFOUND);
             assert_false(held[id]);
         } else { /* a read of something not held is refused, nothing read */
-            uint32_t id = (uint32_t)(splitmix(&seed) % MODEL_IDS);
+            uint32_t id = (uint32_t)(rng_splitmix64(&seed) % MODEL_IDS);
             if (held[id]) continue;
             int32_t slot = 0;
             assert_int_equal(read_ids(t, &p, &id, &slot, 1, 0), MN_ENOTFOUND);
