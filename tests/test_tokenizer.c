@@ -12,7 +12,7 @@
 #include "model/gguf.h"
 #include "model/pretok.h"
 #include "model/tokenizer.h"
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 

@@ -41,7 +41,7 @@
 #include "base/mem.h"
 #include "model/pretok.h"
 #include "model/tokenizer.h"
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 /* ---- types --------------------------------------------------------------- */
 
