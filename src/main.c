@@ -40,7 +40,7 @@
 #include "bench/bench.h"
 #include "bench/chat_input.h"
 #include "bench/client.h"
-#include "bench/diskprobe.h"
+#include "tools/diskprobe.h"
 #include "cache/purge.h"
 #include "compute/matmul.h"
 #include "engine/engine.h"

@@ -40,7 +40,7 @@
 #include "base/mem.h"
 #include "bench/bench.h"
 #include "bench/client.h"
-#include "bench/diskprobe.h"
+#include "tools/diskprobe.h"
 #include "bench/loadgen.h"
 #include "bench/report.h"
 #include "bench/sse.h"

@@ -26,7 +26,7 @@
  * write time covers the writes and the fdatasync, not the fallocate (the
  * tier reserves a slab once, long before it moves blocks into it).
  */
-#include "bench/diskprobe.h"
+#include "tools/diskprobe.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -9,8 +9,8 @@
  * includes the fdatasync. The disk tier's restore bandwidth that `mnemo
  * bench` reports from /metrics is meant to be compared with read_mbps.
  */
-#ifndef MN_BENCH_DISKPROBE_H
-#define MN_BENCH_DISKPROBE_H
+#ifndef MN_TOOLS_DISKPROBE_H
+#define MN_TOOLS_DISKPROBE_H
 
 #include <stdbool.h>
 #include <stdint.h>
