@@ -40,7 +40,7 @@
 #include "bench/bench.h"
 #include "bench/chat_input.h"
 #include "bench/client.h"
-#include "tools/diskprobe.h"
+#include "tools/diskprobe_cmd.h"
 #include "cache/purge.h"
 #include "compute/matmul.h"
 #include "engine/engine.h"
@@ -1057,7 +1057,7 @@ static const Command commands[] = {
     {"serve", cmd_serve, "serve the OpenAI HTTP API"},
     {"chat", cmd_chat, "chat in the terminal with a server (or a model in-process)"},
     {"bench", bench_main, "load-test a server with multi-turn conversations"},
-    {"disk-probe", diskprobe_main, "sequential O_DIRECT bandwidth of a directory, as the disk tier"},
+    {"disk-probe", diskprobe_cmd, "sequential O_DIRECT bandwidth of a directory, as the disk tier"},
     {"cache", cmd_cache, "cache purge: erase a namespace's data from a disk tier directory"},
     {"generate", cmd_generate, "run a prompt and stream new tokens"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},

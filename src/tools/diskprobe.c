@@ -28,26 +28,18 @@
  */
 #include "tools/diskprobe.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <poll.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/cli.h"
 #include "base/clock.h"
-#include "base/hash.h"
 #include "base/mem.h"
-#include "cache/kv_pool.h"
 
-#define N_OPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 #define STAMP_MAGIC 0x6d6e656d6f70726full /* "mnemopro" */
 
 /* ---- types ------------------------------------------------------------------ */
@@ -66,9 +58,9 @@ typedef struct Probe {
     char path[4096];      /* the file, once made ("" before) */
 } Probe;
 
-/* ---- stamps ---------------------------------------------------------------------- */
+/* ---- helpers the tier probe shares ------------------------------------------------ */
 
-static void fill_pattern(uint8_t *p, uint64_t n) {
+void diskprobe_fill(uint8_t *p, uint64_t n) {
     uint64_t x = 0x9e3779b97f4a7c15ull;
     for (uint64_t i = 0; i + 8 <= n; i += 8) { /* xorshift64: incompressible, cheap */
         x ^= x << 13;
@@ -77,6 +69,23 @@ static void fill_pattern(uint8_t *p, uint64_t n) {
         memcpy(p + i, &x, 8);
     }
 }
+
+int diskprobe_io_error(MnErr *err, int rc, const char *dir, const char *what, uint64_t bytes) {
+    if (rc == MN_EFULL)
+        return mn_err_set(err, rc, "%s: no space left for a %g MiB probe file (%s)", dir, (double)bytes / 1048576.0,
+                          what);
+    return mn_err_set(err, rc, "%s: %s failed: %s", dir, what, mn_strerror(rc));
+}
+
+int diskprobe_check_dir(const char *dir, MnErr *err) {
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return mn_err_set(err, errno == ENOENT ? MN_ENOTFOUND : MN_EIO, "%s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return mn_err_set(err, MN_EINVAL, "%s: not a directory", dir);
+    return MN_OK;
+}
+
+/* ---- stamps ---------------------------------------------------------------------- */
 
 static void stamp_pages(uint8_t *buf, uint64_t offset, size_t len) {
     for (size_t at = 0; at < len; at += AIO_ALIGN) {
@@ -154,21 +163,6 @@ static int run_pass(Probe *p, unsigned op, uint64_t from, uint64_t to) {
 
 /* ---- the probe ----------------------------------------------------------------------- */
 
-static int fail_io(MnErr *err, int rc, const char *dir, const char *what, uint64_t bytes) {
-    if (rc == MN_EFULL)
-        return mn_err_set(err, rc, "%s: no space left for a %g MiB probe file (%s)", dir, (double)bytes / 1048576.0,
-                          what);
-    return mn_err_set(err, rc, "%s: %s failed: %s", dir, what, mn_strerror(rc));
-}
-
-static int check_dir(const char *dir, MnErr *err) {
-    struct stat st;
-    if (stat(dir, &st) != 0)
-        return mn_err_set(err, errno == ENOENT ? MN_ENOTFOUND : MN_EIO, "%s: %s", dir, strerror(errno));
-    if (!S_ISDIR(st.st_mode)) return mn_err_set(err, MN_EINVAL, "%s: not a directory", dir);
-    return MN_OK;
-}
-
 int diskprobe_run(const char *dir, uint64_t bytes, DiskProbeResult *out, MnErr *err) {
     return diskprobe_run_opts(dir, bytes, NULL, out, err);
 }
@@ -201,7 +195,7 @@ static int probe_open(Probe *p, const char *dir, uint64_t bytes, const DiskProbe
                           opts.request_bytes, AIO_ALIGN);
     if (opts.queue_depth < 1 || opts.queue_depth > 1024)
         return mn_err_set(err, MN_EINVAL, "queue depth %d is not in 1..1024", opts.queue_depth);
-    int rc = check_dir(dir, err);
+    int rc = diskprobe_check_dir(dir, err);
     if (rc != MN_OK) return rc;
 
     p->request_bytes = opts.request_bytes;
@@ -218,7 +212,7 @@ static int probe_open(Probe *p, const char *dir, uint64_t bytes, const DiskProbe
                         p->request_bytes);
         goto fail;
     }
-    fill_pattern(p->bufs, buf_bytes);
+    diskprobe_fill(p->bufs, buf_bytes);
     rc = aio_new(opts.backend, opts.queue_depth, &p->aio);
     if (rc != MN_OK) {
         rc = mn_err_set(err, rc, "cannot set up aio (%s backend): %s", aio_backend_name(opts.backend),
@@ -238,7 +232,7 @@ static int probe_open(Probe *p, const char *dir, uint64_t bytes, const DiskProbe
         int e = errno;
         rc = aio_errno_to_mn(e);
         if (rc == MN_EFULL) {
-            fail_io(err, rc, dir, "creating the file", bytes);
+            diskprobe_io_error(err, rc, dir, "creating the file", bytes);
         } else {
             if (rc != MN_ENOTFOUND) rc = MN_EIO;
             mn_err_set(err, rc, "%s: cannot create a file: %s", dir, strerror(e));
@@ -249,12 +243,12 @@ static int probe_open(Probe *p, const char *dir, uint64_t bytes, const DiskProbe
     memcpy(p->path, path, sizeof path); /* from now on probe_close removes it */
     rc = aio_open(p->aio, p->path, AIO_OPEN_TRUNC, &p->file);
     if (rc != MN_OK) {
-        fail_io(err, rc, dir, "opening the probe file", bytes);
+        diskprobe_io_error(err, rc, dir, "opening the probe file", bytes);
         goto fail;
     }
     rc = aio_fallocate(p->aio, &p->file, 0, bytes);
     if (rc != MN_OK) {
-        fail_io(err, rc, dir, "reserving the probe file", bytes);
+        diskprobe_io_error(err, rc, dir, "reserving the probe file", bytes);
         goto fail;
     }
     double t0 = mn_now();
@@ -262,7 +256,7 @@ static int probe_open(Probe *p, const char *dir, uint64_t bytes, const DiskProbe
     if (rc == MN_OK) rc = aio_fdatasync(p->aio, &p->file);
     *write_s = mn_now() - t0;
     if (rc != MN_OK) {
-        fail_io(err, rc, dir, "writing the probe file", bytes);
+        diskprobe_io_error(err, rc, dir, "writing the probe file", bytes);
         goto fail;
     }
     if (!p->file.is_direct) /* buffered: read from the device, not the page cache */
@@ -282,7 +276,7 @@ static int probe_read(Probe *p, const char *dir, uint64_t from, uint64_t to, dou
     if (rc == MN_EFORMAT)
         return mn_err_set(err, rc, "%s: the probe file read back wrong at offset %" PRIu64 " (short read or bad data)",
                           dir, p->bad_offset);
-    if (rc != MN_OK) return fail_io(err, rc, dir, "reading the probe file", p->bytes);
+    if (rc != MN_OK) return diskprobe_io_error(err, rc, dir, "reading the probe file", p->bytes);
     return MN_OK;
 }
 
@@ -343,410 +337,3 @@ int diskprobe_sample(const char *dir, uint64_t bytes, uint64_t sample_bytes, con
     if (rc != MN_OK) memset(out, 0, sizeof *out);
     return rc;
 }
-
-/* ---- the disk tier's restore path ------------------------------------------------------ */
-
-/* The 1.1B model's KV shape (scripts/bench): 22 layers, 4 KV heads of 64,
- * blocks of 32 tokens in f16. */
-#define RESTORE_N_LAYER 22
-#define RESTORE_KV_DIM 256
-#define RESTORE_BLOCK_TOKENS 32
-
-/* Block i of run r: a hash no two blocks share. */
-static Hash128 restore_hash(uint64_t run, int i) {
-    uint64_t key[2] = {run, (uint64_t)i};
-    return hash128(key, sizeof key);
-}
-
-/* Remove the tier's scratch directory: its slab files, then itself. */
-static void remove_scratch(const char *path) {
-    DIR *d = opendir(path);
-    if (d != NULL) {
-        struct dirent *de;
-        char file[4096 + 256];
-        while ((de = readdir(d)) != NULL) {
-            if (de->d_name[0] == '.') continue;
-            snprintf(file, sizeof file, "%s/%s", path, de->d_name);
-            unlink(file);
-        }
-        closedir(d);
-    }
-    rmdir(path);
-}
-
-/* Put n_runs runs of run_blocks blocks (from pool slots 0..run_blocks). */
-static int restore_fill(Tier *t, KvPool *pool, int n_runs, int run_blocks, Hash128 *hashes, int32_t *slots) {
-    for (int r = 0; r < n_runs; r++) {
-        for (int i = 0; i < run_blocks; i++) {
-            hashes[i] = restore_hash((uint64_t)r, i);
-            slots[i] = i;
-        }
-        TierRunInfo info = {.pos = 0};
-        int rc = tier_put_run(t, hashes, run_blocks, pool, slots, &info);
-        if (rc != MN_OK) return rc;
-    }
-    return MN_OK;
-}
-
-static int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
-
-/* Read the runs back rpr at a time, the groups in a scattered order (a
- * stride prime to their count), into pool slots 0..rpr*run_blocks. */
-static int restore_read(Tier *t, KvPool *pool, int n_runs, int run_blocks, int rpr, Hash128 *hashes,
-                        int32_t *slots, int *n_restores) {
-    int n_groups = n_runs / rpr, stride = 1;
-    for (int c = 7; c < n_groups; c++)
-        if (gcd(c, n_groups) == 1) {
-            stride = c;
-            break;
-        }
-    for (int k = 0; k < n_groups; k++) {
-        int g = (int)(((int64_t)k * stride) % n_groups), n = 0;
-        for (int r = g * rpr; r < (g + 1) * rpr; r++)
-            for (int i = 0; i < run_blocks; i++, n++) {
-                hashes[n] = restore_hash((uint64_t)r, i);
-                slots[n] = n;
-            }
-        int rc = tier_read_layers(t, hashes, n, pool, slots, NULL, NULL);
-        if (rc != MN_OK) return rc;
-        (*n_restores)++;
-    }
-    return MN_OK;
-}
-
-int diskprobe_restore(const char *dir, uint64_t bytes, const DiskRestoreOpts *o, DiskRestoreResult *out,
-                      MnErr *err) {
-    memset(out, 0, sizeof *out);
-    DiskRestoreOpts opts = o ? *o : (DiskRestoreOpts){0};
-    int run_blocks = opts.run_blocks > 0 ? opts.run_blocks : 5;
-    int rpr = opts.runs_per_restore > 0 ? opts.runs_per_restore : 2;
-    if (run_blocks > 4096 || rpr > 64)
-        return mn_err_set(err, MN_EINVAL, "runs of %d blocks, %d per restore: too many", run_blocks, rpr);
-    int rc = check_dir(dir, err);
-    if (rc != MN_OK) return rc;
-    KvPool pool;
-    rc = kvpool_init(&pool, RESTORE_N_LAYER, RESTORE_KV_DIM, RESTORE_BLOCK_TOKENS, run_blocks * rpr, MN_TYPE_F16);
-    if (rc != MN_OK) return mn_err_set(err, rc, "the restore probe's pool: %s", mn_strerror(rc));
-    uint64_t run_bytes = (uint64_t)run_blocks * pool.block_bytes * RESTORE_N_LAYER;
-    uint64_t n_runs = bytes / run_bytes / (uint64_t)rpr * (uint64_t)rpr;
-    uint64_t stored = n_runs * (run_bytes + (uint64_t)AIO_ALIGN * RESTORE_N_LAYER);
-    Hash128 *hashes = mn_malloc((size_t)(run_blocks * rpr) * sizeof *hashes);
-    int32_t *slots = mn_malloc((size_t)(run_blocks * rpr) * sizeof *slots);
-    char path[4096];
-    bool has_dir = false;
-    Tier *t = NULL;
-    if (n_runs == 0 || n_runs > (1u << 20)) {
-        rc = mn_err_set(err, MN_EINVAL, "%" PRIu64 " bytes hold no whole restore of %d runs of %" PRIu64 " bytes",
-                        bytes, rpr, run_bytes);
-        goto done;
-    }
-    if (hashes == NULL || slots == NULL) {
-        rc = mn_err_set(err, MN_ENOMEM, "out of memory for the restore probe");
-        goto done;
-    }
-    for (int l = 0; l < RESTORE_N_LAYER; l++) /* incompressible, like KV */
-        fill_pattern(kvpool_k(&pool, l, 0), (uint64_t)pool.n_blocks * pool.block_bytes);
-    if (snprintf(path, sizeof path, "%s/.mnemo-restore-probe-XXXXXX", dir) >= (int)sizeof path) {
-        rc = mn_err_set(err, MN_EINVAL, "%s: path too long", dir);
-        goto done;
-    }
-    if (mkdtemp(path) == NULL) {
-        rc = mn_err_set(err, aio_errno_to_mn(errno), "%s: cannot make a scratch directory: %s", dir, strerror(errno));
-        goto done;
-    }
-    has_dir = true;
-    TierDiskConfig cfg = {.dir = path,
-                          /* room for every run with its padding, and
-                             for what the slabs' ends waste: none goes */
-                          .capacity_bytes = stored + stored / 16 + (8u << 20),
-                          .n_layer = RESTORE_N_LAYER,
-                          .block_bytes = pool.block_bytes,
-                          .aio_backend = AIO_BACKEND_AUTO};
-    rc = tier_disk_new(&cfg, &t, err);
-    if (rc != MN_OK) goto done;
-    if (opts.tier_hook_fn) opts.tier_hook_fn(t, opts.tier_hook_ctx);
-    rc = restore_fill(t, &pool, (int)n_runs, run_blocks, hashes, slots);
-    if (rc != MN_OK) {
-        rc = fail_io(err, rc, dir, "storing the probe's runs", bytes);
-        goto done;
-    }
-    TierStats before, after;
-    tier_stats(t, &before);
-    rc = restore_read(t, &pool, (int)n_runs, run_blocks, rpr, hashes, slots, &out->n_restores);
-    if (rc != MN_OK) {
-        rc = fail_io(err, rc == MN_ECHECKSUM ? MN_EIO : rc, dir, "restoring the probe's runs", bytes);
-        out->n_restores = 0;
-        goto done;
-    }
-    tier_stats(t, &after);
-    out->bytes = after.bytes_read - before.bytes_read;
-    out->read_s = after.read_seconds - before.read_seconds;
-    out->restore_mbps = mbps(out->bytes, out->read_s);
-
-done:
-    tier_free(t);
-    if (has_dir) remove_scratch(path);
-    mn_free(hashes);
-    mn_free(slots);
-    kvpool_deinit(&pool);
-    return rc;
-}
-
-/* ---- the command ----------------------------------------------------------------------- */
-
-/* --sample-ms: the reads' rates, each printed as it comes; between reads
- * the wait is a sigtimedwait for SIGTERM or SIGINT (blocked meanwhile), so
- * a signal ends the sampling at once and the file is still removed. */
-typedef struct Sampling {
-    sigset_t stop;
-    struct timespec every;
-    int max;       /* reads to take; 0: until a signal */
-    double *rates; /* (cap) */
-    int n, cap;
-    bool is_short; /* ran out of memory for the rates */
-} Sampling;
-
-static bool sampling_next(void *ctx, double last) {
-    Sampling *s = ctx;
-    if (last >= 0) {
-        if (s->n == s->cap) {
-            int cap = s->cap ? 2 * s->cap : 256;
-            double *grown = mn_realloc(s->rates, (size_t)cap * sizeof *grown);
-            if (grown == NULL) {
-                s->is_short = true;
-                return false;
-            }
-            s->rates = grown;
-            s->cap = cap;
-        }
-        s->rates[s->n++] = last;
-        printf("sample_read_mbps=%.1f\n", last);
-        fflush(stdout);
-    }
-    if (s->max > 0 && s->n >= s->max) return false;
-    return sigtimedwait(&s->stop, NULL, &s->every) < 0; /* a timeout (or another signal): go on */
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static int sample_main(const char *dir, uint64_t mb, uint64_t sample_mb, int every_ms, int max,
-                       const DiskProbeOpts *o) {
-    Sampling s = {.every = {every_ms / 1000, (long)(every_ms % 1000) * 1000000L}, .max = max};
-    sigset_t old;
-    sigemptyset(&s.stop);
-    sigaddset(&s.stop, SIGTERM);
-    sigaddset(&s.stop, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &s.stop, &old);
-    DiskProbeResult res;
-    MnErr err = {0};
-    int rc = diskprobe_sample(dir, mb << 20, sample_mb << 20, o, sampling_next, &s, &res, &err);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc == MN_OK && s.is_short) rc = mn_err_set(&err, MN_ENOMEM, "out of memory for the samples");
-    if (rc != MN_OK) {
-        fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
-        mn_free(s.rates);
-        return 1;
-    }
-    double median = 0, q1 = 0, q3 = 0;
-    if (s.n > 0) {
-        qsort(s.rates, (size_t)s.n, sizeof *s.rates, cmp_double);
-        median = s.n % 2 ? s.rates[s.n / 2] : (s.rates[s.n / 2 - 1] + s.rates[s.n / 2]) / 2;
-        q1 = s.rates[(s.n - 1) / 4];
-        q3 = s.rates[3 * (s.n - 1) / 4];
-        printf("disk-probe %s: %d reads of %" PRIu64 " MiB, one every %d ms: median %.1f MB/s (%.1f to %.1f); "
-               "write %.1f MB/s (%" PRIu64 " MiB, %s)\n",
-               dir, s.n, sample_mb, every_ms, median, s.rates[0], s.rates[s.n - 1], res.write_mbps, mb,
-               aio_backend_name(res.backend));
-    }
-    printf("samples=%d median_read_mbps=%.1f q1_read_mbps=%.1f q3_read_mbps=%.1f\n", s.n, median, q1, q3);
-    mn_free(s.rates);
-    return 0;
-}
-
-/* ---- memory traffic beside a probe ---------------------------------------------------- */
-
-typedef struct LoadThread {
-    pthread_t th;
-    int stop_fd;     /* the pipe's read end: readable (closed) = stop */
-    uint8_t *a, *b;  /* DISKPROBE_LOAD_BYTES each */
-    uint64_t copied; /* written by the thread, read after the join */
-} LoadThread;
-
-struct MemLoad {
-    int n;
-    int stop_pipe[2];
-    double t0;
-    LoadThread *threads;
-};
-
-static bool told_to_stop(int fd) {
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    return poll(&p, 1, 0) != 0;
-}
-
-static void *load_main(void *arg) {
-    LoadThread *t = arg;
-    while (!told_to_stop(t->stop_fd)) {
-        memcpy(t->b, t->a, DISKPROBE_LOAD_BYTES);
-        memcpy(t->a, t->b, DISKPROBE_LOAD_BYTES);
-        t->copied += 2ull * DISKPROBE_LOAD_BYTES;
-    }
-    return NULL;
-}
-
-/* Join the n_started threads, free everything; bytes copied per second. */
-static double load_end(MemLoad *l, int n_started) {
-    if (l->stop_pipe[1] >= 0) close(l->stop_pipe[1]);
-    uint64_t copied = 0;
-    for (int i = 0; i < n_started; i++) {
-        pthread_join(l->threads[i].th, NULL);
-        copied += l->threads[i].copied;
-    }
-    double dt = mn_now() - l->t0;
-    for (int i = 0; i < l->n; i++) {
-        mn_free_aligned(l->threads[i].a);
-        mn_free_aligned(l->threads[i].b);
-    }
-    if (l->stop_pipe[0] >= 0) close(l->stop_pipe[0]);
-    mn_free(l->threads);
-    mn_free(l);
-    return dt > 0 ? (double)copied / dt : 0.0;
-}
-
-int diskprobe_load_start(int n_threads, MemLoad **out, MnErr *err) {
-    *out = NULL;
-    if (n_threads < 1 || n_threads > DISKPROBE_LOAD_MAX)
-        return mn_err_set(err, MN_EINVAL, "a memory load of %d threads (1..%d)", n_threads, DISKPROBE_LOAD_MAX);
-    MemLoad *l = mn_calloc(1, sizeof *l);
-    if (l == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory for the memory load");
-    l->stop_pipe[0] = l->stop_pipe[1] = -1;
-    l->threads = mn_calloc((size_t)n_threads, sizeof *l->threads);
-    bool ok = l->threads != NULL && pipe(l->stop_pipe) == 0;
-    if (!ok) l->stop_pipe[0] = l->stop_pipe[1] = -1;
-    l->n = ok ? n_threads : 0;
-    for (int i = 0; ok && i < n_threads; i++) {
-        LoadThread *t = &l->threads[i];
-        t->stop_fd = l->stop_pipe[0];
-        t->a = mn_alloc_aligned(DISKPROBE_LOAD_BYTES, 4096);
-        t->b = mn_alloc_aligned(DISKPROBE_LOAD_BYTES, 4096);
-        ok = t->a != NULL && t->b != NULL;
-        if (ok) { /* touched now, so the load is copying, not faulting */
-            memset(t->a, i + 1, DISKPROBE_LOAD_BYTES);
-            memset(t->b, 0, DISKPROBE_LOAD_BYTES);
-        }
-    }
-    l->t0 = mn_now();
-    int n_started = 0;
-    while (ok && n_started < n_threads) {
-        ok = pthread_create(&l->threads[n_started].th, NULL, load_main, &l->threads[n_started]) == 0;
-        if (ok) n_started++;
-    }
-    if (!ok) {
-        load_end(l, n_started);
-        return mn_err_set(err, MN_ENOMEM, "cannot start a memory load of %d threads", n_threads);
-    }
-    *out = l;
-    return MN_OK;
-}
-
-double diskprobe_load_stop(MemLoad *l) { return l == NULL ? 0.0 : load_end(l, l->n); }
-
-/* The probe (and with restore, the restore probe) of dir, printed: the
- * exit code. */
-static int probe_main(const char *dir, uint64_t mb, const DiskProbeOpts *o, bool restore) {
-    MnErr err = {0};
-    DiskProbeResult res;
-    if (diskprobe_run_opts(dir, mb << 20, o, &res, &err) != MN_OK) {
-        fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
-        return 1;
-    }
-    char huge[48] = "";
-    if (res.huge_share >= 0) snprintf(huge, sizeof huge, ", buffers %.0f%% in huge pages", res.huge_share * 100);
-    printf("disk-probe %s: write %.1f MB/s, read %.1f MB/s (%" PRIu64 " MiB, %s%s%s)\n", dir, res.write_mbps,
-           res.read_mbps, mb, aio_backend_name(res.backend), res.is_direct ? "" : ", buffered: O_DIRECT refused", huge);
-    printf("read_mbps=%.1f write_mbps=%.1f\n", res.read_mbps, res.write_mbps);
-    if (!restore) return 0;
-    DiskRestoreResult rr;
-    if (diskprobe_restore(dir, mb << 20, NULL, &rr, &err) != MN_OK) {
-        fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
-        return 1;
-    }
-    printf("disk-probe %s: the disk tier restores at %.1f MB/s, %.2f of the raw read (%d restores of 2 runs x 5 "
-           "blocks, %.1f MB)\n",
-           dir, rr.restore_mbps, res.read_mbps > 0 ? rr.restore_mbps / res.read_mbps : 0.0, rr.n_restores,
-           (double)rr.bytes / 1e6);
-    printf("restore_mbps=%.1f\n", rr.restore_mbps);
-    return 0;
-}
-
-int diskprobe_main(int argc, char **argv) {
-    uint64_t mb = 512, request_kb = DISKPROBE_REQUEST_BYTES / 1024;
-    int queue_depth = DISKPROBE_QUEUE_DEPTH;
-    uint64_t sample_mb = 8;
-    int sample_ms = 0, samples = 0;
-    bool restore = false;
-    int memory_load = 0;
-    CliOpt opts[] = {
-        {"mb", 0, CLI_U64, &mb, "N", "size of the probe file in MiB (default 512)"},
-        {"request-kb", 0, CLI_U64, &request_kb, "KB", "bytes per request in KiB, a multiple of 4 (default 1024)"},
-        {"queue-depth", 0, CLI_INT, &queue_depth, "N", "requests in flight (default 32, as the disk tier)"},
-        {"restore", 0, CLI_FLAG, &restore, NULL,
-         "also time the disk tier's own restores of --mb MiB (2 runs of 5 blocks of the 1.1B model each)"},
-        {"sample-ms", 0, CLI_INT, &sample_ms, "MS",
-         "instead: read --sample-mb of the file every MS ms, each read timed, until SIGTERM or SIGINT"},
-        {"sample-mb", 0, CLI_U64, &sample_mb, "N", "MiB per sampled read (default 8)"},
-        {"samples", 0, CLI_INT, &samples, "N", "stop sampling after N reads (default 0: at a signal only)"},
-        {"memory-load", 0, CLI_INT, &memory_load, "N",
-         "probe while N threads copy memory, as a server's compute does (default 0: none)"},
-    };
-    const char *synopsis = "mnemo disk-probe DIR [--mb N] [--request-kb KB] [--queue-depth N] [--restore] "
-                           "[--memory-load N]\n"
-                           "       mnemo disk-probe DIR --sample-ms MS [--sample-mb N] [--samples N] [--mb N] ...";
-    const char *pos[1];
-    int n_pos = 0;
-    MnErr err = {0};
-    int rc = cli_parse(argc, argv, opts, N_OPTS(opts), pos, 1, &n_pos, &err);
-    if (rc == MN_ECANCELED) {
-        cli_usage(stdout, synopsis, opts, N_OPTS(opts));
-        return 0;
-    }
-    if (rc == MN_OK && n_pos != 1) rc = mn_err_set(&err, MN_EINVAL, "needs one DIR argument");
-    if (rc == MN_OK && (mb < 1 || mb > (1u << 20))) rc = mn_err_set(&err, MN_EINVAL, "--mb must be in 1..1048576");
-    if (rc == MN_OK && (request_kb < 4 || request_kb % 4 != 0 || request_kb > (1u << 20)))
-        rc = mn_err_set(&err, MN_EINVAL, "--request-kb must be a multiple of 4 in 4..1048576");
-    if (rc == MN_OK && (queue_depth < 1 || queue_depth > 1024))
-        rc = mn_err_set(&err, MN_EINVAL, "--queue-depth must be in 1..1024");
-    if (rc == MN_OK && (sample_ms < 0 || sample_ms > 3600000))
-        rc = mn_err_set(&err, MN_EINVAL, "--sample-ms must be in 0..3600000");
-    if (rc == MN_OK && sample_ms > 0 && (sample_mb < 1 || sample_mb > mb))
-        rc = mn_err_set(&err, MN_EINVAL, "--sample-mb must be in 1..--mb");
-    if (rc == MN_OK && samples < 0) rc = mn_err_set(&err, MN_EINVAL, "--samples must be 0 or more");
-    if (rc == MN_OK && sample_ms > 0 && restore) rc = mn_err_set(&err, MN_EINVAL, "--restore does not sample");
-    if (rc == MN_OK && (memory_load < 0 || memory_load > DISKPROBE_LOAD_MAX))
-        rc = mn_err_set(&err, MN_EINVAL, "--memory-load must be in 0..%d", DISKPROBE_LOAD_MAX);
-    if (rc == MN_OK && sample_ms > 0 && memory_load > 0)
-        rc = mn_err_set(&err, MN_EINVAL, "--memory-load does not sample");
-    if (rc != MN_OK) {
-        cli_error(stderr, synopsis, err.msg);
-        return 2;
-    }
-    DiskProbeOpts o = {.request_bytes = request_kb * 1024, .queue_depth = queue_depth};
-    if (sample_ms > 0) return sample_main(pos[0], mb, sample_mb, sample_ms, samples, &o);
-    MemLoad *load = NULL;
-    if (memory_load > 0 && diskprobe_load_start(memory_load, &load, &err) != MN_OK) {
-        fprintf(stderr, "mnemo disk-probe: %s\n", err.msg);
-        return 1;
-    }
-    int code = probe_main(pos[0], mb, &o, restore);
-    double copied = diskprobe_load_stop(load);
-    if (memory_load > 0) {
-        printf("disk-probe %s: all of the above while %d threads copied memory at %.1f GB/s\n", pos[0], memory_load,
-               copied / 1e9);
-        printf("memory_load_threads=%d memory_load_gbps=%.1f\n", memory_load, copied / 1e9);
-    }
-    return code;
-}
-

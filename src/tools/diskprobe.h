@@ -1,5 +1,5 @@
-/* diskprobe.h — `mnemo disk-probe DIR`: the raw sequential bandwidth of a
- * directory, measured the way the disk tier moves its data.
+/* diskprobe.h — the raw sequential bandwidth of a directory, measured the
+ * way the disk tier moves its data (`mnemo disk-probe DIR`).
  *
  * One probe writes a file of the given size under DIR with O_DIRECT through
  * cache/aio (the disk tier's Aio: AIO_BACKEND_AUTO, 1 MiB requests, 32 in
@@ -8,6 +8,11 @@
  * removes the file. Rates are in MB/s of 10^6 bytes; the write figure
  * includes the fdatasync. The disk tier's restore bandwidth that `mnemo
  * bench` reports from /metrics is meant to be compared with read_mbps.
+ *
+ * A tool above cache/ (docs/DESIGN.md, "Layout"): it drives cache/aio
+ * directly, as the tier does. The command (`mnemo disk-probe`) is
+ * tools/diskprobe_cmd.h; the tier's own restore rate, tools/tierprobe.h;
+ * memory traffic beside a probe, tools/memload.h.
  */
 #ifndef MN_TOOLS_DISKPROBE_H
 #define MN_TOOLS_DISKPROBE_H
@@ -17,7 +22,6 @@
 
 #include "base/err.h"
 #include "cache/aio.h"
-#include "cache/tier.h"
 
 #define DISKPROBE_REQUEST_BYTES (1u << 20) /* as tier_disk.c's DISK_CHUNK */
 #define DISKPROBE_QUEUE_DEPTH 32           /* as the disk tier's default */
@@ -56,10 +60,9 @@ int diskprobe_run_opts(const char *dir, uint64_t bytes, const DiskProbeOpts *o, 
 
 /* ---- raw reads sampled over time -------------------------------------------
  *
- * A disk reads slower while a server computes beside it (on this machine
- * ~2.2-2.9 GB/s for 8 MiB reads against ~3.3 idle), so a probe taken
- * before or after a serving run says little about the disk while the
- * server restored from it. diskprobe_sample
+ * A disk reads slower while a server computes beside it (docs/OPERATIONS.md
+ * has figures), so a probe taken before or after a serving run says little
+ * about the disk while the server restored from it. diskprobe_sample
  * writes the file as diskprobe_run does, then reads it sample_bytes at a
  * time (front to back, and round again), each read timed alone, for as
  * long as `next` says: next(ctx, mbps) is called before every read with
@@ -74,73 +77,19 @@ typedef bool (*DiskSampleFn)(void *ctx, double last_read_mbps);
 int diskprobe_sample(const char *dir, uint64_t bytes, uint64_t sample_bytes, const DiskProbeOpts *o,
                      DiskSampleFn next, void *ctx, DiskProbeResult *out, MnErr *err);
 
-/* ---- the disk tier's own restore path ---------------------------------------
- *
- * diskprobe_restore measures what the tier does with a restore, alone: a
- * fresh disk tier (cache/tier.h) in a scratch directory under DIR, blocks
- * of the 1.1B model's shape (22 layers, 32 tokens of a 256-wide f16 K and V:
- * 32 KiB per block and layer), runs of run_blocks blocks put until about
- * `bytes` are stored, then read back runs_per_restore runs at a time with
- * tier_read_layers (streamed, every layer) in a scattered order, as a
- * conversation's turns come back. The figure is the tier's own: bytes read
- * over read seconds (TierStats, what /metrics reports), so beside a raw
- * read of the same directory it tells the restore path's efficiency apart
- * from what serving adds (compute on the same cores, other I/O). */
-typedef struct DiskRestoreOpts {
-    int run_blocks;       /* blocks per run (one turn's save); 0: 5 */
-    int runs_per_restore; /* 0: 2 */
-    /* Test hook: called once with the tier right after it is made; NULL normally. */
-    void (*tier_hook_fn)(Tier *t, void *ctx);
-    void *tier_hook_ctx;
-} DiskRestoreOpts;
+/* ---- helpers the tier probe (tools/tierprobe.h) shares ----------------------- */
 
-typedef struct DiskRestoreResult {
-    uint64_t bytes;      /* read by the restores (whole extents) */
-    int n_restores;
-    double read_s;       /* the tier's read seconds */
-    double restore_mbps; /* bytes / read_s / 10^6 */
-} DiskRestoreResult;
+/* Fill p[0..n) with a fixed incompressible pattern (xorshift64; a tail of
+ * n % 8 bytes is left as it is). */
+void diskprobe_fill(uint8_t *p, uint64_t n);
 
-/* Measure as above (bytes >= one restore's worth). MN_OK and *out;
- * otherwise *out is zeroed and err says what failed. The scratch
- * directory and its files are removed on every path. Codes as
- * diskprobe_run's; a restore that fails (checksum, I/O) is MN_EIO. */
-int diskprobe_restore(const char *dir, uint64_t bytes, const DiskRestoreOpts *o, DiskRestoreResult *out,
-                      MnErr *err);
+/* MN_OK when dir is a directory; MN_ENOTFOUND (missing), MN_EINVAL (not a
+ * directory) or MN_EIO, with err naming dir. */
+int diskprobe_check_dir(const char *dir, MnErr *err);
 
-/* The command: argv[0] is the first argument after "disk-probe". Prints
- *   disk-probe DIR: write W MB/s, read R MB/s (N MiB, BACKEND)
- *   read_mbps=R write_mbps=W
- * and with --restore also
- *   disk-probe DIR: the disk tier restores at T MB/s, X of the raw read
- *     (K restores of 2 runs x 5 blocks, M MB)
- *   restore_mbps=T
- * and returns 0; 1 when the probe failed (a message on stderr), 2 for bad
- * options. */
-int diskprobe_main(int argc, char **argv);
-
-/* ---- memory traffic beside a probe -------------------------------------------
- *
- * The disk's DMA shares the memory bus with the cores. While a server
- * computes, its matmuls stream the model's weights on every core, and raw
- * reads of the same directory may slow with them (here 0.7-0.97 of the
- * idle rate under two copying threads, run to run; two threads spinning
- * without touching memory changed nothing). A probe under such a load
- * says what the disk gives while the server computes: `disk-probe
- * --memory-load N`.
- *
- * diskprobe_load_start starts n_threads (1..DISKPROBE_LOAD_MAX) threads,
- * each copying DISKPROBE_LOAD_BYTES back and forth between two buffers of
- * its own until diskprobe_load_stop, which tells them through a pipe and
- * joins them. MN_EINVAL, MN_ENOMEM (buffers, threads); *out is NULL on
- * failure, with nothing left running. */
-#define DISKPROBE_LOAD_MAX 64
-#define DISKPROBE_LOAD_BYTES (64u << 20)
-
-typedef struct MemLoad MemLoad;
-int diskprobe_load_start(int n_threads, MemLoad **out, MnErr *err);
-/* Stop and free; the bytes copied per second over the load's life
- * (0 for NULL). */
-double diskprobe_load_stop(MemLoad *l);
+/* Set err for a failure rc while doing `what` (a phrase: "writing the probe
+ * file") under dir; a full disk (MN_EFULL) is said as such, with the
+ * probe's size in MiB. Returns rc. */
+int diskprobe_io_error(MnErr *err, int rc, const char *dir, const char *what, uint64_t bytes);
 
 #endif
