@@ -371,23 +371,6 @@ static const char *xml_check(const char *s) {
     return roots == 1 ? NULL : "no root";
 }
 
-static char *tmp_dir(void) {
-    char *d = malloc(64);
-    snprintf(d, 64, "/tmp/mnemo-test-bench-out-XXXXXX");
-    assert_non_null(mkdtemp(d));
-    return d;
-}
-
-static void rm_dir(const char *d) {
-    static const char *const files[] = {"requests.csv", "summary.json", "report.svg"};
-    char p[256];
-    for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/%s", d, files[i]);
-        unlink(p);
-    }
-    rmdir(d);
-}
-
 /* CSV rows as arrays of fields (all strings malloc'd; the quoted error
  * field unquoted). */
 typedef struct Csv {
@@ -925,17 +908,16 @@ static void test_real_server(void **state) {
     assert_true(sum.n_tiers >= 1 && strcmp(sum.tier[0], "pool") == 0 && sum.tier_hit_rate[0] > 0);
     assert_int_equal(sum.recomputed_tokens, sum.prompt_tokens - sum.cached_tokens);
     assert_true(sum.throughput_rps > 0 && sum.output_tps > 0);
-    char *dir = tmp_dir();
+    char *dir = test_tmpdir_new("bench-out");
     BenchInfo info = {"multiturn", url, "test", c.seed, p->n_convs, p->tokens_per_word, p->is_measured};
     assert_int_equal(bench_write_report(dir, &sum, r, &info, &err), MN_OK);
     check_report(dir, &sum, r);
-    rm_dir(dir);
-    free(dir);
+    test_tmpdir_free(dir);
     bench_results_free(r);
     bench_plan_free(p);
 
     /* the command itself, end to end */
-    dir = tmp_dir();
+    dir = test_tmpdir_new("bench-out");
     char out_arg[96];
     snprintf(out_arg, sizeof out_arg, "%s/sub", dir);
     char *argv[] = {"--url", url, "--workload", "multiround-qa", "--conversations", "2", "--turns", "2",
@@ -951,9 +933,8 @@ static void test_real_server(void **state) {
     assert_string_equal(json_string_value(json_object_get(j, "model")), "stories260K.gguf");
     assert_true(json_is_object(json_object_get(j, "server_metrics")));
     json_decref(j);
-    rm_dir(out_arg);
-    rm_dir(dir);
-    free(dir);
+    test_rm_dir(out_arg);
+    test_tmpdir_free(dir);
     client_free(tc);
 }
 
@@ -995,7 +976,7 @@ static void run_failing(int port, BenchStatus expect, const char *expect_status,
     BenchInfo info = {"multiturn", "x", "test", 1, 3, 1.3, false};
     bench_print_summary(devnull, &s, r, &info);
     fclose(devnull);
-    char *dir = tmp_dir();
+    char *dir = test_tmpdir_new("bench-out");
     assert_int_equal(bench_write_report(dir, &s, r, &info, &err), MN_OK);
     check_report(dir, &s, r);
     char path[160];
@@ -1004,8 +985,7 @@ static void run_failing(int port, BenchStatus expect, const char *expect_status,
     assert_true(json_is_null(json_object_get(j, "ttft_p50_s")));
     assert_int_equal(json_array_size(json_object_get(j, "errors")), (size_t)s.n_errors);
     json_decref(j);
-    rm_dir(dir);
-    free(dir);
+    test_tmpdir_free(dir);
     bench_results_free(r);
     bench_plan_free(p);
 }
@@ -1175,7 +1155,7 @@ static void test_server_error(void **state) {
 }
 
 static void test_command_failures(void **state) {
-    char url[64], *dir = tmp_dir();
+    char url[64], *dir = test_tmpdir_new("bench-out");
     snprintf(url, sizeof url, "http://127.0.0.1:%d", closed_port());
     char *argv[] = {"--url", url, "--workload", "multiturn", "--conversations", "2", "--turns", "2",
                     "--output-tokens", "2", "--rate", "0", "--quiet", "--out", dir};
@@ -1186,8 +1166,7 @@ static void test_command_failures(void **state) {
     assert_non_null(csv);
     assert_non_null(strstr(csv, ",connect_error,\""));
     free(csv);
-    rm_dir(dir);
-    free(dir);
+    test_tmpdir_free(dir);
     char *bad1[] = {"--rate", "-1x"};
     assert_int_equal(bench_main(2, bad1), 2);
     char *bad2[] = {"--workload", "nope"};
@@ -1281,7 +1260,7 @@ static void test_tiers_fake_mnemo(void **state) {
         fail_msg("summary:\n%s", text);
     free(text);
 
-    char *dir = tmp_dir();
+    char *dir = test_tmpdir_new("bench-out");
     BenchInfo info = {"multiturn", "x", "test", 1, 3, 1.3, false};
     assert_int_equal(bench_write_report(dir, &s, r, &info, &err), MN_OK);
     check_report(dir, &s, r);
@@ -1303,8 +1282,7 @@ static void test_tiers_fake_mnemo(void **state) {
     json_t *ram = json_object_get(json_object_get(json_object_get(j, "server_metrics"), "tiers"), "ram");
     assert_true(json_is_null(json_object_get(ram, "restore_mbps"))); /* bytes but no seconds */
     json_decref(j);
-    rm_dir(dir);
-    free(dir);
+    test_tmpdir_free(dir);
     bench_results_free(r);
     bench_plan_free(p);
     fake_stop(&f);
@@ -1337,7 +1315,7 @@ static void test_tiers_plain_server(void **state) {
     char *text = summary_text(&s, r);
     if (strstr(text, "tier") || strstr(text, "recomputed") || strstr(text, "/metrics")) fail_msg("summary:\n%s", text);
     free(text);
-    char *dir = tmp_dir();
+    char *dir = test_tmpdir_new("bench-out");
     BenchInfo info = {"multiturn", "x", "test", 1, 2, 1.3, false};
     assert_int_equal(bench_write_report(dir, &s, r, &info, &err), MN_OK);
     check_report(dir, &s, r);
@@ -1350,8 +1328,7 @@ static void test_tiers_plain_server(void **state) {
     for (int i = 0; i < 5; i++)
         if (!json_is_null(json_object_get(j, nulls[i]))) fail_msg("%s is not null", nulls[i]);
     json_decref(j);
-    rm_dir(dir);
-    free(dir);
+    test_tmpdir_free(dir);
     bench_results_free(r);
     bench_plan_free(p);
     fake_stop(&f);
