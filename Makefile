@@ -1,8 +1,10 @@
 # mnemo — build, test and benchmark.
 #
 #   make            release build: build/release/mnemo (and ./mnemo link)
-#   make test       set-up, then unit + integration tests in the release build
-#                   and again under AddressSanitizer + UBSan
+#   make test       set-up, the layering check, then unit + integration tests in
+#                   the release build and again under AddressSanitizer + UBSan
+#   make check-layers  includes against docs/DESIGN.md's layer tables (and a
+#                   self-test that it catches a violation)
 #   make run        set-up, build, and a generation with the bundled demo model
 #   make bench      performance figures (see README)
 #   make install    PREFIX=/usr/local DESTDIR= : bin/mnemo, share/mnemo/
@@ -80,14 +82,19 @@ build/commit: FORCE
 	@mkdir -p build
 	@echo '$(COMMIT)' | cmp -s - $@ || echo '$(COMMIT)' > $@
 
-.PHONY: FORCE all setup test test-release test-paths test-asan run bench install uninstall clean
+.PHONY: FORCE all setup check-layers test test-release test-paths test-asan run bench install uninstall clean
 all: build/release/mnemo
 	@ln -sf build/release/mnemo mnemo
 
 setup:
 	@./scripts/setup
 
+check-layers:
+	@./scripts/check-layers
+	@./scripts/check-layers --self-test
+
 test: setup
+	$(MAKE) check-layers
 	$(MAKE) test-release
 	$(MAKE) test-paths
 	$(MAKE) test-asan

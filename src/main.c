@@ -34,12 +34,13 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/rng.h"
 #include "base/ttype.h"
 #include "base/version.h"
 #include "bench/bench.h"
 #include "bench/chat_input.h"
 #include "bench/client.h"
-#include "bench/diskprobe.h"
+#include "tools/diskprobe_cmd.h"
 #include "cache/purge.h"
 #include "compute/matmul.h"
 #include "engine/engine.h"
@@ -494,18 +495,8 @@ done:
 
 /* ---- gen-model ---------------------------------------------------------------- */
 
-typedef struct Rng {
-    uint64_t s;
-} Rng;
-
-/* splitmix64: a uniform float in [-1, 1). */
-static float rng_uniform(Rng *r) {
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (float)((double)(z >> 40) * 0x1p-23 - 1.0);
-}
+/* A uniform float in [-1, 1) from one splitmix64 step (base/rng). */
+static float uniform_pm1(uint64_t *state) { return (float)((double)(rng_splitmix64(state) >> 40) * 0x1p-23 - 1.0); }
 
 typedef struct GenTensors {
     void **bufs;
@@ -514,7 +505,7 @@ typedef struct GenTensors {
 
 /* Add a tensor of random values with standard deviation std (or all `fill`
  * when std is 0) to w, quantized to type. */
-static int gen_tensor(GgufWriter *w, GenTensors *keep, Rng *rng, const char *name, MnType type, uint64_t n_in,
+static int gen_tensor(GgufWriter *w, GenTensors *keep, uint64_t *rng, const char *name, MnType type, uint64_t n_in,
                       uint64_t n_out, float std, float fill) {
     uint64_t row_bytes;
     if (ttype_row_bytes(type, n_in, &row_bytes)) return MN_EINVAL;
@@ -538,7 +529,7 @@ static int gen_tensor(GgufWriter *w, GenTensors *keep, Rng *rng, const char *nam
     }
     float a = std * 1.7320508f; /* uniform on [-a, a] has standard deviation a / sqrt(3) */
     for (uint64_t r = 0; r < n_out; r++) {
-        for (uint64_t i = 0; i < n_in; i++) row[i] = std > 0 ? a * rng_uniform(rng) : fill;
+        for (uint64_t i = 0; i < n_in; i++) row[i] = std > 0 ? a * uniform_pm1(rng) : fill;
         ttype_quantize_row(type, row, (char *)data + r * row_bytes, (int64_t)n_in);
     }
     mn_free(row);
@@ -602,7 +593,7 @@ static int cmd_gen_model(int argc, char **argv) {
     }
     GgufWriter *w = gguf_writer_new();
     GenTensors keep = {0};
-    Rng rng = {seed};
+    uint64_t rng = seed; /* splitmix64 state */
     char key[128];
     int head_dim = dim / heads, kv_dim = kv_heads * head_dim;
     /* general.file_type (llama.cpp's ftype; one type throughout: the K-quants' _S) */
@@ -1070,7 +1061,7 @@ static const Command commands[] = {
     {"serve", cmd_serve, "serve the OpenAI HTTP API"},
     {"chat", cmd_chat, "chat in the terminal with a server (or a model in-process)"},
     {"bench", bench_main, "load-test a server with multi-turn conversations"},
-    {"disk-probe", diskprobe_main, "sequential O_DIRECT bandwidth of a directory, as the disk tier"},
+    {"disk-probe", diskprobe_cmd, "sequential O_DIRECT bandwidth of a directory, as the disk tier"},
     {"cache", cmd_cache, "cache purge: erase a namespace's data from a disk tier directory"},
     {"generate", cmd_generate, "run a prompt and stream new tokens"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},

@@ -323,8 +323,6 @@ typedef struct Concurrent {
 } Concurrent;
 
 static void settle(Engine *e);
-static char *make_tmpdir(void);
-static void remove_tmpdir(char *d);
 
 static void check_concurrent(Concurrent c) {
     Model *m = load(c.model);
@@ -540,7 +538,7 @@ static bool has_expired_everywhere(Engine *e, EngineStats *st) {
 static void check_cache_ttl(bool has_tiers) {
     Model *m = load("stories260K");
     if (!m) return;
-    char *dir = has_tiers ? make_tmpdir() : NULL;
+    char *dir = has_tiers ? test_tmpdir_new("tier") : NULL;
     Drive dr;
     drive_init(&dr);
     EngineOptions o;
@@ -576,7 +574,7 @@ static void check_cache_ttl(bool has_tiers) {
     assert_int_equal(st.n_tiers, has_tiers ? 2 : 0);
     engine_free(e);
     gate_deinit(&dr.steps);
-    if (dir) remove_tmpdir(dir);
+    if (dir) test_tmpdir_free(dir);
     model_free(m);
 }
 
@@ -1144,23 +1142,6 @@ static void expect_recomputed_read(Request *r, const Recomputed *want, float *go
 }
 
 
-static char *make_tmpdir(void) { return test_make_dir(strdup("/tmp/mnemo-test-tier-XXXXXX")); }
-static void remove_tmpdir(char *d) {
-    test_rm_dir(d);
-    free(d);
-}
-
-/* Overwrite the first n_pages 4 KiB pages of the data area of every slab
- * file in dir with garbage. */
-static void corrupt_slabs(const char *dir, int n_pages) {
-    char cmd[512];
-    snprintf(cmd, sizeof cmd,
-             "for f in %s/slab-*.dat; do dd if=/dev/urandom of=$f bs=4096 seek=1 count=%d conv=notrunc "
-             "status=none || exit 1; done",
-             dir, n_pages);
-    assert_int_equal(system(cmd), 0);
-}
-
 /* An engine for the restore tests: blocks of 8 tokens, a pool of
  * pool_blocks, one sequence at a time, a RAM tier of ram_mb (0: none), a
  * disk tier in dir (NULL: none). */
@@ -1194,7 +1175,7 @@ static Engine *tier_engine(Model *m, int pool_blocks, uint64_t ram_mb, const cha
 static void check_restore(uint64_t ram_mb, bool has_disk, CacheSource want, bool corrupt) {
     Model *m = load("stories260K");
     if (!m) return;
-    char *dir = has_disk ? make_tmpdir() : NULL;
+    char *dir = has_disk ? test_tmpdir_new("tier") : NULL;
     Engine *e = tier_engine(m, 16, ram_mb, dir, EVICT_DEFAULT);
     const int nv = m->cfg.n_vocab;
     int32_t p[3][80], *a = p[0], *b = p[1], *c = p[2];
@@ -1207,7 +1188,7 @@ static void check_restore(uint64_t ram_mb, bool has_disk, CacheSource want, bool
     settle(e);
     free(run_one(e, c, 65, 4, NULL, &res));
     settle(e);
-    if (corrupt) corrupt_slabs(dir, 64);
+    if (corrupt) assert_true(test_corrupt_slabs(dir, 64) > 0);
     expect_recomputed(e, &full, a, 65, &res);
     EngineStats st;
     engine_stats(e, &st);
@@ -1223,7 +1204,7 @@ static void check_restore(uint64_t ram_mb, bool has_disk, CacheSource want, bool
     assert_int_equal(res.n_cached_by[SRC_POOL] + res.n_cached_by[SRC_RAM] + res.n_cached_by[SRC_DISK], res.n_cached);
     recomputed_free(&full);
     engine_free(e);
-    if (dir) remove_tmpdir(dir);
+    if (dir) test_tmpdir_free(dir);
     model_free(m);
 }
 
@@ -1263,7 +1244,7 @@ static void test_restore_from_pool(void **s) {
 static void test_restore_mixed(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
-    char *dir = make_tmpdir();
+    char *dir = test_tmpdir_new("tier");
     Engine *e = tier_engine(m, 16, 0, dir, EVICT_LRU);
     const int nv = m->cfg.n_vocab;
     int32_t a[80], b[80], c[80];
@@ -1280,7 +1261,7 @@ static void test_restore_mixed(void **s) {
     settle(e);
     free(run_one(e, c, 41, 4, NULL, &res)); /* 6 blocks: a's 1..5 go */
     settle(e);
-    corrupt_slabs(dir, 1);
+    assert_true(test_corrupt_slabs(dir, 1) > 0);
     Recomputed want = recompute(m, a, 65, 4);
     expect_recomputed(e, &want, a, 65, &res);
     assert_int_equal(res.n_cached_by[SRC_DISK], 16); /* blocks 4, 5 */
@@ -1292,7 +1273,7 @@ static void test_restore_mixed(void **s) {
     assert_int_equal(st.tiers[0].tier.n_checksum_failures, 1);
     recomputed_free(&want);
     engine_free(e);
-    remove_tmpdir(dir);
+    test_tmpdir_free(dir);
     model_free(m);
 }
 
@@ -1313,7 +1294,7 @@ static void put_on_disk(Model *m, const char *dir, const int32_t *const *prompts
 static void test_prefetch_waiting(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
-    char *dir = make_tmpdir();
+    char *dir = test_tmpdir_new("tier");
     const int nv = m->cfg.n_vocab;
     int32_t a[80], d[16];
     make_prompt(a, 65, nv, 61, 1);
@@ -1338,7 +1319,7 @@ static void test_prefetch_waiting(void **s) {
     recomputed_free(&want);
     engine_free(e);
     gate_deinit(&dr.steps);
-    remove_tmpdir(dir);
+    test_tmpdir_free(dir);
     model_free(m);
 }
 
@@ -1351,7 +1332,7 @@ static void test_prefetch_waiting(void **s) {
 static void test_promote_waiting(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
-    char *dir = make_tmpdir();
+    char *dir = test_tmpdir_new("tier");
     const int nv = m->cfg.n_vocab;
     int32_t a[80], fill[3][80], d[16];
     make_prompt(a, 65, nv, 81, 1);
@@ -1384,7 +1365,7 @@ static void test_promote_waiting(void **s) {
     recomputed_free(&want);
     engine_free(e);
     gate_deinit(&dr.steps);
-    remove_tmpdir(dir);
+    test_tmpdir_free(dir);
     model_free(m);
 }
 
@@ -1457,7 +1438,7 @@ static double runs_oldest_use(const char *dir, int *n_runs) {
 static void test_turn_touches_disk_runs(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
-    char *dir = make_tmpdir();
+    char *dir = test_tmpdir_new("tier");
     const int nv = m->cfg.n_vocab;
     int32_t a[80];
     make_prompt(a, 65, nv, 111, 1);
@@ -1474,7 +1455,7 @@ static void test_turn_touches_disk_runs(void **s) {
     double oldest = runs_oldest_use(dir, &n_runs);
     assert_int_equal(n_runs, 2);
     assert_true(oldest >= t2);
-    remove_tmpdir(dir);
+    test_tmpdir_free(dir);
     model_free(m);
 }
 
@@ -1543,7 +1524,7 @@ static double slow_reads(void *ctx, int tier) { return SLOW_READ_S; }
 static void test_hold_back_slow_restore(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
-    char *dir = make_tmpdir();
+    char *dir = test_tmpdir_new("tier");
     const int nv = m->cfg.n_vocab;
     int32_t x[80], y[16], d[16];
     make_prompt(x, 65, nv, 81, 1);
@@ -1609,7 +1590,7 @@ static void test_hold_back_slow_restore(void **s) {
     engine_free(e);
     gate_deinit(&layers);
     gate_deinit(&dr.steps);
-    remove_tmpdir(dir);
+    test_tmpdir_free(dir);
     model_free(m);
 }
 
@@ -1633,7 +1614,7 @@ static void test_disk_full(void **s) {
     Recomputed want = recompute(m, a, 65, 4);
     const unsigned kinds[2] = {AIO_OP_FALLOCATE, AIO_OP_WRITE};
     for (int k = 0; k < 2; k++) {
-        char *dir = make_tmpdir();
+        char *dir = test_tmpdir_new("tier");
         MoverTestHooks hooks = {.disk_tier = full_disk, .ctx = (void *)&kinds[k]};
         Engine *e = tier_engine_hooked(m, 16, 0, dir, EVICT_DEFAULT, &hooks, NULL);
         ReqResult res;
@@ -1655,7 +1636,7 @@ static void test_disk_full(void **s) {
         assert_int_equal(st.tiers[0].tier.n_runs, 0);
         assert_false(st.tiers[0].tier.is_failed);
         engine_free(e);
-        remove_tmpdir(dir);
+        test_tmpdir_free(dir);
     }
     recomputed_free(&want);
     model_free(m);
@@ -1680,7 +1661,7 @@ static void first_save_full(void *ctx, Tier *t) { aio_fault_set(tier_disk_aio(t)
 static void test_writebehind_namespaces(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
-    char *dir = make_tmpdir();
+    char *dir = test_tmpdir_new("tier");
     MoverTestHooks hooks = {.disk_tier = first_save_full};
     EngineOptions o;
     engine_options_default(&o);
@@ -1735,7 +1716,7 @@ static void test_writebehind_namespaces(void **s) {
         if (i % 2 == 1 && from_disk == 0) fail_msg("B's request %d found nothing on disk", i);
     }
     engine_free(e);
-    remove_tmpdir(dir);
+    test_tmpdir_free(dir);
     model_free(m);
 }
 
@@ -1750,7 +1731,7 @@ static void short_of_memory(void *ctx, Tier *t) { tier_disk_fault_alloc(t, 0, 1)
 static void test_restore_out_of_memory(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
-    char *dir = make_tmpdir();
+    char *dir = test_tmpdir_new("tier");
     const int nv = m->cfg.n_vocab;
     int32_t a[80];
     make_prompt(a, 65, nv, 121, 1);
@@ -1768,7 +1749,7 @@ static void test_restore_out_of_memory(void **s) {
     assert_false(st.tiers[0].tier.is_failed);
     recomputed_free(&want);
     engine_free(e);
-    remove_tmpdir(dir);
+    test_tmpdir_free(dir);
     model_free(m);
 }
 
@@ -1859,7 +1840,7 @@ static void *conv_main(void *arg) {
 static void test_many_conversations_tiered(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
-    char *dir = make_tmpdir();
+    char *dir = test_tmpdir_new("tier");
     EngineOptions o;
     engine_options_default(&o);
     o.block_tokens = 8;
@@ -1903,7 +1884,7 @@ static void test_many_conversations_tiered(void **s) {
     settle(e);
     free(cv);
     engine_free(e);
-    remove_tmpdir(dir);
+    test_tmpdir_free(dir);
     model_free(m);
 }
 

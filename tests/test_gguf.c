@@ -13,6 +13,7 @@
 #include <math.h>
 #include <unistd.h>
 
+#include "base/rng.h"
 #include "base/ttype.h"
 #include "model/gguf.h"
 
@@ -644,13 +645,6 @@ static void test_truncations(void **state) {
     free(image);
 }
 
-static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
-    *s ^= *s >> 12;
-    *s ^= *s << 25;
-    *s ^= *s >> 27;
-    return *s * 2685821657736338717ull;
-}
-
 static void test_random_flips(void **state) {
     char path[512];
     test_data_path(path, sizeof path, "models/stories260K.gguf");
@@ -674,13 +668,13 @@ static void test_random_flips(void **state) {
     for (int iter = 0; iter < 2000; iter++) {
         size_t pos[4];
         uint8_t old[4];
-        int k = 1 + (int)(rng_next(&seed) % 4);
+        int k = 1 + (int)(rng_splitmix64(&seed) % 4);
         for (int j = 0; j < k; j++) {
             /* bias half the flips to the header and first key/values */
-            size_t lim = (rng_next(&seed) & 1) ? 256 : region;
-            pos[j] = (size_t)(rng_next(&seed) % lim);
+            size_t lim = (rng_splitmix64(&seed) & 1) ? 256 : region;
+            pos[j] = (size_t)(rng_splitmix64(&seed) % lim);
             old[j] = image[pos[j]];
-            image[pos[j]] ^= (uint8_t)(1 + rng_next(&seed) % 255);
+            image[pos[j]] ^= (uint8_t)(1 + rng_splitmix64(&seed) % 255);
         }
         err.msg[0] = '\0';
         g = NULL;

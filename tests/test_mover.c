@@ -5,6 +5,7 @@
  * disk while the forward pass waits per layer, the tail in the pool — whose
  * logits must be bit-identical to a full recompute. */
 #include "test_util.h"
+#include "test_tier_util.h"
 
 #include <errno.h>
 #include <linux/filter.h>
@@ -123,25 +124,12 @@ static Mover *disk_mover(KvPool *p, const char *dir, Sink *sink) {
     return m;
 }
 
-static char *make_tmpdir(void) { return test_make_dir(strdup("/tmp/mnemo-test-mover-XXXXXX")); }
-static void remove_tmpdir(char *d) {
-    test_rm_dir(d);
-    free(d);
-}
-
 static Hash128 block_hash(int i) {
     Hash128 h;
     memset(&h, 0, sizeof h);
     h.b[0] = (uint8_t)(i + 1);
     h.b[15] = 0x5a;
     return h;
-}
-
-static void fill_slot(KvPool *p, int32_t slot, uint8_t seed) {
-    for (int l = 0; l < p->n_layer; l++) {
-        uint8_t *b = kvpool_k(p, l, slot);
-        for (size_t i = 0; i < p->block_bytes; i++) b[i] = (uint8_t)(seed * 31 + l * 7 + i);
-    }
 }
 
 static MoverJob *save_job(int first, int n) {
@@ -170,8 +158,8 @@ static MoverJob *load_job(int first, int n, int to_slot, int tier, int n_layer) 
 static void test_save_load_roundtrip(void **state) {
     KvPool p;
     assert_int_equal(kvpool_init(&p, 3, 32, 8, 32, MN_TYPE_F16), MN_OK);
-    for (int s = 0; s < 8; s++) fill_slot(&p, s, (uint8_t)s);
-    char *dir = make_tmpdir();
+    for (int s = 0; s < 8; s++) fill_slot(&p, s, (uint32_t)s);
+    char *dir = test_tmpdir_new("mover");
     Sink sink;
     sink_init(&sink);
     MoverConfig mc = {.pool = &p, .ram_bytes = 1 << 20, .disk_dir = dir, .disk_bytes = 16 << 20, .is_durable = true,
@@ -206,7 +194,7 @@ static void test_save_load_roundtrip(void **state) {
     assert_int_equal(st.writes.n, 1);
     mover_free(m);
     sink_free(&sink);
-    remove_tmpdir(dir);
+    test_tmpdir_free(dir);
     kvpool_deinit(&p);
 }
 
@@ -234,7 +222,7 @@ static void test_mover_slice(void **state) {
     if (!kernel_keeps_slices()) skip();
     KvPool p;
     assert_int_equal(kvpool_init(&p, 2, 32, 8, 8, MN_TYPE_F16), MN_OK);
-    char *dir = make_tmpdir();
+    char *dir = test_tmpdir_new("mover");
     Sink sink;
     sink_init(&sink);
     uint64_t own = mn_thread_slice();
@@ -245,7 +233,7 @@ static void test_mover_slice(void **state) {
     assert_true(mn_thread_slice() == own);
     mover_free(m);
     sink_free(&sink);
-    remove_tmpdir(dir);
+    test_tmpdir_free(dir);
     kvpool_deinit(&p);
 }
 
@@ -320,7 +308,7 @@ static void test_thread_nice(void **state) {
 static void test_reads_before_writes(void **state) {
     KvPool p;
     assert_int_equal(kvpool_init(&p, 2, 64, 8, 64, MN_TYPE_F16), MN_OK);
-    for (int s = 0; s < 32; s++) fill_slot(&p, s, (uint8_t)s);
+    for (int s = 0; s < 32; s++) fill_slot(&p, s, (uint32_t)s);
     Sink sink;
     sink_init(&sink);
     MoverConfig mc = {.pool = &p, .ram_bytes = 4 << 20, .on_event = on_event, .event_ctx = &sink};
@@ -377,7 +365,7 @@ static void test_reads_before_writes(void **state) {
  * (slots 0..11 filled), evicting by evict. */
 static Mover *two_run_mover(KvPool *p, Sink *sink, EvictPolicy evict) {
     assert_int_equal(kvpool_init(p, 2, 64, 8, 64, MN_TYPE_F16), MN_OK);
-    for (int s = 0; s < 12; s++) fill_slot(p, s, (uint8_t)s);
+    for (int s = 0; s < 12; s++) fill_slot(p, s, (uint32_t)s);
     sink_init(sink);
     uint64_t run = 4 * (uint64_t)p->block_bytes * (uint64_t)p->n_layer;
     MoverConfig mc = {.pool = p, .ram_bytes = 2 * run + run / 2, .on_event = on_event, .event_ctx = sink,
@@ -451,8 +439,8 @@ static void test_conv_touches_tiers(void **state) {
 static void test_loads_batched(void **state) {
     KvPool p;
     assert_int_equal(kvpool_init(&p, 3, 32, 8, 64, MN_TYPE_F16), MN_OK);
-    for (int s = 0; s < 12; s++) fill_slot(&p, s, (uint8_t)s);
-    char *dir = make_tmpdir();
+    for (int s = 0; s < 12; s++) fill_slot(&p, s, (uint32_t)s);
+    char *dir = test_tmpdir_new("mover");
     Sink sink;
     sink_init(&sink);
     Mover *m = disk_mover(&p, dir, &sink);
@@ -492,7 +480,7 @@ static void test_loads_batched(void **state) {
     assert_int_equal(sink.n_lj, 4);
     mover_free(m);
     sink_free(&sink);
-    remove_tmpdir(dir);
+    test_tmpdir_free(dir);
     kvpool_deinit(&p);
 }
 
@@ -501,8 +489,8 @@ static void test_loads_batched(void **state) {
 static void test_load_checksum_failure(void **state) {
     KvPool p;
     assert_int_equal(kvpool_init(&p, 3, 32, 8, 32, MN_TYPE_F16), MN_OK);
-    for (int s = 0; s < 4; s++) fill_slot(&p, s, (uint8_t)s);
-    char *dir = make_tmpdir();
+    for (int s = 0; s < 4; s++) fill_slot(&p, s, (uint32_t)s);
+    char *dir = test_tmpdir_new("mover");
     Sink sink;
     sink_init(&sink);
     Mover *m = disk_mover(&p, dir, &sink);
@@ -520,7 +508,7 @@ static void test_load_checksum_failure(void **state) {
     assert_int_equal(sink.n_dropped, 4);
     mover_free(m);
     sink_free(&sink);
-    remove_tmpdir(dir);
+    test_tmpdir_free(dir);
     kvpool_deinit(&p);
 }
 
@@ -531,7 +519,7 @@ static void test_load_checksum_failure(void **state) {
  * (8..11) saved, so RAM holds B and C and only the disk holds A. */
 static Mover *ram_disk_mover(KvPool *p, const char *dir, Sink *sink) {
     assert_int_equal(kvpool_init(p, 2, 64, 8, 64, MN_TYPE_F16), MN_OK);
-    for (int s = 0; s < 12; s++) fill_slot(p, s, (uint8_t)s);
+    for (int s = 0; s < 12; s++) fill_slot(p, s, (uint32_t)s);
     sink_init(sink);
     uint64_t run = 4 * (uint64_t)p->block_bytes * (uint64_t)p->n_layer;
     MoverConfig mc = {.pool = p, .ram_bytes = 2 * run + run / 2, .disk_dir = dir, .disk_bytes = 16 << 20,
@@ -575,7 +563,7 @@ static int load_and_compare(Mover *m, Sink *sink, KvPool *p, int first, int n, i
 static void test_promote_into_ram(void **state) {
     KvPool p;
     Sink sink;
-    char *dir = make_tmpdir();
+    char *dir = test_tmpdir_new("mover");
     Mover *m = ram_disk_mover(&p, dir, &sink);
     assert_int_equal(mover_promote_max_blocks(m), 10); /* the RAM tier's budget: staging holds no more */
     assert_int_equal(load_and_compare(m, &sink, &p, 0, 4, 20, 0), MN_ENOTFOUND);
@@ -613,7 +601,7 @@ static void test_promote_into_ram(void **state) {
     assert_int_equal(load_and_compare(m, &sink, &p, 4, 4, 40, 0), MN_OK);
     mover_free(m);
     sink_free(&sink);
-    remove_tmpdir(dir);
+    test_tmpdir_free(dir);
     kvpool_deinit(&p);
 }
 
@@ -626,8 +614,8 @@ static void test_promote_into_ram(void **state) {
 static void test_promote_done_before_its_eviction(void **state) {
     KvPool p;
     assert_int_equal(kvpool_init(&p, 2, 64, 8, 64, MN_TYPE_F16), MN_OK);
-    for (int s = 0; s < 16; s++) fill_slot(&p, s, (uint8_t)s);
-    char *dir = make_tmpdir();
+    for (int s = 0; s < 16; s++) fill_slot(&p, s, (uint32_t)s);
+    char *dir = test_tmpdir_new("mover");
     Sink sink;
     sink_init(&sink);
     MoverConfig mc = {.pool = &p, .ram_bytes = 6 * 2 * (uint64_t)p.block_bytes, .disk_dir = dir,
@@ -659,7 +647,7 @@ static void test_promote_done_before_its_eviction(void **state) {
     assert_int_equal(load_and_compare(m, &sink, &p, 4, 3, 40, 0), MN_OK);
     mover_free(m);
     sink_free(&sink);
-    remove_tmpdir(dir);
+    test_tmpdir_free(dir);
     kvpool_deinit(&p);
 }
 
@@ -671,7 +659,7 @@ static void test_promote_done_before_its_eviction(void **state) {
 static void test_promote_refused(void **state) {
     KvPool p;
     Sink sink;
-    char *dir = make_tmpdir();
+    char *dir = test_tmpdir_new("mover");
     Mover *m = ram_disk_mover(&p, dir, &sink);
     MoverJob *none = promote_job(0, 0, 1), *many = promote_job(0, mover_promote_max_blocks(m) + 1, 1);
     assert_int_equal(mover_submit(m, none), MN_EINVAL);
@@ -715,7 +703,7 @@ static void test_promote_refused(void **state) {
     assert_int_equal(mover_promote_max_blocks(m), 0);
     mover_free(m);
     sink_free(&s2);
-    remove_tmpdir(dir);
+    test_tmpdir_free(dir);
     kvpool_deinit(&p);
 }
 
@@ -792,15 +780,15 @@ static int slice_refused_child(void *arg) {
 static void test_mover_slice_refused(void **state) {
     KvPool p;
     assert_int_equal(kvpool_init(&p, 2, 32, 8, 16, MN_TYPE_F16), MN_OK);
-    for (int s = 0; s < 4; s++) fill_slot(&p, s, (uint8_t)s);
-    char *dir = make_tmpdir();
+    for (int s = 0; s < 4; s++) fill_slot(&p, s, (uint32_t)s);
+    char *dir = test_tmpdir_new("mover");
     ChildMover c = {.mc = {.pool = &p, .disk_dir = dir, .disk_bytes = 16 << 20, .on_event = on_event}, .p = &p};
     char text[4096];
     run_in_child(slice_refused_child, &c, text, sizeof text);
     const char *said = "mover: the kernel takes no scheduling hint", *hit = strstr(text, said);
     if (hit == NULL) fail_msg("no message; the child said: %s", text);
     assert_null(strstr(hit + strlen(said), said)); /* once */
-    remove_tmpdir(dir);
+    test_tmpdir_free(dir);
     kvpool_deinit(&p);
 }
 
@@ -880,7 +868,7 @@ static void test_mixed_restore_logits(void **state) {
     assert_int_equal(fwd_run(f, &b1, &logits, &err), MN_OK);
     assert_memory_equal(logits, ref, sizeof(float) * (size_t)nv);
     /* blocks 2..5 go to disk */
-    char *dir = make_tmpdir();
+    char *dir = test_tmpdir_new("mover");
     Sink sink;
     sink_init(&sink);
     MoverConfig mc = {.pool = &p, .disk_dir = dir, .disk_bytes = 16 << 20, .is_durable = true,
@@ -932,7 +920,7 @@ static void test_mixed_restore_logits(void **state) {
     assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
     mover_free(m);
     sink_free(&sink);
-    remove_tmpdir(dir);
+    test_tmpdir_free(dir);
     fwd_free(f);
     kvpool_deinit(&p);
     free(ref);

@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "base/mem.h"
+#include "base/rng.h"
 #include "cache/cost.h"
 #include "cache/policy.h"
 
@@ -64,11 +65,6 @@ static void expect_ids(const PolicyCtx *ctx, const EvictCand *c, int n, const ui
 
 static EvictCand cand(uint64_t id, uint64_t conv, int32_t pos, double last_access, double inserted, int32_t win) {
     return (EvictCand){id, conv, pos, win, last_access, inserted};
-}
-
-static uint64_t rng_next(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return *s >> 33;
 }
 
 /* ---- names ---------------------------------------------------------------- */
@@ -253,13 +249,13 @@ static void test_select_matches_sort(void **state) {
     assert_true(c && keys && want);
     for (int round = 0; round < 40; round++) {
         EvictPolicy pol = (EvictPolicy)(round % EVICT__COUNT);
-        int n = round < 5 ? round : (int)(rng_next(&rng) % N) + 1;
+        int n = round < 5 ? round : (int)(rng_splitmix64(&rng) % N) + 1;
         for (int i = 0; i < n; i++) {
-            uint64_t conv = rng_next(&rng) % 20;
+            uint64_t conv = rng_splitmix64(&rng) % 20;
             /* coarse times and positions so ties happen often */
-            c[i] = cand(rng_next(&rng) % 1000, conv, (int32_t)(rng_next(&rng) % 64) * 32,
-                        (double)(conv * 7 % 13), (double)(rng_next(&rng) % 50),
-                        rng_next(&rng) % 4 == 0 ? (int32_t)(conv % 5) : -1);
+            c[i] = cand(rng_splitmix64(&rng) % 1000, conv, (int32_t)(rng_splitmix64(&rng) % 64) * 32,
+                        (double)(conv * 7 % 13), (double)(rng_splitmix64(&rng) % 50),
+                        rng_splitmix64(&rng) % 4 == 0 ? (int32_t)(conv % 5) : -1);
         }
         PolicyCtx ctx = {pol, pol == EVICT_PENSIEVE ? NULL : &cm, 20.0};
         policy_keys(&ctx, c, n, keys);

@@ -1,9 +1,11 @@
 /* test_serve_util.h — start and stop a `mnemo serve` process on a free
- * loopback port for the integration tests (header-only; each test is one .c).
- * The binary is $MNEMO_BIN (tests/run.sh sets it to the build's mnemo). */
+ * loopback port for the integration tests, talk HTTP to it and read its
+ * metrics (header-only; each test is one .c). The binary is $MNEMO_BIN
+ * (tests/run.sh sets it to the build's mnemo). */
 #ifndef MN_TEST_SERVE_UTIL_H
 #define MN_TEST_SERVE_UTIL_H
 
+#include <curl/curl.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -66,6 +68,96 @@ static inline void srv_stop(Srv *s) {
     waitpid(s->pid, &st, 0);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     unlink(s->log);
+}
+
+/* ---- HTTP (thread-safe: never asserts, so helper threads may call it) ---- */
+
+typedef struct SrvBuf {
+    char *data;         /* NUL-terminated; NULL once growing it failed */
+    size_t len;
+    size_t abort_after; /* hang up once this many bytes came (0 = never) */
+} SrvBuf;
+
+static inline size_t srv_on_data(char *p, size_t sz, size_t n, void *ctx) {
+    SrvBuf *b = ctx;
+    char *grown = b->data ? realloc(b->data, b->len + sz * n + 1) : NULL;
+    if (grown == NULL) return 0;
+    b->data = grown;
+    memcpy(b->data + b->len, p, sz * n);
+    b->len += sz * n;
+    b->data[b->len] = '\0';
+    if (b->abort_after && b->len >= b->abort_after) return 0;
+    return sz * n;
+}
+
+/* A request to the server. method: NULL for GET (body NULL) or POST,
+ * "HEAD", or another method by name; headers: NULL-ended extra lines
+ * (Content-Type: application/json is always sent); abort_after: hang up
+ * once that many body bytes came (0 = never), keeping the status.
+ * Returns the status (-1: no answer); *out the body and *head_out the
+ * response's header block, malloc'd and never NULL unless out of memory
+ * (either pointer may be NULL to drop it). */
+static inline long srv_http(const Srv *s, const char *method, const char *path, const char *body,
+                            const char *const *headers, char **out, char **head_out, size_t abort_after) {
+    CURL *c = curl_easy_init();
+    char url[1024];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", s->port, path);
+    SrvBuf b = {calloc(1, 1), 0, abort_after}, h = {calloc(1, 1), 0, 0};
+    struct curl_slist *hs = curl_slist_append(NULL, "Content-Type: application/json");
+    for (int i = 0; headers && headers[i]; i++) hs = curl_slist_append(hs, headers[i]);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hs);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, srv_on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, srv_on_data);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, &h);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    if (body) curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    if (method && strcmp(method, "HEAD") == 0) curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+    else if (method) curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    CURLcode rc = curl_easy_perform(c);
+    long status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    if (rc != CURLE_OK && !(abort_after && rc == CURLE_WRITE_ERROR)) status = -1;
+    curl_slist_free_all(hs);
+    curl_easy_cleanup(c);
+    if (out) *out = b.data;
+    else free(b.data);
+    if (head_out) *head_out = h.data;
+    else free(h.data);
+    return status;
+}
+
+/* ---- metrics ---------------------------------------------------------------- */
+
+/* The value of the sample line `series` (a name and its labels, as
+ * printed) in Prometheus text; -1 when there is none. Only sample lines
+ * count: a "# HELP name ..." line names the series too. */
+static inline double srv_metric_in(const char *text, const char *series) {
+    size_t n = strlen(series);
+    for (const char *p = text; p != NULL && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (strncmp(p, series, n) == 0 && p[n] == ' ') return atof(p + n + 1);
+    return -1;
+}
+
+/* GET /metrics (the test fails unless it answers 200); the caller frees it. */
+static inline char *srv_metrics_text(const Srv *s) {
+    char *out = NULL;
+    long st = srv_http(s, NULL, "/metrics", NULL, NULL, &out, NULL, 0);
+    if (st != 200) {
+        free(out);
+        fail_msg("/metrics: status %ld", st);
+    }
+    return out;
+}
+
+/* The value of one series on the server's /metrics now (-1: absent). */
+static inline double srv_metric(const Srv *s, const char *series) {
+    char *text = srv_metrics_text(s);
+    double v = srv_metric_in(text, series);
+    free(text);
+    return v;
 }
 
 #endif

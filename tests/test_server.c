@@ -32,61 +32,10 @@
 
 /* ---- HTTP ----------------------------------------------------------------------- */
 
-typedef struct Buf {
-    char *data;
-    size_t len;
-    size_t abort_after; /* abort the transfer once this many bytes came (0 = never) */
-} Buf;
-
-static size_t on_data(char *p, size_t sz, size_t n, void *ctx) {
-    Buf *b = ctx;
-    b->data = realloc(b->data, b->len + sz * n + 1);
-    memcpy(b->data + b->len, p, sz * n);
-    b->len += sz * n;
-    b->data[b->len] = '\0';
-    if (b->abort_after && b->len >= b->abort_after) return 0;
-    return sz * n;
-}
-
-/* method: NULL for GET when body is NULL, else POST. headers: NULL-ended
- * lines. Returns the status (-1: no answer); *out the body, *head_out the
- * response's header block (both freed by the caller, either may be NULL). */
-static long http_full(const Srv *s, const char *method, const char *path, const char *body,
-                      const char *const *headers, char **out, char **head_out, size_t abort_after) {
-    CURL *c = curl_easy_init();
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", s->port, path);
-    Buf b = {calloc(1, 1), 0, abort_after}, h = {calloc(1, 1), 0, 0};
-    struct curl_slist *hs = NULL;
-    hs = curl_slist_append(hs, "Content-Type: application/json");
-    for (int i = 0; headers && headers[i]; i++) hs = curl_slist_append(hs, headers[i]);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hs);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_data);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &h);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
-    if (body) curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-    if (method && strcmp(method, "HEAD") == 0) curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
-    else if (method) curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    CURLcode rc = curl_easy_perform(c);
-    long status = 0;
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    if (rc != CURLE_OK && !(abort_after && rc == CURLE_WRITE_ERROR)) status = -1;
-    curl_slist_free_all(hs);
-    curl_easy_cleanup(c);
-    if (out) *out = b.data;
-    else free(b.data);
-    if (head_out) *head_out = h.data;
-    else free(h.data);
-    return status;
-}
-
 /* method GET when body is NULL. Returns the status; *out the body (free). */
 static long http(const Srv *s, const char *path, const char *body, const char *header, char **out, size_t abort_after) {
     const char *headers[] = {header, NULL};
-    return http_full(s, NULL, path, body, headers, out, NULL, abort_after);
+    return srv_http(s, NULL, path, body, headers, out, NULL, abort_after);
 }
 
 /* The value of header name in a response's header block (case-insensitive
@@ -449,16 +398,7 @@ static void test_api_keys(void **st) {
     srv_stop(&s);
 }
 
-static long metric(const Srv *s, const char *name) {
-    char *out;
-    assert_int_equal(http(s, "/metrics", NULL, NULL, &out, 0), 200);
-    char *p = strstr(out, name);
-    long v = -1;
-    while (p && (p[strlen(name)] != ' ')) p = strstr(p + 1, name);
-    if (p) v = atol(p + strlen(name) + 1);
-    free(out);
-    return v;
-}
+static long metric(const Srv *s, const char *name) { return (long)srv_metric(s, name); }
 
 /* The start-up line and mnemo_build_info name the version and the commit
  * that `mnemo --version` reports. */
@@ -916,14 +856,14 @@ static void test_http_auth_scheme(void **st) {
     const char *ok[] = {"Authorization: bearer alpha", "Authorization: BEARER alpha", "Authorization: Bearer  alpha"};
     for (int i = 0; i < 3; i++) {
         const char *h[] = {ok[i], NULL};
-        long st_ = http_full(&s, NULL, "/v1/models", NULL, h, NULL, NULL, 0);
+        long st_ = srv_http(&s, NULL, "/v1/models", NULL, h, NULL, NULL, 0);
         if (st_ != 200) fail_msg("'%s': status %ld", ok[i], st_);
     }
     const char *bad[] = {NULL, "Authorization: Bearer wrong", "Authorization: Basic YWxwaGE6"};
     for (int i = 0; i < 3; i++) {
         const char *h[] = {bad[i], NULL};
         char *head, *out, buf[64];
-        assert_int_equal(http_full(&s, NULL, "/v1/chat/completions", "{}", h, &out, &head, 0), 401);
+        assert_int_equal(srv_http(&s, NULL, "/v1/chat/completions", "{}", h, &out, &head, 0), 401);
         if (!header_value(head, "WWW-Authenticate", buf, sizeof buf)) fail_msg("no WWW-Authenticate: %s", head);
         assert_string_equal(buf, "Bearer");
         free(head);
@@ -938,7 +878,7 @@ static void test_http_auth_scheme(void **st) {
 static char *expect_cors(const Srv *s, const char *method, const char *path, const char *body,
                          const char *const *headers, long status, const char *want_origin) {
     char *head, *out, buf[256];
-    assert_int_equal(http_full(s, method, path, body, headers, &out, &head, 0), status);
+    assert_int_equal(srv_http(s, method, path, body, headers, &out, &head, 0), status);
     free(out);
     const char *got = header_value(head, "Access-Control-Allow-Origin", buf, sizeof buf);
     if (want_origin == NULL && got != NULL) fail_msg("Access-Control-Allow-Origin %s for an unlisted origin", got);
@@ -983,7 +923,7 @@ static void test_http_cors(void **st) {
     /* without --cors-origin: no CORS headers at all */
     if (srv_start(&s, "stories260K", "") != 0) return;
     char *out;
-    assert_int_equal(http_full(&s, "OPTIONS", "/v1/chat/completions", NULL, pre, &out, &head, 0), 204);
+    assert_int_equal(srv_http(&s, "OPTIONS", "/v1/chat/completions", NULL, pre, &out, &head, 0), 204);
     assert_null(header_value(head, "Access-Control-Allow-Origin", buf, sizeof buf));
     assert_null(header_value(head, "Vary", buf, sizeof buf));
     assert_non_null(strstr(header_value(head, "Allow", buf, sizeof buf), "POST"));
@@ -1000,11 +940,11 @@ static void test_http_methods(void **st) {
     const char *paths[] = {"/health", "/metrics"};
     for (int i = 0; i < 2; i++) {
         char *head, *out, buf[64];
-        assert_int_equal(http_full(&s, "HEAD", paths[i], NULL, NULL, &out, &head, 0), 405);
+        assert_int_equal(srv_http(&s, "HEAD", paths[i], NULL, NULL, &out, &head, 0), 405);
         assert_non_null(strstr(header_value(head, "Allow", buf, sizeof buf), "GET"));
         free(head);
         free(out);
-        assert_int_equal(http_full(&s, "POST", paths[i], "{}", NULL, &out, &head, 0), 405);
+        assert_int_equal(srv_http(&s, "POST", paths[i], "{}", NULL, &out, &head, 0), 405);
         assert_non_null(strstr(header_value(head, "Allow", buf, sizeof buf), "GET"));
         free(head);
         json_t *j = parse(out);
@@ -1013,7 +953,7 @@ static void test_http_methods(void **st) {
         free(out);
     }
     char *head, *out, buf[64];
-    assert_int_equal(http_full(&s, NULL, "/v1/chat/completions", NULL, NULL, &out, &head, 0), 405);
+    assert_int_equal(srv_http(&s, NULL, "/v1/chat/completions", NULL, NULL, &out, &head, 0), 405);
     assert_non_null(strstr(header_value(head, "Allow", buf, sizeof buf), "POST"));
     free(head);
     free(out);

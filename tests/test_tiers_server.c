@@ -81,50 +81,14 @@ static double now_s(void) {
 
 /* ---- HTTP (thread-safe, never asserts) ---------------------------------------- */
 
-typedef struct Buf {
-    char *data;
-    size_t len;
-} Buf;
-
-static size_t on_data(char *p, size_t sz, size_t n, void *ctx) {
-    Buf *b = ctx;
-    char *grown = realloc(b->data, b->len + sz * n + 1);
-    if (grown == NULL) return 0;
-    b->data = grown;
-    memcpy(b->data + b->len, p, sz * n);
-    b->len += sz * n;
-    b->data[b->len] = '\0';
-    return sz * n;
-}
-
 /* GET when body is NULL, else POST, with API key `key` (NULL: none).
  * Returns the status (-1: no answer); *out the body (malloc'd, never
  * NULL). */
 static long http_as(const Srv *s, const char *path, const char *body, const char *key, char **out) {
-    CURL *c = curl_easy_init();
-    char url[256], auth[128];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", s->port, path);
-    Buf b = {calloc(1, 1), 0};
-    struct curl_slist *hs = curl_slist_append(NULL, "Content-Type: application/json");
-    if (key != NULL) {
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", key);
-        hs = curl_slist_append(hs, auth);
-    }
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hs);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    if (body) curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-    CURLcode rc = curl_easy_perform(c);
-    long status = 0;
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    if (rc != CURLE_OK) status = -1;
-    curl_slist_free_all(hs);
-    curl_easy_cleanup(c);
-    *out = b.data;
-    return status;
+    char auth[128];
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s", key ? key : "");
+    const char *headers[] = {key ? auth : NULL, NULL};
+    return srv_http(s, NULL, path, body, headers, out, NULL, 0);
 }
 
 static long http(const Srv *s, const char *path, const char *body, char **out) {
@@ -305,35 +269,10 @@ static void expect_reference(const Srv *ref, const Conv *c) {
 
 /* ---- metrics ------------------------------------------------------------------- */
 
-static char *metrics_text(const Srv *s) {
-    char *out;
-    long st = http(s, "/metrics", NULL, &out);
-    if (st != 200) {
-        free(out);
-        fail_msg("/metrics: status %ld", st);
-    }
-    return out;
-}
-
-/* The value of the sample line `series` (name and labels), -1 if absent. */
-static double metric_in(const char *text, const char *series) {
-    size_t n = strlen(series);
-    for (const char *p = text; p != NULL && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
-        if (strncmp(p, series, n) == 0 && p[n] == ' ') return atof(p + n + 1);
-    return -1;
-}
-
-static double metric(const Srv *s, const char *series) {
-    char *text = metrics_text(s);
-    double v = metric_in(text, series);
-    free(text);
-    return v;
-}
-
 static double tier_metric(const Srv *s, const char *name, const char *tier) {
     char series[128];
     snprintf(series, sizeof series, "%s{tier=\"%s\"}", name, tier);
-    return metric(s, series);
+    return srv_metric(s, series);
 }
 
 /* Every per-tier family is exported with tier="<tier>". */
@@ -343,26 +282,26 @@ static void expect_tier_families(const Srv *s, const char *tier) {
                                         "mnemo_tier_checksum_failures_total", "mnemo_cached_tokens_total"};
     static const char *const hist[] = {"mnemo_tier_read_seconds", "mnemo_tier_write_seconds"};
     static const char *const hist_parts[] = {"_bucket{tier=\"%s\",le=\"+Inf\"}", "_sum{tier=\"%s\"}", "_count{tier=\"%s\"}"};
-    char *text = metrics_text(s), series[160], missing[160] = "";
+    char *text = srv_metrics_text(s), series[160], missing[160] = "";
     for (size_t i = 0; i < sizeof plain / sizeof plain[0] && !missing[0]; i++) {
         snprintf(series, sizeof series, "%s{tier=\"%s\"}", plain[i], tier);
-        if (metric_in(text, series) < 0) snprintf(missing, sizeof missing, "%s", series);
+        if (srv_metric_in(text, series) < 0) snprintf(missing, sizeof missing, "%s", series);
     }
     for (size_t i = 0; i < sizeof hist / sizeof hist[0] && !missing[0]; i++)
         for (size_t k = 0; k < sizeof hist_parts / sizeof hist_parts[0] && !missing[0]; k++) {
             char part[64];
             snprintf(part, sizeof part, hist_parts[k], tier);
             snprintf(series, sizeof series, "%s%s", hist[i], part);
-            if (metric_in(text, series) < 0) snprintf(missing, sizeof missing, "%s", series);
+            if (srv_metric_in(text, series) < 0) snprintf(missing, sizeof missing, "%s", series);
         }
     for (int t = 0; t < T_COUNT && !missing[0]; t++) {
         snprintf(series, sizeof series, "mnemo_cached_tokens_total{tier=\"%s\"}", tier_names[t]);
-        if (metric_in(text, series) < 0) snprintf(missing, sizeof missing, "%s", series);
+        if (srv_metric_in(text, series) < 0) snprintf(missing, sizeof missing, "%s", series);
     }
     static const char *const global[] = {"mnemo_dropped_blocks_total", "mnemo_prefetched_blocks_total{into=\"pool\"}",
                                          "mnemo_prefetched_blocks_total{into=\"ram\"}"};
     for (size_t i = 0; i < sizeof global / sizeof global[0] && !missing[0]; i++)
-        if (metric_in(text, global[i]) < 0) snprintf(missing, sizeof missing, "%s", global[i]);
+        if (srv_metric_in(text, global[i]) < 0) snprintf(missing, sizeof missing, "%s", global[i]);
     free(text);
     if (missing[0]) fail_msg("/metrics lacks %s", missing);
 }
@@ -511,29 +450,6 @@ static void wait_writes_settle(const Srv *s, const char *tier, double timeout_s)
     }
 }
 
-/* Overwrite the data area (everything after the 4096-byte header) of every
- * slab file in dir with random bytes; returns the bytes overwritten. */
-static long corrupt_slabs(const char *dir) {
-    char pattern[128], cmd[512] = "";
-    snprintf(pattern, sizeof pattern, "%s/slab-*.dat", dir);
-    glob_t g;
-    long total = 0;
-    if (glob(pattern, 0, NULL, &g) != 0) return 0;
-    for (size_t i = 0; i < g.gl_pathc; i++) {
-        struct stat sb;
-        if (stat(g.gl_pathv[i], &sb) != 0 || sb.st_size <= 4096) continue;
-        long pages = (long)((sb.st_size - 4096) / 4096);
-        snprintf(cmd, sizeof cmd, "dd if=/dev/urandom of='%s' bs=4096 seek=1 count=%ld conv=notrunc status=none",
-                 g.gl_pathv[i], pages);
-        if (system(cmd) != 0) break;
-        total += pages * 4096;
-        cmd[0] = '\0';
-    }
-    globfree(&g);
-    if (cmd[0]) fail_msg("failed: %s", cmd);
-    return total;
-}
-
 /* ---- 1. many conversations through RAM and disk --------------------------------------- */
 
 /* 12 conversations x 3 turns from threads against a pool of 32 blocks, a
@@ -661,7 +577,7 @@ static void test_tiers_corrupt_data_file(void **state) {
     double written = tier_metric(s, "mnemo_tier_bytes_written_total", "disk");
     fix_term(f, 0);
     if (written <= 0) fail_msg("nothing was written to disk before the corruption");
-    if (corrupt_slabs(f->dir) == 0) fail_msg("no slab file with a data area in %s", f->dir);
+    if (test_corrupt_slabs(f->dir, 0) == 0) fail_msg("no slab file with a data area in %s", f->dir);
 
     s = fix_start_tiered(f, POOL3_FLAGS, "--disk-tier-mb 4");
     for (int turn = 1; turn < 3; turn++)
@@ -815,7 +731,7 @@ static void test_tiers_sequential_promotes(void **state) {
         expect_reference(ref, &cs[i]);
         for (int k = 0; k < T_COUNT; k++) by_tier[k] += cs[i].ans[1].by_tier[k];
     }
-    double promoted = metric(s, "mnemo_prefetched_blocks_total{into=\"ram\"}");
+    double promoted = srv_metric(s, "mnemo_prefetched_blocks_total{into=\"ram\"}");
     if (promoted <= 0)
         fail_msg("no history was promoted from disk to RAM (%.0f blocks; turn 2s found pool %ld, ram %ld, disk %ld)",
                  promoted, by_tier[T_POOL], by_tier[T_RAM], by_tier[T_DISK]);

@@ -8,10 +8,11 @@
 #include "test_util.h"
 
 #include "base/mem.h"
+#include "base/rng.h"
 #include "model/gguf.h"
 #include "model/pretok.h"
 #include "model/tokenizer.h"
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -447,13 +448,6 @@ static void test_stream_utf8(void **state) {
 
 /* ---- malformed input ----------------------------------------------------- */
 
-static uint64_t rng_next(uint64_t *s) {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
 /* exact: the vocabulary has a token for every byte, so valid UTF-8 must
  * round-trip (falcon lacks some control bytes, which llama.cpp drops too). */
 static void fuzz_one(const char *rel, bool exact) {
@@ -464,9 +458,9 @@ static void fuzz_one(const char *rel, bool exact) {
     char buf[64];
     static const char alphabet[] = " \n\ta'sЖ日🙂<|endoftext|></s>\xff\xc3\xe2\x80";
     for (int it = 0; it < 300; it++) {
-        size_t n = rng_next(&seed) % sizeof buf;
+        size_t n = rng_splitmix64(&seed) % sizeof buf;
         for (size_t i = 0; i < n; i++) {
-            uint64_t r = rng_next(&seed);
+            uint64_t r = rng_splitmix64(&seed);
             buf[i] = (r & 1) ? (char)(r >> 8) : alphabet[(r >> 8) % (sizeof alphabet - 1)];
         }
         encode_or_fail(l.tok, buf, n, (it & 1) != 0, (it & 2) != 0, &ids);

@@ -1,5 +1,6 @@
 /* test_util.h — helpers shared by the cmocka tests: where the shared test
- * data lives, reading small files, temporary directories. Header-only (each test is one .c). */
+ * data lives, reading small files, temporary directories, damage to a disk
+ * tier's files. Header-only (each test is one .c). */
 #ifndef MN_TEST_UTIL_H
 #define MN_TEST_UTIL_H
 
@@ -12,6 +13,7 @@
 #include <string.h>
 #include <cmocka.h>
 #include <dirent.h>
+#include <glob.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -160,6 +162,53 @@ static inline void test_rm_dir(const char *dir) {
         closedir(d);
     }
     rmdir(dir);
+}
+
+/* A fresh directory /tmp/mnemo-test-NAME-XXXXXX, its path malloc'd; fails
+ * the test when it cannot be made. */
+static inline char *test_tmpdir_new(const char *name) {
+    size_t cap = strlen(name) + 32;
+    char *dir = malloc(cap);
+    if (dir == NULL) {
+        fail_msg("out of memory");
+        return NULL;
+    }
+    snprintf(dir, cap, "/tmp/mnemo-test-%s-XXXXXX", name);
+    return test_make_dir(dir);
+}
+
+/* Remove a directory of test_tmpdir_new with its files and free its path
+ * (NULL is fine). */
+static inline void test_tmpdir_free(char *dir) {
+    if (dir == NULL) return;
+    test_rm_dir(dir);
+    free(dir);
+}
+
+/* Overwrite up to max_pages (0: all) 4 KiB pages of the data area (what
+ * follows the 4096-byte header) of every slab file of the disk tier in
+ * dir with random bytes; returns the bytes overwritten (0: no slab file
+ * has a data area). Fails the test when a write fails. */
+static inline long test_corrupt_slabs(const char *dir, long max_pages) {
+    char pattern[1024], cmd[1400] = "";
+    snprintf(pattern, sizeof pattern, "%s/slab-*.dat", dir);
+    glob_t g;
+    long total = 0;
+    if (glob(pattern, 0, NULL, &g) != 0) return 0;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        struct stat sb;
+        if (stat(g.gl_pathv[i], &sb) != 0 || sb.st_size <= 4096) continue;
+        long pages = (long)((sb.st_size - 4096) / 4096);
+        if (max_pages > 0 && pages > max_pages) pages = max_pages;
+        snprintf(cmd, sizeof cmd, "dd if=/dev/urandom of='%s' bs=4096 seek=1 count=%ld conv=notrunc status=none",
+                 g.gl_pathv[i], pages);
+        if (system(cmd) != 0) break;
+        total += pages * 4096;
+        cmd[0] = '\0';
+    }
+    globfree(&g);
+    if (cmd[0]) fail_msg("failed: %s", cmd);
+    return total;
 }
 
 /* Remove a HOME made for a test and what mnemo writes under it: the files

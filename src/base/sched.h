@@ -3,18 +3,19 @@
  * The mover thread sleeps on its I/O most of the time and, while a restore
  * streams, wakes every few hundred microseconds to place a layer and queue
  * the next reads. With compute on every core, each wake-up waits for a
- * compute thread's time slice to run out: traced on a 2-core machine, a
- * serving restore spent about a quarter of its time runnable but not
- * running. Linux's EEVDF scheduler (6.12 and later) lets a thread ask for
- * a shorter slice: it gets the same share of CPU, but is picked sooner
- * when it wakes. No privilege is needed, and the thread's nice value and
- * policy are kept.
+ * compute thread's time slice to run out, so a serving restore spends a
+ * share of its time runnable but not running. Linux's EEVDF scheduler
+ * (6.12 and later) lets a thread ask for a shorter slice: it gets the same
+ * share of CPU, but is picked sooner when it wakes. No privilege is
+ * needed, and the thread's nice value and policy are kept.
  *
  * The slice only decides who runs first; once running, the mover still
- * shares a core with the compute threads by weight, and placing a 24 MB
- * restore's layers (2-3 ms of CPU) took 6-7 ms, preempted between its
- * short slices. Compute threads a few nice levels down (a third of the
- * weight at 5) leave it the core: 1.7-3.2 ms.
+ * shares a core with the compute threads by weight, so placing a
+ * restore's layers is preempted between its short slices and takes
+ * several times its CPU time. Compute threads a few nice levels down (a
+ * third of the weight at 5) leave it the core. What both hints gained
+ * where they were traced is in docs/OPERATIONS.md ("Figures behind the
+ * tier defaults").
  */
 #ifndef MN_SCHED_H
 #define MN_SCHED_H

@@ -1,7 +1,7 @@
 /* workload.c — conversations and schedules for `mnemo bench` (see workload.h).
  *
- * Everything random comes from xoshiro256** generators seeded through
- * splitmix64 from (--seed, stream): stream 0 draws the arrival times,
+ * Everything random comes from base/rng (xoshiro256**) seeded
+ * from (--seed, stream): stream 0 draws the arrival times,
  * stream 1 the shared system prompt, stream 2 the shuffle of a --sharegpt
  * file, stream 1000 + i conversation i (its turn count, lengths, think
  * times, texts and sampling seeds, in that order per turn). The probe text
@@ -31,12 +31,9 @@
 #include <string.h>
 
 #include "base/mem.h"
+#include "base/rng.h"
 
-/* ---- random numbers ------------------------------------------------------------ */
-
-typedef struct Rng {
-    uint64_t s[4];
-} Rng;
+/* ---- streams and estimates ------------------------------------------------------- */
 
 enum { STREAM_ARRIVALS = 0, STREAM_SYSTEM = 1, STREAM_SHUFFLE = 2, STREAM_CONV = 1000 };
 #define PROBE_SEED 0x6d6e656d6f /* fixed: the probe text never changes */
@@ -44,55 +41,6 @@ enum { STREAM_ARRIVALS = 0, STREAM_SYSTEM = 1, STREAM_SHUFFLE = 2, STREAM_CONV =
 #define EST_TOKENS_PER_WORD 1.3
 #define EST_TOKENS_PER_CHAR 0.25
 #define TEMPLATE_TOKENS 8 /* per message, for --max-context estimates */
-
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-static void rng_seed(Rng *r, uint64_t seed, uint64_t stream) {
-    uint64_t x = seed ^ (stream * 0xd1b54a32d192ed03ULL);
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t rng_next(Rng *r) { /* xoshiro256** */
-    uint64_t *s = r->s;
-    uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return out;
-}
-
-static double rng_unit(Rng *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; } /* [0, 1) */
-
-static uint64_t rng_below(Rng *r, uint64_t n) { return n ? rng_next(r) % n : 0; } /* bias < 2^-50 */
-
-static double rng_exp(Rng *r, double mean) { return mean > 0 ? -mean * log1p(-rng_unit(r)) : 0; }
-
-static double rng_normal(Rng *r) { /* Box-Muller, one of the pair */
-    double u = 1.0 - rng_unit(r), v = rng_unit(r);
-    return sqrt(-2.0 * log(u)) * cos(2.0 * M_PI * v);
-}
-
-/* Lognormal with the given mean: exp(mu + sigma z), mu = ln(mean) - sigma^2/2. */
-static double rng_lognormal(Rng *r, double mean, double sigma) {
-    return exp(log(mean) - 0.5 * sigma * sigma + sigma * rng_normal(r));
-}
-
-/* Geometric on {1, 2, ...} with the given mean (>= 1). */
-static int rng_geometric(Rng *r, double mean) {
-    if (mean <= 1.0) return 1;
-    double k = floor(log1p(-rng_unit(r)) / log1p(-1.0 / mean));
-    return k > 1e6 ? 1000001 : 1 + (int)k;
-}
 
 static int clip_round(double x, int lo, int hi) {
     long v = lround(x);

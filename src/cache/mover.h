@@ -154,9 +154,8 @@ typedef struct MoverTierStats {
 typedef void (*MoverHeldFn)(void *ctx, int tier, const Hash128 *hashes, int n);
 /* The scheduler slice the mover thread asks for (base/sched.h): short, so
  * that a streamed restore's wake-ups find a core soon with compute on
- * every core. Traced serving on 2 cores (the tiered bench, four runs
- * each): the mover spent 21-28% of its restores' time runnable but not
- * running with the default 1.4 ms slice, 16-23% with this one. */
+ * every core — it cuts the time the mover waits runnable behind compute
+ * (docs/OPERATIONS.md, "Figures behind the tier defaults"). */
 #define MOVER_SLICE_NS 300000ull
 
 /* Hooks for tests; a production config has none. */

@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #include "base/hash.h"
-#include "model/tokenizer.h"
+#include "base/tok_ids.h"
 
 typedef struct ReplyMemory ReplyMemory;
 

@@ -163,19 +163,19 @@
 /* A streamed restore keeps up to this many bytes of extents (whole spans
  * of layers, at least one layer) in flight by default, so small extents
  * still fill the device queue; a read whose layers nobody uses early (a
- * promote into RAM) keeps DISK_BULK_FACTOR times as many, as the device
- * moves bigger bursts faster (here ~0.6 ms before a burst's first byte,
- * then ~3.3 GB/s) */
+ * promote into RAM) keeps DISK_BULK_FACTOR times as many, as a device
+ * pays a fixed delay before a burst's first byte and so moves bigger
+ * bursts faster (docs/OPERATIONS.md, "Figures behind the tier defaults") */
 #define DISK_READ_WINDOW (8ull << 20)
 #define DISK_BULK_FACTOR 4
 /* Of a streamed read's window, this many requests are in the device at
- * once; the rest wait in the aio's queue. The virtio disk here serves the
- * requests it holds side by side: 30 requests of 0.75 MiB all came back
- * within 0.1 ms of each other, 6.5 ms after they were submitted, so no
- * layer could be checked and copied while the others were read, and the
- * copy came on top of the read. Four at a time come back in order, every
- * ~1.2 ms, and the copy of one group overlaps the read of the next; raw
- * reads at queue depth 4 move as much as at 32 (3.6-3.8 GB/s here). */
+ * once; the rest wait in the aio's queue. A disk that serves the requests
+ * it holds side by side (a virtio disk does) returns a deep queue's reads
+ * all together at the end, so no layer could be checked and copied while
+ * the others were read, and the copy would come on top of the read. A few
+ * at a time come back in order, and the copy of one group overlaps the
+ * read of the next; a queue this shallow still keeps such a device busy
+ * (docs/OPERATIONS.md, "Figures behind the tier defaults"). */
 #define DISK_READ_INFLIGHT 4
 #define DISK_STREAM_MAX_DEPTH 256 /* spans in flight, at most */
 #define DISK_RECORD_HEAD 80u  /* run record bytes before the hashes */
@@ -957,9 +957,10 @@ static int disk_read_layer(void *kind, TierRun *run, int layer, const int32_t *i
  * another on disk, so `span` consecutive layers of a run are one
  * contiguous piece, and the stream reads spans rather than single layers,
  * in as few requests (of up to DISK_CHUNK) as that takes. Each request
- * costs the mover a share of a core to issue, whatever its size; with
- * compute on every core, 44 requests of 160 KiB took 20-40% longer than 7
- * of 1 MiB for the same 7 MB (three measurements of four).
+ * costs the mover a share of a core to issue, whatever its size, and with
+ * compute on every core that share is scarce: many small requests move
+ * the same bytes slower than a few large ones (docs/OPERATIONS.md,
+ * "Figures behind the tier defaults").
  *
  * Span j (layers [j*span, (j+1)*span)) is read into staging slot
  * j % depth: the groups' pieces side by side in group order, each
@@ -1292,7 +1293,8 @@ int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err) {
     }
     /* the staging buffer at the size a bulk read uses (or the budget, when
      * smaller) now: growing it while serving stalls the read or put that
-     * needs it — populating 32 MiB of huge pages once took 145 ms */
+     * needs it for as long as the kernel takes to populate the huge pages,
+     * far longer than a read */
     rc = staging_reserve(d, bulk_window(d) < capacity ? bulk_window(d) : capacity);
     if (rc != MN_OK) {
         disk_free(d);

@@ -477,9 +477,9 @@ static void promote_request(Engine *e, Active *a) {
  * promotes go out together, once the blocks pending would fill one
  * PROMOTE (promote_max) or one belongs to a request next in line (within
  * the first --parallel of the window): fewer and larger disk reads, since
- * this disk pays ~0.6 ms per burst before its first byte and then moves
- * ~3.3 GB/s (by that fit, a 7 MB burst moves at ~0.77 of the streaming
- * rate, a 22 MB one at ~0.9). */
+ * a disk pays a fixed delay per burst before its first byte, so larger
+ * bursts come nearer its streaming rate (docs/OPERATIONS.md, "Figures
+ * behind the tier defaults"). */
 void tiers_promote_window(Engine *e, int len) {
     if (e->promote_max == 0) return;
     int pending = 0, idx = 0;

@@ -31,7 +31,8 @@
  *
  * Invariants: 0 <= n_window <= repeat_last_n; counts[t] is the number of
  * times t occurs in ring[0..n_window); the sum of counts equals n_window.
- * Every non-greedy sample consumes exactly one 64-bit draw of the PRNG.
+ * Every non-greedy sample consumes exactly one 64-bit draw of its Rng
+ * (base/rng, stream 0 of the seed).
  *
  * sampler_logprobs is separate from the chain: it reports the model's own
  * distribution (log-softmax of the raw row), which is what a client asking
@@ -49,6 +50,7 @@
 
 #include "base/err.h"
 #include "base/mem.h"
+#include "base/rng.h"
 
 /* ------------------------------------------------------------------ types */
 
@@ -67,41 +69,8 @@ struct Sampler {
     int32_t n_window;   /* valid entries in ring */
     int32_t *counts;    /* (n_vocab) occurrences of each id in the ring */
     SamplerBias *bias;  /* (params.n_logit_bias) owned copy; params.logit_bias points here */
-    uint64_t rng[4];    /* xoshiro256** state, never all zero */
+    Rng rng;            /* base/rng: seeded with params.seed, stream 0 */
 };
-
-/* ---------------------------------------------------------------- the PRNG */
-
-/* splitmix64 expands the 64-bit seed into xoshiro's 256-bit state; its
- * outputs are never all zero for four consecutive calls. */
-static uint64_t splitmix64_next(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static inline uint64_t rotl64(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t rng_next(uint64_t s[4]) {
-    uint64_t result = rotl64(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl64(s[3], 45);
-    return result;
-}
-
-/* Uniform in [0, 1) with 53 random bits. */
-static double rng_uniform(uint64_t s[4]) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
-
-static void rng_seed(uint64_t s[4], uint64_t seed) {
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++) s[i] = splitmix64_next(&x);
-}
 
 /* --------------------------------------------------------------------- API */
 
@@ -160,7 +129,7 @@ int sampler_new(const SamplerParams *p, int32_t n_vocab, Sampler **out) {
     }
     if (p->n_logit_bias > 0) memcpy(s->bias, p->logit_bias, (size_t)p->n_logit_bias * sizeof *s->bias);
     s->params.logit_bias = s->bias;
-    rng_seed(s->rng, p->seed);
+    rng_seed(&s->rng, p->seed, 0);
     *out = s;
     return MN_OK;
 }
@@ -416,7 +385,7 @@ static int32_t sample_filtered(Sampler *s, int32_t n_cand, bool is_sorted) {
         c[i].prob = expf((c[i].logit - max_l) / t);
         sum += c[i].prob;
     }
-    double u = rng_uniform(s->rng) * sum, cum = 0.0;
+    double u = rng_unit(&s->rng) * sum, cum = 0.0;
     for (int32_t i = 0; i < n_cand; i++) {
         cum += c[i].prob;
         if (u < cum) return c[i].id;

@@ -207,7 +207,7 @@ static uint64_t name_hash(const char *s, uint64_t len) {
     return h;
 }
 
-static int64_t index_find(const NameIndex *ix, const char *s, uint64_t len, uint64_t h) {
+static int64_t gguf_index_find(const NameIndex *ix, const char *s, uint64_t len, uint64_t h) {
     if (ix->cap == 0) return -1;
     for (uint64_t i = h & (ix->cap - 1);; i = (i + 1) & (ix->cap - 1)) {
         const NameSlot *sl = &ix->slots[i];
@@ -216,25 +216,25 @@ static int64_t index_find(const NameIndex *ix, const char *s, uint64_t len, uint
     }
 }
 
-static void index_place(NameSlot *slots, uint64_t cap, NameSlot sl) {
+static void gguf_index_place(NameSlot *slots, uint64_t cap, NameSlot sl) {
     uint64_t i = sl.hash & (cap - 1);
     while (slots[i].name != NULL) i = (i + 1) & (cap - 1);
     slots[i] = sl;
 }
 
 /* Insert a name known to be absent. The name must stay valid. */
-static int index_insert(NameIndex *ix, const char *s, uint64_t len, uint64_t h, int64_t idx) {
+static int gguf_index_insert(NameIndex *ix, const char *s, uint64_t len, uint64_t h, int64_t idx) {
     if ((ix->n + 1) * 2 > ix->cap) {
         uint64_t new_cap = ix->cap ? ix->cap * 2 : 64;
         NameSlot *slots = mn_calloc((size_t)new_cap, sizeof *slots);
         if (slots == NULL) return MN_ENOMEM;
         for (uint64_t i = 0; i < ix->cap; i++)
-            if (ix->slots[i].name != NULL) index_place(slots, new_cap, ix->slots[i]);
+            if (ix->slots[i].name != NULL) gguf_index_place(slots, new_cap, ix->slots[i]);
         mn_free(ix->slots);
         ix->slots = slots;
         ix->cap = new_cap;
     }
-    index_place(ix->slots, ix->cap, (NameSlot){s, len, h, idx});
+    gguf_index_place(ix->slots, ix->cap, (NameSlot){s, len, h, idx});
     ix->n++;
     return MN_OK;
 }
@@ -427,7 +427,7 @@ static int parse_kv(Gguf *g, Parser *p, int64_t i) {
     if (memchr(key.data, '\0', key.len) != NULL)
         return mn_err_set(p->err, MN_EFORMAT, "%s: key contains a NUL byte", p->where);
     uint64_t h = name_hash(key.data, key.len);
-    if (index_find(&g->kv_index, key.data, key.len, h) >= 0)
+    if (gguf_index_find(&g->kv_index, key.data, key.len, h) >= 0)
         return mn_err_set(p->err, MN_EFORMAT, "%s: duplicate key", p->where);
 
     if ((rc = grow((void **)&g->kvs, &g->cap_kv, (uint64_t)i + 1, sizeof *g->kvs)) != MN_OK) return rc;
@@ -436,7 +436,7 @@ static int parse_kv(Gguf *g, Parser *p, int64_t i) {
     if ((kv->key = mn_strndup(key.data, (size_t)key.len)) == NULL) return MN_ENOMEM;
     kv->key_len = key.len;
     g->n_kv = i + 1; /* kv is now owned by g (freed on failure) */
-    if ((rc = index_insert(&g->kv_index, kv->key, kv->key_len, h, i)) != MN_OK) return rc;
+    if ((rc = gguf_index_insert(&g->kv_index, kv->key, kv->key_len, h, i)) != MN_OK) return rc;
 
     if ((rc = p_u32(p, "value type", &kv->type)) != MN_OK) return rc;
     kv->value_off = p->pos;
@@ -486,7 +486,7 @@ static int parse_tensor_info(Gguf *g, Parser *p, int64_t i) {
     if (memchr(name.data, '\0', name.len) != NULL)
         return mn_err_set(p->err, MN_EFORMAT, "%s: name contains a NUL byte", p->where);
     uint64_t h = name_hash(name.data, name.len);
-    if (index_find(&g->tensor_index, name.data, name.len, h) >= 0)
+    if (gguf_index_find(&g->tensor_index, name.data, name.len, h) >= 0)
         return mn_err_set(p->err, MN_EFORMAT, "%s: duplicate tensor name", p->where);
 
     if ((rc = grow((void **)&g->tensors, &g->cap_tensors, (uint64_t)i + 1, sizeof *g->tensors)) != MN_OK)
@@ -497,7 +497,7 @@ static int parse_tensor_info(Gguf *g, Parser *p, int64_t i) {
     if (owned == NULL) return MN_ENOMEM;
     t->name = owned;
     g->n_tensors = i + 1;
-    if ((rc = index_insert(&g->tensor_index, owned, name.len, h, i)) != MN_OK) return rc;
+    if ((rc = gguf_index_insert(&g->tensor_index, owned, name.len, h, i)) != MN_OK) return rc;
 
     if ((rc = p_u32(p, "n_dims", &t->n_dims)) != MN_OK) return rc;
     if (t->n_dims < 1 || t->n_dims > GGUF_MAX_DIMS)
@@ -669,7 +669,7 @@ int64_t gguf_n_kv(const Gguf *g) { return g->n_kv; }
 
 int64_t gguf_find_key(const Gguf *g, const char *key) {
     uint64_t len = strlen(key);
-    return index_find(&g->kv_index, key, len, name_hash(key, len));
+    return gguf_index_find(&g->kv_index, key, len, name_hash(key, len));
 }
 
 const char *gguf_kv_key(const Gguf *g, int64_t i) {
@@ -838,7 +838,7 @@ const GgufTensor *gguf_tensor(const Gguf *g, int64_t i) {
 
 const GgufTensor *gguf_find_tensor(const Gguf *g, const char *name) {
     uint64_t len = strlen(name);
-    int64_t i = index_find(&g->tensor_index, name, len, name_hash(name, len));
+    int64_t i = gguf_index_find(&g->tensor_index, name, len, name_hash(name, len));
     return i < 0 ? NULL : &g->tensors[i];
 }
 

@@ -34,7 +34,7 @@
 
 #include "base/mem.h"
 #include "model/pretok.h"
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 /* ---- pattern sets -------------------------------------------------------- */
 

@@ -41,7 +41,7 @@
 #include "base/mem.h"
 #include "model/pretok.h"
 #include "model/tokenizer.h"
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 /* ---- types --------------------------------------------------------------- */
 
@@ -804,26 +804,6 @@ void tok_dump(const Tokenizer *tok, FILE *f) {
         fprintf(f, "    %d type %d%s '%s'\n", id, tok->types[id],
                 (tok->flags[id] & TOK_FLAG_RSTRIP) ? " rstrip" : "", tok_text_at(tok, id));
     }
-}
-
-/* ---- id buffers ---------------------------------------------------------- */
-
-void tok_ids_free(TokIds *v) {
-    if (v == NULL) return;
-    mn_free(v->ids);
-    memset(v, 0, sizeof *v);
-}
-
-int tok_ids_push(TokIds *v, int32_t id) {
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 64;
-        int32_t *p = mn_realloc(v->ids, cap * sizeof *p);
-        if (p == NULL) return MN_ENOMEM;
-        v->ids = p;
-        v->cap = cap;
-    }
-    v->ids[v->n++] = id;
-    return MN_OK;
 }
 
 /* ---- scratch helpers ----------------------------------------------------- */

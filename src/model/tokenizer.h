@@ -26,6 +26,7 @@
 #include <stdio.h>
 
 #include "base/err.h"
+#include "base/tok_ids.h" /* TokIds, the id vector encode appends to */
 #include "model/gguf.h"
 
 typedef struct Tokenizer Tokenizer;
@@ -45,14 +46,6 @@ bool tok_add_bos(const Tokenizer *tok);  /* tokenizer.ggml.add_bos_token, or the
 bool tok_add_eos(const Tokenizer *tok);  /* tokenizer.ggml.add_eos_token (tok_encode never appends EOS) */
 bool tok_is_eog(const Tokenizer *tok, int32_t id); /* end of generation: EOS, EOT, ... */
 bool tok_is_control(const Tokenizer *tok, int32_t id);
-
-/* Growable id buffer owned by the caller. */
-typedef struct TokIds {
-    int32_t *ids;
-    size_t n, cap;
-} TokIds;
-void tok_ids_free(TokIds *v); /* frees ids, zeroes the struct */
-int tok_ids_push(TokIds *v, int32_t id);
 
 /* Append the tokens of text[0..len) to out. add_bos prepends BOS (when the
  * vocabulary has one). Returns MN_OK or MN_ENOMEM (or MN_ERANGE if PCRE2

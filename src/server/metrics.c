@@ -32,7 +32,7 @@
 #include <string.h>
 
 #include "base/mem.h"
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 /* ================================================================== types */
 

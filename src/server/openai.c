@@ -26,7 +26,7 @@
  * mn_free like everything else. jansson refuses strings that are not valid
  * UTF-8; jtext therefore checks each caller string and, when it is
  * invalid, substitutes the api_utf8_sanitize form (one U+FFFD per maximal
- * ill-formed subpart, the rule model/utf8.h's decoder and the streaming
+ * ill-formed subpart, the rule base/utf8.h's decoder and the streaming
  * detokenizer use), so a broken byte in generated text degrades the text,
  * never the response. Allocation failure anywhere in a builder frees the
  * partial tree and returns NULL.
@@ -44,7 +44,7 @@
 #include <string.h>
 
 #include "base/mem.h"
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 /* ================================================================ parsing */
 

@@ -269,7 +269,7 @@ char *api_detokenize_json(const char *text, size_t len);
 /* ================================================================= UTF-8 */
 
 /* A copy of s[0..len) in which every ill-formed sequence (per the strict
- * RFC 3629 rules of model/utf8.h: no overlongs, surrogates or code points
+ * RFC 3629 rules of base/utf8.h: no overlongs, surrogates or code points
  * above U+10FFFF; one U+FFFD per maximal ill-formed subpart, a truncated
  * sequence at the end included) is replaced by U+FFFD. Valid input comes
  * back byte for byte. NUL-terminated, mn_malloc'd (at most 3 * len + 1

@@ -7,7 +7,7 @@
  * garbage the same way browsers and Python do. The lenient decoder mirrors
  * llama.cpp's input conversion so that malformed prompts tokenize alike.
  */
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 /* ---- lengths and encoding ------------------------------------------------ */
 

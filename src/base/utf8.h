@@ -1,4 +1,6 @@
-/* utf8.h — small UTF-8 helpers shared by the tokenizer and the pre-tokenizer.
+/* utf8.h — small UTF-8 helpers: the tokenizer and the pre-tokenizer (model/)
+ * decode with them, the server (JSON text, metric labels) validates and
+ * replaces with them; generic, so they sit in base/.
  *
  * Two notions of "valid" live here on purpose:
  *   - the strict one (RFC 3629: no overlong forms, no surrogates, nothing
