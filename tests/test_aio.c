@@ -106,7 +106,7 @@ static void test_aio_submit_never_waits(void **state) {
     memset(buf, 0xee, N * LEN);
     AioReq r[N];
     for (int i = 0; i < N; i++) r[i] = (AioReq){.op = AIO_OP_READ, .file = &in, .buf = buf + i * LEN, .len = LEN};
-    alarm(30); /* the whole test */
+    alarm(TEST_HANG_GUARD_S); /* the whole test: a guard against a hang */
     assert_int_equal(aio_submit(a, r, N), MN_OK);
     assert_int_equal(aio_n_outstanding(a), N);
     AioReq *done[N];
@@ -181,7 +181,7 @@ static void test_aio_inflight_limit(void **state) {
     for (int i = 0; i < N; i++) r[i] = (AioReq){.op = AIO_OP_READ, .file = &in, .buf = buf + i * LEN, .len = LEN};
     uint8_t chunk[LEN];
     memset(chunk, 7, LEN);
-    alarm(30); /* the whole test */
+    alarm(TEST_HANG_GUARD_S); /* the whole test: a guard against a hang */
     assert_int_equal(aio_set_inflight(a, 2), MN_OK);
     assert_int_equal(aio_submit(a, r, N), MN_OK);
     assert_int_equal(aio_n_inflight(a), 2);

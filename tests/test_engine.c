@@ -225,11 +225,12 @@ static void gate_open(Gate *g) {
  * clock. The clock is the machine's plus shift_s; a jump armed in
  * wait_jump_s is added right after the next reading that starts a wait
  * for restored layers, so that wait lasts that long by the engine's
- * clock. n_held_steps counts the passes some request sat out. All under
- * steps.lock. */
+ * clock; while backoff_at > 0, the save back-off's clock stands at that
+ * mn_now() reading. n_held_steps counts the passes some request sat out.
+ * All under steps.lock. */
 typedef struct Drive {
     Gate steps;
-    double shift_s, wait_jump_s;
+    double shift_s, wait_jump_s, backoff_at;
     int n_held_steps;
     EngineTestHooks hooks;
 } Drive;
@@ -238,6 +239,7 @@ static double drive_clock(void *ctx, EngineClockUse use) {
     Drive *d = ctx;
     pthread_mutex_lock(&d->steps.lock);
     double shift = d->shift_s;
+    if (use == ENGINE_CLOCK_BACKOFF && d->backoff_at > 0) shift = d->backoff_at - mn_now();
     if (use == ENGINE_CLOCK_WAIT && d->wait_jump_s > 0) {
         d->shift_s += d->wait_jump_s;
         d->wait_jump_s = 0;
@@ -265,6 +267,13 @@ static void drive_init(Drive *d) {
 static void drive_shift(Drive *d, double seconds) {
     pthread_mutex_lock(&d->steps.lock);
     d->shift_s += seconds;
+    pthread_mutex_unlock(&d->steps.lock);
+}
+
+/* Move the stopped back-off clock on by seconds. */
+static void drive_shift_backoff(Drive *d, double seconds) {
+    pthread_mutex_lock(&d->steps.lock);
+    d->backoff_at += seconds;
     pthread_mutex_unlock(&d->steps.lock);
 }
 
@@ -1648,12 +1657,14 @@ static void first_save_full(void *ctx, Tier *t) { aio_fault_set(tier_disk_aio(t)
 
 /* Write-behind never puts two tenants' blocks in one run, nor are two
  * tenants' equal session ids one conversation. The first save fails (no
- * room for the slab), so saving backs off for a second: the turns of
- * tenants A and B that end meanwhile leave their blocks cached and
- * unsaved in the pool: one turn of each without a session id (both in
- * conversation 0), one of each with session id "chat-1". A
- * request after the back-off finds them all there and write-behind (the
- * watermark at the whole pool) copies them down together. Once A is purged
+ * room for the slab), so saving backs off for a second of the engine's
+ * back-off clock, which the test stops meanwhile: the turns of tenants A
+ * and B that end meanwhile leave their blocks cached and unsaved in the
+ * pool, however long a loaded machine takes over them: one turn of each
+ * without a session id (both in conversation 0), one of each with session
+ * id "chat-1". A request after the back-off (the clock moved 2 s on)
+ * finds them all there and write-behind (the watermark at the whole pool)
+ * copies them down together. Once A is purged
  * from the disk tier, none of A's prompts finds a block on disk — a run
  * holding A's blocks under B's name would still serve them — and every one
  * of B's does — one holding B's under A's name would have gone with A;
@@ -1671,6 +1682,10 @@ static void test_writebehind_namespaces(void **s) {
     o.swap_watermark = 1.0f;
     o.disk_tier_dir = dir;
     o.mover_hooks = &hooks;
+    Drive dr;
+    drive_init(&dr);
+    dr.backoff_at = mn_now();
+    o.test_hooks = &dr.hooks;
     Engine *e;
     MnErr err = {0};
     if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
@@ -1682,7 +1697,7 @@ static void test_writebehind_namespaces(void **s) {
         make_prompt(jobs[i].prompt, jobs[i].n_prompt, m->cfg.n_vocab, 300 + (uint64_t)i, tok_bos(m->tok));
     }
     for (int i = 0; i < N; i++) {
-        if (i == N - 1) usleep(1100 * 1000); /* past the back-off (1 s after the failed save) */
+        if (i == N - 1) drive_shift_backoff(&dr, 2); /* past the back-off (1 s after the failed save) */
         job_prepare(&jobs[i]);
         job_submit(&jobs[i]);
         job_drain(&jobs[i]);
@@ -1704,6 +1719,7 @@ static void test_writebehind_namespaces(void **s) {
     assert_int_equal(r.n_convs, 1);
 
     o.mover_hooks = NULL;
+    o.test_hooks = NULL;
     if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
     for (int i = 0; i < N; i++) {
         jobs[i].e = e;
@@ -1716,6 +1732,7 @@ static void test_writebehind_namespaces(void **s) {
         if (i % 2 == 1 && from_disk == 0) fail_msg("B's request %d found nothing on disk", i);
     }
     engine_free(e);
+    gate_deinit(&dr.steps);
     test_tmpdir_free(dir);
     model_free(m);
 }

@@ -41,6 +41,7 @@ typedef enum EngineClockUse {
     ENGINE_CLOCK_STEP,   /* the start and end of a forward pass: its compute time */
     ENGINE_CLOCK_WAIT,   /* the start and end of a wait for restored layers in a pass */
     ENGINE_CLOCK_EXPIRY, /* what the cache TTL expires, and when the tiers are asked next */
+    ENGINE_CLOCK_BACKOFF, /* when saving resumes after saves no tier took */
 } EngineClockUse;
 
 /* Hooks for tests, so that a test drives the engine's time and order of

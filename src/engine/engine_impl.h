@@ -138,7 +138,7 @@ struct Engine {
     int promote_room;        /* blocks tier 0 holds, when it can take promotes */
     int n_promotes;          /* PROMOTE jobs in flight */
     double save_backoff_s;   /* after saves no tier took: wait this long ... */
-    double t_save_retry;     /* ... until then (mn_now) before saving again */
+    double t_save_retry;     /* ... until then (engine_now) before saving again */
     Hash128 window_sent;     /* digest of the window last sent to the tiers */
     /* engine thread only */
     Active **running;        /* (parallel) */

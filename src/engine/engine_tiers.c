@@ -77,7 +77,7 @@ static bool is_unsaved(const Engine *e, const Hash128 *h, int32_t slot) {
 /* Save a's indexed full blocks that no tier holds yet, in runs of
  * consecutive blocks (at most SAVE_MAX_RUN each). */
 void tiers_save_active(Engine *e, Active *a) {
-    if (e->mover == NULL || mn_now() < e->t_save_retry) return;
+    if (e->mover == NULL || engine_now(e, ENGINE_CLOCK_BACKOFF) < e->t_save_retry) return;
     Hash128 hs[SAVE_MAX_RUN];
     int32_t ss[SAVE_MAX_RUN];
     int n = 0, first = 0, n_full = full_blocks(a);
@@ -105,7 +105,7 @@ void tiers_save_active(Engine *e, Active *a) {
  * session id, of any tenant). Their slots stay cached until the pool needs
  * them. */
 void tiers_save_cold(Engine *e) {
-    if (e->mover == NULL || e->n_save_blocks > 0 || mn_now() < e->t_save_retry) return;
+    if (e->mover == NULL || e->n_save_blocks > 0 || engine_now(e, ENGINE_CLOCK_BACKOFF) < e->t_save_retry) return;
     int n_free = kvpool_n_free(&e->pool);
     if (n_free >= e->watermark_blocks) return;
     int n_clean = 0, n = 0;
@@ -147,7 +147,7 @@ static void save_done(Engine *e, MoverJob *j) {
      * up to a minute, so a full disk is not retried in a loop */
     if (j->rc != MN_OK) {
         e->save_backoff_s = e->save_backoff_s > 0 ? fmin(2 * e->save_backoff_s, 60) : 1;
-        e->t_save_retry = mn_now() + e->save_backoff_s;
+        e->t_save_retry = engine_now(e, ENGINE_CLOCK_BACKOFF) + e->save_backoff_s;
     } else {
         e->save_backoff_s = 0;
     }
