@@ -158,7 +158,7 @@ void aio_fault_set(Aio *a, unsigned op_mask, int n_skip, int n_fail, int errnum)
  * another. That is what a virtio disk without indirect descriptors needs:
  * each scattered page of a request takes one slot of its ring, so with
  * 4 KiB pages about 1 MiB fits in flight, with huge pages hundreds; the
- * same reads run up to 3x faster (OPERATIONS.md, "Disk tier").
+ * same reads run faster (OPERATIONS.md, "Tiers", has the figures).
  * NULL on failure (no memory, or n_bytes 0 or too large). *cap is the
  * rounded size, to be passed to aio_buf_free. */
 #define AIO_BUF_ALIGN (2u << 20)

@@ -140,8 +140,10 @@ static inline size_t kb_bytes(MnType t) { return KB / ttype_traits(t)->block_ele
  * ===================================================================== */
 #if defined(MM_AVX512)
 
-/* Tile shapes and cache budgets, measured on Zen 5 (2 cores, 48 KB L1d,
- * 1 MB L2 per core) with tests/bench_matmul.c. */
+/* Tile shapes and cache budgets: a tile's accumulators (24) leave room in
+ * the 32 vector registers for the weights and tokens it loads, and a work
+ * item's weights stay in a core's L2. Tuned with tests/bench_matmul.c (on
+ * which machine: docs/OPERATIONS.md, "Measuring"). */
 enum {
     FR = 6,                     /* float kernel: rows per tile */
     FT = 4,                     /* float kernel: tokens per tile (6x4: 24 accumulators) */
