@@ -209,7 +209,7 @@ int apply_template_main(int argc, char **argv) {
         goto done;
     }
     json_error_t je;
-    req = json_loadb(input, input_len, 0, &je);
+    req = json_loadb(input, input_len, JSON_ALLOW_NUL, &je);
     if (req == NULL) {
         fprintf(stderr, "mnemo apply-template: stdin is not JSON: %s (line %d, column %d)\n", je.text, je.line, je.column);
         status = 2;

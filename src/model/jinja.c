@@ -268,11 +268,31 @@ static int macro_new(Render *r, const JnNode *nd, Scope *closure, Jv *out) {
     return MN_OK;
 }
 
+/* A for loop's iterator and its `loop` variable: jinja2's LoopContext.
+ *
+ * Items are drawn from src one at a time, as Python's list iterator does:
+ * a list the body changes (list.pop, list.clear) is read where it stands
+ * (index pos against its length now), and a generator advances its own
+ * cursor. The loop's "if" filter runs on each item as it is drawn. The
+ * item after the current one is drawn early ("peeked") only when loop.last
+ * or loop.nextitem asks for it, and loop.length is len(src) at the first
+ * question, except for a filtered loop or a generator, whose remaining
+ * items are then drawn all at once — all as in jinja2.
+ */
 typedef struct LoopObj {
     JvObj o;
-    Jv items; /* the loop's list (after its filter) */
-    size_t index0, length;
-    Jv last_changed; /* loop.changed(): the last arguments, as a tuple */
+    Jv src;             /* the list walked */
+    size_t pos;         /* next index in src (unused for a generator: its cursor) */
+    bool is_gen;        /* src is a generator */
+    bool is_filtered;   /* items still pass the loop's filter when drawn */
+    const JnNode *node; /* the for statement */
+    Scope *scope;       /* where it runs; NULL once it is done (a kept loop draws no more) */
+    int depth0;         /* 0, and one more for each loop() of a recursive loop */
+    size_t index0;      /* of the current item */
+    Jv before, current, after; /* previous item, current item, the peeked one */
+    bool has_before, has_after, is_done; /* is_done: nothing more to draw */
+    int64_t length;     /* -1 until asked */
+    Jv last_changed;    /* loop.changed(): the last arguments, as a tuple */
     bool has_changed;
 } LoopObj;
 
@@ -282,15 +302,132 @@ typedef struct LoopMethod {
     bool is_changed; /* loop.changed, else loop.cycle */
 } LoopMethod;
 
+static int eval(Render *r, const JnNode *nd, Scope *s, Jv *out);
+static int assign(Render *r, const JnNode *target, Scope *s, Jv v);
+
 static void loop_free(JvObj *o) {
     LoopObj *l = (LoopObj *)o;
-    jv_release(l->items);
+    jv_release(l->src);
+    jv_release(l->before);
+    jv_release(l->current);
+    jv_release(l->after);
     jv_release(l->last_changed);
+}
+
+/* One more loop iteration (the loop filter's tests count too). */
+static int count_iteration(Render *r, const JnNode *nd) {
+    if (++r->iterations <= r->lim->max_loop_iterations) return MN_OK;
+    return fail(r, nd, MN_ERANGE, "the template ran more than %llu loop iterations",
+                (unsigned long long)r->lim->max_loop_iterations);
+}
+
+/* Does item pass the loop's filter? (the target bound in a scope of its own) */
+static int loop_filter(Render *r, LoopObj *l, Jv item, bool *keep) {
+    *keep = false;
+    int rc = count_iteration(r, l->node);
+    if (rc) return rc;
+    Scope *ts = scope_new(r, l->scope);
+    if (ts == NULL) return at(r, l->node, r->c.err_code);
+    Jv v = jv_undef();
+    rc = assign(r, l->node->kids[0], ts, jv_retain(item));
+    if (rc == MN_OK) rc = eval(r, l->node->kids[2], ts, &v);
+    *keep = rc == MN_OK && jv_truthy(v);
+    jv_release(v);
+    scope_free(r, ts);
+    return rc;
+}
+
+/* Draw the next item from src (through the filter): *got false at the end. */
+static int loop_draw(Render *r, LoopObj *l, Jv *item, bool *got) {
+    *got = false;
+    while (!l->is_done) {
+        JvList *src = l->src.as.l;
+        size_t pos = l->is_gen ? src->cursor : l->pos;
+        if (pos >= src->n) break;
+        Jv it = jv_retain(src->items[pos]);
+        if (l->is_gen) src->cursor = pos + 1;
+        else l->pos = pos + 1;
+        bool keep = true;
+        if (l->is_filtered) {
+            if (l->scope == NULL) { /* the statement is over: its filter cannot run */
+                jv_release(it);
+                break;
+            }
+            int rc = loop_filter(r, l, it, &keep);
+            if (rc) {
+                jv_release(it);
+                return rc;
+            }
+        }
+        if (keep) {
+            *item = it;
+            *got = true;
+            return MN_OK;
+        }
+        jv_release(it);
+    }
+    l->is_done = true;
+    return MN_OK;
+}
+
+static int loop_peek(Render *r, LoopObj *l) {
+    if (l->has_after || l->is_done) return MN_OK;
+    int rc = loop_draw(r, l, &l->after, &l->has_after);
+    if (!l->has_after) l->after = jv_undef();
+    return rc;
+}
+
+/* The next item of the loop (the peeked one first). */
+static int loop_next(Render *r, LoopObj *l, Jv *item, bool *got) {
+    int rc = MN_OK;
+    if (l->has_after) {
+        *item = l->after;
+        l->after = jv_undef();
+        l->has_after = false;
+        *got = true;
+    } else {
+        rc = loop_draw(r, l, item, got);
+    }
+    if (rc || !*got) return rc;
+    if (l->index0 != SIZE_MAX) { /* not the first: the current item becomes the previous */
+        jv_release(l->before);
+        l->before = l->current;
+        l->has_before = true;
+    }
+    l->current = jv_retain(*item);
+    l->index0++;
+    return MN_OK;
+}
+
+/* loop.length: len(src) when it can, else the rest drawn into a list. */
+static int loop_length(Render *r, LoopObj *l, int64_t *out) {
+    if (l->length < 0 && !l->is_filtered && !l->is_gen) l->length = (int64_t)l->src.as.l->n;
+    if (l->length < 0) {
+        Jv rest;
+        int rc = jv_list_new(&r->c, JV_LIST_LIST, 0, &rest);
+        for (bool got = true; rc == MN_OK && got;) {
+            Jv it;
+            if ((rc = loop_draw(r, l, &it, &got)) == MN_OK && got) rc = jv_list_push(&r->c, rest, it);
+        }
+        if (rc) {
+            jv_release(rest);
+            return rc;
+        }
+        l->length = (int64_t)rest.as.l->n + (int64_t)l->index0 + 1 + (l->has_after ? 1 : 0);
+        jv_release(l->src);
+        l->src = rest;
+        l->pos = 0;
+        l->is_gen = l->is_filtered = l->is_done = false;
+    }
+    *out = l->length;
+    return MN_OK;
 }
 
 static int loop_str(JvCtx *c, JvObj *o, JvBuf *out) {
     LoopObj *l = (LoopObj *)o;
-    return jv_buf_printf(out, "<LoopContext %zu/%zu>", l->index0 + 1, l->length);
+    int64_t n;
+    int rc = loop_length(render_of(c), l, &n);
+    return rc ? rc : jv_buf_printf(out, "<LoopContext %zu/%lld>", l->index0 + 1, (long long)n);
 }
 
 static void loop_method_free(JvObj *o) { jv_release(((LoopMethod *)o)->loop); }
@@ -331,24 +468,28 @@ static const JvObjType LOOP_METHOD_TYPE = {
 };
 
 static int loop_getattr(JvCtx *c, JvObj *o, const char *name, size_t len, Jv *out) {
+    Render *r = render_of(c);
     LoopObj *l = (LoopObj *)o;
+    int64_t n;
+    int rc = MN_OK;
 #define IS(s) (len == sizeof(s) - 1 && memcmp(name, s, len) == 0)
     if (IS("index")) *out = jv_int((int64_t)l->index0 + 1);
     else if (IS("index0")) *out = jv_int((int64_t)l->index0);
-    else if (IS("revindex")) *out = jv_int((int64_t)(l->length - l->index0));
-    else if (IS("revindex0")) *out = jv_int((int64_t)(l->length - l->index0 - 1));
-    else if (IS("first")) *out = jv_bool(l->index0 == 0);
-    else if (IS("last")) *out = jv_bool(l->index0 + 1 == l->length);
-    else if (IS("length")) *out = jv_int((int64_t)l->length);
-    else if (IS("depth")) *out = jv_int(1);
-    else if (IS("depth0")) *out = jv_int(0);
+    else if (IS("revindex") || IS("revindex0") || IS("length")) {
+        if ((rc = loop_length(r, l, &n)) == MN_OK)
+            *out = jv_int(IS("length") ? n : n - (int64_t)l->index0 - (IS("revindex0") ? 1 : 0));
+    } else if (IS("first")) *out = jv_bool(l->index0 == 0);
+    else if (IS("last")) {
+        if ((rc = loop_peek(r, l)) == MN_OK) *out = jv_bool(!l->has_after);
+    } else if (IS("depth")) *out = jv_int(l->depth0 + 1);
+    else if (IS("depth0")) *out = jv_int(l->depth0);
     else if (IS("previtem"))
-        *out = l->index0 > 0 ? jv_retain(l->items.as.l->items[l->index0 - 1]) : jv_undef_msg(c, false, "there is no previous item");
-    else if (IS("nextitem"))
-        *out = l->index0 + 1 < l->length ? jv_retain(l->items.as.l->items[l->index0 + 1]) : jv_undef_msg(c, false, "there is no next item");
-    else if (IS("cycle") || IS("changed")) {
-        int rc = jv_obj_new(c, &LOOP_METHOD_TYPE, sizeof(LoopMethod), out);
-        if (rc) return rc;
+        *out = l->has_before ? jv_retain(l->before) : jv_undef_msg(c, false, "there is no previous item");
+    else if (IS("nextitem")) {
+        if ((rc = loop_peek(r, l)) == MN_OK)
+            *out = l->has_after ? jv_retain(l->after) : jv_undef_msg(c, false, "there is no next item");
+    } else if (IS("cycle") || IS("changed")) {
+        if ((rc = jv_obj_new(c, &LOOP_METHOD_TYPE, sizeof(LoopMethod), out))) return rc;
         LoopMethod *m = (LoopMethod *)out->as.o;
         Jv self = {.kind = JV_OBJ};
         self.as.o = o;
@@ -357,11 +498,31 @@ static int loop_getattr(JvCtx *c, JvObj *o, const char *name, size_t len, Jv *ou
     } else
         *out = jv_undef_msg(c, false, "'jinja2.runtime.LoopContext object' has no attribute '%.*s'", (int)(len < 80 ? len : 80), name);
 #undef IS
-    return MN_OK;
+    return rc;
 }
 
+static int for_over(Render *r, const JnNode *nd, Scope *s, Jv iterable, int depth0);
+
+/* loop(items) in a recursive loop: the loop's body over items, one level
+ * deeper, as a str. */
 static int loop_call(JvCtx *c, JvObj *o, const JvArgs *a, Jv *out) {
-    return jv_fail(c, MN_EUNSUPPORTED, "recursive loops (calling loop) are not supported");
+    Render *r = render_of(c);
+    LoopObj *l = (LoopObj *)o;
+    *out = jv_undef();
+    if (!l->node->is_recursive)
+        return jv_fail(c, MN_EINVAL, "The loop must have the 'recursive' marker to be called recursively.");
+    if (a->n_pos != 1 || a->n_kw != 0) return jv_fail(c, MN_EINVAL, "loop() takes exactly one argument");
+    if (r->call_depth >= r->lim->max_call_depth)
+        return jv_fail(c, MN_ERANGE, "macro calls nest deeper than %d", r->lim->max_call_depth);
+    JvBuf buf;
+    jv_buf_init(&buf, c);
+    JvBuf *saved = r->out;
+    r->out = &buf;
+    r->call_depth++;
+    int rc = for_over(r, l->node, l->scope, a->pos[0], l->depth0 + 1);
+    r->call_depth--;
+    r->out = saved;
+    return jv_buf_finish(&buf, rc, false, out);
 }
 
 static const JvObjType LOOP_TYPE = {
@@ -877,67 +1038,49 @@ static int exec_if(Render *r, const JnNode *nd, Scope *s) {
     return exec_block(r, &nd->blocks[nd->n_kids], s);
 }
 
-/* The items a for loop runs over, after its "if" filter. */
-static int loop_items(Render *r, const JnNode *nd, Scope *s, Jv *out) {
-    Jv iter, all;
-    int rc = eval(r, nd->kids[1], s, &iter);
-    if (rc) return rc;
-    rc = jv_iterate(&r->c, iter, &all);
-    jv_release(iter);
-    if (rc) return at(r, nd->kids[1], rc);
-    if (nd->kids[2] == NULL) {
-        *out = all;
-        return MN_OK;
-    }
-    rc = jv_list_new(&r->c, JV_LIST_LIST, 0, out);
-    for (size_t i = 0; rc == MN_OK && i < all.as.l->n; i++) {
-        Scope *ts = scope_new(r, s);
-        if (ts == NULL) {
-            rc = r->c.err_code;
-            break;
-        }
-        Jv keep = jv_undef();
-        rc = assign(r, nd->kids[0], ts, jv_retain(all.as.l->items[i]));
-        if (rc == MN_OK) rc = eval(r, nd->kids[2], ts, &keep);
-        if (rc == MN_OK && jv_truthy(keep)) rc = at(r, nd, jv_list_push(&r->c, *out, jv_retain(all.as.l->items[i])));
-        jv_release(keep);
-        scope_free(r, ts);
-    }
-    jv_release(all);
-    return rc;
-}
-
-static int exec_for(Render *r, const JnNode *nd, Scope *s) {
-    Jv items;
-    int rc = loop_items(r, nd, s, &items);
-    if (rc) return rc;
-    size_t n = items.as.l->n;
-    if (n == 0) {
-        jv_release(items);
-        return exec_block_in_child(r, &nd->blocks[1], s);
+/* The for statement nd over iterable, in scope s (depth0 > 0 for the
+ * levels of a recursive loop). */
+static int for_over(Render *r, const JnNode *nd, Scope *s, Jv iterable, int depth0) {
+    Jv src;
+    int rc;
+    if (iterable.kind == JV_LIST) {
+        src = jv_retain(iterable); /* walked where it stands */
+    } else if ((rc = jv_iterate(&r->c, iterable, &src))) {
+        return at(r, nd->kids[1], rc);
     }
     Jv loop;
     if ((rc = jv_obj_new(&r->c, &LOOP_TYPE, sizeof(LoopObj), &loop))) {
-        jv_release(items);
+        jv_release(src);
         return at(r, nd, rc);
     }
     LoopObj *l = (LoopObj *)loop.as.o;
-    l->items = items;
-    l->length = n;
-    l->last_changed = jv_undef();
-    for (size_t i = 0; i < n; i++) {
-        if (++r->iterations > r->lim->max_loop_iterations) {
-            rc = fail(r, nd, MN_ERANGE, "the template ran more than %llu loop iterations",
-                      (unsigned long long)r->lim->max_loop_iterations);
+    l->src = src;
+    l->is_gen = src.as.l->tag == JV_LIST_GEN;
+    l->is_filtered = nd->kids[2] != NULL;
+    l->node = nd;
+    l->scope = s;
+    l->depth0 = depth0;
+    l->index0 = SIZE_MAX; /* before the first: the first loop_next makes it 0 */
+    l->before = l->current = l->after = l->last_changed = jv_undef();
+    l->length = -1;
+    if (nd->is_recursive) scope_pin(r, s); /* loop() may be called later */
+    bool any = false;
+    for (;;) {
+        Jv item;
+        bool got;
+        if ((rc = loop_next(r, l, &item, &got)) || !got) break;
+        any = true;
+        if ((rc = count_iteration(r, nd))) {
+            jv_release(item);
             break;
         }
-        l->index0 = i;
         Scope *is = scope_new(r, s);
         if (is == NULL) {
+            jv_release(item);
             rc = at(r, nd, r->c.err_code);
             break;
         }
-        rc = assign(r, nd->kids[0], is, jv_retain(items.as.l->items[i]));
+        rc = assign(r, nd->kids[0], is, item);
         if (rc == MN_OK) rc = at(r, nd, scope_set(r, is, "loop", jv_retain(loop)));
         if (rc == MN_OK) rc = exec_block(r, &nd->blocks[0], is);
         scope_free(r, is);
@@ -948,7 +1091,18 @@ static int exec_for(Render *r, const JnNode *nd, Scope *s) {
         }
         if (rc) break;
     }
+    if (!nd->is_recursive) l->scope = NULL; /* s may go; a kept loop object must not use it */
     jv_release(loop);
+    if (rc == MN_OK && !any) rc = exec_block_in_child(r, &nd->blocks[1], s);
+    return rc;
+}
+
+static int exec_for(Render *r, const JnNode *nd, Scope *s) {
+    Jv iterable;
+    int rc = eval(r, nd->kids[1], s, &iterable);
+    if (rc) return rc;
+    rc = for_over(r, nd, s, iterable, 0);
+    jv_release(iterable);
     return rc;
 }
 
@@ -1043,8 +1197,13 @@ static int exec_block(Render *r, const JnBlock *b, Scope *s) {
 
 /* ---- JSON input -------------------------------------------------------------------------------------------- */
 
+static int from_json_impl(JvCtx *c, const json_t *j, int depth, Jv *out);
 static int from_json(JvCtx *c, const json_t *j, int depth, Jv *out) {
     *out = jv_undef();
+    return jv_clean_out(from_json_impl(c, j, depth, out), out);
+}
+
+static int from_json_impl(JvCtx *c, const json_t *j, int depth, Jv *out) {
     if (depth >= JV_MAX_DEPTH) return jv_fail(c, MN_ERANGE, "the variables are nested more than %d levels deep", JV_MAX_DEPTH);
     int rc;
     switch (json_typeof(j)) {

@@ -15,6 +15,7 @@
  */
 #include "model/jinja_builtins.h"
 
+#include <ctype.h>
 #include <locale.h>
 #include <math.h>
 #include <stdio.h>
@@ -92,10 +93,10 @@ static Jv no_element(JvCtx *c, Jv obj, Jv key) {
     jv_buf_init(&b, c);
     if (!scalar || (key.kind == JV_STR && key.as.s->len > 100) || jv_repr(c, key, &b) != MN_OK) {
         jv_buf_deinit(&b);
-        return jv_undef_msg(c, false, "'%s' has no element of type %s", t, jv_type_name(key));
+        return jv_undef_msg(c, false, "%s has no element of type %s", t, jv_type_name(key));
     }
     Jv u = key.kind == JV_STR ? jv_undef_msg(c, false, "'%s' has no attribute %s", t, b.data)
-                              : jv_undef_msg(c, false, "'%s' has no element %s", t, b.data);
+                              : jv_undef_msg(c, false, "%s has no element %s", t, b.data);
     jv_buf_deinit(&b);
     return u;
 }
@@ -479,13 +480,78 @@ static int partition_common(JvCtx *c, Jv self, const JvArgs *a, bool from_right,
 static int m_partition(JvCtx *c, Jv s, const JvArgs *a, Jv *o) { return partition_common(c, s, a, false, o); }
 static int m_rpartition(JvCtx *c, Jv s, const JvArgs *a, Jv *o) { return partition_common(c, s, a, true, o); }
 
-/* str.format with plain fields only: {} {0} {name}, {{ and }}. */
+/* The value of a str.format field name: an index or a keyword, then
+ * ".attr" and "[key]" lookups as the sandbox does them. */
+static int format_field(JvCtx *c, const char *f, size_t n, const JvArgs *a, int64_t *auto_i, Jv *out) {
+    /* string.Formatter's numbering (the sandbox formats with it): "" takes
+     * the next index; a field that is all digits turns numbering manual */
+    bool all_digits = n > 0;
+    for (size_t q = 0; q < n; q++) all_digits &= isdigit((unsigned char)f[q]) != 0;
+    if (n == 0 && *auto_i < 0)
+        return jv_fail(c, MN_EINVAL, "cannot switch from manual field specification to automatic field numbering");
+    if (all_digits) {
+        if (*auto_i > 0)
+            return jv_fail(c, MN_EINVAL, "cannot switch from manual field specification to automatic field numbering");
+        *auto_i = -1;
+    }
+    size_t i = 0;
+    while (i < n && f[i] != '.' && f[i] != '[') i++;
+    Jv v = jv_undef();
+    bool found = false;
+    if (i == 0 || isdigit((unsigned char)f[0])) {
+        bool digits = true;
+        for (size_t q = 0; q < i; q++) digits &= isdigit((unsigned char)f[q]) != 0;
+        size_t idx = i == 0 ? (size_t)(*auto_i)++ : digits ? (size_t)strtoul(f, NULL, 10) : SIZE_MAX;
+        if (idx >= a->n_pos) return jv_fail(c, MN_EINVAL, "Replacement index %zu out of range for positional args tuple", idx);
+        v = a->pos[idx];
+        found = true;
+    } else {
+        for (size_t k = 0; k < a->n_kw && !found; k++)
+            if (strlen(a->kw_names[k]) == i && memcmp(a->kw_names[k], f, i) == 0) v = a->kw_vals[k], found = true;
+        if (!found) return jv_fail(c, MN_EINVAL, "KeyError: '%.*s'", (int)(i < 60 ? i : 60), f);
+    }
+    *out = jv_retain(v);
+    while (i < n) {
+        Jv next;
+        int rc;
+        if (f[i] == '.') {
+            size_t j = ++i;
+            while (j < n && f[j] != '.' && f[j] != '[') j++;
+            if (j == i) rc = jv_fail(c, MN_EINVAL, "Empty attribute in format string");
+            else rc = jb_getattr(c, *out, f + i, j - i, &next);
+            i = j;
+        } else {
+            const char *close = memchr(f + i, ']', n - i);
+            if (close == NULL) {
+                rc = jv_fail(c, MN_EINVAL, "Missing ']' in format string");
+            } else {
+                const char *k = f + i + 1;
+                size_t kn = (size_t)(close - k);
+                bool digits = kn > 0;
+                for (size_t q = 0; q < kn; q++) digits &= isdigit((unsigned char)k[q]) != 0;
+                Jv key = jv_undef();
+                rc = digits ? (key = jv_int((int64_t)strtoll(k, NULL, 10)), MN_OK) : jv_str_new(c, k, kn, false, &key);
+                if (rc == MN_OK) rc = jb_getitem(c, *out, key, &next);
+                jv_release(key);
+                i = (size_t)(close - f) + 1;
+            }
+        }
+        jv_release(*out);
+        *out = jv_undef();
+        if (rc) return rc;
+        *out = next;
+    }
+    return MN_OK;
+}
+
+/* str.format: fields {name!conv:spec} with Python's format mini-language;
+ * replacement fields nested inside a spec are refused. */
 static int m_format(JvCtx *c, Jv self, const JvArgs *a, Jv *out) {
     const JvStr *s = self.as.s;
     JvBuf b;
     jv_buf_init(&b, c);
     int rc = jv_charge(c, s->len / 8);
-    size_t auto_i = 0;
+    int64_t auto_i = 0; /* -1 once numbering is manual */
     for (size_t i = 0; rc == MN_OK && i < s->len;) {
         char ch = s->data[i];
         if ((ch == '{' || ch == '}') && i + 1 < s->len && s->data[i + 1] == ch) {
@@ -502,35 +568,46 @@ static int m_format(JvCtx *c, Jv self, const JvArgs *a, Jv *out) {
             i++;
             continue;
         }
-        const char *close = memchr(s->data + i, '}', s->len - i);
+        const char *f = s->data + i + 1, *end = s->data + s->len;
+        const char *close = memchr(f, '}', (size_t)(end - f));
+        const char *nested = memchr(f, '{', (size_t)(end - f));
         if (close == NULL) {
             rc = jv_fail(c, MN_EINVAL, "Single '{' encountered in format string");
             break;
         }
-        const char *f = s->data + i + 1;
-        size_t n = (size_t)(close - f);
-        Jv v = jv_undef();
-        bool found = false;
-        if (memchr(f, ':', n) || memchr(f, '!', n) || memchr(f, '.', n) || memchr(f, '[', n) || memchr(f, '{', n)) {
-            rc = jv_fail(c, MN_EUNSUPPORTED, "str.format() with conversions, format specs or field access is not supported");
+        if (nested && nested < close) {
+            rc = jv_fail(c, MN_EUNSUPPORTED, "str.format() with fields nested in a format spec is not supported");
             break;
         }
-        if (n == 0 || (f[0] >= '0' && f[0] <= '9')) {
-            size_t idx = n == 0 ? auto_i++ : (size_t)strtoul(f, NULL, 10);
-            if (idx < a->n_pos) v = a->pos[idx], found = true;
-            else {
-                rc = jv_fail(c, MN_EINVAL, "Replacement index %zu out of range for positional args tuple", idx);
+        const char *colon = memchr(f, ':', (size_t)(close - f));
+        const char *name_end = colon ? colon : close;
+        const char *bang = memchr(f, '!', (size_t)(name_end - f));
+        char conv = 0;
+        if (bang) {
+            if (name_end - bang != 2 || !strchr("rsa", bang[1])) {
+                rc = jv_fail(c, MN_EINVAL, "Unknown conversion specifier %.*s", (int)(name_end - bang - 1), bang + 1);
                 break;
             }
-        } else {
-            for (size_t k = 0; k < a->n_kw; k++)
-                if (strlen(a->kw_names[k]) == n && memcmp(a->kw_names[k], f, n) == 0) v = a->kw_vals[k], found = true;
-            if (!found) {
-                rc = jv_fail(c, MN_EINVAL, "KeyError: '%.*s'", (int)(n < 60 ? n : 60), f);
-                break;
-            }
+            conv = bang[1];
+            name_end = bang;
         }
-        rc = jv_str_of(c, v, &b);
+        Jv v;
+        if ((rc = format_field(c, f, (size_t)(name_end - f), a, &auto_i, &v))) break;
+        if (conv == 'a') {
+            rc = jv_fail(c, MN_EUNSUPPORTED, "the !a conversion is not supported");
+            jv_release(v);
+            break;
+        }
+        if (conv) {
+            Jv text;
+            JvBuf cb;
+            jv_buf_init(&cb, c);
+            rc = jv_buf_finish(&cb, conv == 's' ? jv_str_of(c, v, &cb) : jv_repr(c, v, &cb), false, &text);
+            jv_release(v);
+            v = text;
+        }
+        if (rc == MN_OK) rc = js_format_value(c, v, colon ? colon + 1 : close, colon ? (size_t)(close - colon - 1) : 0, &b);
+        jv_release(v);
         i = (size_t)(close - s->data) + 1;
     }
     return jv_buf_finish(&b, rc, false, out);
@@ -665,9 +742,37 @@ static int m_list_copy(JvCtx *c, Jv self, const JvArgs *a, Jv *out) {
     return MN_OK;
 }
 
-static const MethodDef LIST_METHODS[] = {{"copy", m_list_copy, 0}, {"count", m_list_count, 0}, {"index", m_list_index, 0}};
+/* list.pop and list.clear mutate the list in place: jinja2 3.1's immutable
+ * sandbox lists only append, insert, sort, reverse, remove and extend as
+ * mutating a sequence (chat templates use pop to keep queues). */
+static int m_list_pop(JvCtx *c, Jv self, const JvArgs *a, Jv *out) {
+    int rc = want_pos(c, "pop", a, 0, 1);
+    if (rc) return rc;
+    JvList *l = self.as.l;
+    int64_t i = -1;
+    if (a->n_pos == 1 && (rc = want_int(c, a->pos[0], NULL, &i))) return rc;
+    if (l->n == 0) return jv_fail(c, MN_EINVAL, "pop from empty list");
+    if (i < 0) i += (int64_t)l->n;
+    if (i < 0 || i >= (int64_t)l->n) return jv_fail(c, MN_EINVAL, "pop index out of range");
+    *out = l->items[i]; /* the list's reference moves to the caller */
+    memmove(l->items + i, l->items + i + 1, (l->n - (size_t)i - 1) * sizeof(Jv));
+    l->n--;
+    return jv_charge(c, l->n / 8);
+}
+
+static int m_list_clear(JvCtx *c, Jv self, const JvArgs *a, Jv *out) {
+    int rc = want_pos(c, "clear", a, 0, 0);
+    if (rc) return rc;
+    JvList *l = self.as.l;
+    while (l->n > 0) jv_release(l->items[--l->n]);
+    *out = jv_none();
+    return MN_OK;
+}
+
+static const MethodDef LIST_METHODS[] = {{"clear", m_list_clear, 0}, {"copy", m_list_copy, 0}, {"count", m_list_count, 0},
+                                         {"index", m_list_index, 0}, {"pop", m_list_pop, 0}};
 static const MethodDef TUPLE_METHODS[] = {{"count", m_list_count, 0}, {"index", m_list_index, 0}};
-static const char *const LIST_MUTATORS[] = {"append", "clear", "extend", "insert", "pop", "remove", "reverse", "sort"};
+static const char *const LIST_MUTATORS[] = {"append", "extend", "insert", "remove", "reverse", "sort"};
 
 static const MethodDef *find_method(const MethodDef *defs, size_t n, const char *name, size_t len) {
     for (size_t i = 0; i < n; i++)
@@ -725,7 +830,7 @@ static int method_of(JvCtx *c, Jv obj, const char *name, size_t len, Jv *out) {
     return bind_method(c, obj, def, out);
 }
 
-int jb_getattr(JvCtx *c, Jv obj, const char *name, size_t len, Jv *out) {
+static int getattr_impl(JvCtx *c, Jv obj, const char *name, size_t len, Jv *out) {
     *out = jv_undef();
     if (obj.kind == JV_UNDEF) return fail_undefined(c, obj);
     if (is_dunder(name, len)) {
@@ -745,13 +850,17 @@ int jb_getattr(JvCtx *c, Jv obj, const char *name, size_t len, Jv *out) {
     return MN_OK;
 }
 
+int jb_getattr(JvCtx *c, Jv obj, const char *name, size_t len, Jv *out) {
+    return jv_clean_out(getattr_impl(c, obj, name, len, out), out);
+}
+
 /* Python's index of an int into a sequence of n: -1 when out of range. */
 static int64_t seq_index(int64_t i, size_t n) {
     if (i < 0) i += (int64_t)n;
     return i < 0 || i >= (int64_t)n ? -1 : i;
 }
 
-int jb_getitem(JvCtx *c, Jv obj, Jv key, Jv *out) {
+static int getitem_impl(JvCtx *c, Jv obj, Jv key, Jv *out) {
     *out = jv_undef();
     if (obj.kind == JV_UNDEF) return fail_undefined(c, obj);
     if (obj.kind == JV_DICT) {
@@ -801,6 +910,10 @@ int jb_getitem(JvCtx *c, Jv obj, Jv key, Jv *out) {
     return MN_OK;
 }
 
+int jb_getitem(JvCtx *c, Jv obj, Jv key, Jv *out) {
+    return jv_clean_out(getitem_impl(c, obj, key, out), out);
+}
+
 /* Python's slice.indices(n): the normalized start, stop and step. */
 static int slice_indices(JvCtx *c, Jv start, Jv stop, Jv step, size_t n, int64_t *a, int64_t *b, int64_t *s,
                          bool *is_type_error) {
@@ -837,7 +950,7 @@ static int slice_indices(JvCtx *c, Jv start, Jv stop, Jv step, size_t n, int64_t
     return MN_OK;
 }
 
-int jb_slice(JvCtx *c, Jv obj, Jv start, Jv stop, Jv step, Jv *out) {
+static int slice_impl(JvCtx *c, Jv obj, Jv start, Jv stop, Jv step, Jv *out) {
     *out = jv_undef();
     if (obj.kind == JV_UNDEF) return fail_undefined(c, obj);
     bool is_str_obj = obj.kind == JV_STR;
@@ -875,6 +988,10 @@ int jb_slice(JvCtx *c, Jv obj, Jv start, Jv stop, Jv step, Jv *out) {
         r->range[2] = l->range[2] * s;
     }
     return MN_OK;
+}
+
+int jb_slice(JvCtx *c, Jv obj, Jv start, Jv stop, Jv step, Jv *out) {
+    return jv_clean_out(slice_impl(c, obj, start, stop, step, out), out);
 }
 
 /* ---- operators ------------------------------------------------------------------------- */
@@ -963,7 +1080,7 @@ static int add_values(JvCtx *c, Jv a, Jv b, Jv *out) {
     return unsupported_operands(c, JN_OP_ADD, a, b);
 }
 
-int jb_binop(JvCtx *c, int op, Jv a, Jv b, Jv *out) {
+static int binop_impl(JvCtx *c, int op, Jv a, Jv b, Jv *out) {
     *out = jv_undef();
     if (op == JN_OP_CONCAT) {
         JvBuf buf;
@@ -1091,6 +1208,10 @@ int jb_binop(JvCtx *c, int op, Jv a, Jv b, Jv *out) {
     return MN_OK;
 }
 
+int jb_binop(JvCtx *c, int op, Jv a, Jv b, Jv *out) {
+    return jv_clean_out(binop_impl(c, op, a, b, out), out);
+}
+
 int jb_unary(JvCtx *c, bool is_neg, Jv a, Jv *out) {
     *out = jv_undef();
     if (a.kind == JV_UNDEF) return fail_undefined(c, a);
@@ -1113,7 +1234,12 @@ typedef int (*FilterFn)(JvCtx *c, Jv v, const JvArgs *a, Jv *out);
 
 /* jinja2's make_attrgetter: "a.b.0" looks up a, then b, then item 0 (as
  * subscripts); with a default for undefined results when def is given. */
+static int attr_get_impl(JvCtx *c, Jv item, Jv attribute, const Jv *def, Jv *out);
 static int attr_get(JvCtx *c, Jv item, Jv attribute, const Jv *def, Jv *out) {
+    return jv_clean_out(attr_get_impl(c, item, attribute, def, out), out);
+}
+
+static int attr_get_impl(JvCtx *c, Jv item, Jv attribute, const Jv *def, Jv *out) {
     *out = jv_retain(item);
     int rc = MN_OK;
     if (attribute.kind == JV_STR) {
@@ -1678,7 +1804,13 @@ static int sort_by_keys(JvCtx *c, Jv *items, Jv *keys, size_t n, bool reverse) {
 
 /* The sort key of item: its attribute(s) (comma-separated names make a list
  * of keys), lowered unless case_sensitive. */
+static int sort_key_impl(JvCtx *c, Jv item, Jv attribute, bool case_sensitive, Jv *out);
 static int sort_key(JvCtx *c, Jv item, Jv attribute, bool case_sensitive, Jv *out) {
+    *out = jv_undef();
+    return jv_clean_out(sort_key_impl(c, item, attribute, case_sensitive, out), out);
+}
+
+static int sort_key_impl(JvCtx *c, Jv item, Jv attribute, bool case_sensitive, Jv *out) {
     if (attribute.kind == JV_STR && memchr(attribute.as.s->data, ',', attribute.as.s->len)) {
         int rc = jv_list_new(c, JV_LIST_LIST, 0, out);
         const char *s = attribute.as.s->data;
@@ -1753,8 +1885,8 @@ static int f_dictsort(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     }
     if (v.kind == JV_UNDEF) return fail_undefined(c, v);
     if (v.kind != JV_DICT) return jv_fail(c, MN_EINVAL, "'%s' object has no attribute 'items'", jv_type_name(v));
-    Jv items;
-    if ((rc = dict_view(c, v, &NO_ARGS, JV_LIST_ITEMS, "items", &items))) return rc;
+    Jv items = jv_undef();
+    if ((rc = jv_clean_out(dict_view(c, v, &NO_ARGS, JV_LIST_ITEMS, "items", &items), &items))) return rc;
     items.as.l->tag = JV_LIST_LIST;
     rc = sorted_list(c, items, jv_none(), has[0] && jv_truthy(p[0]), has[2] && jv_truthy(p[2]), pos, out);
     jv_release(items);
@@ -1866,14 +1998,26 @@ static int f_reverse(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     return rc;
 }
 
+/* jinja2's attr: Python's getattr alone, so a dict's keys are not found
+ * (its methods are). */
 static int f_attr(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     int rc = want_pos(c, "attr", a, 1, 1);
     if (rc) return rc;
-    if (!is_str(a->pos[0])) {
-        *out = no_element(c, v, a->pos[0]);
-        return MN_OK;
+    Jv name;
+    if ((rc = jv_to_str(c, a->pos[0], &name))) return rc;
+    const char *n = name.as.s->data;
+    size_t len = name.as.s->len;
+    if (v.kind == JV_DICT) {
+        if (is_dunder(n, len)) *out = unsafe_attr(c, v, n, len);
+        else if ((rc = method_of(c, v, n, len, out)) == MN_ENOTFOUND) {
+            *out = no_attribute(c, v, n, len);
+            rc = MN_OK;
+        }
+    } else {
+        rc = jb_getattr(c, v, n, len, out);
     }
-    return jb_getattr(c, v, a->pos[0].as.s->data, a->pos[0].as.s->len, out);
+    jv_release(name);
+    return rc;
 }
 
 static int f_batch(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
@@ -2079,7 +2223,7 @@ int jb_filter_apply(JvCtx *c, int id, Jv value, const JvArgs *args, Jv *out) {
     *out = jv_undef();
     if (id < 0 || (size_t)id >= COUNT(FILTERS)) return jv_fail(c, MN_EINVAL, "no such filter");
     int rc = jv_charge(c, 1);
-    return rc ? rc : FILTERS[id].fn(c, value, args, out);
+    return jv_clean_out(rc ? rc : FILTERS[id].fn(c, value, args, out), out);
 }
 
 /* ---- tests ----------------------------------------------------------------------------- */
@@ -2499,6 +2643,7 @@ int jb_global(JvCtx *c, const char *name, size_t len, Jv *out) {
 int jb_call(JvCtx *c, Jv callee, const JvArgs *args, Jv *out) {
     *out = jv_undef();
     if (callee.kind == JV_UNDEF) return fail_undefined(c, callee);
-    if (callee.kind == JV_OBJ && callee.as.o->type->call_fn) return callee.as.o->type->call_fn(c, callee.as.o, args, out);
+    if (callee.kind == JV_OBJ && callee.as.o->type->call_fn)
+        return jv_clean_out(callee.as.o->type->call_fn(c, callee.as.o, args, out), out);
     return jv_fail(c, MN_EINVAL, "'%s' object is not callable", jv_type_name(callee));
 }

@@ -458,7 +458,9 @@ static int lx_tag(Lexer *lx, bool is_var, size_t *pos, bool *line_starting) {
     size_t depth = 0;
     int rc;
     for (;;) {
-        if (p >= n) return lx_fail(lx, p, MN_EFORMAT, "unexpected end of template: the tag opened here is not closed");
+        if (p >= n)
+            return lx_fail(lx, p, MN_EFORMAT, "unexpected end of template, expected '%s'.",
+                           is_var ? "end of print statement" : "end of statement block");
         if (depth == 0) {
             size_t end = 0;
             char close = is_var ? '}' : '%';
@@ -638,6 +640,7 @@ typedef struct Parser {
     MnErr *err;
     int depth;      /* nesting of rules being parsed */
     int loop_depth; /* for loops around the current statement, in this macro */
+    const char *open_tag; /* the innermost block being parsed, for messages */
 } Parser;
 
 typedef struct NVec {
@@ -685,19 +688,20 @@ static void describe(const Tok *t, char *buf, size_t cap) {
     }
 }
 
+/* jinja2's messages: "expected token 'X', got 'Y'" (what is the wanted
+ * token), "unexpected 'Y'" (what NULL), and at the end of the template
+ * "unexpected end of template, expected 'X'.". */
 static int unexpected(Parser *p, const char *what) {
     char got[80];
     describe(cur(p), got, sizeof got);
-    if (what) return p_fail(p, cur(p), MN_EFORMAT, "expected %s, got '%s'", what, got);
+    if (what && cur(p)->type == T_EOF)
+        return p_fail(p, cur(p), MN_EFORMAT, "unexpected end of template, expected '%s'.", what);
+    if (what) return p_fail(p, cur(p), MN_EFORMAT, "expected token '%s', got '%s'", what, got);
     return p_fail(p, cur(p), MN_EFORMAT, "unexpected '%s'", got);
 }
 
 static int expect_op(Parser *p, TokOp op, const char *text) {
-    if (!is_op(cur(p), op)) {
-        char what[16];
-        snprintf(what, sizeof what, "token '%s'", text);
-        return unexpected(p, what);
-    }
+    if (!is_op(cur(p), op)) return unexpected(p, text);
     advance(p);
     return MN_OK;
 }
@@ -1105,8 +1109,7 @@ static int parse_dict(Parser *p, JnNode **out) {
 
 static int parse_primary(Parser *p, bool with_namespace, JnNode **out) {
     const Tok *t = cur(p);
-    int rc = enter(p);
-    if (rc) return rc;
+    int rc;
     JnNode *nd = NULL;
     if (t->type == T_NAME) {
         advance(p);
@@ -1157,27 +1160,26 @@ static int parse_primary(Parser *p, bool with_namespace, JnNode **out) {
     } else {
         return unexpected(p, NULL);
     }
-    p->depth--;
     *out = nd;
     return MN_OK;
 }
 
 static int parse_unary(Parser *p, bool with_filter, JnNode **out) {
     const Tok *t = cur(p);
-    int rc = enter(p);
-    if (rc) return rc;
+    int rc;
     JnNode *nd = NULL;
     if (is_op(t, O_SUB) || is_op(t, O_ADD)) {
         advance(p);
         JnNode *operand = NULL;
+        if ((rc = enter(p))) return rc; /* - - - x nests without an expression between */
         if ((rc = parse_unary(p, false, &operand))) return rc;
+        p->depth--;
         if ((rc = make_unary(p, is_op(t, O_SUB) ? JN_NEG : JN_POS, t, operand, &nd))) return rc;
     } else {
         if ((rc = parse_primary(p, false, &nd))) return rc;
     }
     if ((rc = parse_postfix(p, &nd))) return rc;
     if (with_filter && (rc = parse_filter_expr(p, &nd))) return rc;
-    p->depth--;
     *out = nd;
     return MN_OK;
 }
@@ -1200,9 +1202,7 @@ static int parse_binary_level(Parser *p, ParseFn next, const TokOp *ops, const J
         const Tok *at = cur(p);
         advance(p);
         JnNode *right = NULL;
-        if ((rc = enter(p))) return rc;
         if ((rc = next(p, &right))) return rc;
-        p->depth--;
         if ((rc = make_binary(p, JN_BINOP, jops[i], at, left, right, &left))) return rc;
     }
     *out = left;
@@ -1257,9 +1257,7 @@ static int parse_compare(Parser *p, JnNode **out) {
         if (op == JN_OP_NOTIN) advance(p);
         if (kids.n == 0 && (rc = nvec_push(p, &kids, first))) return rc;
         JnNode *e = NULL;
-        if ((rc = enter(p))) return rc;
         if ((rc = parse_math1(p, &e))) return rc;
-        p->depth--;
         if ((rc = nvec_push(p, &kids, e))) return rc;
         if (n_ops == cap) {
             size_t c = cap ? cap * 2 : 4;
@@ -1305,9 +1303,7 @@ static int parse_and(Parser *p, JnNode **out) {
         const Tok *at = cur(p);
         advance(p);
         JnNode *right = NULL;
-        if ((rc = enter(p))) return rc;
         if ((rc = parse_not(p, &right))) return rc;
-        p->depth--;
         if ((rc = make_binary(p, JN_AND, 0, at, left, right, &left))) return rc;
     }
     *out = left;
@@ -1322,9 +1318,7 @@ static int parse_or(Parser *p, JnNode **out) {
         const Tok *at = cur(p);
         advance(p);
         JnNode *right = NULL;
-        if ((rc = enter(p))) return rc;
         if ((rc = parse_and(p, &right))) return rc;
-        p->depth--;
         if ((rc = make_binary(p, JN_OR, 0, at, left, right, &left))) return rc;
     }
     *out = left;
@@ -1397,7 +1391,11 @@ static int parse_tuple(Parser *p, bool simplified, bool with_condexpr, const cha
             *out = args.v[0];
             return MN_OK;
         }
-        if (!explicit_parentheses) return unexpected(p, "an expression");
+        if (!explicit_parentheses) {
+            char got[80];
+            describe(cur(p), got, sizeof got);
+            return p_fail(p, cur(p), MN_EFORMAT, "Expected an expression, got '%s'", got);
+        }
     }
     JnNode *nd = new_node(p, JN_TUPLE, at);
     if (nd == NULL) return MN_ENOMEM;
@@ -1445,14 +1443,17 @@ static int parse_for(Parser *p, JnNode *nd) {
     int rc = parse_tuple(p, true, true, "in", false, false, &target);
     if (rc) return rc;
     if ((rc = check_target(p, target, false))) return rc;
-    if (!is_name(cur(p), "in")) return unexpected(p, "'in'");
+    if (!is_name(cur(p), "in")) return unexpected(p, "in");
     advance(p);
     if ((rc = parse_tuple(p, false, false, "recursive", false, false, &iter))) return rc;
     if (is_name(cur(p), "if")) {
         advance(p);
         if ((rc = parse_expression(p, true, &test))) return rc;
     }
-    if (is_name(cur(p), "recursive")) return p_fail(p, cur(p), MN_EUNSUPPORTED, "recursive for loops are not supported");
+    if (is_name(cur(p), "recursive")) {
+        advance(p);
+        nd->is_recursive = true;
+    }
     JnNode **kids = arena_alloc(p->arena, 3 * sizeof(JnNode *));
     if (kids == NULL || (nd->blocks = new_blocks(p, 2)) == NULL) return mn_err_set(p->err, MN_ENOMEM, "out of memory");
     kids[0] = target;
@@ -1729,6 +1730,8 @@ static int parse_statement(Parser *p, JnNode **out) {
     if (nd == NULL) return MN_ENOMEM;
     char tag[32];
     snprintf(tag, sizeof tag, "%.*s", (int)(t->len < 31 ? t->len : 31), t->text);
+    const char *outer_tag = p->open_tag;
+    p->open_tag = tag;
     advance(p);
     if (strcmp(tag, "for") == 0) nd->kind = JN_FOR, rc = parse_for(p, nd);
     else if (strcmp(tag, "if") == 0) nd->kind = JN_IF, rc = parse_if(p, nd);
@@ -1753,6 +1756,7 @@ static int parse_statement(Parser *p, JnNode **out) {
         return p_fail(p, t, MN_EFORMAT, "Encountered unknown tag '%s'.", tag);
     }
     if (rc) return rc;
+    p->open_tag = outer_tag;
     p->depth--;
     *out = nd;
     return MN_OK;
@@ -1812,7 +1816,8 @@ static int parse_statements(Parser *p, const char *const *end_names, size_t n_en
         for (size_t i = 0; i < n_end && o < sizeof want; i++)
             o += (size_t)snprintf(want + o, sizeof want - o, "%s'%s'", i == 0 ? "" : " or ", end_names[i]);
         return p_fail(p, cur(p), MN_EFORMAT,
-                      "Unexpected end of template. Jinja was looking for the following tags: %s.", want);
+                      "Unexpected end of template. Jinja was looking for the following tags: %s. The innermost block "
+                      "that needs to be closed is '%s'.", want, p->open_tag ? p->open_tag : "?");
     }
     out->nodes = body.v;
     out->n = body.n;

@@ -13,18 +13,21 @@
  * unary -/+, literals (str, int, float, true/false/none, list, tuple,
  * dict), attribute and item access, slices, calls with keyword arguments,
  * filters and tests with arguments; the statements if/elif/else, for (with
- * tuple targets, an "if" filter and else), set (also to a namespace
+ * tuple targets, an "if" filter, else and recursive), set (also to a namespace
  * attribute, tuples, and the block form with filters), macro, call, filter,
  * with, print, break/continue (loopcontrols), generation (its body), raw.
  * extends/include/import/block and the rest are refused with an error that
- * names them; so are *args and **kwargs in calls and recursive loops.
+ * names them; so are *args and **kwargs in calls.
  *
  * A JnTemplate owns its whole tree (an arena) and never changes after
  * jn_parse returns, so several threads may render it at once.
  *
- * Bounds: the source must be at most max_source_bytes; nesting of
- * expressions and blocks is limited to JN_MAX_NESTING, so neither the
- * parser nor the evaluator's walk of the tree can exhaust the stack.
+ * Bounds: the source must be at most max_source_bytes; nesting is limited
+ * to JN_MAX_NESTING levels, a level being a statement inside another, an
+ * expression inside another (parenthesized, an argument, an item, a
+ * subscript), a unary operator or "not" applied to another, or a chained
+ * conditional; brackets inside one tag nest at most as deep. So neither
+ * the parser nor the evaluator's walk of the tree can exhaust the stack.
  */
 #ifndef MN_JINJA_PARSE_H
 #define MN_JINJA_PARSE_H
@@ -128,6 +131,7 @@ struct JnNode {
     size_t n_blocks;
     int builtin;        /* FILTER/TEST: the builtin's id, or < 0 (jinja_builtins.h) */
     bool is_negated;    /* JN_TEST under "is not" */
+    bool is_recursive;  /* JN_FOR marked recursive: loop(items) renders the body again */
     bool uses_caller, uses_varargs, uses_kwargs; /* JN_MACRO, JN_CALLBLOCK */
 };
 

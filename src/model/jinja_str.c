@@ -180,26 +180,19 @@ static size_t prev_char(const char *s, size_t i) {
     return i;
 }
 
+/* str.split()/rsplit() with no separator: runs of whitespace separate,
+ * none at either end; once maxsplit pieces are cut, the rest is one piece
+ * whose whitespace is dropped only on the side the cutting came from. */
 static int split_space(JvCtx *c, const JvStr *s, int64_t maxsplit, bool from_right, Jv list) {
     const char *d = s->data;
-    size_t n = s->len;
+    size_t n = s->len, len;
     int rc = MN_OK;
     if (!from_right) {
         size_t i = 0;
         while (rc == MN_OK) {
-            size_t len;
             while (i < n && ju_is_space(js_decode(d, n, i, &len))) i += len;
             if (i >= n) break;
-            if (maxsplit == 0) {
-                /* the rest, without its trailing whitespace */
-                size_t hi = n;
-                while (hi > i) {
-                    size_t st = prev_char(d, hi);
-                    if (!ju_is_space(js_decode(d, n, st, &len))) break;
-                    hi = st;
-                }
-                return push_piece(c, list, d + i, hi - i);
-            }
+            if (maxsplit == 0) return push_piece(c, list, d + i, n - i);
             size_t j = i;
             while (j < n && !ju_is_space(js_decode(d, n, j, &len))) j += len;
             rc = push_piece(c, list, d + i, j - i);
@@ -210,7 +203,6 @@ static int split_space(JvCtx *c, const JvStr *s, int64_t maxsplit, bool from_rig
     }
     size_t i = n;
     while (rc == MN_OK) {
-        size_t len;
         while (i > 0) {
             size_t st = prev_char(d, i);
             if (!ju_is_space(js_decode(d, n, st, &len))) break;
@@ -218,9 +210,7 @@ static int split_space(JvCtx *c, const JvStr *s, int64_t maxsplit, bool from_rig
         }
         if (i == 0) break;
         if (maxsplit == 0) {
-            size_t lo = 0;
-            while (lo < i && ju_is_space(js_decode(d, n, lo, &len))) lo += len;
-            rc = push_piece(c, list, d + lo, i - lo);
+            rc = push_piece(c, list, d, i);
             break;
         }
         size_t j = i;
@@ -237,7 +227,13 @@ static int split_space(JvCtx *c, const JvStr *s, int64_t maxsplit, bool from_rig
     return rc;
 }
 
+static int split_impl(JvCtx *c, const JvStr *s, const JvStr *sep, int64_t maxsplit, bool from_right, Jv *out);
 int js_split(JvCtx *c, const JvStr *s, const JvStr *sep, int64_t maxsplit, bool from_right, Jv *out) {
+    *out = jv_undef();
+    return jv_clean_out(split_impl(c, s, sep, maxsplit, from_right, out), out);
+}
+
+static int split_impl(JvCtx *c, const JvStr *s, const JvStr *sep, int64_t maxsplit, bool from_right, Jv *out) {
     int rc = jv_charge(c, s->len / 8);
     if (rc) return rc;
     if ((rc = jv_list_new(c, JV_LIST_LIST, 0, out))) return rc;
@@ -288,7 +284,13 @@ static size_t line_break_at(const char *s, size_t n, size_t i) {
     return cp == 0x85 || cp == 0x2028 || cp == 0x2029 ? len : 0;
 }
 
+static int splitlines_impl(JvCtx *c, const JvStr *s, bool keepends, Jv *out);
 int js_splitlines(JvCtx *c, const JvStr *s, bool keepends, Jv *out) {
+    *out = jv_undef();
+    return jv_clean_out(splitlines_impl(c, s, keepends, out), out);
+}
+
+static int splitlines_impl(JvCtx *c, const JvStr *s, bool keepends, Jv *out) {
     int rc = jv_charge(c, s->len / 8);
     if (rc) return rc;
     if ((rc = jv_list_new(c, JV_LIST_LIST, 0, out))) return rc;
@@ -833,4 +835,200 @@ int js_percent(JvCtx *c, const JvStr *fmt, Jv args, Jv *out) {
     if (rc == MN_OK && !used_map && !a.is_lenient && a.next < a.n)
         rc = jv_fail(c, MN_EINVAL, "not all arguments converted during string formatting");
     return jv_buf_finish(&b, rc, false, out);
+}
+
+/* ---- format mini-language ---------------------------------------------------------------- */
+
+typedef struct Spec {
+    uint32_t fill;
+    char align; /* '<', '>', '=', '^' or 0 for the type's default */
+    char sign;  /* '+', '-', ' ' or 0 */
+    bool alt, zero;
+    int64_t width, prec; /* -1: none */
+    char group; /* ',', '_' or 0 */
+    char type;  /* 0 for none */
+} Spec;
+
+static int parse_spec(JvCtx *c, const char *s, size_t n, Spec *sp) {
+    *sp = (Spec){.fill = ' ', .width = -1, .prec = -1};
+    size_t i = 0, len;
+    uint32_t first = n ? js_decode(s, n, 0, &len) : 0;
+    if (n > len && strchr("<>=^", s[len])) {
+        sp->fill = first;
+        sp->align = s[len];
+        i = len + 1;
+    } else if (n > 0 && strchr("<>=^", s[0])) {
+        sp->align = s[0];
+        i = 1;
+    }
+    if (i < n && strchr("+- ", s[i])) sp->sign = s[i++];
+    if (i < n && s[i] == '#') sp->alt = true, i++;
+    if (i < n && s[i] == '0') {
+        sp->zero = true;
+        i++;
+    }
+    if (i < n && isdigit((unsigned char)s[i])) {
+        sp->width = 0;
+        while (i < n && isdigit((unsigned char)s[i]))
+            if ((sp->width = sp->width * 10 + (s[i++] - '0')) > 100000000)
+                return jv_fail(c, MN_ERANGE, "Too many decimal digits in format string");
+    }
+    if (i < n && (s[i] == ',' || s[i] == '_')) sp->group = s[i++];
+    if (i < n && s[i] == '.') {
+        i++;
+        if (i >= n || !isdigit((unsigned char)s[i])) return jv_fail(c, MN_EINVAL, "Format specifier missing precision");
+        sp->prec = 0;
+        while (i < n && isdigit((unsigned char)s[i]))
+            if ((sp->prec = sp->prec * 10 + (s[i++] - '0')) > 1000)
+                return jv_fail(c, MN_ERANGE, "Too many decimal digits in format string");
+    }
+    if (i < n) sp->type = s[i++];
+    if (i < n) return jv_fail(c, MN_EINVAL, "Invalid format specifier");
+    if (sp->zero && sp->align == 0) {
+        sp->fill = '0';
+        sp->align = '=';
+    }
+    return MN_OK;
+}
+
+/* Put body (sign and prefix first, counted apart for '=') padded per sp. */
+static int pad_put(JvBuf *out, const Spec *sp, char def_align, const char *pre, size_t pre_n, const char *body,
+                   size_t body_n) {
+    size_t chars = pre_n;
+    for (size_t i = 0; i < body_n; i++) chars += ((unsigned char)body[i] & 0xC0) != 0x80;
+    size_t pad = sp->width > (int64_t)chars ? (size_t)sp->width - chars : 0;
+    char align = sp->align ? sp->align : def_align;
+    size_t left = align == '>' || align == '=' ? pad : align == '^' ? pad / 2 : 0;
+    int rc = jv_charge(out->ctx, pad / 8);
+    if (rc == MN_OK && align == '=') rc = jv_buf_put(out, pre, pre_n);
+    for (size_t i = 0; rc == MN_OK && i < left; i++) rc = put_cp(out, sp->fill);
+    if (rc == MN_OK && align != '=') rc = jv_buf_put(out, pre, pre_n);
+    if (rc == MN_OK) rc = jv_buf_put(out, body, body_n);
+    for (size_t i = left; rc == MN_OK && i < pad; i++) rc = put_cp(out, sp->fill);
+    return rc;
+}
+
+/* Insert grouping characters into the integer digits of buf (in place;
+ * buf must have room), every `every` digits from the right. */
+static void group_digits(char *buf, char sep, int every) {
+    char *dot = buf;
+    while (*dot && isalnum((unsigned char)*dot) && *dot != 'e' && *dot != 'E') dot++;
+    size_t ndig = (size_t)(dot - buf);
+    if (ndig <= (size_t)every) return;
+    size_t extra = (ndig - 1) / (size_t)every, tail = strlen(dot);
+    memmove(dot + extra, dot, tail + 1);
+    char *src = buf + ndig, *dst = buf + ndig + extra;
+    int k = 0;
+    while (src > buf) {
+        *--dst = *--src;
+        if (++k == every && src > buf) {
+            *--dst = sep;
+            k = 0;
+        }
+    }
+}
+
+static int format_number(JvCtx *c, Jv v, const Spec *sp, JvBuf *out) {
+    char type = sp->type;
+    bool is_float_type = type && strchr("eEfFgG%", type);
+    char body[700], pre[4] = "";
+    size_t pre_n = 0;
+    bool neg;
+    if (!is_float_type && (v.kind == JV_INT || v.kind == JV_BOOL)) {
+        if (type && !strchr("bcdoxXn", type))
+            return jv_fail(c, MN_EINVAL, "Unknown format code '%c' for object of type 'int'", type);
+        if (sp->prec >= 0) return jv_fail(c, MN_EINVAL, "Precision not allowed in integer format specifier");
+        int64_t x = v.kind == JV_BOOL ? v.as.b : v.as.i;
+        if (type == 'c') {
+            if (x < 0 || x > 0x10FFFF) return jv_fail(c, MN_EINVAL, "%%c arg not in range(0x110000)");
+            char u[4];
+            size_t k = utf8_encode((uint32_t)x, u);
+            return pad_put(out, sp, '>', "", 0, u, k);
+        }
+        neg = x < 0;
+        uint64_t ax = neg ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
+        int base = type == 'b' ? 2 : type == 'o' ? 8 : (type == 'x' || type == 'X') ? 16 : 10;
+        char tmp[80];
+        size_t k = 0;
+        do {
+            unsigned d = (unsigned)(ax % (uint64_t)base);
+            tmp[k++] = (char)(d < 10 ? '0' + d : (type == 'X' ? 'A' : 'a') + d - 10);
+            ax /= (uint64_t)base;
+        } while (ax);
+        for (size_t i = 0; i < k; i++) body[i] = tmp[k - 1 - i];
+        body[k] = '\0';
+        if (sp->group) group_digits(body, sp->group, base == 10 ? 3 : 4);
+        if (neg) pre[pre_n++] = '-';
+        else if (sp->sign == '+' || sp->sign == ' ') pre[pre_n++] = sp->sign;
+        if (sp->alt && base != 10) {
+            pre[pre_n++] = '0';
+            pre[pre_n++] = type;
+        }
+        return pad_put(out, sp, '>', pre, pre_n, body, strlen(body));
+    }
+    if (type && !is_float_type)
+        return jv_fail(c, MN_EINVAL, "Unknown format code '%c' for object of type 'float'", type);
+    double f = jv_as_double(v);
+    neg = signbit(f);
+    double af = fabs(f);
+    int prec = sp->prec < 0 ? 6 : (int)sp->prec;
+    if (!isfinite(af)) {
+        snprintf(body, sizeof body, "%s", isnan(af) ? "nan" : "inf");
+        if (type && strchr("EFG", type)) for (char *q = body; *q; q++) *q = (char)toupper((unsigned char)*q);
+        if (type == '%') strcat(body, "%");
+    } else if (type == 0 && sp->prec < 0) {
+        jv_float_repr(af, body);
+    } else if (type == 0) {
+        /* like 'g', but scientific from exp >= p - 1 and a fixed result
+         * keeps one digit after the point */
+        int p = prec == 0 ? 1 : prec;
+        char e[40];
+        snprintf(e, sizeof e, "%.*e", p - 1, af);
+        int exp10 = atoi(strchr(e, 'e') + 1);
+        if (exp10 < -4 || exp10 >= p - 1) {
+            snprintf(body, sizeof body, "%.*e", p - 1, af);
+            char *ep = strchr(body, 'e'), *z = ep;
+            while (z > body && z[-1] == '0') z--;
+            if (z > body && z[-1] == '.') z--;
+            memmove(z, ep, strlen(ep) + 1);
+        } else {
+            snprintf(body, sizeof body, "%.*f", p - 1 - exp10, af);
+            char *z = body + strlen(body);
+            if (strchr(body, '.')) {
+                while (z[-1] == '0') z--;
+                if (z[-1] == '.') z++;
+                *z = '\0';
+            } else {
+                strcat(body, ".0");
+            }
+        }
+    } else {
+        char fmt[16];
+        snprintf(fmt, sizeof fmt, "%%%s.%d%c", sp->alt ? "#" : "", prec, type == '%' ? 'f' : type);
+        snprintf(body, sizeof body - 2, fmt, type == '%' ? af * 100 : af);
+        if (type == '%') strcat(body, "%");
+    }
+    if (sp->group) group_digits(body, sp->group, 3);
+    if (neg && !(isnan(f))) pre[pre_n++] = '-';
+    else if (sp->sign == '+' || sp->sign == ' ') pre[pre_n++] = sp->sign;
+    return pad_put(out, sp, '>', pre, pre_n, body, strlen(body));
+}
+
+int js_format_value(JvCtx *c, Jv v, const char *spec, size_t n, JvBuf *out) {
+    if (n == 0) return jv_str_of(c, v, out);
+    Spec sp;
+    int rc = parse_spec(c, spec, n, &sp);
+    if (rc) return rc;
+    if (v.kind == JV_STR) {
+        if (sp.type && sp.type != 's') return jv_fail(c, MN_EINVAL, "Unknown format code '%c' for object of type 'str'", sp.type);
+        if (sp.sign) return jv_fail(c, MN_EINVAL, "Sign not allowed in string format specifier");
+        if (sp.alt) return jv_fail(c, MN_EINVAL, "Alternate form (#) not allowed in string format specifier");
+        if (sp.align == '=') return jv_fail(c, MN_EINVAL, "'=' alignment not allowed in string format specifier");
+        if (sp.group) return jv_fail(c, MN_EINVAL, "Cannot specify '%c' with 's'.", sp.group);
+        size_t len = v.as.s->len;
+        if (sp.prec >= 0 && (size_t)sp.prec < v.as.s->n_chars) len = jv_str_offset(v.as.s, (size_t)sp.prec);
+        return pad_put(out, &sp, '<', "", 0, v.as.s->data, len);
+    }
+    if (jv_is_number(v)) return format_number(c, v, &sp, out);
+    return jv_fail(c, MN_EINVAL, "unsupported format string passed to %s.__format__", jv_type_name(v));
 }

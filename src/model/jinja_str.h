@@ -70,6 +70,12 @@ int js_char_at(JvCtx *c, const JvStr *s, size_t i, Jv *out);
  * items), a dict (for %(name)s) or any single value. */
 int js_percent(JvCtx *c, const JvStr *fmt, Jv args, Jv *out);
 
+/* format(v, spec) with Python's format mini-language, appended to out:
+ * str (fill, align, width, precision), int and bool (sign, #, 0, width,
+ * "," and "_" grouping, types b c d o x X n and the float types), float
+ * (e E f F g G %, and no type); other values take an empty spec only. */
+int js_format_value(JvCtx *c, Jv v, const char *spec, size_t n, JvBuf *out);
+
 /* Python's int(s, base) and float(s) of a str: MN_OK and the value, or
  * MN_EINVAL (no error recorded) when Python raises ValueError. */
 int js_parse_int(const JvStr *s, int base, int64_t *out);

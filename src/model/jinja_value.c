@@ -967,8 +967,13 @@ int jv_len(JvCtx *c, Jv v, size_t *out) {
     return jv_fail(c, MN_EINVAL, "object of type '%s' has no len()", jv_type_name(v));
 }
 
+static int iterate_impl(JvCtx *c, Jv v, Jv *out);
 int jv_iterate(JvCtx *c, Jv v, Jv *out) {
     *out = jv_undef();
+    return jv_clean_out(iterate_impl(c, v, out), out);
+}
+
+static int iterate_impl(JvCtx *c, Jv v, Jv *out) {
     int rc;
     switch (v.kind) {
     case JV_UNDEF: return jv_list_new(c, JV_LIST_LIST, 0, out);

@@ -305,6 +305,18 @@ void jv_float_repr(double f, char buf[32]);
 
 /* ---- inline helpers ------------------------------------------------------------------ */
 
+/* The rule of every function with a Jv out-parameter: on failure *out
+ * holds nothing. jv_clean_out(rc, out) releases a partial result and
+ * returns rc, for functions that build into *out step by step. */
+static inline int jv_clean_out(int rc, Jv *out) {
+    if (rc != 0) {
+        jv_release(*out);
+        out->kind = JV_UNDEF;
+        out->as.u = NULL;
+    }
+    return rc;
+}
+
 static inline int jv_str_cstr(JvCtx *c, const char *s, Jv *out) {
     size_t n = 0;
     while (s[n]) n++;
