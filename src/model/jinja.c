@@ -272,8 +272,7 @@ static int macro_new(Render *r, const JnNode *nd, Scope *closure, Jv *out) {
  *
  * Items are drawn from src one at a time, as Python's list iterator does:
  * a list the body changes (list.pop, list.clear) is read where it stands
- * (index pos against its length now), and a generator advances its own
- * cursor. The loop's "if" filter runs on each item as it is drawn. The
+ * (index pos against its length now), and a generator is pulled. The loop's "if" filter runs on each item as it is drawn. The
  * item after the current one is drawn early ("peeked") only when loop.last
  * or loop.nextitem asks for it, and loop.length is len(src) at the first
  * question, except for a filtered loop or a generator, whose remaining
@@ -282,7 +281,7 @@ static int macro_new(Render *r, const JnNode *nd, Scope *closure, Jv *out) {
 typedef struct LoopObj {
     JvObj o;
     Jv src;             /* the list walked */
-    size_t pos;         /* next index in src (unused for a generator: its cursor) */
+    size_t pos;         /* next index in src (unused for a generator: it is pulled) */
     bool is_gen;        /* src is a generator */
     bool is_filtered;   /* items still pass the loop's filter when drawn */
     const JnNode *node; /* the for statement */
@@ -341,12 +340,17 @@ static int loop_filter(Render *r, LoopObj *l, Jv item, bool *keep) {
 static int loop_draw(Render *r, LoopObj *l, Jv *item, bool *got) {
     *got = false;
     while (!l->is_done) {
-        JvList *src = l->src.as.l;
-        size_t pos = l->is_gen ? src->cursor : l->pos;
-        if (pos >= src->n) break;
-        Jv it = jv_retain(src->items[pos]);
-        if (l->is_gen) src->cursor = pos + 1;
-        else l->pos = pos + 1;
+        Jv it;
+        if (l->is_gen) {
+            bool more;
+            int rc = jv_gen_next(&r->c, l->src, &it, &more);
+            if (rc) return at(r, l->node, rc);
+            if (!more) break;
+        } else {
+            JvList *src = l->src.as.l;
+            if (l->pos >= src->n) break;
+            it = jv_retain(src->items[l->pos++]);
+        }
         bool keep = true;
         if (l->is_filtered) {
             if (l->scope == NULL) { /* the statement is over: its filter cannot run */

@@ -8,10 +8,10 @@
  *
  * A bound method is an object holding its receiver and a MethodDef; a
  * global is an object holding its GlobalDef (and, for cycler and joiner,
- * their state). Lazy results of jinja2 (the generators of map, select,
- * items, ...) are computed at once into a JV_LIST_GEN list, which is then
- * consumed as a generator would be: the values are the same, though an
- * error inside a generator nobody iterates is raised here and not there.
+ * their state). jinja2's lazy results are generators here too (JvGen):
+ * select, reject, selectattr, rejectattr, map, unique, batch and reversed
+ * lists and items produce their items when asked, so their errors surface
+ * where Python's would.
  */
 #include "model/jinja_builtins.h"
 
@@ -512,7 +512,7 @@ static int format_field(JvCtx *c, const char *f, size_t n, const JvArgs *a, int6
     }
     *out = jv_retain(v);
     while (i < n) {
-        Jv next;
+        Jv next = jv_undef();
         int rc;
         if (f[i] == '.') {
             size_t j = ++i;
@@ -919,18 +919,19 @@ static int slice_indices(JvCtx *c, Jv start, Jv stop, Jv step, size_t n, int64_t
                          bool *is_type_error) {
     *is_type_error = false;
     int64_t st = 1;
+    /* absent bounds come as None; Undefined has no __index__ */
     Jv v[3] = {start, stop, step};
     for (int i = 0; i < 3; i++)
-        if (v[i].kind != JV_NONE && v[i].kind != JV_UNDEF && !is_int(v[i])) {
+        if (v[i].kind != JV_NONE && !is_int(v[i])) {
             *is_type_error = true;
             return MN_OK;
         }
-    if (step.kind != JV_NONE && step.kind != JV_UNDEF) st = as_int(step);
+    if (step.kind != JV_NONE) st = as_int(step);
     if (st == 0) return jv_fail(c, MN_EINVAL, "slice step cannot be zero");
     int64_t len = (int64_t)n;
     int64_t lower = st > 0 ? 0 : -1, upper = st > 0 ? len : len - 1;
     int64_t x;
-    if (start.kind == JV_NONE || start.kind == JV_UNDEF) x = st < 0 ? upper : lower;
+    if (start.kind == JV_NONE) x = st < 0 ? upper : lower;
     else {
         x = as_int(start);
         if (x < 0) x = x < -len ? lower : x + len;
@@ -938,7 +939,7 @@ static int slice_indices(JvCtx *c, Jv start, Jv stop, Jv step, size_t n, int64_t
         else if (x > upper) x = upper;
     }
     *a = x;
-    if (stop.kind == JV_NONE || stop.kind == JV_UNDEF) x = st < 0 ? lower : upper;
+    if (stop.kind == JV_NONE) x = st < 0 ? lower : upper;
     else {
         x = as_int(stop);
         if (x < 0) x = x < -len ? lower : x + len;
@@ -953,21 +954,18 @@ static int slice_indices(JvCtx *c, Jv start, Jv stop, Jv step, size_t n, int64_t
 static int slice_impl(JvCtx *c, Jv obj, Jv start, Jv stop, Jv step, Jv *out) {
     *out = jv_undef();
     if (obj.kind == JV_UNDEF) return fail_undefined(c, obj);
+    /* jinja2 compiles a slice to Python's own subscript, not the sandbox's
+     * getitem: what Python refuses is an error, not an undefined */
     bool is_str_obj = obj.kind == JV_STR;
     bool is_seq = obj.kind == JV_LIST && (obj.as.l->tag <= JV_LIST_TUPLE || obj.as.l->tag == JV_LIST_RANGE);
-    if (!is_str_obj && !is_seq) {
-        *out = jv_undef_msg(c, false, "'%s object' has no element of a slice", jv_type_name(obj));
-        return MN_OK;
-    }
+    if (obj.kind == JV_DICT) return jv_fail(c, MN_EINVAL, "unhashable type: 'slice'");
+    if (!is_str_obj && !is_seq) return jv_fail(c, MN_EINVAL, "'%s' object is not subscriptable", jv_type_name(obj));
     size_t n = is_str_obj ? obj.as.s->n_chars : obj.as.l->n;
     int64_t a = 0, b = 0, s = 1;
     bool type_error;
     int rc = slice_indices(c, start, stop, step, n, &a, &b, &s, &type_error);
     if (rc) return rc;
-    if (type_error) {
-        *out = jv_undef_msg(c, false, "slice indices must be integers or None or have an __index__ method");
-        return MN_OK;
-    }
+    if (type_error) return jv_fail(c, MN_EINVAL, "slice indices must be integers or None or have an __index__ method");
     if (is_str_obj) {
         rc = js_slice(c, obj.as.s, a, b, s, out);
         if (rc == MN_OK && obj.as.s->is_safe) mark_safe(*out);
@@ -1382,7 +1380,7 @@ static int f_title(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
             if (title_sep(js_decode(str->data, str->len, j, &l2)) != sep) break;
             j += l2;
         }
-        Jv first, rest, up, low;
+        Jv first, rest, up = jv_undef(), low;
         rc = jv_str_new(c, str->data + i, len, false, &first);
         if (rc) break;
         rc = jv_str_new(c, str->data + i + len, j - i - len, false, &rest);
@@ -1460,13 +1458,10 @@ static int f_join(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
 static int f_first(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     int rc = want_pos(c, "first", a, 0, 0);
     if (rc) return rc;
-    if (v.kind == JV_LIST && v.as.l->tag == JV_LIST_GEN) {
-        JvList *l = v.as.l;
-        if (l->cursor < l->n) {
-            *out = jv_retain(l->items[l->cursor++]);
-            return MN_OK;
-        }
-        *out = jv_undef_msg(c, false, "No first item, sequence was empty.");
+    if (v.kind == JV_LIST && v.as.l->tag == JV_LIST_GEN) { /* next(iter(g)): one item consumed */
+        bool got;
+        if ((rc = jv_gen_next(c, v, out, &got))) return rc;
+        if (!got) *out = jv_undef_msg(c, false, "No first item, sequence was empty.");
         return MN_OK;
     }
     Jv items;
@@ -1492,19 +1487,82 @@ static int f_last(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     return MN_OK;
 }
 
+/* jinja2's do_items is a generator too: the mapping check comes when it
+ * is first asked for an item. */
+typedef struct ItemsGen {
+    JvGen g;
+    Jv dict;
+    size_t pos;
+    bool is_started;
+} ItemsGen;
+
+static int items_next(JvCtx *c, JvGen *g, Jv *item, bool *got) {
+    ItemsGen *ig = (ItemsGen *)g;
+    if (!ig->is_started) {
+        ig->is_started = true;
+        if (ig->dict.kind == JV_UNDEF) return MN_OK;
+        if (ig->dict.kind != JV_DICT) return jv_fail(c, MN_EINVAL, "Can only get item pairs from a mapping.");
+    }
+    if (ig->dict.kind != JV_DICT || ig->pos >= ig->dict.as.d->n) return MN_OK;
+    const JvEntry *e = &ig->dict.as.d->ents[ig->pos++];
+    int rc = jv_list_new(c, JV_LIST_TUPLE, 2, item);
+    if (rc == MN_OK) rc = jv_list_push(c, *item, jv_retain(e->key));
+    if (rc == MN_OK) rc = jv_list_push(c, *item, jv_retain(e->val));
+    *got = rc == MN_OK;
+    return rc;
+}
+
+static void items_free(JvGen *g) { jv_release(((ItemsGen *)g)->dict); }
+
+static const JvGenType ITEMS_GEN = {items_next, items_free};
+
 static int f_items(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     int rc = want_pos(c, "items", a, 0, 0);
-    if (rc) return rc;
-    if (v.kind == JV_UNDEF) return jv_list_new(c, JV_LIST_GEN, 0, out);
-    if (v.kind != JV_DICT) return jv_fail(c, MN_EINVAL, "Can only get item pairs from a mapping.");
-    if ((rc = dict_view(c, v, &NO_ARGS, JV_LIST_ITEMS, "items", out))) return rc;
-    out->as.l->tag = JV_LIST_GEN;
+    JvGen *g;
+    if (rc || (rc = jv_gen_new(c, &ITEMS_GEN, sizeof(ItemsGen), jv_undef(), out, &g))) return rc;
+    ((ItemsGen *)g)->dict = jv_retain(v);
     return MN_OK;
 }
 
 static int f_list(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     int rc = want_pos(c, "list", a, 0, 0);
     return rc ? rc : to_list(c, v, out);
+}
+
+/* Arguments kept by a generator until it runs: positional ones from off
+ * on, and the keywords (values retained; keyword names are borrowed, as
+ * they come from the template's tree or from literals). */
+typedef struct ArgsCopy {
+    Jv *vals;
+    const char **names;
+    size_t n_vals, vals_cap, names_cap;
+    JvArgs args;
+} ArgsCopy;
+
+static int args_copy(JvCtx *c, const JvArgs *a, size_t off, ArgsCopy *dst) {
+    size_t n_pos = a->n_pos > off ? a->n_pos - off : 0, n = n_pos + a->n_kw;
+    dst->n_vals = 0;
+    dst->vals_cap = n ? n : 1;
+    dst->names_cap = a->n_kw ? a->n_kw : 1;
+    dst->vals = jv_mem_alloc(c, dst->vals_cap * sizeof(Jv));
+    dst->names = jv_mem_alloc(c, dst->names_cap * sizeof(char *));
+    if (dst->vals == NULL || dst->names == NULL) return c->err_code;
+    for (size_t i = 0; i < n_pos; i++) dst->vals[dst->n_vals++] = jv_retain(a->pos[off + i]);
+    for (size_t i = 0; i < a->n_kw; i++) {
+        dst->vals[dst->n_vals++] = jv_retain(a->kw_vals[i]);
+        dst->names[i] = a->kw_names[i];
+    }
+    dst->args = (JvArgs){dst->vals, n_pos, dst->names, dst->vals + n_pos, a->n_kw};
+    return MN_OK;
+}
+
+static void args_free(JvCtx *c, ArgsCopy *a) {
+    for (size_t i = 0; i < a->n_vals; i++) jv_release(a->vals[i]);
+    jv_mem_free(c, a->vals, a->vals_cap * sizeof(Jv));
+    jv_mem_free(c, a->names, a->names_cap * sizeof(char *));
+    a->vals = NULL;
+    a->names = NULL;
+    a->n_vals = 0;
 }
 
 /* The test (or plain truth) select/reject apply: args from index off on
@@ -1523,62 +1581,140 @@ static int select_test(JvCtx *c, Jv item, const JvArgs *a, size_t off, bool *kee
     return jb_test_apply(c, id, item, &ta, keep);
 }
 
-static int select_common(JvCtx *c, Jv v, const JvArgs *a, bool by_attr, bool reject, Jv *out) {
-    int rc = jv_list_new(c, JV_LIST_GEN, 0, out);
-    if (rc || !jv_truthy(v)) return rc;
-    if (by_attr && a->n_pos == 0) return jv_fail(c, MN_EINVAL, "Missing parameter for attribute name");
-    Jv items;
-    if ((rc = jv_iterate(c, v, &items))) return rc;
-    for (size_t i = 0; rc == MN_OK && i < items.as.l->n; i++) {
-        Jv item = items.as.l->items[i], probe;
-        if (by_attr) rc = attr_get(c, item, a->pos[0], NULL, &probe);
-        else probe = jv_retain(item);
-        if (rc) break;
-        bool keep;
-        rc = select_test(c, probe, a, by_attr ? 1 : 0, &keep);
-        jv_release(probe);
-        if (rc == MN_OK && keep != reject) rc = jv_list_push(c, *out, jv_retain(item));
+/* jinja2's select_or_reject: `if value:` then the items that pass (or
+ * fail) the test, evaluated as they are asked for. */
+typedef struct SelectGen {
+    JvGen g;
+    JvIter it;
+    ArgsCopy args; /* the attribute (selectattr), the test's name and arguments */
+    bool by_attr, reject, is_started;
+} SelectGen;
+
+static int select_next(JvCtx *c, JvGen *g, Jv *item, bool *got) {
+    SelectGen *sg = (SelectGen *)g;
+    if (!sg->is_started) {
+        sg->is_started = true;
+        if (!jv_truthy(sg->it.src)) return MN_OK; /* `if value:` */
+        if (sg->by_attr && sg->args.args.n_pos == 0) return jv_fail(c, MN_EINVAL, "Missing parameter for attribute name");
     }
-    jv_release(items);
-    return rc;
+    for (;;) {
+        Jv cand;
+        int rc = jv_iter_next(c, &sg->it, &cand, got);
+        if (rc || !*got) return rc;
+        Jv probe;
+        if (sg->by_attr) rc = attr_get(c, cand, sg->args.args.pos[0], NULL, &probe);
+        else probe = jv_retain(cand);
+        bool keep = false;
+        if (rc == MN_OK) {
+            rc = select_test(c, probe, &sg->args.args, sg->by_attr ? 1 : 0, &keep);
+            jv_release(probe);
+        }
+        if (rc == MN_OK && keep != sg->reject) {
+            *item = cand;
+            return MN_OK;
+        }
+        jv_release(cand);
+        *got = false;
+        if (rc) return rc;
+    }
+}
+
+static void select_free(JvGen *g) {
+    SelectGen *sg = (SelectGen *)g;
+    jv_iter_deinit(&sg->it);
+    args_free(g->ctx, &sg->args);
+}
+
+static const JvGenType SELECT_GEN = {select_next, select_free};
+
+static int select_common(JvCtx *c, Jv v, const JvArgs *a, bool by_attr, bool reject, Jv *out) {
+    JvGen *g;
+    int rc = jv_gen_new(c, &SELECT_GEN, sizeof(SelectGen), v, out, &g);
+    if (rc) return rc;
+    SelectGen *sg = (SelectGen *)g;
+    jv_iter_init(&sg->it, v);
+    sg->by_attr = by_attr;
+    sg->reject = reject;
+    return args_copy(c, a, 0, &sg->args);
 }
 static int f_select(JvCtx *c, Jv v, const JvArgs *a, Jv *o) { return select_common(c, v, a, false, false, o); }
 static int f_reject(JvCtx *c, Jv v, const JvArgs *a, Jv *o) { return select_common(c, v, a, false, true, o); }
 static int f_selectattr(JvCtx *c, Jv v, const JvArgs *a, Jv *o) { return select_common(c, v, a, true, false, o); }
 static int f_rejectattr(JvCtx *c, Jv v, const JvArgs *a, Jv *o) { return select_common(c, v, a, true, true, o); }
 
-static int f_map(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
-    int rc = jv_list_new(c, JV_LIST_GEN, 0, out);
-    if (rc || !jv_truthy(v)) return rc;
-    Jv attribute = jv_undef(), def = jv_none();
-    bool by_attr = false, has_def = false;
-    int id = -1;
-    JvArgs fa = NO_ARGS;
+/* jinja2's do_map: `if value:`, then each item through a filter (by name,
+ * with arguments) or an attribute lookup (with a default). */
+typedef struct MapGen {
+    JvGen g;
+    JvIter it;
+    ArgsCopy args; /* all of map's arguments */
+    bool is_started;
+    int id;        /* the filter, or -1 for an attribute */
+    Jv attribute, def;
+    bool has_def;
+} MapGen;
+
+/* prepare_map: what to apply, decided when the generator starts. */
+static int map_prepare(JvCtx *c, MapGen *mg) {
+    const JvArgs *a = &mg->args.args;
+    mg->id = -1;
+    mg->attribute = mg->def = jv_none();
     if (a->n_pos == 0) {
+        bool by_attr = false;
         for (size_t k = 0; k < a->n_kw; k++) {
-            if (strcmp(a->kw_names[k], "attribute") == 0) attribute = a->kw_vals[k], by_attr = true;
-            else if (strcmp(a->kw_names[k], "default") == 0) def = a->kw_vals[k], has_def = true;
+            if (strcmp(a->kw_names[k], "attribute") == 0) mg->attribute = a->kw_vals[k], by_attr = true;
+            else if (strcmp(a->kw_names[k], "default") == 0) mg->def = a->kw_vals[k], mg->has_def = true;
             else return jv_fail(c, MN_EINVAL, "Unexpected keyword argument '%s'", a->kw_names[k]);
         }
         if (!by_attr) return jv_fail(c, MN_EINVAL, "map requires a filter argument");
+        return MN_OK;
+    }
+    Jv name = a->pos[0];
+    if (!is_str(name)) return jv_fail(c, MN_EINVAL, "a filter name must be a string, not %s", jv_type_name(name));
+    mg->id = jb_filter_find(name.as.s->data, name.as.s->len);
+    if (mg->id == JB_UNKNOWN) return jv_fail(c, MN_EINVAL, "No filter named '%s'.", name.as.s->data);
+    if (mg->id == JB_UNSUPPORTED) return jv_fail(c, MN_EUNSUPPORTED, "the filter '%s' is not supported", name.as.s->data);
+    return MN_OK;
+}
+
+static int map_next(JvCtx *c, JvGen *g, Jv *item, bool *got) {
+    MapGen *mg = (MapGen *)g;
+    if (!mg->is_started) {
+        mg->is_started = true;
+        if (!jv_truthy(mg->it.src)) return MN_OK;
+        int rc = map_prepare(c, mg);
+        if (rc) return rc;
+    }
+    Jv x;
+    int rc = jv_iter_next(c, &mg->it, &x, got);
+    if (rc || !*got) return rc;
+    if (mg->id < 0) {
+        rc = attr_get(c, x, mg->attribute, mg->has_def ? &mg->def : NULL, item);
     } else {
-        Jv name = a->pos[0];
-        if (!is_str(name)) return jv_fail(c, MN_EINVAL, "a filter name must be a string, not %s", jv_type_name(name));
-        id = jb_filter_find(name.as.s->data, name.as.s->len);
-        if (id == JB_UNKNOWN) return jv_fail(c, MN_EINVAL, "No filter named '%s'.", name.as.s->data);
-        if (id == JB_UNSUPPORTED) return jv_fail(c, MN_EUNSUPPORTED, "the filter '%s' is not supported", name.as.s->data);
-        fa = (JvArgs){a->pos + 1, a->n_pos - 1, a->kw_names, a->kw_vals, a->n_kw};
+        const JvArgs *a = &mg->args.args;
+        JvArgs fa = {a->pos + 1, a->n_pos - 1, a->kw_names, a->kw_vals, a->n_kw};
+        rc = jb_filter_apply(c, mg->id, x, &fa, item);
     }
-    Jv items;
-    if ((rc = jv_iterate(c, v, &items))) return rc;
-    for (size_t i = 0; rc == MN_OK && i < items.as.l->n; i++) {
-        Jv r;
-        if (by_attr) rc = attr_get(c, items.as.l->items[i], attribute, has_def ? &def : NULL, &r);
-        else rc = jb_filter_apply(c, id, items.as.l->items[i], &fa, &r);
-        if (rc == MN_OK) rc = jv_list_push(c, *out, r);
-    }
-    jv_release(items);
+    jv_release(x);
+    if (rc) *got = false;
     return rc;
+}
+
+static void map_free(JvGen *g) {
+    MapGen *mg = (MapGen *)g;
+    jv_iter_deinit(&mg->it);
+    args_free(g->ctx, &mg->args);
+}
+
+static const JvGenType MAP_GEN = {map_next, map_free};
+
+static int f_map(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
+    JvGen *g;
+    int rc = jv_gen_new(c, &MAP_GEN, sizeof(MapGen), v, out, &g);
+    if (rc) return rc;
+    MapGen *mg = (MapGen *)g;
+    jv_iter_init(&mg->it, v);
+    return args_copy(c, a, 0, &mg->args);
 }
 
 /* indent: s must be a str, as jinja2's `s += "\n"` needs. */
@@ -1646,6 +1782,7 @@ static int f_int(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     if (rc) return rc;
     int64_t base = 10;
     if (has[1] && (rc = want_int(c, p[1], NULL, &base))) return rc;
+    if (v.kind == JV_UNDEF) return fail_undefined(c, v); /* Undefined.__int__ raises */
     int64_t i = 0;
     double f;
     if (is_int(v)) {
@@ -1681,6 +1818,7 @@ static int f_float(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     bool has[1];
     int rc = jb_bind(c, "float", a, names, 1, p, has);
     if (rc) return rc;
+    if (v.kind == JV_UNDEF) return fail_undefined(c, v); /* Undefined.__float__ raises */
     double f;
     if (jv_is_number(v)) {
         *out = jv_float(jv_as_double(v));
@@ -1893,27 +2031,59 @@ static int f_dictsort(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     return rc;
 }
 
+/* jinja2's do_unique: the items whose key (attribute, lowered unless
+ * case_sensitive) was not seen before, as they are asked for. */
+typedef struct UniqueGen {
+    JvGen g;
+    JvIter it;
+    Jv seen; /* a dict of the keys */
+    Jv attribute;
+    bool case_sensitive;
+} UniqueGen;
+
+static int unique_next(JvCtx *c, JvGen *g, Jv *item, bool *got) {
+    UniqueGen *ug = (UniqueGen *)g;
+    for (;;) {
+        Jv x, key;
+        int rc = jv_iter_next(c, &ug->it, &x, got);
+        if (rc || !*got) return rc;
+        if ((rc = sort_key(c, x, ug->attribute, ug->case_sensitive, &key)) == MN_OK) {
+            bool fresh = jv_dict_get(ug->seen.as.d, key) == NULL;
+            if (fresh) rc = jv_dict_set(c, ug->seen, key, jv_none());
+            jv_release(key);
+            if (rc == MN_OK && fresh) {
+                *item = x;
+                return MN_OK;
+            }
+        }
+        jv_release(x);
+        *got = false;
+        if (rc) return rc;
+    }
+}
+
+static void unique_free(JvGen *g) {
+    UniqueGen *ug = (UniqueGen *)g;
+    jv_iter_deinit(&ug->it);
+    jv_release(ug->seen);
+    jv_release(ug->attribute);
+}
+
+static const JvGenType UNIQUE_GEN = {unique_next, unique_free};
+
 static int f_unique(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     static const char *const names[] = {"case_sensitive", "attribute"};
     Jv p[2];
     bool has[2];
     int rc = jb_bind(c, "unique", a, names, 2, p, has);
-    if (rc) return rc;
-    Jv items, seen;
-    if ((rc = jv_iterate(c, v, &items))) return rc;
-    if ((rc = jv_dict_new(c, &seen)) == MN_OK) rc = jv_list_new(c, JV_LIST_GEN, 0, out);
-    for (size_t i = 0; rc == MN_OK && i < items.as.l->n; i++) {
-        Jv key;
-        if ((rc = sort_key(c, items.as.l->items[i], has[1] ? p[1] : jv_none(), has[0] && jv_truthy(p[0]), &key))) break;
-        if (jv_dict_get(seen.as.d, key) == NULL) {
-            rc = jv_dict_set(c, seen, key, jv_none());
-            if (rc == MN_OK) rc = jv_list_push(c, *out, jv_retain(items.as.l->items[i]));
-        }
-        jv_release(key);
-    }
-    jv_release(seen);
-    jv_release(items);
-    return rc;
+    JvGen *g;
+    if (rc || (rc = jv_gen_new(c, &UNIQUE_GEN, sizeof(UniqueGen), v, out, &g))) return rc;
+    UniqueGen *ug = (UniqueGen *)g;
+    jv_iter_init(&ug->it, v);
+    ug->attribute = has[1] ? jv_retain(p[1]) : jv_none();
+    ug->case_sensitive = has[0] && jv_truthy(p[0]);
+    ug->seen = jv_undef();
+    return jv_dict_new(c, &ug->seen);
 }
 
 static int min_max(JvCtx *c, Jv v, const JvArgs *a, bool want_max, Jv *out) {
@@ -1959,15 +2129,12 @@ static int f_sum(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     bool has[2];
     int rc = jb_bind(c, "sum", a, names, 2, p, has);
     if (rc) return rc;
+    if (has[1] && p[1].kind == JV_STR) return jv_fail(c, MN_EINVAL, "sum() can't sum strings [use ''.join(seq) instead]");
     Jv items;
     if ((rc = jv_iterate(c, v, &items))) return rc;
     Jv acc = has[1] ? jv_retain(p[1]) : jv_int(0);
     for (size_t i = 0; rc == MN_OK && i < items.as.l->n; i++) {
         Jv item, next;
-        if (has[1] && acc.kind == JV_STR) {
-            rc = jv_fail(c, MN_EINVAL, "sum() can't sum strings [use ''.join(seq) instead]");
-            break;
-        }
         if ((rc = attr_get(c, items.as.l->items[i], has[0] ? p[0] : jv_none(), NULL, &item))) break;
         rc = jb_binop(c, JN_OP_ADD, acc, item, &next);
         jv_release(item);
@@ -1984,13 +2151,46 @@ static int f_sum(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     return MN_OK;
 }
 
+/* reversed(list): Python's list_reverseiterator, which reads the list
+ * where it stands each time (an index from the end, checked against the
+ * length now). */
+typedef struct ReverseGen {
+    JvGen g;
+    Jv list;
+    int64_t index;
+} ReverseGen;
+
+static int reverse_next(JvCtx *c, JvGen *g, Jv *item, bool *got) {
+    ReverseGen *rg = (ReverseGen *)g;
+    const JvList *l = rg->list.as.l;
+    *got = rg->index >= 0 && rg->index < (int64_t)l->n;
+    if (*got) *item = jv_retain(l->items[rg->index--]);
+    else rg->index = -1;
+    return MN_OK;
+}
+
+static void reverse_free(JvGen *g) { jv_release(((ReverseGen *)g)->list); }
+
+static const JvGenType REVERSE_GEN = {reverse_next, reverse_free};
+
 static int f_reverse(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     int rc = want_pos(c, "reverse", a, 0, 0);
     if (rc) return rc;
     if (v.kind == JV_STR) return jb_slice(c, v, jv_none(), jv_none(), jv_int(-1), out);
-    bool reversible = v.kind == JV_UNDEF || v.kind == JV_DICT || (v.kind == JV_LIST && v.as.l->tag != JV_LIST_GEN);
+    if (v.kind == JV_LIST && v.as.l->tag != JV_LIST_GEN) {
+        JvGen *g;
+        if ((rc = jv_gen_new(c, &REVERSE_GEN, sizeof(ReverseGen), v, out, &g))) return rc;
+        ReverseGen *rg = (ReverseGen *)g;
+        rg->list = jv_retain(v);
+        rg->index = (int64_t)v.as.l->n - 1;
+        return MN_OK;
+    }
+    /* reversed() of a dict or Undefined (a snapshot: they do not change);
+     * anything else is list()ed and reversed, or is not iterable at all */
+    bool reversible = v.kind == JV_UNDEF || v.kind == JV_DICT;
+    if (!reversible && v.kind != JV_LIST) return jv_fail(c, MN_EINVAL, "argument must be iterable");
     Jv items;
-    if ((rc = jv_iterate(c, v, &items))) return jv_fail(c, MN_EINVAL, "argument must be iterable");
+    if ((rc = jv_iterate(c, v, &items))) return rc;
     JvList *l = items.as.l;
     if ((rc = jv_list_new(c, reversible ? JV_LIST_GEN : JV_LIST_LIST, l->n, out)) == MN_OK)
         for (size_t i = l->n; rc == MN_OK && i-- > 0;) rc = jv_list_push(c, *out, jv_retain(l->items[i]));
@@ -2020,6 +2220,59 @@ static int f_attr(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     return rc;
 }
 
+/* jinja2's do_batch: lists of linecount items, the last filled with
+ * fill_with when given, as they are asked for. */
+typedef struct BatchGen {
+    JvGen g;
+    JvIter it;
+    int64_t n;
+    Jv tmp, fill;
+    bool has_fill;
+} BatchGen;
+
+static int batch_next(JvCtx *c, JvGen *g, Jv *item, bool *got) {
+    BatchGen *bg = (BatchGen *)g;
+    *got = false;
+    for (;;) {
+        Jv x;
+        bool more;
+        int rc = jv_iter_next(c, &bg->it, &x, &more);
+        if (rc) return rc;
+        if (!more) {
+            if (bg->tmp.kind != JV_LIST || bg->tmp.as.l->n == 0) return MN_OK;
+            if (bg->has_fill)
+                while (rc == MN_OK && (int64_t)bg->tmp.as.l->n < bg->n) rc = jv_list_push(c, bg->tmp, jv_retain(bg->fill));
+            if (rc) return rc;
+            *item = bg->tmp;
+            bg->tmp = jv_undef();
+            *got = true;
+            return MN_OK;
+        }
+        if (bg->tmp.kind != JV_LIST && (rc = jv_list_new(c, JV_LIST_LIST, 0, &bg->tmp))) {
+            jv_release(x);
+            return rc;
+        }
+        if ((int64_t)bg->tmp.as.l->n == bg->n) { /* full: hand it over, start the next */
+            *item = bg->tmp;
+            *got = true;
+            bg->tmp = jv_undef();
+            if ((rc = jv_list_new(c, JV_LIST_LIST, 0, &bg->tmp)) == MN_OK) rc = jv_list_push(c, bg->tmp, x);
+            else jv_release(x);
+            return rc;
+        }
+        if ((rc = jv_list_push(c, bg->tmp, x))) return rc;
+    }
+}
+
+static void batch_free(JvGen *g) {
+    BatchGen *bg = (BatchGen *)g;
+    jv_iter_deinit(&bg->it);
+    jv_release(bg->tmp);
+    jv_release(bg->fill);
+}
+
+static const JvGenType BATCH_GEN = {batch_next, batch_free};
+
 static int f_batch(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     static const char *const names[] = {"linecount", "fill_with"};
     Jv p[2];
@@ -2029,30 +2282,15 @@ static int f_batch(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     int64_t n = 0;
     if (!has[0]) return jv_fail(c, MN_EINVAL, "do_batch() missing required argument 'linecount'");
     if ((rc = want_int(c, p[0], NULL, &n))) return rc;
-    Jv items, tmp = jv_undef();
-    if ((rc = jv_iterate(c, v, &items))) return rc;
-    rc = jv_list_new(c, JV_LIST_GEN, 0, out);
-    if (rc == MN_OK) rc = jv_list_new(c, JV_LIST_LIST, 0, &tmp);
-    for (size_t i = 0; rc == MN_OK && i < items.as.l->n; i++) {
-        if ((int64_t)tmp.as.l->n == n) {
-            rc = jv_list_push(c, *out, tmp);
-            tmp = jv_undef();
-            if (rc == MN_OK) rc = jv_list_new(c, JV_LIST_LIST, 0, &tmp);
-            if (rc) break;
-        }
-        rc = jv_list_push(c, tmp, jv_retain(items.as.l->items[i]));
-    }
-    if (rc == MN_OK && tmp.as.l->n > 0) {
-        if (has[1] && p[1].kind != JV_NONE)
-            while (rc == MN_OK && (int64_t)tmp.as.l->n < n) rc = jv_list_push(c, tmp, jv_retain(p[1]));
-        if (rc == MN_OK) {
-            rc = jv_list_push(c, *out, tmp);
-            tmp = jv_undef();
-        }
-    }
-    jv_release(tmp);
-    jv_release(items);
-    return rc;
+    JvGen *g;
+    if ((rc = jv_gen_new(c, &BATCH_GEN, sizeof(BatchGen), v, out, &g))) return rc;
+    BatchGen *bg = (BatchGen *)g;
+    jv_iter_init(&bg->it, v);
+    bg->n = n;
+    bg->tmp = jv_undef();
+    bg->has_fill = has[1] && p[1].kind != JV_NONE;
+    bg->fill = bg->has_fill ? jv_retain(p[1]) : jv_undef();
+    return MN_OK;
 }
 
 static int f_format(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
@@ -2098,6 +2336,8 @@ static int f_wordcount(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     return MN_OK;
 }
 
+/* jinja2's do_truncate works on the value itself, not its str(): a list
+ * short enough comes back as it is. */
 static int f_truncate(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     static const char *const names[] = {"length", "killwords", "end", "leeway"};
     Jv p[4];
@@ -2108,39 +2348,44 @@ static int f_truncate(JvCtx *c, Jv v, const JvArgs *a, Jv *out) {
     if (has[0] && (rc = want_int(c, p[0], NULL, &length))) return rc;
     if (has[3] && p[3].kind != JV_NONE && (rc = want_int(c, p[3], NULL, &leeway))) return rc;
     Jv end;
-    if (has[2]) {
-        if (!is_str(p[2])) return jv_fail(c, MN_EINVAL, "truncate's end must be a string");
-        end = jv_retain(p[2]);
-    } else if ((rc = jv_str_new(c, "...", 3, false, &end))) {
-        return rc;
+    if (has[2]) end = jv_retain(p[2]);
+    else if ((rc = jv_str_new(c, "...", 3, false, &end))) return rc;
+    size_t end_len = 0, n = 0;
+    Jv cut = jv_undef(), rest = jv_undef();
+    if ((rc = jv_len(c, end, &end_len))) goto done;
+    if (length < (int64_t)end_len) {
+        rc = jv_fail(c, MN_EINVAL, "expected length >= %zu, got %lld", end_len, (long long)length);
+        goto done;
     }
-    int64_t end_len = (int64_t)end.as.s->n_chars;
-    Jv s;
-    if (length < end_len) rc = jv_fail(c, MN_EINVAL, "expected length >= %lld, got %lld", (long long)end_len, (long long)length);
-    else if (leeway < 0) rc = jv_fail(c, MN_EINVAL, "expected leeway >= 0, got %lld", (long long)leeway);
-    if (rc || (rc = soft_str(c, v, &s))) {
-        jv_release(end);
-        return rc;
+    if (leeway < 0) {
+        rc = jv_fail(c, MN_EINVAL, "expected leeway >= 0, got %lld", (long long)leeway);
+        goto done;
     }
-    if ((int64_t)s.as.s->n_chars <= length + leeway) {
-        *out = s;
-        jv_release(end);
-        return MN_OK;
+    if ((rc = jv_len(c, v, &n))) goto done;
+    if ((int64_t)n <= length + leeway) {
+        *out = jv_retain(v);
+        goto done;
     }
-    size_t cut = jv_str_offset(s.as.s, (size_t)(length - end_len));
-    if (!(has[1] && jv_truthy(p[1]))) {
-        /* s[:cut].rsplit(" ", 1)[0] */
-        size_t sp = cut;
-        while (sp > 0 && s.as.s->data[sp - 1] != ' ') sp--;
-        if (sp > 0) cut = sp - 1;
+    if ((rc = jb_slice(c, v, jv_none(), jv_int(length - (int64_t)end_len), jv_none(), &cut))) goto done;
+    if (!(has[1] && jv_truthy(p[1]))) { /* s[:n].rsplit(" ", 1)[0] */
+        if (cut.kind != JV_STR) {
+            rc = jv_fail(c, MN_EINVAL, "'%s' object has no attribute 'rsplit'", jv_type_name(cut));
+            goto done;
+        }
+        size_t sp = cut.as.s->len;
+        while (sp > 0 && cut.as.s->data[sp - 1] != ' ') sp--;
+        if (sp > 0) {
+            if ((rc = jv_str_new(c, cut.as.s->data, sp - 1, cut.as.s->is_safe, &rest))) goto done;
+            jv_release(cut);
+            cut = rest;
+            rest = jv_undef();
+        }
     }
-    JvBuf b;
-    jv_buf_init(&b, c);
-    rc = jv_buf_put(&b, s.as.s->data, cut);
-    if (rc == MN_OK) rc = jv_buf_put(&b, end.as.s->data, end.as.s->len);
-    jv_release(s);
+    rc = jb_binop(c, JN_OP_ADD, cut, end, out);
+done:
+    jv_release(cut);
     jv_release(end);
-    return jv_buf_finish(&b, rc, false, out);
+    return rc;
 }
 
 /* transformers' tojson: json.dumps(x, ensure_ascii=False, indent=None,

@@ -851,7 +851,7 @@ typedef struct Spec {
 
 static int parse_spec(JvCtx *c, const char *s, size_t n, Spec *sp) {
     *sp = (Spec){.fill = ' ', .width = -1, .prec = -1};
-    size_t i = 0, len;
+    size_t i = 0, len = 0;
     uint32_t first = n ? js_decode(s, n, 0, &len) : 0;
     if (n > len && strchr("<>=^", s[len])) {
         sp->fill = first;

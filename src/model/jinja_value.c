@@ -150,6 +150,10 @@ static void free_object(JvHead *h) {
         JvList *l = (JvList *)h;
         for (size_t i = 0; i < l->n; i++) jv_release(l->items[i]);
         jv_mem_free(c, l->items, l->cap * sizeof(Jv));
+        if (l->gen) {
+            l->gen->type->free_fn(l->gen);
+            jv_mem_free(c, l->gen, l->gen->bytes);
+        }
         break;
     }
     case JV_NS: {
@@ -158,7 +162,7 @@ static void free_object(JvHead *h) {
         else c->namespaces = d->ns_next;
         if (d->ns_next) d->ns_next->ns_prev = d->ns_prev;
     }
-        /* fall through */
+        __attribute__((fallthrough)); /* then freed as a dict */
     case JV_DICT: {
         JvDict *d = (JvDict *)h;
         for (size_t i = 0; i < d->n; i++) {
@@ -322,6 +326,97 @@ int jv_list_push(JvCtx *c, Jv list, Jv v) {
     }
     l->items[l->n++] = v;
     if (d > l->depth) l->depth = d;
+    return MN_OK;
+}
+
+/* ---- generators and iterators ------------------------------------------------------------------ */
+
+static uint32_t gen_depth(Jv v) {
+    return v.kind == JV_LIST && v.as.l->tag == JV_LIST_GEN && v.as.l->gen ? v.as.l->gen->depth : 0;
+}
+
+int jv_gen_new(JvCtx *c, const JvGenType *t, size_t size, Jv source, Jv *out, JvGen **g) {
+    *g = NULL;
+    uint32_t depth = gen_depth(source) + 1;
+    if (depth > JV_MAX_DEPTH) {
+        *out = jv_undef();
+        return jv_fail(c, MN_ERANGE, "generators are chained more than %d deep", JV_MAX_DEPTH);
+    }
+    int rc = jv_list_new(c, JV_LIST_GEN, 0, out);
+    if (rc) return rc;
+    JvGen *gen = jv_mem_alloc(c, size);
+    if (gen == NULL) {
+        jv_release(*out);
+        *out = jv_undef();
+        return c->err_code;
+    }
+    memset(gen, 0, size);
+    gen->type = t;
+    gen->ctx = c;
+    gen->bytes = size;
+    gen->depth = depth;
+    out->as.l->gen = gen;
+    *g = gen;
+    return MN_OK;
+}
+
+int jv_gen_next(JvCtx *c, Jv gen, Jv *item, bool *got) {
+    JvList *l = gen.as.l;
+    *got = false;
+    *item = jv_undef();
+    if (l->cursor < l->n) {
+        *item = jv_retain(l->items[l->cursor++]);
+        *got = true;
+        return MN_OK;
+    }
+    if (l->gen == NULL) return MN_OK;
+    int rc = jv_charge(c, 1);
+    if (rc == MN_OK) rc = l->gen->type->next_fn(c, l->gen, item, got);
+    if (rc || !*got) { /* ended or failed: exhausted for good */
+        JvGen *g = l->gen;
+        l->gen = NULL;
+        g->type->free_fn(g);
+        jv_mem_free(c, g, g->bytes);
+        if (rc) {
+            jv_release(*item);
+            *item = jv_undef();
+            *got = false;
+        }
+    }
+    return rc;
+}
+
+void jv_iter_init(JvIter *it, Jv v) {
+    it->src = jv_retain(v);
+    it->list = jv_undef();
+    it->pos = 0;
+    it->is_started = false;
+}
+
+void jv_iter_deinit(JvIter *it) {
+    jv_release(it->src);
+    jv_release(it->list);
+    it->src = it->list = jv_undef();
+}
+
+int jv_iter_next(JvCtx *c, JvIter *it, Jv *item, bool *got) {
+    *got = false;
+    *item = jv_undef();
+    Jv src = it->src;
+    if (!it->is_started) {
+        it->is_started = true;
+        if (src.kind == JV_DICT || src.kind == JV_STR) {
+            int rc = jv_iterate(c, src, &it->list);
+            if (rc) return rc;
+        } else if (src.kind != JV_LIST && src.kind != JV_UNDEF) {
+            return jv_fail(c, MN_EINVAL, "'%s' object is not iterable", jv_type_name(src));
+        }
+    }
+    if (src.kind == JV_LIST && src.as.l->tag == JV_LIST_GEN) return jv_gen_next(c, src, item, got);
+    const JvList *l = it->list.kind == JV_LIST ? it->list.as.l : src.kind == JV_LIST ? src.as.l : NULL;
+    if (l == NULL || it->pos >= l->n) return MN_OK;
+    *item = jv_retain(l->items[it->pos++]);
+    *got = true;
     return MN_OK;
 }
 
@@ -984,10 +1079,12 @@ static int iterate_impl(JvCtx *c, Jv v, Jv *out) {
             return MN_OK;
         }
         if ((rc = jv_list_new(c, JV_LIST_LIST, l->n - l->cursor, out))) return rc;
-        for (size_t i = l->cursor; i < l->n; i++)
-            if ((rc = jv_list_push(c, *out, jv_retain(l->items[i])))) return rc;
-        l->cursor = l->n;
-        return MN_OK;
+        for (;;) {
+            Jv item;
+            bool got;
+            if ((rc = jv_gen_next(c, v, &item, &got)) || !got) return rc;
+            if ((rc = jv_list_push(c, *out, item))) return rc;
+        }
     }
     case JV_DICT: {
         const JvDict *d = v.as.d;
@@ -1026,16 +1123,24 @@ int jv_contains(JvCtx *c, Jv container, Jv x, bool *out) {
         return jv_charge(c, container.as.s->len / 16);
     case JV_LIST: {
         JvList *l = container.as.l;
-        size_t from = l->tag == JV_LIST_GEN ? l->cursor : 0;
-        for (size_t i = from; i < l->n; i++) {
-            if (jv_eq(l->items[i], x)) {
-                *out = true;
-                if (l->tag == JV_LIST_GEN) l->cursor = i + 1;
-                return jv_charge(c, (i - from) / 8);
+        if (l->tag == JV_LIST_GEN) { /* consumed up to the match, as Python does */
+            for (;;) {
+                Jv item;
+                bool got;
+                int rc = jv_gen_next(c, container, &item, &got);
+                if (rc || !got) return rc;
+                *out = jv_eq(item, x);
+                jv_release(item);
+                if (*out) return MN_OK;
             }
         }
-        if (l->tag == JV_LIST_GEN) l->cursor = l->n;
-        return jv_charge(c, (l->n - from) / 8);
+        for (size_t i = 0; i < l->n; i++) {
+            if (jv_eq(l->items[i], x)) {
+                *out = true;
+                return jv_charge(c, i / 8);
+            }
+        }
+        return jv_charge(c, l->n / 8);
     }
     case JV_DICT:
         if (!key_hashable(x)) return jv_fail(c, MN_EINVAL, "unhashable type: '%s'", jv_type_name(x));

@@ -90,7 +90,7 @@ typedef struct Jv {
 typedef enum JvListTag {
     JV_LIST_LIST,
     JV_LIST_TUPLE,
-    JV_LIST_GEN,        /* a generator: iterating consumes it (cursor) */
+    JV_LIST_GEN,        /* a generator: items buffered before cursor, then its JvGen's */
     JV_LIST_ITEMS,      /* dict.items() */
     JV_LIST_KEYS,       /* dict.keys() */
     JV_LIST_VALUES,     /* dict.values() */
@@ -105,6 +105,7 @@ typedef struct JvList {
     size_t cursor;   /* JV_LIST_GEN: items before it were consumed */
     int64_t range[3]; /* JV_LIST_RANGE: start, stop, step (for repr) */
     Jv *items;
+    struct JvGen *gen; /* JV_LIST_GEN: the producer of the items after the buffered ones, or NULL */
 } JvList;
 
 typedef struct JvEntry {
@@ -154,6 +155,57 @@ struct JvObj {
     JvHead h;
     const JvObjType *type;
 };
+
+/* ---- generators ----------------------------------------------------------------
+ *
+ * Python's generators are lazy: jinja2's select, map, unique, batch and
+ * reversed() yield items only when the consumer asks, so a test or filter
+ * that would fail on a later item fails only if that item is reached, and
+ * a generator nobody consumes does nothing. A JV_LIST_GEN list may carry a
+ * JvGen that produces its items one at a time (jv_gen_next); once it ends
+ * or fails it is gone, and the generator is exhausted, as in Python. A
+ * generator pulling from another counts its depth, bounded by
+ * JV_MAX_DEPTH, so pulling through a chain cannot exhaust the stack. */
+
+typedef struct JvGen JvGen;
+
+typedef struct JvGenType {
+    /* The next item (a new reference) with *got true, or *got false at the
+     * end; an error also ends the generator. */
+    int (*next_fn)(JvCtx *c, JvGen *g, Jv *item, bool *got);
+    void (*free_fn)(JvGen *g); /* release what it holds (not g) */
+} JvGenType;
+
+struct JvGen {
+    const JvGenType *type;
+    JvCtx *ctx;
+    size_t bytes;
+    uint32_t depth; /* 1 + the depth of the generator it pulls from */
+    /* the type's state follows */
+};
+
+/* A new generator list whose items come from a JvGen of size bytes
+ * (zeroed, type set; the list owns it), pulling from source (its depth
+ * counts). *g points at it for the caller to fill. */
+int jv_gen_new(JvCtx *c, const JvGenType *t, size_t size, Jv source, Jv *out, JvGen **g);
+/* The next item of generator list gen: MN_OK with *got and *item. */
+int jv_gen_next(JvCtx *c, Jv gen, Jv *item, bool *got);
+
+/* Python's iter(v), one item at a time: a list is read where it stands
+ * (its length now), a generator is pulled, a dict or str walks a snapshot
+ * (they do not change), undefined is empty. Like a Python generator's
+ * "for item in value", a value that is not iterable fails at the first
+ * next, not before. */
+typedef struct JvIter {
+    Jv src;    /* retained */
+    Jv list;   /* the snapshot walked, when src is a dict or str */
+    size_t pos;
+    bool is_started;
+} JvIter;
+
+void jv_iter_init(JvIter *it, Jv v);
+int jv_iter_next(JvCtx *c, JvIter *it, Jv *item, bool *got);
+void jv_iter_deinit(JvIter *it);
 
 /* ---- the per-render context ---------------------------------------------- */
 
