@@ -540,7 +540,6 @@ static const JvObjType LOOP_TYPE = {
 
 /* ---- expressions ------------------------------------------------------------------------------------ */
 
-static int eval(Render *r, const JnNode *nd, Scope *s, Jv *out);
 static int exec_block(Render *r, const JnBlock *b, Scope *s);
 
 /* Keyword names of one call: a small array in place, or counted memory. */
@@ -840,103 +839,132 @@ static int eval(Render *r, const JnNode *nd, Scope *s, Jv *out) {
 
 static int run_captured(Render *r, const JnBlock *b, Scope *s, Jv *out);
 
-/* jinja2's Macro.__call__: positional arguments first, then keywords for
- * the remaining parameters; caller, varargs and kwargs only for macros
- * whose body uses them; missing parameters take their default (evaluated
- * in the macro's scope) or are undefined. */
-static int macro_call(JvCtx *c, JvObj *o, const JvArgs *a, Jv *out) {
-    Render *r = render_of(c);
-    MacroObj *m = (MacroObj *)o;
-    const JnNode *nd = m->node;
-    const char *name = macro_name(m);
-    size_t n = nd->args.n_kw;
-    *out = jv_undef();
-    if (r->call_depth >= r->lim->max_call_depth)
-        return jv_fail(c, MN_ERANGE, "macro calls nest deeper than %d", r->lim->max_call_depth);
-    bool *used = jv_mem_alloc(c, a->n_kw + 1);
-    Scope *ms = scope_new(r, m->closure);
-    if (used == NULL || ms == NULL) {
-        jv_mem_free(c, used, used ? a->n_kw + 1 : 0);
-        scope_free(r, ms);
-        return c->err_code;
-    }
-    memset(used, 0, a->n_kw + 1);
+/* A macro call's arguments being bound: which keywords were taken and
+ * which parameters were given. */
+typedef struct Binding {
+    bool *kw_used; /* one per keyword argument */
+    bool *given;   /* one per parameter */
+} Binding;
+
+/* Positional arguments, then keywords for the parameters left (jinja2's
+ * Macro.__call__); *found_caller when a parameter is named caller. */
+static int bind_params(Render *r, const JnNode *nd, const JvArgs *a, Scope *ms, Binding *b, bool *found_caller) {
+    size_t n = nd->args.n_kw, n_given = a->n_pos < n ? a->n_pos : n;
     int rc = MN_OK;
-    size_t n_given = a->n_pos < n ? a->n_pos : n;
-    bool found_caller = false;
-    for (size_t i = 0; rc == MN_OK && i < n_given; i++) rc = scope_set(r, ms, nd->args.kw_names[i], jv_retain(a->pos[i]));
-    bool *given = jv_mem_alloc(c, n + 1);
-    if (given == NULL) rc = c->err_code;
-    else memset(given, 0, n + 1);
-    for (size_t i = 0; rc == MN_OK && i < n_given; i++) given[i] = true;
-    if (rc == MN_OK && n_given != n) {
-        for (size_t i = n_given; rc == MN_OK && i < n; i++) {
-            if (strcmp(nd->args.kw_names[i], "caller") == 0) found_caller = true;
-            for (size_t k = 0; k < a->n_kw; k++) {
-                if (used[k] || strcmp(a->kw_names[k], nd->args.kw_names[i]) != 0) continue;
-                used[k] = true;
-                given[i] = true;
-                rc = scope_set(r, ms, nd->args.kw_names[i], jv_retain(a->kw_vals[k]));
-                break;
-            }
-        }
-    } else {
-        for (size_t i = 0; i < n; i++) found_caller |= strcmp(nd->args.kw_names[i], "caller") == 0;
+    *found_caller = false;
+    for (size_t i = 0; rc == MN_OK && i < n_given; i++) {
+        b->given[i] = true;
+        rc = scope_set(r, ms, nd->args.kw_names[i], jv_retain(a->pos[i]));
     }
-    if (rc == MN_OK && nd->uses_caller && !found_caller) {
+    if (n_given == n) { /* all taken by position: the keywords are extra */
+        for (size_t i = 0; i < n; i++) *found_caller |= strcmp(nd->args.kw_names[i], "caller") == 0;
+        return rc;
+    }
+    for (size_t i = n_given; rc == MN_OK && i < n; i++) {
+        if (strcmp(nd->args.kw_names[i], "caller") == 0) *found_caller = true;
+        for (size_t k = 0; k < a->n_kw; k++) {
+            if (b->kw_used[k] || strcmp(a->kw_names[k], nd->args.kw_names[i]) != 0) continue;
+            b->kw_used[k] = b->given[i] = true;
+            rc = scope_set(r, ms, nd->args.kw_names[i], jv_retain(a->kw_vals[k]));
+            break;
+        }
+    }
+    return rc;
+}
+
+/* caller, kwargs and varargs for a macro whose body uses them; extra
+ * arguments anywhere else are errors, with jinja2's messages. */
+static int bind_specials(Render *r, const JnNode *nd, const char *name, const JvArgs *a, Scope *ms, Binding *b,
+                         bool found_caller) {
+    JvCtx *c = &r->c;
+    size_t n = nd->args.n_kw;
+    int rc = MN_OK;
+    if (nd->uses_caller && !found_caller) {
         Jv caller = jv_undef();
         bool have = false;
-        for (size_t k = 0; k < a->n_kw; k++)
-            if (!used[k] && strcmp(a->kw_names[k], "caller") == 0) {
-                used[k] = true;
+        for (size_t k = 0; k < a->n_kw && !have; k++)
+            if (!b->kw_used[k] && strcmp(a->kw_names[k], "caller") == 0) {
+                b->kw_used[k] = have = true;
                 caller = jv_retain(a->kw_vals[k]);
-                have = true;
-                break;
             }
         if (!have) caller = jv_undef_msg(c, false, "No caller defined");
-        rc = scope_set(r, ms, "caller", caller);
+        if ((rc = scope_set(r, ms, "caller", caller))) return rc;
     }
-    if (rc == MN_OK && nd->uses_kwargs) {
+    if (nd->uses_kwargs) {
         Jv kw;
         rc = jv_dict_new(c, &kw);
         for (size_t k = 0; rc == MN_OK && k < a->n_kw; k++) {
-            if (used[k]) continue;
+            if (b->kw_used[k]) continue;
             Jv key;
             if ((rc = jv_str_cstr(c, a->kw_names[k], &key))) break;
             rc = jv_dict_set(c, kw, key, jv_retain(a->kw_vals[k]));
             jv_release(key);
         }
-        if (rc == MN_OK) rc = scope_set(r, ms, "kwargs", kw);
-        else jv_release(kw);
-    } else if (rc == MN_OK) {
+        if (rc) {
+            jv_release(kw);
+            return rc;
+        }
+        if ((rc = scope_set(r, ms, "kwargs", kw))) return rc; /* kw is released by it */
+    } else {
         for (size_t k = 0; k < a->n_kw; k++) {
-            if (used[k]) continue;
+            if (b->kw_used[k]) continue;
             if (strcmp(a->kw_names[k], "caller") == 0)
-                rc = jv_fail(c, MN_EINVAL, "macro '%s' was invoked with two values for the special caller argument. "
-                             "This is most likely a bug.", name);
-            else
-                rc = jv_fail(c, MN_EINVAL, "macro '%s' takes no keyword argument '%s'", name, a->kw_names[k]);
-            break;
+                return jv_fail(c, MN_EINVAL, "macro '%s' was invoked with two values for the special caller "
+                               "argument. This is most likely a bug.", name);
+            return jv_fail(c, MN_EINVAL, "macro '%s' takes no keyword argument '%s'", name, a->kw_names[k]);
         }
     }
-    if (rc == MN_OK && nd->uses_varargs) {
-        Jv va;
-        rc = jv_list_new(c, JV_LIST_TUPLE, 0, &va);
-        for (size_t i = n; rc == MN_OK && i < a->n_pos; i++) rc = jv_list_push(c, va, jv_retain(a->pos[i]));
-        if (rc == MN_OK) rc = scope_set(r, ms, "varargs", va);
-        else jv_release(va);
-    } else if (rc == MN_OK && a->n_pos > n) {
-        rc = jv_fail(c, MN_EINVAL, "macro '%s' takes not more than %zu argument(s)", name, n);
+    if (!nd->uses_varargs) {
+        if (a->n_pos > n) return jv_fail(c, MN_EINVAL, "macro '%s' takes not more than %zu argument(s)", name, n);
+        return MN_OK;
     }
-    for (size_t i = 0; rc == MN_OK && i < n; i++) {
-        if (given[i]) continue;
+    Jv va;
+    rc = jv_list_new(c, JV_LIST_TUPLE, 0, &va);
+    for (size_t i = n; rc == MN_OK && i < a->n_pos; i++) rc = jv_list_push(c, va, jv_retain(a->pos[i]));
+    if (rc) {
+        jv_release(va);
+        return rc;
+    }
+    return scope_set(r, ms, "varargs", va);
+}
+
+/* Parameters not given: their default, evaluated in the macro's scope
+ * (where the ones before are bound), or an undefined. */
+static int bind_defaults(Render *r, const JnNode *nd, Scope *ms, const Binding *b) {
+    int rc = MN_OK;
+    for (size_t i = 0; rc == MN_OK && i < nd->args.n_kw; i++) {
+        if (b->given[i]) continue;
         Jv v;
         if (nd->args.kw_vals[i]) rc = eval(r, nd->args.kw_vals[i], ms, &v);
-        else v = jv_undef_msg(c, false, "parameter '%s' was not provided", nd->args.kw_names[i]);
+        else v = jv_undef_msg(&r->c, false, "parameter '%s' was not provided", nd->args.kw_names[i]);
         if (rc == MN_OK) rc = scope_set(r, ms, nd->args.kw_names[i], v);
     }
-    jv_mem_free(c, given, given ? n + 1 : 0);
-    jv_mem_free(c, used, a->n_kw + 1);
+    return rc;
+}
+
+/* A macro or caller() call: bind the arguments in a child of the macro's
+ * scope, run the body, return its output as a str. */
+static int macro_call(JvCtx *c, JvObj *o, const JvArgs *a, Jv *out) {
+    Render *r = render_of(c);
+    MacroObj *m = (MacroObj *)o;
+    const JnNode *nd = m->node;
+    size_t n = nd->args.n_kw;
+    *out = jv_undef();
+    if (r->call_depth >= r->lim->max_call_depth)
+        return jv_fail(c, MN_ERANGE, "macro calls nest deeper than %d", r->lim->max_call_depth);
+    Binding b = {jv_mem_alloc(c, a->n_kw + 1), jv_mem_alloc(c, n + 1)};
+    Scope *ms = scope_new(r, m->closure);
+    int rc = b.kw_used && b.given && ms ? MN_OK : c->err_code;
+    bool found_caller = false;
+    if (rc == MN_OK) {
+        memset(b.kw_used, 0, a->n_kw + 1);
+        memset(b.given, 0, n + 1);
+        rc = bind_params(r, nd, a, ms, &b, &found_caller);
+    }
+    if (rc == MN_OK) rc = bind_specials(r, nd, macro_name(m), a, ms, &b, found_caller);
+    if (rc == MN_OK) rc = bind_defaults(r, nd, ms, &b);
+    jv_mem_free(c, b.kw_used, a->n_kw + 1);
+    jv_mem_free(c, b.given, n + 1);
     if (rc == MN_OK) {
         r->call_depth++;
         rc = run_captured(r, &nd->blocks[0], ms, out);

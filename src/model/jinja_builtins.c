@@ -2776,14 +2776,13 @@ static int g_strftime_now(JvCtx *c, GlobalObj *self, const JvArgs *a, Jv *out) {
     fmt[k] = '\0';
     struct tm tm = {.tm_year = c->year - 1900, .tm_mon = c->month - 1, .tm_mday = c->day,
                     .tm_hour = c->hour, .tm_min = c->minute, .tm_sec = c->second};
-    time_t t = timegm(&tm); /* fills tm_wday and tm_yday */
-    (void)t;
+    timegm(&tm); /* fills in tm_wday and tm_yday (UTC: no daylight saving shifts the day) */
+    /* 256 format bytes expand to less than this in the "C" locale */
     char buf[4096];
     locale_t loc = newlocale(LC_ALL_MASK, "C", (locale_t)0);
     if (loc == (locale_t)0) return jv_fail(c, MN_ENOMEM, "out of memory");
     size_t n = k == 0 ? 0 : strftime_l(buf, sizeof buf, fmt, &tm, loc);
     freelocale(loc);
-    if (k > 0 && n == 0 && fmt[0] != '\0') buf[0] = '\0';
     return jv_str_new(c, buf, n, false, out);
 }
 

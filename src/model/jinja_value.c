@@ -526,8 +526,6 @@ const Jv *jv_dict_get_str(const JvDict *d, const char *key, size_t len) {
         }
         return NULL;
     }
-    JvStr tmp_head;
-    (void)tmp_head;
     size_t p = hash_bytes(key, len) & (d->index_cap - 1);
     while (d->index[p] != 0) {
         size_t i = d->index[p] - 1;
