@@ -418,6 +418,30 @@ static void test_apply_template_gguf(void **state) {
     const char *a3[] = {"-m", model, "--chat-template-file", r.tmpl};
     run_apply(&r, "{}", a3, 4);
     assert_string_equal(r.stdout_text, "[<|start|>]");
+    /* a GGUF whose tensor type mnemo cannot load still gives its template:
+     * a q4_K tensor (the f32 one written, then its type patched) */
+    w = gguf_writer_new();
+    assert_int_equal(gguf_writer_add_str(w, "general.architecture", "llama"), MN_OK);
+    assert_int_equal(gguf_writer_add_str(w, "tokenizer.chat_template", "[{{ messages[0].content }}]"), MN_OK);
+    static const float zeros[256] = {0};
+    const uint64_t ne[1] = {256};
+    assert_int_equal(gguf_writer_add_tensor(w, "t.weight", 0, 1, ne, zeros, sizeof zeros), MN_OK);
+    assert_int_equal(gguf_writer_write(w, model, &err), MN_OK);
+    gguf_writer_free(w);
+    size_t n_bytes = 0;
+    char *image = test_read_file(model, &n_bytes);
+    assert_non_null(image);
+    char *name = memmem(image, n_bytes, "t.weight", 8);
+    assert_non_null(name);
+    uint32_t q4_k = 12; /* after the name: n_dims (u32), ne[0] (u64), then the type (u32) */
+    memcpy(name + 8 + 4 + 8, &q4_k, 4);
+    write_file(model, image, n_bytes);
+    free(image);
+    Gguf *full;
+    assert_int_equal(gguf_open(model, &full, &err), MN_EUNSUPPORTED);
+    run_apply(&r, "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}]}", a1, 2);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.stdout_text, "[q]");
     /* a GGUF without a template */
     w = gguf_writer_new();
     assert_int_equal(gguf_writer_add_str(w, "general.architecture", "llama"), MN_OK);

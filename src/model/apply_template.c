@@ -181,7 +181,11 @@ int apply_template_main(int argc, char **argv) {
     }
     status = 1;
     if (model) {
-        if (gguf_open(model, &g, &err) || apply_template_gguf_texts(g, &tmpl, &bos, &eos, &err)) {
+        if (gguf_open_metadata(model, &g, &err)) { /* the message names the file */
+            fprintf(stderr, "mnemo apply-template: %s\n", err.msg);
+            goto done;
+        }
+        if (apply_template_gguf_texts(g, &tmpl, &bos, &eos, &err)) {
             fprintf(stderr, "mnemo apply-template: %s: %s\n", model, err.msg);
             goto done;
         }
