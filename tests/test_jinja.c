@@ -374,7 +374,11 @@ static void test_apply_template_options(void **state) {
     const char *bad_date[] = {"--chat-template-file", r.tmpl, "--template-date", "2026-02-30"};
     expect_apply_fails(&r, "{}", bad_date, 4, 2, "calendar date");
     const char *no_tmpl[] = {"--var", "a=1"};
-    expect_apply_fails(&r, "{}", no_tmpl, 2, 2, "needs --chat-template-file");
+    expect_apply_fails(&r, "{}", no_tmpl, 2, 2, "needs a template: --chat-template-file FILE or -m MODEL");
+    const char *extra_arg[] = {"--chat-template-file", r.tmpl, "stray"};
+    expect_apply_fails(&r, "{}", extra_arg, 3, 2, "takes no arguments ('stray')");
+    const char *bad_opt[] = {"--chat-template-fil", r.tmpl};
+    expect_apply_fails(&r, "{}", bad_opt, 2, 2, "mnemo apply-template:");
     const char *bad_var[] = {"--chat-template-file", r.tmpl, "--var", "x={nope"};
     expect_apply_fails(&r, "{}", bad_var, 4, 2, "--var x");
     const char *ok_args[] = {"--chat-template-file", r.tmpl};

@@ -161,14 +161,17 @@ int apply_template_main(int argc, char **argv) {
     json_t *req = NULL, *jvars = NULL;
     JinjaTemplate *t = NULL;
     JinjaDate date;
+    /* bad options: one line naming what is wrong, as the other commands do */
     if (rc) {
-        fprintf(stderr, "mnemo apply-template: %s\n", err.msg);
-        cli_usage(stderr, synopsis, opts, n_opts);
+        cli_error(stderr, synopsis, err.msg);
         goto done;
     }
-    if (n_pos > 0 || (file == NULL && model == NULL)) {
-        fprintf(stderr, "mnemo apply-template: needs --chat-template-file FILE or -m MODEL\n");
-        cli_usage(stderr, synopsis, opts, n_opts);
+    if (file == NULL && model == NULL) {
+        fprintf(stderr, "mnemo apply-template: needs a template: --chat-template-file FILE or -m MODEL\n");
+        goto done;
+    }
+    if (n_pos > 0) {
+        fprintf(stderr, "mnemo apply-template: takes no arguments ('%s'): the request comes on stdin\n", pos[0]);
         goto done;
     }
     if (date_opt) {
