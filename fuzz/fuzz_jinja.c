@@ -3,7 +3,10 @@
  * The input is a template. It is parsed and, when it parses, rendered with
  * a conversation of the kind chat templates see (system/user/assistant
  * messages, list contents, a tool call with arguments, a tool result,
- * tools), under small limits so that every input finishes quickly. The
+ * tools), under small limits so that every input finishes quickly. When
+ * the input's first line is a JSON object, its members are variables too
+ * (replacing those of the same name) and the template is the rest: the
+ * variables are as untrusted as the template. The
  * renderer must never crash, leak, or read out of bounds (ASan, UBSan),
  * and must keep its contract: a failure carries a message, a success a
  * NUL-terminated text and no error. Seeds: fuzz/corpus/jinja; `make fuzz`
@@ -46,7 +49,26 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
+/* The variables for this input: the standard ones, with the members of a
+ * JSON object on the input's first line over them (*tmpl then starts
+ * after that line). A new reference. */
+static json_t *input_vars(const uint8_t **tmpl, size_t *size) {
+    const uint8_t *nl = *size > 1 && (*tmpl)[0] == '{' ? memchr(*tmpl, '\n', *size) : NULL;
+    json_t *over = nl ? json_loadb((const char *)*tmpl, (size_t)(nl - *tmpl), JSON_ALLOW_NUL, NULL) : NULL;
+    if (!json_is_object(over)) {
+        json_decref(over);
+        return json_incref(fuzz_vars);
+    }
+    json_t *vars = json_copy(fuzz_vars);
+    if (vars == NULL || json_object_update(vars, over) != 0) abort();
+    json_decref(over);
+    *size -= (size_t)(nl + 1 - *tmpl);
+    *tmpl = nl + 1;
+    return vars;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    json_t *vars = input_vars(&data, &size);
     JinjaLimits lim;
     jinja_limits_default(&lim);
     lim.max_source_bytes = 64u << 10;
@@ -59,13 +81,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int rc = jinja_parse((const char *)data, size, &lim, &t, &err);
     if (rc != MN_OK) {
         if (t != NULL || err.msg[0] == '\0' || err.code != rc) abort();
+        json_decref(vars);
         return 0;
     }
     static const JinjaDate date = {2026, 1, 15, 0, 0, 0};
     char *out = NULL;
     size_t len = 0;
     err = (MnErr){0};
-    rc = jinja_render(t, fuzz_vars, &date, &lim, &out, &len, &err);
+    rc = jinja_render(t, vars, &date, &lim, &out, &len, &err);
     if (rc == MN_OK) {
         if (out == NULL || out[len] != '\0' || len > lim.max_output_bytes) abort();
     } else if (out != NULL || err.msg[0] == '\0' || err.code != rc) {
@@ -73,5 +96,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     mn_free(out);
     jinja_free(t);
+    json_decref(vars);
     return 0;
 }
