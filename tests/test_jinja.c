@@ -423,7 +423,7 @@ static void test_apply_template_gguf(void **state) {
     run_apply(&r, "{}", a3, 4);
     assert_string_equal(r.stdout_text, "[<|start|>]");
     /* a GGUF whose tensor type mnemo cannot load still gives its template:
-     * a q4_K tensor (the f32 one written, then its type patched) */
+     * an iq2_xxs tensor (the f32 one written, then its type patched) */
     w = gguf_writer_new();
     assert_int_equal(gguf_writer_add_str(w, "general.architecture", "llama"), MN_OK);
     assert_int_equal(gguf_writer_add_str(w, "tokenizer.chat_template", "[{{ messages[0].content }}]"), MN_OK);
@@ -437,8 +437,8 @@ static void test_apply_template_gguf(void **state) {
     assert_non_null(image);
     char *name = memmem(image, n_bytes, "t.weight", 8);
     assert_non_null(name);
-    uint32_t q4_k = 12; /* after the name: n_dims (u32), ne[0] (u64), then the type (u32) */
-    memcpy(name + 8 + 4 + 8, &q4_k, 4);
+    uint32_t iq2_xxs = 16; /* after the name: n_dims (u32), ne[0] (u64), then the type (u32) */
+    memcpy(name + 8 + 4 + 8, &iq2_xxs, 4);
     write_file(model, image, n_bytes);
     free(image);
     Gguf *full;

@@ -24,7 +24,7 @@
 #include "base/mem.h"
 #include "model/jinja_builtins.h"
 #include "model/jinja_unicode.h"
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 /* ---- arena ----------------------------------------------------------------------- */
 

@@ -17,7 +17,7 @@
 #include <strings.h>
 
 #include "model/jinja_unicode.h"
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 uint32_t js_decode(const char *s, size_t n, size_t i, size_t *len) {
     unsigned char ch = (unsigned char)s[i];

@@ -9,7 +9,7 @@
 
 #include <string.h>
 
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 typedef struct JuRange {
     uint32_t lo, hi;

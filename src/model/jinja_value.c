@@ -27,7 +27,7 @@
 
 #include "base/mem.h"
 #include "model/jinja_unicode.h"
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 /* ---- context ------------------------------------------------------------------ */
 
