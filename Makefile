@@ -7,6 +7,7 @@
 #                   self-test that it catches a violation)
 #   make run        set-up, build, and a generation with the bundled demo model
 #   make bench      performance figures (see README)
+#   make fuzz       each libFuzzer target (fuzz/fuzz_*.c) for FUZZ_SECONDS (60)
 #   make install    PREFIX=/usr/local DESTDIR= : bin/mnemo, share/mnemo/
 
 # `make` alone builds `all`, whatever rule the variant macro expands first.
@@ -75,6 +76,31 @@ $(eval $(call variant,asan,ASAN_CFLAGS))
 $(eval $(call variant,scalar,SCALAR_CFLAGS))
 $(eval $(call variant,avx2,AVX2_CFLAGS))
 
+# ---- fuzzing: a libFuzzer target per fuzz/fuzz_NAME.c, built with clang ----
+# The library is compiled again with coverage instrumentation and ASan+UBSan.
+# clang warns about a few things gcc does not; in the library those stay
+# warnings here (the gcc builds above are the -Werror gate), the targets'
+# own files are compiled with -Werror.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_CFLAGS  := $(filter-out -Werror,$(BASE)) -O1 -g -fno-omit-frame-pointer \
+                -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all
+FUZZ_BINS    := $(patsubst fuzz/%.c,build/fuzz/%,$(wildcard fuzz/fuzz_*.c))
+fuzz_OBJ     := $(patsubst src/%.c,build/fuzz/obj/%.o,$(LIB_SRC))
+
+build/fuzz/obj/%.o: src/%.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+
+build/fuzz/libmnemo.a: $(fuzz_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+build/fuzz/fuzz_%: fuzz/fuzz_%.c build/fuzz/libmnemo.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Werror -fsanitize=fuzzer -MMD -MP $< build/fuzz/libmnemo.a $(LIBS) -o $@
+
+-include $(patsubst %.o,%.d,$(fuzz_OBJ))
+
 # kernel tests that also run in the scalar and AVX2 builds
 KERNEL_TESTS := test_matmul test_attention test_forward
 
@@ -82,7 +108,7 @@ build/commit: FORCE
 	@mkdir -p build
 	@echo '$(COMMIT)' | cmp -s - $@ || echo '$(COMMIT)' > $@
 
-.PHONY: FORCE all setup check-layers test test-release test-paths test-asan run bench install uninstall clean
+.PHONY: FORCE all setup check-layers test test-release test-paths test-asan run bench install uninstall clean fuzz fuzz-build
 all: build/release/mnemo
 	@ln -sf build/release/mnemo mnemo
 
@@ -109,6 +135,14 @@ test-paths: $(addprefix build/scalar/tests/,$(KERNEL_TESTS)) $(addprefix build/a
 test-asan: build/asan/mnemo $(asan_TESTS)
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  MNEMO_SANITIZED=1 ./tests/run.sh build/asan
+
+# make fuzz [FUZZ_SECONDS=60]: every fuzz target for FUZZ_SECONDS seconds
+# (scripts/fuzz: corpora, dictionaries, and how findings are reported).
+fuzz-build: $(FUZZ_BINS)
+
+fuzz: setup
+	@$(MAKE) --no-print-directory fuzz-build
+	@./scripts/fuzz $(FUZZ_SECONDS) $(FUZZ_BINS)
 
 run: setup
 	@$(MAKE) --no-print-directory all

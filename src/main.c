@@ -9,6 +9,7 @@
  *   bench       multi-turn load generator and report
  *   disk-probe  raw sequential bandwidth of a directory, as the disk tier moves data
  *   cache       cache purge: erase a namespace's data from a disk tier directory
+ *   apply-template  render a chat template (Jinja) without a server
  *
  * Each cmd_* parses its options (base/cli), does its job with the library
  * and returns the process exit status. This file only wires things together.
@@ -48,6 +49,7 @@
 #include "engine/mref.h"
 #include "engine/runner.h"
 #include "engine/sampler.h"
+#include "model/apply_template.h"
 #include "model/gguf.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -1067,6 +1069,7 @@ static const Command commands[] = {
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"detokenize", cmd_detokenize, "print the text of token ids"},
     {"inspect", cmd_inspect, "print a GGUF file's metadata and tensors"},
+    {"apply-template", apply_template_main, "render a chat template for messages on stdin"},
     {"gen-model", cmd_gen_model, "write a random-weight model of a given shape"},
     {"speed", cmd_speed, "measure prefill and decode throughput"},
 };

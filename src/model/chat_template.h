@@ -1,12 +1,14 @@
 /* chat_template.h — turn a list of chat messages into a model's prompt text.
  *
- * A model's GGUF may carry tokenizer.chat_template, a Jinja program. mnemo
- * has no Jinja engine: like llama.cpp's built-in formatter it recognizes the
- * template's family by characteristic substrings and renders the family's
- * format in C. The output of chat_template_apply is plain text for the
- * tokenizer; the tokenizer adds the leading BOS itself, so the text never
- * starts with one (a family that needs BOS *inside* the history, like
- * llama2-sys-bos or monarch, writes it there).
+ * A model's GGUF may carry tokenizer.chat_template, a Jinja program. This
+ * module does not run it: like llama.cpp's built-in formatter it recognizes
+ * the template's family by characteristic substrings and renders the
+ * family's format in C (model/jinja.h renders the template itself; the
+ * server uses these families until it switches to the renderer). The
+ * output of chat_template_apply is plain text for the tokenizer; the
+ * tokenizer adds the leading BOS itself, so the text never starts with one
+ * (a family that needs BOS *inside* the history, like llama2-sys-bos or
+ * monarch, writes it there).
  *
  * Security note for callers: the output mixes the template's control markers
  * with message text, and nothing here escapes marker-like text inside a

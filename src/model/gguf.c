@@ -565,7 +565,9 @@ out:
     return rc;
 }
 
-static int gguf_parse(Gguf *g, MnErr *err) {
+/* Parse the header and metadata, and unless is_metadata_only the tensor
+ * infos with every check of their types and layout. */
+static int gguf_parse(Gguf *g, bool is_metadata_only, MnErr *err) {
     Parser p = {.base = g->base, .size = g->n_bytes, .pos = 0, .err = err};
     uint64_t n_tensors, n_kv;
     int rc = parse_header(g, &p, &n_tensors, &n_kv);
@@ -573,6 +575,7 @@ static int gguf_parse(Gguf *g, MnErr *err) {
     for (uint64_t i = 0; i < n_kv; i++)
         if ((rc = parse_kv(g, &p, (int64_t)i)) != MN_OK) return rc;
     if ((rc = parse_alignment(g, err)) != MN_OK) return rc;
+    if (is_metadata_only) return MN_OK;
     snprintf(p.where, sizeof p.where, "tensor infos");
     if ((rc = p_count(&p, n_tensors, GGUF_MIN_TENSOR_BYTES, "tensor count")) != MN_OK) return rc;
     for (uint64_t i = 0; i < n_tensors; i++)
@@ -584,8 +587,8 @@ static int gguf_parse(Gguf *g, MnErr *err) {
 
 /* ---- reader: API --------------------------------------------------------- */
 
-static int open_image(const void *data, size_t n_bytes, void *map, size_t map_bytes, Gguf **out,
-                      MnErr *err) {
+static int open_image(const void *data, size_t n_bytes, void *map, size_t map_bytes, bool is_metadata_only,
+                      Gguf **out, MnErr *err) {
     Gguf *g = mn_calloc(1, sizeof *g);
     if (g == NULL) {
         if (map != NULL) munmap(map, map_bytes);
@@ -595,7 +598,7 @@ static int open_image(const void *data, size_t n_bytes, void *map, size_t map_by
     g->n_bytes = n_bytes;
     g->map = map;
     g->map_bytes = map_bytes;
-    int rc = gguf_parse(g, err);
+    int rc = gguf_parse(g, is_metadata_only, err);
     if (rc != MN_OK) {
         if (rc == MN_ENOMEM) mn_err_set(err, MN_ENOMEM, "out of memory reading GGUF metadata");
         gguf_close(g);
@@ -610,10 +613,10 @@ int gguf_open_memory(const void *data, size_t n_bytes, Gguf **out, MnErr *err) {
     *out = NULL;
     if (data == NULL && n_bytes != 0) return mn_err_set(err, MN_EINVAL, "gguf_open_memory: NULL data");
     static const uint8_t empty[1];
-    return open_image(data ? data : empty, n_bytes, NULL, 0, out, err);
+    return open_image(data ? data : empty, n_bytes, NULL, 0, false, out, err);
 }
 
-int gguf_open(const char *path, Gguf **out, MnErr *err) {
+static int open_path(const char *path, bool is_metadata_only, Gguf **out, MnErr *err) {
     assert(path != NULL && out != NULL);
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -640,10 +643,14 @@ int gguf_open(const char *path, Gguf **out, MnErr *err) {
     int e = errno;
     close(fd); /* the mapping keeps the file */
     if (map == MAP_FAILED) return mn_err_set(err, MN_EIO, "%s: mmap failed: %s", path, strerror(e));
-    int rc = open_image(map, n_bytes, map, n_bytes, out, err);
+    int rc = open_image(map, n_bytes, map, n_bytes, is_metadata_only, out, err);
     if (rc != MN_OK) mn_err_prefix(err, "%s", path);
     return rc;
 }
+
+int gguf_open(const char *path, Gguf **out, MnErr *err) { return open_path(path, false, out, err); }
+
+int gguf_open_metadata(const char *path, Gguf **out, MnErr *err) { return open_path(path, true, out, err); }
 
 void gguf_close(Gguf *g) {
     if (g == NULL) return;

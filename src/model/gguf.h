@@ -72,6 +72,10 @@ typedef struct Gguf Gguf;
 /* Map and validate path. On success *out owns the mapping. Every error
  * message names the file (callers need not add it). */
 int gguf_open(const char *path, Gguf **out, MnErr *err);
+/* The same for the header and metadata alone: the tensor infos are not
+ * read (the handle has no tensors), so a file whose tensors mnemo cannot
+ * load (a weight type it does not know) still gives its metadata. */
+int gguf_open_metadata(const char *path, Gguf **out, MnErr *err);
 /* Validate a file image held in memory (borrowed: must outlive the Gguf). */
 int gguf_open_memory(const void *data, size_t n_bytes, Gguf **out, MnErr *err);
 void gguf_close(Gguf *g);
