@@ -11,22 +11,23 @@
  *   cache       cache purge: erase a namespace's data from a disk tier directory
  *   apply-template  render a chat template (Jinja) without a server
  *
- * Each cmd_* parses its options (base/cli), does its job with the library
- * and returns the process exit status. This file only wires things together.
+ * Each cmd_* here parses its options (base/cli), does its job with the
+ * library and returns the process exit status; the commands that are a
+ * program of their own live beside their layer: bench (bench/bench.c), the
+ * chat's conversation loop (bench/chat.c), disk-probe, gen-model and speed
+ * (tools/). This file only wires things together: it picks the command,
+ * and for serve and chat builds the model, engine and server and joins
+ * them to the outside.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
-#include <math.h>
 #include <signal.h>
-#include <stdarg.h>
-#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -35,15 +36,14 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "base/mem.h"
-#include "base/rng.h"
 #include "base/ttype.h"
+#include "base/user_cache.h"
 #include "base/version.h"
 #include "bench/bench.h"
-#include "bench/chat_input.h"
+#include "bench/chat.h"
 #include "bench/client.h"
-#include "tools/diskprobe_cmd.h"
+#include "cache/kv_pool.h"
 #include "cache/purge.h"
-#include "compute/matmul.h"
 #include "engine/engine.h"
 #include "engine/profile.h"
 #include "engine/mref.h"
@@ -54,49 +54,11 @@
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "server/server.h"
+#include "tools/diskprobe_cmd.h"
+#include "tools/gen_model.h"
+#include "tools/speed.h"
 
 #define N_OPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
-
-/* Parse options or print usage; returns -1 to continue, else an exit code. */
-static int parse_or_usage(int argc, char **argv, const char *synopsis, const CliOpt *opts, int n_opts,
-                          const char **pos, int max_pos, int *n_pos) {
-    MnErr err = {0};
-    int rc = cli_parse(argc, argv, opts, n_opts, pos, max_pos, n_pos, &err);
-    if (rc == MN_ECANCELED) {
-        cli_usage(stdout, synopsis, opts, n_opts);
-        return 0;
-    }
-    if (rc) {
-        cli_error(stderr, synopsis, err.msg);
-        return 2;
-    }
-    return -1;
-}
-
-/* One requirement on a command's options: when it does not hold, print
- * "mnemo CMD: " and the message, and return false. Chained with ||, the
- * first requirement that fails is the one named. */
-static bool require(bool ok, const char *cmd, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static bool require(bool ok, const char *cmd, const char *fmt, ...) {
-    if (ok) return true;
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "mnemo %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return false;
-}
-
-/* A KV cache type the engine takes: f16 or f32. */
-static bool kv_type_ok(const char *name, MnType *out) {
-    return ttype_from_name(name, out) == MN_OK && (*out == MN_TYPE_F16 || *out == MN_TYPE_F32);
-}
-
-static int fail(const MnErr *err) {
-    fprintf(stderr, "mnemo: %s\n", err->msg[0] ? err->msg : mn_strerror(err->code));
-    return 1;
-}
 
 /* Load only the tokenizer of a GGUF (any architecture, vocab-only files). */
 static int load_tokenizer(const char *path, Gguf **g, Tokenizer **tok, MnErr *err) {
@@ -111,21 +73,6 @@ static int load_tokenizer(const char *path, Gguf **g, Tokenizer **tok, MnErr *er
     return rc;
 }
 
-/* "$HOME/.cache/mnemo/NAME" in buf, the directories made when missing.
- * MN_ENOTFOUND without $HOME, MN_ERANGE when buf is too small. */
-static int user_cache_path(const char *name, char *buf, size_t cap) {
-    const char *home = getenv("HOME");
-    if (home == NULL || home[0] == '\0') return MN_ENOTFOUND;
-    int n = snprintf(buf, cap, "%s/.cache/mnemo/%s", home, name);
-    if (n < 0 || (size_t)n >= cap) return MN_ERANGE;
-    snprintf(buf, cap, "%s/.cache", home);
-    mkdir(buf, 0755);
-    snprintf(buf, cap, "%s/.cache/mnemo", home);
-    mkdir(buf, 0755);
-    snprintf(buf, cap, "%s/.cache/mnemo/%s", home, name);
-    return MN_OK;
-}
-
 /* ---- tokenize / detokenize ---------------------------------------------------- */
 
 static int cmd_tokenize(int argc, char **argv) {
@@ -138,16 +85,16 @@ static int cmd_tokenize(int argc, char **argv) {
     };
     const char *pos[1];
     int n_pos;
-    int rc = parse_or_usage(argc, argv, "mnemo tokenize -m MODEL [--no-bos] [--parse-special] TEXT", opts,
+    int rc = cli_parse_or_usage(argc, argv, "mnemo tokenize -m MODEL [--no-bos] [--parse-special] TEXT", opts,
                             N_OPTS(opts), pos, 1, &n_pos);
     if (rc >= 0) return rc;
-    if (!require(model != NULL, "tokenize", "needs a model: -m FILE") ||
-        !require(n_pos == 1, "tokenize", "needs the TEXT to tokenize as its one argument"))
+    if (!cli_require(model != NULL, "tokenize", "needs a model: -m FILE") ||
+        !cli_require(n_pos == 1, "tokenize", "needs the TEXT to tokenize as its one argument"))
         return 2;
     MnErr err = {0};
     Gguf *g = NULL;
     Tokenizer *tok = NULL;
-    if (load_tokenizer(model, &g, &tok, &err)) return fail(&err);
+    if (load_tokenizer(model, &g, &tok, &err)) return cli_fail(&err);
     TokIds ids = {0};
     rc = tok_encode(tok, pos[0], strlen(pos[0]), !no_bos && tok_add_bos(tok), parse_special, &ids);
     if (rc == MN_OK) {
@@ -174,7 +121,7 @@ static int cmd_detokenize(int argc, char **argv) {
         return 1;
     }
     int n_pos, status = 1;
-    int rc = parse_or_usage(argc, argv, "mnemo detokenize -m MODEL ID...", opts, N_OPTS(opts), pos, MAX_IDS, &n_pos);
+    int rc = cli_parse_or_usage(argc, argv, "mnemo detokenize -m MODEL ID...", opts, N_OPTS(opts), pos, MAX_IDS, &n_pos);
     Gguf *g = NULL;
     Tokenizer *tok = NULL;
     MnErr err = {0};
@@ -184,12 +131,12 @@ static int cmd_detokenize(int argc, char **argv) {
         status = rc;
         goto done;
     }
-    if (!require(model != NULL, "detokenize", "needs a model: -m FILE")) {
+    if (!cli_require(model != NULL, "detokenize", "needs a model: -m FILE")) {
         status = 2;
         goto done;
     }
     if (load_tokenizer(model, &g, &tok, &err)) {
-        status = fail(&err);
+        status = cli_fail(&err);
         goto done;
     }
     for (int i = 0; i < n_pos; i++) {
@@ -222,7 +169,7 @@ static int cmd_inspect(int argc, char **argv) {
     CliOpt opts[1] = {{"help", 'h', CLI_FLAG, NULL, NULL, "show this help"}};
     const char *pos[1];
     int n_pos;
-    int rc = parse_or_usage(argc, argv, "mnemo inspect MODEL", opts, 0, pos, 1, &n_pos);
+    int rc = cli_parse_or_usage(argc, argv, "mnemo inspect MODEL", opts, 0, pos, 1, &n_pos);
     if (rc >= 0) return rc;
     if (n_pos != 1) {
         fprintf(stderr, "mnemo inspect: needs one GGUF file\n");
@@ -230,7 +177,7 @@ static int cmd_inspect(int argc, char **argv) {
     }
     MnErr err = {0};
     Gguf *g = NULL;
-    if (gguf_open(pos[0], &g, &err)) return fail(&err);
+    if (gguf_open(pos[0], &g, &err)) return cli_fail(&err);
     gguf_dump(g, stdout);
     gguf_close(g);
     return 0;
@@ -282,14 +229,14 @@ static int cmd_generate(int argc, char **argv) {
     };
     const char *pos[1];
     int n_pos;
-    int rc = parse_or_usage(argc, argv, "mnemo generate -m MODEL -p PROMPT -n N [options]", opts, N_OPTS(opts), pos,
+    int rc = cli_parse_or_usage(argc, argv, "mnemo generate -m MODEL -p PROMPT -n N [options]", opts, N_OPTS(opts), pos,
                             0, &n_pos);
     if (rc >= 0) return rc;
     MnType kv_type;
-    if (!require(model_path != NULL, "generate", "needs a model: -m FILE") ||
-        !require(n_gen >= 0, "generate", "-n must be at least 0, got %d", n_gen) ||
-        !require(kv_type_ok(kv_type_name, &kv_type), "generate", "--kv-type must be f16 or f32, got '%s'",
-                 kv_type_name))
+    if (!cli_require(model_path != NULL, "generate", "needs a model: -m FILE") ||
+        !cli_require(n_gen >= 0, "generate", "-n must be at least 0, got %d", n_gen) ||
+        !cli_require(kvpool_type_parse(kv_type_name, &kv_type) == MN_OK, "generate",
+                     "--kv-type must be f16 or f32, got '%s'", kv_type_name))
         return 2;
     sp.seed = seed;
     MnErr err = {0};
@@ -302,7 +249,7 @@ static int cmd_generate(int argc, char **argv) {
     MrefWriter mw = {0};
     int status = 1;
     bool is_line_open = false; /* text printed that a newline must end */
-    if (model_load(model_path, &m, &err)) return fail(&err);
+    if (model_load(model_path, &m, &err)) return cli_fail(&err);
     rc = tok_encode(m->tok, prompt, strlen(prompt), tok_add_bos(m->tok), true, &ids);
     if (rc) {
         mn_err_set(&err, rc, "tokenize: %s", mn_strerror(rc));
@@ -388,7 +335,7 @@ done:
         printf("\n");
         fflush(stdout);
     }
-    if (status) fail(&err);
+    if (status) cli_fail(&err);
     mn_free(gc.last);
     sampler_free(smp);
     tok_ids_free(&ids);
@@ -396,258 +343,6 @@ done:
     model_free(m);
     return status;
 }
-
-/* ---- speed ---------------------------------------------------------------------- */
-
-static int speed_keep_argmax(void *ctx, int idx, const float *logits) {
-    int32_t *next = ctx;
-    (void)idx;
-    (void)logits;
-    *next = (int32_t)((*next * 1103515245u + 12345u) % 1000u) + 10; /* arbitrary valid ids */
-    return MN_OK;
-}
-
-static int cmd_speed(int argc, char **argv) {
-    const char *model_path = NULL, *kv_type_name = "f16";
-    int n_prompt = 512, n_gen = 128, n_threads = 2, reps = 1;
-    bool json = false;
-    CliOpt opts[] = {
-        {"model", 'm', CLI_STR, &model_path, "FILE", "GGUF model"},
-        {"prompt-tokens", 'p', CLI_INT, &n_prompt, "N", "prefill length (default 512)"},
-        {"gen-tokens", 'n', CLI_INT, &n_gen, "N", "decoded tokens (default 128)"},
-        {"threads", 't', CLI_INT, &n_threads, "N", "compute threads (default 2)"},
-        {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache precision (default f16)"},
-        {"repetitions", 'r', CLI_INT, &reps, "N", "runs to average (default 1)"},
-        {"json", 0, CLI_FLAG, &json, NULL, "print one JSON object"},
-    };
-    const char *pos[1];
-    int n_pos;
-    int rc = parse_or_usage(argc, argv, "mnemo speed -m MODEL [--prompt-tokens 512] [--gen-tokens 128] [--threads N] [--json]",
-                            opts, N_OPTS(opts), pos, 0, &n_pos);
-    if (rc >= 0) return rc;
-    MnType kv_type;
-    if (!require(model_path != NULL, "speed", "needs a model: -m FILE") ||
-        !require(n_prompt >= 1, "speed", "--prompt-tokens must be at least 1, got %d", n_prompt) ||
-        !require(n_gen >= 1, "speed", "--gen-tokens must be at least 1, got %d", n_gen) ||
-        !require(reps >= 1, "speed", "--repetitions must be at least 1, got %d", reps) ||
-        !require(kv_type_ok(kv_type_name, &kv_type), "speed", "--kv-type must be f16 or f32, got '%s'", kv_type_name))
-        return 2;
-    MnErr err = {0};
-    Model *m = NULL;
-    if (model_load(model_path, &m, &err)) return fail(&err);
-    Runner r;
-    RunnerOptions ro;
-    runner_options_default(&ro);
-    ro.n_ctx = n_prompt + n_gen;
-    ro.max_batch = n_prompt;
-    ro.n_threads = n_threads;
-    ro.kv_type = kv_type;
-    int status = 1;
-    int32_t *prompt = mn_calloc((size_t)n_prompt, sizeof *prompt);
-    if (prompt == NULL || n_prompt + n_gen > m->cfg.n_ctx || runner_init(&r, m, &ro, &err)) {
-        if (!err.msg[0]) mn_err_set(&err, MN_ERANGE, "%d + %d tokens exceed the model's context of %d", n_prompt,
-                                    n_gen, m->cfg.n_ctx);
-        mn_free(prompt);
-        model_free(m);
-        return fail(&err);
-    }
-    uint64_t st = 0x9e3779b97f4a7c15ull;
-    for (int i = 0; i < n_prompt; i++) {
-        st = st * 6364136223846793005ull + 1442695040888963407ull;
-        prompt[i] = (int32_t)((st >> 33) % (uint64_t)m->cfg.n_vocab);
-    }
-    int32_t next = 1;
-    /* warm-up: touch the weights once */
-    if (runner_eval(&r, prompt, n_prompt < 16 ? n_prompt : 16, false, NULL, NULL, &err)) goto done;
-    double t_pp = 0, t_tg = 0;
-    for (int rep = 0; rep < reps; rep++) {
-        runner_reset(&r);
-        double t0 = mn_now();
-        if (runner_eval(&r, prompt, n_prompt, false, speed_keep_argmax, &next, &err)) goto done;
-        double t1 = mn_now();
-        for (int i = 0; i < n_gen; i++)
-            if (runner_eval(&r, &next, 1, false, speed_keep_argmax, &next, &err)) goto done;
-        double t2 = mn_now();
-        t_pp += t1 - t0;
-        t_tg += t2 - t1;
-    }
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    double pp = (double)n_prompt * reps / t_pp, tg = (double)n_gen * reps / t_tg;
-    double rss_mb = (double)ru.ru_maxrss / 1024.0;
-    if (json)
-        printf("{\"model\": \"%s\", \"threads\": %d, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
-               "\"prefill_tps\": %.2f, \"decode_tps\": %.2f, \"peak_rss_mb\": %.1f, \"model_mb\": %.1f, "
-               "\"kv_pool_mb\": %.1f, \"simd\": \"%s\"}\n",
-               model_path, n_threads, n_prompt, n_gen, pp, tg, rss_mb, (double)gguf_file_bytes(m->gguf) / 1048576.0,
-               (double)kvpool_bytes_for(r.pool.n_layer, r.pool.kv_dim, r.pool.block_tokens, r.pool.n_blocks,
-                                        r.pool.kv_type) / 1048576.0,
-               mm_simd_name());
-    else
-        printf("%-40s threads %d  pp%-5d %8.2f t/s  tg%-5d %8.2f t/s  peak RSS %.1f MB\n", model_path, n_threads,
-               n_prompt, pp, n_gen, tg, rss_mb);
-    status = 0;
-done:
-    if (status) fail(&err);
-    runner_deinit(&r);
-    mn_free(prompt);
-    model_free(m);
-    return status;
-}
-
-/* ---- gen-model ---------------------------------------------------------------- */
-
-/* A uniform float in [-1, 1) from one splitmix64 step (base/rng). */
-static float uniform_pm1(uint64_t *state) { return (float)((double)(rng_splitmix64(state) >> 40) * 0x1p-23 - 1.0); }
-
-typedef struct GenTensors {
-    void **bufs;
-    int n, cap;
-} GenTensors;
-
-/* Add a tensor of random values with standard deviation std (or all `fill`
- * when std is 0) to w, quantized to type. */
-static int gen_tensor(GgufWriter *w, GenTensors *keep, uint64_t *rng, const char *name, MnType type, uint64_t n_in,
-                      uint64_t n_out, float std, float fill) {
-    uint64_t row_bytes;
-    if (ttype_row_bytes(type, n_in, &row_bytes)) return MN_EINVAL;
-    void *data = mn_malloc(row_bytes * n_out);
-    float *row = mn_malloc(n_in * sizeof(float));
-    if (keep->n == keep->cap) {
-        int cap = keep->cap ? 2 * keep->cap : 64;
-        void **b = mn_realloc(keep->bufs, (size_t)cap * sizeof *b);
-        if (b == NULL) {
-            mn_free(data);
-            mn_free(row);
-            return MN_ENOMEM;
-        }
-        keep->bufs = b;
-        keep->cap = cap;
-    }
-    if (data == NULL || row == NULL) {
-        mn_free(data);
-        mn_free(row);
-        return MN_ENOMEM;
-    }
-    float a = std * 1.7320508f; /* uniform on [-a, a] has standard deviation a / sqrt(3) */
-    for (uint64_t r = 0; r < n_out; r++) {
-        for (uint64_t i = 0; i < n_in; i++) row[i] = std > 0 ? a * uniform_pm1(rng) : fill;
-        ttype_quantize_row(type, row, (char *)data + r * row_bytes, (int64_t)n_in);
-    }
-    mn_free(row);
-    keep->bufs[keep->n++] = data;
-    uint64_t ne[2] = {n_in, n_out};
-    return gguf_writer_add_tensor(w, name, type, n_out > 1 ? 2 : 1, ne, data, row_bytes * n_out);
-}
-
-static int cmd_gen_model(int argc, char **argv) {
-    const char *arch = "llama", *type_name = "f32", *vocab = NULL, *out = NULL;
-    int dim = 64, layers = 2, heads = 4, kv_heads = 0, ffn = 0, ctx = 2048;
-    uint64_t seed = 1;
-    CliOpt opts[] = {
-        {"arch", 0, CLI_STR, &arch, "llama|qwen2", "architecture (default llama)"},
-        {"dim", 0, CLI_INT, &dim, "D", "model dimension (default 64)"},
-        {"layers", 0, CLI_INT, &layers, "L", "layers (default 2)"},
-        {"heads", 0, CLI_INT, &heads, "H", "attention heads (default 4)"},
-        {"kv-heads", 0, CLI_INT, &kv_heads, "K", "KV heads (default = heads)"},
-        {"ffn", 0, CLI_INT, &ffn, "F", "feed-forward size (default 3 x dim)"},
-        {"ctx", 0, CLI_INT, &ctx, "C", "context length (default 2048)"},
-        {"type", 0, CLI_STR, &type_name, "T", "weights (default f32), one of the types mnemo loads (README)"},
-        {"seed", 0, CLI_U64, &seed, "S", "random seed (default 1)"},
-        {"vocab-from", 0, CLI_STR, &vocab, "FILE", "GGUF whose tokenizer to copy (required)"},
-        {"output", 'o', CLI_STR, &out, "FILE", "where to write the model (required)"},
-    };
-    const char *pos[1];
-    int n_pos;
-    int rc = parse_or_usage(argc, argv,
-                            "mnemo gen-model --vocab-from VOCAB.gguf -o OUT.gguf [--arch llama|qwen2] [--dim D] "
-                            "[--layers L] [--heads H] [--kv-heads K] [--ffn F] [--ctx C] [--type T] [--seed S]",
-                            opts, N_OPTS(opts), pos, 0, &n_pos);
-    if (rc >= 0) return rc;
-    if (kv_heads <= 0) kv_heads = heads;
-    if (ffn <= 0) ffn = 3 * dim;
-    MnType type;
-    bool is_qwen2 = strcmp(arch, "qwen2") == 0;
-    if (!require(vocab != NULL, "gen-model", "needs the tokenizer's file: --vocab-from VOCAB.gguf") ||
-        !require(out != NULL, "gen-model", "needs the output file: -o OUT.gguf") ||
-        !require(is_qwen2 || strcmp(arch, "llama") == 0, "gen-model", "--arch must be llama or qwen2, got '%s'", arch) ||
-        !require(ttype_from_name(type_name, &type) == MN_OK, "gen-model",
-                 "--type must be one of %s, got '%s'", ttype_supported_names(), type_name) ||
-        !require(dim > 0 && layers > 0 && heads > 0 && ctx > 0, "gen-model",
-                 "--dim, --layers, --heads and --ctx must be positive") ||
-        !require(dim % heads == 0, "gen-model", "--dim %d is not divisible by --heads %d", dim, heads) ||
-        !require(heads % kv_heads == 0, "gen-model", "--heads %d is not divisible by --kv-heads %d", heads, kv_heads))
-        return 2;
-    const size_t blk = ttype_traits(type)->block_elems;
-    if ((size_t)dim % blk || (size_t)ffn % blk) {
-        fprintf(stderr, "mnemo gen-model: --dim and --ffn must be multiples of %zu for %s\n", blk, type_name);
-        return 2;
-    }
-    MnErr err = {0};
-    Gguf *vg = NULL;
-    if (gguf_open(vocab, &vg, &err)) return fail(&err);
-    GgufType et;
-    uint64_t n_vocab = 0;
-    if (gguf_get_arr(vg, "tokenizer.ggml.tokens", &et, &n_vocab) || et != GGUF_TYPE_STRING || n_vocab == 0) {
-        fprintf(stderr, "mnemo gen-model: %s has no tokenizer.ggml.tokens\n", vocab);
-        gguf_close(vg);
-        return 1;
-    }
-    GgufWriter *w = gguf_writer_new();
-    GenTensors keep = {0};
-    uint64_t rng = seed; /* splitmix64 state */
-    char key[128];
-    int head_dim = dim / heads, kv_dim = kv_heads * head_dim;
-    /* general.file_type (llama.cpp's ftype; one type throughout: the K-quants' _S) */
-    static const uint32_t file_types[] = {[MN_TYPE_F32] = 0,     [MN_TYPE_F16] = 1,     [MN_TYPE_Q4_0] = 2,
-                                          [MN_TYPE_Q4_1] = 3,    [MN_TYPE_Q8_0] = 7,    [MN_TYPE_Q5_0] = 8,
-                                          [MN_TYPE_Q5_1] = 9,    [MN_TYPE_Q2_K] = 10,   [MN_TYPE_Q3_K] = 11,
-                                          [MN_TYPE_Q4_K] = 14,   [MN_TYPE_Q5_K] = 16,   [MN_TYPE_Q6_K] = 18,
-                                          [MN_TYPE_IQ4_NL] = 25, [MN_TYPE_IQ4_XS] = 30, [MN_TYPE_BF16] = 32};
-    rc = w ? MN_OK : MN_ENOMEM;
-#define KV_U32(suffix, v) (snprintf(key, sizeof key, "%s.%s", arch, suffix), gguf_writer_add_u32(w, key, (uint32_t)(v)))
-#define KV_F32(suffix, v) (snprintf(key, sizeof key, "%s.%s", arch, suffix), gguf_writer_add_f32(w, key, (float)(v)))
-    if (rc == MN_OK)
-        rc = gguf_writer_add_str(w, "general.architecture", arch) || gguf_writer_add_str(w, "general.name", "mnemo random weights") ||
-             gguf_writer_add_u32(w, "general.file_type", file_types[type]) || KV_U32("context_length", ctx) ||
-             KV_U32("embedding_length", dim) || KV_U32("block_count", layers) || KV_U32("feed_forward_length", ffn) ||
-             KV_U32("attention.head_count", heads) || KV_U32("attention.head_count_kv", kv_heads) ||
-             KV_U32("rope.dimension_count", head_dim) || KV_F32("rope.freq_base", is_qwen2 ? 1000000.0 : 10000.0) ||
-             KV_F32("attention.layer_norm_rms_epsilon", is_qwen2 ? 1e-6 : 1e-5);
-#undef KV_U32
-#undef KV_F32
-    for (int64_t i = 0; rc == MN_OK && i < gguf_n_kv(vg); i++)
-        if (strncmp(gguf_kv_key(vg, i), "tokenizer.", 10) == 0) rc = gguf_writer_copy_kv(w, vg, i);
-    const float s_dim = 1.0f / sqrtf((float)dim), s_ffn = 1.0f / sqrtf((float)ffn);
-    if (rc == MN_OK) rc = gen_tensor(w, &keep, &rng, "token_embd.weight", type, (uint64_t)dim, n_vocab, 1.0f, 0);
-    for (int il = 0; rc == MN_OK && il < layers; il++) {
-        char n[96];
-#define T(suffix, ty, nin, nout, std, fill) \
-    (snprintf(n, sizeof n, "blk.%d.%s", il, suffix), gen_tensor(w, &keep, &rng, n, ty, nin, nout, std, fill))
-        rc = T("attn_norm.weight", MN_TYPE_F32, dim, 1, 0, 1.0f) || T("attn_q.weight", type, dim, dim, s_dim, 0) ||
-             T("attn_k.weight", type, dim, kv_dim, s_dim, 0) || T("attn_v.weight", type, dim, kv_dim, s_dim, 0) ||
-             (is_qwen2 && (T("attn_q.bias", MN_TYPE_F32, dim, 1, 0.1f, 0) ||
-                           T("attn_k.bias", MN_TYPE_F32, kv_dim, 1, 0.1f, 0) ||
-                           T("attn_v.bias", MN_TYPE_F32, kv_dim, 1, 0.1f, 0))) ||
-             T("attn_output.weight", type, dim, dim, s_dim, 0) || T("ffn_norm.weight", MN_TYPE_F32, dim, 1, 0, 1.0f) ||
-             T("ffn_gate.weight", type, dim, ffn, s_dim, 0) || T("ffn_up.weight", type, dim, ffn, s_dim, 0) ||
-             T("ffn_down.weight", type, ffn, dim, s_ffn, 0);
-#undef T
-    }
-    if (rc == MN_OK) rc = gen_tensor(w, &keep, &rng, "output_norm.weight", MN_TYPE_F32, (uint64_t)dim, 1, 0, 1.0f);
-    if (rc == MN_OK) rc = gen_tensor(w, &keep, &rng, "output.weight", type, (uint64_t)dim, n_vocab, s_dim, 0);
-    if (rc == MN_OK) rc = gguf_writer_write(w, out, &err);
-    else mn_err_set(&err, rc, "building the model: %s", mn_strerror(rc));
-    for (int i = 0; i < keep.n; i++) mn_free(keep.bufs[i]);
-    mn_free(keep.bufs);
-    gguf_writer_free(w);
-    gguf_close(vg);
-    if (rc) return fail(&err);
-    fprintf(stderr, "mnemo: wrote %s (%s, dim %d, %d layers, %d heads, %d kv heads, ffn %d, vocab %" PRIu64 ", %s)\n",
-            out, arch, dim, layers, heads, kv_heads, ffn, n_vocab, type_name);
-    return 0;
-}
-
 
 /* ---- serve --------------------------------------------------------------------- */
 
@@ -734,7 +429,7 @@ static int cmd_serve(int argc, char **argv) {
     };
     const char *pos[1];
     int n_pos;
-    int rc = parse_or_usage(argc, argv, "mnemo serve -m MODEL [options]", opts, N_OPTS(opts), pos, 0, &n_pos);
+    int rc = cli_parse_or_usage(argc, argv, "mnemo serve -m MODEL [options]", opts, N_OPTS(opts), pos, 0, &n_pos);
     if (rc >= 0) {
         cli_free(opts, N_OPTS(opts));
         return rc;
@@ -757,13 +452,13 @@ static int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "mnemo serve: %s\n", perr.msg);
         goto out;
     }
-    if (!require(model_path != NULL, "serve", "needs a model: -m FILE") ||
-        !require(kv_type_ok(kv_type_name, &eo.kv_type), "serve", "--kv-type must be f16 or f32, got '%s'",
-                 kv_type_name) ||
-        !require(port >= 0 && port <= 65535, "serve", "--port must be in 0..65535, got %d", port) ||
-        !require(max_body_kb >= 1, "serve", "--max-body must be at least 1 (KiB), got %d", max_body_kb) ||
-        !require(n_predict == -1 || n_predict >= 1, "serve", "-n must be -1 (no limit) or at least 1, got %d",
-                 n_predict))
+    if (!cli_require(model_path != NULL, "serve", "needs a model: -m FILE") ||
+        !cli_require(kvpool_type_parse(kv_type_name, &eo.kv_type) == MN_OK, "serve",
+                     "--kv-type must be f16 or f32, got '%s'", kv_type_name) ||
+        !cli_require(port >= 0 && port <= 65535, "serve", "--port must be in 0..65535, got %d", port) ||
+        !cli_require(max_body_kb >= 1, "serve", "--max-body must be at least 1 (KiB), got %d", max_body_kb) ||
+        !cli_require(n_predict == -1 || n_predict >= 1, "serve", "-n must be -1 (no limit) or at least 1, got %d",
+                     n_predict))
         goto out;
     if (gpu_layers || flash_attn)
         fprintf(stderr, "mnemo serve: warning: %s%s%s do%s nothing: mnemo computes on the CPU\n",
@@ -778,7 +473,7 @@ static int cmd_serve(int argc, char **argv) {
     Server *srv = NULL;
     status = 1;
     if (model_load(model_path, &m, &err)) {
-        fail(&err);
+        cli_fail(&err);
         goto out;
     }
     ServerOptions so;
@@ -803,9 +498,8 @@ static int cmd_serve(int argc, char **argv) {
         po.n_threads = eo.n_threads;
         po.block_tokens = eo.block_tokens;
         po.kv_type = eo.kv_type;
-        char path[1024], name[COST_FILE_NAME_LEN];
-        profile_file_name(m, &po, name, sizeof name);
-        if (profile_file == NULL && user_cache_path(name, path, sizeof path) == MN_OK) profile_file = path;
+        char path[1024];
+        if (profile_file == NULL && profile_default_path(m, &po, path, sizeof path) == MN_OK) profile_file = path;
         bool was_loaded = false;
         if (profile_load_or_measure(m, &po, profile_file, &cost, &was_loaded, &err) == MN_OK) {
             eo.cost = &cost;
@@ -823,7 +517,7 @@ static int cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
     if (engine_new(m, &eo, &e, &err) || server_new(e, &so, &srv, &err)) {
-        fail(&err);
+        cli_fail(&err);
         goto out_engine;
     }
     EngineStats st;
@@ -856,12 +550,6 @@ out:
 
 
 /* ---- chat ---------------------------------------------------------------------- */
-
-static void chat_print(void *ctx, const char *text, size_t len) {
-    (void)ctx;
-    fwrite(text, 1, len, stdout);
-    fflush(stdout);
-}
 
 /* The in-process server's log goes to a file: on the terminal its lines
  * would land inside the replies. fd 2 is pointed at path (default
@@ -899,24 +587,6 @@ static void chat_log_end(FILE *term) {
     fclose(term);
 }
 
-/* After a failed turn: whether the chat can go on, else the hint to stop with. */
-static bool chat_can_go_on(const ClientResult *res, const char *url, const char *api_key, FILE *term) {
-    if (res->http_status == 401) {
-        if (api_key)
-            fprintf(term, "mnemo chat: %s refused the API key (HTTP 401): check --api-key\n", url);
-        else
-            fprintf(term, "mnemo chat: %s wants an API key (HTTP 401): give it with --api-key KEY\n", url);
-        return false;
-    }
-    if (res->http_status == 0) { /* no HTTP answer at all */
-        fprintf(term, "mnemo chat: no answer from %s (%s): is the server running?\n", url,
-                res->error[0] ? res->error : "no connection");
-        return false;
-    }
-    fprintf(term, "mnemo chat: %s\n", res->error[0] ? res->error : "request failed");
-    return true;
-}
-
 static int cmd_chat(int argc, char **argv) {
     const char *url = NULL, *model_path = NULL, *api_key = NULL, *name = "mnemo", *system = NULL, *log_path = NULL;
     int max_tokens = 256, n_threads = 2;
@@ -936,19 +606,15 @@ static int cmd_chat(int argc, char **argv) {
     };
     const char *pos[1];
     int n_pos;
-    int rc = parse_or_usage(argc, argv, "mnemo chat --url URL | -m MODEL [options]", opts, N_OPTS(opts), pos, 0, &n_pos);
+    int rc = cli_parse_or_usage(argc, argv, "mnemo chat --url URL | -m MODEL [options]", opts, N_OPTS(opts), pos, 0, &n_pos);
     if (rc >= 0) return rc;
-    if (!require((url == NULL) != (model_path == NULL), "chat", "give either --url URL or -m MODEL")) return 2;
+    if (!cli_require((url == NULL) != (model_path == NULL), "chat", "give either --url URL or -m MODEL")) return 2;
     FILE *term = stderr; /* the chat's prompts, statistics and errors */
     if (model_path && chat_log_begin(log_path, &term) != MN_OK) return 1;
     MnErr err = {0};
     Model *m = NULL;
     Engine *e = NULL;
     Server *srv = NULL;
-    ChatClient *c = NULL;
-    ChatInput *in = NULL;
-    ClientMsg *msgs = NULL;
-    size_t n_msgs = 0;
     char local[64];
     int status = 1;
     if (model_path) {
@@ -966,43 +632,9 @@ static int cmd_chat(int argc, char **argv) {
         snprintf(local, sizeof local, "http://127.0.0.1:%d", server_port(srv));
         url = local;
     }
-    if (client_new(url, api_key, &c) != MN_OK || chat_input_new(stdin, term, &in) != MN_OK) goto done;
-    if (system) {
-        msgs = mn_realloc(msgs, sizeof *msgs);
-        msgs[n_msgs++] = (ClientMsg){"system", mn_strdup(system)};
-    }
-    fprintf(term, "chatting with %s (empty line or end of input to quit)\n", url);
-    bool ok = true;
-    const char *line;
-    while (chat_input_read(in, "> ", &line) == MN_OK && line[0] != '\0') {
-        ClientMsg *grown = mn_realloc(msgs, (n_msgs + 2) * sizeof *msgs);
-        if (grown == NULL) break;
-        msgs = grown;
-        msgs[n_msgs++] = (ClientMsg){"user", mn_strdup(line)};
-        ClientParams p = {name, max_tokens, temp, ignore_eos, -1};
-        ClientResult res;
-        rc = client_chat(c, msgs, n_msgs, &p, chat_print, NULL, &res);
-        printf("\n");
-        fflush(stdout);
-        if (rc != MN_OK || res.http_status != 200) {
-            mn_free(res.content);
-            mn_free((char *)msgs[--n_msgs].content);
-            ok = false;
-            if (!chat_can_go_on(&res, url, api_key, term)) break;
-            continue;
-        }
-        fprintf(term, "[ttft %.3f s, %.1f tokens/s; prompt %ld tokens, %ld from cache]\n", res.ttft_s,
-                res.completion_tokens > 1 && res.total_s > res.ttft_s
-                    ? (double)(res.completion_tokens - 1) / (res.total_s - res.ttft_s) : 0.0,
-                res.prompt_tokens, res.cached_tokens);
-        msgs[n_msgs++] = (ClientMsg){"assistant", res.content};
-    }
-    status = ok ? 0 : 1;
+    ChatOpts co = {url, api_key, name, system, max_tokens, temp, ignore_eos};
+    status = chat_run(&co, stdin, term);
 done:
-    for (size_t i = 0; i < n_msgs; i++) mn_free((char *)msgs[i].content);
-    mn_free(msgs);
-    chat_input_free(in);
-    client_free(c);
     if (e) engine_shutdown(e);
     server_free(srv);
     engine_free(e);
@@ -1034,16 +666,16 @@ static int cmd_cache(int argc, char **argv) {
     }
     const char *pos[1];
     int n_pos;
-    int rc = parse_or_usage(argc - 1, argv + 1, synopsis, opts, N_OPTS(opts), pos, 1, &n_pos);
+    int rc = cli_parse_or_usage(argc - 1, argv + 1, synopsis, opts, N_OPTS(opts), pos, 1, &n_pos);
     if (rc >= 0) return rc;
-    if (!require(dir != NULL, "cache purge", "needs the disk tier's directory: --disk-tier DIR") ||
-        !require(n_pos == 0, "cache purge", "unexpected argument '%s'", n_pos ? pos[0] : "") ||
-        !require((ns != NULL) + is_default + is_all == 1, "cache purge",
-                 "needs one of --namespace KEY, --default-namespace, --all"))
+    if (!cli_require(dir != NULL, "cache purge", "needs the disk tier's directory: --disk-tier DIR") ||
+        !cli_require(n_pos == 0, "cache purge", "unexpected argument '%s'", n_pos ? pos[0] : "") ||
+        !cli_require((ns != NULL) + is_default + is_all == 1, "cache purge",
+                     "needs one of --namespace KEY, --default-namespace, --all"))
         return 2;
     MnErr err = {0};
     PurgeReport r;
-    if (purge_disk_tier(dir, is_all ? NULL : is_default ? "" : ns, &r, &err) != MN_OK) return fail(&err);
+    if (purge_disk_tier(dir, is_all ? NULL : is_default ? "" : ns, &r, &err) != MN_OK) return cli_fail(&err);
     printf("purged %s from %s: %d runs (%d blocks), %" PRId64 " replies, %" PRId64
            " conversations; %" PRIu64 " bytes of slab space overwritten with zeros\n",
            is_all ? "every namespace" : is_default ? "the default namespace" : "the namespace", dir, r.n_runs,
@@ -1070,8 +702,8 @@ static const Command commands[] = {
     {"detokenize", cmd_detokenize, "print the text of token ids"},
     {"inspect", cmd_inspect, "print a GGUF file's metadata and tensors"},
     {"apply-template", apply_template_main, "render a chat template for messages on stdin"},
-    {"gen-model", cmd_gen_model, "write a random-weight model of a given shape"},
-    {"speed", cmd_speed, "measure prefill and decode throughput"},
+    {"gen-model", gen_model_main, "write a random-weight model of a given shape"},
+    {"speed", speed_main, "measure prefill and decode throughput"},
 };
 
 static void usage(FILE *f) {

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -256,4 +257,37 @@ void cli_free(const CliOpt *opts, int n_opts) {
             l->items = NULL;
             l->n = 0;
         }
+}
+
+/* ---- what every command does with them ---------------------------------------- */
+
+int cli_parse_or_usage(int argc, char **argv, const char *synopsis, const CliOpt *opts, int n_opts,
+                       const char **positional, int max_pos, int *n_pos) {
+    MnErr err = {0};
+    int rc = cli_parse(argc, argv, opts, n_opts, positional, max_pos, n_pos, &err);
+    if (rc == MN_ECANCELED) {
+        cli_usage(stdout, synopsis, opts, n_opts);
+        return 0;
+    }
+    if (rc) {
+        cli_error(stderr, synopsis, err.msg);
+        return 2;
+    }
+    return -1;
+}
+
+bool cli_require(bool ok, const char *cmd, const char *fmt, ...) {
+    if (ok) return true;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "mnemo %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return false;
+}
+
+int cli_fail(const MnErr *err) {
+    fprintf(stderr, "mnemo: %s\n", err->msg[0] ? err->msg : mn_strerror(err->code));
+    return 1;
 }

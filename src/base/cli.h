@@ -63,4 +63,20 @@ const char *cli_closest(const char *typed, const char *const *names, int n);
 /* Free the arrays of CLI_STR_LIST options. */
 void cli_free(const CliOpt *opts, int n_opts);
 
+/* ---- what every command does with them ---------------------------------------- */
+
+/* cli_parse, then: -1 to go on; 0 after printing the usage on stdout for
+ * --help; 2 after printing the error (cli_error) on stderr. */
+int cli_parse_or_usage(int argc, char **argv, const char *synopsis, const CliOpt *opts, int n_opts,
+                       const char **positional, int max_pos, int *n_pos);
+
+/* One requirement on a command's options: when ok is false, print
+ * "mnemo CMD: " and the message on stderr and return false. Chained with
+ * ||, the first requirement that fails is the one named. */
+bool cli_require(bool ok, const char *cmd, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Print "mnemo: " and err's message (or its code's text) on stderr;
+ * returns 1, a command's exit status for a failure. */
+int cli_fail(const MnErr *err);
+
 #endif

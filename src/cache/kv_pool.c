@@ -24,6 +24,13 @@ uint64_t kvpool_bytes_for(int n_layer, int kv_dim, int block_tokens, int n_block
     return (uint64_t)n_layer * (uint64_t)n_blocks * 2 * (uint64_t)block_tokens * (uint64_t)kv_dim * elem;
 }
 
+int kvpool_type_parse(const char *name, MnType *out) {
+    MnType t;
+    if (ttype_from_name(name, &t) != MN_OK || (t != MN_TYPE_F16 && t != MN_TYPE_F32)) return MN_EINVAL;
+    *out = t;
+    return MN_OK;
+}
+
 int kvpool_init(KvPool *p, int n_layer, int kv_dim, int block_tokens, int n_blocks, MnType kv_type) {
     memset(p, 0, sizeof *p);
     if (n_layer <= 0 || kv_dim <= 0 || block_tokens <= 0 || n_blocks <= 0 ||

@@ -75,6 +75,10 @@ void kvpool_deinit(KvPool *p);
 void kvpool_set_evict_fn(KvPool *p, KvEvictFn fn, void *ctx);
 void kvpool_set_choose_fn(KvPool *p, KvChooseFn fn, void *ctx);
 
+/* The KV element type a pool holds, by name: "f16" or "f32". MN_OK and
+ * *out, or MN_EINVAL for any other name. */
+int kvpool_type_parse(const char *name, MnType *out);
+
 /* Bytes a pool of n_blocks would take. */
 uint64_t kvpool_bytes_for(int n_layer, int kv_dim, int block_tokens, int n_blocks, MnType kv_type);
 

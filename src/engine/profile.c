@@ -29,6 +29,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/user_cache.h"
 #include "engine/forward.h"
 #include "engine/seq.h"
 
@@ -212,6 +213,12 @@ void profile_file_name(const Model *m, const ProfileOptions *o, char *buf, size_
     CostKey key;
     cost_key_init(&key, &m->fingerprint, o->n_threads, o->block_tokens, o->kv_type);
     cost_key_file_name(&key, buf, cap);
+}
+
+int profile_default_path(const Model *m, const ProfileOptions *o, char *buf, size_t cap) {
+    char name[COST_FILE_NAME_LEN];
+    profile_file_name(m, o, name, sizeof name);
+    return user_cache_path(name, buf, cap);
 }
 
 int profile_load_or_measure(const Model *m, const ProfileOptions *o, const char *path, CostModel *out,

@@ -45,6 +45,12 @@ int profile_measure(const Model *m, const ProfileOptions *o, CostModel *out, MnE
  * profile_load_or_measure checks. */
 void profile_file_name(const Model *m, const ProfileOptions *o, char *buf, size_t cap);
 
+/* The file a profile for this model and these options is cached in when
+ * the caller names none: ~/.cache/mnemo/ + profile_file_name (base/
+ * user_cache, the directories made). MN_OK and buf; MN_ENOTFOUND (no
+ * $HOME) or MN_ERANGE (buf too small): there is no such file. */
+int profile_default_path(const Model *m, const ProfileOptions *o, char *buf, size_t cap);
+
 /* Load the profile cached at path when it was made for this model and
  * machine; otherwise measure and save it there (a failed save is logged,
  * not returned). *was_loaded (may be NULL) tells which happened. path NULL:

@@ -1,0 +1,126 @@
+/* speed.c — `mnemo speed` (see speed.h).
+ *
+ * One Runner (engine/runner) over the model with a pool for prompt +
+ * generated tokens. The prompt is fixed pseudo-random ids (base/rng from a
+ * constant seed), so runs compare; a warm-up evaluation touches the
+ * weights first. Each repetition resets the runner, times the prefill of
+ * the whole prompt in one batch, then n_gen single-token decodes, whose
+ * next id is an arbitrary valid one (the logits are not read: sampling is
+ * not what is measured). Rates are tokens over wall seconds summed over
+ * the repetitions; peak RSS comes from getrusage.
+ */
+#include "tools/speed.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/resource.h>
+
+#include "base/cli.h"
+#include "base/clock.h"
+#include "base/err.h"
+#include "base/mem.h"
+#include "base/rng.h"
+#include "cache/kv_pool.h"
+#include "compute/matmul.h"
+#include "engine/runner.h"
+#include "model/gguf.h"
+#include "model/model.h"
+
+#define N_OPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
+#define SPEED_PROMPT_SEED 1 /* fixed: every run measures the same prompt */
+
+static int speed_keep_argmax(void *ctx, int idx, const float *logits) {
+    int32_t *next = ctx;
+    (void)idx;
+    (void)logits;
+    *next = (int32_t)((*next * 1103515245u + 12345u) % 1000u) + 10; /* arbitrary valid ids */
+    return MN_OK;
+}
+
+int speed_main(int argc, char **argv) {
+    const char *model_path = NULL, *kv_type_name = "f16";
+    int n_prompt = 512, n_gen = 128, n_threads = 2, reps = 1;
+    bool json = false;
+    CliOpt opts[] = {
+        {"model", 'm', CLI_STR, &model_path, "FILE", "GGUF model"},
+        {"prompt-tokens", 'p', CLI_INT, &n_prompt, "N", "prefill length (default 512)"},
+        {"gen-tokens", 'n', CLI_INT, &n_gen, "N", "decoded tokens (default 128)"},
+        {"threads", 't', CLI_INT, &n_threads, "N", "compute threads (default 2)"},
+        {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache precision (default f16)"},
+        {"repetitions", 'r', CLI_INT, &reps, "N", "runs to average (default 1)"},
+        {"json", 0, CLI_FLAG, &json, NULL, "print one JSON object"},
+    };
+    const char *pos[1];
+    int n_pos;
+    int rc = cli_parse_or_usage(argc, argv, "mnemo speed -m MODEL [--prompt-tokens 512] [--gen-tokens 128] [--threads N] [--json]",
+                            opts, N_OPTS(opts), pos, 0, &n_pos);
+    if (rc >= 0) return rc;
+    MnType kv_type;
+    if (!cli_require(model_path != NULL, "speed", "needs a model: -m FILE") ||
+        !cli_require(n_prompt >= 1, "speed", "--prompt-tokens must be at least 1, got %d", n_prompt) ||
+        !cli_require(n_gen >= 1, "speed", "--gen-tokens must be at least 1, got %d", n_gen) ||
+        !cli_require(reps >= 1, "speed", "--repetitions must be at least 1, got %d", reps) ||
+        !cli_require(kvpool_type_parse(kv_type_name, &kv_type) == MN_OK, "speed",
+                     "--kv-type must be f16 or f32, got '%s'", kv_type_name))
+        return 2;
+    MnErr err = {0};
+    Model *m = NULL;
+    if (model_load(model_path, &m, &err)) return cli_fail(&err);
+    Runner r;
+    RunnerOptions ro;
+    runner_options_default(&ro);
+    ro.n_ctx = n_prompt + n_gen;
+    ro.max_batch = n_prompt;
+    ro.n_threads = n_threads;
+    ro.kv_type = kv_type;
+    int status = 1;
+    int32_t *prompt = mn_calloc((size_t)n_prompt, sizeof *prompt);
+    if (prompt == NULL || n_prompt + n_gen > m->cfg.n_ctx || runner_init(&r, m, &ro, &err)) {
+        if (!err.msg[0]) mn_err_set(&err, MN_ERANGE, "%d + %d tokens exceed the model's context of %d", n_prompt,
+                                    n_gen, m->cfg.n_ctx);
+        mn_free(prompt);
+        model_free(m);
+        return cli_fail(&err);
+    }
+    Rng rng;
+    rng_seed(&rng, SPEED_PROMPT_SEED, 0);
+    for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)rng_below(&rng, (uint64_t)m->cfg.n_vocab);
+    int32_t next = 1;
+    /* warm-up: touch the weights once */
+    if (runner_eval(&r, prompt, n_prompt < 16 ? n_prompt : 16, false, NULL, NULL, &err)) goto done;
+    double t_pp = 0, t_tg = 0;
+    for (int rep = 0; rep < reps; rep++) {
+        runner_reset(&r);
+        double t0 = mn_now();
+        if (runner_eval(&r, prompt, n_prompt, false, speed_keep_argmax, &next, &err)) goto done;
+        double t1 = mn_now();
+        for (int i = 0; i < n_gen; i++)
+            if (runner_eval(&r, &next, 1, false, speed_keep_argmax, &next, &err)) goto done;
+        double t2 = mn_now();
+        t_pp += t1 - t0;
+        t_tg += t2 - t1;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double pp = (double)n_prompt * reps / t_pp, tg = (double)n_gen * reps / t_tg;
+    double rss_mb = (double)ru.ru_maxrss / 1024.0;
+    if (json)
+        printf("{\"model\": \"%s\", \"threads\": %d, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
+               "\"prefill_tps\": %.2f, \"decode_tps\": %.2f, \"peak_rss_mb\": %.1f, \"model_mb\": %.1f, "
+               "\"kv_pool_mb\": %.1f, \"simd\": \"%s\"}\n",
+               model_path, n_threads, n_prompt, n_gen, pp, tg, rss_mb, (double)gguf_file_bytes(m->gguf) / 1048576.0,
+               (double)kvpool_bytes_for(r.pool.n_layer, r.pool.kv_dim, r.pool.block_tokens, r.pool.n_blocks,
+                                        r.pool.kv_type) / 1048576.0,
+               mm_simd_name());
+    else
+        printf("%-40s threads %d  pp%-5d %8.2f t/s  tg%-5d %8.2f t/s  peak RSS %.1f MB\n", model_path, n_threads,
+               n_prompt, pp, n_gen, tg, rss_mb);
+    status = 0;
+done:
+    if (status) cli_fail(&err);
+    runner_deinit(&r);
+    mn_free(prompt);
+    model_free(m);
+    return status;
+}
