@@ -1,21 +1,22 @@
 /* dequant.c — vectorized exact dequantization of weight blocks (see
  * dequant.h).
  *
- * How it fits: matmul.c's kernel for the types without a kernel of their
- * own (all quantized types but Q8_0 and Q4_0) calls dq_row for one
- * super-block (256 elements) of each row of a tile, into a buffer in L1,
- * and multiplies that like float weights. Stateless; any thread may call it.
+ * How it fits: matmul.c's kernels for the types without a kernel of their
+ * own (all quantized types but Q8_0 and Q4_0) call dq_rows for 256
+ * elements of each row of a tile (decode) or for a tile's whole rows
+ * (prefill), into a buffer on the worker's stack, and multiply that like
+ * float weights. Stateless; any thread may call it.
  *
  * Exactness, the invariant: every value written equals ttype_dequantize_row's
  * bit for bit. A weight is a * q (+ c) in f32, a the product of the block's
- * f16 scale and a sub-block's integer scale (ttype_kscales for the K-quants,
- * so the scales are the reference's own), q an integer code of at most 8
- * bits, c an offset (-(dmin * min), or Q4_1/Q5_1's min). a * q is exact in
- * f32, so the SIMD forms used here — fma(q, a, c), a table of a * i + c
- * indexed by q, mul(q, a) — all round once, where the reference does, to
- * the same value; types without an offset never add one (adding +0 would
- * turn a -0 into +0). test_matmul compares every type's output with the
- * reference bit for bit.
+ * f16 scale and a sub-block's integer scale (exact, however computed: the
+ * K-quants' are unpacked here in words, ttype_kscales' one by one), q an
+ * integer code of at most 8 bits, c an offset (-(dmin * min), or Q4_1/Q5_1's
+ * min). a * q is exact in f32, so the SIMD forms used here — fma(q, a, c),
+ * a table of a * i + c indexed by q, mul(q, a) — all round once, where the
+ * reference does, to the same value; types without an offset never add one
+ * (adding +0 would turn a -0 into +0). test_matmul compares every type's
+ * output with the reference bit for bit.
  *
  * AVX-512: the 4-bit types, Q5_0 and Q5_1 look their codes up in a table
  * of the 16 (vpermps) or 32 (vpermt2ps) values of a sub-block, built with
@@ -59,6 +60,7 @@ static inline uint32_t u32_at(const uint8_t *p) {
     memcpy(&v, p, 4);
     return v;
 }
+
 /* ---- K-quant sub-block scales, both SIMD paths ---- */
 
 /* Declares as (the sub-block scales) and cs (the offsets, types with a
