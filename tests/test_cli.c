@@ -230,6 +230,19 @@ static void test_errors_one_line(void **s) {
         }
 }
 
+/* speed runs on a model of any vocabulary size: its decode feeds ids the
+ * vocabulary has (stories260K's 512 once stopped it at id 600). */
+static void test_speed_small_vocab(void **s) {
+    char model[512], cmd[2048];
+    test_data_path(model, sizeof model, "models/stories260K.gguf");
+    if (!test_require_file(model)) return;
+    snprintf(cmd, sizeof cmd, "%s speed -m %s --prompt-tokens 32 --gen-tokens 64 -t 1 --json 2>&1", bin(), model);
+    char *out;
+    int rc = run(cmd, &out);
+    if (rc != 0 || strstr(out, "\"decode_tps\"") == NULL) fail_msg("mnemo speed exited %d:\n%s", rc, out);
+    free(out);
+}
+
 /* gen-model's help marks what it cannot do without. */
 static void test_gen_model_help(void **s) {
     char cmd[1024];
@@ -673,6 +686,7 @@ int main(void) {
         cmocka_unit_test(test_errors_one_line),
         cmocka_unit_test(test_gen_model_help),
         cmocka_unit_test(test_generate_ends_line),
+        cmocka_unit_test(test_speed_small_vocab),
         cmocka_unit_test(test_chat_log_in_file),
         cmocka_unit_test(test_chat_stops_without_server),
         cmocka_unit_test(test_chat_stops_on_401),

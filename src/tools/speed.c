@@ -30,11 +30,17 @@
 #define N_OPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 #define SPEED_PROMPT_SEED 1 /* fixed: every run measures the same prompt */
 
-static int speed_keep_argmax(void *ctx, int idx, const float *logits) {
-    int32_t *next = ctx;
+/* The next token of a timed decode: any id the vocabulary has. */
+typedef struct {
+    int32_t id;
+    uint32_t n_vocab;
+} SpeedNext;
+
+static int speed_next_token(void *ctx, int idx, const float *logits) {
+    SpeedNext *next = ctx;
     (void)idx;
     (void)logits;
-    *next = (int32_t)((*next * 1103515245u + 12345u) % 1000u) + 10; /* arbitrary valid ids */
+    next->id = (int32_t)(((uint32_t)next->id * 1103515245u + 12345u) % next->n_vocab);
     return MN_OK;
 }
 
@@ -86,17 +92,17 @@ int speed_main(int argc, char **argv) {
     Rng rng;
     rng_seed(&rng, SPEED_PROMPT_SEED, 0);
     for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)rng_below(&rng, (uint64_t)m->cfg.n_vocab);
-    int32_t next = 1;
+    SpeedNext next = {.id = 1, .n_vocab = (uint32_t)m->cfg.n_vocab};
     /* warm-up: touch the weights once */
     if (runner_eval(&r, prompt, n_prompt < 16 ? n_prompt : 16, false, NULL, NULL, &err)) goto done;
     double t_pp = 0, t_tg = 0;
     for (int rep = 0; rep < reps; rep++) {
         runner_reset(&r);
         double t0 = mn_now();
-        if (runner_eval(&r, prompt, n_prompt, false, speed_keep_argmax, &next, &err)) goto done;
+        if (runner_eval(&r, prompt, n_prompt, false, speed_next_token, &next, &err)) goto done;
         double t1 = mn_now();
         for (int i = 0; i < n_gen; i++)
-            if (runner_eval(&r, &next, 1, false, speed_keep_argmax, &next, &err)) goto done;
+            if (runner_eval(&r, &next.id, 1, false, speed_next_token, &next, &err)) goto done;
         double t2 = mn_now();
         t_pp += t1 - t0;
         t_tg += t2 - t1;
