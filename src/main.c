@@ -53,6 +53,7 @@
 #include "model/gguf.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
+#include "server/responses.h"
 #include "server/server.h"
 #include "tools/diskprobe_cmd.h"
 #include "tools/gen_model.h"
@@ -377,7 +378,7 @@ static int cmd_serve(int argc, char **argv) {
     int port = 8080, max_body_kb = 1024, n_predict = -1;
     const char *gpu_layers = NULL, *flash_attn = NULL; /* llama.cpp's, ignored */
     uint64_t pool_mb = 0;
-    float drain_timeout = 30.0f, cache_ttl = 0.0f;
+    float drain_timeout = 30.0f, cache_ttl = 0.0f, response_ttl = (float)RESP_TTL_DEFAULT_S;
     bool no_prefix_cache = false;
     CliStrList keys = {0}, cors = {0};
     EngineOptions eo;
@@ -420,6 +421,8 @@ static int cmd_serve(int argc, char **argv) {
         {"no-prefix-cache", 0, CLI_FLAG, &no_prefix_cache, NULL, "compute every prompt from scratch"},
         {"drain-timeout", 0, CLI_FLOAT, &drain_timeout, "S", "on SIGTERM, let running requests finish this long (30)"},
         {"cache-ttl", 0, CLI_FLOAT, &cache_ttl, "S", "drop cached blocks idle longer than S seconds (0: never)"},
+        {"response-ttl", 0, CLI_FLOAT, &response_ttl, "S",
+         "delete stored responses (/v1/responses) unused for S seconds (0: never; default 2592000, 30 days)"},
         {"evict", 0, CLI_STR, &evict, "POLICY", "lru|fifo|pensieve|lookahead|pensieve+lookahead (default the last)"},
         {"profile-file", 0, CLI_STR, &profile_file, "FILE", "where the machine's cost profile is cached (default ~/.cache/mnemo/cost-MODEL-tN-bN-KV-CPU.txt)"},
         {"ram-tier-mb", 0, CLI_U64, &eo.ram_tier_mb, "N", "host RAM tier below the pool, in MiB (default 0: none)"},
@@ -457,6 +460,7 @@ static int cmd_serve(int argc, char **argv) {
                      "--kv-type must be f16 or f32, got '%s'", kv_type_name) ||
         !cli_require(port >= 0 && port <= 65535, "serve", "--port must be in 0..65535, got %d", port) ||
         !cli_require(max_body_kb >= 1, "serve", "--max-body must be at least 1 (KiB), got %d", max_body_kb) ||
+        !cli_require(response_ttl >= 0, "serve", "--response-ttl must be >= 0, got %g", response_ttl) ||
         !cli_require(n_predict == -1 || n_predict >= 1, "serve", "-n must be -1 (no limit) or at least 1, got %d",
                      n_predict))
         goto out;
@@ -485,6 +489,7 @@ static int cmd_serve(int argc, char **argv) {
     so.cors_origins = cors.items;
     so.n_cors_origins = cors.n;
     so.max_body = (size_t)max_body_kb * 1024;
+    so.response_ttl_s = response_ttl;
     eo.default_max_tokens = n_predict;
     const char *base = strrchr(model_path, '/');
     so.model_name = alias ? alias : base ? base + 1 : model_path;
@@ -676,10 +681,10 @@ static int cmd_cache(int argc, char **argv) {
     MnErr err = {0};
     PurgeReport r;
     if (purge_disk_tier(dir, is_all ? NULL : is_default ? "" : ns, &r, &err) != MN_OK) return cli_fail(&err);
-    printf("purged %s from %s: %d runs (%d blocks), %" PRId64 " replies, %" PRId64
-           " conversations; %" PRIu64 " bytes of slab space overwritten with zeros\n",
+    printf("purged %s from %s: %d runs (%d blocks), %" PRId64 " replies, %" PRId64 " conversations, %" PRId64
+           " responses; %" PRIu64 " bytes of slab space overwritten with zeros\n",
            is_all ? "every namespace" : is_default ? "the default namespace" : "the namespace", dir, r.n_runs,
-           r.n_blocks, r.n_replies, r.n_convs, r.n_zeroed_bytes);
+           r.n_blocks, r.n_replies, r.n_convs, r.n_responses, r.n_zeroed_bytes);
     return 0;
 }
 

@@ -130,7 +130,7 @@ static void test_store_version(void **state) {
     assert_null(s);
     assert_non_null(strstr(err.msg, "mnemo.db"));
     assert_non_null(strstr(err.msg, "version 7"));
-    assert_non_null(strstr(err.msg, "uses 2"));
+    assert_non_null(strstr(err.msg, "uses 3"));
     assert_non_null(strstr(err.msg, "move"));
     /* refused, not changed: still version 7 */
     assert_int_equal(store_open(dir, &id, &s, &err), MN_EUNSUPPORTED);
@@ -441,12 +441,93 @@ static void test_store_convs(void **state) {
     test_rm_dir(dir);
 }
 
+/* ---- responses ------------------------------------------------------------------- */
+
+/* Store response id (two input items, "input of ID" and a system one)
+ * with output as its reply, made at `when`. */
+static void put_resp(CacheStore *s, const Hash128 *ns, const char *id, const char *prev, const char *output,
+                     double when) {
+    char input[64], body[96];
+    snprintf(input, sizeof input, "input of %s", id);
+    snprintf(body, sizeof body, "{\"id\":\"%s\"}", id);
+    StoreRespItem items[2] = {{"msg_1", "developer", "be kind", 7}, {"msg_2", "user", input, strlen(input)}};
+    StoreResp r = {.id = id, .previous_id = prev, .created = when, .body = body, .body_len = strlen(body),
+                   .output = output, .output_len = strlen(output), .inputs = items, .n_inputs = 2};
+    assert_int_equal(store_resp_put(s, ns, &r), MN_OK);
+}
+
+/* Responses round-trip (body, output, previous id, inputs in order), are
+ * found only in their namespace, expire by last use (a touch keeps them),
+ * are deleted with their inputs, and survive a reopen; an in-memory
+ * store holds them the same way. */
+static void check_responses(CacheStore *s, const char *dir) {
+    Hash128 a = hash128("a", 1), b = hash128("b", 1);
+    put_resp(s, &a, "resp_1", NULL, "first answer", 100);
+    put_resp(s, &a, "resp_2", "resp_1", "second answer", 200);
+    StoreResp r;
+    assert_int_equal(store_resp_get(s, &a, "resp_2", 0, &r), MN_OK);
+    assert_string_equal(r.previous_id, "resp_1");
+    assert_string_equal(r.body, "{\"id\":\"resp_2\"}");
+    assert_int_equal(r.output_len, strlen("second answer"));
+    assert_string_equal(r.output, "second answer");
+    assert_int_equal(r.n_inputs, 2);
+    assert_string_equal(r.inputs[0].role, "developer");
+    assert_string_equal(r.inputs[1].content, "input of resp_2");
+    assert_string_equal(r.inputs[1].item_id, "msg_2");
+    assert_true(r.created == 200 && r.used == 200);
+    store_resp_deinit(&r);
+    assert_int_equal(store_resp_get(s, &a, "resp_1", 0, &r), MN_OK);
+    assert_null(r.previous_id);
+    store_resp_deinit(&r);
+    assert_int_equal(store_resp_get(s, &b, "resp_1", 0, &r), MN_ENOTFOUND); /* another namespace's */
+    assert_null(r.body);
+    assert_int_equal(store_resp_delete(s, &b, "resp_1"), MN_ENOTFOUND);
+    /* used at 100: gone for a cutoff past it, unless touched */
+    assert_int_equal(store_resp_get(s, &a, "resp_1", 150, &r), MN_ENOTFOUND);
+    const char *ids[] = {"resp_1"};
+    assert_int_equal(store_resp_touch(s, &b, ids, 1, 300), MN_OK); /* not b's: no effect */
+    assert_int_equal(store_resp_get(s, &a, "resp_1", 150, &r), MN_ENOTFOUND);
+    assert_int_equal(store_resp_touch(s, &a, ids, 1, 300), MN_OK);
+    assert_int_equal(store_resp_get(s, &a, "resp_1", 250, &r), MN_OK);
+    store_resp_deinit(&r);
+    int64_t n = -1;
+    assert_int_equal(store_resp_expire(s, 250, &n), MN_OK); /* resp_2, used at 200 */
+    assert_int_equal(n, 1);
+    assert_int_equal(store_resp_get(s, &a, "resp_2", 0, &r), MN_ENOTFOUND);
+    if (dir) {
+        store_close(s);
+        StoreIdentity id = ident(0x77);
+        s = open_ok(dir, &id);
+    }
+    assert_int_equal(store_resp_get(s, &a, "resp_1", 0, &r), MN_OK);
+    assert_int_equal(r.n_inputs, 2);
+    store_resp_deinit(&r);
+    assert_int_equal(store_resp_delete(s, &a, "resp_1"), MN_OK);
+    assert_int_equal(store_resp_get(s, &a, "resp_1", 0, &r), MN_ENOTFOUND);
+    assert_int_equal(store_resp_count(s, &n), MN_OK);
+    assert_int_equal(n, 0);
+    put_resp(s, &a, "resp_1", NULL, "again", 400); /* its inputs went with it */
+    store_close(s);
+}
+
+static void test_store_responses(void **state) {
+    char dir[64];
+    make_dir(dir);
+    StoreIdentity id = ident(0x77);
+    check_responses(open_ok(dir, &id), dir);
+    test_rm_dir(dir);
+    CacheStore *mem = NULL;
+    MnErr err = {0};
+    assert_int_equal(store_open_memory(&mem, &err), MN_OK);
+    check_responses(mem, NULL);
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 /* ---- upgrade, purge ---------------------------------------------------------- */
 
 /* A database of schema version 1 (no namespace columns) opens: upgraded
- * in place to version 2, its rows kept with no namespace, and a purge of
+ * in place to version 3 (through 2), its rows kept with no namespace, and a purge of
  * any namespace takes its replies. */
 static void test_store_upgrade(void **state) {
     char dir[64];
@@ -489,15 +570,18 @@ static void test_store_upgrade(void **state) {
     assert_int_equal(store_open(dir, &id, &server, &err), MN_EBUSY);
     assert_null(server);
     store_close(tool);
-    s = open_ok(dir, &id); /* version 2 now: opens as it is */
+    s = open_ok(dir, &id); /* version 3 now: opens as it is */
     memset(&seen, 0, sizeof seen);
     assert_int_equal(store_run_foreach(s, on_run, &seen), MN_OK);
     assert_int_equal(seen.n, 2);
     assert_true(seen.has_ns[1] && hash128_eq(&seen.ns[1], &ns));
-    int64_t n_replies = 0, n_convs = 0;
+    StorePurged np;
     Hash128 other = hash128("other", 5);
-    assert_int_equal(store_purge(s, &other, &n_replies, &n_convs), MN_OK);
-    assert_int_equal(n_replies, 1); /* of no known namespace */
+    assert_int_equal(store_purge(s, &other, &np), MN_OK);
+    assert_int_equal(np.n_replies, 1); /* of no known namespace */
+    int64_t n_resp = -1;
+    assert_int_equal(store_resp_count(s, &n_resp), MN_OK); /* the response tables came with the upgrade */
+    assert_int_equal(n_resp, 0);
     store_close(s);
     assert_false(test_dir_contains(dir, "mnemo.db", "old text", 8));
     test_rm_dir(dir);
@@ -529,10 +613,19 @@ static void test_store_purge(void **state) {
     assert_int_equal(store_conv_put(s, 2, &b, 100, 8), MN_OK);
     assert_true(test_dir_contains(dir, "mnemo.db", text_a, strlen(text_a)));
 
-    int64_t n_replies = -1, n_convs = -1;
-    assert_int_equal(store_purge(s, &a, &n_replies, &n_convs), MN_OK);
-    assert_int_equal(n_replies, 1);
-    assert_int_equal(n_convs, 1);
+    const char *answer_a = "the stored answer of tenant a", *answer_b = "the stored answer of tenant b";
+    put_resp(s, &a, "resp_a", NULL, answer_a, 100);
+    put_resp(s, &b, "resp_b", NULL, answer_b, 100);
+    assert_true(test_dir_contains(dir, "mnemo.db", answer_a, strlen(answer_a)));
+
+    StorePurged np = {-1, -1, -1};
+    assert_int_equal(store_purge(s, &a, &np), MN_OK);
+    assert_int_equal(np.n_replies, 1);
+    assert_int_equal(np.n_convs, 1);
+    assert_int_equal(np.n_responses, 1);
+    assert_false(test_dir_contains(dir, "mnemo.db", answer_a, strlen(answer_a)));
+    assert_false(test_dir_contains(dir, "mnemo.db", "input of resp_a", 15));
+    assert_true(test_dir_contains(dir, "mnemo.db", answer_b, strlen(answer_b)));
     assert_false(test_dir_contains(dir, "mnemo.db", text_a, strlen(text_a)));
     assert_false(test_dir_contains(dir, "mnemo.db", "an older reply of tenant a", 26));
     assert_true(test_dir_contains(dir, "mnemo.db", text_b, strlen(text_b)));
@@ -546,9 +639,10 @@ static void test_store_purge(void **state) {
     store_close(s);
 
     s = open_ok(dir, &id);
-    assert_int_equal(store_purge(s, NULL, &n_replies, &n_convs), MN_OK);
-    assert_int_equal(n_replies, 1);
-    assert_int_equal(n_convs, 1);
+    assert_int_equal(store_purge(s, NULL, &np), MN_OK);
+    assert_int_equal(np.n_replies, 1);
+    assert_int_equal(np.n_convs, 1);
+    assert_int_equal(np.n_responses, 1);
     store_close(s);
     assert_false(test_dir_contains(dir, "mnemo.db", text_b, strlen(text_b)));
     test_rm_dir(dir);
@@ -561,7 +655,7 @@ int main(void) {
         cmocka_unit_test(test_store_identity),      cmocka_unit_test(test_store_garbage),
         cmocka_unit_test(test_store_runs),          cmocka_unit_test(test_store_replies),
         cmocka_unit_test(test_store_convs),         cmocka_unit_test(test_store_upgrade),
-        cmocka_unit_test(test_store_purge),
+        cmocka_unit_test(test_store_purge), cmocka_unit_test(test_store_responses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

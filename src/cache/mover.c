@@ -540,6 +540,8 @@ void mover_free(Mover *m) {
     mn_free(m);
 }
 
+CacheStore *mover_store(Mover *m) { return m->store; }
+
 int mover_n_tiers(const Mover *m) { return m->n_tiers; }
 const char *mover_tier_name(const Mover *m, int i) { return tier_name(m->tiers[i]); }
 

@@ -57,6 +57,7 @@
 #include "base/hash.h"
 #include "cache/kv_pool.h"
 #include "cache/reply_mem.h"
+#include "cache/store.h"
 #include "cache/tier.h"
 
 #define MOVER_MAX_TIERS 4
@@ -219,6 +220,10 @@ int mover_submit(Mover *m, MoverJob *j);
 /* The most blocks one PROMOTE may name; 0 when the chain has no tier to
  * promote into (fewer than two tiers, or not one block fits tier 0). */
 int mover_promote_max_blocks(const Mover *m);
+
+/* The disk tier's database (store.h; thread-safe), for the server's
+ * stored responses; NULL without a disk tier. Valid until mover_free. */
+CacheStore *mover_store(Mover *m);
 
 int mover_n_tiers(const Mover *m);
 const char *mover_tier_name(const Mover *m, int i); /* "ram", "disk" */

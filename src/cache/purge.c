@@ -56,10 +56,14 @@ int purge_disk_tier(const char *dir, const char *ns, PurgeReport *out, MnErr *er
         tier_free(t); /* keeps the other namespaces' runs */
     }
     if (rc == MN_OK) {
-        rc = store_purge(store, which, &out->n_replies, &out->n_convs);
+        StorePurged n = {0};
+        rc = store_purge(store, which, &n);
         if (rc != MN_OK)
-            mn_err_set(err, rc, "purging the reply memory and conversations in %s: %s (logged above)",
+            mn_err_set(err, rc, "purging the reply memory, conversations and responses in %s: %s (logged above)",
                        store_path(store), mn_strerror(rc));
+        out->n_replies = n.n_replies;
+        out->n_convs = n.n_convs;
+        out->n_responses = n.n_responses;
     }
     store_close(store);
     return rc;

@@ -2,8 +2,8 @@
  *
  * What a tenant leaves in --disk-tier DIR: the KV bytes of its runs (slab
  * files, tier_disk.c) with their records, its reply memory (texts and the
- * token ids generated for them) and its conversations' rows (mnemo.db,
- * store.c). purge_disk_tier erases all of it, so that nothing of it is
+ * token ids generated for them), its conversations' rows and its stored
+ * responses (mnemo.db, store.c). purge_disk_tier erases all of it, so that nothing of it is
  * served again or readable in the directory's files afterwards;
  * `mnemo cache purge` (main.c) is a thin command over it.
  *
@@ -28,6 +28,7 @@
 typedef struct PurgeReport {
     int n_runs, n_blocks;         /* disk tier runs dropped, their blocks */
     int64_t n_replies, n_convs;   /* reply-memory and conversation rows deleted */
+    int64_t n_responses;          /* stored responses deleted (with their inputs) */
     uint64_t n_zeroed_bytes;      /* slab bytes overwritten with zeros */
 } PurgeReport;
 
@@ -37,8 +38,8 @@ typedef struct PurgeReport {
  *   2. every byte of the slab files that no remaining run holds is
  *      overwritten with zeros — the purged runs' KV, and whatever evicted
  *      runs of any namespace left — and synced;
- *   3. its reply-memory and conversation rows (replies of no known
- *      namespace too), then the database is rewritten (VACUUM) and its WAL
+ *   3. its reply-memory, conversation and response rows (replies of no
+ *      known namespace too), then the database is rewritten (VACUUM) and its WAL
  *      truncated, so no byte of a deleted row remains in either file.
  * Each step is durable before the next starts, and step 2 covers all free
  * space, so after a crash (or a failure) running the purge again finishes

@@ -2,8 +2,12 @@
  *
  * Everything the cache keeps across restarts apart from the KV bytes
  * themselves: the disk tier's run records (the bytes live in its slab
- * files, tier_disk.c), the reply memory (reply_mem.h) and the
- * conversations. The schema is documented at the top of store.c.
+ * files, tier_disk.c), the reply memory (reply_mem.h), the conversations
+ * and the stored responses of the Responses API (the server keeps a
+ * conversation for a client that sends only its new input). The schema
+ * is documented at the top of store.c. Without a disk tier, the server
+ * keeps its responses in an in-memory database of the same schema
+ * (store_open_memory).
  *
  * Durability: the database runs in WAL mode with synchronous=FULL, and
  * every put or delete below is a transaction of its own, committed (and
@@ -12,9 +16,10 @@
  * store_run_touch is the one exception: it commits without a sync of its
  * own (a power cut may lose recent touches, never a row).
  *
- * Threads: a CacheStore belongs to one thread at a time — the mover while
- * the server runs, the main thread at open and close; nothing here locks
- * beyond SQLite's own. The database is opened in exclusive locking mode:
+ * Threads: any thread may call any function but store_close; a mutex of
+ * the store's serializes the calls (the mover writes runs, replies and
+ * conversations while HTTP threads read and write responses). A foreach
+ * callback runs with it held. The database is opened in exclusive locking mode:
  * a second process (another mnemo on the same directory) is refused with
  * MN_EBUSY instead of sharing the slab files.
  *
@@ -32,9 +37,9 @@
 #include "base/hash.h"
 #include "cache/reply_mem.h"
 
-/* The schema this build reads and writes (PRAGMA user_version); version 1
- * is upgraded in place when opened. */
-#define STORE_SCHEMA_VERSION 2
+/* The schema this build reads and writes (PRAGMA user_version); versions
+ * 1 and 2 are upgraded in place when opened. */
+#define STORE_SCHEMA_VERSION 3
 
 typedef struct CacheStore CacheStore;
 
@@ -70,6 +75,10 @@ int store_open(const char *dir, const StoreIdentity *id, CacheStore **out, MnErr
  * the file is missing, or the file holds no cache yet; nothing is
  * created. */
 int store_open_existing(const char *dir, CacheStore **out, MnErr *err);
+/* A private in-memory database with the same schema (no identity, no
+ * file, nothing survives store_close): a server's stored responses when
+ * it has no disk tier. MN_ENOMEM (err) or MN_OK. */
+int store_open_memory(CacheStore **out, MnErr *err);
 /* Checkpoint (TRUNCATE: the WAL file ends empty) and close. NULL is fine. */
 void store_close(CacheStore *s);
 /* Copy the WAL into the database and truncate the WAL. MN_OK or a code. */
@@ -132,16 +141,67 @@ int store_conv_foreach(CacheStore *s, StoreConvFn fn, void *ctx);
 /* Delete the conversations last active before cutoff (unix seconds). */
 int store_conv_expire(CacheStore *s, double cutoff);
 
+/* ---- responses ----------------------------------------------------------------------- */
+
+/* One input item of a stored response: a message. */
+typedef struct StoreRespItem {
+    const char *item_id;  /* "msg_..." */
+    const char *role;     /* "user", "assistant", "system", "developer" */
+    const char *content;  /* (content_len) bytes, NUL after them on a get */
+    size_t content_len;
+} StoreRespItem;
+
+/* A stored response. For store_resp_put every pointer is borrowed for the
+ * call; after store_resp_get they are owned (store_resp_deinit). */
+typedef struct StoreResp {
+    const char *id;          /* unique across namespaces and restarts */
+    const char *previous_id; /* the response it continues; NULL: none */
+    double created;          /* unix seconds; a put sets used to it too */
+    double used;             /* created, or last continued (store_resp_touch) */
+    const char *body;        /* (body_len) the response object as answered (opaque) */
+    size_t body_len;
+    const char *output;      /* (output_len) the reply's text as generated */
+    size_t output_len;
+    StoreRespItem *inputs;   /* (n_inputs) its input items, in order */
+    size_t n_inputs;
+} StoreResp;
+
+/* Store r in namespace ns_id, its inputs with it, in one transaction.
+ * MN_OK once durable; an id that exists already fails (MN_EIO, logged). */
+int store_resp_put(CacheStore *s, const Hash128 *ns_id, const StoreResp *r);
+/* The response id of namespace ns_id, unless it was last used before
+ * cutoff (expired, not yet deleted). MN_OK and *out (owned), MN_ENOTFOUND
+ * (another namespace's id is not found either), MN_EIO, MN_ENOMEM; *out is
+ * zeroed on failure. */
+int store_resp_get(CacheStore *s, const Hash128 *ns_id, const char *id, double cutoff, StoreResp *out);
+/* Free what a get left in r and zero it (fine on a zeroed one). */
+void store_resp_deinit(StoreResp *r);
+/* Delete the response id of namespace ns_id with its inputs. MN_OK,
+ * MN_ENOTFOUND, MN_EIO. Responses continuing it keep their rows. */
+int store_resp_delete(CacheStore *s, const Hash128 *ns_id, const char *id);
+/* Mark responses ids[0..n) of namespace ns_id used at `when` (never back
+ * in time), in one transaction: a chain being continued does not expire. */
+int store_resp_touch(CacheStore *s, const Hash128 *ns_id, const char *const *ids, size_t n, double when);
+/* Delete the responses last used before cutoff; *n_expired: how many. */
+int store_resp_expire(CacheStore *s, double cutoff, int64_t *n_expired);
+int store_resp_count(CacheStore *s, int64_t *out);
+
 /* ---- purge ------------------------------------------------------------------------- */
 
-/* Delete the reply memory and the conversations of namespace ns_id
- * (replies of no known namespace too; ns_id NULL: every row), in one
- * transaction, then rewrite the file (VACUUM) and truncate the WAL, so
- * none of their bytes is left in the database or its WAL (deleted content
- * is zeroed, free pages are gone). *n_replies, *n_convs: rows deleted.
- * The run rows are the disk tier's to delete (tier_drop_namespace). MN_OK,
- * MN_EIO, MN_EFULL (no room to rewrite), MN_ENOMEM. */
-int store_purge(CacheStore *s, const Hash128 *ns_id, int64_t *n_replies, int64_t *n_convs);
+/* Rows a purge deleted. */
+typedef struct StorePurged {
+    int64_t n_replies, n_convs, n_responses;
+} StorePurged;
+
+/* Delete the reply memory, the conversations and the stored responses
+ * (with their inputs) of namespace ns_id (replies of no known namespace
+ * too; ns_id NULL: every row), in one transaction, then rewrite the file
+ * (VACUUM) and truncate the WAL, so none of their bytes is left in the
+ * database or its WAL (deleted content is zeroed, free pages are gone).
+ * *out: rows deleted. The run rows are the disk tier's to delete
+ * (tier_drop_namespace). MN_OK, MN_EIO, MN_EFULL (no room to rewrite),
+ * MN_ENOMEM. */
+int store_purge(CacheStore *s, const Hash128 *ns_id, StorePurged *out);
 
 /* ---- tests ------------------------------------------------------------------------ */
 

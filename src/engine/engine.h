@@ -244,5 +244,8 @@ ReplyMemory *engine_reply_memory(Engine *e);
 const Model *engine_model(const Engine *e);
 ChatTemplate engine_chat_template(const Engine *e); /* EngineOptions.chat_template */
 Hash128 engine_namespace_id(const char *ns);
+/* The disk tier's database (cache/store.h), where the server keeps its
+ * stored responses; NULL without a disk tier. Valid until engine_free. */
+CacheStore *engine_store(Engine *e);
 
 #endif

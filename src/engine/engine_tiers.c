@@ -604,3 +604,5 @@ void tiers_expire(Engine *e) {
     j->cutoff = mn_wall_now() + shift - e->opt.cache_ttl_s;
     if (mover_submit(e->mover, j) != MN_OK) mover_job_free(j);
 }
+
+CacheStore *engine_store(Engine *e) { return e->mover ? mover_store(e->mover) : NULL; }

@@ -174,10 +174,29 @@ static bool is_none_string(const json_t *v) { return json_is_string(v) && strcmp
 static bool is_one(const json_t *v) { return json_is_number(v) && json_number_value(v) == 1.0; }
 static bool is_empty_array(const json_t *v) { return json_is_array(v) && json_array_size(v) == 0; }
 
+static bool is_zero_number(const json_t *v) { return json_is_number(v) && json_number_value(v) == 0.0; }
+static bool is_string_of(const json_t *v, const char *a, const char *b) {
+    const char *s = json_is_string(v) ? json_string_value(v) : NULL;
+    return s && (strcmp(s, a) == 0 || (b && strcmp(s, b) == 0));
+}
+static bool is_none_or_auto(const json_t *v) { return is_string_of(v, "none", "auto"); }
+static bool is_disabled_string(const json_t *v) { return is_string_of(v, "disabled", NULL); }
+
 static bool is_text_format(const json_t *v) {
     json_t *type = json_object_get(v, "type");
     return json_is_object(v) && json_object_size(v) == 1 && json_is_string(type) &&
            strcmp(json_string_value(type), "text") == 0;
+}
+
+/* Responses' "text": {"format": {"type": "text"}} (and a "verbosity" of
+ * null), the default. */
+static bool is_text_config(const json_t *v) {
+    const char *key;
+    json_t *m;
+    json_object_foreach((json_t *)v, key, m) {
+        if (strcmp(key, "format") == 0 ? !is_text_format(m) : !json_is_null(m)) return false;
+    }
+    return json_is_object(v);
 }
 
 static bool is_text_modality(const json_t *v) {
@@ -226,6 +245,31 @@ static const ApiField MESSAGE_FIELDS[] = {
 };
 
 static const ApiField PART_FIELDS[] = {USED("type"), USED("text"), {NULL, FIELD_USED, NULL}};
+
+/* POST /v1/responses: its own names for the generation fields, and no
+ * tools, reasoning or structured output (refused unless they ask for
+ * nothing). truncation "auto" is context overflow's, not done yet. */
+static const ApiField RESPONSES_FIELDS[] = {
+    USED("model"), USED("input"), USED("instructions"), USED("previous_response_id"), USED("store"),
+    USED("max_output_tokens"), USED("temperature"), USED("top_p"), USED("stream"), USED("seed"),
+    NO_EFFECT("metadata"), NO_EFFECT("user"), NO_EFFECT("service_tier"), NO_EFFECT("prompt_cache_key"),
+    NO_EFFECT("safety_identifier"), NO_EFFECT("parallel_tool_calls"),
+    UNSUPPORTED("tools", is_empty_array), UNSUPPORTED("tool_choice", is_none_or_auto),
+    UNSUPPORTED("text", is_text_config), UNSUPPORTED("truncation", is_disabled_string),
+    UNSUPPORTED("include", is_empty_array), UNSUPPORTED("background", is_false), UNSUPPORTED("reasoning", NULL),
+    UNSUPPORTED("top_logprobs", is_zero_number), UNSUPPORTED("max_tool_calls", NULL), UNSUPPORTED("prompt", NULL),
+    UNSUPPORTED("conversation", NULL), UNSUPPORTED("stream_options", NULL),
+    {NULL, FIELD_USED, NULL},
+};
+
+/* An input item of a response: a message (type "message", or no type). */
+static const ApiField INPUT_ITEM_FIELDS[] = {
+    USED("type"), USED("role"), USED("content"), NO_EFFECT("id"), NO_EFFECT("status"), {NULL, FIELD_USED, NULL},
+};
+
+static const ApiField INPUT_PART_FIELDS[] = {
+    USED("type"), USED("text"), NO_EFFECT("annotations"), NO_EFFECT("logprobs"), {NULL, FIELD_USED, NULL},
+};
 
 static const ApiField STREAM_OPTION_FIELDS[] = {
     USED("include_usage"), UNSUPPORTED("include_obfuscation", is_false), {NULL, FIELD_USED, NULL},
@@ -436,6 +480,23 @@ static ApiRole chat_role(const char *s) {
     return ROLE_NONE;
 }
 
+/* The "text" members of parts (checked strings, total bytes with the
+ * separators), joined by "\n" (as llama.cpp and vLLM join them) into *out. */
+static int join_texts(const json_t *parts, size_t total, char **out, MnErr *err) {
+    char *s = mn_malloc(total + 1);
+    if (s == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    size_t at = 0;
+    for (size_t k = 0; k < json_array_size(parts); k++) {
+        json_t *text = json_object_get(json_array_get(parts, k), "text");
+        if (k > 0) s[at++] = '\n';
+        memcpy(s + at, json_string_value(text), json_string_length(text));
+        at += json_string_length(text);
+    }
+    s[at] = '\0';
+    *out = s;
+    return MN_OK;
+}
+
 /* The text of a content-parts array, parts joined by "\n" (as llama.cpp
  * and vLLM join them). i is the message index for messages. */
 static int chat_parts_text(const json_t *parts, size_t i, char **out, MnErr *err) {
@@ -460,18 +521,7 @@ static int chat_parts_text(const json_t *parts, size_t i, char **out, MnErr *err
             return mn_err_set(err, MN_EINVAL, "messages[%zu].content[%zu].text must be a string", i, k);
         total += json_string_length(text) + (k > 0); /* bounded by the body length: no overflow */
     }
-    char *s = mn_malloc(total + 1);
-    if (s == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
-    size_t at = 0;
-    for (size_t k = 0; k < n; k++) {
-        json_t *text = json_object_get(json_array_get(parts, k), "text");
-        if (k > 0) s[at++] = '\n';
-        memcpy(s + at, json_string_value(text), json_string_length(text));
-        at += json_string_length(text);
-    }
-    s[at] = '\0';
-    *out = s;
-    return MN_OK;
+    return join_texts(parts, total, out, err);
 }
 
 static int parse_message(const json_t *msg, size_t i, ChatMsg *out, MnErr *err) {
@@ -522,6 +572,106 @@ static int parse_chat_body(const json_t *root, ApiRequest *r, MnErr *err) {
         r->n_msgs = i + 1;
     }
     return parse_generation(root, r, err);
+}
+
+/* ---- responses ---------------------------------------------------------- */
+
+/* The text of input[i].content: a string, or text parts ("input_text";
+ * "output_text" in an assistant's earlier answer) joined by "\n". */
+static int input_content(const json_t *content, size_t i, bool is_assistant, char **out, MnErr *err) {
+    if (json_is_string(content)) {
+        *out = mn_strndup(json_string_value(content), json_string_length(content));
+        return *out ? MN_OK : mn_err_set(err, MN_ENOMEM, "out of memory");
+    }
+    if (!json_is_array(content))
+        return mn_err_set(err, MN_EINVAL, "input[%zu].content must be a string or an array of text parts", i);
+    size_t n = json_array_size(content), total = 0;
+    const char *want = is_assistant ? "output_text" : "input_text";
+    for (size_t k = 0; k < n; k++) {
+        json_t *part = json_array_get(content, k), *type = json_object_get(part, "type");
+        if (!json_is_object(part) || !json_is_string(type))
+            return mn_err_set(err, MN_EINVAL, "input[%zu].content[%zu] must be an object with a type", i, k);
+        if (strcmp(json_string_value(type), want) != 0)
+            return mn_err_set(err, MN_EINVAL, "input[%zu].content[%zu].type \"%.64s\" is not supported (only \"%s\")",
+                              i, k, json_string_value(type), want);
+        char path[API_PARAM_MAX];
+        snprintf(path, sizeof path, "input[%zu].content[%zu].", i, k);
+        int rc = check_fields(part, INPUT_PART_FIELDS, NULL, path, err);
+        if (rc != MN_OK) return rc;
+        json_t *text = json_object_get(part, "text");
+        if (!json_is_string(text))
+            return mn_err_set(err, MN_EINVAL, "input[%zu].content[%zu].text must be a string", i, k);
+        total += json_string_length(text) + (k > 0); /* bounded by the body length */
+    }
+    return join_texts(content, total, out, err);
+}
+
+/* input[i]: a message item. Its role keeps "developer" apart (the input
+ * items are listed back as given). */
+static int parse_input_item(const json_t *item, size_t i, ChatMsg *out, MnErr *err) {
+    static const char *const ROLES[] = {"user", "assistant", "system", "developer"};
+    if (!json_is_object(item)) return mn_err_set(err, MN_EINVAL, "input[%zu] must be an object", i);
+    json_t *type = member(item, "type");
+    if (type != NULL && !(json_is_string(type) && strcmp(json_string_value(type), "message") == 0))
+        return mn_err_set(err, MN_EINVAL, "input[%zu].type \"%.64s\" is not supported (only \"message\")", i,
+                          json_is_string(type) ? json_string_value(type) : "?");
+    char path[API_PARAM_MAX];
+    snprintf(path, sizeof path, "input[%zu].", i);
+    int rc = check_fields(item, INPUT_ITEM_FIELDS, NULL, path, err);
+    if (rc != MN_OK) return rc;
+    json_t *role = json_object_get(item, "role");
+    const char *r = NULL;
+    for (size_t k = 0; json_is_string(role) && k < sizeof ROLES / sizeof *ROLES; k++)
+        if (strcmp(json_string_value(role), ROLES[k]) == 0) r = ROLES[k];
+    if (r == NULL)
+        return mn_err_set(err, MN_EINVAL, "input[%zu].role must be one of user, assistant, system, developer", i);
+    char *text = NULL;
+    rc = input_content(member(item, "content"), i, r == ROLES[1], &text, err);
+    if (rc != MN_OK) return rc;
+    out->role = r;
+    out->content = text;
+    return MN_OK;
+}
+
+static int parse_responses_body(const json_t *root, ApiRequest *r, MnErr *err) {
+    int rc = check_fields(root, RESPONSES_FIELDS, NULL, "", err);
+    if (rc != MN_OK) return rc;
+    json_t *input = member(root, "input");
+    if (input == NULL) return mn_err_set(err, MN_EINVAL, "input is required");
+    if (json_is_string(input)) {
+        r->msgs = mn_calloc(1, sizeof *r->msgs);
+        char *text = mn_strndup(json_string_value(input), json_string_length(input));
+        if (r->msgs == NULL || text == NULL) {
+            mn_free(text);
+            return mn_err_set(err, MN_ENOMEM, "out of memory");
+        }
+        r->msgs[0] = (ChatMsg){"user", text};
+        r->n_msgs = 1;
+    } else if (json_is_array(input) && json_array_size(input) > 0) {
+        size_t n = json_array_size(input);
+        if ((r->msgs = mn_calloc(n, sizeof *r->msgs)) == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+        for (size_t i = 0; i < n; i++) {
+            if ((rc = parse_input_item(json_array_get(input, i), i, &r->msgs[i], err)) != MN_OK) return rc;
+            r->n_msgs = i + 1;
+        }
+    } else {
+        return mn_err_set(err, MN_EINVAL, "input must be a string or a non-empty array of message items");
+    }
+    if ((rc = get_string(root, "instructions", &r->instructions, err)) != MN_OK) return rc;
+    if ((rc = get_string(root, "previous_response_id", &r->previous_response_id, err)) != MN_OK) return rc;
+    r->is_store = true;
+    if ((rc = get_bool(root, "store", &r->is_store, err)) != MN_OK) return rc;
+    /* the generation fields, under their Responses names */
+    if ((rc = parse_generation(root, r, err)) != MN_OK) return rc;
+    int64_t x;
+    bool is_set;
+    if ((rc = get_int(root, "max_output_tokens", 1, INT64_MAX, "an integer >= 1", &x, &is_set, err)) != MN_OK)
+        return rc;
+    if (is_set) {
+        r->max_tokens = x;
+        r->fields_set |= API_SET_MAX_TOKENS;
+    }
+    return MN_OK;
 }
 
 /* ---- completions, tokenize, detokenize ---------------------------------- */
@@ -608,6 +758,7 @@ int api_parse_request(ApiRoute route, const char *body, size_t len, ApiRequest *
     case API_ROUTE_COMPLETION: rc = parse_completion_body(root, out, err); break;
     case API_ROUTE_TOKENIZE: rc = parse_tokenize_body(root, out, err); break;
     case API_ROUTE_DETOKENIZE: rc = parse_detokenize_body(root, out, err); break;
+    case API_ROUTE_RESPONSES: rc = parse_responses_body(root, out, err); break;
     default: rc = mn_err_set(err, MN_EINVAL, "unknown route %d", (int)route); break;
     }
     json_decref(root);
@@ -622,6 +773,8 @@ void api_request_deinit(ApiRequest *r) {
     if (r == NULL) return;
     mn_free(r->model);
     mn_free(r->session_id);
+    mn_free(r->instructions);
+    mn_free(r->previous_response_id);
     for (size_t i = 0; i < r->n_msgs; i++) mn_free((void *)r->msgs[i].content); /* owned; const for ChatMsg */
     mn_free(r->msgs);
     mn_free(r->text);

@@ -54,6 +54,7 @@ typedef enum ApiRoute {
     API_ROUTE_TOKENIZE,   /* POST /tokenize */
     API_ROUTE_DETOKENIZE, /* POST /detokenize */
     API_ROUTE_MODELS,     /* GET /v1/models: no body (api_parse_request refuses it) */
+    API_ROUTE_RESPONSES,  /* POST /v1/responses (server/responses) */
 } ApiRoute;
 
 /* Bits of ApiRequest.fields_set: which optional fields the client gave
@@ -86,6 +87,15 @@ typedef struct ApiRequest {
      * "\n", a null assistant content is ""). Ready for chat_template_apply. */
     ChatMsg *msgs;
     size_t n_msgs;
+
+    /* responses: "input" is in msgs (a string is one user message; roles
+     * are "user", "assistant", "system" or "developer" as given), and the
+     * generation fields as in chat ("max_output_tokens" is max_tokens;
+     * only temperature, top_p and seed are taken). instructions and
+     * previous_response_id are NULL when absent; is_store defaults to true. */
+    char *instructions;
+    char *previous_response_id;
+    bool is_store;
 
     /* completion: the prompt as text (text != NULL) or as token ids
      * (tokens != NULL, n_tokens >= 1) — exactly one of the two.

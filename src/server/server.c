@@ -46,6 +46,7 @@
 #include "server/gate.h"
 #include "server/metrics.h"
 #include "server/openai.h"
+#include "server/responses.h"
 
 /* Allow-Headers of a CORS preflight, besides those the browser asks for. */
 #define CORS_ALLOW_HEADERS "Authorization, Content-Type, X-Session-Id"
@@ -59,6 +60,7 @@ struct Server {
     struct MHD_Daemon *daemon;
     Gate *gate;
     Metrics *metrics;
+    RespService *resp;          /* the Responses API's routes */
     MetricFamily *f_tier_read, *f_tier_written, *f_tier_read_s, *f_tier_write_s, *f_tier_occupancy, *f_tier_evictions,
         *f_tier_checksum, *f_dropped, *f_prefetched;
     MetricFamily *f_build_info, *f_requests, *f_prompt, *f_generated, *f_cached, *f_recomputed, *f_ttft, *f_tpot, *f_pool,
@@ -83,6 +85,7 @@ void server_options_default(ServerOptions *o) {
     o->host = "127.0.0.1";
     o->port = 8080;
     o->model_name = "mnemo";
+    o->response_ttl_s = RESP_TTL_DEFAULT_S;
     o->max_body = 1 << 20;
 }
 
@@ -790,6 +793,65 @@ static enum MHD_Result handle_model(Server *s, struct MHD_Connection *c, const c
     return send_error_full(s, c, 404, msg, "model", "model_not_found", NULL);
 }
 
+/* The Responses API (server/responses): the HTTP side. */
+static ssize_t resp_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    ssize_t n = resp_stream_read(cls, buf, max);
+    if (n == RESP_STREAM_END) return MHD_CONTENT_READER_END_OF_STREAM;
+    return n == RESP_STREAM_ERROR ? MHD_CONTENT_READER_END_WITH_ERROR : n;
+}
+
+static void resp_free(void *cls) { resp_stream_free(cls); }
+
+static void resp_on_finish(void *ctx, const ReqResult *res) { metrics_on_finish(ctx, res); }
+
+/* Whether the list allow ("GET, DELETE, OPTIONS") names method. */
+static bool allows(const char *allow, const char *method) {
+    size_t n = strlen(method);
+    for (const char *p = allow; *p; p += strspn(p, ", ")) {
+        size_t len = strcspn(p, ", ");
+        if (len == n && strncmp(p, method, n) == 0) return true;
+        p += len;
+    }
+    return false;
+}
+
+/* /v1/responses and below: methods and key here, the rest in server/responses. */
+static enum MHD_Result handle_responses(Server *s, struct MHD_Connection *c, const char *method, const char *url,
+                                        Conn *conn) {
+    const char *sub = url + strlen("/v1/responses"), *allow = resp_route_methods(sub);
+    if (strcmp(method, "OPTIONS") == 0) return answer_options(s, c, allow);
+    if (!allows(allow, method)) return send_method_error(s, c, url, method, allow);
+    const char *key = NULL;
+    if (s->opt.n_api_keys > 0 && (key = check_key(s, c)) == NULL)
+        return send_error(s, c, 401, "a valid API key is required (Authorization: Bearer KEY)", NULL);
+    RespCall call = {.method = method,
+                     .sub = sub,
+                     .body = conn->body,
+                     .body_len = conn->len,
+                     .ns = request_namespace(s, c, key),
+                     .limit = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit"),
+                     .order = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "order"),
+                     .after = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "after")};
+    RespAnswer a;
+    resp_handle(s->resp, &call, &a);
+    if (a.stream != NULL) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, resp_read, a.stream, resp_free);
+        if (r == NULL) {
+            resp_stream_free(a.stream);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        count_request(s, 200);
+        log_answer(method, url, 200, a.id, true, "");
+        return queue_answer(s, c, 200, r, NULL);
+    }
+    if (a.json == NULL) return send_error_full(s, c, a.status, a.error_msg, a.param[0] ? a.param : NULL, a.code, NULL);
+    if (strcmp(method, "POST") != 0) log_answer(method, url, a.status, a.id, false, "");
+    return send_json(s, c, a.status, a.json);
+}
+
 static enum MHD_Result handle_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                       const char *version, const char *upload_data, size_t *upload_data_size,
                                       void **con_cls) {
@@ -824,6 +886,8 @@ static enum MHD_Result handle_request(void *cls, struct MHD_Connection *c, const
         return send_body(s, c, 200, "application/json", ok, sizeof ok - 1, NULL);
     }
     if (strncmp(url, "/v1/models/", strlen("/v1/models/")) == 0) return handle_model(s, c, method, url);
+    if (strncmp(url, "/v1/responses", strlen("/v1/responses")) == 0 && resp_route_methods(url + strlen("/v1/responses")))
+        return handle_responses(s, c, method, url, conn);
     const ApiPath *ap = NULL;
     for (size_t i = 0; i < sizeof api_paths / sizeof *api_paths; i++)
         if (strcmp(url, api_paths[i].path) == 0) ap = &api_paths[i];
@@ -848,6 +912,7 @@ static enum MHD_Result handle_request(void *cls, struct MHD_Connection *c, const
     case API_ROUTE_COMPLETION: return handle_generation(s, c, ap->route, ap->path, conn, key);
     case API_ROUTE_TOKENIZE:
     case API_ROUTE_DETOKENIZE: return handle_tokenize(s, c, ap->route, conn);
+    case API_ROUTE_RESPONSES: break; /* by path, above */
     }
     return MHD_NO; /* every route is handled above */
 }
@@ -931,6 +996,18 @@ int server_new(Engine *e, const ServerOptions *o, Server **out, MnErr *err) {
         server_free(s);
         return mn_err_set(err, MN_ENOMEM, "out of memory");
     }
+    RespConfig rc_resp = {.e = e,
+                          .store = engine_store(e),
+                          .model_name = o->model_name,
+                          .ttl_s = o->response_ttl_s,
+                          .wall_now_fn = o->test_wall_now_fn,
+                          .clock_ctx = o->test_clock_ctx,
+                          .on_finish_fn = resp_on_finish,
+                          .finish_ctx = s};
+    if (resp_service_new(&rc_resp, &s->resp, err) != MN_OK) {
+        server_free(s);
+        return MN_ENOMEM;
+    }
     struct sockaddr_in addr;
     memset(&addr, 0, sizeof addr);
     addr.sin_family = AF_INET;
@@ -969,6 +1046,7 @@ void server_free(Server *s) {
     if (s == NULL) return;
     gate_free(s->gate); /* first: it hands connections to the daemon */
     if (s->daemon) MHD_stop_daemon(s->daemon);
+    resp_service_free(s->resp); /* after the daemon: no call is running */
     metrics_free(s->metrics);
     mn_free(s);
 }

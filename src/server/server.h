@@ -2,7 +2,8 @@
  *
  * Routes: POST /v1/chat/completions, POST /v1/completions (both with
  * stream), GET /v1/models, POST /tokenize, POST /detokenize, GET /health,
- * GET /metrics. The server parses a request's JSON (server/openai: every
+ * GET /metrics, and the Responses API under /v1/responses (server/
+ * responses.h). The server parses a request's JSON (server/openai: every
  * field's type and range), takes its namespace and session from the
  * connection, and hands the rest to the engine (engine/prompt.h's
  * prompt_submit), which builds the prompt, checks it against the model,
@@ -41,6 +42,12 @@ typedef struct ServerOptions {
     size_t max_body;           /* bytes; default 1 MiB */
     const char **cors_origins; /* origins whose pages may call the API ("*": any) */
     int n_cors_origins;
+    double response_ttl_s;     /* stored responses unused this long are deleted; 0 = never
+                                  (default RESP_TTL_DEFAULT_S) */
+    /* tests only: unix seconds now for the stored responses' expiry; NULL
+       normally (the wall clock) */
+    double (*test_wall_now_fn)(void *ctx);
+    void *test_clock_ctx;
 } ServerOptions;
 
 typedef struct Server Server;
