@@ -318,7 +318,9 @@ KQ_INLINE void q4k_tile(int R, int T, const uint8_t *const w[16], const KqBlock 
                 int o = tile_out(R, r, t);
                 sacc[o] = s;
                 __m128i m = _mm_dpwssd_epi32(_mm_setzero_si128(), mins, _mm_loadu_si128((const __m128i *)a[t]->aux));
-                mv[o % 4] = _mm512_inserti32x4(mv[o % 4], m, o / 4);
+                /* into 128-bit lane o / 4; a mask rather than an immediate,
+                 * which -O1 builds need not fold */
+                mv[o % 4] = _mm512_mask_broadcast_i32x4(mv[o % 4], (__mmask16)(0xf << (4 * (o / 4))), m);
             }
         }
         __m512i sv = sum16x16(sacc), msum = sum4x4(mv[0], mv[1], mv[2], mv[3]);
