@@ -192,6 +192,7 @@ static void test_errors_one_line(void **s) {
         {"gen-model --vocab-from %s --dim 62 -o /nonexistent-dir/out.gguf", "mnemo gen-model: --dim 62 is not divisible by --heads 4\n"},
         {"tokenize -m %s", "mnemo tokenize: needs the TEXT to tokenize as its one argument\n"},
         {"speed -m %s --gen-tokens 0", "mnemo speed: --gen-tokens must be at least 1, got 0\n"},
+        {"speed -m %s --depth -1", "mnemo speed: --depth must be at least 0, got -1\n"},
         {"bench --concur 3", "mnemo bench: unknown option '--concur'; did you mean --concurrency?\n"},
         {"serv", "mnemo: unknown command 'serv'; did you mean serve?\n"},
         {"cache purge --all", "mnemo cache purge: needs the disk tier's directory: --disk-tier DIR\n"},
@@ -240,6 +241,26 @@ static void test_speed_small_vocab(void **s) {
     char *out;
     int rc = run(cmd, &out);
     if (rc != 0 || strstr(out, "\"decode_tps\"") == NULL) fail_msg("mnemo speed exited %d:\n%s", rc, out);
+    free(out);
+}
+
+/* speed --depth D evaluates D tokens before the timed runs (decode only
+ * with -p 0) and says so; a depth past the context is refused. */
+static void test_speed_depth(void **s) {
+    char model[512], cmd[1024];
+    test_data_path(model, sizeof model, "models/stories260K.gguf");
+    if (!test_require_file(model)) return;
+    snprintf(cmd, sizeof cmd, "%s speed -m %s --depth 300 -p 0 -n 4 --json 2>&1", bin(), model);
+    char *out;
+    assert_int_equal(run(cmd, &out), 0);
+    if (strstr(out, "\"depth\": 300, \"prompt_tokens\": 0, \"gen_tokens\": 4") == NULL ||
+        strstr(out, "\"prefill_tps\": 0.00, \"decode_tps\": ") == NULL)
+        fail_msg("speed --depth 300 -p 0 said:\n%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s speed -m %s --depth 500 -p 8 -n 8 2>&1", bin(), model);
+    assert_int_equal(run(cmd, &out), 1);
+    if (strstr(out, "500 + 8 + 8 tokens exceed the model's context of 512") == NULL)
+        fail_msg("speed past the context said:\n%s", out);
     free(out);
 }
 
@@ -684,6 +705,7 @@ int main(void) {
         cmocka_unit_test(test_chat),
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_errors_one_line),
+        cmocka_unit_test(test_speed_depth),
         cmocka_unit_test(test_gen_model_help),
         cmocka_unit_test(test_generate_ends_line),
         cmocka_unit_test(test_speed_small_vocab),

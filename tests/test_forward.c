@@ -81,11 +81,12 @@ static char *read_prompt(int n) {
 }
 
 /* The model at model_path against the reference files ref_fmt (a printf
- * pattern of the prompt number 1..3), within tol. prompts: tokenize
+ * pattern of the prompt number 1..3), within tol (tol_long for prompts of
+ * more than 64 tokens). prompts: tokenize
  * reference/prompts.txt and require the reference's tokens (the shared
  * data's models); else evaluate the reference's tokens as they are. */
 static void check_reference_files(const char *model_path, const char *ref_fmt, const char *label, bool prompts,
-                                  double tol) {
+                                  double tol_short, double tol_long) {
     if (!test_require_file(model_path)) return;
     MnErr err = {0};
     Model *m = NULL;
@@ -113,6 +114,7 @@ static void check_reference_files(const char *model_path, const char *ref_fmt, c
         ro.max_batch = 64; /* several chunks for the long prompt */
         Runner r;
         if (runner_init(&r, m, &ro, &err)) fail_msg("%s", err.msg);
+        double tol = ref.n_tokens > 64 ? tol_long : tol_short;
         RefCtx c = {&ref, 0, -1};
         assert_int_equal(runner_eval(&r, ref.tokens, ref.n_tokens, true, ref_row, &c, &err), MN_OK);
         printf("    %s p%d: %d tokens, max |diff| %.2e (tolerance %.0e)\n", label, p, ref.n_tokens, c.max_err, tol);
@@ -126,14 +128,18 @@ static void check_reference_files(const char *model_path, const char *ref_fmt, c
 }
 
 /* A model of ../shared/data against its reference set (exact or llamacpp). */
-static void check_reference(const char *model_name, const char *set, double tol) {
+static void check_reference_long(const char *model_name, const char *set, double tol, double tol_long) {
     char path[512], rel[256], fmt[512], label[256];
     snprintf(rel, sizeof rel, "models/%s.gguf", model_name);
     test_data_path(path, sizeof path, rel);
     snprintf(rel, sizeof rel, "reference/%s/%s.p%%d.ref", set, model_name);
     test_data_path(fmt, sizeof fmt, rel);
     snprintf(label, sizeof label, "%s vs %s", model_name, set);
-    check_reference_files(path, fmt, label, true, tol);
+    check_reference_files(path, fmt, label, true, tol, tol_long);
+}
+
+static void check_reference(const char *model_name, const char *set, double tol) {
+    check_reference_long(model_name, set, tol, tol);
 }
 
 /* A model of the project's own tests/data (scripts/gen-arch-fixtures)
@@ -144,7 +150,7 @@ static void check_own_reference(const char *model_name, double tol) {
     model_file(path, sizeof path, own);
     snprintf(fmt, sizeof fmt, "tests/data/reference/exact/%s.p%%d.ref", model_name);
     snprintf(label, sizeof label, "%s vs exact", model_name);
-    check_reference_files(path, fmt, label, false, tol);
+    check_reference_files(path, fmt, label, false, tol, tol);
 }
 
 static void test_ref_stories(void **s) { check_reference("stories260K", "exact", 2e-3); }
@@ -157,12 +163,18 @@ static void test_ref_phi3_f32(void **s) { check_own_reference("tiny-phi3-spm-f32
 static void test_ref_mha_f16(void **s) { check_reference("tiny-mha-spm-f16", "exact", 5e-3); }
 static void test_ref_llama_q8_0(void **s) { check_reference("tiny-llama-spm-q8_0", "exact", 5e-3); }
 static void test_ref_llama_q4_0(void **s) { check_reference("tiny-llama-spm-q4_0", "exact", 5e-3); }
-/* K-quants (Q3_K, Q4_K, Q5_K, Q6_K weights; activations stay f32) */
-static void test_ref_k_q3_k_m(void **s) { check_reference("k-llama-q3_k_m", "exact", 5e-3); }
-static void test_ref_k_q4_k_m(void **s) { check_reference("k-llama-q4_k_m", "exact", 5e-3); }
-static void test_ref_k_q6_k(void **s) { check_reference("k-llama-q6_k", "exact", 5e-3); }
-static void test_ref_k_llama3_rope(void **s) { check_reference("llama3-rope-q4_k_m", "exact", 5e-3); }
-static void test_ref_k_qwen3(void **s) { check_reference("qwen3-q4_k_m", "exact", 5e-3); }
+/* K-quants: Q4_K and Q6_K weights multiply int8 activations as llama.cpp's
+ * Q8_K does (compute/kquant.h), so these files follow llama.cpp's logits
+ * (the short prompts to ~1e-6), not exact (they are ~0.1 from it, as
+ * llama.cpp is). On the long prompt one activation rounding flipped by f32
+ * noise moves later positions (../shared/data/README: up to 0.1 even for a
+ * float64 model of llama.cpp): 1e-1 there. The Q3_K and Q5_K tensors of
+ * q3_k_m keep f32 activations, so that file sits between the two sets. */
+static void test_ref_k_q3_k_m(void **s) { check_reference_long("k-llama-q3_k_m", "llamacpp", 2e-1, 2e-1); }
+static void test_ref_k_q4_k_m(void **s) { check_reference_long("k-llama-q4_k_m", "llamacpp", 5e-2, 1e-1); }
+static void test_ref_k_q6_k(void **s) { check_reference_long("k-llama-q6_k", "llamacpp", 5e-2, 1e-1); }
+static void test_ref_k_llama3_rope(void **s) { check_reference_long("llama3-rope-q4_k_m", "llamacpp", 5e-2, 1e-1); }
+static void test_ref_k_qwen3(void **s) { check_reference_long("qwen3-q4_k_m", "llamacpp", 5e-2, 1e-1); }
 
 /* ---- golden generation ----------------------------------------------------------- */
 
@@ -510,8 +522,9 @@ static float *model_logits(const char *path, const int32_t *tokens, int n, int *
 static void test_exact_by_dequantization(void **s) {
     char src[512];
     if (!test_require_file(test_data_path(src, sizeof src, "models/k-llama-q6_k.gguf"))) return;
-    static const MnType types[] = {MN_TYPE_Q4_1, MN_TYPE_Q5_0, MN_TYPE_Q5_1,   MN_TYPE_Q2_K,  MN_TYPE_Q3_K,
-                                   MN_TYPE_Q4_K, MN_TYPE_Q5_K, MN_TYPE_IQ4_NL, MN_TYPE_IQ4_XS};
+    /* not Q4_K and Q6_K: they quantize activations (test_ref_k_*) */
+    static const MnType types[] = {MN_TYPE_Q4_1, MN_TYPE_Q5_0, MN_TYPE_Q5_1, MN_TYPE_Q2_K,
+                                   MN_TYPE_Q3_K, MN_TYPE_Q5_K, MN_TYPE_IQ4_NL, MN_TYPE_IQ4_XS};
     enum { N = 40 };
     int32_t tokens[N];
     make_tokens(tokens, N, 32000, 9);

@@ -15,6 +15,7 @@
 #include "base/threadpool.h"
 #include "base/ttype.h"
 #include "compute/dequant.h"
+#include "compute/kquant.h"
 #include "compute/matmul.h"
 
 /* ---- helpers ------------------------------------------------------------- */
@@ -202,7 +203,7 @@ static void test_quant_equals_float(void **state) {
     for (int qi = N_FLOAT_TYPES; qi < N_TYPES; qi++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             int64_t n_out = shapes[s][0], n_in = shapes[s][1];
-            if (!fits(all_types[qi], n_in)) continue;
+            if (!fits(all_types[qi], n_in) || kq_has_type(all_types[qi])) continue; /* int8 activations: below */
             TestMat m;
             mat_make(&m, all_types[qi], n_out, n_in, seed++);
             MatW wf = {.type = MN_TYPE_F32, .n_in = n_in, .n_out = n_out, .data = m.deq};
@@ -301,6 +302,109 @@ static void test_batch_invariance(void **state) {
     check_invariance(tp1, tp2, MN_TYPE_Q4_0, 7, 65568, 995);
     check_invariance(tp1, tp2, MN_TYPE_Q6_K, 9, 6400, 996);
     check_invariance(tp1, tp2, MN_TYPE_IQ4_NL, 8, 6176, 997);
+    tpool_free(tp2);
+    tpool_free(tp1);
+}
+
+/* ---- Q4_K and Q6_K: int8 activations --------------------------------------- */
+
+/* kq_quantize (this build's path) writes exactly kq_quantize_ref's bytes:
+ * random blocks, a block of zeros, ties at +-amax, values that round at
+ * .5, and a NaN (clamped to -127 by both). */
+static void test_kq_quantize_exact(void **state) {
+    (void)state;
+    enum { N = 8 * 256 };
+    static const MnType types[] = {MN_TYPE_Q4_K, MN_TYPE_Q6_K};
+    float *x = acts_make(1, N, 4242);
+    for (int j = 256; j < 512; j++) x[j] = 0.0f;             /* block 1: zeros */
+    x[512] = 2.0f, x[513] = -2.0f, x[514] = 1.0f / 127.0f;    /* block 2: +-amax, exact halves */
+    for (int j = 515; j < 768; j++) x[j] = (float)(j % 9) / 254.0f * 2.0f;
+    x[800] = NAN;                                            /* block 3 */
+    size_t bytes = (size_t)N / 256 * KQ_BLOCK_BYTES;
+    uint8_t *got = mn_alloc_aligned(bytes, 64), *want = mn_alloc_aligned(bytes, 64);
+    assert_non_null(got);
+    assert_non_null(want);
+    for (size_t i = 0; i < 2; i++) {
+        memset(got, 0xa5, bytes);
+        memset(want, 0x5a, bytes);
+        kq_quantize(types[i], x, N, got);
+        kq_quantize_ref(types[i], x, N, want);
+        for (size_t k = 0; k < bytes; k++)
+            if (got[k] != want[k])
+                fail_msg("%s: quantized activations differ at byte %zu (block %zu): %02x vs %02x",
+                         ttype_traits(types[i])->name, k, k / KQ_BLOCK_BYTES, got[k], want[k]);
+    }
+    mn_free_aligned(want);
+    mn_free_aligned(got);
+    mn_free(x);
+}
+
+/* mm_matmul on Q4_K/Q6_K equals mm_matmul_ref (int8 activations, scalar)
+ * bit for bit, at every tile shape (4 x 4, 16 x 1, and the edges), token
+ * count and thread count: so the AVX-512, AVX2 and scalar builds give the
+ * same bits. And the product stays near the f32 one against the
+ * dequantized weights: rounding an activation to its block's step (amax /
+ * 127) moves it by at most half a step, so the product moves by at most
+ * sum over blocks of amax / 254 * sum |w| (plus f32 rounding). */
+static void test_kq_equals_reference(void **state) {
+    (void)state;
+    ThreadPool *tp1 = tpool_new(1), *tp2 = tpool_new(2);
+    assert_non_null(tp1);
+    assert_non_null(tp2);
+    static const MnType types[] = {MN_TYPE_Q4_K, MN_TYPE_Q6_K};
+    static const int64_t shapes[][2] = {{1, 256}, {5, 512}, {37, 768}, {16, 2048}, {70, 1280}, {21, 5632}};
+    static const int toks[] = {1, 2, 3, 4, 5, 7, 8, 13, 70};
+    uint64_t seed = 7000;
+    for (size_t ti = 0; ti < 2; ti++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            int64_t n_out = shapes[s][0], n_in = shapes[s][1];
+            TestMat m;
+            mat_make(&m, types[ti], n_out, n_in, seed++);
+            MatW wf = {.type = MN_TYPE_F32, .n_in = n_in, .n_out = n_out, .data = m.deq};
+            enum { MAXT = 70 };
+            float *x = acts_make(MAXT, n_in, seed++);
+            float *got = mn_malloc((size_t)(MAXT * n_out) * sizeof(float));
+            float *want = mn_malloc((size_t)(MAXT * n_out) * sizeof(float));
+            float *fl = mn_malloc((size_t)(MAXT * n_out) * sizeof(float));
+            assert_non_null(got);
+            assert_non_null(want);
+            assert_non_null(fl);
+            mm_matmul_ref(want, &m.w, x, MAXT);
+            mm_matmul(tp1, fl, &wf, x, MAXT);
+            for (int64_t i = 0; i < MAXT * n_out; i++) {
+                int64_t t = i / n_out, r = i % n_out;
+                double abs_sum = 0.0, bound = 0.0;
+                for (int64_t k0 = 0; k0 < n_in; k0 += 256) {
+                    double amax = 0.0, wsum = 0.0;
+                    for (int64_t k = k0; k < k0 + 256; k++) {
+                        abs_sum += fabs((double)m.deq[r * n_in + k] * x[t * n_in + k]);
+                        amax = fmax(amax, fabs((double)x[t * n_in + k]));
+                        wsum += fabs((double)m.deq[r * n_in + k]);
+                    }
+                    bound += amax / 254.0 * wsum;
+                }
+                if (!(fabs((double)want[i] - fl[i]) <= 1.001 * bound + 1e-5 * abs_sum))
+                    fail_msg("%s n_in=%lld: out[%lld][%lld] = %.7g with int8 activations, %.7g in f32 (sum |wx| %.4g)",
+                             ttype_traits(types[ti])->name, (long long)n_in, (long long)t, (long long)r, want[i], fl[i],
+                             abs_sum);
+            }
+            for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++)
+                for (int th = 0; th < 2; th++) {
+                    int n = toks[k];
+                    mm_matmul(th ? tp2 : tp1, got, &m.w, x, n);
+                    for (int64_t i = 0; i < n * n_out; i++)
+                        if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                            fail_msg("%s n_out=%lld n_in=%lld n_tok=%d (%d threads): out[%lld][%lld] = %.9g, "
+                                     "reference %.9g",
+                                     ttype_traits(types[ti])->name, (long long)n_out, (long long)n_in, n, th + 1,
+                                     (long long)(i / n_out), (long long)(i % n_out), got[i], want[i]);
+                }
+            mn_free(fl);
+            mn_free(want);
+            mn_free(got);
+            mn_free(x);
+            mat_free(&m);
+        }
     tpool_free(tp2);
     tpool_free(tp1);
 }
@@ -421,6 +525,8 @@ int main(void) {
         cmocka_unit_test(test_dequant_exact),
         cmocka_unit_test(test_quantize_accuracy),
         cmocka_unit_test(test_quant_equals_float),
+        cmocka_unit_test(test_kq_quantize_exact),
+        cmocka_unit_test(test_kq_equals_reference),
         cmocka_unit_test(test_matches_reference),
         cmocka_unit_test(test_float_odd_n_in),
         cmocka_unit_test(test_matches_reference_large),

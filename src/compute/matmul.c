@@ -7,7 +7,10 @@
  * caller's stack for the duration of the call, and each output element is
  * written by exactly one worker.
  *
- * Activations always stay in f32. Quantized weights are dequantized
+ * Q4_K and Q6_K go to compute/kquant.c (int8 activations, kq_worker
+ * below: each worker quantizes a group of tokens on its stack, then takes
+ * row chunks against it). For every other type activations stay in f32.
+ * Quantized weights are dequantized
  * exactly — to ttype_dequantize_row's values, bit for bit — and multiplied
  * like float weights: Q8_0 and Q4_0 in registers, w = d * q (Q4_0: d * (q -
  * 8)), exact in f32 (an f16 scale, 11 significant bits, times an integer of
@@ -72,6 +75,7 @@
 
 #include "base/err.h"
 #include "compute/dequant.h"
+#include "compute/kquant.h"
 
 #include <assert.h>
 #include <stdatomic.h>
@@ -109,6 +113,8 @@ typedef struct MmJob {
     bool is_panel;          /* quantized weights: scales widened per work item */
     long chunk_rows;        /* rows per work item */
     long n_chunks;
+    int group_tok;          /* Q4_K/Q6_K: tokens quantized at a time */
+    long n_groups;          /* Q4_K/Q6_K: work items are (group, chunk) pairs */
     atomic_long next_chunk; /* next work item to hand out */
 } MmJob;
 
@@ -929,6 +935,58 @@ static void mm_worker(void *ctx, int ith, int nth) {
     }
 }
 
+/* ---- Q4_K and Q6_K: int8 activations (compute/kquant.c) ---- */
+
+enum {
+    KQ_ACT_BYTES = 192 * 1024,       /* a group of quantized tokens, on the worker's stack */
+    KQ_GROUP_MAX = 64,               /* tokens per group */
+    KQ_PANEL_BYTES = 512 * 1024,     /* weights per work item, kept in L2 across a group */
+};
+
+static size_t kq_tok_bytes(int64_t n_in) { return (size_t)(n_in / MN_QK_K) * KQ_BLOCK_BYTES; }
+
+/* Whether W takes kquant.c's path: its type, and a token fits the buffer. */
+static bool kq_takes(const MatW *w) { return kq_has_type(w->type) && kq_tok_bytes(w->n_in) <= KQ_ACT_BYTES; }
+
+/* Work items in order: group 0's row chunks, then group 1's, ... A worker
+ * quantizes a group's tokens when it first takes one of its items; items
+ * go out in order, so it quantizes each group at most once. The values do
+ * not depend on who quantized them (kq_quantize is a function of x). */
+static void kq_worker(void *ctx, int ith, int nth) {
+    MmJob *job = ctx;
+    _Alignas(64) uint8_t acts[KQ_ACT_BYTES];
+    const MatW *w = job->w;
+    size_t tok_bytes = kq_tok_bytes(w->n_in);
+    long cur = -1;
+    for (;;) {
+        long i = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed);
+        if (i >= job->n_chunks * job->n_groups) break;
+        long g = i / job->n_chunks, c = i % job->n_chunks;
+        int t0 = (int)g * job->group_tok, n = MM_MIN(job->group_tok, job->n_tok - t0);
+        if (g != cur) {
+            for (int t = 0; t < n; t++)
+                kq_quantize(w->type, job->x + (int64_t)(t0 + t) * w->n_in, w->n_in, acts + (size_t)t * tok_bytes);
+            cur = g;
+        }
+        long r0 = c * job->chunk_rows, r1 = MM_MIN((long)w->n_out, r0 + job->chunk_rows);
+        kq_rows(w->type, w->data, job->row_bytes, r0, r1, w->n_in, acts, tok_bytes, n,
+                job->out + (int64_t)t0 * w->n_out, w->n_out);
+    }
+}
+
+/* Chunks of whole 16-row tiles, several per thread, within L2; groups as
+ * large as the buffer holds. */
+static void kq_plan(MmJob *job, int nth) {
+    long n_out = (long)job->w->n_out, cap = (long)(KQ_PANEL_BYTES / job->row_bytes);
+    long chunk = MM_MIN((n_out + (long)nth * 4 - 1) / ((long)nth * 4), cap);
+    chunk = chunk < 16 ? 16 : round_up(chunk, 16);
+    job->chunk_rows = chunk;
+    job->n_chunks = (n_out + chunk - 1) / chunk;
+    long g = (long)(KQ_ACT_BYTES / kq_tok_bytes(job->w->n_in));
+    job->group_tok = (int)MM_MIN(g, KQ_GROUP_MAX);
+    job->n_groups = (job->n_tok + job->group_tok - 1) / job->group_tok;
+}
+
 void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_tok) {
     assert(w != NULL && out != NULL && (x != NULL || n_tok == 0));
     assert(ttype_traits(w->type) != NULL);
@@ -946,6 +1004,12 @@ void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_
     int nth = tp != NULL ? tpool_size(tp) : 1;
     MmJob job = {.w = w, .x = x, .out = out, .n_tok = n_tok, .row_bytes = (size_t)row_bytes};
     atomic_init(&job.next_chunk, 0);
+    if (kq_takes(w)) {
+        kq_plan(&job, nth);
+        if (tp != NULL && nth > 1 && job.n_chunks * job.n_groups > 1) tpool_run(tp, kq_worker, &job);
+        else kq_worker(&job, 0, 1);
+        return;
+    }
     job_plan(&job, nth);
     if (tp != NULL && nth > 1 && job.n_chunks > 1) tpool_run(tp, mm_worker, &job);
     else mm_worker(&job, 0, 1);
@@ -963,6 +1027,15 @@ void mm_matmul_ref(float *out, const MatW *w, const float *x, int n_tok) {
     const TypeTraits *tt = ttype_traits(w->type);
     uint64_t row_bytes = 0;
     if (ttype_row_bytes(w->type, (uint64_t)n_in, &row_bytes) != MN_OK) assert(!"bad weight shape");
+    if (kq_takes(w)) { /* int8 activations, one token at a time */
+        _Alignas(64) uint8_t acts[KQ_ACT_BYTES];
+        for (int t = 0; t < n_tok; t++) {
+            kq_quantize_ref(w->type, x + (int64_t)t * n_in, n_in, acts);
+            kq_rows_ref(w->type, w->data, (size_t)row_bytes, 0, (long)n_out, n_in, acts, kq_tok_bytes(n_in), 1,
+                        out + (int64_t)t * n_out, n_out);
+        }
+        return;
+    }
     float wbuf[SLICE];
     for (int64_t r = 0; r < n_out; r++) {
         const uint8_t *row = (const uint8_t *)w->data + r * row_bytes;

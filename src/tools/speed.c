@@ -3,10 +3,12 @@
  * One Runner (engine/runner) over the model with a pool for prompt +
  * generated tokens. The prompt is fixed pseudo-random ids (base/rng from a
  * constant seed), so runs compare; a warm-up evaluation touches the
- * weights first. Each repetition resets the runner, times the prefill of
- * the whole prompt in one batch, then n_gen single-token decodes, whose
- * next id is an arbitrary valid one (the logits are not read: sampling is
- * not what is measured). Rates are tokens over wall seconds summed over
+ * weights first. Each repetition resets the runner, evaluates `depth`
+ * context tokens untimed (llama-bench's -d: the KV cache already holds a
+ * conversation), times the prefill of the whole prompt in one batch (none
+ * with --prompt-tokens 0), then n_gen single-token decodes, whose next id
+ * is an arbitrary valid one (the logits are not read: sampling is not what
+ * is measured). Rates are tokens over wall seconds summed over
  * the repetitions; peak RSS comes from getrusage.
  */
 #include "tools/speed.h"
@@ -46,11 +48,12 @@ static int speed_next_token(void *ctx, int idx, const float *logits) {
 
 int speed_main(int argc, char **argv) {
     const char *model_path = NULL, *kv_type_name = "f16";
-    int n_prompt = 512, n_gen = 128, n_threads = 2, reps = 1;
+    int n_prompt = 512, n_gen = 128, n_threads = 2, reps = 1, depth = 0;
     bool json = false;
     CliOpt opts[] = {
         {"model", 'm', CLI_STR, &model_path, "FILE", "GGUF model"},
-        {"prompt-tokens", 'p', CLI_INT, &n_prompt, "N", "prefill length (default 512)"},
+        {"prompt-tokens", 'p', CLI_INT, &n_prompt, "N", "prefill length (default 512; 0: decode only)"},
+        {"depth", 'd', CLI_INT, &depth, "N", "context tokens evaluated, untimed, before each run (default 0)"},
         {"gen-tokens", 'n', CLI_INT, &n_gen, "N", "decoded tokens (default 128)"},
         {"threads", 't', CLI_INT, &n_threads, "N", "compute threads (default 2)"},
         {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache precision (default f16)"},
@@ -59,12 +62,13 @@ int speed_main(int argc, char **argv) {
     };
     const char *pos[1];
     int n_pos;
-    int rc = cli_parse_or_usage(argc, argv, "mnemo speed -m MODEL [--prompt-tokens 512] [--gen-tokens 128] [--threads N] [--json]",
+    int rc = cli_parse_or_usage(argc, argv, "mnemo speed -m MODEL [--prompt-tokens 512] [--gen-tokens 128] [--depth 0] [--threads N] [--json]",
                             opts, N_OPTS(opts), pos, 0, &n_pos);
     if (rc >= 0) return rc;
     MnType kv_type;
     if (!cli_require(model_path != NULL, "speed", "needs a model: -m FILE") ||
-        !cli_require(n_prompt >= 1, "speed", "--prompt-tokens must be at least 1, got %d", n_prompt) ||
+        !cli_require(n_prompt >= 0, "speed", "--prompt-tokens must be at least 0, got %d", n_prompt) ||
+        !cli_require(depth >= 0, "speed", "--depth must be at least 0, got %d", depth) ||
         !cli_require(n_gen >= 1, "speed", "--gen-tokens must be at least 1, got %d", n_gen) ||
         !cli_require(reps >= 1, "speed", "--repetitions must be at least 1, got %d", reps) ||
         !cli_require(kvpool_type_parse(kv_type_name, &kv_type) == MN_OK, "speed",
@@ -76,30 +80,34 @@ int speed_main(int argc, char **argv) {
     Runner r;
     RunnerOptions ro;
     runner_options_default(&ro);
-    ro.n_ctx = n_prompt + n_gen;
-    ro.max_batch = n_prompt;
+    /* the prompt and the depth's tokens come from one array: depth first */
+    int n_ids = depth + n_prompt;
+    ro.n_ctx = n_ids + n_gen;
+    ro.max_batch = n_prompt > 0 ? n_prompt : 512;
     ro.n_threads = n_threads;
     ro.kv_type = kv_type;
     int status = 1;
-    int32_t *prompt = mn_calloc((size_t)n_prompt, sizeof *prompt);
-    if (prompt == NULL || n_prompt + n_gen > m->cfg.n_ctx || runner_init(&r, m, &ro, &err)) {
-        if (!err.msg[0]) mn_err_set(&err, MN_ERANGE, "%d + %d tokens exceed the model's context of %d", n_prompt,
-                                    n_gen, m->cfg.n_ctx);
+    int32_t *prompt = mn_calloc((size_t)n_ids + 1, sizeof *prompt);
+    if (prompt == NULL || (int64_t)n_ids + n_gen > m->cfg.n_ctx || runner_init(&r, m, &ro, &err)) {
+        if (!err.msg[0]) mn_err_set(&err, MN_ERANGE, "%d + %d + %d tokens exceed the model's context of %d", depth,
+                                    n_prompt, n_gen, m->cfg.n_ctx);
         mn_free(prompt);
         model_free(m);
         return cli_fail(&err);
     }
     Rng rng;
     rng_seed(&rng, SPEED_PROMPT_SEED, 0);
-    for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)rng_below(&rng, (uint64_t)m->cfg.n_vocab);
+    for (int i = 0; i < n_ids + 1; i++) prompt[i] = (int32_t)rng_below(&rng, (uint64_t)m->cfg.n_vocab);
     SpeedNext next = {.id = 1, .n_vocab = (uint32_t)m->cfg.n_vocab};
     /* warm-up: touch the weights once */
-    if (runner_eval(&r, prompt, n_prompt < 16 ? n_prompt : 16, false, NULL, NULL, &err)) goto done;
+    if (runner_eval(&r, prompt, n_ids < 16 ? n_ids + 1 : 16, false, NULL, NULL, &err)) goto done;
     double t_pp = 0, t_tg = 0;
     for (int rep = 0; rep < reps; rep++) {
         runner_reset(&r);
+        if (depth > 0 && runner_eval(&r, prompt, depth, false, NULL, NULL, &err)) goto done;
         double t0 = mn_now();
-        if (runner_eval(&r, prompt, n_prompt, false, speed_next_token, &next, &err)) goto done;
+        if (n_prompt > 0 && runner_eval(&r, prompt + depth, n_prompt, false, speed_next_token, &next, &err))
+            goto done;
         double t1 = mn_now();
         for (int i = 0; i < n_gen; i++)
             if (runner_eval(&r, &next.id, 1, false, speed_next_token, &next, &err)) goto done;
@@ -109,19 +117,19 @@ int speed_main(int argc, char **argv) {
     }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    double pp = (double)n_prompt * reps / t_pp, tg = (double)n_gen * reps / t_tg;
+    double pp = n_prompt > 0 ? (double)n_prompt * reps / t_pp : 0.0, tg = (double)n_gen * reps / t_tg;
     double rss_mb = (double)ru.ru_maxrss / 1024.0;
     if (json)
-        printf("{\"model\": \"%s\", \"threads\": %d, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
+        printf("{\"model\": \"%s\", \"threads\": %d, \"depth\": %d, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
                "\"prefill_tps\": %.2f, \"decode_tps\": %.2f, \"peak_rss_mb\": %.1f, \"model_mb\": %.1f, "
                "\"kv_pool_mb\": %.1f, \"simd\": \"%s\"}\n",
-               model_path, n_threads, n_prompt, n_gen, pp, tg, rss_mb, (double)gguf_file_bytes(m->gguf) / 1048576.0,
+               model_path, n_threads, depth, n_prompt, n_gen, pp, tg, rss_mb, (double)gguf_file_bytes(m->gguf) / 1048576.0,
                (double)kvpool_bytes_for(r.pool.n_layer, r.pool.kv_dim, r.pool.block_tokens, r.pool.n_blocks,
                                         r.pool.kv_type) / 1048576.0,
                mm_simd_name());
     else
-        printf("%-40s threads %d  pp%-5d %8.2f t/s  tg%-5d %8.2f t/s  peak RSS %.1f MB\n", model_path, n_threads,
-               n_prompt, pp, n_gen, tg, rss_mb);
+        printf("%-40s threads %d  depth %d  pp%-5d %8.2f t/s  tg%-5d %8.2f t/s  peak RSS %.1f MB\n", model_path,
+               n_threads, depth, n_prompt, pp, n_gen, tg, rss_mb);
     status = 0;
 done:
     if (status) cli_fail(&err);

@@ -1,0 +1,50 @@
+/* kquant.h — Q4_K and Q6_K products with int8 activations (llama.cpp's
+ * Q8_K scheme), the fast path of mm_matmul for those two types.
+ *
+ * Each token's activations are quantized per 256-element block: d = amax /
+ * 127 as 1 / (127 / amax), q = round-to-even((127 / amax) * x) in
+ * -127..127, plus the block's sums of 16 codes; a product is then
+ *     out[t][r] = sum over blocks b, in order, of
+ *         Q4_K: acc = fma((float)S_b, d_w * d_x, acc); acc = fma(-(float)M_b, dmin_w * d_x, acc)
+ *         Q6_K: acc = fma((float)S_b, d_w * d_x, acc)
+ * where S_b (and M_b, the mins against the code sums) are exact int32 sums
+ * of the integer codes: so every SIMD path (AVX-512 VNNI, AVX2, scalar)
+ * gives the same bits, whatever the tile, thread or batch (the value
+ * depends only on W's row and x's row). It equals llama.cpp's
+ * Q4_K x Q8_K / Q6_K x Q8_K dot product but for f32 rounding (the sign of
+ * llama.cpp's scale, -127 / max, cancels exactly between d and q), so
+ * logits meet the `llamacpp` references (5e-2), not `exact` (5e-3).
+ */
+#ifndef MN_KQUANT_H
+#define MN_KQUANT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/ttype.h"
+
+/* Bytes of one 256-element block of quantized activations. */
+#define KQ_BLOCK_BYTES 384
+
+/* Whether mm_matmul multiplies `type` through this module. */
+bool kq_has_type(MnType type);
+
+/* Quantize one token's activations x (n_in, a multiple of 256) for
+ * weights of `type` into dst (n_in / 256 * KQ_BLOCK_BYTES bytes, 64-byte
+ * aligned). Deterministic; never allocates. */
+void kq_quantize(MnType type, const float *x, int64_t n_in, uint8_t *dst);
+
+/* kq_quantize in plain C (the scalar path's, the oracle of the others). */
+void kq_quantize_ref(MnType type, const float *x, int64_t n_in, uint8_t *dst);
+
+/* out[t * n_out + r] for rows [r0, r1) of w (row_bytes apart) and the
+ * n_tok tokens quantized at acts (tok_bytes apart). Never allocates. */
+void kq_rows(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in, const uint8_t *acts,
+             size_t tok_bytes, int n_tok, float *out, int64_t n_out);
+
+/* The same products, one output at a time in plain C: the test oracle. */
+void kq_rows_ref(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in,
+                 const uint8_t *acts, size_t tok_bytes, int n_tok, float *out, int64_t n_out);
+
+#endif
