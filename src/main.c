@@ -594,6 +594,7 @@ static void chat_log_end(FILE *term) {
 
 static int cmd_chat(int argc, char **argv) {
     const char *url = NULL, *model_path = NULL, *api_key = NULL, *name = "mnemo", *system = NULL, *log_path = NULL;
+    const char *api_name = "responses";
     int max_tokens = 256, n_threads = 2;
     float temp = 0.8f;
     bool ignore_eos = false;
@@ -605,6 +606,8 @@ static int cmd_chat(int argc, char **argv) {
         {"api-key", 0, CLI_STR, &api_key, "KEY", "API key for --url"},
         {"name", 0, CLI_STR, &name, "NAME", "model name sent to the server"},
         {"system", 0, CLI_STR, &system, "TEXT", "system message"},
+        {"api", 0, CLI_STR, &api_name, "API",
+         "responses (default: send only the new message, the server keeps the conversation) or chat (resend it all)"},
         {"max-tokens", 'n', CLI_INT, &max_tokens, "N", "reply length limit (default 256)"},
         {"temp", 0, CLI_FLOAT, &temp, "T", "temperature (default 0.8)"},
         {"threads", 't', CLI_INT, &n_threads, "N", "compute threads in-process (default 2)"},
@@ -614,6 +617,8 @@ static int cmd_chat(int argc, char **argv) {
     int rc = cli_parse_or_usage(argc, argv, "mnemo chat --url URL | -m MODEL [options]", opts, N_OPTS(opts), pos, 0, &n_pos);
     if (rc >= 0) return rc;
     if (!cli_require((url == NULL) != (model_path == NULL), "chat", "give either --url URL or -m MODEL")) return 2;
+    ClientApi api;
+    if (!cli_require(client_api_parse(api_name, &api) == MN_OK, "chat", "--api must be responses or chat")) return 2;
     FILE *term = stderr; /* the chat's prompts, statistics and errors */
     if (model_path && chat_log_begin(log_path, &term) != MN_OK) return 1;
     MnErr err = {0};
@@ -637,7 +642,7 @@ static int cmd_chat(int argc, char **argv) {
         snprintf(local, sizeof local, "http://127.0.0.1:%d", server_port(srv));
         url = local;
     }
-    ChatOpts co = {url, api_key, name, system, max_tokens, temp, ignore_eos};
+    ChatOpts co = {url, api_key, name, system, api, max_tokens, temp, ignore_eos};
     status = chat_run(&co, stdin, term);
 done:
     if (e) engine_shutdown(e);

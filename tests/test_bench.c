@@ -376,7 +376,7 @@ static const char *xml_check(const char *s) {
  * field unquoted). */
 typedef struct Csv {
     int n_rows;
-    char *fields[512][10];
+    char *fields[512][11];
 } Csv;
 
 /* The last field of a row: empty, or quoted with quotes doubled. */
@@ -399,18 +399,18 @@ static Csv *csv_read(const char *path) {
     assert_non_null(text);
     Csv *c = calloc(1, sizeof *c);
     char *save = NULL, *line = strtok_r(text, "\n", &save);
-    assert_string_equal(line,
-                        "conversation,turn,prompt_tokens,cached_tokens,output_tokens,ttft_s,tpot_s,e2e_s,status,error");
+    assert_string_equal(line, "conversation,turn,prompt_tokens,cached_tokens,output_tokens,request_bytes,ttft_s,tpot_s,"
+                              "e2e_s,status,error");
     while ((line = strtok_r(NULL, "\n", &save)) != NULL) {
         assert_true(c->n_rows < 512);
         char *p = line;
-        for (int k = 0; k < 9; k++) {
+        for (int k = 0; k < 10; k++) {
             size_t n = strcspn(p, ",");
             c->fields[c->n_rows][k] = strndup(p, n);
             assert_true(p[n] == ',');
             p += n + 1;
         }
-        c->fields[c->n_rows][9] = csv_last(p);
+        c->fields[c->n_rows][10] = csv_last(p);
         c->n_rows++;
     }
     free(text);
@@ -419,7 +419,7 @@ static Csv *csv_read(const char *path) {
 
 static void csv_free(Csv *c) {
     for (int i = 0; i < c->n_rows; i++)
-        for (int k = 0; k < 10; k++) free(c->fields[i][k]);
+        for (int k = 0; k < 11; k++) free(c->fields[i][k]);
     free(c);
 }
 
@@ -441,27 +441,30 @@ static void check_report(const char *dir, const BenchSummary *s, const BenchResu
     snprintf(path, sizeof path, "%s/requests.csv", dir);
     Csv *csv = csv_read(path);
     assert_int_equal(csv->n_rows, s->requests);
-    long failures = 0, prompt = 0, cached = 0, out = 0;
+    long failures = 0, prompt = 0, cached = 0, out = 0, request_bytes = 0;
     double ttft[512], ttft_ret[512];
     long n_ttft = 0, n_ret = 0;
     for (int i = 0; i < csv->n_rows; i++) {
         char **f = csv->fields[i];
-        bool ok = strcmp(f[8], "ok") == 0;
+        bool ok = strcmp(f[9], "ok") == 0;
         failures += !ok;
-        assert_string_equal(f[9], r->records[i].error); /* rows in record order */
+        assert_string_equal(f[10], r->records[i].error); /* rows in record order */
+        assert_int_equal(atol(f[5]), r->records[i].request_bytes);
+        request_bytes += atol(f[5]);
         if (!ok) continue;
         if (f[2][0] && f[3][0]) {
             prompt += atol(f[2]);
             cached += atol(f[3]);
         }
         out += atol(f[4]);
-        if (f[5][0]) {
-            ttft[n_ttft++] = atof(f[5]);
-            if (atoi(f[1]) > 1) ttft_ret[n_ret++] = atof(f[5]);
+        if (f[6][0]) {
+            ttft[n_ttft++] = atof(f[6]);
+            if (atoi(f[1]) > 1) ttft_ret[n_ret++] = atof(f[6]);
         }
     }
     assert_int_equal(failures, s->failures);
     assert_int_equal(out, s->output_tokens);
+    assert_int_equal(request_bytes, s->request_bytes);
     csv_free(csv);
     /* percentiles of the CSV column (6 decimals) equal the summary's */
     for (long i = 1; i < n_ttft; i++) /* insertion sort: tiny arrays */
@@ -501,6 +504,9 @@ static void check_report(const char *dir, const BenchSummary *s, const BenchResu
     assert_close(json_num(j, "output_tps"), s->output_tps, 1e-6 * (1 + s->output_tps));
     assert_close(json_num(j, "cached_fraction"), s->cached_fraction, 1e-8);
     assert_int_equal(json_integer_value(json_object_get(j, "skipped")), r->n_skipped);
+    assert_int_equal(json_integer_value(json_object_get(j, "request_bytes")), s->request_bytes);
+    assert_close(json_num(j, "request_bytes_p50"), s->req_bytes.p50, 1e-8);
+    assert_close(json_num(j, "request_bytes_returning_p50"), s->req_bytes_returning.p50, 1e-8);
     json_decref(j);
 
     snprintf(path, sizeof path, "%s/report.svg", dir);
@@ -910,7 +916,7 @@ static void test_real_server(void **state) {
     assert_int_equal(sum.recomputed_tokens, sum.prompt_tokens - sum.cached_tokens);
     assert_true(sum.throughput_rps > 0 && sum.output_tps > 0);
     char *dir = test_tmpdir_new("bench-out");
-    BenchInfo info = {"multiturn", url, "test", c.seed, p->n_convs, p->tokens_per_word, p->is_measured};
+    BenchInfo info = {"multiturn", url, "test", c.seed, p->n_convs, p->tokens_per_word, p->is_measured, "chat"};
     assert_int_equal(bench_write_report(dir, &sum, r, &info, &err), MN_OK);
     check_report(dir, &sum, r);
     test_tmpdir_free(dir);
@@ -974,7 +980,7 @@ static void run_failing(int port, BenchStatus expect, const char *expect_status,
         assert_string_equal(s.errors[0].msg, want);
     }
     FILE *devnull = fopen("/dev/null", "w");
-    BenchInfo info = {"multiturn", "x", "test", 1, 3, 1.3, false};
+    BenchInfo info = {"multiturn", "x", "test", 1, 3, 1.3, false, "chat"};
     bench_print_summary(devnull, &s, r, &info);
     fclose(devnull);
     char *dir = test_tmpdir_new("bench-out");
@@ -1213,7 +1219,7 @@ static char *summary_text(const BenchSummary *s, const BenchResults *r) {
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
     assert_non_null(f);
-    BenchInfo info = {"multiturn", "x", "test", 1, 3, 1.3, false};
+    BenchInfo info = {"multiturn", "x", "test", 1, 3, 1.3, false, "chat"};
     bench_print_summary(f, s, r, &info);
     fclose(f);
     return text;
@@ -1264,7 +1270,7 @@ static void test_tiers_fake_mnemo(void **state) {
     free(text);
 
     char *dir = test_tmpdir_new("bench-out");
-    BenchInfo info = {"multiturn", "x", "test", 1, 3, 1.3, false};
+    BenchInfo info = {"multiturn", "x", "test", 1, 3, 1.3, false, "chat"};
     assert_int_equal(bench_write_report(dir, &s, r, &info, &err), MN_OK);
     check_report(dir, &s, r);
     char path[160];
@@ -1319,7 +1325,7 @@ static void test_tiers_plain_server(void **state) {
     if (strstr(text, "tier") || strstr(text, "recomputed") || strstr(text, "/metrics")) fail_msg("summary:\n%s", text);
     free(text);
     char *dir = test_tmpdir_new("bench-out");
-    BenchInfo info = {"multiturn", "x", "test", 1, 2, 1.3, false};
+    BenchInfo info = {"multiturn", "x", "test", 1, 2, 1.3, false, "chat"};
     assert_int_equal(bench_write_report(dir, &s, r, &info, &err), MN_OK);
     check_report(dir, &s, r);
     char path[160];

@@ -104,7 +104,7 @@ int bench_main(int argc, char **argv) {
     BenchConfig cfg;
     bench_config_init(&cfg);
     const char *url = "http://127.0.0.1:8080", *model = NULL, *api_key = NULL, *workload = "sharegpt-synth";
-    const char *out_dir = NULL;
+    const char *out_dir = NULL, *api_name = "chat";
     float temperature = 0, timeout_s = 300;
     bool quiet = false, dry_run = false;
     CliOpt opts[] = {
@@ -112,6 +112,8 @@ int bench_main(int argc, char **argv) {
         {"model", 'm', CLI_STR, &model, "NAME", "model name sent (default: the first of /v1/models)"},
         {"api-key", 0, CLI_STR, &api_key, "KEY", "sent as Authorization: Bearer KEY"},
         {"workload", 'w', CLI_STR, &workload, "NAME", "sharegpt-synth (default), multiround-qa or multiturn"},
+        {"api", 0, CLI_STR, &api_name, "API",
+         "chat (default: each turn resends the history) or responses (only the new message, previous_response_id)"},
         {"sharegpt", 0, CLI_STR, &cfg.sharegpt_path, "FILE", "replay the user turns of a ShareGPT JSON file"},
         {"conversations", 0, CLI_INT, &cfg.n_conversations, "N", "conversations (users, clients)"},
         {"turns", 0, CLI_INT, &cfg.n_turns, "R", "turns per conversation (sharegpt: a cap, 0 = none)"},
@@ -132,7 +134,9 @@ int bench_main(int argc, char **argv) {
         {"quiet", 'q', CLI_FLAG, &quiet, NULL, "no progress line"},
         {"dry-run", 0, CLI_FLAG, &dry_run, NULL, "print the plan and exit without sending requests"},
     };
-    const char *synopsis = "mnemo bench [--url URL] [--workload sharegpt-synth|multiround-qa|multiturn] [options]";
+    const char *synopsis =
+        "mnemo bench [--url URL] [--workload sharegpt-synth|multiround-qa|multiturn] [--api chat|responses] [options]";
+    ClientApi api = CLIENT_API_CHAT;
     const char *pos[1];
     int n_pos;
     MnErr err = {0};
@@ -143,6 +147,8 @@ int bench_main(int argc, char **argv) {
     }
     if (rc == MN_OK && bench_workload_parse(workload, &cfg.workload) != MN_OK)
         rc = mn_err_set(&err, MN_EINVAL, "unknown workload '%s' (sharegpt-synth, multiround-qa, multiturn)", workload);
+    if (rc == MN_OK && client_api_parse(api_name, &api) != MN_OK)
+        rc = mn_err_set(&err, MN_EINVAL, "unknown --api '%s' (chat, responses)", api_name);
     if (rc == MN_OK && strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0)
         rc = mn_err_set(&err, MN_EINVAL, "--url must start with http:// or https://, got '%s'", url);
     if (rc == MN_OK && !(timeout_s >= 0)) rc = mn_err_set(&err, MN_EINVAL, "--timeout must be >= 0");
@@ -180,8 +186,8 @@ int bench_main(int argc, char **argv) {
         goto done;
     }
     if (!quiet) {
-        fprintf(stderr, "bench: %s, %d conversations, %ld requests, against %s (model %s)\n", wl, plan->n_convs,
-                plan->n_requests, url, model);
+        fprintf(stderr, "bench: %s, %d conversations, %ld requests, against %s (model %s, api %s)\n", wl,
+                plan->n_convs, plan->n_requests, url, model, client_api_name(api));
         fprintf(stderr, "bench: text sized at %.3f tokens per word (%s)\n", plan->tokens_per_word,
                 plan->is_measured ? "server tokenizer" : "estimate: the server has no /tokenize");
     }
@@ -189,6 +195,7 @@ int bench_main(int argc, char **argv) {
         .url = url,
         .api_key = api_key,
         .model = model,
+        .api = api,
         .temperature = temperature,
         .concurrency = cfg.concurrency,
         .duration_s = cfg.duration_s,
@@ -207,7 +214,7 @@ int bench_main(int argc, char **argv) {
         goto done;
     }
     BenchInfo info = {wl, url, model, (unsigned long long)cfg.seed, plan->n_convs, plan->tokens_per_word,
-                      plan->is_measured};
+                      plan->is_measured, client_api_name(api)};
     bench_print_summary(stdout, &sum, res, &info);
     fflush(stdout);
     status = sum.requests > sum.failures || plan->n_requests == 0 ? 0 : 1;

@@ -2,15 +2,21 @@
  *
  * The response body goes through an SSE parser (bench/sse.c) as it
  * arrives, so an event may be cut anywhere by the network and lines may
- * end in LF, CRLF or CR. Each event's data is parsed as JSON (jansson):
- * choices[0].delta.content goes to the callback, a usage object is
- * recorded, "[DONE]" ends the stream, and an error (an `error` event, or a
- * chunk with an "error" member, as llama-server and OpenAI send one
- * mid-stream) is kept as the server's message, which no later transport
- * failure overwrites. A non-SSE body (an error object with a non-200
- * status) is kept whole for the error message. Timeouts and the cancel
- * flag (client_set_timeouts, client_set_cancel) are set again on every
- * request, since each one starts with curl_easy_reset.
+ * end in LF, CRLF or CR. Each event's data is parsed as JSON (jansson).
+ * One parser reads both APIs' streams, told apart by the event's type:
+ * chat completions send unnamed events ("message") whose
+ * choices[0].delta.content goes to the callback, a usage object, and
+ * "[DONE]" at the end; the Responses API names its events
+ * (response.created and response.completed/incomplete carry the response
+ * object, with its id and usage, and end the stream;
+ * response.output_text.delta carries the text). An error (an `error`
+ * event, a chunk with an "error" member as llama-server and OpenAI send
+ * one mid-stream, or response.failed) is kept as the server's message,
+ * which no later transport failure overwrites. A non-SSE body (an error
+ * object with a non-200 status) is kept whole for the error message and
+ * its code. Timeouts and the cancel flag (client_set_timeouts,
+ * client_set_cancel) are set again on every request, since each one
+ * starts with curl_easy_reset.
  */
 #include "bench/client.h"
 
@@ -30,6 +36,23 @@ struct ChatClient {
     long connect_ms, idle_s; /* 0: no limit */
     const atomic_int *cancel; /* NULL: never */
 };
+
+/* ---- API names ------------------------------------------------------------------ */
+
+static const char *const API_NAMES[CLIENT_API__COUNT] = {"chat", "responses"};
+
+const char *client_api_name(ClientApi api) { return (unsigned)api < CLIENT_API__COUNT ? API_NAMES[api] : NULL; }
+
+int client_api_parse(const char *name, ClientApi *api) {
+    for (int i = 0; i < CLIENT_API__COUNT; i++)
+        if (strcmp(name, API_NAMES[i]) == 0) {
+            *api = (ClientApi)i;
+            return MN_OK;
+        }
+    return MN_EINVAL;
+}
+
+/* ---- the client ------------------------------------------------------------------- */
 
 int client_global_init(void) { return curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK ? MN_OK : MN_EIO; }
 
@@ -117,10 +140,14 @@ static void parse_tiers(json_t *obj, ClientTierTokens *t) {
     }
 }
 
+/* Chat's usage (prompt_/completion_tokens, prompt_tokens_details) or the
+ * Responses API's (input_/output_tokens, input_tokens_details). */
 static void on_usage(Stream *s, json_t *u) {
-    s->res->prompt_tokens = (long)json_integer_value(json_object_get(u, "prompt_tokens"));
-    s->res->completion_tokens = (long)json_integer_value(json_object_get(u, "completion_tokens"));
-    json_t *details = json_object_get(u, "prompt_tokens_details");
+    bool is_responses = json_object_get(u, "input_tokens") != NULL;
+    s->res->prompt_tokens = (long)json_integer_value(json_object_get(u, is_responses ? "input_tokens" : "prompt_tokens"));
+    s->res->completion_tokens =
+        (long)json_integer_value(json_object_get(u, is_responses ? "output_tokens" : "completion_tokens"));
+    json_t *details = json_object_get(u, is_responses ? "input_tokens_details" : "prompt_tokens_details");
     json_t *cached = json_object_get(details, "cached_tokens");
     if (json_is_integer(cached)) s->res->cached_tokens = (long)json_integer_value(cached);
     json_t *recomputed = json_object_get(details, "recomputed_tokens");
@@ -152,8 +179,28 @@ static void on_server_error(Stream *s, json_t *err, const char *data, size_t len
     else snprintf(s->res->error, sizeof s->res->error, "%.*s", (int)(len < 255 ? len : 255), data);
 }
 
+/* A Responses API event (type "response.*"): the response object's id
+ * and usage, the text's deltas, the end of the stream or its failure. */
+static void on_response_event(Stream *s, const char *type, json_t *j) {
+    json_t *resp = json_object_get(j, "response");
+    const char *id = json_string_value(json_object_get(resp, "id"));
+    if (id && strlen(id) < sizeof s->res->response_id) snprintf(s->res->response_id, sizeof s->res->response_id, "%s", id);
+    if (strcmp(type, "response.output_text.delta") == 0) {
+        const char *text = json_string_value(json_object_get(j, "delta"));
+        if (text && text[0]) on_text(s, text, strlen(text));
+    } else if (strcmp(type, "response.completed") == 0 || strcmp(type, "response.incomplete") == 0) {
+        json_t *u = json_object_get(resp, "usage");
+        if (json_is_object(u)) on_usage(s, u);
+        s->is_done = true;
+    } else if (strcmp(type, "response.failed") == 0) {
+        json_t *err = json_object_get(resp, "error");
+        on_server_error(s, json_is_null(err) || err == NULL ? j : err, "response.failed", 15);
+    }
+}
+
 /* One SSE event: a chunk of the reply (content delta, usage, or an error
- * object as OpenAI and llama-server send it), an `error` event, or [DONE]. */
+ * object as OpenAI and llama-server send it), an `error` event, [DONE], or
+ * a Responses API event. */
 static void on_event(void *ctx, const char *type, const char *data, size_t len) {
     Stream *s = ctx;
     bool is_error_event = strcmp(type, "error") == 0;
@@ -162,6 +209,11 @@ static void on_event(void *ctx, const char *type, const char *data, size_t len) 
         return;
     }
     json_t *j = json_loadb(data, len, 0, NULL);
+    if (strncmp(type, "response.", 9) == 0) {
+        if (j) on_response_event(s, type, j);
+        json_decref(j);
+        return;
+    }
     json_t *err = json_object_get(j, "error");
     if (err != NULL && !json_is_null(err)) on_server_error(s, err, data, len);
     else if (is_error_event) on_server_error(s, j, data, len);
@@ -191,31 +243,40 @@ static size_t on_body(char *p, size_t sz, size_t n, void *ctx) {
     return len;
 }
 
-static char *request_json(const ClientMsg *msgs, size_t n, const ClientParams *p) {
-    json_t *arr = json_array(), *req = json_object();
+static json_t *messages_of(const ClientMsg *msgs, size_t n) {
+    json_t *arr = json_array();
     for (size_t i = 0; i < n; i++)
         json_array_append_new(arr, json_pack("{s:s,s:s}", "role", msgs[i].role, "content", msgs[i].content));
+    return arr;
+}
+
+/* The generation fields both APIs share; max_tokens under its API's name. */
+static void put_params(json_t *req, const ClientParams *p, const char *max_tokens_name) {
     json_object_set_new(req, "model", json_string(p && p->model ? p->model : "mnemo"));
-    json_object_set_new(req, "messages", arr);
     json_object_set_new(req, "stream", json_true());
-    json_object_set_new(req, "stream_options", json_pack("{s:b}", "include_usage", 1));
-    if (p && p->max_tokens > 0) json_object_set_new(req, "max_tokens", json_integer(p->max_tokens));
+    if (p && p->max_tokens > 0) json_object_set_new(req, max_tokens_name, json_integer(p->max_tokens));
     if (p && p->temperature >= 0) json_object_set_new(req, "temperature", json_real(p->temperature));
     if (p && p->ignore_eos) json_object_set_new(req, "ignore_eos", json_true());
     if (p && p->seed >= 0) json_object_set_new(req, "seed", json_integer(p->seed));
-    char *s = json_dumps(req, JSON_COMPACT);
+}
+
+/* req's JSON (mn_free), consuming req; NULL when out of memory. */
+static char *dump_request(json_t *req) {
+    char *s = req ? json_dumps(req, JSON_COMPACT) : NULL;
     json_decref(req);
     return s;
 }
 
-int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientParams *p, ClientDeltaFn fn, void *ctx,
-                ClientResult *res) {
+/* POST body (a JSON request for a stream, taken: freed here) to path and
+ * read the stream (see client_chat); last_event names the event that ends
+ * it, for the message when it does not come. */
+static int stream_post(ChatClient *c, const char *path, char *body, const char *last_event, ClientDeltaFn fn,
+                       void *ctx, ClientResult *res) {
     memset(res, 0, sizeof *res);
     res->prompt_tokens = res->cached_tokens = res->completion_tokens = res->recomputed_tokens = -1;
     res->ttft_s = -1;
-    char *body = request_json(msgs, n, p);
     char url[1024];
-    snprintf(url, sizeof url, "%s/v1/chat/completions", c->base_url);
+    snprintf(url, sizeof url, "%s%s", c->base_url, path);
     Stream s = {.res = res, .fn = fn, .ctx = ctx};
     s.raw = mn_malloc(4097);
     if (body == NULL || s.raw == NULL) {
@@ -223,6 +284,7 @@ int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientPara
         mn_free(s.raw);
         return MN_ENOMEM;
     }
+    res->request_bytes = (long)strlen(body);
     s.raw[0] = '\0';
     sse_init(&s.sse, on_event, &s);
     struct curl_slist *hs = curl_slist_append(NULL, "Content-Type: application/json");
@@ -247,9 +309,13 @@ int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientPara
     int out = MN_OK;
     if (status != 200 && status != 0) { /* the body is an error object, not a stream */
         res->is_server_error = false;
+        res->response_id[0] = '\0';
         json_t *j = json_loads(s.raw, 0, NULL);
-        const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+        json_t *e = json_object_get(j, "error");
+        const char *msg = json_string_value(json_object_get(e, "message"));
+        const char *code = json_string_value(json_object_get(e, "code"));
         snprintf(res->error, sizeof res->error, "HTTP %ld: %s", status, msg ? msg : s.raw);
+        if (code) snprintf(res->error_code, sizeof res->error_code, "%s", code);
         json_decref(j);
         if (rc != CURLE_OK) out = MN_EIO;
     } else if (res->is_server_error) { /* its message is in res->error, whatever happened next */
@@ -258,7 +324,7 @@ int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientPara
         snprintf(res->error, sizeof res->error, "%s", curl_easy_strerror(rc));
         out = MN_EIO;
     } else if (!s.is_done) {
-        snprintf(res->error, sizeof res->error, "the stream ended before [DONE]");
+        snprintf(res->error, sizeof res->error, "the stream ended before %s", last_event);
         out = MN_EIO;
     }
     res->content = s.content ? s.content : mn_strdup("");
@@ -267,6 +333,26 @@ int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientPara
     sse_deinit(&s.sse);
     mn_free(s.raw);
     return s.is_oom ? MN_ENOMEM : out;
+}
+
+int client_chat(ChatClient *c, const ClientMsg *msgs, size_t n, const ClientParams *p, ClientDeltaFn fn, void *ctx,
+                ClientResult *res) {
+    json_t *req = json_object();
+    json_object_set_new(req, "messages", messages_of(msgs, n));
+    json_object_set_new(req, "stream_options", json_pack("{s:b}", "include_usage", 1));
+    put_params(req, p, "max_tokens");
+    return stream_post(c, "/v1/chat/completions", dump_request(req), "[DONE]", fn, ctx, res);
+}
+
+int client_respond(ChatClient *c, const ClientTurn *t, const ClientParams *p, ClientDeltaFn fn, void *ctx,
+                   ClientResult *res) {
+    json_t *req = json_object();
+    bool is_one_user_msg = t->n_msgs == 1 && strcmp(t->msgs[0].role, "user") == 0;
+    json_object_set_new(req, "input", is_one_user_msg ? json_string(t->msgs[0].content) : messages_of(t->msgs, t->n_msgs));
+    if (t->instructions) json_object_set_new(req, "instructions", json_string(t->instructions));
+    if (t->previous_id) json_object_set_new(req, "previous_response_id", json_string(t->previous_id));
+    put_params(req, p, "max_output_tokens");
+    return stream_post(c, "/v1/responses", dump_request(req), "response.completed", fn, ctx, res);
 }
 
 typedef struct Body {

@@ -41,6 +41,7 @@ typedef struct ConvState {
     double ready_s;       /* when next_turn is due, run clock */
     size_t n_msgs;
     ClientMsg *msgs;      /* (1 + 2 n_turns) at most; assistant contents owned */
+    char prev_id[CLIENT_ID_MAX]; /* responses: the last reply's response id ("" before the first) */
 } ConvState;
 
 typedef struct Run {
@@ -333,7 +334,8 @@ static char *messages_json(const ClientMsg *msgs, size_t n) {
     return out;
 }
 
-/* Send turn `turn` of conversation ci with its history; fill rec. Returns
+/* Send turn `turn` of conversation ci: its history (chat) or its new
+ * message after the previous response (responses); fill rec. Returns
  * MN_OK, MN_ECANCELED (not to be recorded) or MN_ENOMEM. On success with
  * a 200 answer *reply is the reply text (owned). */
 static int send_turn(Run *r, ChatClient *c, int ci, int turn, ConvState *cs, BenchRecord *rec, char **reply) {
@@ -345,14 +347,25 @@ static int send_turn(Run *r, ChatClient *c, int ci, int turn, ConvState *cs, Ben
     rec->turn = turn;
     rec->ready_s = cs->ready_s;
     rec->ttft_s = rec->tpot_s = -1;
-    if (o->keep_text && (rec->sent = messages_json(cs->msgs, cs->n_msgs)) == NULL) return MN_ENOMEM;
+    const BenchConv *pc = &r->plan->convs[ci];
+    bool is_responses = o->api == CLIENT_API_RESPONSES, is_continued = cs->prev_id[0] != '\0';
+    size_t first = pc->system ? 1 : 0; /* responses: the system message goes as instructions */
+    ClientTurn t = {.msgs = is_continued ? &cs->msgs[cs->n_msgs - 1] : &cs->msgs[first],
+                    .n_msgs = is_continued ? 1 : cs->n_msgs - first,
+                    .instructions = pc->system,
+                    .previous_id = is_continued ? cs->prev_id : NULL};
+    if (o->keep_text && (rec->sent = is_responses ? messages_json(t.msgs, t.n_msgs)
+                                                  : messages_json(cs->msgs, cs->n_msgs)) == NULL)
+        return MN_ENOMEM;
     ClientParams p = {.model = o->model, .max_tokens = u->output_tokens, .temperature = o->temperature,
                       .ignore_eos = true, .seed = (long)u->seed};
     Deltas d = {0};
     ClientResult res;
     double t_send = mn_now();
-    int rc = client_chat(c, cs->msgs, cs->n_msgs, &p, on_delta, &d, &res);
+    int rc = is_responses ? client_respond(c, &t, &p, on_delta, &d, &res)
+                          : client_chat(c, cs->msgs, cs->n_msgs, &p, on_delta, &d, &res);
     rec->send_s = t_send - r->t0;
+    rec->request_bytes = res.request_bytes;
     rec->e2e_s = res.total_s;
     rec->end_s = rec->send_s + res.total_s;
     rec->http_status = res.http_status;
@@ -384,6 +397,7 @@ static int send_turn(Run *r, ChatClient *c, int ci, int turn, ConvState *cs, Ben
     else rec->status = BENCH_OK;
     snprintf(rec->error, sizeof rec->error, "%.159s", rec->status == BENCH_OK ? "" : res.error);
     if (rec->status == BENCH_OK) {
+        snprintf(cs->prev_id, sizeof cs->prev_id, "%s", res.response_id); /* "": the next turn starts a new chain */
         *reply = res.content;
         if (o->keep_text && (rec->reply = mn_strdup(res.content)) == NULL) return MN_ENOMEM;
     } else {

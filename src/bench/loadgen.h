@@ -2,9 +2,12 @@
  *
  * bench_run plays every conversation of the plan as a closed loop: a turn
  * is sent when its conversation arrived (turn 0) or when the previous reply
- * has arrived and the user has thought for the planned time; the history
- * sent is the system message, every earlier user turn and the replies that
- * actually came back. A fixed pool of --concurrency workers (one libcurl
+ * has arrived and the user has thought for the planned time. Through chat
+ * completions the history sent is the system message, every earlier user
+ * turn and the replies that actually came back; through the Responses API
+ * turn 0 sends its user message with the system message as instructions,
+ * and every later turn only its new user message, the same instructions
+ * and the previous reply's response id (the server holds the rest). A fixed pool of --concurrency workers (one libcurl
  * client each) caps the requests in flight; ready turns go out in order of
  * the time they became ready. Each request is recorded (BenchRecord). A
  * failed turn ends its conversation (its later turns count as skipped).
@@ -42,6 +45,7 @@ typedef struct BenchRecord {
     long recomputed_tokens;          /* from usage; -1 when not reported */
     ClientTierTokens cached_by_tier; /* from usage; n == 0 when not reported */
     long output_tokens;  /* usage's completion_tokens, else the content deltas counted */
+    long request_bytes;  /* the request body sent (its JSON; headers not counted) */
     double ready_s;      /* when the turn was due, seconds since the run started */
     double send_s, end_s;/* request sent / answer complete, same clock */
     double ttft_s;       /* send -> first content delta; -1: none came */
@@ -50,7 +54,7 @@ typedef struct BenchRecord {
     int n_gaps;
     double *gaps;        /* (n_gaps) seconds between consecutive content deltas */
     char error[160];     /* "" when ok */
-    char *sent;          /* keep_text: the request's messages as a JSON array, else NULL */
+    char *sent;          /* keep_text: the messages (chat) or input items (responses) sent, as a JSON array; else NULL */
     char *reply;         /* keep_text: the reply text, else NULL */
 } BenchRecord;
 
@@ -91,6 +95,7 @@ typedef struct BenchRunOpts {
     const char *url;     /* base URL, e.g. http://127.0.0.1:8080 */
     const char *api_key; /* NULL: none */
     const char *model;   /* sent as "model" */
+    ClientApi api;       /* chat completions (0) or the Responses API */
     float temperature;   /* < 0: not sent */
     int concurrency;     /* workers, >= 1 */
     double duration_s;   /* no conversation starts after this (0: no limit) */

@@ -231,6 +231,17 @@ int bench_summarize(const BenchResults *r, BenchSummary *s) {
     dist_of(a, na, &s->tpot);
     dist_of(b, nb, &s->norm_latency);
     dist_of(c, nc, &s->e2e);
+    na = nb = nc = 0;
+    for (long i = 0; i < n; i++) { /* request bytes: every request sent */
+        const BenchRecord *x = &r->records[i];
+        s->request_bytes += x->request_bytes;
+        a[na++] = (double)x->request_bytes;
+        if (x->turn == 0) b[nb++] = (double)x->request_bytes;
+        else c[nc++] = (double)x->request_bytes;
+    }
+    dist_of(a, na, &s->req_bytes);
+    dist_of(b, nb, &s->req_bytes_first);
+    dist_of(c, nc, &s->req_bytes_returning);
     mn_free(a);
     mn_free(b);
     mn_free(c);
@@ -300,15 +311,32 @@ static void print_tier_io(FILE *f, const BenchMetrics *d, int i) {
     fprintf(f, "\n");
 }
 
+/* "12345" or "-" for a statistic without samples. */
+static const char *bytes_cell(double v, char *buf, size_t cap) {
+    if (isnan(v)) snprintf(buf, cap, "-");
+    else snprintf(buf, cap, "%.0f", v);
+    return buf;
+}
+
+/* Request bytes beside TTFT: the total, per request, first and returning turns. */
+static void print_bytes(FILE *f, const BenchSummary *s) {
+    char mean[32], p50[32], first[32], ret[32];
+    fprintf(f, "  request bytes: %ld total; per request mean %s, p50 %s; p50 first turns %s, returning turns %s\n",
+            s->request_bytes, bytes_cell(s->req_bytes.mean, mean, sizeof mean),
+            bytes_cell(s->req_bytes.p50, p50, sizeof p50), bytes_cell(s->req_bytes_first.p50, first, sizeof first),
+            bytes_cell(s->req_bytes_returning.p50, ret, sizeof ret));
+}
+
 void bench_print_summary(FILE *f, const BenchSummary *s, const BenchResults *r, const BenchInfo *info) {
-    fprintf(f, "mnemo bench: %s, seed %llu, %d conversations, %s (model %s)\n", info->workload, info->seed,
-            info->n_convs, info->url, info->model);
+    fprintf(f, "mnemo bench: %s, seed %llu, %d conversations, %s (model %s, api %s)\n", info->workload, info->seed,
+            info->n_convs, info->url, info->model, info->api ? info->api : "chat");
     fprintf(f, "  requests %ld, failures %ld, skipped %ld%s; %.2f s\n", s->requests, s->failures, s->skipped,
             r->is_interrupted ? " (interrupted)" : "", s->wall_s);
     fprintf(f, "  %-26s %10s %10s %10s\n", "", "p50", "p90", "p99");
     print_row(f, "TTFT", &s->ttft, 1e3, "ms");
     print_row(f, "TTFT first turns", &s->ttft_first, 1e3, "ms");
     print_row(f, "TTFT returning turns", &s->ttft_returning, 1e3, "ms");
+    print_bytes(f, s);
     print_row(f, "time per output token", &s->tpot, 1e3, "ms");
     print_row(f, "inter-token gap", &s->itl, 1e3, "ms");
     print_row(f, "normalized latency", &s->norm_latency, 1e3, "ms/token");
@@ -365,7 +393,8 @@ static void csv_text(FILE *f, const char *s) {
 int bench_write_csv(const char *path, const BenchResults *r, MnErr *err) {
     FILE *f = fopen(path, "w");
     if (f == NULL) return mn_err_set(err, MN_EIO, "%s: %s", path, strerror(errno));
-    fprintf(f, "conversation,turn,prompt_tokens,cached_tokens,output_tokens,ttft_s,tpot_s,e2e_s,status,error\n");
+    fprintf(f, "conversation,turn,prompt_tokens,cached_tokens,output_tokens,request_bytes,ttft_s,tpot_s,e2e_s,status,"
+               "error\n");
     for (long i = 0; i < r->n_records; i++) {
         const BenchRecord *x = &r->records[i];
         char name[32];
@@ -373,7 +402,7 @@ int bench_write_csv(const char *path, const BenchResults *r, MnErr *err) {
         if (x->prompt_tokens >= 0) fprintf(f, "%ld", x->prompt_tokens);
         fputc(',', f);
         if (x->cached_tokens >= 0) fprintf(f, "%ld", x->cached_tokens);
-        fprintf(f, ",%ld,", x->output_tokens);
+        fprintf(f, ",%ld,%ld,", x->output_tokens, x->request_bytes);
         csv_num(f, x->ttft_s, x->ttft_s >= 0);
         fputc(',', f);
         csv_num(f, x->tpot_s, x->tpot_s >= 0);
@@ -414,6 +443,7 @@ int bench_write_json(const char *path, const BenchSummary *s, const BenchResults
     json_object_set_new(o, "workload", json_string(info->workload));
     json_object_set_new(o, "url", json_string(info->url));
     json_object_set_new(o, "model", json_string(info->model));
+    json_object_set_new(o, "api", json_string(info->api ? info->api : "chat"));
     json_object_set_new(o, "seed", json_integer((json_int_t)info->seed));
     json_object_set_new(o, "conversations", json_integer(info->n_convs));
     json_object_set_new(o, "conversations_started", json_integer(r->n_convs_started));
@@ -430,6 +460,11 @@ int bench_write_json(const char *path, const BenchSummary *s, const BenchResults
     put_dist(o, "itl", &s->itl, true);
     put_dist(o, "norm_latency", &s->norm_latency, true);
     put_dist(o, "e2e", &s->e2e, true);
+    json_object_set_new(o, "request_bytes", json_integer((json_int_t)s->request_bytes));
+    json_object_set_new(o, "request_bytes_mean", jnum(s->req_bytes.mean));
+    json_object_set_new(o, "request_bytes_p50", jnum(s->req_bytes.p50));
+    json_object_set_new(o, "request_bytes_first_p50", jnum(s->req_bytes_first.p50));
+    json_object_set_new(o, "request_bytes_returning_p50", jnum(s->req_bytes_returning.p50));
     json_object_set_new(o, "throughput_rps", json_real(s->throughput_rps));
     json_object_set_new(o, "output_tps", json_real(s->output_tps));
     json_object_set_new(o, "prompt_tokens", json_integer(s->prompt_tokens));

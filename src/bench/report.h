@@ -37,6 +37,11 @@ typedef struct BenchSummary {
     double wall_s;
     BenchDist ttft, ttft_first, ttft_returning; /* first: turn 1; returning: turns 2.. */
     BenchDist tpot, itl, norm_latency, e2e;     /* itl: inter-token (delta) gaps */
+    /* request body bytes, over every request sent (answered or not): what
+     * the client paid to send its turns, the whole history each time
+     * through chat completions, the new message through the Responses API */
+    long request_bytes;
+    BenchDist req_bytes, req_bytes_first, req_bytes_returning;
     double throughput_rps;  /* successful requests / wall_s */
     double output_tps;      /* output tokens of successful requests / wall_s */
     long prompt_tokens, cached_tokens, output_tokens; /* sums over successful requests */
@@ -65,6 +70,7 @@ typedef struct BenchInfo {
     int n_convs;
     double tokens_per_word;
     bool is_measured;
+    const char *api;     /* "chat" or "responses"; NULL: chat */
 } BenchInfo;
 
 /* Nearest-rank percentile of sorted[0..n) (n >= 1), p in (0, 100]. */
@@ -76,9 +82,9 @@ int bench_summarize(const BenchResults *r, BenchSummary *s);
 void bench_print_summary(FILE *f, const BenchSummary *s, const BenchResults *r, const BenchInfo *info);
 
 /* One row per request, header
- * conversation,turn,prompt_tokens,cached_tokens,output_tokens,ttft_s,tpot_s,e2e_s,status,error
- * (turns 1-based; unknown values empty; error: a failed request's message,
- * quoted, empty when ok). */
+ * conversation,turn,prompt_tokens,cached_tokens,output_tokens,request_bytes,ttft_s,tpot_s,e2e_s,status,error
+ * (turns 1-based; unknown values empty; request_bytes: the request body
+ * sent; error: a failed request's message, quoted, empty when ok). */
 int bench_write_csv(const char *path, const BenchResults *r, MnErr *err);
 int bench_write_json(const char *path, const BenchSummary *s, const BenchResults *r, const BenchInfo *info,
                      MnErr *err);

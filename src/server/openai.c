@@ -248,10 +248,12 @@ static const ApiField PART_FIELDS[] = {USED("type"), USED("text"), {NULL, FIELD_
 
 /* POST /v1/responses: its own names for the generation fields, and no
  * tools, reasoning or structured output (refused unless they ask for
- * nothing). truncation "auto" is context overflow's, not done yet. */
+ * nothing). truncation "auto" is context overflow's, not done yet. seed
+ * and ignore_eos are mnemo's extensions, as in chat (`mnemo bench` fixes
+ * reply lengths with ignore_eos through either API). */
 static const ApiField RESPONSES_FIELDS[] = {
     USED("model"), USED("input"), USED("instructions"), USED("previous_response_id"), USED("store"),
-    USED("max_output_tokens"), USED("temperature"), USED("top_p"), USED("stream"), USED("seed"),
+    USED("max_output_tokens"), USED("temperature"), USED("top_p"), USED("stream"), USED("seed"), USED("ignore_eos"),
     NO_EFFECT("metadata"), NO_EFFECT("user"), NO_EFFECT("service_tier"), NO_EFFECT("prompt_cache_key"),
     NO_EFFECT("safety_identifier"), NO_EFFECT("parallel_tool_calls"),
     UNSUPPORTED("tools", is_empty_array), UNSUPPORTED("tool_choice", is_none_or_auto),
