@@ -3,6 +3,9 @@
  * is sent once, conversations are closed loops, each turn's history holds
  * the actual earlier replies, the concurrency cap holds, and requests.csv /
  * summary.json agree with the summary; report.svg is well-formed XML.
+ * Through the Responses API (--api responses) the same plan gets the same
+ * prompts and replies while later turns send only their new message:
+ * fewer request bytes than chat's for every turn after the first.
  * Against a fake server (libmicrohttpd) and a closed port, HTTP 500s, cut
  * streams and refused connections are counted as failures and the report
  * is still written. A fake mnemo with tiers has its usage split by tier,
@@ -268,10 +271,10 @@ static void small_config(BenchConfig *c, BenchWorkload w, int n_convs, int n_tur
     assert_int_equal(bench_config_resolve(c, &err), MN_OK);
 }
 
-static BenchResults *run_plan(const BenchPlan *p, int port, int concurrency, bool keep_text) {
+static BenchResults *run_plan_api(const BenchPlan *p, int port, int concurrency, bool keep_text, ClientApi api) {
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
-    BenchRunOpts o = {.url = url, .model = "test", .temperature = 0, .concurrency = concurrency,
+    BenchRunOpts o = {.url = url, .model = "test", .api = api, .temperature = 0, .concurrency = concurrency,
                       .connect_timeout_s = TEST_HANG_GUARD_S, .idle_timeout_s = TEST_HANG_GUARD_S,
                       .keep_text = keep_text};
     BenchResults *r = NULL;
@@ -279,6 +282,10 @@ static BenchResults *run_plan(const BenchPlan *p, int port, int concurrency, boo
     int rc = bench_run(p, &o, &r, &err);
     if (rc) fail_msg("bench_run: %s", err.msg);
     return r;
+}
+
+static BenchResults *run_plan(const BenchPlan *p, int port, int concurrency, bool keep_text) {
+    return run_plan_api(p, port, concurrency, keep_text, CLIENT_API_CHAT);
 }
 
 typedef struct Tokenizer {
@@ -812,6 +819,19 @@ static int stop_server(void **state) { /* teardown: also after a failed assertio
     return 0;
 }
 
+/* `mnemo bench ARGV` (writing to out_dir) succeeds with n_requests
+ * requests, none failed; its summary.json (the caller decrefs). */
+static json_t *run_command(int argc, char **argv, const char *out_dir, long n_requests) {
+    assert_int_equal(bench_main(argc, argv), 0);
+    char path[512];
+    snprintf(path, sizeof path, "%s/summary.json", out_dir);
+    json_t *j = json_load_file(path, 0, NULL);
+    assert_non_null(j);
+    assert_int_equal(json_integer_value(json_object_get(j, "requests")), n_requests);
+    assert_int_equal(json_integer_value(json_object_get(j, "failures")), 0);
+    return j;
+}
+
 static void test_real_server(void **state) {
     Srv *s = calloc(1, sizeof *s);
     *state = s;
@@ -930,19 +950,97 @@ static void test_real_server(void **state) {
     char *argv[] = {"--url", url, "--workload", "multiround-qa", "--conversations", "2", "--turns", "2",
                     "--system-tokens", "8", "--history-tokens", "10", "--question-tokens", "6", "--output-tokens",
                     "3", "--rate", "0", "--think-mean", "0", "--quiet", "--out", out_arg};
-    assert_int_equal(bench_main((int)(sizeof argv / sizeof argv[0]), argv), 0);
-    char path[160];
-    snprintf(path, sizeof path, "%s/summary.json", out_arg);
-    json_t *j = json_load_file(path, 0, NULL);
-    assert_non_null(j);
-    assert_int_equal(json_integer_value(json_object_get(j, "requests")), 4);
-    assert_int_equal(json_integer_value(json_object_get(j, "failures")), 0);
+    json_t *j = run_command((int)(sizeof argv / sizeof argv[0]), argv, out_arg, 4);
     assert_string_equal(json_string_value(json_object_get(j, "model")), "stories260K.gguf");
     assert_true(json_is_object(json_object_get(j, "server_metrics")));
     json_decref(j);
     test_rm_dir(out_arg);
     test_tmpdir_free(dir);
     client_free(tc);
+}
+
+/* The record of (conversation, turn) in r; the test fails when there is none. */
+static const BenchRecord *record_of(const BenchResults *r, int conv, int turn) {
+    for (long i = 0; i < r->n_records; i++)
+        if (r->records[i].conversation == conv && r->records[i].turn == turn) return &r->records[i];
+    fail_msg("no record of conversation %d turn %d", conv, turn);
+    return NULL;
+}
+
+/* The same plan through chat completions and through the Responses API:
+ * every request answered in both, the same prompts and (greedy) replies,
+ * and from turn 2 on the Responses API sends only the new user message
+ * after the previous response's id: fewer request bytes than chat's
+ * history for the same turn, whatever the machine's speed. */
+static void test_real_server_responses(void **state) {
+    Srv *s = calloc(1, sizeof *s);
+    *state = s;
+    if (srv_start(s, "stories260K", "") != 0) return;
+    BenchConfig c;
+    small_config(&c, BENCH_MULTITURN, 3, 3);
+    c.system_tokens = 6;
+    MnErr err = {0};
+    BenchPlan *p;
+    assert_int_equal(bench_plan_new(&c, NULL, NULL, &p, &err), MN_OK);
+    BenchResults *chat = run_plan_api(p, s->port, 2, true, CLIENT_API_CHAT);
+    BenchResults *resp = run_plan_api(p, s->port, 2, true, CLIENT_API_RESPONSES);
+    assert_int_equal(chat->n_records, p->n_requests);
+    assert_int_equal(resp->n_records, p->n_requests);
+    for (int ci = 0; ci < p->n_convs; ci++)
+        for (int t = 0; t < p->convs[ci].n_turns; t++) {
+            const BenchRecord *a = record_of(chat, ci, t), *b = record_of(resp, ci, t);
+            if (a->status != BENCH_OK || b->status != BENCH_OK)
+                fail_msg("conversation %d turn %d: chat '%s', responses '%s'", ci, t, a->error, b->error);
+            assert_int_equal(b->output_tokens, 4); /* ignore_eos holds through the Responses API too */
+            assert_int_equal(b->prompt_tokens, a->prompt_tokens); /* the server rebuilt the same prompt */
+            assert_string_equal(b->reply, a->reply);
+            assert_true(a->request_bytes > 0 && b->request_bytes > 0);
+            /* what went out: the new user message alone (the system prompt goes as instructions) */
+            json_t *sent = json_loads(b->sent, 0, NULL);
+            assert_non_null(sent);
+            assert_int_equal(json_array_size(sent), 1);
+            assert_string_equal(json_string_value(json_object_get(json_array_get(sent, 0), "content")),
+                                p->convs[ci].turns[t].user);
+            json_decref(sent);
+            if (t > 0) {
+                assert_true(b->request_bytes < a->request_bytes);
+                assert_true(b->cached_tokens > 0); /* the stored chain's KV was found */
+            }
+        }
+    BenchSummary sa, sb;
+    assert_int_equal(bench_summarize(chat, &sa), MN_OK);
+    assert_int_equal(bench_summarize(resp, &sb), MN_OK);
+    assert_int_equal(sa.requests - sa.failures, sb.requests - sb.failures);
+    assert_true(sb.req_bytes_returning.p50 < sa.req_bytes_returning.p50);
+    assert_true(sb.request_bytes < sa.request_bytes);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    BenchInfo info = {"multiturn", "x", "test", 1, 3, 1.3, false, "responses"};
+    bench_print_summary(f, &sb, resp, &info);
+    fclose(f);
+    char want[160];
+    snprintf(want, sizeof want, "request bytes: %ld total;", sb.request_bytes);
+    if (!strstr(text, want) || !strstr(text, "api responses)")) fail_msg("%s", text);
+    free(text);
+    bench_results_free(chat);
+    bench_results_free(resp);
+    bench_plan_free(p);
+
+    /* the command: --api responses, named in summary.json */
+    char *dir = test_tmpdir_new("bench-out"), url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", s->port);
+    char *argv[] = {"--url", url, "--api", "responses", "--workload", "multiturn", "--conversations", "2", "--turns",
+                    "2", "--question-tokens", "6", "--output-tokens", "3", "--rate", "0", "--think-mean", "0",
+                    "--quiet", "--out", dir};
+    json_t *j = run_command((int)(sizeof argv / sizeof argv[0]), argv, dir, 4);
+    assert_string_equal(json_string_value(json_object_get(j, "api")), "responses");
+    assert_true(json_integer_value(json_object_get(j, "request_bytes")) > 0);
+    json_decref(j);
+    char *bad[] = {"--url", url, "--api", "stateful"};
+    assert_int_equal(bench_main(4, bad), 2);
+    test_tmpdir_free(dir);
 }
 
 /* ---- failures ------------------------------------------------------------------------------- */
@@ -1354,6 +1452,7 @@ int main(void) {
         cmocka_unit_test(test_sharegpt_synth_stats),
         cmocka_unit_test(test_sharegpt_file),
         cmocka_unit_test_teardown(test_real_server, stop_server),
+        cmocka_unit_test_teardown(test_real_server_responses, stop_server),
         cmocka_unit_test(test_connection_refused),
         cmocka_unit_test(test_http_500),
         cmocka_unit_test(test_stream_cut),

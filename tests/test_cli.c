@@ -1,14 +1,21 @@
 /* test_cli.c — the mnemo command end to end: generate (golden text and
  * --dump-logits against the reference), tokenize / detokenize on models and
  * vocabulary-only files, inspect, gen-model (what it writes loads and runs,
- * in every weight type, and reads back as written),
- * and clear failures for bad files and bad options. Runs $MNEMO_BIN. */
+ * in every weight type, and reads back as written), chat (its cache
+ * statistics, log file, stops with a hint, line editing, and through a
+ * recording proxy what it sends: only the new line after the previous
+ * response through the Responses API, a new chain when the server lost the
+ * old one), and clear failures for bad files and bad options. Runs
+ * $MNEMO_BIN. */
 #include "test_util.h"
 #include "test_serve_util.h"
 #include "test_tty.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <pthread.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <sys/ioctl.h>
@@ -692,6 +699,234 @@ static void test_chat_line_editing(void **s) {
     unlink("/tmp/mnemo-test-chat-tty.log");
 }
 
+/* ---- chat through the Responses API: what it sends, seen by a proxy ---------------- */
+
+#define PROXY_MAX 16
+
+/* A recording proxy between the chat and a real server: every request's
+ * path and body are kept, passed on, and the whole answer sent back (a
+ * stream arrives at once, which the chat reads the same). Before passing
+ * on the POST numbered delete_before (1-based; 0: never) it deletes the
+ * response that POST continues, as an expiry or a purge would. */
+typedef struct Proxy {
+    struct MHD_Daemon *d;
+    int port;
+    Srv up;                        /* the server behind it */
+    pthread_mutex_t mu;            /* guards what follows */
+    int n;                         /* requests recorded */
+    char *path[PROXY_MAX], *body[PROXY_MAX], *answer[PROXY_MAX];
+    long status[PROXY_MAX];
+    int n_posts, delete_before;
+} Proxy;
+
+typedef struct ProxyConn {
+    char *body;
+    size_t len;
+} ProxyConn;
+
+static void proxy_delete_previous(Proxy *px, const char *body) {
+    json_t *j = json_loads(body, 0, NULL);
+    const char *id = json_string_value(json_object_get(j, "previous_response_id"));
+    char path[256];
+    if (id) {
+        snprintf(path, sizeof path, "/v1/responses/%s", id);
+        srv_http(&px->up, "DELETE", path, NULL, NULL, NULL, NULL, 0);
+    }
+    json_decref(j);
+}
+
+static enum MHD_Result proxy_handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                     const char *version, const char *upload, size_t *upload_size, void **state) {
+    Proxy *px = cls;
+    ProxyConn *pc = *state;
+    if (pc == NULL) { /* headers only */
+        *state = pc = calloc(1, sizeof *pc);
+        pc->body = calloc(1, 1);
+        return pc ? MHD_YES : MHD_NO;
+    }
+    if (*upload_size > 0) {
+        pc->body = realloc(pc->body, pc->len + *upload_size + 1);
+        memcpy(pc->body + pc->len, upload, *upload_size);
+        pc->len += *upload_size;
+        pc->body[pc->len] = '\0';
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    bool is_post = strcmp(method, "POST") == 0;
+    pthread_mutex_lock(&px->mu);
+    bool is_delete = is_post && ++px->n_posts == px->delete_before;
+    pthread_mutex_unlock(&px->mu);
+    if (is_delete) proxy_delete_previous(px, pc->body);
+    char *answer = NULL;
+    long st = srv_http(&px->up, is_post ? NULL : method, url, is_post ? pc->body : NULL, NULL, &answer, NULL, 0);
+    pthread_mutex_lock(&px->mu);
+    if (px->n < PROXY_MAX) {
+        px->path[px->n] = strdup(url);
+        px->body[px->n] = strdup(pc->body);
+        px->answer[px->n] = strdup(answer ? answer : "");
+        px->status[px->n++] = st;
+    }
+    pthread_mutex_unlock(&px->mu);
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(answer), answer, MHD_RESPMEM_MUST_FREE);
+    enum MHD_Result ok = MHD_queue_response(c, st > 0 ? (unsigned)st : 502, r);
+    MHD_destroy_response(r);
+    free(pc->body);
+    free(pc);
+    *state = NULL;
+    return ok;
+}
+
+static void proxy_start(Proxy *px, int upstream_port) {
+    memset(px, 0, sizeof *px);
+    px->up.port = upstream_port;
+    pthread_mutex_init(&px->mu, NULL);
+    px->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0, NULL, NULL,
+                             proxy_handler, px, MHD_OPTION_END);
+    assert_non_null(px->d);
+    px->port = MHD_get_daemon_info(px->d, MHD_DAEMON_INFO_BIND_PORT)->port;
+}
+
+/* Forget what was recorded; the next POST is number 1 again. */
+static void proxy_reset(Proxy *px, int delete_before) {
+    pthread_mutex_lock(&px->mu);
+    for (int i = 0; i < px->n; i++) {
+        free(px->path[i]);
+        free(px->body[i]);
+        free(px->answer[i]);
+    }
+    px->n = px->n_posts = 0;
+    px->delete_before = delete_before;
+    pthread_mutex_unlock(&px->mu);
+}
+
+static void proxy_stop(Proxy *px) {
+    MHD_stop_daemon(px->d);
+    proxy_reset(px, 0);
+    pthread_mutex_destroy(&px->mu);
+}
+
+/* Request i's body as JSON (the test fails unless it parses). */
+static json_t *proxy_json(const Proxy *px, int i) {
+    json_t *j = json_loads(px->body[i], 0, NULL);
+    if (j == NULL) fail_msg("request %d is not JSON: %s", i, px->body[i]);
+    return j;
+}
+
+/* The id of the response answer i streamed (its response.created event). */
+static void proxy_answer_id(const Proxy *px, int i, char *id, size_t cap) {
+    static const char key[] = "\"id\":\"";
+    const char *p = strstr(px->answer[i], key);
+    if (p == NULL || strncmp(p + sizeof key - 1, "resp_", 5) != 0)
+        fail_msg("answer %d has no response id: %.300s", i, px->answer[i]);
+    p += sizeof key - 1;
+    size_t n = strcspn(p, "\"");
+    snprintf(id, cap, "%.*s", (int)n, p);
+}
+
+static const char *jstring(json_t *o, const char *key) { return json_string_value(json_object_get(o, key)); }
+
+/* `mnemo chat --api API` through the proxy with three lines; its replies
+ * (stdout) and its terminal (stderr) in malloc'd strings. */
+static int chat_via(const Proxy *px, const char *api, char **replies, char **term) {
+    char cmd[1024], err_path[] = "/tmp/mnemo-test-chat-err-XXXXXX";
+    close(mkstemp(err_path));
+    snprintf(cmd, sizeof cmd,
+             "printf 'Once upon a time\\nTell me more\\nAnd then\\n' | %s chat --url http://127.0.0.1:%d --api %s "
+             "-n 8 --temp 0 --ignore-eos --system 'Tell a story.' 2>%s",
+             bin(), px->port, api, err_path);
+    int st = run(cmd, replies);
+    *term = test_read_file(err_path, NULL);
+    unlink(err_path);
+    assert_non_null(*term);
+    return st;
+}
+
+/* Through the Responses API (the default) the chat sends turn 1 with the
+ * system prompt as instructions and each later turn as its new line only,
+ * with the previous answer's response id; the replies equal those of
+ * `--api chat`, which resends the whole history. When the server no longer
+ * holds the chain (the proxy deletes it before turn 2) the chat says so in
+ * one line, sends the history again as a new chain, and goes on with the
+ * same replies. */
+typedef struct ProxyFix {
+    Srv srv;
+    Proxy px;
+} ProxyFix;
+
+static int proxy_fix_teardown(void **state) { /* also after a failed assertion */
+    ProxyFix *f = *state;
+    if (f && f->px.d) proxy_stop(&f->px);
+    if (f && f->srv.pid > 0) srv_stop(&f->srv);
+    free(f);
+    return 0;
+}
+
+static void test_chat_responses_sends_new_message(void **state) {
+    ProxyFix *f = calloc(1, sizeof *f);
+    *state = f;
+    if (srv_start(&f->srv, "stories260K", "") != 0) return;
+    Proxy *px = &f->px;
+    proxy_start(px, f->srv.port);
+    char *chat_replies, *chat_term, *replies, *term, id[128];
+    assert_int_equal(chat_via(px, "chat", &chat_replies, &chat_term), 0);
+    assert_int_equal(px->n, 3);
+    for (int i = 0; i < 3; i++) { /* chat completions: the history, growing */
+        assert_string_equal(px->path[i], "/v1/chat/completions");
+        json_t *j = proxy_json(px, i);
+        assert_int_equal(json_array_size(json_object_get(j, "messages")), 2 + 2 * (size_t)i);
+        json_decref(j);
+    }
+
+    proxy_reset(px, 0);
+    assert_int_equal(chat_via(px, "responses", &replies, &term), 0);
+    assert_string_equal(replies, chat_replies);
+    assert_int_equal(px->n, 3);
+    static const char *const lines[] = {"Once upon a time", "Tell me more", "And then"};
+    for (int i = 0; i < 3; i++) {
+        assert_string_equal(px->path[i], "/v1/responses");
+        assert_int_equal(px->status[i], 200);
+        json_t *j = proxy_json(px, i);
+        assert_string_equal(jstring(j, "input"), lines[i]); /* the new line alone */
+        assert_string_equal(jstring(j, "instructions"), "Tell a story.");
+        if (i == 0) {
+            assert_null(json_object_get(j, "previous_response_id"));
+        } else {
+            proxy_answer_id(px, i - 1, id, sizeof id);
+            assert_string_equal(jstring(j, "previous_response_id"), id);
+            assert_null(strstr(px->body[i], lines[0])); /* no history */
+        }
+        json_decref(j);
+    }
+    if (count_of(term, "mnemo chat:") != 0) fail_msg("%s", term);
+    free(replies);
+    free(term);
+
+    proxy_reset(px, 2); /* turn 2 continues a deleted response */
+    assert_int_equal(chat_via(px, "responses", &replies, &term), 0);
+    assert_string_equal(replies, chat_replies);
+    if (count_of(term, "mnemo chat:") != 1 || !strstr(term, "no longer holds this conversation")) fail_msg("%s", term);
+    assert_int_equal(px->n, 4);
+    assert_int_equal(px->status[1], 400);
+    assert_non_null(strstr(px->answer[1], "previous_response_not_found"));
+    json_t *j = proxy_json(px, 2); /* the retry: the history as a new chain */
+    assert_null(json_object_get(j, "previous_response_id"));
+    json_t *input = json_object_get(j, "input");
+    assert_int_equal(json_array_size(input), 3);
+    assert_string_equal(jstring(json_array_get(input, 0), "content"), lines[0]);
+    assert_string_equal(jstring(json_array_get(input, 1), "role"), "assistant");
+    assert_string_equal(jstring(json_array_get(input, 2), "content"), lines[1]);
+    json_decref(j);
+    j = proxy_json(px, 3); /* turn 3 continues the new chain */
+    proxy_answer_id(px, 2, id, sizeof id);
+    assert_string_equal(jstring(j, "previous_response_id"), id);
+    assert_string_equal(jstring(j, "input"), lines[2]);
+    json_decref(j);
+    free(replies);
+    free(term);
+    free(chat_replies);
+    free(chat_term);
+}
+
 int main(void) {
     test_apply_filter();
     const struct CMUnitTest tests[] = {
@@ -713,6 +948,7 @@ int main(void) {
         cmocka_unit_test(test_chat_stops_without_server),
         cmocka_unit_test(test_chat_stops_on_401),
         cmocka_unit_test(test_chat_line_editing),
+        cmocka_unit_test_teardown(test_chat_responses_sends_new_message, proxy_fix_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
