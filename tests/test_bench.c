@@ -200,7 +200,8 @@ static enum MHD_Result fake_handler(void *cls, struct MHD_Connection *c, const c
     if (strcmp(url, "/metrics") == 0 && f->mode == FAKE_TIERS) {
         const char *m = atomic_fetch_add(&f->n_metrics, 1) == 0 ? METRICS_BEFORE : METRICS_AFTER;
         r = MHD_create_response_from_buffer(strlen(m), (void *)m, MHD_RESPMEM_PERSISTENT);
-    } else if (strcmp(url, "/v1/chat/completions") != 0 || f->mode == FAKE_500) {
+    } else if ((strcmp(url, "/v1/chat/completions") != 0 && !(f->mode == FAKE_SCRIPT && strcmp(url, "/v1/responses") == 0)) ||
+               f->mode == FAKE_500) {
         static const char err[] = "{\"error\":{\"message\":\"fake failure\",\"type\":\"server_error\"}}";
         r = MHD_create_response_from_buffer(sizeof err - 1, (void *)err, MHD_RESPMEM_PERSISTENT);
         status = strcmp(url, "/v1/chat/completions") == 0 ? 500 : 404;
@@ -1167,6 +1168,17 @@ static void test_sse_parser(void **state) {
 #define SSE_B "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"}}]}"
 #define SSE_USAGE "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}"
 #define LLAMA_ERROR "{\"code\":500,\"message\":\"Context size has been exceeded.\",\"type\":\"server_error\"}"
+/* the Responses API's events (mnemo's and OpenAI's shapes, cut short) */
+#define RESP_CREATED "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\"}}"
+#define RESP_A "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}"
+#define RESP_B "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"b\"}"
+#define RESP_DONE                                                                                                    \
+    "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"usage\":"   \
+    "{\"input_tokens\":9,\"input_tokens_details\":{\"cached_tokens\":8},\"output_tokens\":2}}}"
+#define RESP_ERROR "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"engine failed\"}"
+#define RESP_FAILED                                                                                                  \
+    "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"resp_1\",\"error\":"         \
+    "{\"code\":\"server_error\",\"message\":\"out of memory\"}}}"
 
 typedef struct StreamCase {
     const char *what;
@@ -1174,48 +1186,60 @@ typedef struct StreamCase {
     int rc;                /* client_chat's */
     bool is_server_error;
     const char *error;     /* res.error */
+    bool is_responses;     /* client_respond (else client_chat) */
 } StreamCase;
 
 static const StreamCase STREAM_CASES[] = {
     {"CRLF line ends", {{SSE_A "\r\n\r\n" SSE_B "\r\n\r\n" SSE_USAGE "\r\n\r\ndata: [DONE]\r\n\r\n"}, {0}, 1, false},
-     MN_OK, false, ""},
-    {"CR line ends", {{SSE_A "\r\r" SSE_B "\r\r" SSE_USAGE "\r\rdata: [DONE]\r\r"}, {0}, 1, false}, MN_OK, false, ""},
+     MN_OK, false, "", false},
+    {"CR line ends", {{SSE_A "\r\r" SSE_B "\r\r" SSE_USAGE "\r\rdata: [DONE]\r\r"}, {0}, 1, false}, MN_OK, false, "", false},
     {"data: without its space",
      {{"data:{\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata:{\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n"
        "data:{\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}\n\ndata:[DONE]\n\n"},
       {0}, 1, false},
-     MN_OK, false, ""},
+     MN_OK, false, "", false},
     /* the second event cut in its JSON and between CR and LF; the second
      * piece is sent after the first delta came through */
     {"an event split across reads",
      {{SSE_A "\n\ndata: {\"choi", "ces\":[{\"index\":0,\"delta\":{\"content\":\"b\"}}]}\r",
        "\n\r\n: ping\n\n" SSE_USAGE "\n\ndata: [DONE]\n\n"},
       {0, 1, 1}, 3, false},
-     MN_OK, false, ""},
+     MN_OK, false, "", false},
     /* llama-server: the error as a chunk, then the end without [DONE] */
     {"llama-server's error chunk", {{SSE_A "\n\n" SSE_B "\n\n", "data: {\"error\":" LLAMA_ERROR "}\n\n"}, {0}, 2, false},
-     MN_EIO, true, "Context size has been exceeded."},
+     MN_EIO, true, "Context size has been exceeded.", false},
     {"llama-server's older error line", {{SSE_A "\n\n" SSE_B "\n\nerror: " LLAMA_ERROR "\n\n"}, {0}, 1, false}, MN_EIO,
-     true, "Context size has been exceeded."},
+     true, "Context size has been exceeded.", false},
     {"an error event",
      {{SSE_A "\n\n" SSE_B "\n\nevent: error\ndata: {\"type\":\"error\",\"error\":{\"message\":\"Overloaded\"}}\n\n"},
       {0}, 1, false},
-     MN_EIO, true, "Overloaded"},
+     MN_EIO, true, "Overloaded", false},
     {"an error string", {{SSE_A "\n\n" SSE_B "\n\ndata: {\"error\":\"model unloaded\"}\n\n"}, {0}, 1, false}, MN_EIO,
-     true, "model unloaded"},
+     true, "model unloaded", false},
     /* mnemo: the error chunk, then [DONE] */
     {"an error, then [DONE]",
      {{SSE_A "\n\n" SSE_B "\n\ndata: {\"error\":{\"message\":\"engine failed\"}}\n\ndata: [DONE]\n\n"}, {0}, 1, false},
-     MN_EIO, true, "engine failed"},
+     MN_EIO, true, "engine failed", false},
     /* the error survives the broken connection after it */
     {"an error, then a cut", {{SSE_A "\n\n" SSE_B "\n\ndata: {\"error\":" LLAMA_ERROR "}\n\n"}, {0}, 1, true}, MN_EIO,
-     true, "Context size has been exceeded."},
+     true, "Context size has been exceeded.", false},
     {"no [DONE], no error", {{SSE_A "\n\n" SSE_B "\n\n"}, {0}, 1, false}, MN_EIO, false,
-     "the stream ended before [DONE]"},
+     "the stream ended before [DONE]", false},
+    {"responses: completed", {{RESP_CREATED "\n\n" RESP_A "\n\n" RESP_B "\n\n" RESP_DONE "\n\n"}, {0}, 1, false},
+     MN_OK, false, "", true},
+    {"responses: an error, then response.failed",
+     {{RESP_CREATED "\n\n" RESP_A "\n\n" RESP_B "\n\n" RESP_ERROR "\n\n" RESP_FAILED "\n\n"}, {0}, 1, false}, MN_EIO,
+     true, "engine failed", true},
+    {"responses: response.failed alone",
+     {{RESP_CREATED "\n\n" RESP_A "\n\n" RESP_B "\n\n" RESP_FAILED "\n\n"}, {0}, 1, false}, MN_EIO, true,
+     "out of memory", true},
+    {"responses: no response.completed", {{RESP_CREATED "\n\n" RESP_A "\n\n" RESP_B "\n\n"}, {0}, 1, false}, MN_EIO,
+     false, "the stream ended before response.completed", true},
 };
 
-/* client_chat against each shape of stream: the two deltas arrive, and the
- * result says what the stream said. */
+/* client_chat (and client_respond) against each shape of stream: the two
+ * deltas arrive, and the result says what the stream said (with the
+ * Responses API, the response's id and its usage). */
 static void test_client_stream_shapes(void **state) {
     int n_wrong = 0; /* every case runs, and each wrong one is told */
     for (size_t i = 0; i < sizeof STREAM_CASES / sizeof STREAM_CASES[0]; i++) {
@@ -1228,13 +1252,16 @@ static void test_client_stream_shapes(void **state) {
         assert_int_equal(client_new(url, NULL, &c), MN_OK);
         client_set_timeouts(c, 10, 60); /* only a broken parser waits at a gate: fail, not hang */
         ClientMsg m = {"user", "hi"};
+        ClientTurn t = {&m, 1, NULL, NULL};
         ClientResult res;
-        int rc = client_chat(c, &m, 1, NULL, fake_on_delta, &f, &res);
+        int rc = k->is_responses ? client_respond(c, &t, NULL, fake_on_delta, &f, &res)
+                                 : client_chat(c, &m, 1, NULL, fake_on_delta, &f, &res);
         fake_stop(&f);
         client_free(c);
         if (rc != k->rc || res.is_server_error != k->is_server_error || strcmp(res.error, k->error) != 0 ||
             strcmp(res.content, "ab") != 0 || res.n_deltas != 2 || res.http_status != 200 ||
-            (k->rc == MN_OK && res.completion_tokens != 2)) {
+            (k->rc == MN_OK && res.completion_tokens != 2) ||
+            (k->is_responses && (strcmp(res.response_id, "resp_1") != 0 || (k->rc == MN_OK && res.cached_tokens != 8)))) {
             n_wrong++;
             print_message("%s: rc %d (want %d), server error %d, error \"%s\" (want \"%s\"), content \"%s\", %d deltas, "
                      "HTTP %d\n",
