@@ -4,6 +4,8 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/err.h"
@@ -180,6 +182,58 @@ static void test_sliding_window_key(void **s) {
     model_free(m);
 }
 
+/* Hyper-parameters that would size the model's f32 copies of its norms and
+ * biases at gigabytes, in a file of a few hundred kilobytes whose only
+ * tensor is an embedding of that width: the loader must refuse it by the
+ * tensor it lacks before allocating for tensors it has not found (a GGUF
+ * from anywhere must not make mnemo allocate what the file cannot back).
+ * Loaded in a child whose address space is capped a gigabyte above what it
+ * uses: an allocation of gigabytes fails there (ENOMEM, or under ASan an
+ * abort) instead of succeeding lazily as it would on an overcommitting
+ * machine. */
+static void test_absurd_shape_refused_before_allocating(void **s) {
+    (void)s;
+    static const uint64_t ne[2] = {65536, 1};
+    static uint16_t row[65536]; /* f16 zeros */
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/mnemo-model-absurd-%d.gguf", (int)getpid());
+    GgufWriter *w = gguf_writer_new();
+    assert_non_null(w);
+    gguf_writer_add_str(w, "general.architecture", "qwen2");
+    gguf_writer_add_u32(w, "qwen2.embedding_length", 65536);
+    gguf_writer_add_u32(w, "qwen2.block_count", 1024);
+    gguf_writer_add_u32(w, "qwen2.attention.head_count", 1024);
+    gguf_writer_add_u32(w, "qwen2.attention.head_count_kv", 1024);
+    gguf_writer_add_u32(w, "qwen2.attention.key_length", 1024); /* q_dim = kv_dim = 2^20: biases of 12 MiB a layer */
+    gguf_writer_add_u32(w, "qwen2.feed_forward_length", 1);
+    gguf_writer_add_u32(w, "qwen2.context_length", 16);
+    gguf_writer_add_tensor(w, "token_embd.weight", MN_TYPE_F16, 2, ne, row, sizeof row);
+    MnErr err = {0};
+    assert_int_equal(gguf_writer_write(w, path, &err), MN_OK);
+    gguf_writer_free(w);
+
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        long pages = 0;
+        FILE *f = fopen("/proc/self/statm", "r");
+        if (f == NULL || fscanf(f, "%ld", &pages) != 1) _exit(2);
+        fclose(f);
+        rlim_t cap = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + (1ull << 30);
+        struct rlimit rl = {cap, cap};
+        if (setrlimit(RLIMIT_AS, &rl) != 0) _exit(2);
+        Model *m = NULL;
+        int rc = model_load(path, &m, &err);
+        fprintf(stderr, "    model_load: %d %s\n", rc, err.msg);
+        _exit(rc == MN_EFORMAT && strstr(err.msg, "blk.0.attn_q.weight") != NULL ? 0 : 1);
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    unlink(path);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 int main(void) {
     test_apply_filter();
     const struct CMUnitTest tests[] = {
@@ -188,6 +242,7 @@ int main(void) {
         cmocka_unit_test(test_wrong_shape),
         cmocka_unit_test(test_rope_scaling),
         cmocka_unit_test(test_sliding_window_key),
+        cmocka_unit_test(test_absurd_shape_refused_before_allocating),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

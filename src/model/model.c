@@ -2,9 +2,12 @@
  *
  * Loading happens in three steps: read the hyper-parameters from metadata
  * (config_read), bind every tensor by name and check its type and shape
- * against them (bind_layer / bind_matrix / bind_vector), then load the
- * tokenizer. Matrices stay in the mapping; 1-D tensors are converted to f32
- * into one owned array (`vectors`) so the kernels see a single type.
+ * against them (bind_layer_matrices / bind_matrix, then bind_layer_vectors /
+ * bind_vector), then load the tokenizer. Matrices stay in the mapping; 1-D
+ * tensors are converted to f32 into one owned array (`vectors`) so the
+ * kernels see a single type. That array is sized by the hyper-parameters,
+ * so it is allocated only once every matrix has been found in the file
+ * (bind_all says why that bounds it).
  */
 #include "model/model.h"
 
@@ -257,10 +260,8 @@ static size_t vector_floats(const ModelConfig *c) {
     return per_layer * (size_t)c->n_layer + (size_t)c->n_embd + 3 * ((size_t)c->n_rot / 2);
 }
 
-static int bind_layer(Model *m, int il, float **vec, MnErr *err) {
-    const ModelConfig *c = &m->cfg;
-    LayerWeights *L = &m->layers[il];
-    const Gguf *g = m->gguf;
+/* Layer il's matrices: bound in place, nothing allocated. */
+static int bind_layer_matrices(const Gguf *g, const ModelConfig *c, int il, LayerWeights *L, MnErr *err) {
     char name[96];
     int rc;
 #define NAME(suffix) (snprintf(name, sizeof name, "blk.%d.%s", il, suffix), name)
@@ -286,6 +287,16 @@ static int bind_layer(Model *m, int il, float **vec, MnErr *err) {
     if ((rc = bind_matrix(g, NAME("attn_output.weight"), c->q_dim, c->n_embd, &L->wo, err)) ||
         (rc = bind_matrix(g, NAME("ffn_down.weight"), c->n_ff, c->n_embd, &L->w_down, err)))
         return rc;
+#undef NAME
+    return MN_OK;
+}
+
+/* Layer il's 1-D tensors, converted to f32 at *vec (advanced past them). */
+static int bind_layer_vectors(const Gguf *g, const ModelConfig *c, int il, LayerWeights *L, float **vec,
+                              MnErr *err) {
+    char name[96];
+    int rc;
+#define NAME(suffix) (snprintf(name, sizeof name, "blk.%d.%s", il, suffix), name)
     L->window = layer_slides(c, il) ? c->n_swa : 0;
     L->attn_norm = *vec;
     if ((rc = bind_vector(g, NAME("attn_norm.weight"), c->n_embd, *vec, err))) return rc;
@@ -340,15 +351,25 @@ static int bind_all(Model *m, MnErr *err) {
         m->output = m->tok_embd;
         m->is_output_tied = true;
     }
-    m->vectors = mn_calloc(vector_floats(c), sizeof(float));
     m->layers = mn_calloc((size_t)c->n_layer, sizeof *m->layers);
-    if (m->vectors == NULL || m->layers == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    if (m->layers == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    for (int il = 0; il < c->n_layer; il++)
+        if ((rc = bind_layer_matrices(m->gguf, c, il, &m->layers[il], err))) return rc;
+    /* Only now, with every matrix found in the file, is `vectors` sized.
+     * Its size comes from the hyper-parameters alone, which a small file
+     * can set to ask for gigabytes; but a layer's matrices hold about as
+     * many elements as its 1-D tensors or more (wq alone has n_embd * q_dim),
+     * at a third of a byte or more each, and they lie in the file without
+     * overlapping: a file that got this far is within a small factor of
+     * the allocation's size. */
+    m->vectors = mn_calloc(vector_floats(c), sizeof(float));
+    if (m->vectors == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
     float *vec = m->vectors;
     m->out_norm = vec;
     if ((rc = bind_vector(m->gguf, "output_norm.weight", c->n_embd, vec, err))) return rc;
     vec += c->n_embd;
     for (int il = 0; il < c->n_layer; il++)
-        if ((rc = bind_layer(m, il, &vec, err))) return rc;
+        if ((rc = bind_layer_vectors(m->gguf, c, il, &m->layers[il], &vec, err))) return rc;
     /* per-pair RoPE factors: Llama 3.1+'s, and LongRoPE's two sets */
     static const char *const factor_names[] = {"rope_freqs.weight", "rope_factors_long.weight",
                                                "rope_factors_short.weight"};
