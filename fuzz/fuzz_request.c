@@ -2,8 +2,8 @@
  * (server/openai.h: api_parse_request) and its UTF-8 sanitizer.
  *
  * The input is a request body. It is parsed as the body of every route that
- * has one (chat completions, completions, /tokenize, /detokenize), as a
- * client could send any bytes to any of them. Beyond never crashing,
+ * has one (chat completions, completions, /tokenize, /detokenize,
+ * /v1/responses), as a client could send any bytes to any of them. Beyond never crashing,
  * leaking or reading out of bounds (ASan, UBSan), each parse must keep
  * openai.h's contract: a failure is MN_EINVAL with a message (and a
  * NUL-terminated param that is a prefix of it) or MN_ENOMEM, and leaves the
@@ -32,24 +32,30 @@ static bool is_zero(const void *p, size_t n) {
     return true;
 }
 
-static bool is_role(const char *r) {
-    return r != NULL && (strcmp(r, "system") == 0 || strcmp(r, "user") == 0 || strcmp(r, "assistant") == 0);
+/* Chat roles are "system", "user" or "assistant"; Responses input items
+ * keep "developer" as given. */
+static bool is_role(const char *r, bool is_responses) {
+    return r != NULL && (strcmp(r, "system") == 0 || strcmp(r, "user") == 0 || strcmp(r, "assistant") == 0 ||
+                         (is_responses && strcmp(r, "developer") == 0));
 }
 
 /* What a successful parse of route promises (openai.h, ApiRequest). */
 static void check_request(ApiRoute route, const ApiRequest *r) {
     if (r->route != route) abort();
-    if (route == API_ROUTE_CHAT) {
+    bool is_responses = route == API_ROUTE_RESPONSES;
+    if (route == API_ROUTE_CHAT || is_responses) {
         if (r->n_msgs < 1 || r->msgs == NULL) abort();
         for (size_t i = 0; i < r->n_msgs; i++)
-            if (!is_role(r->msgs[i].role) || r->msgs[i].content == NULL) abort();
+            if (!is_role(r->msgs[i].role, is_responses) || r->msgs[i].content == NULL) abort();
+    } else if (r->n_msgs != 0 || r->instructions != NULL || r->previous_response_id != NULL) {
+        abort();
     }
     if (route == API_ROUTE_COMPLETION && (r->text != NULL) == (r->tokens != NULL && r->n_tokens >= 1)) abort();
     if (route == API_ROUTE_TOKENIZE && r->text == NULL) abort();
     if (r->n_tokens > 0 && r->tokens == NULL) abort();
     for (size_t i = 0; i < r->n_tokens; i++)
         if (r->tokens[i] < 0) abort();
-    if (route == API_ROUTE_CHAT || route == API_ROUTE_COMPLETION) {
+    if (route == API_ROUTE_CHAT || route == API_ROUTE_COMPLETION || is_responses) {
         if (r->model == NULL) abort();
         if (r->n_stop > API_MAX_STOP) abort();
         for (size_t i = 0; i < r->n_stop; i++)
@@ -99,7 +105,7 @@ static void check_sanitize(const char *s, size_t len) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *body = (const char *)data;
     static const ApiRoute routes[] = {API_ROUTE_CHAT, API_ROUTE_COMPLETION, API_ROUTE_TOKENIZE,
-                                      API_ROUTE_DETOKENIZE};
+                                      API_ROUTE_DETOKENIZE, API_ROUTE_RESPONSES};
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) parse_as(routes[i], body, size);
     check_sanitize(body, size);
     return 0;
