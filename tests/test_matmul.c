@@ -306,7 +306,11 @@ static void test_batch_invariance(void **state) {
     tpool_free(tp1);
 }
 
-/* ---- Q4_K and Q6_K: int8 activations --------------------------------------- */
+/* ---- K-quants and IQ4_XS: int8 activations ---------------------------------- */
+
+static const MnType kq_types[] = {MN_TYPE_Q2_K, MN_TYPE_Q3_K, MN_TYPE_Q4_K,
+                                  MN_TYPE_Q5_K, MN_TYPE_Q6_K, MN_TYPE_IQ4_XS};
+enum { N_KQ_TYPES = sizeof kq_types / sizeof kq_types[0] };
 
 /* kq_quantize (this build's path) writes exactly kq_quantize_ref's bytes:
  * random blocks, a block of zeros, ties at +-amax, values that round at
@@ -314,7 +318,6 @@ static void test_batch_invariance(void **state) {
 static void test_kq_quantize_exact(void **state) {
     (void)state;
     enum { N = 8 * 256 };
-    static const MnType types[] = {MN_TYPE_Q4_K, MN_TYPE_Q6_K};
     float *x = acts_make(1, N, 4242);
     for (int j = 256; j < 512; j++) x[j] = 0.0f;             /* block 1: zeros */
     x[512] = 2.0f, x[513] = -2.0f, x[514] = 1.0f / 127.0f;    /* block 2: +-amax, exact halves */
@@ -324,22 +327,22 @@ static void test_kq_quantize_exact(void **state) {
     uint8_t *got = mn_alloc_aligned(bytes, 64), *want = mn_alloc_aligned(bytes, 64);
     assert_non_null(got);
     assert_non_null(want);
-    for (size_t i = 0; i < 2; i++) {
+    for (size_t i = 0; i < N_KQ_TYPES; i++) {
         memset(got, 0xa5, bytes);
         memset(want, 0x5a, bytes);
-        kq_quantize(types[i], x, N, got);
-        kq_quantize_ref(types[i], x, N, want);
+        kq_quantize(kq_types[i], x, N, got);
+        kq_quantize_ref(kq_types[i], x, N, want);
         for (size_t k = 0; k < bytes; k++)
             if (got[k] != want[k])
                 fail_msg("%s: quantized activations differ at byte %zu (block %zu): %02x vs %02x",
-                         ttype_traits(types[i])->name, k, k / KQ_BLOCK_BYTES, got[k], want[k]);
+                         ttype_traits(kq_types[i])->name, k, k / KQ_BLOCK_BYTES, got[k], want[k]);
     }
     mn_free_aligned(want);
     mn_free_aligned(got);
     mn_free(x);
 }
 
-/* mm_matmul on Q4_K/Q6_K equals mm_matmul_ref (int8 activations, scalar)
+/* mm_matmul on the int8 types equals mm_matmul_ref (int8 activations, scalar)
  * bit for bit, at every tile shape (4 x 4, 16 x 1, and the edges), token
  * count and thread count: so the AVX-512, AVX2 and scalar builds give the
  * same bits. And the product stays near the f32 one against the
@@ -351,11 +354,11 @@ static void test_kq_equals_reference(void **state) {
     ThreadPool *tp1 = tpool_new(1), *tp2 = tpool_new(2);
     assert_non_null(tp1);
     assert_non_null(tp2);
-    static const MnType types[] = {MN_TYPE_Q4_K, MN_TYPE_Q6_K};
+    static const MnType *types = kq_types;
     static const int64_t shapes[][2] = {{1, 256}, {5, 512}, {37, 768}, {16, 2048}, {70, 1280}, {21, 5632}};
     static const int toks[] = {1, 2, 3, 4, 5, 7, 8, 13, 70};
     uint64_t seed = 7000;
-    for (size_t ti = 0; ti < 2; ti++)
+    for (size_t ti = 0; ti < N_KQ_TYPES; ti++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             int64_t n_out = shapes[s][0], n_in = shapes[s][1];
             TestMat m;
@@ -463,6 +466,75 @@ static void test_dequant_exact(void **state) {
     mn_free(want);
 }
 
+/* The int8 types on weight blocks of random bytes (every code, every
+ * scale and min, Q6_K's scale -128, IQ4_XS's -127 level; f16 scales kept
+ * near 1/8 so sums stay finite) and activations that reach the int8
+ * codes' ends: every path equals mm_matmul_ref bit for bit. Tokens of
+ * +-1 only quantize exactly (codes +-127, d = 1/127), so there the
+ * reference must equal the product of ttype_dequantize_row's values to
+ * f32 rounding: that checks kquant.c's unpacking against ttype.c's. */
+static void test_kq_random_blocks(void **state) {
+    (void)state;
+    enum { N_OUT = 37, N_IN = 1024, N_TOK = 9 };
+    ThreadPool *tp2 = tpool_new(2);
+    assert_non_null(tp2);
+    Rng rng = {5151};
+    float *x = acts_make(N_TOK, N_IN, 5152);
+    for (int k = 0; k < N_IN; k++) {
+        x[k] = rng_u32(&rng) % 2 ? 1.0f : -1.0f;          /* token 0: +-1 */
+        x[N_IN + k] = k % 512 < 256 ? 1.0f : -1.0f;       /* token 1: blocks of +1 and of -1 */
+        x[2 * N_IN + k] *= k % 256 == 7 ? 1000.0f : 1.0f; /* token 2: one large value per block */
+    }
+    float *deq = mn_malloc((size_t)N_OUT * N_IN * sizeof(float));
+    float *got = mn_malloc((size_t)N_TOK * N_OUT * sizeof(float)), *want = mn_malloc((size_t)N_TOK * N_OUT * sizeof(float));
+    assert_non_null(deq);
+    assert_non_null(got);
+    assert_non_null(want);
+    for (size_t ti = 0; ti < N_KQ_TYPES; ti++) {
+        MnType type = kq_types[ti];
+        const TypeTraits *tt = ttype_traits(type);
+        size_t bytes = (size_t)N_OUT * (N_IN / 256) * tt->block_bytes;
+        uint8_t *blocks = mn_alloc_aligned(bytes + 64, 64);
+        assert_non_null(blocks);
+        for (size_t i = 0; i < bytes; i++) blocks[i] = (uint8_t)rng_u32(&rng);
+        int off[2], n_f = f16_fields(type, off);
+        for (size_t b = 0; b < bytes / tt->block_bytes; b++)
+            for (int f = 0; f < n_f; f++) {
+                uint8_t *h = blocks + b * tt->block_bytes + off[f];
+                h[1] = (uint8_t)((h[1] & 0x83) | 0x30); /* exponent 12: 2^-3 .. 2^-2 */
+            }
+        MatW w = {.type = type, .n_in = N_IN, .n_out = N_OUT, .data = blocks};
+        for (int r = 0; r < N_OUT; r++)
+            ttype_dequantize_row(type, blocks + (size_t)r * (N_IN / 256) * tt->block_bytes, deq + (size_t)r * N_IN, N_IN);
+        mm_matmul_ref(want, &w, x, N_TOK);
+        for (int t = 0; t < 2; t++)
+            for (int r = 0; r < N_OUT; r++) {
+                double dot = 0.0, abs_sum = 0.0;
+                for (int k = 0; k < N_IN; k++) {
+                    dot += (double)deq[(size_t)r * N_IN + k] * x[t * N_IN + k];
+                    abs_sum += fabs((double)deq[(size_t)r * N_IN + k]);
+                }
+                if (!(fabs(want[t * N_OUT + r] - dot) <= 1e-5 * abs_sum))
+                    fail_msg("%s: token %d row %d = %.9g with int8 activations, %.9g from the dequantized row", tt->name,
+                             t, r, want[t * N_OUT + r], dot);
+            }
+        for (int n = 1; n <= N_TOK; n += 4)
+            for (int th = 0; th < 2; th++) {
+                mm_matmul(th ? tp2 : NULL, got, &w, x, n);
+                for (int i = 0; i < n * N_OUT; i++)
+                    if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                        fail_msg("%s (%s path) n_tok=%d: out[%d][%d] = %.9g, reference %.9g", tt->name, mm_simd_name(),
+                                 n, i / N_OUT, i % N_OUT, got[i], want[i]);
+            }
+        mn_free_aligned(blocks);
+    }
+    mn_free(want);
+    mn_free(got);
+    mn_free(deq);
+    mn_free(x);
+    tpool_free(tp2);
+}
+
 /* The reference quantizers write blocks whose values are close to their
  * input: RMS error relative to the input's RMS within a bound per type
  * (about 1.25 times what they give: the bits per weight decide it, and the
@@ -527,6 +599,7 @@ int main(void) {
         cmocka_unit_test(test_quant_equals_float),
         cmocka_unit_test(test_kq_quantize_exact),
         cmocka_unit_test(test_kq_equals_reference),
+        cmocka_unit_test(test_kq_random_blocks),
         cmocka_unit_test(test_matches_reference),
         cmocka_unit_test(test_float_odd_n_in),
         cmocka_unit_test(test_matches_reference_large),

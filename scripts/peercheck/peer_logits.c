@@ -4,7 +4,7 @@
  *
  * Reads the token ids of IN.ref (mnemo generate --dump-logits writes it),
  * evaluates them with llama.cpp (libllama of the peer build) in one batch,
- * f32 KV cache, 2 threads, logits at every position, and writes OUT.ref in
+ * f32 KV cache, flash attention off, 2 threads, logits at every position, and writes OUT.ref in
  * the same MREF format (engine/mref.h: "MREF", n_tokens, n_vocab, k = 16,
  * the tokens, per position the 16 largest logits' ids and values, then
  * the last position's full vector). Built and run by scripts/peer-check;
@@ -65,6 +65,9 @@ int main(int argc, char **argv) {
     cp.n_ctx = cp.n_batch = cp.n_ubatch = (uint32_t)(n < 64 ? 64 : n);
     cp.n_threads = cp.n_threads_batch = 2;
     cp.type_k = cp.type_v = GGML_TYPE_F32;
+    /* "auto" turns flash attention on for the CPU, which rounds Q to f16
+     * (~5e-2 on these models); mnemo and the references compute in f32 */
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     struct llama_context *ctx = llama_init_from_model(model, cp);
     int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
     struct llama_batch b = llama_batch_init(n, 0, 1);

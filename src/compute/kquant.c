@@ -1,35 +1,48 @@
-/* kquant.c — Q4_K and Q6_K products with int8 activations (see kquant.h).
+/* kquant.c — K-quant and IQ4_XS products with int8 activations (see kquant.h).
  *
- * How it fits: mm_matmul (matmul.c) sends these two types here. Each
- * worker quantizes a group of tokens into a buffer on its own stack
- * (kq_quantize), then multiplies its rows against them (kq_rows).
+ * How it fits: mm_matmul (matmul.c) sends Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and
+ * IQ4_XS here. Each worker quantizes a group of tokens into a buffer on its
+ * own stack (kq_quantize), then multiplies its rows against them (kq_rows).
  * Stateless; any thread may call any function.
  *
+ * Every weight super-block reads, for this module, as 256 integer codes
+ * u (0..127), 16 sub-block scales sc[c] and mins mn[c] (one per 16
+ * elements; types with 32-element sub-blocks repeat them), and a code
+ * offset o: the element is d * sc[c] * (u - o) - dmin * mn[c] (IQ4_XS: u is
+ * |level| and the level's sign goes onto the activation). Then
+ *     S = sum over c of sc[c] * (sum of u * a - o * (sum of a)),
+ *     M = sum over c of mn[c] * (sum of a)
+ * over the 16 elements of each c, a the int8 activation codes: both exact
+ * int32 (bounds below), whatever the order of the additions.
+ *
  * Quantized activations, one KqBlock per 256 elements of a token:
- *   qs    the 256 codes; for Q4_K weights the 32-code chunks are stored in
- *         the order 0 2 1 3 4 6 5 7, so that one 64-byte load matches the
- *         low (or high) nibbles of 64 bytes of Q4_K codes (chunks 2g and
- *         2g + 1 share the bytes of qs[32g..]); Q6_K keeps natural order;
- *   aux   Q4_K: the sums of the 8 chunks' codes (s16); Q6_K: -16 times the
- *         sum of each 16 codes, twice (words 2s and 2s + 1), so that one
- *         vpdpwssd against the doubled scales adds -32 * scale * sum, the
- *         Q6_K code offset;
- *   d     the scale.
+ *   qs     the 256 codes, in the order that the type's packed weight codes
+ *          unpack to (kind_pos): 16-code chunk c sits at position pos[c].
+ *          Q4_K/Q5_K: a 64-byte load of weight nibbles holds chunks 0 1 4 5
+ *          (low) or 2 3 6 7 (high); IQ4_XS: 0 2 4 6 (low) or 1 3 5 7;
+ *          Q2_K, Q3_K, Q6_K natural;
+ *   sum16  the 16 chunks' sums, natural order (the mins of Q2_K);
+ *   sum16x2 each of them twice (words 2c and 2c + 1), so one vpmaddwd
+ *          against the doubled -o/2 * sc adds -o * sc * sum (Q3_K, Q6_K);
+ *   sum32  the 8 sums of 32 (the mins of Q4_K and Q5_K);
+ *   d      the scale.
  *
  * Invariant: everything but the last f32 steps is exact integer
  * arithmetic, and those steps are the same few operations in the same
  * order on every path (kquant.h), so a product's bits depend only on the
- * weight row and the token. Range: a Q6_K code (0..63) times an int8 code
- * summed over 2 (one vpmaddubsw word) is at most 16002, so the 16-bit
- * words never saturate; every int32 sum is below 2^31 by the same kind of
- * bound (Q4_K: 8 * 63 * 32 * 15 * 127 < 2^25).
+ * weight row and the token. Range: a code (u <= 127, the IQ4_XS levels'
+ * magnitudes included) times an int8 code summed over 2 (one vpmaddubsw
+ * word) is at most 32258, so 16-bit words never saturate; the int32 sums
+ * stay below 2^31 (the largest, IQ4_XS: 8 * 32 * 32 * 127 * 127 < 2^28).
  *
  * AVX-512 (VNNI): tiles of 16 outputs, 4 rows x 4 tokens (prefill) or 16
- * rows x 1 token (decode). Per super-block and output: 4 vpmaddubsw of
- * 64 codes and 4 vpdpwssd against the sub-block scales (Q6_K: one more
- * for the code offset); then the 16 outputs' int32 vectors are summed into one vector
- * (lane = output) by a transpose tree, and the f32 steps run on 16 outputs
- * at once. The scalar path is kq_rows_ref; the AVX2 path uses it too.
+ * rows x 1 token (decode). Per super-block and row the codes unpack into 4
+ * vectors of 64 and the scales widen to words (kind_decode512); per output
+ * 4 vpmaddubsw and 4 vpdpwssd (and one for the offset); the 16 outputs'
+ * int32 vectors are summed into one vector (lane = output) by a transpose
+ * tree, and the f32 steps run on 16 outputs at once. AVX2: the same
+ * codes as 8 vectors of 32 (kind_decode256), vpmaddubsw + vpmaddwd, tiles
+ * of 1 row x 4 tokens or 4 rows x 1 token. Scalar: kq_rows_ref.
  */
 #include "compute/kquant.h"
 
@@ -42,6 +55,9 @@
     defined(__F16C__)
 #define KQ_AVX512 1
 #include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define KQ_AVX2 1
+#include <immintrin.h>
 #endif
 
 #define KQ_INLINE static inline __attribute__((always_inline))
@@ -50,17 +66,60 @@
 /* ---- types ------------------------------------------------------------- */
 
 typedef struct KqBlock {
-    int8_t qs[MN_QK_K]; /* codes (Q4_K: chunk order Q4K_CHUNK) */
-    int16_t aux[32];    /* Q4_K: chunk sums (8); Q6_K: -16 * 16-code sums, each twice */
+    int8_t qs[MN_QK_K];  /* codes, chunk c at 16 * pos[c] */
+    int16_t sum16x2[32]; /* chunk c's sum at words 2c and 2c + 1 */
+    int16_t sum16[16];   /* chunk sums */
+    int16_t sum32[8];    /* sums of 32 codes */
     float d;
-    uint8_t pad[KQ_BLOCK_BYTES - MN_QK_K - 64 - 4];
+    uint8_t pad[KQ_BLOCK_BYTES - MN_QK_K - 64 - 32 - 16 - 4];
 } KqBlock;
 _Static_assert(sizeof(KqBlock) == KQ_BLOCK_BYTES, "KqBlock is KQ_BLOCK_BYTES");
 
-/* Q4_K storage: position p of qs holds chunk Q4K_CHUNK[p] (self-inverse). */
-static const int Q4K_CHUNK[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+/* Activation orders: position of natural chunk c. */
+enum { ORDER_NATURAL, ORDER_Q4K, ORDER_IQ4 };
+static const uint8_t ORDER_POS[3][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15},
+    {0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15},
+};
+#if defined(KQ_AVX512) || defined(KQ_AVX2)
+/* The inverse: the natural chunk at position p. */
+static const uint8_t ORDER_CHUNK[3][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15},
+    {0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15},
+};
+#endif
 
-bool kq_has_type(MnType type) { return type == MN_TYPE_Q4_K || type == MN_TYPE_Q6_K; }
+/* What differs between the types, besides unpacking (kind_*). */
+typedef struct KqKind {
+    uint8_t order;    /* ORDER_* of the activations */
+    uint8_t sub_log2; /* log2 of 16-chunks per sub-block (0 or 1) */
+    uint8_t offset;   /* o: the code is u - o */
+    bool has_min;     /* the f32 steps subtract M * dmin * d_x */
+    uint8_t d_off;    /* the 32-bit word at d_off holds d (low or high half) and dmin (high) */
+    bool d_high;
+    uint16_t blk_bytes;
+} KqKind;
+
+KQ_INLINE KqKind kind_of(MnType type) {
+    switch (type) {
+    case MN_TYPE_Q2_K: return (KqKind){ORDER_NATURAL, 0, 0, true, offsetof(BlockQ2_K, d), false, sizeof(BlockQ2_K)};
+    case MN_TYPE_Q3_K: return (KqKind){ORDER_NATURAL, 0, 4, false, sizeof(BlockQ3_K) - 4, true, sizeof(BlockQ3_K)};
+    case MN_TYPE_Q4_K: return (KqKind){ORDER_Q4K, 1, 0, true, 0, false, sizeof(BlockQ4_K)};
+    case MN_TYPE_Q5_K: return (KqKind){ORDER_Q4K, 1, 0, true, 0, false, sizeof(BlockQ5_K)};
+    case MN_TYPE_Q6_K: return (KqKind){ORDER_NATURAL, 0, 32, false, sizeof(BlockQ6_K) - 4, true, sizeof(BlockQ6_K)};
+    default: return (KqKind){ORDER_IQ4, 1, 0, false, 0, false, sizeof(BlockIQ4_XS)};
+    }
+}
+
+bool kq_has_type(MnType type) {
+    switch (type) {
+    case MN_TYPE_Q2_K: case MN_TYPE_Q3_K: case MN_TYPE_Q4_K: case MN_TYPE_Q5_K: case MN_TYPE_Q6_K:
+    case MN_TYPE_IQ4_XS: return true;
+    default: return false;
+    }
+}
 
 /* ========================================================================
  * Reference (scalar path, and the oracle of the others)
@@ -86,34 +145,22 @@ static int8_t code_of(float iscale, float x) {
     return (int8_t)lrintf(v);
 }
 
-/* The aux words of a block from its 16 sums of 16 codes. */
-static void block_aux(MnType type, const int32_t sum16[16], int16_t aux[32]) {
-    memset(aux, 0, 32 * sizeof aux[0]);
-    for (int s = 0; s < 16; s++) {
-        if (type == MN_TYPE_Q4_K) aux[s / 2] = (int16_t)(aux[s / 2] + sum16[s]);
-        else aux[2 * s] = aux[2 * s + 1] = (int16_t)(-16 * sum16[s]);
-    }
-}
-
 static void quantize_ref(MnType type, const float *x, int64_t n_in, KqBlock *y) {
+    const uint8_t *pos = ORDER_POS[kind_of(type).order];
     for (int64_t b = 0; b < n_in / MN_QK_K; b++, x += MN_QK_K, y++) {
         float iscale = block_iscale(x);
-        int32_t sum16[16] = {0};
+        memset(y, 0, sizeof *y);
         for (int j = 0; j < MN_QK_K; j++) {
             int8_t q = code_of(iscale, x[j]);
-            int pos = type == MN_TYPE_Q4_K ? Q4K_CHUNK[j / 32] * 32 + j % 32 : j;
-            y->qs[pos] = q;
-            sum16[j / 16] += q;
+            y->qs[16 * pos[j / 16] + j % 16] = q;
+            y->sum16[j / 16] = (int16_t)(y->sum16[j / 16] + q);
         }
-        block_aux(type, sum16, y->aux);
+        for (int c = 0; c < 16; c++) {
+            y->sum16x2[2 * c] = y->sum16x2[2 * c + 1] = y->sum16[c];
+            y->sum32[c / 2] = (int16_t)(y->sum32[c / 2] + y->sum16[c]);
+        }
         y->d = iscale > 0.0f ? 1.0f / iscale : 0.0f;
-        memset(y->pad, 0, sizeof y->pad);
     }
-}
-
-/* Code j (natural order) of an activation block. */
-static int act_code(MnType type, const KqBlock *a, int j) {
-    return type == MN_TYPE_Q4_K ? a->qs[Q4K_CHUNK[j / 32] * 32 + j % 32] : a->qs[j];
 }
 
 static float f16_value(const uint8_t *p) {
@@ -122,55 +169,96 @@ static float f16_value(const uint8_t *p) {
     return mn_f16_to_f32(h);
 }
 
-/* Q4_K scales and mins of a super-block (6 bits each, see ttype.c). */
-static void q4k_scales(const uint8_t sc[12], int scale[8], int min[8]) {
-    for (int j = 0; j < 8; j++) {
-        if (j < 4) {
-            scale[j] = sc[j] & 63;
-            min[j] = sc[j + 4] & 63;
-        } else {
-            scale[j] = (sc[j + 4] & 0x0f) | (sc[j - 4] >> 6) << 4;
-            min[j] = (sc[j + 4] >> 4) | (sc[j] >> 6) << 4;
+/* The scales sc[c] and mins mn[c] of a super-block, per 16-chunk c
+ * (types with sub-blocks of 32 repeat them; mn is 0 without mins). */
+static void block_scales(MnType type, const uint8_t *blk, int16_t sc[16], int16_t mn[16]) {
+    for (int c = 0; c < 16; c++) {
+        int s = c / 2, scale = 0, min = 0;
+        switch (type) {
+        case MN_TYPE_Q2_K:
+            scale = ((const BlockQ2_K *)blk)->scales[c] & 0x0f;
+            min = ((const BlockQ2_K *)blk)->scales[c] >> 4;
+            break;
+        case MN_TYPE_Q3_K: {
+            const uint8_t *s3 = ((const BlockQ3_K *)blk)->scales;
+            scale = ((c < 8 ? s3[c] & 0x0f : s3[c - 8] >> 4) | ((s3[8 + c % 4] >> (2 * (c / 4))) & 3) << 4) - 32;
+            break;
         }
+        case MN_TYPE_Q4_K: case MN_TYPE_Q5_K: {
+            const uint8_t *s4 = ((const BlockQ4_K *)blk)->scales; /* Q5_K's header is Q4_K's */
+            scale = s < 4 ? s4[s] & 63 : (s4[s + 4] & 0x0f) | (s4[s - 4] >> 6) << 4;
+            min = s < 4 ? s4[s + 4] & 63 : (s4[s + 4] >> 4) | (s4[s] >> 6) << 4;
+            break;
+        }
+        case MN_TYPE_Q6_K: scale = ((const BlockQ6_K *)blk)->scales[c]; break;
+        default: {
+            const BlockIQ4_XS *x = (const BlockIQ4_XS *)blk;
+            scale = (((x->scales_l[s / 2] >> (4 * (s % 2))) & 0x0f) | ((x->scales_h >> (2 * s)) & 3) << 4) - 32;
+        }
+        }
+        sc[c] = (int16_t)scale;
+        mn[c] = (int16_t)min;
     }
 }
 
-static float dot_q4k_ref(const BlockQ4_K *w, const KqBlock *a, int64_t nb) {
+/* Code j of a super-block (natural order) less its offset: u - o, or the
+ * IQ4_XS level. */
+static int block_code(MnType type, const uint8_t *blk, int j) {
+    int h = j / 128, jj = j % 128 / 32, l = j % 32; /* j = 128h + 32jj + l */
+    switch (type) {
+    case MN_TYPE_Q2_K: return (((const BlockQ2_K *)blk)->qs[32 * h + l] >> (2 * jj)) & 3;
+    case MN_TYPE_Q3_K: {
+        const BlockQ3_K *x = (const BlockQ3_K *)blk;
+        return ((x->qs[32 * h + l] >> (2 * jj)) & 3) + 4 * ((x->hmask[l] >> (4 * h + jj)) & 1) - 4;
+    }
+    case MN_TYPE_Q4_K: case MN_TYPE_Q5_K: {
+        int g = j / 64, i = j % 64; /* element 64g + i */
+        const uint8_t *qs = type == MN_TYPE_Q4_K ? ((const BlockQ4_K *)blk)->qs : ((const BlockQ5_K *)blk)->qs;
+        int u = (qs[32 * g + i % 32] >> (4 * (i / 32))) & 0x0f;
+        return type == MN_TYPE_Q4_K ? u : u | ((((const BlockQ5_K *)blk)->qh[l] >> (j / 32)) & 1) << 4;
+    }
+    case MN_TYPE_Q6_K: {
+        const BlockQ6_K *x = (const BlockQ6_K *)blk;
+        int lo = (x->ql[64 * h + 32 * (jj & 1) + l] >> (4 * (jj / 2))) & 0x0f;
+        return (lo | ((x->qh[32 * h + l] >> (2 * jj)) & 3) << 4) - 32;
+    }
+    default: {
+        const BlockIQ4_XS *x = (const BlockIQ4_XS *)blk;
+        int s = j / 32, i = j % 32;
+        return mn_iq4_values[(x->qs[16 * s + i % 16] >> (4 * (i / 16))) & 0x0f];
+    }
+    }
+}
+
+/* The f16 d and dmin of a super-block, as floats. */
+static void block_d(KqKind k, const uint8_t *blk, float *d, float *dmin) {
+    *d = f16_value(blk + k.d_off + (k.d_high ? 2 : 0));
+    *dmin = f16_value(blk + k.d_off + 2);
+}
+
+/* The f32 steps of one super-block, the same on every path. */
+KQ_INLINE float block_step(float acc, int32_t s, int32_t m, float d, float dmin, float dx, bool has_min) {
+    acc = fmaf((float)s, d * dx, acc);
+    return has_min ? fmaf(-(float)m, dmin * dx, acc) : acc;
+}
+
+static float dot_ref(MnType type, const uint8_t *w, const KqBlock *a, int64_t nb) {
+    KqKind k = kind_of(type);
+    const uint8_t *pos = ORDER_POS[k.order];
     float acc = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w++, a++) {
-        int scale[8], min[8];
-        q4k_scales(w->scales, scale, min);
+    for (int64_t b = 0; b < nb; b++, w += k.blk_bytes, a++) {
+        int16_t sc[16], mn[16];
+        block_scales(type, w, sc, mn);
         int32_t s_sum = 0, m_sum = 0;
-        for (int s = 0; s < 8; s++) {
+        for (int c = 0; c < 16; c++) {
             int32_t dot = 0;
-            for (int l = 0; l < 32; l++)
-                dot += ((w->qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0x0f) * act_code(MN_TYPE_Q4_K, a, 32 * s + l);
-            s_sum += scale[s] * dot;
-            m_sum += min[s] * a->aux[s];
+            for (int l = 0; l < 16; l++) dot += block_code(type, w, 16 * c + l) * a->qs[16 * pos[c] + l];
+            s_sum += sc[c] * dot;
+            m_sum += mn[c] * a->sum16[c];
         }
-        float dd = f16_value((const uint8_t *)&w->d) * a->d, dm = f16_value((const uint8_t *)&w->dmin) * a->d;
-        acc = fmaf((float)s_sum, dd, acc);
-        acc = fmaf(-(float)m_sum, dm, acc);
-    }
-    return acc;
-}
-
-static float dot_q6k_ref(const BlockQ6_K *w, const KqBlock *a, int64_t nb) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w++, a++) {
-        int32_t s_sum = 0;
-        for (int s = 0; s < 16; s++) {
-            int h = s / 8, j = s % 8 / 2;
-            int32_t dot = 0;
-            for (int l = 0; l < 16; l++) {
-                int i = 16 * (s % 2) + l; /* element 128h + 32j + i */
-                int lo = (w->ql[64 * h + 32 * (j & 1) + i] >> (4 * (j / 2))) & 0x0f;
-                int hi = (w->qh[32 * h + i] >> (2 * j)) & 3;
-                dot += (lo | hi << 4) * act_code(MN_TYPE_Q6_K, a, 16 * s + l);
-            }
-            s_sum += w->scales[s] * (dot + 2 * a->aux[2 * s]); /* aux: -16 * the codes' sum */
-        }
-        acc = fmaf((float)s_sum, f16_value((const uint8_t *)&w->d) * a->d, acc);
+        float d, dmin;
+        block_d(k, w, &d, &dmin);
+        acc = block_step(acc, s_sum, m_sum, d, dmin, a->d, k.has_min);
     }
     return acc;
 }
@@ -180,11 +268,7 @@ void kq_rows_ref(MnType type, const uint8_t *w, size_t row_bytes, long r0, long 
     int64_t nb = n_in / MN_QK_K;
     for (int t = 0; t < n_tok; t++) {
         const KqBlock *a = (const KqBlock *)(acts + (size_t)t * tok_bytes);
-        for (long r = r0; r < r1; r++) {
-            const uint8_t *row = w + (size_t)r * row_bytes;
-            out[(int64_t)t * n_out + r] = type == MN_TYPE_Q4_K ? dot_q4k_ref((const BlockQ4_K *)row, a, nb)
-                                                                : dot_q6k_ref((const BlockQ6_K *)row, a, nb);
-        }
+        for (long r = r0; r < r1; r++) out[(int64_t)t * n_out + r] = dot_ref(type, w + (size_t)r * row_bytes, a, nb);
     }
 }
 
@@ -213,6 +297,7 @@ KQ_INLINE __m512i sum16x16(const __m512i v[16]) {
 }
 
 static void quantize_avx512(MnType type, const float *x, int64_t n_in, KqBlock *y) {
+    const uint8_t *pos = ORDER_POS[kind_of(type).order];
     const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     for (int64_t b = 0; b < n_in / MN_QK_K; b++, x += MN_QK_K, y++) {
         __m512 m = _mm512_setzero_ps();
@@ -224,21 +309,151 @@ static void quantize_avx512(MnType type, const float *x, int64_t n_in, KqBlock *
         for (int i = 0; i < 16; i++) {
             __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + 16 * i), vs);
             q[i] = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(v, lo), hi));
-            int pos = type == MN_TYPE_Q4_K ? Q4K_CHUNK[i / 2] * 32 + 16 * (i % 2) : 16 * i;
-            _mm_storeu_si128((__m128i *)(y->qs + pos), _mm512_cvtepi32_epi8(q[i]));
+            _mm_storeu_si128((__m128i *)(y->qs + 16 * pos[i]), _mm512_cvtepi32_epi8(q[i]));
         }
-        __m512i sums = sum16x16(q); /* lane s: the sum of codes 16s..16s+15 */
-        if (type == MN_TYPE_Q4_K) {
-            __m512i pairs = _mm512_add_epi32(sums, _mm512_srli_epi64(sums, 32));
-            _mm_storeu_si128((__m128i *)y->aux, _mm512_cvtepi64_epi16(pairs));
-            memset(y->aux + 8, 0, 24 * sizeof y->aux[0]);
-        } else {
-            __m512i v = _mm512_mullo_epi32(sums, _mm512_set1_epi32(-16));
-            v = _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(v, 16));
-            _mm512_storeu_si512(y->aux, v);
-        }
+        __m512i sums = sum16x16(q); /* lane c: the sum of chunk c */
+        __m512i twice = _mm512_or_si512(_mm512_and_si512(sums, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(sums, 16));
+        __m512i pairs = _mm512_add_epi32(sums, _mm512_srli_epi64(sums, 32));
+        _mm512_storeu_si512(y->sum16x2, twice);
+        _mm256_storeu_si256((__m256i *)y->sum16, _mm512_cvtepi32_epi16(sums));
+        _mm_storeu_si128((__m128i *)y->sum32, _mm512_cvtepi64_epi16(pairs));
         y->d = iscale > 0.0f ? 1.0f / iscale : 0.0f;
         memset(y->pad, 0, sizeof y->pad);
+    }
+}
+
+/* One super-block of a row, unpacked. */
+typedef struct Dec512 {
+    __m512i wv[4];    /* codes u, 64 per vector, in the activations' order */
+    __m512i sw;       /* words: the sub-block scales (16, or 8 for sub-blocks of 32) */
+    __m256i mins;     /* words: Q2_K's 16 mins; Q4_K/Q5_K: 8 in words 0..7 */
+    __mmask64 neg[4]; /* IQ4_XS: codes of negative levels */
+} Dec512;
+
+/* A byte vector: bit lo in the low 256 bits, bit hi in the high. */
+KQ_INLINE __m512i bits512(int lo, int hi) {
+    return _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << lo)), _mm256_set1_epi8((char)(1 << hi)), 1);
+}
+
+/* Q4_K/Q5_K: 8 scales (words 0..7) and 8 mins from the 12 scale bytes at p. */
+KQ_INLINE void k4_scales512(const uint8_t *p, Dec512 *dec) {
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    uint32_t u0, u1, u2;
+    memcpy(&u0, p, 4);
+    memcpy(&u1, p + 4, 4);
+    memcpy(&u2, p + 8, 4);
+    __m256i s16 = _mm256_cvtepu8_epi16(_mm_setr_epi32((int)(u0 & m6), (int)((u2 & m4) | ((u0 >> 6) & m2) << 4),
+                                                       (int)(u1 & m6), (int)(((u2 >> 4) & m4) | ((u1 >> 6) & m2) << 4)));
+    dec->sw = _mm512_castsi256_si512(s16);
+    dec->mins = _mm256_castsi128_si256(_mm256_extracti128_si256(s16, 1));
+}
+
+/* Nibbles of 128 bytes at p: low of p[0..63], high, low of p[64..127], high. */
+KQ_INLINE void nibbles512(const uint8_t *p, __m512i wv[4]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512i qa = _mm512_loadu_si512(p), qb = _mm512_loadu_si512(p + 64);
+    wv[0] = _mm512_and_si512(qa, m4);
+    wv[1] = _mm512_and_si512(_mm512_srli_epi16(qa, 4), m4);
+    wv[2] = _mm512_and_si512(qb, m4);
+    wv[3] = _mm512_and_si512(_mm512_srli_epi16(qb, 4), m4);
+}
+
+/* Q2_K/Q3_K: 2-bit codes of the 64 bytes at p, natural order. */
+KQ_INLINE void crumbs512(const uint8_t *p, __m512i wv[4]) {
+    const __m512i m2 = _mm512_set1_epi8(3);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) {
+        __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 32 * (v / 2))));
+        __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * (v % 2))), _mm256_set1_epi16((short)(4 * (v % 2) + 2)), 1);
+        wv[v] = _mm512_and_si512(_mm512_srlv_epi16(q, sh), m2);
+    }
+}
+
+/* Add `add` to the codes whose bit (lo / hi half, per vector) is set in the
+ * 32 bytes at p, broadcast. */
+KQ_INLINE void high_bits512(const uint8_t *p, const int bit[4][2], int add, __m512i wv[4]) {
+    __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+    const __m512i a = _mm512_set1_epi8((char)add);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) {
+        __mmask64 m = _mm512_test_epi8_mask(h, bits512(bit[v][0], bit[v][1]));
+        wv[v] = _mm512_mask_add_epi8(wv[v], m, wv[v], a);
+    }
+}
+
+KQ_INLINE void kind_decode512(MnType type, const uint8_t *blk, Dec512 *dec) {
+    switch (type) {
+    case MN_TYPE_Q2_K: {
+        __m256i sb = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)blk));
+        dec->sw = _mm512_castsi256_si512(_mm256_and_si256(sb, _mm256_set1_epi16(0x0f)));
+        dec->mins = _mm256_srli_epi16(sb, 4);
+        crumbs512(blk + offsetof(BlockQ2_K, qs), dec->wv);
+        break;
+    }
+    case MN_TYPE_Q3_K: {
+        static const int bit[4][2] = {{0, 1}, {2, 3}, {4, 5}, {6, 7}};
+        uint64_t lo8;
+        uint32_t hb;
+        memcpy(&lo8, blk + offsetof(BlockQ3_K, scales), 8);
+        memcpy(&hb, blk + offsetof(BlockQ3_K, scales) + 8, 4);
+        const uint64_t m4 = 0x0f0f0f0f0f0f0f0full;
+        const uint32_t m2 = 0x03030303;
+        uint64_t h0 = (uint64_t)(hb & m2) | (uint64_t)((hb >> 2) & m2) << 32;
+        uint64_t h1 = (uint64_t)((hb >> 4) & m2) | (uint64_t)((hb >> 6) & m2) << 32;
+        __m128i s8 = _mm_set_epi64x((long long)(((lo8 >> 4) & m4) | h1 << 4), (long long)((lo8 & m4) | h0 << 4));
+        dec->sw = _mm512_castsi256_si512(_mm256_sub_epi16(_mm256_cvtepu8_epi16(s8), _mm256_set1_epi16(32)));
+        crumbs512(blk + offsetof(BlockQ3_K, qs), dec->wv);
+        high_bits512(blk + offsetof(BlockQ3_K, hmask), bit, 4, dec->wv);
+        break;
+    }
+    case MN_TYPE_Q4_K:
+        k4_scales512(blk + offsetof(BlockQ4_K, scales), dec);
+        nibbles512(blk + offsetof(BlockQ4_K, qs), dec->wv);
+        break;
+    case MN_TYPE_Q5_K: {
+        static const int bit[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};
+        k4_scales512(blk + offsetof(BlockQ5_K, scales), dec);
+        nibbles512(blk + offsetof(BlockQ5_K, qs), dec->wv);
+        high_bits512(blk + offsetof(BlockQ5_K, qh), bit, 16, dec->wv);
+        break;
+    }
+    case MN_TYPE_Q6_K: {
+        const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+        /* qh bits 2j..2j+1 to bits 4..5: codes 0..31 of a half take j = 0
+         * (<< 4) and 32..63 j = 1 (<< 2); the high-nibble codes j = 2 (as
+         * is), 3 (>> 2) */
+        const __m512i sh_lo = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+        const __m512i sh_hi = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+        dec->sw = _mm512_castsi256_si512(
+            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + offsetof(BlockQ6_K, scales)))));
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+            __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
+            dec->wv[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, sh_lo), m30));
+            dec->wv[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                                 _mm512_and_si512(_mm512_srlv_epi16(qh, sh_hi), m30));
+        }
+        break;
+    }
+    default: { /* IQ4_XS */
+        const __m512i mag = _mm512_broadcast_i32x4(_mm_setr_epi8(127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113));
+        uint32_t l;
+        uint16_t hh;
+        memcpy(&l, blk + offsetof(BlockIQ4_XS, scales_l), 4);
+        memcpy(&hh, blk + offsetof(BlockIQ4_XS, scales_h), 2);
+        __m128i lw = _mm_cvtepu8_epi16(
+            _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)(l & 0x0f0f0f0f)), _mm_cvtsi32_si128((int)((l >> 4) & 0x0f0f0f0f))));
+        __m128i hw = _mm_and_si128(_mm_srlv_epi16(_mm_set1_epi16((short)hh), _mm_setr_epi16(0, 2, 4, 6, 8, 10, 12, 14)),
+                                   _mm_set1_epi16(3));
+        dec->sw = _mm512_castsi128_si512(_mm_sub_epi16(_mm_or_si128(lw, _mm_slli_epi16(hw, 4)), _mm_set1_epi16(32)));
+        nibbles512(blk + offsetof(BlockIQ4_XS, qs), dec->wv);
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            dec->neg[v] = _mm512_cmplt_epu8_mask(dec->wv[v], _mm512_set1_epi8(8));
+            dec->wv[v] = _mm512_shuffle_epi8(mag, dec->wv[v]);
+        }
+    }
     }
 }
 
@@ -250,172 +465,273 @@ KQ_INLINE __m512i scale_index(int s0, int s1, int s2, int s3) {
         _mm256_setr_m128i(_mm_set1_epi16((short)s2), _mm_set1_epi16((short)s3)), 1);
 }
 
-/* Output o of a 16-output tile: R = 16 rows x 1 token (o = r) or 4 x 4
- * (o = 4r + t). */
-KQ_INLINE int tile_out(int R, int r, int t) { return R == 16 ? r : 4 * r + t; }
-
-/* The 16 token scales of a tile, lane o. */
-KQ_INLINE __m512 tile_dx(int R, const KqBlock *const a[4]) {
-    if (R == 16) return _mm512_set1_ps(a[0]->d);
+/* The 16 token scales of a tile (T = 1 or 4 tokens), lane o. */
+KQ_INLINE __m512 tile_dx(int T, const KqBlock *const a[4]) {
+    if (T == 1) return _mm512_set1_ps(a[0]->d);
     return _mm512_broadcast_f32x4(_mm_setr_ps(a[0]->d, a[1]->d, a[2]->d, a[3]->d));
 }
 
 /* Lane o: the byte offset of output o's row from w[0]'s (for gathers of
  * the rows' f16 scales). */
-KQ_INLINE __m512i tile_row_offsets(int R, const uint8_t *const w[16]) {
+KQ_INLINE __m512i tile_row_offsets(int T, const uint8_t *const w[16]) {
     _Alignas(64) int32_t off[16];
     for (int o = 0; o < 16; o++) {
-        ptrdiff_t d = w[R == 16 ? o : o / 4] - w[0];
+        ptrdiff_t d = w[o / T] - w[0];
         assert(d >= 0 && d <= INT32_MAX);
         off[o] = (int32_t)d;
     }
     return _mm512_load_si512(off);
 }
 
-/* res[o] for a tile of Q4_K rows w[r] (R of them) and tokens a0[t]. Per
- * row and super-block: the codes' 4 vectors of 64 (nibbles), the scales
- * widened per word; per output: 4 vpmaddubsw + 4 vpdpwssd, and the mins
- * against the chunk sums in one 128-bit vpdpwssd, put in 128-bit lane
- * o / 4 of mv[o % 4] (sum4x4 then adds each output's 4 partials). */
-KQ_INLINE void q4k_tile(int R, int T, const uint8_t *const w[16], const KqBlock *const a0[4], int64_t nb,
-                        float res[16]) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const __m512i idx[4] = {scale_index(0, 0, 2, 2), scale_index(1, 1, 3, 3), scale_index(4, 4, 6, 6),
-                            scale_index(5, 5, 7, 7)};
-    const uint32_t m6 = 0x3f3f3f3f, m4s = 0x0f0f0f0f, m2 = 0x03030303;
-    const __m512i goff = tile_row_offsets(R, w);
+/* res[o] (o = rT + t) for R rows w[r] x T tokens a0[t], R * T = 16. Per
+ * row and super-block the codes and scales unpack once; per output 4
+ * vpmaddubsw + 4 vpdpwssd (IQ4_XS: the activations negated where the level
+ * is), the offset as one vpdpwssd of the doubled chunk sums against
+ * -o/2 * the doubled scales, and the mins in one 128-bit (Q4_K, Q5_K) or
+ * 256-bit (Q2_K) vpdpwssd, put in 128-bit lane o / 4 of mv[o % 4] (sum4x4
+ * then adds each output's 4 partials). */
+KQ_INLINE void kind_tile(MnType type, int R, int T, const uint8_t *const w[16], const KqBlock *const a0[4],
+                         int64_t nb, float res[16]) {
+    const KqKind k = kind_of(type);
+    const uint8_t *chunk = ORDER_CHUNK[k.order];
+    const int sh = k.sub_log2;
+    __m512i idx[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++)
+        idx[v] = scale_index(chunk[4 * v] >> sh, chunk[4 * v + 1] >> sh, chunk[4 * v + 2] >> sh, chunk[4 * v + 3] >> sh);
+    const __m512i idxd = _mm512_srli_epi16(
+        _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7,
+                         6, 5, 4, 3, 2, 1, 0),
+        1);
+    const __m512i goff = tile_row_offsets(T, w), zero = _mm512_setzero_si512();
     __m512 acc = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const KqBlock *a[4];
         for (int t = 0; t < 4; t++) a[t] = a0[t < T ? t : 0] + b;
-        __m512i sacc[16], mv[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
-                                   _mm512_setzero_si512()};
+        __m512i sacc[16], mv[4] = {zero, zero, zero, zero};
 #pragma GCC unroll 16
         for (int r = 0; r < R; r++) {
-            const uint8_t *blk = w[r] + b * (int64_t)sizeof(BlockQ4_K);
-            uint32_t u0, u1, u2;
-            memcpy(&u0, blk + 4, 4);
-            memcpy(&u1, blk + 8, 4);
-            memcpy(&u2, blk + 12, 4);
-            __m256i s16 = _mm256_cvtepu8_epi16(_mm_setr_epi32((int)(u0 & m6), (int)((u2 & m4s) | ((u0 >> 6) & m2) << 4),
-                                                               (int)(u1 & m6),
-                                                               (int)(((u2 >> 4) & m4s) | ((u1 >> 6) & m2) << 4)));
-            __m512i s512 = _mm512_castsi256_si512(s16);
-            __m128i mins = _mm256_extracti128_si256(s16, 1);
-            __m512i qa = _mm512_loadu_si512(blk + 16), qb = _mm512_loadu_si512(blk + 80);
-            __m512i wv[4] = {_mm512_and_si512(qa, m4), _mm512_and_si512(_mm512_srli_epi16(qa, 4), m4),
-                             _mm512_and_si512(qb, m4), _mm512_and_si512(_mm512_srli_epi16(qb, 4), m4)};
+            Dec512 dec;
+            kind_decode512(type, w[r] + b * (int64_t)k.blk_bytes, &dec);
             __m512i sc[4];
 #pragma GCC unroll 4
-            for (int v = 0; v < 4; v++) sc[v] = _mm512_permutexvar_epi16(idx[v], s512);
+            for (int v = 0; v < 4; v++) sc[v] = _mm512_permutexvar_epi16(idx[v], dec.sw);
+            __m512i scd = k.offset ? _mm512_mullo_epi16(_mm512_permutexvar_epi16(idxd, dec.sw),
+                                                        _mm512_set1_epi16((short)(-k.offset / 2)))
+                                   : zero;
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
                 const int8_t *xq = a[t]->qs;
-                __m512i s = _mm512_setzero_si512();
+                __m512i s = k.offset ? _mm512_dpwssd_epi32(zero, _mm512_loadu_si512(a[t]->sum16x2), scd) : zero;
 #pragma GCC unroll 4
-                for (int v = 0; v < 4; v++)
-                    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(wv[v], _mm512_loadu_si512(xq + 64 * v)), sc[v]);
-                int o = tile_out(R, r, t);
+                for (int v = 0; v < 4; v++) {
+                    __m512i x = _mm512_loadu_si512(xq + 64 * v);
+                    if (type == MN_TYPE_IQ4_XS) x = _mm512_mask_sub_epi8(x, dec.neg[v], zero, x);
+                    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(dec.wv[v], x), sc[v]);
+                }
+                int o = r * T + t;
                 sacc[o] = s;
-                __m128i m = _mm_dpwssd_epi32(_mm_setzero_si128(), mins, _mm_loadu_si128((const __m128i *)a[t]->aux));
+                if (!k.has_min) continue;
+                __m128i m;
+                if (k.sub_log2) {
+                    m = _mm_dpwssd_epi32(_mm_setzero_si128(), _mm256_castsi256_si128(dec.mins),
+                                         _mm_loadu_si128((const __m128i *)a[t]->sum32));
+                } else {
+                    __m256i m2 = _mm256_dpwssd_epi32(_mm256_setzero_si256(), dec.mins,
+                                                     _mm256_loadu_si256((const __m256i *)a[t]->sum16));
+                    m = _mm_add_epi32(_mm256_castsi256_si128(m2), _mm256_extracti128_si256(m2, 1));
+                }
                 /* into 128-bit lane o / 4; a mask rather than an immediate,
                  * which -O1 builds need not fold */
                 mv[o % 4] = _mm512_mask_broadcast_i32x4(mv[o % 4], (__mmask16)(0xf << (4 * (o / 4))), m);
             }
         }
-        __m512i sv = sum16x16(sacc), msum = sum4x4(mv[0], mv[1], mv[2], mv[3]);
-        __m512i dv = _mm512_i32gather_epi32(goff, w[0] + b * (int64_t)sizeof(BlockQ4_K), 1); /* d | dmin << 16 */
-        __m512 dx = tile_dx(R, a);
-        __m512 dd = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(dv)), dx);
-        __m512 dmin = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dv, 16))), dx);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sv), dd, acc);
-        acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), dmin, acc);
+        __m512i dv = _mm512_i32gather_epi32(goff, w[0] + b * (int64_t)k.blk_bytes + k.d_off, 1);
+        __m512 dx = tile_dx(T, a);
+        __m512 dd = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(k.d_high ? _mm512_srli_epi32(dv, 16) : dv)), dx);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum16x16(sacc)), dd, acc);
+        if (k.has_min) {
+            __m512 dmin = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dv, 16))), dx);
+            acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(sum4x4(mv[0], mv[1], mv[2], mv[3])), dmin, acc);
+        }
     }
     _mm512_storeu_ps(res, acc);
 }
 
-/* res[o] for a tile of Q6_K rows: codes built from ql and qh 64 at a
- * time, per output 4 vpmaddubsw + 4 vpdpwssd and one more vpdpwssd for
- * the code offset (aux against the doubled scales). */
-KQ_INLINE void q6k_tile(int R, int T, const uint8_t *const w[16], const KqBlock *const a0[4], int64_t nb,
-                        float res[16]) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    const __m512i idx[4] = {scale_index(0, 1, 2, 3), scale_index(4, 5, 6, 7), scale_index(8, 9, 10, 11),
-                            scale_index(12, 13, 14, 15)};
-    const __m512i idxd = _mm512_srli_epi16(
-        _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7,
-                         6, 5, 4, 3, 2, 1, 0),
-        1);
-    /* qh bits 2j..2j+1 to bits 4..5: codes 0..31 of a half take j = 0 (<< 4)
-     * and 32..63 j = 1 (<< 2); the high-nibble codes j = 2 (as is), 3 (>> 2) */
-    const __m512i sh_lo = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-    const __m512i sh_hi = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-    const __m512i goff = tile_row_offsets(R, w);
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const KqBlock *a[4];
-        for (int t = 0; t < 4; t++) a[t] = a0[t < T ? t : 0] + b;
-        __m512i sacc[16];
-#pragma GCC unroll 16
-        for (int r = 0; r < R; r++) {
-            const uint8_t *blk = w[r] + b * (int64_t)sizeof(BlockQ6_K);
-            __m512i s512 = _mm512_castsi256_si512(
-                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + offsetof(BlockQ6_K, scales)))));
-            __m512i wv[4], sc[4];
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                __m512i ql = _mm512_loadu_si512(blk + 64 * h);
-                __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
-                wv[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, sh_lo), m30));
-                wv[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                                _mm512_and_si512(_mm512_srlv_epi16(qh, sh_hi), m30));
-            }
-#pragma GCC unroll 4
-            for (int v = 0; v < 4; v++) sc[v] = _mm512_permutexvar_epi16(idx[v], s512);
-            __m512i scd = _mm512_permutexvar_epi16(idxd, s512);
-#pragma GCC unroll 4
-            for (int t = 0; t < T; t++) {
-                const int8_t *xq = a[t]->qs;
-                __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(a[t]->aux), scd);
-#pragma GCC unroll 4
-                for (int v = 0; v < 4; v++)
-                    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(wv[v], _mm512_loadu_si512(xq + 64 * v)), sc[v]);
-                sacc[tile_out(R, r, t)] = s;
+/* Tile shapes: prefill (full groups of tokens) and decode. */
+enum { TILE_OUTS = 16, PRE_R = 4, PRE_T = 4, DEC_R = 16 };
+
+#endif
+
+/* ========================================================================
+ * AVX2 (vpmaddubsw + vpmaddwd, no VNNI)
+ * ===================================================================== */
+#if defined(KQ_AVX2)
+
+/* Lane i of the result: the sum of the 8 lanes of the i-th argument. */
+KQ_INLINE __m128i sum4x8(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+    return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+
+/* One super-block of a row, unpacked: vector j holds the codes of
+ * activation positions 2j and 2j + 1 (the halves of Dec512's vectors). */
+typedef struct Dec256 {
+    __m256i wv[8];  /* codes u */
+    __m256i sgn[8]; /* IQ4_XS: the levels, whose signs go onto the activations */
+} Dec256;
+
+KQ_INLINE __m256i srl16(__m256i v, int n) { return _mm256_srl_epi16(v, _mm_cvtsi32_si128(n)); }
+KQ_INLINE __m256i sll16(__m256i v, int n) { return _mm256_sll_epi16(v, _mm_cvtsi32_si128(n)); }
+
+/* Codes with bit b of the byte at the same place of h get `add`. */
+KQ_INLINE __m256i add_if_bit(__m256i wv, __m256i h, int b, int add) {
+    __m256i bit = _mm256_set1_epi8((char)(1 << b));
+    __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
+    return _mm256_add_epi8(wv, _mm256_and_si256(set, _mm256_set1_epi8((char)add)));
+}
+
+KQ_INLINE void kind_decode256(MnType type, const uint8_t *blk, Dec256 *dec) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    switch (type) {
+    case MN_TYPE_Q2_K: case MN_TYPE_Q3_K: {
+        const uint8_t *qs = blk + (type == MN_TYPE_Q2_K ? offsetof(BlockQ2_K, qs) : offsetof(BlockQ3_K, qs));
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) { /* element 128h + 32jj + l, j = 4h + jj */
+            __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j / 4)));
+            dec->wv[j] = _mm256_and_si256(srl16(q, 2 * (j % 4)), _mm256_set1_epi8(3));
+            if (type == MN_TYPE_Q3_K)
+                dec->wv[j] = add_if_bit(dec->wv[j], _mm256_loadu_si256((const __m256i *)blk), j, 4);
+        }
+        break;
+    }
+    case MN_TYPE_Q6_K:
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) { /* element 128h + 32jj + l */
+            int h = j / 4, jj = j % 4;
+            __m256i ql = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * (jj & 1)));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+            qh = 2 * jj >= 4 ? srl16(qh, 2 * jj - 4) : sll16(qh, 4 - 2 * jj);
+            dec->wv[j] = _mm256_or_si256(_mm256_and_si256(srl16(ql, 4 * (jj / 2)), m4),
+                                         _mm256_and_si256(qh, _mm256_set1_epi8(0x30)));
+        }
+        break;
+    default: { /* Q4_K, Q5_K, IQ4_XS: nibbles of 32 bytes, low then high */
+        size_t off = type == MN_TYPE_Q4_K ? offsetof(BlockQ4_K, qs)
+                     : type == MN_TYPE_Q5_K ? offsetof(BlockQ5_K, qs) : offsetof(BlockIQ4_XS, qs);
+        const __m256i lv = _mm256_broadcastsi128_si256(_mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25,
+                                                                     38, 53, 69, 89, 113));
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(blk + off + 32 * (2 * (j / 4) + j % 2)));
+            dec->wv[j] = _mm256_and_si256(srl16(q, 4 * (j / 2 % 2)), m4);
+            if (type == MN_TYPE_Q5_K) /* the 32 codes of sub-block s take bit s of qh */
+                dec->wv[j] = add_if_bit(dec->wv[j], _mm256_loadu_si256((const __m256i *)(blk + offsetof(BlockQ5_K, qh))),
+                                        (j & 4) | (j & 1) << 1 | (j >> 1 & 1), 16);
+            if (type == MN_TYPE_IQ4_XS) {
+                dec->sgn[j] = _mm256_shuffle_epi8(lv, dec->wv[j]);
+                dec->wv[j] = _mm256_abs_epi8(dec->sgn[j]);
             }
         }
-        __m512i sv = sum16x16(sacc);
-        /* the 4 bytes before a block's end: scales 14, 15 and d */
-        __m512i dv = _mm512_i32gather_epi32(goff, w[0] + b * (int64_t)sizeof(BlockQ6_K) + sizeof(BlockQ6_K) - 4, 1);
-        __m512 dd = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dv, 16))), tile_dx(R, a));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sv), dd, acc);
     }
-    _mm512_storeu_ps(res, acc);
+    }
 }
 
+/* res[o] (o = rT + t) for R rows x T tokens, R * T = 4: per output and
+ * super-block 8 vpmaddubsw + 8 vpmaddwd against the scales (words of
+ * positions 2j, 2j + 1), and one vpmaddwd each for the offset and the
+ * mins against the chunk sums; 4 outputs' int32 vectors then sum into
+ * one vector. */
+KQ_INLINE void kind_tile(MnType type, int R, int T, const uint8_t *const w[4], const KqBlock *const a0[4], int64_t nb,
+                         float res[4]) {
+    const KqKind k = kind_of(type);
+    const uint8_t *chunk = ORDER_CHUNK[k.order];
+    __m128 acc = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i sv[4], mv[4];
+        _Alignas(16) float d[4], dmin[4], dx[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = w[r] + b * (int64_t)k.blk_bytes;
+            Dec256 dec;
+            kind_decode256(type, blk, &dec);
+            int16_t sc[16], mn[16];
+            block_scales(type, blk, sc, mn);
+            float bd, bdmin;
+            block_d(k, blk, &bd, &bdmin);
+            __m256i sw[8];
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++)
+                sw[j] = _mm256_setr_m128i(_mm_set1_epi16(sc[chunk[2 * j]]), _mm_set1_epi16(sc[chunk[2 * j + 1]]));
+            __m256i scv = _mm256_loadu_si256((const __m256i *)sc), mnv = _mm256_loadu_si256((const __m256i *)mn);
+            __m256i off = _mm256_mullo_epi16(scv, _mm256_set1_epi16((short)-k.offset));
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                const KqBlock *a = a0[t] + b;
+                __m256i sum16 = _mm256_loadu_si256((const __m256i *)a->sum16);
+                __m256i s = k.offset ? _mm256_madd_epi16(sum16, off) : _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; j++) {
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * j));
+                    if (type == MN_TYPE_IQ4_XS) x = _mm256_sign_epi8(x, dec.sgn[j]);
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(dec.wv[j], x), sw[j]));
+                }
+                int o = r * T + t;
+                sv[o] = s;
+                mv[o] = _mm256_madd_epi16(sum16, mnv);
+                d[o] = bd, dmin[o] = bdmin, dx[o] = a->d;
+            }
+        }
+        __m128 vdx = _mm_load_ps(dx);
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sum4x8(sv[0], sv[1], sv[2], sv[3])), _mm_mul_ps(_mm_load_ps(d), vdx), acc);
+        if (k.has_min)
+            acc = _mm_fnmadd_ps(_mm_cvtepi32_ps(sum4x8(mv[0], mv[1], mv[2], mv[3])), _mm_mul_ps(_mm_load_ps(dmin), vdx),
+                                acc);
+    }
+    _mm_storeu_ps(res, acc);
+}
+
+enum { TILE_OUTS = 4, PRE_R = 1, PRE_T = 4, DEC_R = 4 };
+
+#endif
+
+/* ========================================================================
+ * Tiles over rows and tokens (either SIMD path)
+ * ===================================================================== */
+#if defined(KQ_AVX512) || defined(KQ_AVX2)
+
 /* One tile: rows r..r+R-1 and tokens t..t+T-1, those past r1 / n_tok
- * computed on copies of the last one and not stored. */
+ * computed on copies of the last one and not stored. The switch gives
+ * each type its own kind_tile. */
 KQ_INLINE void tile_run(MnType type, int R, int T, const uint8_t *w, size_t row_bytes, long r, long r1,
                         const uint8_t *acts, size_t tok_bytes, int t, int n_tok, int64_t nb, float *out, int64_t n_out) {
-    const uint8_t *rows[16];
+    const uint8_t *rows[TILE_OUTS];
     const KqBlock *toks[4];
     for (int i = 0; i < R; i++) rows[i] = w + (size_t)KQ_MIN(r + i, r1 - 1) * row_bytes;
     for (int j = 0; j < T; j++) toks[j] = (const KqBlock *)(acts + (size_t)KQ_MIN(t + j, n_tok - 1) * tok_bytes);
-    float res[16];
-    if (type == MN_TYPE_Q4_K) q4k_tile(R, T, rows, toks, nb, res);
-    else q6k_tile(R, T, rows, toks, nb, res);
+    float res[TILE_OUTS];
+    switch (type) {
+    case MN_TYPE_Q2_K: kind_tile(MN_TYPE_Q2_K, R, T, rows, toks, nb, res); break;
+    case MN_TYPE_Q3_K: kind_tile(MN_TYPE_Q3_K, R, T, rows, toks, nb, res); break;
+    case MN_TYPE_Q4_K: kind_tile(MN_TYPE_Q4_K, R, T, rows, toks, nb, res); break;
+    case MN_TYPE_Q5_K: kind_tile(MN_TYPE_Q5_K, R, T, rows, toks, nb, res); break;
+    case MN_TYPE_Q6_K: kind_tile(MN_TYPE_Q6_K, R, T, rows, toks, nb, res); break;
+    default: kind_tile(MN_TYPE_IQ4_XS, R, T, rows, toks, nb, res);
+    }
     for (int i = 0; i < R && r + i < r1; i++)
-        for (int j = 0; j < T && t + j < n_tok; j++) out[(int64_t)(t + j) * n_out + r + i] = res[tile_out(R, i, j)];
+        for (int j = 0; j < T && t + j < n_tok; j++) out[(int64_t)(t + j) * n_out + r + i] = res[i * T + j];
 }
 
-static void rows_avx512(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in,
-                        const uint8_t *acts, size_t tok_bytes, int n_tok, float *out, int64_t n_out) {
+static void rows_simd(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in,
+                      const uint8_t *acts, size_t tok_bytes, int n_tok, float *out, int64_t n_out) {
     int64_t nb = n_in / MN_QK_K;
-    int t4 = n_tok / 4 * 4;
-    for (int t = 0; t < t4; t += 4)
-        for (long r = r0; r < r1; r += 4) tile_run(type, 4, 4, w, row_bytes, r, r1, acts, tok_bytes, t, n_tok, nb, out, n_out);
-    for (int t = t4; t < n_tok; t++)
-        for (long r = r0; r < r1; r += 16)
-            tile_run(type, 16, 1, w, row_bytes, r, r1, acts, tok_bytes, t, n_tok, nb, out, n_out);
+    int tf = n_tok / PRE_T * PRE_T;
+    for (int t = 0; t < tf; t += PRE_T)
+        for (long r = r0; r < r1; r += PRE_R)
+            tile_run(type, PRE_R, PRE_T, w, row_bytes, r, r1, acts, tok_bytes, t, n_tok, nb, out, n_out);
+    for (int t = tf; t < n_tok; t++)
+        for (long r = r0; r < r1; r += DEC_R)
+            tile_run(type, DEC_R, 1, w, row_bytes, r, r1, acts, tok_bytes, t, n_tok, nb, out, n_out);
 }
 
 #endif
@@ -441,8 +757,8 @@ void kq_quantize_ref(MnType type, const float *x, int64_t n_in, uint8_t *dst) {
 void kq_rows(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in, const uint8_t *acts,
              size_t tok_bytes, int n_tok, float *out, int64_t n_out) {
     assert(kq_has_type(type) && n_in % MN_QK_K == 0);
-#if defined(KQ_AVX512)
-    rows_avx512(type, w, row_bytes, r0, r1, n_in, acts, tok_bytes, n_tok, out, n_out);
+#if defined(KQ_AVX512) || defined(KQ_AVX2)
+    rows_simd(type, w, row_bytes, r0, r1, n_in, acts, tok_bytes, n_tok, out, n_out);
 #else
     kq_rows_ref(type, w, row_bytes, r0, r1, n_in, acts, tok_bytes, n_tok, out, n_out);
 #endif

@@ -1,19 +1,21 @@
-/* kquant.h — Q4_K and Q6_K products with int8 activations (llama.cpp's
- * Q8_K scheme), the fast path of mm_matmul for those two types.
+/* kquant.h — K-quant (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_XS products
+ * with int8 activations (llama.cpp's Q8_K scheme, which llama.cpp pairs
+ * with each of these types), the fast path of mm_matmul for them.
  *
  * Each token's activations are quantized per 256-element block: d = amax /
  * 127 as 1 / (127 / amax), q = round-to-even((127 / amax) * x) in
- * -127..127, plus the block's sums of 16 codes; a product is then
+ * -127..127, plus the block's sums of 16 and 32 codes; a product is then
  *     out[t][r] = sum over blocks b, in order, of
- *         Q4_K: acc = fma((float)S_b, d_w * d_x, acc); acc = fma(-(float)M_b, dmin_w * d_x, acc)
- *         Q6_K: acc = fma((float)S_b, d_w * d_x, acc)
- * where S_b (and M_b, the mins against the code sums) are exact int32 sums
- * of the integer codes: so every SIMD path (AVX-512 VNNI, AVX2, scalar)
- * gives the same bits, whatever the tile, thread or batch (the value
- * depends only on W's row and x's row). It equals llama.cpp's
- * Q4_K x Q8_K / Q6_K x Q8_K dot product but for f32 rounding (the sign of
- * llama.cpp's scale, -127 / max, cancels exactly between d and q), so
- * logits meet the `llamacpp` references (5e-2), not `exact` (5e-3).
+ *         acc = fma((float)S_b, d_w * d_x, acc)
+ *         and for Q2_K, Q4_K, Q5_K: acc = fma(-(float)M_b, dmin_w * d_x, acc)
+ * where S_b (the scaled sum of weight code times activation code) and M_b
+ * (the mins against the code sums) are exact int32 sums of integers: so
+ * every SIMD path (AVX-512 VNNI, AVX2, scalar) gives the same bits,
+ * whatever the tile, thread or batch (the value depends only on W's row
+ * and x's row). It equals llama.cpp's dot product of these types with
+ * Q8_K but for f32 rounding (the sign of llama.cpp's scale, -127 / max,
+ * cancels exactly between d and q), so logits meet the `llamacpp`
+ * references (5e-2), not `exact` (5e-3).
  */
 #ifndef MN_KQUANT_H
 #define MN_KQUANT_H

@@ -7,7 +7,7 @@
  * caller's stack for the duration of the call, and each output element is
  * written by exactly one worker.
  *
- * Q4_K and Q6_K go to compute/kquant.c (int8 activations, kq_worker
+ * The K-quants and IQ4_XS go to compute/kquant.c (int8 activations, kq_worker
  * below: each worker quantizes a group of tokens on its stack, then takes
  * row chunks against it). For every other type activations stay in f32.
  * Quantized weights are dequantized
@@ -113,8 +113,8 @@ typedef struct MmJob {
     bool is_panel;          /* quantized weights: scales widened per work item */
     long chunk_rows;        /* rows per work item */
     long n_chunks;
-    int group_tok;          /* Q4_K/Q6_K: tokens quantized at a time */
-    long n_groups;          /* Q4_K/Q6_K: work items are (group, chunk) pairs */
+    int group_tok;          /* int8 types: tokens quantized at a time */
+    long n_groups;          /* int8 types: work items are (group, chunk) pairs */
     atomic_long next_chunk; /* next work item to hand out */
 } MmJob;
 
@@ -935,7 +935,7 @@ static void mm_worker(void *ctx, int ith, int nth) {
     }
 }
 
-/* ---- Q4_K and Q6_K: int8 activations (compute/kquant.c) ---- */
+/* ---- K-quants and IQ4_XS: int8 activations (compute/kquant.c) ---- */
 
 enum {
     KQ_ACT_BYTES = 192 * 1024,       /* a group of quantized tokens, on the worker's stack */
