@@ -10,9 +10,11 @@
  *     guarded by the engine's inbox mutex; engine statistics by the stats
  *     mutex.
  *
- * The engine's state is in engine_impl.h; what moves between the pool and
- * the tiers below it (saves, restores, prefetch, persistence) is in
- * engine_tiers.c.
+ * What moves between the pool and the tiers below it (saves, restores,
+ * prefetch, persistence) is decided by EngineTiers (engine_tiers.h), which
+ * owns its own state; the scheduler tells it what happens to requests and
+ * asks it what is loaded and who may run. What the eviction policy knows
+ * of each pool slot is in SlotPolicy (slot_policy.h), which both use.
  *
  * Life of a request:
  *
@@ -43,7 +45,126 @@
 #include "base/mem.h"
 #include "base/sched.h"
 #include "base/threadpool.h"
-#include "engine/engine_impl.h"
+#include "cache/index.h"
+#include "cache/kv_pool.h"
+#include "engine/engine_tiers.h"
+#include "engine/forward.h"
+#include "engine/seq.h"
+#include "engine/slot_policy.h"
+#include "model/tokenizer.h"
+
+#define ENGINE_MAX_REPLIES 4096 /* reply memory entries, in RAM and in the database */
+
+/* ---- types ---------------------------------------------------------------------- */
+
+typedef enum MsgKind { MSG_SUBMIT, MSG_CANCEL } MsgKind;
+
+typedef struct Msg {
+    MsgKind kind;
+    Request *req; /* one reference travels with the message */
+    struct Msg *next;
+} Msg;
+
+/* A generated token's logprobs waiting for the end of its text to be
+ * emitted: bytes [start, end) of the token stream's output for this reply. */
+typedef struct HeldLogprob {
+    ReqLogprob rec;
+    size_t start, end;
+} HeldLogprob;
+
+/* A request being served: owned by the engine thread. */
+typedef struct Active {
+    Request *req;
+    uint64_t arrival;        /* order of arrival */
+    double t_submit, t_first;
+    Hash128 ns_id;
+    uint64_t conv;           /* conversation for the eviction policy: hash of
+                                (namespace, session id), or 0 */
+    Seq seq;
+    TierSeq *tier;           /* its state in the tiers below the pool */
+    Sampler *smp;
+    TokStream ts;
+    int32_t *tokens;         /* prompt, then generated */
+    int n_tokens, cap_tokens;
+    int n_done;              /* tail: tokens [0, n_done) have KV, except the
+                                leading range below while it is recomputed */
+    int lead_end;            /* leading range [0, lead_end) being recomputed
+                                (its blocks were evicted, later ones were not) */
+    int lead_done;           /* [0, lead_done) of the leading range has KV */
+    int n_prompt;
+    int n_generated;
+    int n_cached;            /* prompt tokens found cached at first admission */
+    bool is_admitted_once;
+    Hash128 *hashes;         /* chain hashes of full blocks, (cap_tokens / bt) */
+    int n_hashed;            /* full blocks whose hash is computed */
+    int n_registered;        /* full blocks offered to the index */
+    char *pending;           /* generated text not yet emitted (stop-string hold-back) */
+    size_t n_pending, cap_pending;
+    char *reply;             /* all emitted text (for the reply memory) */
+    size_t n_reply, cap_reply;
+    HeldLogprob *lp_held;    /* with is_logprobs: records not handed out yet, in order */
+    int n_lp_held, cap_lp_held;
+    size_t n_text_bytes;     /* bytes of text the token stream gave so far */
+    int32_t n_text_chars;    /* ... and their code points */
+    bool is_stop_cut;        /* a stop string cut the text */
+    bool is_completed;       /* the request has its answer; the Active only
+                                finishes computing KV for the next turn */
+    bool is_restore_failed;  /* a block it holds failed to restore: requeue it */
+    int n_cached_by[SRC_COUNT]; /* n_cached split by source */
+    int win_first, win_end;  /* mark_window's scratch: its cached run */
+    struct Active *next;     /* in the waiting list */
+} Active;
+
+struct Engine {
+    const Model *m;
+    EngineOptions opt;
+    KvPool pool;
+    BlockIndex *index;       /* NULL with the prefix cache off */
+    Forward *fwd;
+    ReplyMemory *replies;
+    uint32_t kv_format;
+    int reserve_blocks;
+    SlotPolicy *slots;       /* what the eviction policy knows of each pool slot */
+    EngineTiers *tiers;      /* the tiers below the pool (none: every call a no-op) */
+    uint64_t n_arrivals;
+    /* engine thread only */
+    Active **running;        /* (parallel) */
+    int n_running;
+    Active *waiting;         /* list in arrival order */
+    int n_waiting;
+    int32_t *b_tok, *b_seq, *b_pos, *b_logit; /* (batch_tokens) */
+    Active **b_owner;        /* (parallel) owner of logit row i */
+    AttnSeq *b_seqs;         /* (parallel) block tables of the running sequences */
+    bool *b_held;            /* (parallel) running sequence i sits out this step */
+    AttnSeq *b_wait;         /* (parallel) block tables of the sequences in the batch */
+    int n_wait;
+    char *piece;             /* (piece_cap) */
+    size_t piece_cap;
+    float *lp_row;           /* (n_vocab) the row the sampler may change while the raw
+                                one stays for a request's logprobs */
+    /* inbox, and the tiers' event queue (engine_tiers.h) under the same lock */
+    pthread_t thread;
+    bool has_thread;
+    pthread_mutex_t inbox_lock;
+    pthread_cond_t inbox_cond;
+    Msg *inbox_head, *inbox_tail;
+    int n_inbox_submits;     /* submit messages in the inbox */
+    int n_waiting_pub;       /* n_waiting as last published by the engine thread */
+    bool is_stopping;
+    bool is_draining;        /* no new requests; the running ones finish */
+    /* statistics */
+    pthread_mutex_t stats_lock;
+    EngineStats stats;
+};
+
+double engine_clock_shift(const EngineTestHooks *hk, EngineClockUse use) {
+    return hk && hk->clock_shift_fn ? hk->clock_shift_fn(hk->ctx, use) : 0;
+}
+
+/* mn_now() as the engine reads it for this use. */
+static double engine_now(const Engine *e, EngineClockUse use) {
+    return mn_now() + engine_clock_shift(e->opt.test_hooks, use);
+}
 
 /* ---- requests and their output channel ---------------------------------------- */
 
@@ -231,6 +352,7 @@ const char *engine_source_name(CacheSource s) {
 
 Hash128 engine_namespace_id(const char *ns) { return index_namespace_id(ns); }
 ReplyMemory *engine_reply_memory(Engine *e) { return e->replies; }
+CacheStore *engine_store(Engine *e) { return tiers_store(e->tiers); }
 const Model *engine_model(const Engine *e) { return e->m; }
 ChatTemplate engine_chat_template(const Engine *e) { return e->opt.chat_template; }
 
@@ -250,7 +372,7 @@ static uint64_t mem_available(void) {
 
 static void active_free(Engine *e, Active *a) {
     if (a == NULL) return;
-    tiers_save_active(e, a);
+    tiers_seq_free(e->tiers, a->tier, &a->seq, a->n_hashed);
     seq_release(&a->seq, &e->pool);
     sampler_free(a->smp);
     mn_free(a->tokens);
@@ -281,7 +403,8 @@ static Active *active_new(Engine *e, Request *r) {
     a->cap_tokens = (int)r->n_prompt + r->params.max_tokens + 1;
     a->tokens = mn_malloc((size_t)a->cap_tokens * sizeof *a->tokens);
     a->hashes = mn_calloc((size_t)a->cap_tokens / (size_t)e->opt.block_tokens + 1, sizeof *a->hashes);
-    int rc = a->tokens && a->hashes ? sampler_new(&r->params.sp, e->m->cfg.n_vocab, &a->smp) : MN_ENOMEM;
+    if (a->hashes) a->tier = tiers_seq_new(e->tiers, a->hashes, a->ns_id, a->conv);
+    int rc = a->tokens && a->tier ? sampler_new(&r->params.sp, e->m->cfg.n_vocab, &a->smp) : MN_ENOMEM;
     if (rc != MN_OK) {
         a->req = NULL; /* the caller keeps its reference */
         active_free(e, a);
@@ -358,12 +481,8 @@ static void stats_update_gauges(Engine *e) {
     e->stats.pool_cached = kvpool_n_cached(&e->pool);
     e->stats.pool_used = kvpool_n_used(&e->pool);
     e->stats.pool_evictions = e->pool.n_evictions;
-    for (int i = 0; i < e->n_tiers; i++) mover_stats(e->mover, i, &e->stats.tiers[i]);
+    tiers_stats(e->tiers, &e->stats);
     if (e->index) e->stats.dropped_blocks = index_n_deleted(e->index);
-    e->stats.restore_failures = e->restore_failures;
-    e->stats.writebehind_blocks = e->n_writebehind;
-    e->stats.prefetched_blocks = e->n_prefetched;
-    e->stats.promoted_blocks = e->n_promoted;
     pthread_mutex_unlock(&e->stats_lock);
 }
 
@@ -443,9 +562,10 @@ static void active_complete(Engine *e, Active *a, FinishReason why, const char *
         Hash128 key = replymem_prefix_key(&a->ns_id, a->tokens, (size_t)a->n_prompt);
         replymem_put(e->replies, &key, a->reply ? a->reply : "", a->n_reply, a->tokens + a->n_prompt,
                      (size_t)(a->n_tokens - a->n_prompt));
-        tiers_persist_reply(e, &key, a);
+        tiers_persist_reply(e->tiers, a->tier, &key, a->reply ? a->reply : "", a->n_reply, a->tokens + a->n_prompt,
+                            (size_t)(a->n_tokens - a->n_prompt));
     }
-    tiers_persist_conversation(e, a);
+    tiers_turn_ended(e->tiers, a->tier, &a->seq, a->n_hashed, a->n_tokens);
     ReqResult res = {0};
     res.finish = why;
     res.n_prompt = a->n_prompt;
@@ -590,7 +710,7 @@ static void count_admission(Engine *e, Active *a, int first, int end) {
     a->is_admitted_once = true;
     a->n_cached = (end - first) * bt;
     memset(a->n_cached_by, 0, sizeof a->n_cached_by);
-    for (int i = first; i < end; i++) a->n_cached_by[tiers_block_source(e, &a->hashes[i])] += bt;
+    for (int i = first; i < end; i++) a->n_cached_by[tiers_block_source(e->tiers, &a->hashes[i])] += bt;
     pthread_mutex_lock(&e->stats_lock);
     e->stats.prompt_tokens += (uint64_t)a->n_prompt;
     e->stats.cached_tokens += (uint64_t)a->n_cached;
@@ -648,7 +768,7 @@ static bool try_admit(Engine *e, Active *a) {
         if (blocks[i] >= 0) kvpool_retain(&e->pool, blocks[i]);
         else to_load[n_load++] = i;
     }
-    bool ok = tiers_start_load(e, a, to_load, n_load, false) == MN_OK;
+    bool ok = tiers_start_load(e->tiers, a->tier, to_load, n_load) == MN_OK;
     mn_free(to_load);
     for (int i = first; i < end; i++) {
         if (!ok) {
@@ -758,7 +878,7 @@ static void admit_waiting(Engine *e) {
                 best = a;
                 break;
             }
-        if (tiers_is_promoting(e, best) || !try_admit(e, best)) break;
+        if (tiers_is_promoting(e->tiers, best->tier, best->win_first, best->win_end) || !try_admit(e, best)) break;
         waiting_remove(e, best);
         e->running[e->n_running++] = best;
     }
@@ -790,19 +910,7 @@ static bool ensure_blocks(Engine *e, int i) {
 static void record_block(Engine *e, Active *a, int i) {
     int32_t slot = a->seq.blocks[i];
     if (index_insert(e->index, &a->hashes[i], slot) != 1) return;
-    note_block(e, slot, a, i);
-}
-
-/* The eviction policy (KvChooseFn): score every CACHED slot and take the
- * lowest. Cached blocks' last access is when they became CACHED: the blocks
- * of a finished request all do so together. */
-static int32_t choose_victim(void *ctx, const KvPool *p) {
-    Engine *e = ctx;
-    PolicyCtx pc = {e->opt.evict, e->has_cost ? &e->cost : NULL, mn_now()};
-    int n = 0;
-    for (int32_t s = p->lru_head; s >= 0; s = p->lru_next[s], n++) e->cands[n] = slot_cand(e, s);
-    policy_keys(&pc, e->cands, n, e->keys);
-    return (int32_t)e->cands[policy_victim(e->keys, n)].id;
+    slotpol_note_block(e->slots, slot, i * e->opt.block_tokens, a->conv, &a->ns_id);
 }
 
 /* The look-ahead window: the first waiting requests, as many as the free
@@ -815,11 +923,9 @@ static int32_t choose_victim(void *ctx, const KvPool *p) {
  * fill (evicting what is outside the window). */
 static void mark_window(Engine *e) {
     bool is_marking = policy_uses_window(e->opt.evict);
-    if (e->index == NULL || (!is_marking && e->mover == NULL)) return;
-    if (e->n_waiting == 0 && !e->has_window_marks) return; /* the common decode step */
-    if (e->has_window_marks)
-        for (int i = 0; i < e->pool.n_blocks; i++) e->slot_window[i] = -1;
-    e->has_window_marks = is_marking && e->n_waiting > 0;
+    if (e->index == NULL || (!is_marking && !tiers_is_on(e->tiers))) return;
+    if (e->n_waiting == 0 && !slotpol_has_window(e->slots)) return; /* the common decode step */
+    slotpol_reset_window(e->slots, is_marking && e->n_waiting > 0);
     /* AttentionStore's window: as many requests as the capacity left for
      * cached KV (free slots and reclaimable cached ones) holds, at the mean
      * cached size of a waiting request */
@@ -829,18 +935,22 @@ static void mark_window(Engine *e) {
     if (e->n_waiting > 0) {
         double avail = (double)kvpool_n_available(&e->pool);
         len = policy_window_len(avail, mean / e->n_waiting, e->n_waiting);
-        len_tiers = policy_window_len(avail + e->promote_room, mean / e->n_waiting, e->n_waiting);
+        len_tiers = policy_window_len(avail + tiers_promote_room(e->tiers), mean / e->n_waiting, e->n_waiting);
     }
-    tiers_send_window(e, len_tiers); /* before the promotes: they evict by it */
+    tiers_window_begin(e->tiers);
     int idx = 0;
+    for (Active *a = e->waiting; a && idx < len_tiers; a = a->next, idx++)
+        tiers_window_add(e->tiers, a->tier, a->win_first, a->win_end);
+    tiers_send_window(e->tiers); /* before the promotes: they evict by it */
+    idx = 0;
     for (Active *a = e->waiting; a && idx < len; a = a->next, idx++) {
-        tiers_prefetch(e, a, a->win_first, a->win_end);
+        tiers_prefetch(e->tiers, a->tier, a->win_first, a->win_end);
         for (int b = a->win_first; is_marking && b < a->win_end; b++) {
             int32_t slot = index_lookup(e->index, &a->hashes[b]);
-            if (slot >= 0 && e->slot_window[slot] < 0) e->slot_window[slot] = idx;
+            if (slot >= 0) slotpol_mark_window(e->slots, slot, idx);
         }
     }
-    tiers_promote_window(e, len_tiers);
+    tiers_promote_window(e->tiers);
 }
 
 /* Offer a's newly completed full blocks to the index. */
@@ -861,11 +971,39 @@ static void fail_all_running(Engine *e, const char *msg) {
     while (e->n_running > 0) active_finish(e, e->running[--e->n_running], FINISH_ERROR, msg);
 }
 
+/* TiersConfig.on_lost_fn: every running sequence holding slot must be
+ * planned again (a waiting one holds no slots). */
+static void mark_holders_failed(void *ctx, int32_t slot) {
+    Engine *e = ctx;
+    for (int i = 0; i < e->n_running; i++) {
+        Active *a = e->running[i];
+        for (int b = 0; b < a->seq.n_blocks; b++)
+            if (a->seq.blocks[b] == slot) a->is_restore_failed = true;
+    }
+}
+
+/* FwdBatch.wait_layer: the batch's sequences wait for their restored
+ * layers. */
+static void wait_restored_layer(void *ctx, int layer) {
+    Engine *e = ctx;
+    tiers_wait_layer(e->tiers, e->b_wait, e->n_wait, layer);
+}
+
+/* EngineTestHooks.step_fn, once the step's hold-backs are decided. */
+static void test_step(const Engine *e) {
+    const EngineTestHooks *hk = e->opt.test_hooks;
+    if (hk == NULL || hk->step_fn == NULL) return;
+    int n_held_back = 0;
+    for (int i = 0; i < e->n_running; i++) n_held_back += e->b_held[i];
+    hk->step_fn(hk->ctx, e->n_running, n_held_back);
+}
+
 static void engine_step(Engine *e) {
-    if (e->mover) {
-        tiers_take_events(e, false);
+    bool has_tiers = tiers_is_on(e->tiers);
+    if (has_tiers) {
+        tiers_take_events(e->tiers, false);
         requeue_all_failed(e);
-        tiers_save_cold(e);
+        tiers_save_cold(e->tiers);
     }
     mark_window(e);
     admit_waiting(e);
@@ -873,17 +1011,18 @@ static void engine_step(Engine *e) {
     for (int i = 0; i < e->n_running; i++)
         if (!ensure_blocks(e, i)) i = -1; /* the list changed: start over */
     if (e->n_running == 0) return;
-    tiers_hold_back(e);
-    engine_test_step(e);
+    for (int i = 0; i < e->n_running; i++) e->b_seqs[i] = seq_view(&e->running[i]->seq);
+    tiers_plan_step(e->tiers, e->b_seqs, e->n_running, e->b_held);
+    test_step(e);
     int budget = e->opt.batch_tokens, n = 0, n_logits = 0;
-    for (int i = 0; i < e->n_running; i++) e->running[i]->is_in_batch = false;
+    e->n_wait = 0;
     /* decodes first (one pending token), then prefill chunks */
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < e->n_running && budget > 0; i++) {
             Active *a = e->running[i];
             int lead = a->lead_end - a->lead_done, tail = a->n_tokens - a->n_done, pending = lead + tail;
-            if ((pass == 0) != (pending == 1) || pending <= 0 || a->is_held_back) continue;
-            a->is_in_batch = true;
+            if ((pass == 0) != (pending == 1) || pending <= 0 || e->b_held[i]) continue;
+            e->b_wait[e->n_wait++] = e->b_seqs[i];
             /* the two-range form: the leading range first, and the tail only
              * in a batch that completes the leading range (it attends to it) */
             int take_lead = lead < budget ? lead : budget;
@@ -906,23 +1045,21 @@ static void engine_step(Engine *e) {
             budget -= take;
         }
     }
-    for (int i = 0; i < e->n_running; i++) e->b_seqs[i] = seq_view(&e->running[i]->seq);
     FwdBatch b = {.n_tok = n, .tokens = e->b_tok, .seq = e->b_seq, .pos = e->b_pos, .seqs = e->b_seqs,
                   .n_seqs = e->n_running, .logit_idx = e->b_logit, .n_logits = n_logits};
-    if (e->n_load_blocks > 0) {
-        b.wait_layer = tiers_wait_layer;
+    if (tiers_is_restoring(e->tiers)) {
+        b.wait_layer = wait_restored_layer;
         b.wait_ctx = e;
     }
     const float *logits;
     MnErr err = {0};
     double t0 = engine_now(e, ENGINE_CLOCK_STEP);
-    e->step_wait_s = 0;
     if (fwd_run(e->fwd, &b, &logits, &err) != MN_OK) {
         LOG_ERROR("forward pass failed: %s", err.msg);
         fail_all_running(e, err.msg);
         return;
     }
-    e->step_s = 0.7 * e->step_s + 0.3 * (engine_now(e, ENGINE_CLOCK_STEP) - t0 - e->step_wait_s);
+    tiers_step_done(e->tiers, engine_now(e, ENGINE_CLOCK_STEP) - t0);
     /* advance, register full blocks (not for a sequence whose restore
      * failed during the pass: its work is discarded below) */
     for (int t = 0; t < n; t++) {
@@ -951,7 +1088,7 @@ static void engine_step(Engine *e) {
                 }
         }
     }
-    if (e->mover) requeue_all_failed(e);
+    if (has_tiers) requeue_all_failed(e);
 }
 
 /* ---- the engine thread --------------------------------------------------------- */
@@ -999,7 +1136,7 @@ static void handle_msgs(Engine *e, Msg *m) {
  * carry their last use in wall-clock time (it survives restarts). */
 static void expire_cached(Engine *e) {
     if (e->opt.cache_ttl_s <= 0) return;
-    tiers_expire(e);
+    tiers_expire(e->tiers);
     int n = kvpool_expire(&e->pool, engine_now(e, ENGINE_CLOCK_EXPIRY) - e->opt.cache_ttl_s);
     if (n == 0) return;
     pthread_mutex_lock(&e->stats_lock);
@@ -1042,8 +1179,9 @@ static void *engine_main(void *arg) {
     for (;;) {
         expire_cached(e);
         pthread_mutex_lock(&e->inbox_lock);
-        while (!e->inbox_head && !e->ev_head && !e->is_stopping && e->n_running == 0 && e->n_waiting == 0) {
-            if (e->opt.cache_ttl_s <= 0 || (kvpool_n_cached(&e->pool) == 0 && e->mover == NULL)) {
+        while (!e->inbox_head && !tiers_has_events(e->tiers) && !e->is_stopping && e->n_running == 0 &&
+               e->n_waiting == 0) {
+            if (e->opt.cache_ttl_s <= 0 || (kvpool_n_cached(&e->pool) == 0 && !tiers_is_on(e->tiers))) {
                 pthread_cond_wait(&e->inbox_cond, &e->inbox_lock);
                 continue;
             }
@@ -1063,8 +1201,8 @@ static void *engine_main(void *arg) {
         if (stopping) break;
         engine_step(e);
         if (e->n_running == 0 && e->n_waiting > 0) admit_waiting(e); /* finished ones made room */
-        if (e->n_running == 0 && e->n_waiting > 0 && tiers_is_moving(e)) {
-            tiers_take_events(e, true); /* a move in flight may let it in: wait for one to end */
+        if (e->n_running == 0 && e->n_waiting > 0 && tiers_is_moving(e->tiers)) {
+            tiers_take_events(e->tiers, true); /* a move in flight may let it in: wait for one to end */
         } else if (e->n_running == 0 && e->n_waiting > 0) {
             /* nothing fits and nothing runs: the head request can never be served */
             Active *a = e->waiting;
@@ -1189,11 +1327,7 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
     pthread_cond_init(&e->inbox_cond, NULL);
     pthread_mutex_init(&e->stats_lock, NULL);
     EngineOptions *op = &e->opt;
-    if (o->cost) {
-        e->cost = *o->cost;
-        e->has_cost = true;
-    }
-    op->cost = NULL; /* the copy above is the engine's */
+    op->cost = NULL; /* SlotPolicy keeps its own copy (below) */
     if (op->n_ctx <= 0 || op->n_ctx > m->cfg.n_ctx) op->n_ctx = m->cfg.n_ctx;
     int rc = MN_OK;
     if (op->block_tokens < 1 || op->block_tokens > 1024 || op->batch_tokens < 1 || op->parallel < 1 ||
@@ -1227,39 +1361,42 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         e->running = mn_calloc((size_t)np, sizeof *e->running);
         e->b_owner = mn_calloc((size_t)np, sizeof *e->b_owner);
         e->b_seqs = mn_calloc((size_t)np, sizeof *e->b_seqs);
+        e->b_held = mn_calloc((size_t)np, sizeof *e->b_held);
+        e->b_wait = mn_calloc((size_t)np, sizeof *e->b_wait);
         e->b_tok = mn_calloc((size_t)bt, sizeof(int32_t));
         e->b_seq = mn_calloc((size_t)bt, sizeof(int32_t));
         e->b_pos = mn_calloc((size_t)bt, sizeof(int32_t));
         e->b_logit = mn_calloc((size_t)np, sizeof(int32_t));
-        size_t nb = (size_t)e->pool.n_blocks;
-        e->slot_pos = mn_calloc(nb, sizeof *e->slot_pos);
-        e->slot_inserted = mn_calloc(nb, sizeof *e->slot_inserted);
-        e->slot_conv = mn_calloc(nb, sizeof *e->slot_conv);
-        e->slot_ns = mn_calloc(nb, sizeof *e->slot_ns);
-        e->slot_window = mn_malloc(nb * sizeof *e->slot_window);
-        e->cands = mn_malloc(nb * sizeof *e->cands);
-        e->keys = mn_malloc(nb * sizeof *e->keys);
-        e->slot_load = mn_calloc(nb, sizeof *e->slot_load);
-        e->slot_saving = mn_calloc(nb, 1);
-        if (!e->slot_pos || !e->slot_inserted || !e->slot_conv || !e->slot_ns || !e->slot_window || !e->cands ||
-            !e->keys || !e->slot_load || !e->slot_saving)
-            rc = MN_ENOMEM;
-        else {
-            for (size_t i = 0; i < nb; i++) e->slot_window[i] = -1;
-            if (e->index) kvpool_set_choose_fn(&e->pool, choose_victim, e);
-        }
+        if (rc == MN_OK && (rc = slotpol_new(&e->pool, op->evict, o->cost, &e->slots)) == MN_OK && e->index)
+            kvpool_set_choose_fn(&e->pool, slotpol_choose_victim, e->slots);
         e->piece_cap = tok_max_piece_bytes(m->tok) + 16;
         e->piece = mn_malloc(e->piece_cap);
         e->lp_row = mn_malloc((size_t)m->cfg.n_vocab * sizeof *e->lp_row);
-        if (rc || !e->replies || !e->running || !e->b_owner || !e->b_seqs || !e->b_tok || !e->b_seq || !e->b_pos ||
-            !e->b_logit || !e->piece || !e->lp_row)
+        if (rc || !e->replies || !e->running || !e->b_owner || !e->b_seqs || !e->b_held || !e->b_wait || !e->b_tok ||
+            !e->b_seq || !e->b_pos || !e->b_logit || !e->piece || !e->lp_row)
             rc = mn_err_set(err, MN_ENOMEM, "out of memory");
     }
     if (rc == MN_OK) {
         FwdOptions fo = {op->batch_tokens, op->parallel, op->n_ctx, op->n_threads};
         rc = fwd_new(m, &e->pool, &fo, &e->fwd, err);
     }
-    if (rc == MN_OK) rc = tiers_start(e, err);
+    if (rc == MN_OK) {
+        TiersConfig tc = {.pool = &e->pool,
+                          .index = e->index,
+                          .slots = e->slots,
+                          .replies = e->replies,
+                          .max_replies = ENGINE_MAX_REPLIES,
+                          .model_fingerprint = m->fingerprint,
+                          .kv_format = e->kv_format,
+                          .opt = op,
+                          .reserve_blocks = e->reserve_blocks,
+                          .lock = &e->inbox_lock,
+                          .cond = &e->inbox_cond,
+                          .on_lost_fn = mark_holders_failed,
+                          .ctx = e};
+        rc = tiers_new(&tc, &e->tiers, err);
+        op->disk_tier_dir = NULL; /* borrowed for engine_new only */
+    }
     if (rc == MN_OK) {
         e->stats.pool_blocks = e->pool.n_blocks;
         e->stats.pool_bytes = per_block * n_blocks;
@@ -1313,7 +1450,7 @@ void engine_free(Engine *e) {
         request_unref(m->req);
         mn_free(m);
     }
-    tiers_stop(e);
+    tiers_free(e->tiers);
     fwd_free(e->fwd);
     index_free(e->index);
     kvpool_deinit(&e->pool);
@@ -1321,21 +1458,15 @@ void engine_free(Engine *e) {
     mn_free(e->running);
     mn_free(e->b_owner);
     mn_free(e->b_seqs);
+    mn_free(e->b_held);
+    mn_free(e->b_wait);
     mn_free(e->b_tok);
     mn_free(e->b_seq);
     mn_free(e->b_pos);
     mn_free(e->b_logit);
     mn_free(e->piece);
     mn_free(e->lp_row);
-    mn_free(e->slot_pos);
-    mn_free(e->slot_inserted);
-    mn_free(e->slot_conv);
-    mn_free(e->slot_ns);
-    mn_free(e->slot_window);
-    mn_free(e->cands);
-    mn_free(e->keys);
-    mn_free(e->slot_load);
-    mn_free(e->slot_saving);
+    slotpol_free(e->slots);
     pthread_mutex_destroy(&e->inbox_lock);
     pthread_cond_destroy(&e->inbox_cond);
     pthread_mutex_destroy(&e->stats_lock);

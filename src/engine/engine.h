@@ -61,6 +61,11 @@ typedef struct EngineTestHooks {
     void *ctx;
 } EngineTestHooks;
 
+/* What hk (NULL: none, as in production) adds to a reading of the
+ * engine's clock of this use: the scheduler's and the tiers' clocks both
+ * go through it. */
+double engine_clock_shift(const EngineTestHooks *hk, EngineClockUse use);
+
 typedef struct EngineOptions {
     int n_threads;        /* compute workers (default 2) */
     int compute_nice;     /* they run this many nice levels lower than the rest, 0-19 (default 5) */

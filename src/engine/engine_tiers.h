@@ -1,0 +1,188 @@
+/* engine_tiers.h — the tiers below the pool, as the scheduler sees them:
+ * what moves between the pool and the RAM and disk tiers (saves,
+ * restores, prefetch, promotes into RAM, persistence), decided on the
+ * engine thread and carried out by the mover (cache/mover.h).
+ *
+ * The scheduler (engine.c) owns the requests, their block tables and the
+ * running set; EngineTiers owns everything about moves: the mover, the
+ * restores in flight and which slots they write, the saves in flight,
+ * write-behind's back-off, the window last sent to the tiers, the mover's
+ * events and the per-sequence TierSeq (whether its history was promoted,
+ * its cached run in the window). Neither reads the other's structs: the
+ * scheduler passes block tables (Seq, AttnSeq) and hashes into these
+ * calls, and the tiers report a lost slot through TiersConfig.on_lost_fn.
+ *
+ * Every call is made on the engine thread, except that the mover thread
+ * queues its events under TiersConfig.lock (see tiers_has_events). With no
+ * tier configured an EngineTiers still exists and every call is cheap and
+ * does nothing (tiers_is_on says which).
+ */
+#ifndef MN_ENGINE_TIERS_H
+#define MN_ENGINE_TIERS_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "base/hash.h"
+#include "cache/index.h"
+#include "cache/kv_pool.h"
+#include "cache/reply_mem.h"
+#include "compute/attention.h"
+#include "engine/engine.h"
+#include "engine/seq.h"
+#include "engine/slot_policy.h"
+
+typedef struct EngineTiers EngineTiers;
+/* A request's tier state (tiers_seq_new), opaque to the scheduler. */
+typedef struct TierSeq TierSeq;
+
+typedef struct TiersConfig {
+    KvPool *pool;            /* the engine's pool (borrowed; restores take slots of it) */
+    BlockIndex *index;       /* the prefix cache (borrowed); NULL: tiers are refused */
+    SlotPolicy *slots;       /* the eviction policy's facts (borrowed): restored blocks
+                                are noted in it, write-behind ranks by it */
+    ReplyMemory *replies;    /* borrowed: a disk tier reloads its entries into it */
+    int max_replies;         /* reply memory entries a disk tier keeps */
+    Hash128 model_fingerprint;
+    uint32_t kv_format;      /* index_kv_format of the pool */
+    const EngineOptions *opt; /* tier sizes, policy, watermark, TTL, parallel, hooks
+                                 (read during tiers_new; test_hooks borrowed for good) */
+    int reserve_blocks;      /* free slots prefetching leaves to running sequences */
+    /* The engine's inbox lock and condition (borrowed): the mover's events
+     * are queued under the lock and signal the condition, so the engine
+     * thread sleeps on one condition for its messages and these events. */
+    pthread_mutex_t *lock;
+    pthread_cond_t *cond;
+    /* A restore into slot failed (checksum, I/O, a block the tier no longer
+     * has): the slot is unindexed and every sequence holding it must be
+     * planned again, its KV there never used. Called on the engine thread
+     * from tiers_take_events (so also from within tiers_wait_layer). */
+    void (*on_lost_fn)(void *ctx, int32_t slot);
+    void *ctx;
+} TiersConfig;
+
+/* ---- life cycle ---------------------------------------------------------------- */
+
+/* Build the tiers the options ask for and their mover (the index learns
+ * what a reopened disk tier holds), or an EngineTiers with none. MN_OK;
+ * MN_EINVAL when tiers are asked for without an index; the mover's
+ * errors; MN_ENOMEM. *out is NULL on failure. */
+int tiers_new(const TiersConfig *cfg, EngineTiers **out, MnErr *err);
+/* After the engine thread is gone: the mover finishes what is queued
+ * (write-behind is flushed), its last events are settled (on_lost_fn may
+ * run), and everything is freed. NULL is fine. */
+void tiers_free(EngineTiers *t);
+/* Whether any tier is below the pool. */
+bool tiers_is_on(const EngineTiers *t);
+/* The disk tier's database (cache/store.h); NULL without a disk tier.
+ * Valid until tiers_free. */
+CacheStore *tiers_store(const EngineTiers *t);
+
+/* ---- the mover's events ---------------------------------------------------------- */
+
+/* Whether events wait to be taken; the caller holds TiersConfig.lock (the
+ * engine thread's sleep checks it with its inbox). */
+bool tiers_has_events(const EngineTiers *t);
+/* Handle the mover's events (restores progress or end, saves and promotes
+ * end, tiers drop blocks); with block, wait for at least one first. */
+void tiers_take_events(EngineTiers *t, bool block);
+/* Whether moves are in flight whose end can let a waiting request in:
+ * saves and restores hold pool slots, and a promote holds back the
+ * requests whose history it copies (tiers_is_promoting). An engine with
+ * nothing running waits for one of them before it calls a request
+ * unservable. */
+bool tiers_is_moving(const EngineTiers *t);
+/* The tiers' counters and the mover's latest snapshots into st (n_tiers,
+ * tiers, restore_failures, writebehind, prefetched and promoted blocks). */
+void tiers_stats(const EngineTiers *t, EngineStats *st);
+
+/* ---- a request's tier state ------------------------------------------------------- */
+
+/* Tier state for a request whose chain hashes are hashes[] (borrowed: the
+ * array must stay in place until tiers_seq_free), in namespace ns_id and
+ * conversation conv (0: none). NULL when out of memory. */
+TierSeq *tiers_seq_new(EngineTiers *t, const Hash128 *hashes, Hash128 ns_id, uint64_t conv);
+/* The request gives its blocks back (finished, cancelled, failed): of the
+ * first n_hashed blocks of its table seq (those whose hash is known), the
+ * indexed ones no tier holds yet are saved down the chain, in runs; then
+ * ts is freed. Call it before seq's references go. ts NULL is fine. */
+void tiers_seq_free(EngineTiers *t, TierSeq *ts, const Seq *seq, int n_hashed);
+/* A turn ended: the conversation's row (session, namespace, last
+ * activity, n_tokens) goes to the database, and every tier run holding one
+ * of its first n_hashed blocks (of seq) counts as used now — the runs of a
+ * conversation age with the conversation, not with their last read. */
+void tiers_turn_ended(EngineTiers *t, const TierSeq *ts, const Seq *seq, int n_hashed, int n_tokens);
+/* A complete reply's reply memory entry (key -> text, ids), copied into
+ * the database, so a restarted server still recognises its replies. */
+void tiers_persist_reply(EngineTiers *t, const TierSeq *ts, const Hash128 *key, const char *text, size_t len,
+                         const int32_t *ids, size_t n_ids);
+
+/* ---- admission --------------------------------------------------------------------- */
+
+/* Start restoring blocks at[0..n) of ts (each held by a tier and in no pool
+ * slot) into fresh slots, indexed at once so other requests share them;
+ * the restore holds a reference on each slot until it is done, and the
+ * caller retains them through the index. MN_OK (n == 0 too); MN_EFULL
+ * when the pool lacks slots; MN_EINVAL when a block is not restorable;
+ * MN_ENOMEM; on failure nothing was started. */
+int tiers_start_load(EngineTiers *t, const TierSeq *ts, const int *at, int n);
+/* Where indexed block h comes from: the pool, or the tier restoring it or
+ * to restore it from. */
+CacheSource tiers_block_source(const EngineTiers *t, const Hash128 *h);
+/* Whether waiting request ts, its cached run [first, end), is to wait for
+ * promotes in flight before admission (rather than read the same blocks
+ * from disk twice). */
+bool tiers_is_promoting(const EngineTiers *t, const TierSeq *ts, int first, int end);
+
+/* ---- the look-ahead window ---------------------------------------------------------- */
+
+/* Blocks tier 0 holds when it takes promotes (0: no promotes): the tiers'
+ * window may count them as room. */
+int tiers_promote_room(const EngineTiers *t);
+/* Forget the last window and start a new one. */
+void tiers_window_begin(EngineTiers *t);
+/* The next waiting request of the window, in queue order, with the run of
+ * its blocks found cached [first, end). ts stays in the window until the
+ * next tiers_window_begin or tiers_promote_window; it must not be freed
+ * before either. */
+void tiers_window_add(EngineTiers *t, TierSeq *ts, int first, int end);
+/* Hand the window to the tiers' eviction policy when it changed since the
+ * last time (a window policy only), so what it will restore stays. */
+void tiers_send_window(EngineTiers *t);
+/* Prefetch: start restoring the blocks of waiting request ts's cached run
+ * [first, end) that only a tier holds into FREE pool slots beyond the
+ * decode reserve (never evicting), so they are in the pool, or on their
+ * way, when it is admitted. */
+void tiers_prefetch(EngineTiers *t, const TierSeq *ts, int first, int end);
+/* Copy the window's cached history that is in no pool slot and only
+ * slower tiers hold into tier 0 (RAM), in batches, once per request; then
+ * the window is over (tiers_window_begin starts the next). */
+void tiers_promote_window(EngineTiers *t);
+
+/* ---- a step ---------------------------------------------------------------------- */
+
+/* Write-behind: while free pool blocks (and cached ones a tier already
+ * holds) are under the swap watermark, copy the coldest unsaved cached
+ * blocks down the chain. */
+void tiers_save_cold(EngineTiers *t);
+/* Plan the step's forward pass over the running sequences' block tables
+ * seqs[0..n): is_held_back[i] says whether sequence i sits out (it is
+ * still restoring and not expected to finish within a pass's compute,
+ * unless no sequence could run otherwise). Starts timing the pass's waits. */
+void tiers_plan_step(EngineTiers *t, const AttnSeq *seqs, int n, bool *is_held_back);
+/* Whether restores are in flight: a pass then waits per layer. */
+bool tiers_is_restoring(const EngineTiers *t);
+/* Before layer's attention: wait until every block of the batch's block
+ * tables seqs[0..n) has that layer in place (or failed). */
+void tiers_wait_layer(EngineTiers *t, const AttnSeq *seqs, int n, int layer);
+/* The pass planned by tiers_plan_step took pass_s seconds, its waits for
+ * restored layers included: restores are compared with its compute. */
+void tiers_step_done(EngineTiers *t, double pass_s);
+/* --cache-ttl in the tiers: at most once a second, ask the mover to drop
+ * what is older. */
+void tiers_expire(EngineTiers *t);
+
+#endif
