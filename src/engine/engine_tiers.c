@@ -92,7 +92,8 @@ struct EngineTiers {
     int n_promotes;          /* PROMOTE jobs in flight */
     double save_backoff_s;   /* after saves no tier took: wait this long ... */
     double t_save_retry;     /* ... until then (tiers_now) before saving again */
-    TierSeq *window;         /* the window being built, in queue order */
+    TierSeq *window;         /* the window being built, in queue order ... */
+    TierSeq *window_last;    /* ... and its last request */
     Hash128 window_sent;     /* digest of the window last sent to the tiers */
     pthread_mutex_t *lock;   /* the engine's inbox lock: guards ev_head, ev_tail */
     pthread_cond_t *cond;
@@ -536,15 +537,15 @@ void tiers_turn_ended(EngineTiers *t, const TierSeq *ts, const Seq *seq, int n_h
 
 int tiers_promote_room(const EngineTiers *t) { return t->promote_room; }
 
-void tiers_window_begin(EngineTiers *t) { t->window = NULL; }
+void tiers_window_begin(EngineTiers *t) { t->window = t->window_last = NULL; }
 
 void tiers_window_add(EngineTiers *t, TierSeq *ts, int first, int end) {
-    TierSeq **pp = &t->window;
-    while (*pp) pp = &(*pp)->win_next;
     ts->win_first = first;
     ts->win_end = end;
     ts->win_next = NULL;
-    *pp = ts;
+    if (t->window_last) t->window_last->win_next = ts;
+    else t->window = ts;
+    t->window_last = ts;
 }
 
 void tiers_send_window(EngineTiers *t) {
@@ -632,7 +633,7 @@ static void promote_request(EngineTiers *t, TierSeq *ts) {
  * defaults"). */
 void tiers_promote_window(EngineTiers *t) {
     TierSeq *window = t->window;
-    t->window = NULL; /* the window is over */
+    tiers_window_begin(t); /* the window is over */
     if (t->promote_max == 0) return;
     int pending = 0, idx = 0;
     bool is_due = false;
