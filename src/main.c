@@ -374,7 +374,7 @@ static int pick_template(const Model *m, const char *name, ChatTemplate *out) {
 
 static int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *alias = NULL, *tmpl_name = NULL, *kv_type_name = "f16",
-               *schedule = "fcfs", *evict = NULL, *profile_file = NULL;
+               *schedule = "fcfs", *evict = NULL, *profile_file = NULL, *overflow = "recompute";
     int port = 8080, max_body_kb = 1024, n_predict = -1;
     const char *gpu_layers = NULL, *flash_attn = NULL; /* llama.cpp's, ignored */
     uint64_t pool_mb = 0;
@@ -402,6 +402,8 @@ static int cmd_serve(int argc, char **argv) {
         {"ctx", 'c', CLI_INT, &eo.n_ctx, "N",
          "positions one sequence may use (default: the model's); not, as llama-server's -c, the KV of all"},
         {"ctx-size", 0, CLI_INT, &eo.n_ctx, "N", NULL},
+        {"context-overflow", 0, CLI_STR, &overflow, "recompute|error",
+         "a chat longer than the context: drop its oldest turns and recompute the rest, or refuse it (default recompute)"},
         {"n-predict", 'n', CLI_INT, &n_predict, "N",
          "max_tokens of a request that gives none (default -1: until the context or the pool is full)"},
         {"predict", 0, CLI_INT, &n_predict, "N", NULL},
@@ -448,6 +450,15 @@ static int cmd_serve(int argc, char **argv) {
     else if (strcmp(schedule, "relaxed-fpf") == 0) eo.schedule = SCHED_RELAXED_FPF;
     else {
         fprintf(stderr, "mnemo serve: --schedule must be fcfs, fpf or relaxed-fpf, got '%s'\n", schedule);
+        goto out;
+    }
+    if (strcmp(overflow, "recompute") == 0) eo.context_overflow = OVERFLOW_RECOMPUTE;
+    else if (strcmp(overflow, "error") == 0) eo.context_overflow = OVERFLOW_ERROR;
+    else {
+        if (strcmp(overflow, "shift") == 0)
+            fprintf(stderr, "mnemo serve: --context-overflow shift is not built yet; use recompute or error\n");
+        else
+            fprintf(stderr, "mnemo serve: --context-overflow must be recompute or error, got '%s'\n", overflow);
         goto out;
     }
     MnErr perr = {0};

@@ -120,16 +120,19 @@ static Model *load_stories(void) {
 
 /* An engine serving stories260K with chat template tmpl; NULL (the test is
  * skipped) when the model file is missing. */
-static Engine *start_engine(ChatTemplate tmpl, Model **m) {
+static Engine *start_engine_overflow(ChatTemplate tmpl, ContextOverflow overflow, Model **m) {
     if ((*m = load_stories()) == NULL) return NULL;
     EngineOptions o;
     engine_options_default(&o);
     o.chat_template = tmpl;
+    o.context_overflow = overflow;
     Engine *e;
     MnErr err = {0};
     if (engine_new(*m, &o, &e, &err) != MN_OK) fail_msg("engine_new: %s", err.msg);
     return e;
 }
+
+static Engine *start_engine(ChatTemplate tmpl, Model **m) { return start_engine_overflow(tmpl, OVERFLOW_RECOMPUTE, m); }
 
 static void greedy(ReqParams *p, int max_tokens, float *first_logits) {
     memset(p, 0, sizeof *p);
@@ -160,8 +163,9 @@ static char *finish(Request *r, ReqResult *res) {
 }
 
 /* in through prompt_submit answers as want[0..n_want) submitted directly:
- * the same prompt length, first logits and greedy text. */
-static void expect_same_answer(Engine *e, const PromptInput *in, const int32_t *want, size_t n_want) {
+ * the same prompt length, first logits and greedy text; prompt_submit
+ * says it dropped n_truncated prompt tokens. */
+static void expect_same_answer(Engine *e, const PromptInput *in, const int32_t *want, size_t n_want, int n_truncated) {
     int n_vocab = engine_model(e)->cfg.n_vocab;
     float *la = calloc((size_t)n_vocab, sizeof *la), *lb = calloc((size_t)n_vocab, sizeof *lb);
     ReqParams p;
@@ -169,9 +173,11 @@ static void expect_same_answer(Engine *e, const PromptInput *in, const int32_t *
     Request *r = NULL;
     MnErr err = {0};
     ReqField field = REQ_FIELD_PROMPT;
-    if (prompt_submit(e, in, &p, "", NULL, &r, &err, &field) != MN_OK) fail_msg("prompt_submit: %s", err.msg);
+    int truncated = -1;
+    if (prompt_submit(e, in, &p, "", NULL, &r, &truncated, &err, &field) != MN_OK) fail_msg("prompt_submit: %s", err.msg);
     assert_non_null(r);
     assert_int_equal(field, REQ_FIELD_NONE);
+    assert_int_equal(truncated, n_truncated);
     ReqResult ra, rb;
     char *ta = finish(r, &ra);
     greedy(&p, 8, lb);
@@ -204,15 +210,15 @@ static void test_submit_forms(void **s) {
     assert_int_equal(prompt_build_chat(m->tok, CHAT_TMPL_DEFAULT, msgs, 3, NULL, &ns, &other, NULL, &err), MN_OK);
     assert_false(other.n == want.n && memcmp(other.ids, want.ids, want.n * sizeof *want.ids) == 0);
     PromptInput chat = {.form = PROMPT_CHAT, .msgs = msgs, .n_msgs = 3};
-    expect_same_answer(e, &chat, want.ids, want.n);
+    expect_same_answer(e, &chat, want.ids, want.n, 0);
     const char *text = "Once upon a time, there was";
     TokIds tw = {0};
     assert_int_equal(tok_encode(m->tok, text, strlen(text), tok_add_bos(m->tok), true, &tw), MN_OK);
     PromptInput in_text = {.form = PROMPT_TEXT, .text = text, .text_len = strlen(text)};
-    expect_same_answer(e, &in_text, tw.ids, tw.n);
+    expect_same_answer(e, &in_text, tw.ids, tw.n, 0);
     int32_t ids[5] = {1, 403, 407, 261, 378};
     PromptInput in_ids = {.form = PROMPT_IDS, .ids = ids, .n_ids = 5};
-    expect_same_answer(e, &in_ids, ids, 5);
+    expect_same_answer(e, &in_ids, ids, 5, 0);
     tok_ids_free(&want);
     tok_ids_free(&other);
     tok_ids_free(&tw);
@@ -227,7 +233,7 @@ static void expect_refusal(Engine *e, const PromptInput *in, const ReqParams *p,
     Request *r = (Request *)&r; /* not NULL: prompt_submit must clear it */
     MnErr err = {0};
     ReqField got = REQ_FIELD_NONE;
-    assert_int_equal(prompt_submit(e, in, p, "", NULL, &r, &err, &got), code);
+    assert_int_equal(prompt_submit(e, in, p, "", NULL, &r, NULL, &err, &got), code);
     assert_null(r);
     if (got != field || strstr(err.msg, in_msg) == NULL)
         fail_msg("refusal names field %d, expected %d; message '%s', expected '%s' in it", (int)got, (int)field,
@@ -271,6 +277,107 @@ static void test_submit_refusals(void **s) {
     model_free(m);
 }
 
+/* ---- context overflow ------------------------------------------------------- */
+
+#define LONG_TURNS 24
+
+/* A conversation longer than stories260K's context of 512: a system
+ * message, then LONG_TURNS turns of a user message and a reply (the third
+ * with a tool result after its reply), then a last question. */
+static size_t long_chat(ChatMsg *msgs, char (*text)[96]) {
+    size_t n = 0;
+    msgs[n++] = (ChatMsg){"system", "You tell stories about a cat named Tom."};
+    for (int t = 0; t < LONG_TURNS; t++) {
+        snprintf(text[2 * t], 96, "Turn %d: what did the little dog do next in the park?", t);
+        snprintf(text[2 * t + 1], 96, "In turn %d the little dog ran to the big tree and sat down.", t);
+        msgs[n++] = (ChatMsg){"user", text[2 * t]};
+        msgs[n++] = (ChatMsg){"assistant", text[2 * t + 1]};
+        if (t == 2) msgs[n++] = (ChatMsg){"tool", "the weather was sunny"};
+    }
+    msgs[n++] = (ChatMsg){"user", "And how did the story end?"};
+    return n;
+}
+
+/* The prompt of the system message and msgs[from..n). */
+static void kept_prompt(Engine *e, const ChatMsg *msgs, size_t n, size_t from, TokIds *out) {
+    ChatMsg kept[2 * LONG_TURNS + 8];
+    size_t k = 0;
+    kept[k++] = msgs[0];
+    for (size_t i = from; i < n; i++) kept[k++] = msgs[i];
+    Hash128 ns = engine_namespace_id("");
+    MnErr err = {0};
+    out->n = 0;
+    assert_int_equal(prompt_build_chat(engine_model(e)->tok, engine_chat_template(e), kept, k, engine_reply_memory(e),
+                                       &ns, out, NULL, &err), MN_OK);
+}
+
+/* A chat longer than the context keeps its system message and the most
+ * recent whole turns that fit with max_tokens, and answers exactly as
+ * those messages sent alone (recompute); the tokens dropped are counted.
+ * The reference is a plain scan from the oldest turn, which the engine's
+ * bisection must agree with. */
+static void test_overflow_drops_oldest_turns(void **s) {
+    Model *m;
+    Engine *e = start_engine(CHAT_TMPL_CHATML, &m);
+    if (e == NULL) return;
+    ChatMsg msgs[2 * LONG_TURNS + 8];
+    char text[2 * LONG_TURNS][96];
+    size_t n = long_chat(msgs, text);
+    TokIds full = {0}, want = {0};
+    kept_prompt(e, msgs, n, 1, &full);
+    assert_true(full.n > 512); /* it does overflow */
+    size_t from = 1;
+    for (;;) { /* from: the first kept message, at a user message */
+        do from++;
+        while (strcmp(msgs[from].role, "user") != 0);
+        kept_prompt(e, msgs, n, from, &want);
+        if (want.n + 8 <= 512) break;
+    }
+    assert_true(from < n - 1); /* more than the last turn fits */
+    PromptInput in = {.form = PROMPT_CHAT, .msgs = msgs, .n_msgs = n};
+    expect_same_answer(e, &in, want.ids, want.n, (int)(full.n - want.n));
+    /* so does the chat of just the kept messages, untruncated */
+    ChatMsg kept[2 * LONG_TURNS + 8];
+    kept[0] = msgs[0];
+    memcpy(kept + 1, msgs + from, (n - from) * sizeof *msgs);
+    in.msgs = kept;
+    in.n_msgs = 1 + n - from;
+    expect_same_answer(e, &in, want.ids, want.n, 0);
+    tok_ids_free(&full);
+    tok_ids_free(&want);
+    engine_free(e);
+    model_free(m);
+}
+
+/* When even the system message and the last turn do not fit (with
+ * max_tokens), or in error mode, a chat is refused as before. */
+static void test_overflow_refusals(void **s) {
+    Model *m;
+    Engine *e = start_engine(CHAT_TMPL_CHATML, &m);
+    if (e == NULL) return;
+    ReqParams p;
+    greedy(&p, 8, NULL);
+    char *text = calloc(20000, 1);
+    for (int i = 0; i < 700; i++) strcat(text, "Once upon a ");
+    ChatMsg last_too_long[] = {{"system", "Tell a story."}, {"user", "Hi"}, {"assistant", "Hello"}, {"user", text}};
+    PromptInput in = {.form = PROMPT_CHAT, .msgs = last_too_long, .n_msgs = 4};
+    expect_refusal(e, &in, &p, MN_ERANGE, REQ_FIELD_PROMPT, "the context holds 512");
+    ChatMsg msgs[2 * LONG_TURNS + 8];
+    char texts[2 * LONG_TURNS][96];
+    size_t n = long_chat(msgs, texts);
+    in = (PromptInput){.form = PROMPT_CHAT, .msgs = msgs, .n_msgs = n};
+    p.max_tokens = 490; /* the last turn fits, but not with 490 more */
+    expect_refusal(e, &in, &p, MN_ERANGE, REQ_FIELD_PROMPT, "the context holds 512");
+    engine_free(e);
+    model_free(m);
+    e = start_engine_overflow(CHAT_TMPL_CHATML, OVERFLOW_ERROR, &m);
+    p.max_tokens = 8;
+    expect_refusal(e, &in, &p, MN_ERANGE, REQ_FIELD_PROMPT, "the context holds 512");
+    free(text);
+    engine_free(e);
+    model_free(m);
+}
+
 int main(void) {
     test_apply_filter();
     const struct CMUnitTest tests[] = {
@@ -279,6 +386,8 @@ int main(void) {
         cmocka_unit_test(test_bad_role),
         cmocka_unit_test(test_submit_forms),
         cmocka_unit_test(test_submit_refusals),
+        cmocka_unit_test(test_overflow_drops_oldest_turns),
+        cmocka_unit_test(test_overflow_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -61,11 +61,13 @@ static inline int srv_start(Srv *s, const char *model, const char *extra) {
     return 0;
 }
 
-/* SIGTERM, and the server must exit 0. */
+/* SIGTERM, and the server must exit 0. Its pid is 0 afterwards, so a
+ * teardown stops only a server a failed test left running. */
 static inline void srv_stop(Srv *s) {
     kill(s->pid, SIGTERM);
     int st;
     waitpid(s->pid, &st, 0);
+    s->pid = 0;
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     unlink(s->log);
 }

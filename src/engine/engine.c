@@ -355,6 +355,7 @@ ReplyMemory *engine_reply_memory(Engine *e) { return e->replies; }
 CacheStore *engine_store(Engine *e) { return tiers_store(e->tiers); }
 const Model *engine_model(const Engine *e) { return e->m; }
 ChatTemplate engine_chat_template(const Engine *e) { return e->opt.chat_template; }
+ContextOverflow engine_context_overflow(const Engine *e) { return e->opt.context_overflow; }
 
 /* Bytes of RAM available, from /proc/meminfo (0 when unknown). */
 static uint64_t mem_available(void) {
@@ -1258,13 +1259,20 @@ static uint64_t random_seed(const Request *r) {
     return (uint64_t)(mn_now() * 1e9) ^ (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)r;
 }
 
+/* A sequence holds at most the pool's blocks (and the context). */
+static int64_t pool_room(const Engine *e) { return (int64_t)e->pool.n_blocks * e->opt.block_tokens; }
+
+/* submit_check's length rule, without its messages. */
+bool engine_prompt_fits(const Engine *e, size_t n_prompt, int max_tokens) {
+    int64_t pool_tokens = pool_room(e), room = pool_tokens < e->opt.n_ctx ? pool_tokens : e->opt.n_ctx;
+    return n_prompt < (uint64_t)room && (int64_t)n_prompt + max_tokens <= room;
+}
+
 /* engine_submit's checks, in its contract's order, and the defaults: the
  * submitting thread still owns r alone, so its params may be completed. */
 static int submit_check(const Engine *e, Request *r, MnErr *err, ReqField *field) {
     int32_t n_vocab = e->m->cfg.n_vocab;
-    int64_t n = (int64_t)r->n_prompt, n_ctx = e->opt.n_ctx;
-    /* a sequence holds at most the context, and the pool's blocks */
-    int64_t pool_tokens = (int64_t)e->pool.n_blocks * e->opt.block_tokens;
+    int64_t n = (int64_t)r->n_prompt, n_ctx = e->opt.n_ctx, pool_tokens = pool_room(e);
     *field = REQ_FIELD_PROMPT;
     for (size_t i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= n_vocab)

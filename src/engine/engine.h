@@ -36,6 +36,13 @@
 
 typedef enum SchedPolicy { SCHED_FCFS, SCHED_FPF, SCHED_RELAXED_FPF } SchedPolicy;
 
+/* What a chat prompt (plus its max_tokens) longer than the context gets
+ * (engine/prompt.h). */
+typedef enum ContextOverflow {
+    OVERFLOW_RECOMPUTE = 0, /* its oldest whole turns are dropped and the kept ones computed anew */
+    OVERFLOW_ERROR,         /* refused, as any prompt too long (MN_ERANGE) */
+} ContextOverflow;
+
 /* What a reading of the engine's clock decides (EngineTestHooks). */
 typedef enum EngineClockUse {
     ENGINE_CLOCK_STEP,   /* the start and end of a forward pass: its compute time */
@@ -81,6 +88,7 @@ typedef struct EngineOptions {
     bool prefix_cache;    /* default true */
     SchedPolicy schedule; /* default FCFS */
     ChatTemplate chat_template; /* renders chat prompts (engine/prompt.h); default CHAT_TMPL_DEFAULT */
+    ContextOverflow context_overflow; /* what prompt_submit does with a chat too long (default recompute) */
     int default_max_tokens; /* max_tokens of a request that leaves it to the engine (ReqParams.max_tokens
                                0), capped by the room its prompt leaves; <= 0 (default): that room */
     double cache_ttl_s;   /* cached blocks idle longer than this are dropped; 0 = never */
@@ -248,6 +256,12 @@ void engine_stats(Engine *e, EngineStats *out);
 ReplyMemory *engine_reply_memory(Engine *e);
 const Model *engine_model(const Engine *e);
 ChatTemplate engine_chat_template(const Engine *e); /* EngineOptions.chat_template */
+ContextOverflow engine_context_overflow(const Engine *e); /* EngineOptions.context_overflow */
+/* Whether engine_submit takes a prompt of n_prompt tokens with max_tokens
+ * (0: the default, which is capped by the room the prompt leaves) on
+ * length: the prompt leaves a position free in the context and the pool,
+ * and max_tokens fits in what is left. */
+bool engine_prompt_fits(const Engine *e, size_t n_prompt, int max_tokens);
 Hash128 engine_namespace_id(const char *ns);
 /* The disk tier's database (cache/store.h), where the server keeps its
  * stored responses; NULL without a disk tier. Valid until engine_free. */

@@ -106,13 +106,95 @@ done:
     return rc;
 }
 
+/* ---- context overflow ------------------------------------------------------------ */
+
+/* The messages kept when the oldest n_drop turns of msgs go, into kept
+ * (room for n_msgs); returns how many. A turn begins at a user message
+ * (turn_start[i]: the index of the i-th) and runs to the next one, so an
+ * assistant reply and the tool results that follow it go with the user
+ * message they answer; system messages stay wherever they are. What
+ * precedes the first user message, system messages aside, goes with the
+ * first turn. */
+static size_t keep_turns(const ChatMsg *msgs, size_t n_msgs, const size_t *turn_start, size_t n_drop,
+                         ChatMsg *kept) {
+    size_t k = 0, from = turn_start[n_drop];
+    for (size_t i = 0; i < from; i++)
+        if (strcmp(msgs[i].role, "system") == 0) kept[k++] = msgs[i];
+    for (size_t i = from; i < n_msgs; i++) kept[k++] = msgs[i];
+    return k;
+}
+
+/* The prompt of msgs without its oldest n_drop turns, into out (emptied
+ * first); *fits says whether the engine takes it with max_tokens. */
+static int build_dropped(Engine *e, const ChatMsg *msgs, size_t n_msgs, const size_t *turn_start, size_t n_drop,
+                         const Hash128 *ns_id, int max_tokens, ChatMsg *kept, TokIds *out, bool *fits, MnErr *err) {
+    size_t n_kept = keep_turns(msgs, n_msgs, turn_start, n_drop, kept);
+    out->n = 0;
+    int rc = prompt_build_chat(engine_model(e)->tok, engine_chat_template(e), kept, n_kept, engine_reply_memory(e),
+                               ns_id, out, NULL, err);
+    *fits = rc == MN_OK && engine_prompt_fits(e, out->n, max_tokens);
+    return rc;
+}
+
+/* Context overflow, recompute: ids, the prompt of the chat msgs, does not
+ * fit the engine with max_tokens. Replace it with the prompt of the
+ * system messages and the most recent whole turns that fit (see
+ * keep_turns), and set *n_truncated to the tokens that saves. The kept
+ * messages are rendered and tokenized as a chat of just them would be
+ * (the reply memory is asked under the new prefix), so the answer is the
+ * one a client sending only those messages gets. When even the last turn
+ * does not fit, ids stay as they are (and engine_submit refuses them).
+ * Fewer turns never make a longer prompt, so the fewest turns to drop
+ * are found by bisection. */
+static int fit_context(Engine *e, const ChatMsg *msgs, size_t n_msgs, const Hash128 *ns_id, int max_tokens,
+                       TokIds *ids, int *n_truncated, MnErr *err) {
+    size_t *turn_start = mn_calloc(n_msgs, sizeof *turn_start), n_turns = 0;
+    ChatMsg *kept = mn_calloc(n_msgs, sizeof *kept);
+    TokIds best = {0}, probe = {0};
+    int rc = turn_start && kept ? MN_OK : mn_err_set(err, MN_ENOMEM, "out of memory");
+    for (size_t i = 0; rc == MN_OK && i < n_msgs; i++)
+        if (strcmp(msgs[i].role, "user") == 0) turn_start[n_turns++] = i;
+    /* the drop counts tried: lo - 1 does not fit, hi does (once found) */
+    size_t lo = 1, hi = n_turns > 0 ? n_turns - 1 : 0;
+    bool fits = false;
+    if (rc == MN_OK && hi >= lo) rc = build_dropped(e, msgs, n_msgs, turn_start, hi, ns_id, max_tokens, kept, &best, &fits, err);
+    if (rc != MN_OK || !fits) goto done;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        rc = build_dropped(e, msgs, n_msgs, turn_start, mid, ns_id, max_tokens, kept, &probe, &fits, err);
+        if (rc != MN_OK) goto done;
+        if (fits) {
+            TokIds t = best;
+            best = probe;
+            probe = t;
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    *n_truncated = ids->n > best.n ? (int)(ids->n - best.n) : 0;
+    TokIds t = *ids;
+    *ids = best;
+    best = t;
+done:
+    tok_ids_free(&best);
+    tok_ids_free(&probe);
+    mn_free(turn_start);
+    mn_free(kept);
+    return rc;
+}
+
 /* The prompt ids of a chat or a text (in PROMPT_IDS form: none to make). */
-static int prompt_ids(Engine *e, const PromptInput *in, const char *ns, TokIds *ids, MnErr *err) {
+static int prompt_ids(Engine *e, const PromptInput *in, const char *ns, int max_tokens, TokIds *ids,
+                      int *n_truncated, MnErr *err) {
     const Tokenizer *tok = engine_model(e)->tok;
     if (in->form == PROMPT_CHAT) {
         Hash128 ns_id = engine_namespace_id(ns);
-        return prompt_build_chat(tok, engine_chat_template(e), in->msgs, in->n_msgs, engine_reply_memory(e), &ns_id,
-                                 ids, NULL, err);
+        int rc = prompt_build_chat(tok, engine_chat_template(e), in->msgs, in->n_msgs, engine_reply_memory(e), &ns_id,
+                                   ids, NULL, err);
+        if (rc == MN_OK && engine_context_overflow(e) == OVERFLOW_RECOMPUTE && !engine_prompt_fits(e, ids->n, max_tokens))
+            rc = fit_context(e, in->msgs, in->n_msgs, &ns_id, max_tokens, ids, n_truncated, err);
+        return rc;
     }
     int rc = tok_encode(tok, in->text, in->text_len, tok_add_bos(tok), true, ids);
     if (rc != MN_OK) mn_err_set(err, rc, "cannot tokenize the prompt");
@@ -120,10 +202,13 @@ static int prompt_ids(Engine *e, const PromptInput *in, const char *ns, TokIds *
 }
 
 int prompt_submit(Engine *e, const PromptInput *in, const ReqParams *p, const char *ns, const char *session,
-                  Request **out, MnErr *err, ReqField *field) {
+                  Request **out, int *n_truncated, MnErr *err, ReqField *field) {
     ReqField ignored;
+    int truncated_ignored;
     if (field == NULL) field = &ignored;
+    if (n_truncated == NULL) n_truncated = &truncated_ignored;
     *out = NULL;
+    *n_truncated = 0;
     *field = REQ_FIELD_NONE;
     TokIds built = {0};
     const int32_t *ids = in->ids;
@@ -131,7 +216,7 @@ int prompt_submit(Engine *e, const PromptInput *in, const ReqParams *p, const ch
     Request *r = NULL;
     int rc = MN_OK;
     if (in->form != PROMPT_IDS) {
-        rc = prompt_ids(e, in, ns, &built, err);
+        rc = prompt_ids(e, in, ns, p->max_tokens, &built, n_truncated, err);
         ids = built.ids;
         n = built.n;
     }
@@ -148,6 +233,7 @@ int prompt_submit(Engine *e, const PromptInput *in, const ReqParams *p, const ch
     if (rc == MN_OK) *out = r;
     else request_unref(r);
 done:
+    if (*out == NULL) *n_truncated = 0;
     tok_ids_free(&built);
     return rc;
 }

@@ -20,6 +20,19 @@
  *
  * When the template rewrites contents (trims them, say) so that the marker
  * rendering cannot be mapped back, the whole text is tokenized in one piece.
+ *
+ * Context overflow (EngineOptions.context_overflow): a chat whose prompt
+ * plus max_tokens does not fit the context (or the pool) is, in recompute
+ * mode, cut to its system messages and its most recent whole turns that
+ * fit — a turn is a user message and every message after it up to the
+ * next user message (the assistant reply, tool results), so no message is
+ * ever cut in half and no reply loses the question it answers. The kept
+ * messages are rendered and tokenized as a chat of only them would be, so
+ * the answer is exactly the one a client sending only them gets; their
+ * KV is computed again, since it now sits at other positions. A chat
+ * whose last turn (with the system messages) does not fit, a text and ids
+ * are refused as before (engine_submit's MN_ERANGE), as is every chat in
+ * error mode.
  */
 #ifndef MN_PROMPT_H
 #define MN_PROMPT_H
@@ -63,17 +76,19 @@ typedef struct PromptInput {
     size_t n_ids;
 } PromptInput;
 
-/* Turn in into prompt ids (a chat with the reply memory of namespace ns),
- * make a Request of them with p, ns and session (request_new) and submit
- * it (engine_submit). On MN_OK *out is the caller's reference to the
- * running request. Otherwise *out is NULL, err says why and *field names
- * the field at fault (field may be NULL):
+/* Turn in into prompt ids (a chat with the reply memory of namespace ns,
+ * cut to fit the context as the engine's context_overflow says), make a
+ * Request of them with p, ns and session (request_new) and submit it
+ * (engine_submit). On MN_OK *out is the caller's reference to the running
+ * request and *n_truncated the prompt tokens the cut saved (0 when none;
+ * n_truncated may be NULL). Otherwise *out is NULL, *n_truncated 0, err
+ * says why and *field names the field at fault (field may be NULL):
  *   MN_EINVAL   the template cannot express the chat, or the prompt is
  *               empty (REQ_FIELD_PROMPT);
  *   MN_ERANGE   the tokenizer hit a resource limit (REQ_FIELD_PROMPT);
  *   MN_ENOMEM   (REQ_FIELD_NONE);
  *   any refusal of engine_submit, with its field. */
 int prompt_submit(Engine *e, const PromptInput *in, const ReqParams *p, const char *ns, const char *session,
-                  Request **out, MnErr *err, ReqField *field);
+                  Request **out, int *n_truncated, MnErr *err, ReqField *field);
 
 #endif

@@ -57,8 +57,8 @@ static const char *chat_role(const char *role) {
 }
 
 /* The conversation of turn t after chain c, into a new array (*out,
- * *n_out); its strings are borrowed from t and c. Context overflow's
- * truncation belongs here when it comes: today the whole chain goes in. */
+ * *n_out); its strings are borrowed from t and c. The whole chain:
+ * prompt_submit drops what does not fit the context. */
 static int chain_messages(const RespTurn *t, const Chain *c, ChatMsg **out, size_t *n_out) {
     size_t n = (t->instructions ? 1 : 0) + t->n_input;
     for (size_t i = 0; i < c->n; i++) n += c->resp[i].n_inputs + 1;
@@ -80,8 +80,9 @@ static int chain_messages(const RespTurn *t, const Chain *c, ChatMsg **out, size
 /* ---- API ------------------------------------------------------------------------- */
 
 int respchain_submit(Engine *e, CacheStore *st, const RespTurn *t, const ReqParams *p, const char *ns,
-                     Request **out, MnErr *err, ReqField *field) {
+                     Request **out, int *n_truncated, MnErr *err, ReqField *field) {
     *out = NULL;
+    if (n_truncated) *n_truncated = 0;
     if (field) *field = REQ_FIELD_NONE;
     Hash128 ns_id = engine_namespace_id(ns);
     Chain c = {0};
@@ -92,7 +93,7 @@ int respchain_submit(Engine *e, CacheStore *st, const RespTurn *t, const ReqPara
     if (rc == MN_OK) {
         PromptInput in = {.form = PROMPT_CHAT, .msgs = msgs, .n_msgs = n_msgs};
         const char *session = c.n ? c.resp[c.n - 1].id : t->id;
-        rc = prompt_submit(e, &in, p, ns, session, out, err, field);
+        rc = prompt_submit(e, &in, p, ns, session, out, n_truncated, err, field);
     }
     if (rc == MN_OK && c.n > 0) {
         const char **ids = mn_calloc(c.n, sizeof *ids);

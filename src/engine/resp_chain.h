@@ -21,9 +21,9 @@
  * responses are not carried over (a client that sends the same
  * instructions every turn keeps its prefix cached).
  *
- * Context overflow: a chain longer than the context is refused as any
- * prompt is (engine_submit's MN_ERANGE). Truncation, when it comes, goes
- * where the chain is assembled (chain_messages), before prompt_submit.
+ * Context overflow: the chain goes to prompt_submit whole, which cuts it
+ * to the instructions and the most recent whole turns that fit (or
+ * refuses it) as it does any chat; the store keeps the whole chain.
  *
  * Stateless: runs on the calling (HTTP) thread; the store has its own lock.
  */
@@ -56,9 +56,10 @@ typedef struct RespTurn {
  * with p (prompt_submit; the session is the chain's first response id —
  * t->id when there is no chain — so the cache's conversation policies see
  * one conversation). On MN_OK *out
- * is the caller's running request and the chain's responses are marked
- * used at t->now. Otherwise *out is NULL, err says why and *field is the
- * refused field as prompt_submit gives it:
+ * is the caller's running request, *n_truncated the prompt tokens dropped
+ * to fit the context (prompt_submit's; may be NULL), and the chain's
+ * responses are marked used at t->now. Otherwise *out is NULL, err says
+ * why and *field is the refused field as prompt_submit gives it:
  *   MN_ENOTFOUND  t->previous_id, or a response it continues, is not
  *                 stored in ns (deleted, expired, never stored or another
  *                 namespace's); err names it; field REQ_FIELD_NONE;
@@ -66,6 +67,6 @@ typedef struct RespTurn {
  *                 refusal of prompt_submit (the context);
  *   MN_EIO, MN_ENOMEM, and prompt_submit's other refusals. */
 int respchain_submit(Engine *e, CacheStore *st, const RespTurn *t, const ReqParams *p, const char *ns,
-                     Request **out, MnErr *err, ReqField *field);
+                     Request **out, int *n_truncated, MnErr *err, ReqField *field);
 
 #endif

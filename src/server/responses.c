@@ -62,6 +62,7 @@ typedef struct Turn {
     char *text;              /* the reply so far, as generated */
     size_t text_len;
     ReqResult res;
+    int n_truncated;         /* prompt tokens dropped to fit the context */
 } Turn;
 
 struct RespStream {
@@ -146,13 +147,14 @@ static json_t *message_item(const Turn *t, const char *status, bool with_text) {
 
 /* usage: OpenAI's, with mnemo's tier split and recomputed tokens beside
  * cached_tokens (as chat completions' prompt_tokens_details has them). */
-static json_t *usage_object(const ReqResult *res) {
+static json_t *usage_object(const ReqResult *res, int n_truncated) {
     json_t *u = json_object(), *in = json_object(), *tiers = json_object(), *out = json_object();
     bool ok = u && in && tiers && out;
     for (int i = 0; ok && i < SRC_COUNT; i++) ok = put(tiers, engine_source_name(i), json_integer(res->n_cached_by[i]));
     ok = ok && put(in, "cached_tokens", json_integer(res->n_cached)) &&
          put(in, "cached_tokens_by_tier", json_incref(tiers)) &&
          put(in, "recomputed_tokens", json_integer(res->n_prompt - res->n_cached)) &&
+         put(in, "truncated_tokens", json_integer(n_truncated)) &&
          put(out, "reasoning_tokens", json_integer(0)) && put(u, "input_tokens", json_integer(res->n_prompt)) &&
          put(u, "input_tokens_details", json_incref(in)) && put(u, "output_tokens", json_integer(res->n_generated)) &&
          put(u, "output_tokens_details", json_incref(out)) &&
@@ -200,7 +202,7 @@ static json_t *response_object(const Turn *t, const char *status, const char *er
          put(o, "text", json_incref(text)) && put(o, "tool_choice", json_string("auto")) &&
          put(o, "tools", json_array()) && put(o, "top_logprobs", json_integer(0)) &&
          put(o, "top_p", json_real(ar->sampler.top_p)) && put(o, "truncation", json_string("disabled")) &&
-         put(o, "usage", is_done && error_msg == NULL ? usage_object(&t->res) : json_null()) &&
+         put(o, "usage", is_done && error_msg == NULL ? usage_object(&t->res, t->n_truncated) : json_null()) &&
          put(o, "user", json_null()) && put(o, "metadata", json_object());
     json_decref(output);
     json_decref(reasoning);
@@ -293,7 +295,7 @@ static Turn *turn_start(RespService *rs, const RespCall *call, RespAnswer *ans) 
                    .now = now};
     ReqParams p = turn_params(&t->ar);
     ReqField field = REQ_FIELD_NONE;
-    rc = respchain_submit(rs->cfg.e, rs->store, &rt, &p, call->ns, &t->req, &err, &field);
+    rc = respchain_submit(rs->cfg.e, rs->store, &rt, &p, call->ns, &t->req, &t->n_truncated, &err, &field);
     if (rc == MN_ENOTFOUND) {
         set_error(ans, 400, "previous_response_id", "previous_response_not_found", "%s", err.msg);
     } else if (rc != MN_OK) {
@@ -342,8 +344,8 @@ static int turn_store(Turn *t, const char *body) {
 
 static void turn_finished(Turn *t) {
     if (t->rs->cfg.on_finish_fn) t->rs->cfg.on_finish_fn(t->rs->cfg.finish_ctx, &t->res);
-    LOG_INFO("POST /v1/responses id=%s prompt=%d cached=%d generated=%d ttft=%.3fs %s", t->id, t->res.n_prompt,
-             t->res.n_cached, t->res.n_generated, t->res.ttft_s, final_status(t));
+    LOG_INFO("POST /v1/responses id=%s prompt=%d truncated=%d cached=%d generated=%d ttft=%.3fs %s", t->id,
+             t->res.n_prompt, t->n_truncated, t->res.n_cached, t->res.n_generated, t->res.ttft_s, final_status(t));
 }
 
 /* The whole answer of a turn that does not stream. */

@@ -328,6 +328,7 @@ typedef struct Gen {
     char id[64];
     int64_t created;
     double t0;
+    int n_truncated;     /* prompt tokens dropped to fit the context */
     /* streaming state */
     char *out;           /* bytes formatted but not yet sent */
     size_t out_len, out_off;
@@ -353,8 +354,10 @@ static ApiFinish api_finish(FinishReason f) {
     return f == FINISH_LENGTH ? API_FINISH_LENGTH : API_FINISH_STOP;
 }
 
-static void fill_usage(const ReqResult *res, ApiUsage *u) {
+static void fill_usage(const Gen *g, ApiUsage *u) {
+    const ReqResult *res = &g->res;
     memset(u, 0, sizeof *u);
+    u->truncated_tokens = g->n_truncated;
     u->prompt_tokens = res->n_prompt;
     u->completion_tokens = res->n_generated;
     u->cached_tokens = res->n_cached;
@@ -365,7 +368,8 @@ static void fill_usage(const ReqResult *res, ApiUsage *u) {
 /* The log line of a finished generation, with the id its answer carries. */
 static void log_request(const Gen *g, int status) {
     char detail[512];
-    int n = snprintf(detail, sizeof detail, "prompt=%d cached=%d", g->res.n_prompt, g->res.n_cached);
+    int n = snprintf(detail, sizeof detail, "prompt=%d truncated=%d cached=%d", g->res.n_prompt, g->n_truncated,
+                     g->res.n_cached);
     for (int i = 0; i < SRC_COUNT && n > 0 && (size_t)n < sizeof detail; i++)
         n += snprintf(detail + n, sizeof detail - (size_t)n, " cached_%s=%d", engine_source_name(i), g->res.n_cached_by[i]);
     if (n > 0 && (size_t)n < sizeof detail)
@@ -417,7 +421,7 @@ static int sse_finish(Gen *g) {
         rc = sse_append(g, json);
         if (rc == MN_OK && g->include_usage) {
             ApiUsage u;
-            fill_usage(&g->res, &u);
+            fill_usage(g, &u);
             rc = sse_append(g, api_usage_chunk_json(&meta, g->is_chat, &u));
         }
     } else {
@@ -522,7 +526,7 @@ static enum MHD_Result run_generation(Server *s, struct MHD_Connection *c, Gen *
         return ok;
     }
     ApiUsage u;
-    fill_usage(&g->res, &u);
+    fill_usage(g, &u);
     ApiMeta meta = gen_meta(g);
     ApiLogprobs lp = {engine_model(s->e)->tok, g->lp, g->n_lp};
     const ApiLogprobs *lpp = g->is_logprobs ? &lp : NULL;
@@ -605,7 +609,8 @@ static enum MHD_Result handle_generation(Server *s, struct MHD_Connection *c, Ap
     ReqParams p = req_params(&ar);
     const char *session = ar.session_id ? ar.session_id : MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
     ReqField field;
-    int rc = prompt_submit(s->e, &in, &p, request_namespace(s, c, key), session, &g->req, &err, &field);
+    int rc = prompt_submit(s->e, &in, &p, request_namespace(s, c, key), session, &g->req, &g->n_truncated, &err,
+                           &field);
     api_request_deinit(&ar);
     if (rc != MN_OK) {
         gen_free(g);
