@@ -138,6 +138,7 @@ static void test_overflow_conversation(void **state) {
         assert_string_equal(str(rr, "output.0.content.0.text"), reply);
         assert_int_equal(num(rr, "usage.input_tokens"), prompt);
         assert_int_equal(num(rr, "usage.input_tokens_details.truncated_tokens"), truncated);
+        assert_string_equal(str(rr, "truncation"), "auto"); /* what the server does */
         snprintf(prev, sizeof prev, "%s", str(rr, "id"));
         json_decref(rr);
 

@@ -248,7 +248,8 @@ static const ApiField PART_FIELDS[] = {USED("type"), USED("text"), {NULL, FIELD_
 
 /* POST /v1/responses: its own names for the generation fields, and no
  * tools, reasoning or structured output (refused unless they ask for
- * nothing). truncation "auto" is context overflow's, not done yet. seed
+ * nothing). truncation: the server's --context-overflow decides, not the
+ * request, so only the default is accepted. seed
  * and ignore_eos are mnemo's extensions, as in chat (`mnemo bench` fixes
  * reply lengths with ignore_eos through either API). */
 static const ApiField RESPONSES_FIELDS[] = {

@@ -166,6 +166,12 @@ static json_t *usage_object(const ReqResult *res, int n_truncated) {
     return ok ? u : NULL;
 }
 
+/* OpenAI's name for what the server does with a conversation too long for
+ * the context: "auto" drops its oldest turns, "disabled" refuses it. */
+static const char *truncation(const Turn *t) {
+    return engine_context_overflow(t->rs->cfg.e) == OVERFLOW_RECOMPUTE ? "auto" : "disabled";
+}
+
 static json_t *nullable_string(const char *s) { return s ? jtext(s, strlen(s)) : json_null(); }
 
 /* The response object. status: "in_progress" (no output, no usage),
@@ -201,7 +207,7 @@ static json_t *response_object(const Turn *t, const char *status, const char *er
          put(o, "store", json_boolean(ar->is_store)) && put(o, "temperature", json_real(ar->sampler.temperature)) &&
          put(o, "text", json_incref(text)) && put(o, "tool_choice", json_string("auto")) &&
          put(o, "tools", json_array()) && put(o, "top_logprobs", json_integer(0)) &&
-         put(o, "top_p", json_real(ar->sampler.top_p)) && put(o, "truncation", json_string("disabled")) &&
+         put(o, "top_p", json_real(ar->sampler.top_p)) && put(o, "truncation", json_string(truncation(t))) &&
          put(o, "usage", is_done && error_msg == NULL ? usage_object(&t->res, t->n_truncated) : json_null()) &&
          put(o, "user", json_null()) && put(o, "metadata", json_object());
     json_decref(output);
