@@ -991,7 +991,8 @@ static void expect_log_line(const Srv *s, const char *const *want) {
 #define LOG_HEAD "^mnemo: [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z "
 
 /* Request log lines: time, method, path, status, the id the client saw,
- * stream or not, the cached tokens by tier; errors in the same form. */
+ * stream or not, the prompt tokens dropped to fit the context, the cached
+ * tokens by tier; errors in the same form. */
 static void test_request_log(void **st) {
     Srv s;
     if (srv_start(&s, "stories260K", "") != 0) return;
@@ -1005,7 +1006,7 @@ static void test_request_log(void **st) {
         json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content"));
     snprintf(pattern, sizeof pattern, " id=%s stream=0 ", id);
     const char *first[] = {LOG_HEAD "POST /v1/chat/completions 200 id=", pattern,
-                           "prompt=[0-9]+ cached=0 cached_pool=0 cached_ram=0 cached_disk=0 generated=8 ttft=", NULL};
+                           "prompt=[0-9]+ truncated=0 cached=0 cached_pool=0 cached_ram=0 cached_disk=0 generated=8 ttft=", NULL};
     expect_log_line(&s, first);
     free(id);
     free(out);
