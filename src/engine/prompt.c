@@ -144,8 +144,10 @@ static int build_dropped(Engine *e, const ChatMsg *msgs, size_t n_msgs, const si
  * (the reply memory is asked under the new prefix), so the answer is the
  * one a client sending only those messages gets. When even the last turn
  * does not fit, ids stay as they are (and engine_submit refuses them).
- * Fewer turns never make a longer prompt, so the fewest turns to drop
- * are found by bisection. */
+ * Dropping a turn shortens the prompt by about that turn's tokens (a kept
+ * reply may tokenize a little differently under its new prefix), so the
+ * fewest turns to drop are found by bisection; what it returns always
+ * fits, since every candidate is measured. */
 static int fit_context(Engine *e, const ChatMsg *msgs, size_t n_msgs, const Hash128 *ns_id, int max_tokens,
                        TokIds *ids, int *n_truncated, MnErr *err) {
     size_t *turn_start = mn_calloc(n_msgs, sizeof *turn_start), n_turns = 0;
