@@ -347,34 +347,19 @@ done:
 
 /* ---- serve --------------------------------------------------------------------- */
 
-static int pick_template(const Model *m, const char *name, ChatTemplate *out) {
-    if (name != NULL) {
-        if (chat_template_from_name(name, out) == MN_OK) return MN_OK;
-        fprintf(stderr, "mnemo serve: unknown chat template '%s' (mnemo serve --chat-template list)\n", name);
-        return MN_EINVAL;
-    }
-    GgufStr t;
-    if (gguf_get_str(m->gguf, "tokenizer.chat_template", &t) != MN_OK) {
-        *out = CHAT_TMPL_DEFAULT;
-        LOG_INFO("the model has no chat template: using %s", chat_template_name(*out));
-        return MN_OK;
-    }
-    char *tmpl = mn_strndup(t.data, (size_t)t.len);
-    if (tmpl == NULL) return MN_ENOMEM;
-    if (chat_template_detect(tmpl, out) != MN_OK) {
-        *out = CHAT_TMPL_DEFAULT;
-        LOG_WARN("the model's chat template is not one mnemo knows: using %s (set --chat-template)",
-                 chat_template_name(*out));
-    } else {
-        LOG_INFO("chat template: %s (from the model)", chat_template_name(*out));
-    }
-    mn_free(tmpl);
-    return MN_OK;
+/* The chat format of m as the options choose it (model/chat_format.h),
+ * named in the log; a template that does not parse is an error that says
+ * how to choose another. */
+static int pick_chat_format(const Model *m, const ChatFormatOptions *co, ChatFormat **out, MnErr *err) {
+    int rc = chat_format_new(m->gguf, m->tok, co, out, err);
+    if (rc == MN_OK) LOG_INFO("chat template: %s", chat_format_describe(*out));
+    return rc;
 }
 
 static int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *alias = NULL, *tmpl_name = NULL, *kv_type_name = "f16",
-               *schedule = "fcfs", *evict = NULL, *profile_file = NULL, *overflow = "recompute";
+               *schedule = "fcfs", *evict = NULL, *profile_file = NULL, *overflow = "recompute", *tmpl_file = NULL,
+               *tmpl_date = NULL;
     int port = 8080, max_body_kb = 1024, n_predict = -1;
     const char *gpu_layers = NULL, *flash_attn = NULL; /* llama.cpp's, ignored */
     uint64_t pool_mb = 0;
@@ -390,7 +375,10 @@ static int cmd_serve(int argc, char **argv) {
         {"alias", 'a', CLI_STR, &alias, "NAME", "model name in /v1/models (default: the file name)"},
         {"api-key", 0, CLI_STR_LIST, &keys, "KEY", "require this API key (repeatable; each key is a cache namespace)"},
         {"cors-origin", 0, CLI_STR_LIST, &cors, "ORIGIN", "let pages of this origin call the API (repeatable; '*': any)"},
-        {"chat-template", 0, CLI_STR, &tmpl_name, "NAME", "chat template family, or 'list' (default: the model's)"},
+        {"chat-template", 0, CLI_STR, &tmpl_name, "NAME",
+         "a built-in chat format instead of the model's template, or 'list'"},
+        {"chat-template-file", 0, CLI_STR, &tmpl_file, "FILE", "render this Jinja chat template instead of the model's"},
+        {"template-date", 0, CLI_STR, &tmpl_date, "YYYY-MM-DD", "the day the template's strftime_now gives (default: today)"},
         {"threads", 't', CLI_INT, &eo.n_threads, "N", "compute threads (default 2)"},
         {"compute-nice", 0, CLI_INT, &eo.compute_nice, "N",
          "compute threads run N nice levels below the mover and HTTP threads (0-19, default 5)"},
@@ -466,6 +454,12 @@ static int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "mnemo serve: %s\n", perr.msg);
         goto out;
     }
+    JinjaDate date;
+    if (tmpl_date && jinja_date_parse(tmpl_date, &date, &perr) != MN_OK) {
+        fprintf(stderr, "mnemo serve: --template-date: %s\n", perr.msg);
+        goto out;
+    }
+    ChatFormatOptions co = {tmpl_file, tmpl_name, tmpl_date ? &date : NULL};
     if (!cli_require(model_path != NULL, "serve", "needs a model: -m FILE") ||
         !cli_require(kvpool_type_parse(kv_type_name, &eo.kv_type) == MN_OK, "serve",
                      "--kv-type must be f16 or f32, got '%s'", kv_type_name) ||
@@ -486,6 +480,7 @@ static int cmd_serve(int argc, char **argv) {
     Model *m = NULL;
     Engine *e = NULL;
     Server *srv = NULL;
+    ChatFormat *fmt = NULL;
     status = 1;
     if (model_load(model_path, &m, &err)) {
         cli_fail(&err);
@@ -504,7 +499,11 @@ static int cmd_serve(int argc, char **argv) {
     eo.default_max_tokens = n_predict;
     const char *base = strrchr(model_path, '/');
     so.model_name = alias ? alias : base ? base + 1 : model_path;
-    if (pick_template(m, tmpl_name, &eo.chat_template)) goto out_model;
+    if (pick_chat_format(m, &co, &fmt, &err)) {
+        cli_fail(&err);
+        goto out_model;
+    }
+    eo.chat_format = fmt;
     /* the pensieve policy's recompute cost: a profile of this machine, taken
      * once and cached (a cache that cannot be written only costs time) */
     CostModel cost;
@@ -544,7 +543,7 @@ static int cmd_serve(int argc, char **argv) {
     for (int i = 0; i < st.n_tiers; i++)
         LOG_INFO("cache tier %d: %s, %.1f MiB, %llu blocks held", i + 1, st.tiers[i].tier.name,
                  (double)st.tiers[i].tier.capacity_bytes / 1048576.0, (unsigned long long)st.tiers[i].tier.n_blocks);
-    LOG_INFO("mnemo %s (commit %s) serving %s on http://%s:%d (context %d, %d parallel, batch %d tokens)",
+    LOG_INFO("version %s (commit %s) serving %s on http://%s:%d (context %d, %d parallel, batch %d tokens)",
              MNEMO_VERSION, mn_build_commit(), so.model_name, host, server_port(srv), st.n_ctx, eo.parallel,
              eo.batch_tokens);
     int sig = 0;
@@ -558,6 +557,7 @@ out_engine:
     server_free(srv);
     engine_free(e);
 out_model:
+    chat_format_free(fmt);
     model_free(m);
 out:
     cli_free(opts, N_OPTS(opts));
@@ -636,6 +636,7 @@ static int cmd_chat(int argc, char **argv) {
     Model *m = NULL;
     Engine *e = NULL;
     Server *srv = NULL;
+    ChatFormat *fmt = NULL;
     char local[64];
     int status = 1;
     if (model_path) {
@@ -645,8 +646,9 @@ static int cmd_chat(int argc, char **argv) {
         ServerOptions so;
         server_options_default(&so);
         so.port = 0;
-        if (model_load(model_path, &m, &err) || pick_template(m, NULL, &eo.chat_template) ||
-            engine_new(m, &eo, &e, &err) || server_new(e, &so, &srv, &err)) {
+        ChatFormatOptions co = {NULL, NULL, NULL};
+        if (model_load(model_path, &m, &err) || pick_chat_format(m, &co, &fmt, &err) ||
+            (eo.chat_format = fmt, engine_new(m, &eo, &e, &err)) || server_new(e, &so, &srv, &err)) {
             fprintf(term, "mnemo chat: %s\n", err.msg[0] ? err.msg : mn_strerror(err.code));
             goto done;
         }
@@ -659,6 +661,7 @@ done:
     if (e) engine_shutdown(e);
     server_free(srv);
     engine_free(e);
+    chat_format_free(fmt);
     model_free(m);
     if (term != stderr) chat_log_end(term);
     return status;

@@ -112,6 +112,14 @@ static json_t *only_choice(const json_t *o) {
 
 #define MSGS "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
 
+/* Message i of a parsed chat: its role, and its content when a string. */
+static const char *msg_role(const ApiRequest *r, size_t i) {
+    return json_string_value(json_object_get(json_array_get(r->messages, i), "role"));
+}
+static const char *msg_text(const ApiRequest *r, size_t i) {
+    return json_string_value(json_object_get(json_array_get(r->messages, i), "content"));
+}
+
 /* ------------------------------------------------------------ valid chat */
 
 static void test_chat_defaults(void **state) {
@@ -121,8 +129,12 @@ static void test_chat_defaults(void **state) {
     assert_string_equal(r.model, "");
     assert_null(r.session_id);
     assert_int_equal(r.n_msgs, 1);
-    assert_string_equal(r.msgs[0].role, "user");
-    assert_string_equal(r.msgs[0].content, "hi");
+    assert_string_equal(msg_role(&r, 0), "user");
+    assert_string_equal(msg_text(&r, 0), "hi");
+    assert_int_equal(json_object_size(json_array_get(r.messages, 0)), 2);
+    assert_null(r.tools);
+    assert_null(r.template_vars);
+    assert_true(r.add_generation_prompt);
     assert_float_equal(r.sampler.temperature, 1.0f, 0);
     assert_float_equal(r.sampler.top_p, 1.0f, 0);
     assert_int_equal(r.sampler.top_k, 0);
@@ -164,8 +176,8 @@ static void test_chat_all_fields(void **state) {
     const char *roles[] = {"system", "user", "assistant", "user"};
     const char *texts[] = {"be brief", "hello", "hey", "again"};
     for (size_t i = 0; i < 4; i++) {
-        assert_string_equal(r.msgs[i].role, roles[i]);
-        assert_string_equal(r.msgs[i].content, texts[i]);
+        assert_string_equal(msg_role(&r, i), roles[i]);
+        assert_string_equal(msg_text(&r, i), texts[i]);
     }
     assert_true(r.is_stream);
     assert_true(r.include_usage);
@@ -202,14 +214,51 @@ static void test_chat_content_shapes(void **state) {
              "{\"role\":\"user\",\"content\":\"caf\\u00e9 \\ud83d\\ude00\"}]}",
              &r);
     assert_int_equal(r.n_msgs, 6);
-    assert_string_equal(r.msgs[0].role, "system");
-    assert_string_equal(r.msgs[0].content, "rules");
-    assert_string_equal(r.msgs[1].content, "a\nb\n");
-    assert_string_equal(r.msgs[2].role, "assistant");
-    assert_string_equal(r.msgs[2].content, "");
-    assert_string_equal(r.msgs[3].content, "");
-    assert_string_equal(r.msgs[4].content, "");
-    assert_string_equal(r.msgs[5].content, "caf\xC3\xA9 \xF0\x9F\x98\x80");
+    /* text parts stay as sent (the chat format reads them), the tool_calls
+     * member ([]: none) is not kept */
+    assert_string_equal(msg_role(&r, 0), "system");
+    json_t *parts = json_object_get(json_array_get(r.messages, 0), "content");
+    assert_int_equal(json_array_size(parts), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(parts, 0), "text")), "rules");
+    parts = json_object_get(json_array_get(r.messages, 1), "content");
+    assert_int_equal(json_array_size(parts), 3);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(parts, 1), "text")), "b");
+    assert_string_equal(msg_role(&r, 2), "assistant");
+    assert_string_equal(msg_text(&r, 2), "");
+    assert_int_equal(json_object_size(json_array_get(r.messages, 2)), 2);
+    assert_string_equal(msg_text(&r, 3), "");
+    assert_int_equal(json_array_size(json_object_get(json_array_get(r.messages, 4), "content")), 0);
+    assert_string_equal(msg_text(&r, 5), "caf\xC3\xA9 \xF0\x9F\x98\x80");
+    api_request_deinit(&r);
+}
+
+/* tools, chat_template_kwargs and add_generation_prompt are kept for the
+ * chat template, in a chat and in an /apply-template body alike. */
+static void test_chat_template_fields(void **state) {
+    (void)state;
+    static const char body[] = "{" MSGS ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+                               "\"chat_template_kwargs\":{\"enable_thinking\":false,\"x\":[1]},"
+                               "\"add_generation_prompt\":false,\"tool_choice\":\"auto\"}";
+    ApiRoute routes[] = {API_ROUTE_CHAT, API_ROUTE_APPLY_TEMPLATE};
+    for (size_t k = 0; k < 2; k++) {
+        ApiRequest r;
+        parse_ok(routes[k], body, &r);
+        assert_int_equal(r.route, routes[k]);
+        assert_int_equal(r.n_msgs, 1);
+        assert_string_equal(msg_text(&r, 0), "hi");
+        assert_int_equal(json_array_size(r.tools), 1);
+        assert_string_equal(json_string_value(json_object_get(json_object_get(json_array_get(r.tools, 0), "function"),
+                                                              "name")), "f");
+        assert_true(json_is_false(json_object_get(r.template_vars, "enable_thinking")));
+        assert_int_equal(json_array_size(json_object_get(r.template_vars, "x")), 1);
+        assert_false(r.add_generation_prompt);
+        api_request_deinit(&r);
+        assert_true(is_zero(&r));
+    }
+    ApiRequest r;
+    parse_ok(API_ROUTE_CHAT, "{" MSGS ",\"tools\":[],\"add_generation_prompt\":true}", &r);
+    assert_int_equal(json_array_size(r.tools), 0);
+    assert_true(r.add_generation_prompt);
     api_request_deinit(&r);
 }
 
@@ -290,7 +339,7 @@ static void test_completion_shapes(void **state) {
     assert_null(r.tokens);
     assert_int_equal(r.max_tokens, 3);
     assert_string_equal(r.model, "m");
-    assert_null(r.msgs);
+    assert_null(r.messages);
     api_request_deinit(&r);
 
     parse_ok(API_ROUTE_COMPLETION, "{\"prompt\":[1, 15043, 0, 2147483647],\"stream\":true}", &r);
@@ -543,9 +592,7 @@ typedef struct Refused {
 
 static const Refused REFUSED[] = {
     /* not implemented yet: refused unless at the value that asks for nothing */
-    {CHAT, WITH("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"), "tools", "not supported"},
-    {CHAT, WITH("\"tools\":[]"), "tools", "not supported"},
-    {CHAT, WITH("\"tool_choice\":\"auto\""), "tool_choice", "not supported"},
+    {CHAT, WITH("\"tool_choice\":\"required\""), "tool_choice", "not supported"},
     {CHAT, WITH("\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}"), "tool_choice", "not supported"},
     {CHAT, WITH("\"parallel_tool_calls\":false"), "parallel_tool_calls", "not supported"},
     {CHAT, WITH("\"response_format\":{\"type\":\"json_object\"}"), "response_format", "not supported"},
@@ -605,6 +652,16 @@ static const Refused REFUSED[] = {
     {CMPL, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":null}}", "logit_bias", "between -100 and 100"},
     /* the range of max_tokens is said */
     {CHAT, WITH("\"max_tokens\":0"), "max_tokens", ">= 1"},
+    /* the chat template's fields */
+    {CHAT, WITH("\"tools\":{}"), "tools", "must be an array"},
+    {CHAT, WITH("\"tools\":[1]"), "tools[0]", "must be an object"},
+    {CHAT, WITH("\"chat_template_kwargs\":[]"), "chat_template_kwargs", "must be an object"},
+    {CHAT, WITH("\"add_generation_prompt\":1"), "add_generation_prompt", "boolean"},
+    {CMPL, "{\"prompt\":\"x\",\"chat_template_kwargs\":{}}", "chat_template_kwargs", "unknown field"},
+    /* /apply-template checks a chat body as a chat request does */
+    {API_ROUTE_APPLY_TEMPLATE, "{\"messages\":[]}", "messages", "non-empty array"},
+    {API_ROUTE_APPLY_TEMPLATE, WITH("\"temperature\":3"), "temperature", "between 0 and 2"},
+    {API_ROUTE_APPLY_TEMPLATE, WITH("\"prompt\":\"x\""), "prompt", "unknown field"},
 };
 
 /* Every field mnemo does not act on is refused with its name as param. */
@@ -644,6 +701,7 @@ static void test_accepted_defaults(void **state) {
     } OK[] = {
         {CHAT, WITH("\"response_format\":{\"type\":\"text\"}")},
         {CHAT, WITH("\"tool_choice\":\"none\"")},
+        {CHAT, WITH("\"tool_choice\":\"auto\"")},
         {CHAT, WITH("\"function_call\":\"none\"")},
         {CHAT, WITH("\"store\":false,\"metadata\":{\"k\":\"v\"}")},
         {CHAT, WITH("\"modalities\":[\"text\"]")},
@@ -954,9 +1012,10 @@ static void test_error_objects(void **state) {
     assert_true(json_is_null(json_object_get(e, "code")));
     json_decref(o);
 
+    /* OpenAI answers an unknown model (404) as an invalid request */
     o = reparse(api_error_json(404, "model not found", NULL, "model_not_found"));
     e = json_object_get(o, "error");
-    assert_string_equal(str_at(e, "type"), "not_found_error");
+    assert_string_equal(str_at(e, "type"), "invalid_request_error");
     assert_true(json_is_null(json_object_get(e, "param")));
     assert_string_equal(str_at(e, "code"), "model_not_found");
     json_decref(o);
@@ -972,7 +1031,7 @@ static void test_error_objects(void **state) {
         const char *type;
     } TYPES[] = {
         {400, "invalid_request_error"}, {401, "authentication_error"}, {403, "permission_error"},
-        {404, "not_found_error"},       {405, "invalid_request_error"}, {413, "invalid_request_error"},
+        {404, "invalid_request_error"}, {405, "invalid_request_error"}, {413, "invalid_request_error"},
         {422, "invalid_request_error"}, {429, "rate_limit_error"},     {500, "server_error"},
         {501, "not_supported_error"},   {502, "server_error"},         {503, "unavailable_error"},
         {200, "server_error"},          {0, "server_error"},
@@ -1038,6 +1097,9 @@ static void test_models_and_tokens(void **state) {
     mn_free(text);
     text = api_detokenize_json(NULL, 0);
     assert_string_equal(text, "{\"content\":\"\"}");
+    mn_free(text);
+    text = api_apply_template_json("<s>a\0b\n", 7);
+    assert_string_equal(text, "{\"prompt\":\"<s>a\\u0000b\\n\"}");
     mn_free(text);
 }
 
@@ -1268,6 +1330,7 @@ int main(void) {
         cmocka_unit_test(test_chat_defaults),
         cmocka_unit_test(test_chat_all_fields),
         cmocka_unit_test(test_chat_content_shapes),
+        cmocka_unit_test(test_chat_template_fields),
         cmocka_unit_test(test_chat_stop_and_limits),
         cmocka_unit_test(test_chat_nulls_are_absent),
         cmocka_unit_test(test_completion_shapes),

@@ -1,15 +1,22 @@
 /* test_prompt.c — chat prompts and the reply memory: a remembered reply is
  * tokenized to the generated ids right after exactly the prompt it answered;
- * without an entry the same pieces are tokenized; a template that rewrites
- * contents falls back to tokenizing the whole rendering. prompt_submit, the
- * engine's front door: each prompt form becomes the ids it should (with the
- * engine's chat template), and every refusal names its field. */
+ * without an entry the whole rendering is tokenized in one piece (so the
+ * prompt is exactly the rendered text's tokens, as llama-server makes it);
+ * a leading BOS text the template wrote is not doubled; a template that
+ * rewrites contents is tokenized whole. prompt_submit, the engine's front
+ * door: each prompt form becomes the ids it should (with the engine's chat
+ * format, built-in or Jinja), prompt_render gives the text a chat is made
+ * of, and every refusal names its field. */
 #include "test_util.h"
 
+#include <jansson.h>
+
 #include "base/err.h"
+#include "base/mem.h"
 #include "cache/index.h"
 #include "cache/reply_mem.h"
 #include "engine/prompt.h"
+#include "model/chat_format.h"
 #include "model/gguf.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -35,41 +42,193 @@ static int teardown(void **s) {
     return 0;
 }
 
+/* ---- helpers ------------------------------------------------------------------ */
+
+/* A messages array of n (role, content) pairs. */
+static json_t *msgs_json(const char *const (*pairs)[2], size_t n) {
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(a, json_pack("{s:s,s:s}", "role", pairs[i][0], "content", pairs[i][1]));
+    return a;
+}
+
+static ChatFormat *builtin(const Tokenizer *t, ChatTemplate family) {
+    ChatFormat *f;
+    MnErr err = {0};
+    assert_int_equal(chat_format_new_builtin(family, tok_text(t, tok_bos(t)), tok_text(t, tok_eos(t)), &f, &err), MN_OK);
+    return f;
+}
+
+static ChatFormat *jinja(const Tokenizer *t, const char *src) {
+    ChatFormat *f;
+    MnErr err = {0};
+    if (chat_format_new_jinja(src, strlen(src), tok_text(t, tok_bos(t)), tok_text(t, tok_eos(t)), NULL, &f, &err))
+        fail_msg("%s: %s", src, err.msg);
+    return f;
+}
+
+/* prompt_build_chat of msgs with the generation prompt. */
+static int build(const ChatFormat *f, json_t *msgs, ReplyMemory *rm, const Hash128 *ns, TokIds *out, PromptStats *st,
+                 MnErr *err) {
+    ChatInput in = {msgs, NULL, NULL, true};
+    return prompt_build_chat(tok, f, &in, rm, ns, out, st, err);
+}
+
+/* The tokens of f's rendering of msgs tokenized whole, BOS as the
+ * vocabulary asks, after dropping drop_prefix (a BOS text the template
+ * wrote) from its start. */
+static void whole(const ChatFormat *f, json_t *msgs, const char *drop_prefix, TokIds *out) {
+    ChatInput in = {msgs, NULL, NULL, true};
+    char *text;
+    size_t len;
+    MnErr err = {0};
+    assert_int_equal(chat_format_render(f, &in, &text, &len, &err), MN_OK);
+    size_t skip = strlen(drop_prefix);
+    assert_true(len >= skip && memcmp(text, drop_prefix, skip) == 0);
+    assert_int_equal(tok_encode(tok, text + skip, len - skip, tok_add_bos(tok), true, out), MN_OK);
+    mn_free(text);
+}
+
+static void expect_ids(const TokIds *got, const TokIds *want) {
+    if (got->n != want->n || memcmp(got->ids, want->ids, got->n * sizeof(int32_t)) != 0) {
+        fprintf(stderr, "got %zu ids, expected %zu:\n", got->n, want->n);
+        for (size_t i = 0; i < got->n || i < want->n; i++)
+            fprintf(stderr, "  %zu: %d %d\n", i, i < got->n ? got->ids[i] : -1, i < want->n ? want->ids[i] : -1);
+        fail();
+    }
+}
+
+/* The second turn of the conversation every reply-memory test has. */
+static const char *const TURN1[][2] = {{"user", "Hello"}};
+static const char *const TURN2[][2] = {{"user", "Hello"}, {"assistant", "Hi there"}, {"user", "Bye"}};
+
+/* Remember other ids for TURN2's answer after exactly p1 (TURN1's prompt)
+ * in rm: TURN2's prompt is p1, those ids, then the rest. */
+static void expect_reply_used(const ChatFormat *f, ReplyMemory *rm, const Hash128 *ns, const TokIds *p1) {
+    json_t *turn2 = msgs_json(TURN2, 3);
+    int32_t gen[3] = {100, 200, 300};
+    Hash128 key = replymem_prefix_key(ns, p1->ids, p1->n);
+    assert_int_equal(replymem_put(rm, &key, "Hi there", 8, gen, 3), MN_OK);
+    TokIds with = {0};
+    PromptStats st;
+    MnErr err = {0};
+    assert_int_equal(build(f, turn2, rm, ns, &with, &st, &err), MN_OK);
+    assert_int_equal(st.n_remembered, 1);
+    assert_true(with.n > p1->n + 3);
+    assert_memory_equal(with.ids, p1->ids, p1->n * sizeof(int32_t));
+    assert_memory_equal(with.ids + p1->n, gen, sizeof gen);
+    tok_ids_free(&with);
+    json_decref(turn2);
+}
+
+/* ---- prompt_build_chat -------------------------------------------------------- */
+
 static void test_reply_memory_used(void **s) {
     if (tok == NULL) skip();
     ReplyMemory *rm = replymem_new(16);
     Hash128 ns = index_namespace_id("");
-    ChatMsg turn1[] = {{"user", "Hello"}};
-    ChatMsg turn2[] = {{"user", "Hello"}, {"assistant", "Hi there"}, {"user", "Bye"}};
-    TokIds p1 = {0}, plain = {0}, with = {0};
+    ChatFormat *f = builtin(tok, CHAT_TMPL_CHATML);
+    json_t *turn1 = msgs_json(TURN1, 1), *turn2 = msgs_json(TURN2, 3);
+    TokIds p1 = {0}, plain = {0}, all = {0};
     PromptStats st;
     MnErr err = {0};
-    assert_int_equal(prompt_build_chat(tok, CHAT_TMPL_CHATML, turn1, 1, rm, &ns, &p1, &st, &err), MN_OK);
-    assert_int_equal(prompt_build_chat(tok, CHAT_TMPL_CHATML, turn2, 3, rm, &ns, &plain, &st, &err), MN_OK);
+    assert_int_equal(build(f, turn1, rm, &ns, &p1, &st, &err), MN_OK);
+    assert_int_equal(build(f, turn2, rm, &ns, &plain, &st, &err), MN_OK);
     assert_int_equal(st.n_replies, 1);
     assert_int_equal(st.n_remembered, 0);
-    /* the second turn's prompt starts with the first turn's prompt */
+    /* nothing remembered: the whole text's tokens, and (chatml ends the
+     * generation prompt with a newline) the first turn's prompt first */
+    whole(f, turn2, "", &all);
+    expect_ids(&plain, &all);
     assert_true(plain.n > p1.n);
     assert_memory_equal(plain.ids, p1.ids, p1.n * sizeof(int32_t));
-    /* remember other ids for "Hi there" after exactly p1: they are used */
-    int32_t gen[3] = {100, 200, 300};
-    Hash128 key = replymem_prefix_key(&ns, p1.ids, p1.n);
-    assert_int_equal(replymem_put(rm, &key, "Hi there", 8, gen, 3), MN_OK);
-    assert_int_equal(prompt_build_chat(tok, CHAT_TMPL_CHATML, turn2, 3, rm, &ns, &with, &st, &err), MN_OK);
-    assert_int_equal(st.n_remembered, 1);
-    assert_memory_equal(with.ids, p1.ids, p1.n * sizeof(int32_t));
-    assert_memory_equal(with.ids + p1.n, gen, sizeof gen);
+    expect_reply_used(f, rm, &ns, &p1);
     /* another namespace does not see it */
     Hash128 other = index_namespace_id("other");
     TokIds o = {0};
-    assert_int_equal(prompt_build_chat(tok, CHAT_TMPL_CHATML, turn2, 3, rm, &other, &o, &st, &err), MN_OK);
+    assert_int_equal(build(f, turn2, rm, &other, &o, &st, &err), MN_OK);
     assert_int_equal(st.n_remembered, 0);
-    assert_int_equal(o.n, plain.n);
-    assert_memory_equal(o.ids, plain.ids, o.n * sizeof(int32_t));
+    expect_ids(&o, &plain);
     tok_ids_free(&p1);
     tok_ids_free(&plain);
-    tok_ids_free(&with);
     tok_ids_free(&o);
+    tok_ids_free(&all);
+    json_decref(turn1);
+    json_decref(turn2);
+    chat_format_free(f);
+    replymem_free(rm);
+}
+
+/* A reply not in the reply memory stays inside its piece: llama-2's
+ * template writes "[/INST] " before an answer, and SPM tokenizes " there"
+ * whole but " " and "there" apart differently, so cutting the text at
+ * every answer would give other ids than the rendered text's. */
+static void test_unremembered_reply_not_cut(void **s) {
+    if (tok == NULL) skip();
+    ReplyMemory *rm = replymem_new(16);
+    Hash128 ns = index_namespace_id("");
+    ChatFormat *f = jinja(tok, "{% for m in messages %}{% if m.role == 'user' %}[INST] {{ m.content }} [/INST]"
+                               "{% else %} {{ m.content }} </s>{% endif %}{% endfor %}");
+    const char *const t1[][2] = {{"user", "Once upon a time"}};
+    const char *const t2[][2] = {{"user", "Once upon a time"}, {"assistant", "there was a cat"}, {"user", "Then"}};
+    json_t *turn1 = msgs_json(t1, 1), *turn2 = msgs_json(t2, 3);
+    TokIds p1 = {0}, got = {0}, all = {0}, cut = {0};
+    PromptStats st;
+    MnErr err = {0};
+    assert_int_equal(build(f, turn1, rm, &ns, &p1, &st, &err), MN_OK);
+    int32_t gen[2] = {100, 200};
+    Hash128 key = replymem_prefix_key(&ns, p1.ids, p1.n);
+    assert_int_equal(replymem_put(rm, &key, "there was a dog", 15, gen, 2), MN_OK);
+    assert_int_equal(build(f, turn2, rm, &ns, &got, &st, &err), MN_OK);
+    assert_int_equal(st.n_remembered, 0);
+    whole(f, turn2, "", &all);
+    expect_ids(&got, &all);
+    /* the premise: cut at the answer, the ids differ */
+    ChatInput in = {turn2, NULL, NULL, true};
+    char *text;
+    size_t len;
+    assert_int_equal(chat_format_render(f, &in, &text, &len, &err), MN_OK);
+    const char *at = strstr(text, "there was a cat");
+    assert_non_null(at);
+    assert_int_equal(tok_encode(tok, text, (size_t)(at - text), tok_add_bos(tok), true, &cut), MN_OK);
+    assert_int_equal(tok_encode_cont(tok, at, 15, true, &cut), MN_OK);
+    assert_int_equal(tok_encode_cont(tok, at + 15, strlen(at + 15), true, &cut), MN_OK);
+    assert_false(cut.n == all.n && memcmp(cut.ids, all.ids, all.n * sizeof(int32_t)) == 0);
+    mn_free(text);
+    tok_ids_free(&p1);
+    tok_ids_free(&got);
+    tok_ids_free(&all);
+    tok_ids_free(&cut);
+    json_decref(turn1);
+    json_decref(turn2);
+    chat_format_free(f);
+    replymem_free(rm);
+}
+
+/* A Jinja template that writes bos_token: the vocabulary adds BOS itself,
+ * so the text's leading BOS is dropped and the prompt holds one. The reply
+ * memory works the same behind it. */
+static void test_template_bos_not_doubled(void **s) {
+    if (tok == NULL) skip();
+    assert_true(tok_add_bos(tok));
+    ReplyMemory *rm = replymem_new(16);
+    Hash128 ns = index_namespace_id("");
+    ChatFormat *f = jinja(tok, "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                               "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}");
+    json_t *turn1 = msgs_json(TURN1, 1);
+    TokIds p1 = {0}, all = {0};
+    PromptStats st;
+    MnErr err = {0};
+    assert_int_equal(build(f, turn1, rm, &ns, &p1, &st, &err), MN_OK);
+    whole(f, turn1, tok_text(tok, tok_bos(tok)), &all);
+    expect_ids(&p1, &all);
+    assert_int_equal(p1.ids[0], tok_bos(tok));
+    assert_true(p1.ids[1] != tok_bos(tok));
+    expect_reply_used(f, rm, &ns, &p1);
+    tok_ids_free(&p1);
+    tok_ids_free(&all);
+    json_decref(turn1);
+    chat_format_free(f);
     replymem_free(rm);
 }
 
@@ -77,33 +236,43 @@ static void test_reply_memory_used(void **s) {
  * back, so the whole text is tokenized in one piece. */
 static void test_rewriting_template_falls_back(void **s) {
     if (tok == NULL) skip();
-    ChatMsg msgs[] = {{"user", "Who are you"}, {"assistant", "   I am an assistant   "}, {"user", "Why"}};
+    ReplyMemory *rm = replymem_new(16);
+    ChatFormat *f = builtin(tok, CHAT_TMPL_MISTRAL_V3);
+    const char *const m[][2] = {{"user", "Who are you"}, {"assistant", "   I am an assistant   "}, {"user", "Why"}};
+    json_t *msgs = msgs_json(m, 3);
     TokIds got = {0}, want = {0};
     PromptStats st;
     MnErr err = {0};
     Hash128 ns = index_namespace_id("");
-    assert_int_equal(prompt_build_chat(tok, CHAT_TMPL_MISTRAL_V3, msgs, 3, NULL, &ns, &got, &st, &err), MN_OK);
+    assert_int_equal(build(f, msgs, rm, &ns, &got, &st, &err), MN_OK);
+    ChatInput in = {msgs, NULL, NULL, true};
     char *text;
     size_t len;
-    assert_int_equal(chat_template_apply(CHAT_TMPL_MISTRAL_V3, msgs, 3, true, "<s>", "</s>", &text, &len, &err), MN_OK);
+    assert_int_equal(chat_format_render(f, &in, &text, &len, &err), MN_OK);
     assert_null(strstr(text, "   I am")); /* the template did trim */
-    assert_int_equal(tok_encode(tok, text, len, tok_add_bos(tok), true, &want), MN_OK);
-    assert_int_equal(got.n, want.n);
-    assert_memory_equal(got.ids, want.ids, got.n * sizeof(int32_t));
-    free(text);
+    whole(f, msgs, "", &want);
+    expect_ids(&got, &want);
+    mn_free(text);
     tok_ids_free(&got);
     tok_ids_free(&want);
+    json_decref(msgs);
+    chat_format_free(f);
+    replymem_free(rm);
 }
 
 static void test_bad_role(void **s) {
     if (tok == NULL) skip();
-    ChatMsg msgs[] = {{"user", "a"}, {"wizard", "b"}};
+    ChatFormat *f = builtin(tok, CHAT_TMPL_LLAMA2);
+    const char *const m[][2] = {{"user", "a"}, {"wizard", "b"}};
+    json_t *msgs = msgs_json(m, 2);
     TokIds ids = {0};
     MnErr err = {0};
     Hash128 ns = index_namespace_id("");
-    assert_int_equal(prompt_build_chat(tok, CHAT_TMPL_LLAMA2, msgs, 2, NULL, &ns, &ids, NULL, &err), MN_EINVAL);
+    assert_int_equal(build(f, msgs, NULL, &ns, &ids, NULL, &err), MN_EINVAL);
     assert_int_equal(ids.n, 0);
     assert_non_null(strstr(err.msg, "wizard"));
+    json_decref(msgs);
+    chat_format_free(f);
 }
 
 /* ---- prompt_submit ---------------------------------------------------------- */
@@ -118,21 +287,21 @@ static Model *load_stories(void) {
     return m;
 }
 
-/* An engine serving stories260K with chat template tmpl; NULL (the test is
- * skipped) when the model file is missing. */
-static Engine *start_engine_overflow(ChatTemplate tmpl, ContextOverflow overflow, Model **m) {
-    if ((*m = load_stories()) == NULL) return NULL;
+/* An engine serving m with chat format fmt (the caller's; NULL: none) and
+ * the given context overflow; NULL (the test is skipped) when m is. */
+static Engine *start_engine_overflow(const ChatFormat *fmt, ContextOverflow overflow, Model *m) {
+    if (m == NULL) return NULL;
     EngineOptions o;
     engine_options_default(&o);
-    o.chat_template = tmpl;
+    o.chat_format = fmt;
     o.context_overflow = overflow;
     Engine *e;
     MnErr err = {0};
-    if (engine_new(*m, &o, &e, &err) != MN_OK) fail_msg("engine_new: %s", err.msg);
+    if (engine_new(m, &o, &e, &err) != MN_OK) fail_msg("engine_new: %s", err.msg);
     return e;
 }
 
-static Engine *start_engine(ChatTemplate tmpl, Model **m) { return start_engine_overflow(tmpl, OVERFLOW_RECOMPUTE, m); }
+static Engine *start_engine(const ChatFormat *fmt, Model *m) { return start_engine_overflow(fmt, OVERFLOW_RECOMPUTE, m); }
 
 static void greedy(ReqParams *p, int max_tokens, float *first_logits) {
     memset(p, 0, sizeof *p);
@@ -194,22 +363,24 @@ static void expect_same_answer(Engine *e, const PromptInput *in, const int32_t *
     free(lb);
 }
 
-/* A chat is rendered with the engine's template (llama2 here, not the
+/* A chat is rendered with the engine's format (llama2 here, not the
  * default) and tokenized with the reply memory; a text gets BOS as the
  * vocabulary asks; ids are used as given. */
 static void test_submit_forms(void **s) {
-    Model *m;
-    Engine *e = start_engine(CHAT_TMPL_LLAMA2, &m);
-    if (e == NULL) return;
+    Model *m = load_stories();
+    if (m == NULL) return;
+    ChatFormat *f = builtin(m->tok, CHAT_TMPL_LLAMA2), *other_f = builtin(m->tok, CHAT_TMPL_DEFAULT);
+    Engine *e = start_engine(f, m);
     MnErr err = {0};
-    ChatMsg msgs[] = {{"user", "Once upon a time"}, {"assistant", "there was a cat"}, {"user", "and then"}};
+    const char *const pairs[][2] = {{"user", "Once upon a time"}, {"assistant", "there was a cat"}, {"user", "and then"}};
+    json_t *msgs = msgs_json(pairs, 3);
+    ChatInput ci = {msgs, NULL, NULL, true};
     Hash128 ns = engine_namespace_id("");
     TokIds want = {0}, other = {0};
-    assert_int_equal(prompt_build_chat(m->tok, CHAT_TMPL_LLAMA2, msgs, 3, engine_reply_memory(e), &ns, &want, NULL,
-                                       &err), MN_OK);
-    assert_int_equal(prompt_build_chat(m->tok, CHAT_TMPL_DEFAULT, msgs, 3, NULL, &ns, &other, NULL, &err), MN_OK);
+    assert_int_equal(prompt_build_chat(m->tok, f, &ci, engine_reply_memory(e), &ns, &want, NULL, &err), MN_OK);
+    assert_int_equal(prompt_build_chat(m->tok, other_f, &ci, NULL, &ns, &other, NULL, &err), MN_OK);
     assert_false(other.n == want.n && memcmp(other.ids, want.ids, want.n * sizeof *want.ids) == 0);
-    PromptInput chat = {.form = PROMPT_CHAT, .msgs = msgs, .n_msgs = 3};
+    PromptInput chat = {.form = PROMPT_CHAT, .chat = &ci};
     expect_same_answer(e, &chat, want.ids, want.n, 0);
     const char *text = "Once upon a time, there was";
     TokIds tw = {0};
@@ -219,10 +390,22 @@ static void test_submit_forms(void **s) {
     int32_t ids[5] = {1, 403, 407, 261, 378};
     PromptInput in_ids = {.form = PROMPT_IDS, .ids = ids, .n_ids = 5};
     expect_same_answer(e, &in_ids, ids, 5, 0);
+    /* prompt_render: the engine's format's text, as chat_format_render gives it */
+    char *a, *b;
+    size_t na, nb;
+    assert_int_equal(prompt_render(e, &ci, &a, &na, &err), MN_OK);
+    assert_int_equal(chat_format_render(f, &ci, &b, &nb, &err), MN_OK);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    mn_free(a);
+    mn_free(b);
     tok_ids_free(&want);
     tok_ids_free(&other);
     tok_ids_free(&tw);
+    json_decref(msgs);
     engine_free(e);
+    chat_format_free(f);
+    chat_format_free(other_f);
     model_free(m);
 }
 
@@ -244,13 +427,16 @@ static void expect_refusal(Engine *e, const PromptInput *in, const ReqParams *p,
  * express the chat, an empty prompt); the engine's refusals come through
  * with their own fields. */
 static void test_submit_refusals(void **s) {
-    Model *m;
-    Engine *e = start_engine(CHAT_TMPL_LLAMA2, &m);
-    if (e == NULL) return;
+    Model *m = load_stories();
+    if (m == NULL) return;
+    ChatFormat *f = builtin(m->tok, CHAT_TMPL_LLAMA2);
+    Engine *e = start_engine(f, m);
     ReqParams p;
     greedy(&p, 4, NULL);
-    ChatMsg bad[] = {{"user", "a"}, {"wizard", "b"}};
-    PromptInput in = {.form = PROMPT_CHAT, .msgs = bad, .n_msgs = 2};
+    const char *const bad[][2] = {{"user", "a"}, {"wizard", "b"}};
+    json_t *bad_msgs = msgs_json(bad, 2);
+    ChatInput ci = {bad_msgs, NULL, NULL, true};
+    PromptInput in = {.form = PROMPT_CHAT, .chat = &ci};
     expect_refusal(e, &in, &p, MN_EINVAL, REQ_FIELD_PROMPT, "wizard");
     int32_t ids[3] = {1, 600, 5};
     in = (PromptInput){.form = PROMPT_IDS, .ids = ids, .n_ids = 0};
@@ -261,8 +447,10 @@ static void test_submit_refusals(void **s) {
     for (int i = 0; i < 700; i++) strcat(text, "Once upon a ");
     in = (PromptInput){.form = PROMPT_TEXT, .text = text, .text_len = strlen(text)};
     expect_refusal(e, &in, &p, MN_ERANGE, REQ_FIELD_PROMPT, "the context holds 512");
-    ChatMsg long_chat[] = {{"user", text}};
-    in = (PromptInput){.form = PROMPT_CHAT, .msgs = long_chat, .n_msgs = 1};
+    const char *const long_chat[][2] = {{"user", text}};
+    json_t *long_msgs = msgs_json(long_chat, 1);
+    ci = (ChatInput){long_msgs, NULL, NULL, true};
+    in = (PromptInput){.form = PROMPT_CHAT, .chat = &ci};
     expect_refusal(e, &in, &p, MN_ERANGE, REQ_FIELD_PROMPT, "the context holds 512");
     in = (PromptInput){.form = PROMPT_TEXT, .text = "Once", .text_len = 4};
     p.max_tokens = 1000;
@@ -273,7 +461,43 @@ static void test_submit_refusals(void **s) {
     p.sp.n_logit_bias = 1;
     expect_refusal(e, &in, &p, MN_EINVAL, REQ_FIELD_LOGIT_BIAS, "logit_bias: token id 512 is out of range");
     free(text);
+    json_decref(bad_msgs);
+    json_decref(long_msgs);
     engine_free(e);
+    chat_format_free(f);
+    model_free(m);
+}
+
+/* A Jinja template's errors are the prompt's refusals, with the template's
+ * message: raise_exception (MN_EINVAL), a bound (MN_ERANGE). An engine
+ * without a chat format refuses chats. */
+static void test_template_refusals(void **s) {
+    Model *m = load_stories();
+    if (m == NULL) return;
+    ChatFormat *f = jinja(m->tok, "{% if messages[0].role != 'system' %}{{ raise_exception('a system message must "
+                                  "come first') }}{% endif %}{% for i in range(100000000) %}{% endfor %}");
+    Engine *e = start_engine(f, m);
+    ReqParams p;
+    greedy(&p, 4, NULL);
+    const char *const user[][2] = {{"user", "a"}}, *const sys[][2] = {{"system", "a"}};
+    json_t *u = msgs_json(user, 1), *sy = msgs_json(sys, 1);
+    ChatInput ci = {u, NULL, NULL, true};
+    PromptInput in = {.form = PROMPT_CHAT, .chat = &ci};
+    expect_refusal(e, &in, &p, MN_EINVAL, REQ_FIELD_PROMPT, "a system message must come first");
+    ci.messages = sy;
+    expect_refusal(e, &in, &p, MN_ERANGE, REQ_FIELD_PROMPT, "chat template: ");
+    engine_free(e);
+    e = start_engine(NULL, m);
+    expect_refusal(e, &in, &p, MN_EINVAL, REQ_FIELD_PROMPT, "no chat format");
+    char *text = (char *)&text;
+    size_t len = 1;
+    MnErr err = {0};
+    assert_int_equal(prompt_render(e, &ci, &text, &len, &err), MN_EINVAL);
+    assert_null(text);
+    engine_free(e);
+    json_decref(u);
+    json_decref(sy);
+    chat_format_free(f);
     model_free(m);
 }
 
@@ -284,31 +508,45 @@ static void test_submit_refusals(void **s) {
 /* A conversation longer than stories260K's context of 512: a system
  * message, then LONG_TURNS turns of a user message and a reply (the third
  * with a tool result after its reply), then a last question. */
-static size_t long_chat(ChatMsg *msgs, char (*text)[96]) {
-    size_t n = 0;
-    msgs[n++] = (ChatMsg){"system", "You tell stories about a cat named Tom."};
+static json_t *long_chat(void) {
+    json_t *msgs = json_array();
+    char text[96];
+    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content",
+                                          "You tell stories about a cat named Tom."));
     for (int t = 0; t < LONG_TURNS; t++) {
-        snprintf(text[2 * t], 96, "Turn %d: what did the little dog do next in the park?", t);
-        snprintf(text[2 * t + 1], 96, "In turn %d the little dog ran to the big tree and sat down.", t);
-        msgs[n++] = (ChatMsg){"user", text[2 * t]};
-        msgs[n++] = (ChatMsg){"assistant", text[2 * t + 1]};
-        if (t == 2) msgs[n++] = (ChatMsg){"tool", "the weather was sunny"};
+        snprintf(text, sizeof text, "Turn %d: what did the little dog do next in the park?", t);
+        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", text));
+        snprintf(text, sizeof text, "In turn %d the little dog ran to the big tree and sat down.", t);
+        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "assistant", "content", text));
+        if (t == 2)
+            json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "tool", "content", "the weather was sunny"));
     }
-    msgs[n++] = (ChatMsg){"user", "And how did the story end?"};
-    return n;
+    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", "And how did the story end?"));
+    return msgs;
 }
 
-/* The prompt of the system message and msgs[from..n). */
-static void kept_prompt(Engine *e, const ChatMsg *msgs, size_t n, size_t from, TokIds *out) {
-    ChatMsg kept[2 * LONG_TURNS + 8];
-    size_t k = 0;
-    kept[k++] = msgs[0];
-    for (size_t i = from; i < n; i++) kept[k++] = msgs[i];
+/* The system message (msgs[0]) and msgs[from..): a new array. */
+static json_t *kept_msgs(const json_t *msgs, size_t from) {
+    json_t *kept = json_array();
+    json_array_append(kept, json_array_get(msgs, 0));
+    for (size_t i = from; i < json_array_size(msgs); i++) json_array_append(kept, json_array_get(msgs, i));
+    return kept;
+}
+
+/* The prompt of the system message and msgs[from..) with f. */
+static void kept_prompt(Engine *e, const ChatFormat *f, const json_t *msgs, size_t from, TokIds *out) {
+    json_t *kept = kept_msgs(msgs, from);
+    ChatInput ci = {kept, NULL, NULL, true};
     Hash128 ns = engine_namespace_id("");
     MnErr err = {0};
     out->n = 0;
-    assert_int_equal(prompt_build_chat(engine_model(e)->tok, engine_chat_template(e), kept, k, engine_reply_memory(e),
-                                       &ns, out, NULL, &err), MN_OK);
+    assert_int_equal(prompt_build_chat(engine_model(e)->tok, f, &ci, engine_reply_memory(e), &ns, out, NULL, &err),
+                     MN_OK);
+    json_decref(kept);
+}
+
+static const char *role_at(const json_t *msgs, size_t i) {
+    return json_string_value(json_object_get(json_array_get(msgs, i), "role"));
 }
 
 /* A chat longer than the context keeps its system message and the most
@@ -317,64 +555,68 @@ static void kept_prompt(Engine *e, const ChatMsg *msgs, size_t n, size_t from, T
  * The reference is a plain scan from the oldest turn, which the engine's
  * bisection must agree with. */
 static void test_overflow_drops_oldest_turns(void **s) {
-    Model *m;
-    Engine *e = start_engine(CHAT_TMPL_CHATML, &m);
-    if (e == NULL) return;
-    ChatMsg msgs[2 * LONG_TURNS + 8];
-    char text[2 * LONG_TURNS][96];
-    size_t n = long_chat(msgs, text);
+    Model *m = load_stories();
+    if (m == NULL) return;
+    ChatFormat *f = builtin(m->tok, CHAT_TMPL_CHATML);
+    Engine *e = start_engine(f, m);
+    json_t *msgs = long_chat();
+    size_t n = json_array_size(msgs);
     TokIds full = {0}, want = {0};
-    kept_prompt(e, msgs, n, 1, &full);
+    kept_prompt(e, f, msgs, 1, &full);
     assert_true(full.n > 512); /* it does overflow */
     size_t from = 1;
     for (;;) { /* from: the first kept message, at a user message */
         do from++;
-        while (strcmp(msgs[from].role, "user") != 0);
-        kept_prompt(e, msgs, n, from, &want);
+        while (strcmp(role_at(msgs, from), "user") != 0);
+        kept_prompt(e, f, msgs, from, &want);
         if (want.n + 8 <= 512) break;
     }
     assert_true(from < n - 1); /* more than the last turn fits */
-    PromptInput in = {.form = PROMPT_CHAT, .msgs = msgs, .n_msgs = n};
+    ChatInput ci = {msgs, NULL, NULL, true};
+    PromptInput in = {.form = PROMPT_CHAT, .chat = &ci};
     expect_same_answer(e, &in, want.ids, want.n, (int)(full.n - want.n));
     /* so does the chat of just the kept messages, untruncated */
-    ChatMsg kept[2 * LONG_TURNS + 8];
-    kept[0] = msgs[0];
-    memcpy(kept + 1, msgs + from, (n - from) * sizeof *msgs);
-    in.msgs = kept;
-    in.n_msgs = 1 + n - from;
+    json_t *kept = kept_msgs(msgs, from);
+    ci.messages = kept;
     expect_same_answer(e, &in, want.ids, want.n, 0);
     tok_ids_free(&full);
     tok_ids_free(&want);
+    json_decref(kept);
+    json_decref(msgs);
     engine_free(e);
+    chat_format_free(f);
     model_free(m);
 }
 
 /* When even the system message and the last turn do not fit (with
  * max_tokens), or in error mode, a chat is refused as before. */
 static void test_overflow_refusals(void **s) {
-    Model *m;
-    Engine *e = start_engine(CHAT_TMPL_CHATML, &m);
-    if (e == NULL) return;
+    Model *m = load_stories();
+    if (m == NULL) return;
+    ChatFormat *f = builtin(m->tok, CHAT_TMPL_CHATML);
+    Engine *e = start_engine(f, m);
     ReqParams p;
     greedy(&p, 8, NULL);
     char *text = calloc(20000, 1);
     for (int i = 0; i < 700; i++) strcat(text, "Once upon a ");
-    ChatMsg last_too_long[] = {{"system", "Tell a story."}, {"user", "Hi"}, {"assistant", "Hello"}, {"user", text}};
-    PromptInput in = {.form = PROMPT_CHAT, .msgs = last_too_long, .n_msgs = 4};
+    const char *const last_too_long[][2] = {{"system", "Tell a story."}, {"user", "Hi"}, {"assistant", "Hello"},
+                                            {"user", text}};
+    json_t *lt = msgs_json(last_too_long, 4), *msgs = long_chat();
+    ChatInput ci = {lt, NULL, NULL, true};
+    PromptInput in = {.form = PROMPT_CHAT, .chat = &ci};
     expect_refusal(e, &in, &p, MN_ERANGE, REQ_FIELD_PROMPT, "the context holds 512");
-    ChatMsg msgs[2 * LONG_TURNS + 8];
-    char texts[2 * LONG_TURNS][96];
-    size_t n = long_chat(msgs, texts);
-    in = (PromptInput){.form = PROMPT_CHAT, .msgs = msgs, .n_msgs = n};
+    ci.messages = msgs;
     p.max_tokens = 490; /* the last turn fits, but not with 490 more */
     expect_refusal(e, &in, &p, MN_ERANGE, REQ_FIELD_PROMPT, "the context holds 512");
     engine_free(e);
-    model_free(m);
-    e = start_engine_overflow(CHAT_TMPL_CHATML, OVERFLOW_ERROR, &m);
+    e = start_engine_overflow(f, OVERFLOW_ERROR, m);
     p.max_tokens = 8;
     expect_refusal(e, &in, &p, MN_ERANGE, REQ_FIELD_PROMPT, "the context holds 512");
     free(text);
+    json_decref(lt);
+    json_decref(msgs);
     engine_free(e);
+    chat_format_free(f);
     model_free(m);
 }
 
@@ -382,12 +624,15 @@ int main(void) {
     test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reply_memory_used),
+        cmocka_unit_test(test_unremembered_reply_not_cut),
+        cmocka_unit_test(test_template_bos_not_doubled),
         cmocka_unit_test(test_rewriting_template_falls_back),
         cmocka_unit_test(test_bad_role),
         cmocka_unit_test(test_submit_forms),
         cmocka_unit_test(test_submit_refusals),
         cmocka_unit_test(test_overflow_drops_oldest_turns),
         cmocka_unit_test(test_overflow_refusals),
+        cmocka_unit_test(test_template_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

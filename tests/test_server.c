@@ -401,7 +401,8 @@ static void test_api_keys(void **st) {
 static long metric(const Srv *s, const char *name) { return (long)srv_metric(s, name); }
 
 /* The start-up line and mnemo_build_info name the version and the commit
- * that `mnemo --version` reports. */
+ * that `mnemo --version` reports; the line says "mnemo: version ...", not
+ * "mnemo: mnemo ...". */
 static void test_build_info(void **st) {
     Srv s;
     if (srv_start(&s, "stories260K", "") != 0) return;
@@ -412,9 +413,11 @@ static void test_build_info(void **st) {
     assert_non_null(fgets(line, sizeof line, p));
     assert_int_equal(pclose(p), 0);
     line[strcspn(line, "\n")] = '\0'; /* "mnemo VERSION (commit HASH)" */
+    assert_memory_equal(line, "mnemo ", 6);
     char *log = test_read_file(s.log, NULL);
-    snprintf(want, sizeof want, "%s serving stories260K.gguf on http://", line);
-    if (strstr(log, want) == NULL) fail_msg("no '%s' in the log:\n%s", want, log);
+    snprintf(want, sizeof want, "\nmnemo: version %s serving stories260K.gguf on http://", line + 6);
+    if (strstr(log, want) == NULL) fail_msg("no '%s' in the log:\n%s", want + 1, log);
+    assert_null(strstr(log, "mnemo: mnemo"));
     free(log);
     char commit[64];
     const char *c = strstr(line, "(commit ");
@@ -1119,7 +1122,8 @@ static void test_model_fingerprint_ids(void **st) {
     srv_stop(&s);
 }
 
-/* The fields mnemo does not implement are refused naming them; logit_bias
+/* The fields mnemo does not implement are refused naming them (tools
+ * where the chat format cannot show them); logit_bias
  * ids must be in the vocabulary; a prompt too long names prompt or
  * messages; max_tokens past the context gives the allowed range. */
 static void test_refused_and_ranges(void **st) {
@@ -1127,8 +1131,9 @@ static void test_refused_and_ranges(void **st) {
     if (srv_start(&s, "stories260K", "") != 0) return;
 #define CHAT_WITH(x) "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]," x "}"
     const char *chat = "/v1/chat/completions", *cmpl = "/v1/completions";
+    /* stories260K has no template: its built-in format cannot show tools */
     expect_param(&s, chat, CHAT_WITH("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"), 400,
-                 "not supported", "tools");
+                 "the built-in chat format chatml cannot show tools", "messages");
     expect_param(&s, chat, CHAT_WITH("\"tool_choice\":\"required\""), 400, "not supported", "tool_choice");
     expect_param(&s, chat, CHAT_WITH("\"response_format\":{\"type\":\"json_object\"}"), 400, "not supported",
                  "response_format");

@@ -340,7 +340,7 @@ void engine_options_default(EngineOptions *o) {
     o->kv_type = MN_TYPE_F16;
     o->prefix_cache = true;
     o->schedule = SCHED_FCFS;
-    o->chat_template = CHAT_TMPL_DEFAULT;
+    o->chat_format = NULL;
     o->evict = EVICT_DEFAULT;
     o->swap_watermark = 0.25f;
 }
@@ -354,7 +354,7 @@ Hash128 engine_namespace_id(const char *ns) { return index_namespace_id(ns); }
 ReplyMemory *engine_reply_memory(Engine *e) { return e->replies; }
 CacheStore *engine_store(Engine *e) { return tiers_store(e->tiers); }
 const Model *engine_model(const Engine *e) { return e->m; }
-ChatTemplate engine_chat_template(const Engine *e) { return e->opt.chat_template; }
+const ChatFormat *engine_chat_format(const Engine *e) { return e->opt.chat_format; }
 ContextOverflow engine_context_overflow(const Engine *e) { return e->opt.context_overflow; }
 
 /* Bytes of RAM available, from /proc/meminfo (0 when unknown). */

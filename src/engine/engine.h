@@ -31,7 +31,7 @@
 #include "cache/policy.h"
 #include "cache/reply_mem.h"
 #include "engine/sampler.h"
-#include "model/chat_template.h"
+#include "model/chat_format.h"
 #include "model/model.h"
 
 typedef enum SchedPolicy { SCHED_FCFS, SCHED_FPF, SCHED_RELAXED_FPF } SchedPolicy;
@@ -87,7 +87,8 @@ typedef struct EngineOptions {
     MnType kv_type;       /* default f16 */
     bool prefix_cache;    /* default true */
     SchedPolicy schedule; /* default FCFS */
-    ChatTemplate chat_template; /* renders chat prompts (engine/prompt.h); default CHAT_TMPL_DEFAULT */
+    const ChatFormat *chat_format; /* renders chat prompts (engine/prompt.h; borrowed, outlives the
+                                      engine); NULL (default): the engine takes no chats */
     ContextOverflow context_overflow; /* what prompt_submit does with a chat too long (default recompute) */
     int default_max_tokens; /* max_tokens of a request that leaves it to the engine (ReqParams.max_tokens
                                0), capped by the room its prompt leaves; <= 0 (default): that room */
@@ -255,7 +256,7 @@ typedef struct EngineStats {
 void engine_stats(Engine *e, EngineStats *out);
 ReplyMemory *engine_reply_memory(Engine *e);
 const Model *engine_model(const Engine *e);
-ChatTemplate engine_chat_template(const Engine *e); /* EngineOptions.chat_template */
+const ChatFormat *engine_chat_format(const Engine *e); /* EngineOptions.chat_format */
 ContextOverflow engine_context_overflow(const Engine *e); /* EngineOptions.context_overflow */
 /* Whether engine_submit takes a prompt of n_prompt tokens with max_tokens
  * (0: the default, which is capped by the room the prompt leaves) on

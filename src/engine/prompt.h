@@ -7,19 +7,26 @@
  * lives in one place. A refusal comes back as a code, a message and the
  * request field at fault (ReqField), from whichever step refused.
  *
- * A chat: the conversation is rendered with its chat template, and the
- * rendering is cut at the contents of assistant messages (found by
- * rendering a second time with a unique marker in place of each assistant
- * content). The pieces
- * are tokenized in order — the first with BOS as the vocabulary asks, every
- * later one as a continuation — and each assistant content is looked up in
- * the reply memory under (namespace, ids so far): when this exact text was
- * generated here after exactly these ids, the generated ids are used, so
- * the returning conversation's prompt matches the KV cached for it. The
- * rule does not depend on whether the prefix cache is on.
+ * A chat: the conversation is rendered with the engine's chat format
+ * (model/chat_format.h) — prompt_render gives that text alone, for
+ * POST /apply-template, through the same call. The text is tokenized as
+ * llama-server tokenizes a rendered chat: special tokens in it are parsed
+ * as special tokens, and BOS is added as the vocabulary asks, so a leading
+ * BOS text the template wrote is dropped first (likewise a trailing EOS
+ * text when the vocabulary appends EOS) and the prompt holds one BOS.
  *
- * When the template rewrites contents (trims them, say) so that the marker
- * rendering cannot be mapped back, the whole text is tokenized in one piece.
+ * The reply memory: each assistant content is looked up under (namespace,
+ * ids so far): when this exact text was generated here after exactly these
+ * ids, the generated ids are used, so the returning conversation's prompt
+ * matches the KV cached for it. The contents are found by rendering a
+ * second time with a unique marker in place of each; the text is then
+ * tokenized in pieces cut only at the remembered contents — the first
+ * piece with BOS, every later one as a continuation — and a content that
+ * is not remembered stays inside its piece, so without the reply memory
+ * the prompt is exactly the tokens of the whole text. When the template
+ * rewrites contents (trims them, say) so that the marker rendering cannot
+ * be mapped back, nothing is looked up. The rule does not depend on
+ * whether the prefix cache is on.
  *
  * Context overflow (EngineOptions.context_overflow): a chat whose prompt
  * plus max_tokens does not fit the context (or the pool) is, in recompute
@@ -43,7 +50,7 @@
 #include "base/hash.h"
 #include "cache/reply_mem.h"
 #include "engine/engine.h"
-#include "model/chat_template.h"
+#include "model/chat_format.h"
 #include "model/tokenizer.h"
 
 typedef struct PromptStats {
@@ -51,16 +58,23 @@ typedef struct PromptStats {
     int n_replies;        /* assistant contents in the conversation */
 } PromptStats;
 
-/* Append the prompt ids of msgs (with the generation prompt) to out.
- * rm may be NULL (no reply memory). MN_EINVAL (err) when the template
- * cannot express the conversation, MN_ERANGE (err) when the tokenizer hits
- * a resource limit, MN_ENOMEM; on failure out is as it was. */
-int prompt_build_chat(const Tokenizer *tok, ChatTemplate tmpl, const ChatMsg *msgs, size_t n_msgs,
-                      ReplyMemory *rm, const Hash128 *ns_id, TokIds *out, PromptStats *stats, MnErr *err);
+/* Append the prompt ids of chat, rendered with fmt, to out (the rule
+ * above). rm may be NULL (no reply memory). On failure out is as it was
+ * and err says why: chat_format_render's refusals (MN_EINVAL,
+ * MN_EUNSUPPORTED, MN_ERANGE: the template's own message), MN_ERANGE when
+ * the tokenizer hits a resource limit, MN_ENOMEM. */
+int prompt_build_chat(const Tokenizer *tok, const ChatFormat *fmt, const ChatInput *chat, ReplyMemory *rm,
+                      const Hash128 *ns_id, TokIds *out, PromptStats *stats, MnErr *err);
+
+/* The text a chat request's prompt is made of: chat rendered with the
+ * engine's chat format (before the BOS/EOS texts are dropped). *out
+ * (mn_free) and *out_len as chat_format_render gives them, and its errors;
+ * MN_EINVAL when the engine has no chat format. */
+int prompt_render(const Engine *e, const ChatInput *chat, char **out, size_t *out_len, MnErr *err);
 
 /* The forms a client's prompt comes in. */
 typedef enum PromptForm {
-    PROMPT_CHAT, /* messages, rendered with the engine's chat template */
+    PROMPT_CHAT, /* a conversation, rendered with the engine's chat format */
     PROMPT_TEXT, /* a completion's text, tokenized with BOS as the vocabulary asks */
     PROMPT_IDS,  /* a completion's token ids, as given */
 } PromptForm;
@@ -68,8 +82,7 @@ typedef enum PromptForm {
 /* A prompt in one of its forms; everything borrowed for the call. */
 typedef struct PromptInput {
     PromptForm form;
-    const ChatMsg *msgs; /* PROMPT_CHAT: (n_msgs), n_msgs >= 1 */
-    size_t n_msgs;
+    const ChatInput *chat; /* PROMPT_CHAT */
     const char *text;    /* PROMPT_TEXT: text[0..text_len) */
     size_t text_len;
     const int32_t *ids;  /* PROMPT_IDS: (n_ids) */
@@ -83,8 +96,10 @@ typedef struct PromptInput {
  * request and *n_truncated the prompt tokens the cut saved (0 when none;
  * n_truncated may be NULL). Otherwise *out is NULL, *n_truncated 0, err
  * says why and *field names the field at fault (field may be NULL):
- *   MN_EINVAL   the template cannot express the chat, or the prompt is
- *               empty (REQ_FIELD_PROMPT);
+ *   MN_EINVAL, MN_EUNSUPPORTED
+ *               the chat format cannot render the chat (the template's
+ *               message), or the prompt is empty (REQ_FIELD_PROMPT);
+ *   MN_ERANGE   the template crossed a bound of the renderer (REQ_FIELD_PROMPT);
  *   MN_ERANGE   the tokenizer hit a resource limit (REQ_FIELD_PROMPT);
  *   MN_ENOMEM   (REQ_FIELD_NONE);
  *   any refusal of engine_submit, with its field. */

@@ -2,6 +2,7 @@
  * walk the stored chain, lay it out as a chat, submit it. */
 #include "engine/resp_chain.h"
 
+#include <jansson.h>
 #include <string.h>
 
 #include "base/log.h"
@@ -56,24 +57,30 @@ static const char *chat_role(const char *role) {
     return "user";
 }
 
-/* The conversation of turn t after chain c, into a new array (*out,
- * *n_out); its strings are borrowed from t and c. The whole chain:
- * prompt_submit drops what does not fit the context. */
-static int chain_messages(const RespTurn *t, const Chain *c, ChatMsg **out, size_t *n_out) {
-    size_t n = (t->instructions ? 1 : 0) + t->n_input;
-    for (size_t i = 0; i < c->n; i++) n += c->resp[i].n_inputs + 1;
-    ChatMsg *m = mn_calloc(n, sizeof *m);
-    if (m == NULL) return MN_ENOMEM;
-    size_t k = 0;
-    if (t->instructions) m[k++] = (ChatMsg){"system", t->instructions};
-    for (size_t i = c->n; i-- > 0;) {
+/* Append {"role", "content"} to the messages array a; false when memory
+ * runs out. */
+static bool add_message(json_t *a, const char *role, const char *content) {
+    return json_array_append_new(a, json_pack("{s:s,s:s}", "role", role, "content", content)) == 0;
+}
+
+/* The conversation of turn t after chain c, as the messages array of a
+ * chat (*out, the caller's). The whole chain: prompt_submit drops what
+ * does not fit the context. */
+static int chain_messages(const RespTurn *t, const Chain *c, json_t **out) {
+    json_t *m = json_array();
+    bool ok = m != NULL;
+    if (ok && t->instructions) ok = add_message(m, "system", t->instructions);
+    for (size_t i = c->n; ok && i-- > 0;) {
         const StoreResp *r = &c->resp[i];
-        for (size_t j = 0; j < r->n_inputs; j++) m[k++] = (ChatMsg){chat_role(r->inputs[j].role), r->inputs[j].content};
-        m[k++] = (ChatMsg){"assistant", r->output};
+        for (size_t j = 0; ok && j < r->n_inputs; j++) ok = add_message(m, chat_role(r->inputs[j].role), r->inputs[j].content);
+        if (ok) ok = add_message(m, "assistant", r->output);
     }
-    for (size_t j = 0; j < t->n_input; j++) m[k++] = (ChatMsg){chat_role(t->input[j].role), t->input[j].content};
+    for (size_t j = 0; ok && j < t->n_input; j++) ok = add_message(m, chat_role(t->input[j].role), t->input[j].content);
+    if (!ok) {
+        json_decref(m);
+        return MN_ENOMEM;
+    }
     *out = m;
-    *n_out = n;
     return MN_OK;
 }
 
@@ -86,12 +93,12 @@ int respchain_submit(Engine *e, CacheStore *st, const RespTurn *t, const ReqPara
     if (field) *field = REQ_FIELD_NONE;
     Hash128 ns_id = engine_namespace_id(ns);
     Chain c = {0};
-    ChatMsg *msgs = NULL;
-    size_t n_msgs = 0;
+    json_t *msgs = NULL;
     int rc = t->previous_id ? chain_load(st, &ns_id, t->previous_id, t->cutoff, &c, err) : MN_OK;
-    if (rc == MN_OK && chain_messages(t, &c, &msgs, &n_msgs) != MN_OK) rc = mn_err_set(err, MN_ENOMEM, "out of memory");
+    if (rc == MN_OK && chain_messages(t, &c, &msgs) != MN_OK) rc = mn_err_set(err, MN_ENOMEM, "out of memory");
     if (rc == MN_OK) {
-        PromptInput in = {.form = PROMPT_CHAT, .msgs = msgs, .n_msgs = n_msgs};
+        ChatInput chat = {msgs, NULL, NULL, true};
+        PromptInput in = {.form = PROMPT_CHAT, .chat = &chat};
         const char *session = c.n ? c.resp[c.n - 1].id : t->id;
         rc = prompt_submit(e, &in, p, ns, session, out, n_truncated, err, field);
     }
@@ -104,7 +111,7 @@ int respchain_submit(Engine *e, CacheStore *st, const RespTurn *t, const ReqPara
         if (trc != MN_OK) LOG_WARN("responses: cannot mark the chain of %s used: %s", t->previous_id, mn_strerror(trc));
         mn_free(ids);
     }
-    mn_free(msgs);
+    json_decref(msgs);
     chain_free(&c);
     return rc;
 }

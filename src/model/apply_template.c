@@ -14,46 +14,10 @@
 
 #include "base/cli.h"
 #include "base/mem.h"
+#include "model/chat_format.h"
 #include "model/jinja.h"
 
 #define STDIN_MAX_BYTES (64u << 20)
-
-static char *dup_gguf_str(GgufStr s) { return mn_strndup(s.data, (size_t)s.len); }
-
-/* The text of the token whose id is at key, or "" when the key is absent. */
-static int token_text(const Gguf *g, const char *key, char **out, MnErr *err) {
-    *out = NULL;
-    int64_t id;
-    int rc = gguf_get_i64(g, key, &id);
-    if (rc == MN_ENOTFOUND) {
-        *out = mn_strdup("");
-        return *out ? MN_OK : mn_err_set(err, MN_ENOMEM, "out of memory");
-    }
-    if (rc) return mn_err_set(err, MN_EFORMAT, "%s is not an integer", key);
-    GgufStr s;
-    if (id < 0 || gguf_arr_str(g, "tokenizer.ggml.tokens", (uint64_t)id, &s) != MN_OK)
-        return mn_err_set(err, MN_EFORMAT, "%s is %lld, not a token of tokenizer.ggml.tokens", key, (long long)id);
-    *out = dup_gguf_str(s);
-    return *out ? MN_OK : mn_err_set(err, MN_ENOMEM, "out of memory");
-}
-
-int apply_template_gguf_texts(const Gguf *g, char **tmpl, char **bos, char **eos, MnErr *err) {
-    *tmpl = *bos = *eos = NULL;
-    GgufStr t;
-    int rc = gguf_get_str(g, "tokenizer.chat_template", &t);
-    if (rc == MN_OK && (*tmpl = dup_gguf_str(t)) == NULL) rc = mn_err_set(err, MN_ENOMEM, "out of memory");
-    else if (rc == MN_ENOTFOUND) rc = MN_OK;
-    else if (rc) rc = mn_err_set(err, MN_EFORMAT, "tokenizer.chat_template is not a string");
-    if (rc == MN_OK) rc = token_text(g, "tokenizer.ggml.bos_token_id", bos, err);
-    if (rc == MN_OK) rc = token_text(g, "tokenizer.ggml.eos_token_id", eos, err);
-    if (rc) {
-        mn_free(*tmpl);
-        mn_free(*bos);
-        mn_free(*eos);
-        *tmpl = *bos = *eos = NULL;
-    }
-    return rc;
-}
 
 static char *read_stream(FILE *f, size_t max, size_t *len) {
     size_t cap = 65536, n = 0;
@@ -81,8 +45,8 @@ static char *read_stream(FILE *f, size_t max, size_t *len) {
     return buf;
 }
 
-/* The variables of the render: the request's messages and tools, the
- * standard ones, then each --var NAME=JSON. */
+/* The variables of the render: chat_format_vars of the request's messages
+ * and tools, with each --var NAME=JSON as an extra variable. */
 static int build_vars(json_t *req, const char *bos, const char *eos, bool gen_prompt, const CliStrList *vars,
                       json_t **out, MnErr *err) {
     *out = NULL;
@@ -93,39 +57,30 @@ static int build_vars(json_t *req, const char *bos, const char *eos, bool gen_pr
         if (strcmp(key, "messages") != 0 && strcmp(key, "tools") != 0)
             return mn_err_set(err, MN_EINVAL, "unknown member '%s' on stdin (pass other variables with --var)", key);
     }
-    json_t *v = json_object();
-    if (v == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
-    json_t *messages = json_object_get(req, "messages"), *tools = json_object_get(req, "tools");
-    int bad = 0;
-    if (messages) bad |= json_object_set(v, "messages", messages);
-    bad |= json_object_set_new(v, "tools", tools ? json_incref(tools) : json_null());
-    bad |= json_object_set_new(v, "documents", json_null());
-    bad |= json_object_set_new(v, "add_generation_prompt", json_boolean(gen_prompt));
-    bad |= json_object_set_new(v, "bos_token", json_string(bos));
-    bad |= json_object_set_new(v, "eos_token", json_string(eos));
-    for (int i = 0; !bad && i < vars->n; i++) {
+    json_t *extra = json_object();
+    if (extra == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    int rc = MN_OK;
+    for (int i = 0; rc == MN_OK && i < vars->n; i++) {
         const char *arg = vars->items[i];
         const char *eq = strchr(arg, '=');
         if (eq == NULL || eq == arg) {
-            json_decref(v);
-            return mn_err_set(err, MN_EINVAL, "--var %s: expected NAME=JSON", arg);
+            rc = mn_err_set(err, MN_EINVAL, "--var %s: expected NAME=JSON", arg);
+            break;
         }
         json_error_t je;
         json_t *value = json_loads(eq + 1, JSON_DECODE_ANY, &je);
         if (value == NULL) {
-            json_decref(v);
-            return mn_err_set(err, MN_EINVAL, "--var %.*s: the value is not JSON: %s", (int)(eq - arg), arg, je.text);
+            rc = mn_err_set(err, MN_EINVAL, "--var %.*s: the value is not JSON: %s", (int)(eq - arg), arg, je.text);
+            break;
         }
         char name[256];
         snprintf(name, sizeof name, "%.*s", (int)(eq - arg), arg);
-        bad |= json_object_set_new(v, name, value);
+        if (json_object_set_new(extra, name, value)) rc = mn_err_set(err, MN_ENOMEM, "out of memory");
     }
-    if (bad) {
-        json_decref(v);
-        return mn_err_set(err, MN_ENOMEM, "out of memory");
-    }
-    *out = v;
-    return MN_OK;
+    ChatInput in = {json_object_get(req, "messages"), json_object_get(req, "tools"), extra, gen_prompt};
+    if (rc == MN_OK) rc = chat_format_vars(&in, bos, eos, out, err);
+    json_decref(extra);
+    return rc;
 }
 
 int apply_template_main(int argc, char **argv) {
@@ -188,7 +143,7 @@ int apply_template_main(int argc, char **argv) {
             fprintf(stderr, "mnemo apply-template: %s\n", err.msg);
             goto done;
         }
-        if (apply_template_gguf_texts(g, &tmpl, &bos, &eos, &err)) {
+        if (chat_format_gguf_texts(g, &tmpl, &bos, &eos, &err)) {
             fprintf(stderr, "mnemo apply-template: %s: %s\n", model, err.msg);
             goto done;
         }

@@ -18,12 +18,6 @@
 #define MN_APPLY_TEMPLATE_H
 
 #include "base/err.h"
-#include "model/gguf.h"
-
-/* The chat template of g (NULL when it has none) and the texts of its BOS
- * and EOS tokens ("" when it declares none), each mn_malloc'd for the
- * caller. MN_OK, MN_EFORMAT (an id outside the vocabulary), MN_ENOMEM. */
-int apply_template_gguf_texts(const Gguf *g, char **tmpl, char **bos, char **eos, MnErr *err);
 
 /* The command: argv[0] is the first argument after "apply-template".
  * Returns 0, 1 when rendering failed (the message on stderr), 2 for bad

@@ -171,6 +171,11 @@ typedef struct ApiField {
 
 static bool is_false(const json_t *v) { return json_is_false(v); }
 static bool is_none_string(const json_t *v) { return json_is_string(v) && strcmp(json_string_value(v), "none") == 0; }
+/* "auto" (what no tool_choice means with tools) or "none": the model
+ * decides, and its answer comes back as text */
+static bool is_model_choice(const json_t *v) {
+    return is_none_string(v) || (json_is_string(v) && strcmp(json_string_value(v), "auto") == 0);
+}
 static bool is_one(const json_t *v) { return json_is_number(v) && json_number_value(v) == 1.0; }
 static bool is_empty_array(const json_t *v) { return json_is_array(v) && json_array_size(v) == 0; }
 
@@ -219,11 +224,11 @@ static const ApiField GEN_FIELDS[] = {
 };
 
 static const ApiField CHAT_FIELDS[] = {
-    USED("messages"), USED("top_logprobs"),
+    USED("messages"), USED("top_logprobs"), USED("tools"), USED("chat_template_kwargs"), USED("add_generation_prompt"),
     /* about OpenAI's accounts, storage and routing: nothing to do here */
     NO_EFFECT("metadata"), NO_EFFECT("service_tier"), NO_EFFECT("prompt_cache_key"), NO_EFFECT("safety_identifier"),
     UNSUPPORTED("store", is_false),
-    UNSUPPORTED("tools", NULL), UNSUPPORTED("tool_choice", is_none_string), UNSUPPORTED("parallel_tool_calls", NULL),
+    UNSUPPORTED("tool_choice", is_model_choice), UNSUPPORTED("parallel_tool_calls", NULL),
     UNSUPPORTED("functions", NULL), UNSUPPORTED("function_call", is_none_string),
     UNSUPPORTED("response_format", is_text_format), UNSUPPORTED("modalities", is_text_modality),
     UNSUPPORTED("audio", NULL), UNSUPPORTED("prediction", NULL), UNSUPPORTED("reasoning_effort", NULL),
@@ -462,7 +467,8 @@ static int parse_generation(const json_t *root, ApiRequest *r, MnErr *err) {
     if (is_set && x != 1) return mn_err_set(err, MN_EINVAL, "n: only n=1 is supported");
 
     if ((rc = parse_logit_bias(root, r, err)) != MN_OK) return rc;
-    if ((rc = parse_logprobs(root, r->route == API_ROUTE_CHAT, r, err)) != MN_OK) return rc;
+    if ((rc = parse_logprobs(root, r->route == API_ROUTE_CHAT || r->route == API_ROUTE_APPLY_TEMPLATE, r, err)) != MN_OK)
+        return rc;
     return parse_stop(root, r, err);
 }
 
@@ -500,11 +506,10 @@ static int join_texts(const json_t *parts, size_t total, char **out, MnErr *err)
     return MN_OK;
 }
 
-/* The text of a content-parts array, parts joined by "\n" (as llama.cpp
- * and vLLM join them). i is the message index for messages. */
-static int chat_parts_text(const json_t *parts, size_t i, char **out, MnErr *err) {
-    size_t n = json_array_size(parts), total = 0;
-    for (size_t k = 0; k < n; k++) {
+/* A content-parts array: objects {"type": "text", "text": string}. i is
+ * the message index for messages. */
+static int check_parts(const json_t *parts, size_t i, MnErr *err) {
+    for (size_t k = 0; k < json_array_size(parts); k++) {
         json_t *part = json_array_get(parts, k);
         if (!json_is_object(part))
             return mn_err_set(err, MN_EINVAL, "messages[%zu].content[%zu] must be an object", i, k);
@@ -519,15 +524,15 @@ static int chat_parts_text(const json_t *parts, size_t i, char **out, MnErr *err
         snprintf(path, sizeof path, "messages[%zu].content[%zu].", i, k);
         int rc = check_fields(part, PART_FIELDS, NULL, path, err);
         if (rc != MN_OK) return rc;
-        json_t *text = json_object_get(part, "text");
-        if (!json_is_string(text))
+        if (!json_is_string(json_object_get(part, "text")))
             return mn_err_set(err, MN_EINVAL, "messages[%zu].content[%zu].text must be a string", i, k);
-        total += json_string_length(text) + (k > 0); /* bounded by the body length: no overflow */
     }
-    return join_texts(parts, total, out, err);
+    return MN_OK;
 }
 
-static int parse_message(const json_t *msg, size_t i, ChatMsg *out, MnErr *err) {
+/* Message i into *out: a new {"role", "content"} object (see ApiRequest). */
+static int parse_message(const json_t *msg, size_t i, json_t **out, MnErr *err) {
+    *out = NULL;
     if (!json_is_object(msg)) return mn_err_set(err, MN_EINVAL, "messages[%zu] must be an object", i);
     char path[API_PARAM_MAX];
     snprintf(path, sizeof path, "messages[%zu].", i);
@@ -542,21 +547,39 @@ static int parse_message(const json_t *msg, size_t i, ChatMsg *out, MnErr *err) 
                           json_string_value(role));
 
     json_t *content = member(msg, "content");
-    char *text = NULL;
-    if (json_is_string(content)) {
-        text = mn_strndup(json_string_value(content), json_string_length(content));
-    } else if (json_is_array(content)) {
-        rc = chat_parts_text(content, i, &text, err);
-        if (rc != MN_OK) return rc;
+    if (json_is_array(content)) {
+        if ((rc = check_parts(content, i, err)) != MN_OK) return rc;
+        content = json_incref(content);
+    } else if (json_is_string(content)) {
+        content = json_incref(content);
     } else if (content == NULL && r == ROLE_ASSISTANT) {
-        text = mn_strdup(""); /* an assistant turn that only called tools */
+        content = json_string(""); /* an assistant turn that only called tools */
     } else {
         return mn_err_set(err, MN_EINVAL, "messages[%zu].content must be a string or an array of text parts", i);
     }
-    if (text == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
-    out->role = ROLE_NAMES[r];
-    out->content = text;
-    return MN_OK;
+    *out = json_pack("{s:s,s:o}", "role", ROLE_NAMES[r], "content", content);
+    return *out ? MN_OK : mn_err_set(err, MN_ENOMEM, "out of memory");
+}
+
+/* "tools": an array of tool definitions (objects), for the chat template
+ * to show; "chat_template_kwargs": an object of more template variables;
+ * "add_generation_prompt": a boolean (default true). */
+static int parse_template_fields(const json_t *root, ApiRequest *r, MnErr *err) {
+    json_t *tools = member(root, "tools"), *vars = member(root, "chat_template_kwargs");
+    if (tools != NULL) {
+        if (!json_is_array(tools)) return mn_err_set(err, MN_EINVAL, "tools must be an array of tool definitions");
+        for (size_t i = 0; i < json_array_size(tools); i++)
+            if (!json_is_object(json_array_get(tools, i)))
+                return mn_err_set(err, MN_EINVAL, "tools[%zu] must be an object", i);
+        r->tools = json_incref(tools);
+    }
+    if (vars != NULL) {
+        if (!json_is_object(vars))
+            return mn_err_set(err, MN_EINVAL, "chat_template_kwargs must be an object of template variables");
+        r->template_vars = json_incref(vars);
+    }
+    r->add_generation_prompt = true;
+    return get_bool(root, "add_generation_prompt", &r->add_generation_prompt, err);
 }
 
 static int parse_chat_body(const json_t *root, ApiRequest *r, MnErr *err) {
@@ -567,13 +590,14 @@ static int parse_chat_body(const json_t *root, ApiRequest *r, MnErr *err) {
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
         return mn_err_set(err, MN_EINVAL, "messages must be a non-empty array");
     size_t n = json_array_size(msgs);
-    r->msgs = mn_calloc(n, sizeof *r->msgs);
-    if (r->msgs == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    if ((r->messages = json_array()) == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
-        rc = parse_message(json_array_get(msgs, i), i, &r->msgs[i], err);
+        json_t *m;
+        rc = parse_message(json_array_get(msgs, i), i, &m, err);
         if (rc != MN_OK) return rc;
-        r->n_msgs = i + 1;
+        if (json_array_append_new(r->messages, m)) return mn_err_set(err, MN_ENOMEM, "out of memory");
     }
+    if ((rc = parse_template_fields(root, r, err)) != MN_OK) return rc;
     return parse_generation(root, r, err);
 }
 
@@ -757,7 +781,8 @@ int api_parse_request(ApiRoute route, const char *body, size_t len, ApiRequest *
         return rc;
     }
     switch (route) {
-    case API_ROUTE_CHAT: rc = parse_chat_body(root, out, err); break;
+    case API_ROUTE_CHAT:
+    case API_ROUTE_APPLY_TEMPLATE: rc = parse_chat_body(root, out, err); break;
     case API_ROUTE_COMPLETION: rc = parse_completion_body(root, out, err); break;
     case API_ROUTE_TOKENIZE: rc = parse_tokenize_body(root, out, err); break;
     case API_ROUTE_DETOKENIZE: rc = parse_detokenize_body(root, out, err); break;
@@ -780,6 +805,9 @@ void api_request_deinit(ApiRequest *r) {
     mn_free(r->previous_response_id);
     for (size_t i = 0; i < r->n_msgs; i++) mn_free((void *)r->msgs[i].content); /* owned; const for ChatMsg */
     mn_free(r->msgs);
+    json_decref(r->messages);
+    json_decref(r->tools);
+    json_decref(r->template_vars);
     mn_free(r->text);
     mn_free(r->tokens);
     mn_free(r->logit_bias);
@@ -1157,7 +1185,6 @@ const char *api_error_type(int http_status) {
     switch (http_status) {
     case 401: return "authentication_error";
     case 403: return "permission_error";
-    case 404: return "not_found_error";
     case 429: return "rate_limit_error";
     case 501: return "not_supported_error";
     case 503: return "unavailable_error";
@@ -1232,9 +1259,14 @@ char *api_tokenize_json(const int32_t *tokens, size_t n_tokens) {
     return finish_json(o, is_ok);
 }
 
-char *api_detokenize_json(const char *text, size_t len) {
+/* {key: text[0..len)} */
+static char *text_object_json(const char *key, const char *text, size_t len) {
     assert(text != NULL || len == 0);
     json_t *o = json_object();
-    bool is_ok = o && put(o, "content", jtextn(text, len));
+    bool is_ok = o && put(o, key, jtextn(text, len));
     return finish_json(o, is_ok);
 }
+
+char *api_detokenize_json(const char *text, size_t len) { return text_object_json("content", text, len); }
+
+char *api_apply_template_json(const char *text, size_t len) { return text_object_json("prompt", text, len); }

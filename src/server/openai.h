@@ -6,9 +6,10 @@
  * server understands and fill an ApiRequest that owns copies of everything
  * it holds. Chat and completion requests are checked member by member, as
  * OpenAI does: a field mnemo does not know is refused, and so is one it
- * knows but does not implement (tools, response_format, ...) unless it
- * holds the value that asks for nothing (docs/API.md lists them), so no
- * field is ever silently ignored. /tokenize and /detokenize (llama.cpp's
+ * knows but does not implement (response_format, tool_choice "required",
+ * ...) unless it holds the value that asks for nothing (docs/API.md lists
+ * them), so no field is ever silently ignored. /apply-template takes a
+ * chat body, checked the same way. /tokenize and /detokenize (llama.cpp's
  * routes) ignore unknown fields, as llama.cpp does. A field set to JSON
  * null counts as absent. Failures return MN_EINVAL with a message in err
  * that names the offending field ("messages[2].content must be a string or
@@ -27,6 +28,7 @@
 #ifndef MN_OPENAI_H
 #define MN_OPENAI_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -55,6 +57,7 @@ typedef enum ApiRoute {
     API_ROUTE_DETOKENIZE, /* POST /detokenize */
     API_ROUTE_MODELS,     /* GET /v1/models: no body (api_parse_request refuses it) */
     API_ROUTE_RESPONSES,  /* POST /v1/responses (server/responses) */
+    API_ROUTE_APPLY_TEMPLATE, /* POST /apply-template: a chat body, rendered only */
 } ApiRoute;
 
 /* Bits of ApiRequest.fields_set: which optional fields the client gave
@@ -81,10 +84,21 @@ typedef struct ApiRequest {
                          serves one model: it answers whatever the name) */
     char *session_id; /* chat, completion: NULL if absent */
 
-    /* chat: the conversation, n_msgs >= 1. role is one of the static
-     * strings "system", "user", "assistant" ("developer" arrives as
-     * "system"); content is owned (never NULL; text parts are joined with
-     * "\n", a null assistant content is ""). Ready for chat_template_apply. */
+    /* chat, apply-template: the conversation, ready for the chat format
+     * (model/chat_format.h's ChatInput). messages is an array of >= 1
+     * objects {"role", "content"}: role "system", "user" or "assistant"
+     * ("developer" arrives as "system"), content a string, the client's
+     * array of text parts ({"type": "text", "text"}) as sent, or "" for a
+     * null assistant content. tools is the client's array of tool
+     * definitions (objects), template_vars its "chat_template_kwargs"
+     * object (both NULL when absent). All three are owned references. */
+    json_t *messages;
+    json_t *tools;
+    json_t *template_vars;
+    bool add_generation_prompt; /* "add_generation_prompt", default true */
+
+    /* responses: the input items, n_msgs >= 1: role as given, content owned
+     * (never NULL; text parts joined with "\n"). */
     ChatMsg *msgs;
     size_t n_msgs;
 
@@ -250,9 +264,9 @@ char *api_usage_chunk_json(const ApiMeta *m, bool is_chat, const ApiUsage *usage
  * param and code NULL give JSON null. message NULL gives "". */
 char *api_error_json(int http_status, const char *message, const char *param, const char *code);
 
-/* The OpenAI error type for an HTTP status: 400, 413, 422 and other 4xx
- * "invalid_request_error", 401 "authentication_error", 403
- * "permission_error", 404 "not_found_error", 429 "rate_limit_error", 501
+/* The OpenAI error type for an HTTP status: 400, 404, 413, 422 and other
+ * 4xx "invalid_request_error", 401 "authentication_error", 403
+ * "permission_error", 429 "rate_limit_error", 501
  * "not_supported_error", 503 "unavailable_error", other 5xx (and anything
  * else) "server_error". Static string, never NULL. */
 const char *api_error_type(int http_status);
@@ -276,6 +290,10 @@ char *api_tokenize_json(const int32_t *tokens, size_t n_tokens);
 
 /* {"content":TEXT} for text[0..len) (may hold NUL bytes: written \u0000). */
 char *api_detokenize_json(const char *text, size_t len);
+
+/* {"prompt":TEXT} for text[0..len) (may hold NUL bytes: written \u0000):
+ * the answer of /apply-template. */
+char *api_apply_template_json(const char *text, size_t len);
 
 /* ================================================================= UTF-8 */
 

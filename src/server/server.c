@@ -544,11 +544,16 @@ static const char *request_namespace(Server *s, struct MHD_Connection *c, const 
     return h ? h : "";
 }
 
-/* The prompt as the engine takes it: views into ar. */
-static PromptInput prompt_input(const ApiRequest *ar) {
+/* The conversation of a chat or apply-template request: views into ar. */
+static ChatInput chat_input(const ApiRequest *ar) {
+    return (ChatInput){ar->messages, ar->tools, ar->template_vars, ar->add_generation_prompt};
+}
+
+/* The prompt as the engine takes it: views into ar (and *chat, which the
+ * caller keeps as long as the result). */
+static PromptInput prompt_input(const ApiRequest *ar, const ChatInput *chat) {
     PromptInput in = {.form = ar->route == API_ROUTE_CHAT ? PROMPT_CHAT : ar->text ? PROMPT_TEXT : PROMPT_IDS};
-    in.msgs = ar->msgs;
-    in.n_msgs = ar->n_msgs;
+    in.chat = chat;
     in.text = ar->text;
     in.text_len = ar->text_len;
     in.ids = ar->tokens;
@@ -605,7 +610,8 @@ static enum MHD_Result handle_generation(Server *s, struct MHD_Connection *c, Ap
     g->t0 = mn_now();
     snprintf(g->id, sizeof g->id, "%s-%s-%llu", g->is_chat ? "chatcmpl" : "cmpl", s->id_prefix,
              (unsigned long long)atomic_fetch_add(&s->next_id, 1));
-    PromptInput in = prompt_input(&ar);
+    ChatInput chat = chat_input(&ar);
+    PromptInput in = prompt_input(&ar, &chat);
     ReqParams p = req_params(&ar);
     const char *session = ar.session_id ? ar.session_id : MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
     ReqField field;
@@ -617,6 +623,24 @@ static enum MHD_Result handle_generation(Server *s, struct MHD_Connection *c, Ap
         return send_error(s, c, api_http_status(rc), err.msg, field_param(route, field));
     }
     return run_generation(s, c, g);
+}
+
+/* POST /apply-template: the text a chat request with this body is made of. */
+static enum MHD_Result handle_apply_template(Server *s, struct MHD_Connection *c, Conn *conn) {
+    ApiRequest ar;
+    MnErr err = {0};
+    char param[API_PARAM_MAX];
+    if (api_parse_request(API_ROUTE_APPLY_TEMPLATE, conn->body ? conn->body : "", conn->len, &ar, &err, param) != MN_OK)
+        return send_error(s, c, 400, err.msg, param[0] ? param : NULL);
+    ChatInput chat = chat_input(&ar);
+    char *text = NULL;
+    size_t len = 0;
+    int rc = prompt_render(s->e, &chat, &text, &len, &err);
+    api_request_deinit(&ar);
+    enum MHD_Result ok = rc == MN_OK ? send_json(s, c, 200, api_apply_template_json(text, len))
+                                     : send_error(s, c, api_http_status(rc), err.msg, "messages");
+    mn_free(text);
+    return ok;
 }
 
 static enum MHD_Result handle_tokenize(Server *s, struct MHD_Connection *c, ApiRoute route, Conn *conn) {
@@ -667,6 +691,7 @@ static const ApiPath api_paths[] = {
     {"/v1/completions", API_ROUTE_COMPLETION},
     {"/tokenize", API_ROUTE_TOKENIZE},
     {"/detokenize", API_ROUTE_DETOKENIZE},
+    {"/apply-template", API_ROUTE_APPLY_TEMPLATE},
 };
 
 /* The API key of the request when keys are set: NULL if missing or wrong.
@@ -918,6 +943,7 @@ static enum MHD_Result handle_request(void *cls, struct MHD_Connection *c, const
     case API_ROUTE_TOKENIZE:
     case API_ROUTE_DETOKENIZE: return handle_tokenize(s, c, ap->route, conn);
     case API_ROUTE_RESPONSES: break; /* by path, above */
+    case API_ROUTE_APPLY_TEMPLATE: return handle_apply_template(s, c, conn);
     }
     return MHD_NO; /* every route is handled above */
 }
