@@ -30,16 +30,14 @@ static inline int srv_port(Srv *s) {
     return s->port;
 }
 
-/* Start `mnemo serve -m MODEL --port 0 --block-tokens 8 EXTRA`; returns 0
- * once it listens (the port is read from its start-up line), -1 when the
- * model file is missing (the test is skipped). A server that exits first,
- * or is not listening after TEST_HANG_GUARD_S, fails the test. */
-static inline int srv_start(Srv *s, const char *model, const char *extra) {
-    char path[512], rel[256], cmd[2048];
-    snprintf(rel, sizeof rel, "models/%s.gguf", model);
-    test_data_path(path, sizeof path, rel);
-    if (!test_require_file(path)) return -1;
-    snprintf(s->model, sizeof s->model, "%s.gguf", model);
+/* Start `mnemo serve -m PATH --port 0 --block-tokens 8 EXTRA` for a model
+ * file anywhere (s->model is its file name); returns 0 once it listens (the
+ * port is read from its start-up line). A server that exits first, or is
+ * not listening after TEST_HANG_GUARD_S, fails the test. */
+static inline int srv_start_path(Srv *s, const char *path, const char *extra) {
+    char cmd[2048];
+    const char *base = strrchr(path, '/');
+    snprintf(s->model, sizeof s->model, "%.100s", base ? base + 1 : path);
     snprintf(s->log, sizeof s->log, "/tmp/mnemo-test-srv-%d-XXXXXX", (int)getpid());
     int fd = mkstemp(s->log);
     close(fd);
@@ -59,6 +57,16 @@ static inline int srv_start(Srv *s, const char *model, const char *extra) {
         fail_msg("the server exited (status 0x%x) before listening; see %s", status, s->log);
     }
     return 0;
+}
+
+/* srv_start_path for ../shared/data/models/MODEL.gguf; -1 when the file is
+ * missing (the test is skipped). */
+static inline int srv_start(Srv *s, const char *model, const char *extra) {
+    char path[512], rel[256];
+    snprintf(rel, sizeof rel, "models/%s.gguf", model);
+    test_data_path(path, sizeof path, rel);
+    if (!test_require_file(path)) return -1;
+    return srv_start_path(s, path, extra);
 }
 
 /* SIGTERM, and the server must exit 0. Its pid is 0 afterwards, so a
