@@ -4,8 +4,8 @@
  * module does not run it: like llama.cpp's built-in formatter it recognizes
  * the template's family by characteristic substrings and renders the
  * family's format in C (model/jinja.h renders the template itself; the
- * server uses these families until it switches to the renderer). The
- * output of chat_template_apply is plain text for the tokenizer; the
+ * server uses a family when asked to, or for a model without a template:
+ * model/chat_format.h). The output of chat_template_apply is plain text for the tokenizer; the
  * tokenizer adds the leading BOS itself, so the text never starts with one
  * (a family that needs BOS *inside* the history, like llama2-sys-bos or
  * monarch, writes it there).
