@@ -128,7 +128,8 @@ static void test_chat_defaults(void **state) {
     parse_ok(API_ROUTE_CHAT, "{" MSGS "}", &r);
     assert_string_equal(r.model, "");
     assert_null(r.session_id);
-    assert_int_equal(r.n_msgs, 1);
+    assert_int_equal(json_array_size(r.messages), 1);
+    assert_null(r.msgs); /* the Responses API's input items */
     assert_string_equal(msg_role(&r, 0), "user");
     assert_string_equal(msg_text(&r, 0), "hi");
     assert_int_equal(json_object_size(json_array_get(r.messages, 0)), 2);
@@ -172,7 +173,7 @@ static void test_chat_all_fields(void **state) {
              &r);
     assert_string_equal(r.model, "tiny");
     assert_string_equal(r.session_id, "s-1");
-    assert_int_equal(r.n_msgs, 4);
+    assert_int_equal(json_array_size(r.messages), 4);
     const char *roles[] = {"system", "user", "assistant", "user"};
     const char *texts[] = {"be brief", "hello", "hey", "again"};
     for (size_t i = 0; i < 4; i++) {
@@ -213,7 +214,7 @@ static void test_chat_content_shapes(void **state) {
              "{\"role\":\"user\",\"content\":[]},"
              "{\"role\":\"user\",\"content\":\"caf\\u00e9 \\ud83d\\ude00\"}]}",
              &r);
-    assert_int_equal(r.n_msgs, 6);
+    assert_int_equal(json_array_size(r.messages), 6);
     /* text parts stay as sent (the chat format reads them), the tool_calls
      * member ([]: none) is not kept */
     assert_string_equal(msg_role(&r, 0), "system");
@@ -244,7 +245,7 @@ static void test_chat_template_fields(void **state) {
         ApiRequest r;
         parse_ok(routes[k], body, &r);
         assert_int_equal(r.route, routes[k]);
-        assert_int_equal(r.n_msgs, 1);
+        assert_int_equal(json_array_size(r.messages), 1);
         assert_string_equal(msg_text(&r, 0), "hi");
         assert_int_equal(json_array_size(r.tools), 1);
         assert_string_equal(json_string_value(json_object_get(json_object_get(json_array_get(r.tools, 0), "function"),

@@ -470,7 +470,7 @@ static void test_submit_refusals(void **s) {
 
 /* A Jinja template's errors are the prompt's refusals, with the template's
  * message: raise_exception (MN_EINVAL), a bound (MN_ERANGE). An engine
- * without a chat format refuses chats. */
+ * given no chat format renders with the built-in default. */
 static void test_template_refusals(void **s) {
     Model *m = load_stories();
     if (m == NULL) return;
@@ -487,13 +487,18 @@ static void test_template_refusals(void **s) {
     ci.messages = sy;
     expect_refusal(e, &in, &p, MN_ERANGE, REQ_FIELD_PROMPT, "chat template: ");
     engine_free(e);
+    /* an engine given no format renders with the built-in default */
     e = start_engine(NULL, m);
-    expect_refusal(e, &in, &p, MN_EINVAL, REQ_FIELD_PROMPT, "no chat format");
-    char *text = (char *)&text;
-    size_t len = 1;
+    char *text, *want;
+    size_t len, want_len;
     MnErr err = {0};
-    assert_int_equal(prompt_render(e, &ci, &text, &len, &err), MN_EINVAL);
-    assert_null(text);
+    assert_int_equal(prompt_render(e, &ci, &text, &len, &err), MN_OK);
+    assert_int_equal(chat_format_render(chat_format_default(), &ci, &want, &want_len, &err), MN_OK);
+    assert_int_equal(len, want_len);
+    assert_memory_equal(text, want, len);
+    assert_non_null(strstr(text, "<|im_start|>system\na<|im_end|>"));
+    mn_free(text);
+    mn_free(want);
     engine_free(e);
     json_decref(u);
     json_decref(sy);

@@ -88,7 +88,7 @@ typedef struct EngineOptions {
     bool prefix_cache;    /* default true */
     SchedPolicy schedule; /* default FCFS */
     const ChatFormat *chat_format; /* renders chat prompts (engine/prompt.h; borrowed, outlives the
-                                      engine); NULL (default): the engine takes no chats */
+                                      engine); NULL (default): chat_format_default() */
     ContextOverflow context_overflow; /* what prompt_submit does with a chat too long (default recompute) */
     int default_max_tokens; /* max_tokens of a request that leaves it to the engine (ReqParams.max_tokens
                                0), capped by the room its prompt leaves; <= 0 (default): that room */

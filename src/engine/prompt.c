@@ -141,18 +141,16 @@ int prompt_build_chat(const Tokenizer *tok, const ChatFormat *fmt, const ChatInp
     return rc;
 }
 
-/* The engine's chat format into *out; MN_EINVAL when it has none. */
-static int chat_format_of(const Engine *e, const ChatFormat **out, MnErr *err) {
-    *out = engine_chat_format(e);
-    return *out ? MN_OK : mn_err_set(err, MN_EINVAL, "this server takes no chat requests (it has no chat format)");
+/* The engine's chat format, or the default one when it was given none. */
+static const ChatFormat *format_of(const Engine *e) {
+    const ChatFormat *f = engine_chat_format(e);
+    return f ? f : chat_format_default();
 }
 
 int prompt_render(const Engine *e, const ChatInput *chat, char **out, size_t *out_len, MnErr *err) {
     *out = NULL;
     *out_len = 0;
-    const ChatFormat *fmt;
-    int rc = chat_format_of(e, &fmt, err);
-    return rc ? rc : chat_format_render(fmt, chat, out, out_len, err);
+    return chat_format_render(format_of(e), chat, out, out_len, err);
 }
 
 /* ---- context overflow ------------------------------------------------------------ */
@@ -255,11 +253,9 @@ static int prompt_ids(Engine *e, const PromptInput *in, const char *ns, int max_
                       int *n_truncated, MnErr *err) {
     const Tokenizer *tok = engine_model(e)->tok;
     if (in->form == PROMPT_CHAT) {
-        const ChatFormat *fmt;
-        int rc = chat_format_of(e, &fmt, err);
-        if (rc) return rc;
         Hash128 ns_id = engine_namespace_id(ns);
-        rc = prompt_build_chat(tok, fmt, in->chat, engine_reply_memory(e), &ns_id, ids, NULL, err);
+        const ChatFormat *fmt = format_of(e);
+        int rc = prompt_build_chat(tok, fmt, in->chat, engine_reply_memory(e), &ns_id, ids, NULL, err);
         if (rc == MN_OK && engine_context_overflow(e) == OVERFLOW_RECOMPUTE && !engine_prompt_fits(e, ids->n, max_tokens))
             rc = fit_context(e, fmt, in->chat, &ns_id, max_tokens, ids, n_truncated, err);
         return rc;

@@ -67,9 +67,9 @@ int prompt_build_chat(const Tokenizer *tok, const ChatFormat *fmt, const ChatInp
                       const Hash128 *ns_id, TokIds *out, PromptStats *stats, MnErr *err);
 
 /* The text a chat request's prompt is made of: chat rendered with the
- * engine's chat format (before the BOS/EOS texts are dropped). *out
- * (mn_free) and *out_len as chat_format_render gives them, and its errors;
- * MN_EINVAL when the engine has no chat format. */
+ * engine's chat format (chat_format_default() when it was given none),
+ * before the BOS/EOS texts are dropped. *out (mn_free) and *out_len as
+ * chat_format_render gives them, and its errors. */
 int prompt_render(const Engine *e, const ChatInput *chat, char **out, size_t *out_len, MnErr *err);
 
 /* The forms a client's prompt comes in. */

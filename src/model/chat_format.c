@@ -27,7 +27,14 @@ struct ChatFormat {
     char describe[600];   /* chat_format_describe's text */
 };
 
+/* The built-in default family with the family's usual tokens: what an
+ * engine given no format renders with. Read-only, like every format. */
+static const ChatFormat DEFAULT_FORMAT = {
+    .builtin = CHAT_TMPL_DEFAULT, .bos = (char *)"", .eos = (char *)"", .describe = "built-in default"};
+
 /* ----------------------------------------------------------------- making */
+
+const ChatFormat *chat_format_default(void) { return &DEFAULT_FORMAT; }
 
 static ChatFormat *format_alloc(const char *bos, const char *eos, const JinjaDate *date) {
     ChatFormat *f = mn_calloc(1, sizeof *f);

@@ -79,6 +79,10 @@ int chat_format_new_jinja(const char *src, size_t len, const char *bos, const ch
 
 void chat_format_free(ChatFormat *f);
 
+/* The built-in default family (CHAT_TMPL_DEFAULT) with the family's usual
+ * BOS and EOS texts: a static format, never freed, for callers given none. */
+const ChatFormat *chat_format_default(void);
+
 /* Which format is used, for the start-up line: "gguf (tokenizer.chat_template)",
  * "file PATH", "built-in NAME" or "built-in NAME (the model has no chat
  * template)" as chat_format_new chose; "jinja" for chat_format_new_jinja.
