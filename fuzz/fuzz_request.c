@@ -3,17 +3,20 @@
  *
  * The input is a request body. It is parsed as the body of every route that
  * has one (chat completions, completions, /tokenize, /detokenize,
- * /v1/responses), as a client could send any bytes to any of them. Beyond never crashing,
+ * /v1/responses, /apply-template), as a client could send any bytes to any
+ * of them. Beyond never crashing,
  * leaking or reading out of bounds (ASan, UBSan), each parse must keep
  * openai.h's contract: a failure is MN_EINVAL with a message (and a
  * NUL-terminated param that is a prefix of it) or MN_ENOMEM, and leaves the
  * request zeroed; a success holds what the header promises of the route
- * (messages with static roles and owned contents, exactly one prompt form,
+ * (a chat's messages as objects with a chat role and a string or parts
+ * content; Responses items with static roles and owned contents; exactly one prompt form,
  * ids >= 0, non-empty stops, in-range sampling fields). The input also goes
  * through api_utf8_sanitize, whose output must be valid UTF-8 and equal to
  * the input when that is valid. Seeds: fuzz/corpus/request; dictionary:
  * fuzz/request.dict (the field names and values the parser knows).
  */
+#include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,14 +42,36 @@ static bool is_role(const char *r, bool is_responses) {
                          (is_responses && strcmp(r, "developer") == 0));
 }
 
+/* A chat's messages (ApiRequest.messages): a non-empty array of objects
+ * {"role", "content"}, the role a chat role, the content a string or an
+ * array of parts. */
+static bool is_chat_messages(const json_t *m) {
+    if (!json_is_array(m) || json_array_size(m) == 0) return false;
+    for (size_t i = 0; i < json_array_size(m); i++) {
+        const json_t *msg = json_array_get(m, i), *content = json_object_get(msg, "content");
+        if (!json_is_object(msg) || json_object_size(msg) != 2 ||
+            !is_role(json_string_value(json_object_get(msg, "role")), false) ||
+            !(json_is_string(content) || json_is_array(content)))
+            return false;
+    }
+    return true;
+}
+
 /* What a successful parse of route promises (openai.h, ApiRequest). */
 static void check_request(ApiRoute route, const ApiRequest *r) {
     if (r->route != route) abort();
     bool is_responses = route == API_ROUTE_RESPONSES;
-    if (route == API_ROUTE_CHAT || is_responses) {
+    bool is_chat = route == API_ROUTE_CHAT || route == API_ROUTE_APPLY_TEMPLATE;
+    if (is_chat) {
+        if (!is_chat_messages(r->messages) || r->msgs != NULL || r->n_msgs != 0) abort();
+        if ((r->tools && !json_is_array(r->tools)) || (r->template_vars && !json_is_object(r->template_vars))) abort();
+    } else if (r->messages != NULL || r->tools != NULL || r->template_vars != NULL) {
+        abort();
+    }
+    if (is_responses) {
         if (r->n_msgs < 1 || r->msgs == NULL) abort();
         for (size_t i = 0; i < r->n_msgs; i++)
-            if (!is_role(r->msgs[i].role, is_responses) || r->msgs[i].content == NULL) abort();
+            if (!is_role(r->msgs[i].role, true) || r->msgs[i].content == NULL) abort();
     } else if (r->n_msgs != 0 || r->instructions != NULL || r->previous_response_id != NULL) {
         abort();
     }
@@ -55,7 +80,7 @@ static void check_request(ApiRoute route, const ApiRequest *r) {
     if (r->n_tokens > 0 && r->tokens == NULL) abort();
     for (size_t i = 0; i < r->n_tokens; i++)
         if (r->tokens[i] < 0) abort();
-    if (route == API_ROUTE_CHAT || route == API_ROUTE_COMPLETION || is_responses) {
+    if (is_chat || route == API_ROUTE_COMPLETION || is_responses) {
         if (r->model == NULL) abort();
         if (r->n_stop > API_MAX_STOP) abort();
         for (size_t i = 0; i < r->n_stop; i++)
@@ -104,8 +129,8 @@ static void check_sanitize(const char *s, size_t len) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *body = (const char *)data;
-    static const ApiRoute routes[] = {API_ROUTE_CHAT, API_ROUTE_COMPLETION, API_ROUTE_TOKENIZE,
-                                      API_ROUTE_DETOKENIZE, API_ROUTE_RESPONSES};
+    static const ApiRoute routes[] = {API_ROUTE_CHAT,        API_ROUTE_COMPLETION, API_ROUTE_TOKENIZE,
+                                      API_ROUTE_DETOKENIZE,  API_ROUTE_RESPONSES,  API_ROUTE_APPLY_TEMPLATE};
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) parse_as(routes[i], body, size);
     check_sanitize(body, size);
     return 0;
