@@ -1325,6 +1325,25 @@ static void test_parse_alloc_failure(void **state) {
     json_set_alloc_funcs(malloc, free);
 }
 
+/* api_sse_emit: pending bytes in pieces of at most max, then a ping. */
+static void test_sse_emit(void **state) {
+    (void)state;
+    char buf[8];
+    size_t off = 0;
+    const char *out = "data: x\n\n"; /* 9 bytes */
+    assert_int_equal(api_sse_emit(out, 9, &off, buf, 8), 8);
+    assert_memory_equal(buf, "data: x\n", 8);
+    assert_int_equal(off, 8);
+    assert_int_equal(api_sse_emit(out, 9, &off, buf, 8), 1);
+    assert_int_equal(buf[0], '\n');
+    assert_int_equal(off, 9);
+    assert_int_equal(api_sse_emit(out, 9, &off, buf, 8), 8); /* nothing left: ": ping\n\n" */
+    assert_memory_equal(buf, ": ping\n\n", 8);
+    assert_int_equal(off, 9);
+    assert_int_equal(api_sse_emit(out, 9, &off, buf, 3), 3);
+    assert_memory_equal(buf, ": p", 3);
+}
+
 int main(void) {
     test_apply_filter();
     const struct CMUnitTest tests[] = {
@@ -1352,6 +1371,7 @@ int main(void) {
         cmocka_unit_test(test_models_and_tokens),
         cmocka_unit_test(test_builder_alloc_failure),
         cmocka_unit_test(test_parse_alloc_failure),
+        cmocka_unit_test(test_sse_emit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

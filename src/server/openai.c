@@ -1270,3 +1270,16 @@ static char *text_object_json(const char *key, const char *text, size_t len) {
 char *api_detokenize_json(const char *text, size_t len) { return text_object_json("content", text, len); }
 
 char *api_apply_template_json(const char *text, size_t len) { return text_object_json("prompt", text, len); }
+
+size_t api_sse_emit(const char *out, size_t len, size_t *off, char *buf, size_t max) {
+    static const char ping[] = ": ping\n\n";
+    if (*off >= len) {
+        size_t n = sizeof ping - 1 < max ? sizeof ping - 1 : max;
+        memcpy(buf, ping, n);
+        return n;
+    }
+    size_t n = len - *off < max ? len - *off : max;
+    memcpy(buf, out + *off, n);
+    *off += n;
+    return n;
+}

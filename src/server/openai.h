@@ -239,6 +239,12 @@ char *api_chat_completion_json(const ApiMeta *m, const char *content, ApiFinish 
 char *api_chat_chunk_json(const ApiMeta *m, bool with_role, const char *content, ApiFinish finish,
                           const ApiLogprobs *lp);
 
+/* Hand a stream's next bytes to the HTTP library: out[*off..len) into buf,
+ * at most max bytes, advancing *off; with nothing pending (len == *off) an
+ * SSE comment ": ping", which keeps the connection open while the engine
+ * works. Returns the bytes written (at least 1 when max > 0). */
+size_t api_sse_emit(const char *out, size_t len, size_t *off, char *buf, size_t max);
+
 /* {"id","object":"text_completion","created","model","system_fingerprint",
  *  "choices":[{"text","index":0,"logprobs","finish_reason"}],"usage"}.
  * usage may be NULL. logprobs: lp NULL gives null, else the legacy form

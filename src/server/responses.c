@@ -518,17 +518,9 @@ ssize_t resp_stream_read(RespStream *st, char *buf, size_t max) {
             request_output_deinit(&o);
         }
         if (rc != MN_OK) return RESP_STREAM_ERROR;
-        if (st->out_len == 0) { /* nothing yet: a comment keeps the connection honest */
-            static const char ping[] = ": ping\n\n";
-            size_t n = sizeof ping - 1 < max ? sizeof ping - 1 : max;
-            memcpy(buf, ping, n);
-            return (ssize_t)n;
-        }
+        if (st->out_len == 0) break; /* nothing yet: api_sse_emit pings */
     }
-    size_t n = st->out_len - st->out_off < max ? st->out_len - st->out_off : max;
-    memcpy(buf, st->out + st->out_off, n);
-    st->out_off += n;
-    return (ssize_t)n;
+    return (ssize_t)api_sse_emit(st->out, st->out_len, &st->out_off, buf, max);
 }
 
 void resp_stream_free(RespStream *st) {

@@ -458,17 +458,9 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             log_request(g, 200);
         }
         if (rc != MN_OK) return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (g->out_len == 0) { /* nothing yet: a comment keeps the connection honest */
-            static const char ping[] = ": ping\n\n";
-            size_t n = sizeof ping - 1 < max ? sizeof ping - 1 : max;
-            memcpy(buf, ping, n);
-            return (ssize_t)n;
-        }
+        if (g->out_len == 0) break; /* nothing yet: api_sse_emit pings */
     }
-    size_t n = g->out_len - g->out_off < max ? g->out_len - g->out_off : max;
-    memcpy(buf, g->out + g->out_off, n);
-    g->out_off += n;
-    return (ssize_t)n;
+    return (ssize_t)api_sse_emit(g->out, g->out_len, &g->out_off, buf, max);
 }
 
 static void stream_free(void *cls) {
