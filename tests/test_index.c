@@ -117,6 +117,9 @@ static void test_reply_memory(void **s) {
     assert_int_equal(out.ids[1], 41);
     assert_int_equal(replymem_get(rm, &k, "hell", 4, &out), 0);
     assert_int_equal(replymem_get(rm, &k2, "hello", 5, &out), 0);
+    /* the text filter: held under some key, or surely not */
+    assert_true(replymem_may_hold(rm, "hello", 5));
+    assert_false(replymem_may_hold(rm, "goodbye", 7));
     /* replacing keeps one entry; the oldest goes when full */
     int32_t ids2[1] = {7};
     assert_int_equal(replymem_put(rm, &k, "hello", 5, ids2, 1), MN_OK);
@@ -131,7 +134,9 @@ static void test_reply_memory(void **s) {
     assert_int_equal(replymem_count(rm), 3);
     out.n = 0;
     assert_int_equal(replymem_get(rm, &k, "hello", 5, &out), 0);
+    assert_false(replymem_may_hold(rm, "hello", 5)); /* its entry was dropped (once, though put twice) */
     assert_int_equal(replymem_get(rm, &k, "c", 1, &out), 1);
+    assert_true(replymem_may_hold(rm, "c", 1));
     tok_ids_free(&out);
     replymem_free(rm);
 }

@@ -24,6 +24,7 @@ struct ReplyMemory {
     Entry **buckets; /* (n_buckets) */
     size_t n_buckets;
     Entry **ring;    /* (max_entries) insertion order */
+    uint32_t *text_count; /* (n_buckets) entries per slot of their text's hash */
     int max_entries, head, count;
 };
 
@@ -36,9 +37,11 @@ ReplyMemory *replymem_new(int max_entries) {
     while (rm->n_buckets < (size_t)max_entries) rm->n_buckets *= 2;
     rm->buckets = mn_calloc(rm->n_buckets, sizeof *rm->buckets);
     rm->ring = mn_calloc((size_t)max_entries, sizeof *rm->ring);
-    if (!rm->buckets || !rm->ring) {
+    rm->text_count = mn_calloc(rm->n_buckets, sizeof *rm->text_count);
+    if (!rm->buckets || !rm->ring || !rm->text_count) {
         mn_free(rm->buckets);
         mn_free(rm->ring);
+        mn_free(rm->text_count);
         mn_free(rm);
         return NULL;
     }
@@ -63,6 +66,7 @@ void replymem_free(ReplyMemory *rm) {
     pthread_mutex_destroy(&rm->lock);
     mn_free(rm->buckets);
     mn_free(rm->ring);
+    mn_free(rm->text_count);
     mn_free(rm);
 }
 
@@ -80,6 +84,14 @@ static Hash128 entry_id(const Hash128 *key, const char *text, size_t len) {
     hasher_update(&h, key->b, 16);
     hasher_update(&h, text, len);
     return hasher_final(&h);
+}
+
+/* The text_count slot of a text: 0 there means no entry holds it. */
+static uint32_t *text_slot(ReplyMemory *rm, const char *text, size_t len) {
+    Hash128 h = hash128(text, len);
+    uint64_t v;
+    memcpy(&v, h.b, 8);
+    return &rm->text_count[v & (rm->n_buckets - 1)];
 }
 
 static Entry **bucket_of(ReplyMemory *rm, const Hash128 *id) {
@@ -122,12 +134,14 @@ int replymem_put(ReplyMemory *rm, const Hash128 *key, const char *text, size_t l
     } else {
         if (rm->count == rm->max_entries) { /* drop the oldest */
             Entry *gone = unlink_id(rm, &rm->ring[rm->head]->id);
+            (*text_slot(rm, gone->text, gone->text_len))--;
             entry_free(gone);
             rm->head = (rm->head + 1) % rm->max_entries;
             rm->count--;
         }
         rm->ring[(rm->head + rm->count) % rm->max_entries] = e;
         rm->count++;
+        (*text_slot(rm, e->text, e->text_len))++; /* a replaced entry had the same text */
     }
     Entry **b = bucket_of(rm, &e->id);
     e->next = *b;
@@ -155,6 +169,13 @@ int replymem_get(ReplyMemory *rm, const Hash128 *key, const char *text, size_t l
     }
     pthread_mutex_unlock(&rm->lock);
     return found;
+}
+
+bool replymem_may_hold(ReplyMemory *rm, const char *text, size_t len) {
+    pthread_mutex_lock(&rm->lock);
+    bool may = *text_slot(rm, text, len) > 0;
+    pthread_mutex_unlock(&rm->lock);
+    return may;
 }
 
 int replymem_count(ReplyMemory *rm) {

@@ -15,6 +15,7 @@
 #ifndef MN_REPLY_MEM_H
 #define MN_REPLY_MEM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -34,6 +35,10 @@ int replymem_put(ReplyMemory *rm, const Hash128 *key, const char *text, size_t l
 /* Append the remembered ids to out: 1 when found, 0 when not, MN_ENOMEM
  * negated (-MN_ENOMEM) when out could not grow. */
 int replymem_get(ReplyMemory *rm, const Hash128 *key, const char *text, size_t len, TokIds *out);
+/* False when no entry, under any key, holds this text — then no prefix
+ * needs tokenizing to look it up; true when one may (a cheap filter: texts
+ * share its counters by hash). */
+bool replymem_may_hold(ReplyMemory *rm, const char *text, size_t len);
 int replymem_count(ReplyMemory *rm);
 
 #endif

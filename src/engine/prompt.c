@@ -117,6 +117,7 @@ int prompt_build_chat(const Tokenizer *tok, const ChatFormat *fmt, const ChatInp
     for (size_t k = 0; rc == MN_OK && k < n_found; k++) {
         const Reply *r = &replies[k];
         if (r->off < at || r->off + r->len > end) continue;
+        if (!replymem_may_hold(rm, r->text, r->len)) continue; /* no tokenizing for a sure miss */
         rc = encode_piece(tok, real + at, r->off - at, piece, out);
         if (rc) break;
         Hash128 key = replymem_prefix_key(ns_id, out->ids, out->n);
