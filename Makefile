@@ -17,7 +17,7 @@ CC      ?= gcc
 # The flags below come from pkg-config when make reads this file, so a rule
 # that runs scripts/setup first (test, run, bench) builds in a sub-make that
 # reads it again after the packages are installed.
-PKGS    := libpcre2-8 libxxhash jansson libmicrohttpd libcurl liburing sqlite3 libedit
+PKGS    := libpcre2-8 libxxhash jansson libmicrohttpd libcurl liburing sqlite3 libedit hiredis
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 BASE    := -std=c17 -ffp-contract=off -D_GNU_SOURCE -Isrc -Itests -pthread $(WARN) $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LIBS    := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -pthread

@@ -480,6 +480,8 @@ void tier_skip_run_ids(Tier *t, uint64_t id) {
     if (id >= t->next_run_id) t->next_run_id = id + 1;
 }
 
+uint64_t tier_new_run_id(Tier *t) { return t->next_run_id++; }
+
 /* ---- lookups ------------------------------------------------------------- */
 
 bool tier_has(const Tier *t, const Hash128 *hash) { return map_get(t, hash) != NULL; }
@@ -535,9 +537,10 @@ static void run_used(Tier *t, TierRun *r, double when) {
     if (t->ops->touch && !t->is_failed) t->ops->touch(t->kind, r);
 }
 
-/* Settle what a read of run r's layer returned: a checksum failure drops
- * the run, an I/O error is sticky (r may be NULL then), success makes the
- * run most recently used (and a read of layer 0 counts as a use). */
+/* Settle what a read of run r's layer returned: a checksum failure or a
+ * run the medium no longer has drops the run, an I/O error is sticky (r
+ * may be NULL then), success makes the run most recently used (and a read
+ * of layer 0 counts as a use). */
 static int read_outcome(Tier *t, TierRun *r, int layer, int rc) {
     if (rc == MN_ECHECKSUM) {
         assert(r != NULL);
@@ -545,6 +548,13 @@ static int read_outcome(Tier *t, TierRun *r, int layer, int rc) {
                  (unsigned long long)r->id);
         t->st.n_checksum_failures++;
         run_drop(t, r, TIER_DROP_CHECKSUM);
+        return rc;
+    }
+    if (rc == MN_ENOTFOUND && r != NULL) { /* the store's own eviction: an ordinary miss */
+        LOG_INFO("%s tier: layer %d of run %llu is no longer stored; dropping the run", t->ops->name, layer,
+                 (unsigned long long)r->id);
+        t->st.n_missing_runs++;
+        run_drop(t, r, TIER_DROP_MISSING);
         return rc;
     }
     if (rc == MN_EIO) return enter_failed(t, "reading a layer");
@@ -595,7 +605,7 @@ int tier_read_layers(Tier *t, const Hash128 *hashes, int n_blocks, KvPool *pool,
     rc = t->ops->read_layers(t->kind, t->groups, n_groups, pool, layer_fn, ctx, &io_bytes, &bad);
     t->st.read_seconds += mn_now() - t0;
     t->st.bytes_read += io_bytes;
-    if (rc == MN_ECHECKSUM) {
+    if (rc == MN_ECHECKSUM || rc == MN_ENOTFOUND) {
         assert(bad.group >= 0 && bad.group < n_groups);
         return read_outcome(t, t->groups[bad.group].run, bad.layer, rc);
     }
@@ -672,9 +682,16 @@ int tier_reset(Tier *t) {
         enter_failed(t, "resetting");
         return rc;
     }
+    if (t->is_failed) t->st.n_resets++;
     t->is_failed = false;
     return MN_OK;
 }
+
+void tier_fail(Tier *t, const char *what) { enter_failed(t, what); }
+
+bool tier_is_failed(const Tier *t) { return t->is_failed; }
+
+bool tier_is_retried(const Tier *t) { return t->ops->is_retried; }
 
 /* ---- listing ---------------------------------------------------------------- */
 
@@ -710,13 +727,14 @@ void tier_dump(const Tier *t) {
     fprintf(stderr,
             "  puts %llu (full %llu), layer reads %llu, written %llu B in %.6f s, read %llu B in %.6f s, "
             "evicted %llu runs / %llu blocks, expired %llu runs / %llu blocks, adopted %llu runs, "
-            "checksum failures %llu, io errors %llu\n",
+            "checksum failures %llu, missing runs %llu, io errors %llu, resets %llu\n",
             (unsigned long long)s->n_puts, (unsigned long long)s->n_puts_full, (unsigned long long)s->n_layer_reads,
             (unsigned long long)s->bytes_written, s->write_seconds, (unsigned long long)s->bytes_read, s->read_seconds,
             (unsigned long long)s->n_evicted_runs, (unsigned long long)s->n_evicted_blocks,
             (unsigned long long)s->n_expired_runs, (unsigned long long)s->n_expired_blocks,
             (unsigned long long)s->n_adopted_runs, (unsigned long long)s->n_checksum_failures,
-            (unsigned long long)s->n_io_errors);
+            (unsigned long long)s->n_missing_runs, (unsigned long long)s->n_io_errors,
+            (unsigned long long)s->n_resets);
     int k = 0;
     for (const TierRun *r = t->lru_head; r != NULL; r = r->lru_next, k++) {
         if (k == 64) {

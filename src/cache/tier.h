@@ -19,11 +19,11 @@
  *      |                     ^   |  ^                           |
  *      +---------------------+   |  +---------------------------+
  *      tier_disk_new, adopting   |
- *      a stored run              +--> (gone) by: eviction inside tier_put_run
- *                                 (by tier_set_policy), tier_drop_run,
- *                                 tier_drop of its last live block, a checksum
- *                                 failure in tier_read_layer, tier_expire,
- *                                 tier_reset
+ *      a stored run; tier_redis_ +--> (gone) by: eviction inside tier_put_run
+ *      probe, adopting a run      (by tier_set_policy), tier_drop_run,
+ *      another instance stored    tier_drop of its last live block, a checksum
+ *                                 failure or a run the medium no longer has
+ *                                 in tier_read_layer, tier_expire, tier_reset
  *
  * Each run carries the wall-clock time it was last used (put, or a read of
  * its layer 0); tier_expire drops the runs not used since a cutoff. With a
@@ -55,7 +55,14 @@
  *
  * Errors: MN_EIO from a device is sticky: the tier then refuses every call
  * with MN_EIO until tier_reset (SQLite's pager error state). MN_EFULL and
- * MN_ECHECKSUM are not sticky: the tier keeps working.
+ * MN_ECHECKSUM are not sticky: the tier keeps working. A tier over a
+ * remote store that may come back (tier_is_retried: redis) is reset by its
+ * owner with a back-off; a local device stays off until a restart.
+ *
+ * A shared store (redis) also decides on its own what it keeps: a run this
+ * tier holds may be gone when it is read. The read then fails with
+ * MN_ENOTFOUND, and the run is dropped (reported as TIER_DROP_MISSING) and
+ * counted, as a checksum failure is: the caller recomputes.
  */
 #ifndef MN_TIER_H
 #define MN_TIER_H
@@ -78,6 +85,8 @@ typedef enum TierDropReason {
     TIER_DROP_CHECKSUM,    /* a layer failed its checksum: never used again */
     TIER_DROP_CALLER,      /* tier_drop_run, tier_reset */
     TIER_DROP_EXPIRED,     /* not used since tier_expire's cutoff */
+    TIER_DROP_MISSING,     /* the medium no longer had it when read (a
+                              shared store evicted or lost it) */
 } TierDropReason;
 
 /* Blocks hashes[0..n_hashes) left the tier (the live blocks of one run). */
@@ -116,7 +125,9 @@ typedef struct TierStats {
     uint64_t n_expired_runs, n_expired_blocks; /* tier_expire */
     uint64_t n_adopted_runs;             /* taken over from the store at open */
     uint64_t n_checksum_failures;        /* layer extents that failed */
+    uint64_t n_missing_runs;             /* runs the medium no longer had when read */
     uint64_t n_io_errors;                /* sticky failures entered */
+    uint64_t n_resets;                   /* tier_reset calls that left the error state */
     bool is_failed;                      /* in the sticky error state now */
 } TierStats;
 
@@ -205,10 +216,11 @@ int tier_locate(const Tier *t, const Hash128 *hash, TierLoc *out);
 /* Restore layer `layer` of the blocks hashes[0..n_blocks) into pool slots
  * slots[i], verifying each stored extent as it arrives. MN_OK: those bytes
  * are in the pool and the runs touched become most recently used.
- * MN_ENOTFOUND: a block is not held (nothing read). MN_ECHECKSUM: a stored
- * extent failed its check — its run is dropped (reported) and counted; the
- * slots' contents are then undefined. MN_EINVAL, MN_ENOMEM, MN_EIO
- * (sticky). */
+ * MN_ENOTFOUND: a block is not held (nothing read), or a shared store no
+ * longer had a run (it is dropped, reported and counted). MN_ECHECKSUM: a
+ * stored extent failed its check — its run is dropped (reported) and
+ * counted. After either failure the slots' contents are undefined.
+ * MN_EINVAL, MN_ENOMEM, MN_EIO (sticky). */
 int tier_read_layer(Tier *t, const Hash128 *hashes, int n_blocks, int layer, KvPool *pool, const int32_t *slots);
 
 /* Called by tier_read_layers once layer `layer` of every requested block
@@ -271,6 +283,12 @@ void tier_foreach_run(const Tier *t, TierRunFn fn, void *ctx);
 
 void tier_stats(const Tier *t, TierStats *out);
 const char *tier_name(const Tier *t);
+/* Whether the tier is in the sticky error state. */
+bool tier_is_failed(const Tier *t);
+/* Whether the tier's owner should reset it after an I/O error, with a
+ * back-off (a remote store that may come back: redis); false for a local
+ * device, which stays off. */
+bool tier_is_retried(const Tier *t);
 
 /* Check every invariant (map against runs, counts, occupancy within the
  * budget, the kind's own); aborts with a dump on a broken one. */
@@ -284,6 +302,51 @@ void tier_dump(const Tier *t);
  * n_skip succeed and the next n_fail fail with MN_ENOMEM; n_fail 0
  * clears it. */
 void tier_fault_alloc(Tier *t, int n_skip, int n_fail);
+
+typedef struct TierRedisConfig {
+    const char *url;           /* redis://[user[:password]@]host[:port][/db] or
+                                  unix://[user[:password]@]/path.sock[?db=N] */
+    uint64_t capacity_bytes;   /* what the tier remembers of the store: the
+                                  stored bytes of the runs it knows of (its
+                                  puts and those tier_redis_probe found);
+                                  forgetting one loses nothing; 0 = 1 TiB */
+    int n_layer;
+    size_t block_bytes;
+    Hash128 model_fingerprint; /* in every value's header */
+    uint32_t kv_format;        /* index_kv_format() */
+    int ttl_s;                 /* keys expire this long after their last put
+                                  or use; 0: never (the server's maxmemory
+                                  policy decides) */
+    int timeout_ms;            /* connecting, and each read or write on the
+                                  connection; 0 = 1000 */
+    uint64_t read_window_bytes; /* a restore's layer values requested ahead
+                                  (whole layers, at least one); 0 = 512 KiB */
+} TierRedisConfig;
+
+/* A tier in a Redis server, shared by every mnemo instance that uses it
+ * (key and value format: top of tier_redis.c). The URL is checked here
+ * (MN_EINVAL with a message that leaves its credentials out; rediss:// is
+ * refused: hiredis 0.14 has no TLS). A server that does not answer is no
+ * error: the tier starts in the error state, and its owner resets it with
+ * a back-off (tier_is_retried). Nothing it logs names the credentials.
+ * A write to a server that died raises SIGPIPE: the process must ignore
+ * it (mnemo serve does), so that it is an error instead.
+ * MN_ENOMEM; *out NULL on failure. */
+int tier_redis_new(const TierRedisConfig *cfg, Tier **out, MnErr *err);
+
+/* Look blocks up in the shared store, where other instances may have put
+ * them. hashes[0..n) are one sequence's blocks in order; those with want[i]
+ * set are looked up. Every stored run found holding one of them is adopted
+ * (the part of it this sequence names), unless some of its values are gone
+ * from the store; tier_has then tells which blocks the tier holds.
+ * block_tokens and ns_id (may be NULL) make the adopted runs' TierRunInfo.
+ * Returns the number of runs adopted (>= 0), or -MN_EIO (sticky),
+ * -MN_ENOMEM, -MN_EINVAL (not a redis tier). */
+int tier_redis_probe(Tier *t, const Hash128 *hashes, const uint8_t *want, int n, int block_tokens,
+                     const Hash128 *ns_id);
+/* The store's URL as the logs show it (credentials left out); "" for
+ * other kinds. Valid until tier_free. */
+const char *tier_redis_url(const Tier *t);
 
 /* ---- disk tier, for tests and tools ----------------------------------------- */
 

@@ -55,6 +55,9 @@ typedef struct TierReadFailure {
 
 typedef struct TierKindOps {
     const char *name;
+    /* After an I/O error its owner resets the tier with a back-off (a
+     * remote store that may come back): tier_is_retried. */
+    bool is_retried;
     /* Bytes a run of n_blocks takes on the medium (counted against the
      * budget); UINT64_MAX when such a run can never fit. */
     uint64_t (*run_bytes)(void *kind, int n_blocks);
@@ -69,14 +72,16 @@ typedef struct TierKindOps {
     int (*write)(void *kind, TierRun *run, const KvPool *pool, const int32_t *slots, uint64_t *io_bytes);
     /* Copy layer `layer` of blocks idx[k] of the run into slots[k], k < n,
      * after verifying what the medium returned; *io_bytes = bytes read
-     * from the medium. MN_ECHECKSUM, MN_EIO, MN_ENOMEM. */
+     * from the medium. MN_ECHECKSUM, MN_ENOTFOUND (the medium no longer
+     * has the run: a shared store's own eviction), MN_EIO, MN_ENOMEM. */
     int (*read_layer)(void *kind, TierRun *run, int layer, const int32_t *idx, const int32_t *slots, int n,
                       KvPool *pool, uint64_t *io_bytes);
     /* Copy every layer of the groups into the pool, layer 0 first, calling
      * layer_fn(ctx, l) (when not NULL) once layer l of every group is
      * verified and in place; *io_bytes = bytes read from the medium. On
-     * MN_ECHECKSUM *bad = the group and layer whose extent failed. May be
-     * NULL: the core then calls read_layer per layer and group. */
+     * MN_ECHECKSUM and MN_ENOTFOUND *bad = the group and layer whose
+     * extent failed. May be NULL: the core then calls read_layer per layer
+     * and group. */
     int (*read_layers)(void *kind, const TierReadGroup *groups, int n_groups, KvPool *pool, TierLayerFn layer_fn,
                        void *ctx, uint64_t *io_bytes, TierReadFailure *bad);
     /* run->last_used changed (a read of layer 0, or tier_touch); may be
@@ -136,9 +141,11 @@ void *tier_kind(const Tier *t);
 /* The run holding hash and the block's index in it, or NULL. */
 TierRun *tier_find_run(const Tier *t, const Hash128 *hash, int *index);
 
-/* While the tier is being opened: take over a run the kind stored earlier
- * (its room already claimed, data set up as reserve would; info as in
- * tier_put_run, may be NULL). Call in
+/* Take over a run the kind finds on its medium: while the tier is being
+ * opened, one it stored earlier; while serving (a shared store), one
+ * another instance stored (run_id from tier_new_run_id). Its room is
+ * already claimed and data set up as reserve would; info as in
+ * tier_put_run, may be NULL. While opening, call in
  * ascending last_used order: the run becomes the most recently used, and
  * least recently used runs are evicted (released, reported, counted)
  * while the budget lacks room. A block already held by a run with a
@@ -153,5 +160,11 @@ int tier_adopt_run(Tier *t, uint64_t run_id, const Hash128 *hashes, int n_blocks
 /* New runs get ids above `id`: ids seen in the store, adopted or not, are
  * never reused (the format wants run ids unique in the directory). */
 void tier_skip_run_ids(Tier *t, uint64_t id);
+/* A run id no run of the tier has had, for tier_adopt_run while serving. */
+uint64_t tier_new_run_id(Tier *t);
+/* The kind found its medium failing outside a call of the core (opening a
+ * remote store that does not answer): the tier enters the error state
+ * (logged once, counted) until tier_reset. */
+void tier_fail(Tier *t, const char *what);
 
 #endif

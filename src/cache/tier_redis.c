@@ -1,0 +1,981 @@
+/* tier_redis.c — the shared tier: runs in a Redis server, through hiredis.
+ *
+ * The tier below disk (--redis-tier URL), or below RAM or the pool without
+ * one. Several mnemo instances on one Redis share it: a conversation that
+ * returns on another instance finds its history there by the same chain
+ * hashes, since a block's hash already names its model (fingerprint), its
+ * KV format and its tenant (namespace id) besides its tokens (index.h).
+ * The core (tier.c) keeps what this instance knows of the store — the runs
+ * it put and the runs tier_redis_probe found others put — and this file
+ * moves bytes: a put writes a run's values, a restore reads them back,
+ * layer by layer, pipelined, and each value proves itself on arrival
+ * (header and checksum) before one byte of it reaches the pool.
+ *
+ * Redis decides what it keeps (its maxmemory policy, or --redis-ttl): the
+ * core's budget only bounds what this instance remembers, and forgetting a
+ * run (eviction, expiry, reset) never deletes it from the store. A value
+ * that is gone when read is a miss (MN_ENOTFOUND: the core drops the run,
+ * the engine recomputes); a value that fails its check is deleted from the
+ * store, so no instance reads it again, and counted (MN_ECHECKSUM).
+ *
+ * Owner: the mover thread, through the core; nothing locks. The hiredis
+ * context, the value buffer and the scratch arrays are used by one call at
+ * a time. hiredis (0.14) allocates through its own malloc, not mn_malloc,
+ * and aborts when that fails.
+ *
+ * KEYS AND VALUES, format version 1. All integers little-endian; hashes
+ * in their canonical 16 bytes, written in keys as 32 lower-case hex digits.
+ *
+ * A run of n blocks (consecutive blocks of one sequence) has the tag
+ * T = XXH3-128 of its n block hashes in order (16n bytes): equal runs put
+ * by two instances get equal keys and overwrite each other with equal
+ * bytes. It is stored as one value per layer (one key per layer extent:
+ * restores read faster that way than a run's single value, see
+ * docs/OPERATIONS.md, "The Redis tier's key layout"):
+ *     mnemo:kv1:F:N:{T}:L    layer L (decimal) of the run
+ * where F is the first 16 hex digits of the model fingerprint and N those
+ * of the namespace id (index_namespace_id; zeros when not known). The
+ * block hashes already bind every value to its model and tenant; F and N
+ * let an operator find (SCAN MATCH) a model's or a tenant's keys. All keys
+ * of a run share the hash tag {T}, so a Redis Cluster keeps a run on one
+ * node. Each block of the run also has a pointer, by which any instance
+ * finds the run from the block's hash (and its request's namespace):
+ *     mnemo:blk1:F:N:H       the block with hash H
+ *
+ * Layer value (80 + 16n + n*block_bytes bytes):
+ *     offset size  field
+ *          0    8  magic "MNEMOKVL"
+ *          8    4  format version, 1
+ *         12    4  n, blocks in the run (1 <= n <= 65536)
+ *         16    4  L, this value's layer
+ *         20    4  n_layer
+ *         24    8  block_bytes (bytes of one block in one layer, K then V)
+ *         32    4  KV format id (index_kv_format)
+ *         36    4  zero
+ *         40   16  model fingerprint
+ *         56   16  T, the run's tag
+ *         72 16*n  the block hashes in run order
+ *     72+16n   n*block_bytes  block i: the bytes of pool arena L's slot
+ *                  (kvpool_k) verbatim, at 72 + 16n + i*block_bytes
+ *        end    8  XXH3-64, seed 0, of every earlier byte of the value
+ * Pointer value (64 bytes):
+ *          0    8  magic "MNEMOBLK"
+ *          8    4  format version, 1
+ *         12    4  n, blocks in the run
+ *         16    4  i, this block's index in the run (< n)
+ *         20    4  zero
+ *         24   16  H, the block's hash (the key's)
+ *         40   16  T, the run's tag
+ *         56    8  XXH3-64, seed 0, of bytes [0, 56)
+ *
+ * Validity. A layer value is used only when its length is that of n
+ * blocks, its magic, version, checksum, n, L, n_layer, block_bytes, KV
+ * format, fingerprint and tag are the ones expected, and its block hashes
+ * begin with the hashes this instance knows the run by. A pointer is used
+ * only when its length, magic, version and checksum hold, H is its key's
+ * hash and i < n. Anything else is damage (or another format), never used:
+ * a damaged value is deleted. With --redis-ttl S every key is written with
+ * EX S, and each use of a run (a restore, a turn's end) renews its keys.
+ * A put writes the layer values before the pointers, on one connection, so
+ * a pointer never names a run whose values were not written first.
+ *
+ * Finding runs others put (tier_redis_probe): a request's blocks that this
+ * instance does not hold are looked up by their pointers (pipelined GETs);
+ * the runs they name are checked for all their layer values (one EXISTS
+ * per run: its keys share a slot) and adopted into the core as the part of
+ * the run the request names. That part is always the run's first blocks:
+ * a block's hash names every token before it, so a sequence that holds
+ * block i of a run holds blocks 0..i-1 of it at the positions before.
+ *
+ * Errors. A connection that fails or times out (connect, each read and
+ * write: timeout_ms) is closed, the call returns MN_EIO and the core enters
+ * its error state; the mover resets the tier (reconnects) with a back-off
+ * (ops.is_retried), and the reset forgets every run known (the store may
+ * have restarted empty). A Redis error reply to a put: "OOM" (maxmemory
+ * reached under noeviction) is MN_EFULL, the tier keeps working; any other
+ * is MN_EIO. AUTH and SELECT run on every (re)connection. The URL's
+ * credentials appear in no log line and no message: `shown` is the URL
+ * without them.
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include <hiredis.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "base/clock.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "cache/tier_impl.h"
+
+/* ---- types --------------------------------------------------------------- */
+
+#define REDIS_FORMAT_VERSION 1u
+#define REDIS_VALUE_HEAD 72u   /* layer value bytes before the hashes */
+#define REDIS_PTR_BYTES 64u
+#define REDIS_MAX_RUN 65536    /* blocks in one stored run, at most */
+#define REDIS_DEFAULT_PORT 6379
+#define REDIS_DEFAULT_TIMEOUT_MS 1000
+/* A restore asks for this many bytes of layer values ahead (whole layers,
+ * at least one): Redis copies every reply of a pipeline into its output
+ * buffer before it sends the first, so a deep pipeline delays the first
+ * layer and no deeper one moved more (docs/OPERATIONS.md, "The Redis
+ * tier's key layout") */
+#define REDIS_DEFAULT_WINDOW (512ull << 10)
+#define REDIS_DEFAULT_CATALOG (1ull << 40)
+#define REDIS_KEY_MAX 128      /* "mnemo:kv1:" + 16 + ":" + 16 + ":{" + 32 + "}:" + layer digits */
+#define REDIS_SCOPE_LEN 34     /* "FFFFFFFFFFFFFFFF:NNNNNNNNNNNNNNNN" + NUL */
+
+/* Where the store is, parsed from the URL. */
+typedef struct RedisUrl {
+    bool is_unix;
+    char *host;     /* TCP */
+    int port;
+    char *path;     /* unix socket */
+    char *user;     /* NULL: AUTH with the password alone (or no AUTH) */
+    char *password; /* NULL: no AUTH; wiped before it is freed */
+    int db;
+    char *shown;    /* the URL as logs show it: no credentials */
+} RedisUrl;
+
+/* run->data: which stored run a core run is (part of). */
+typedef struct RedisRun {
+    char scope[REDIS_SCOPE_LEN]; /* its keys' model and namespace part, F:N */
+    Hash128 tag;   /* T */
+    int n_stored;  /* n of the stored run; the core's run names its first
+                      run->n_blocks blocks (<= n_stored) */
+} RedisRun;
+
+/* A stored run a probe found, and the part of it the sequence names:
+ * sequence blocks [start, end) are its blocks [0, end - start). */
+typedef struct ProbeCand {
+    RedisRun run;
+    int start, end;
+} ProbeCand;
+
+typedef struct RedisTier {
+    RedisUrl url;
+    int n_layer;
+    size_t block_bytes;
+    Hash128 fingerprint;
+    uint32_t kv_format;
+    int ttl_s;
+    int timeout_ms;
+    uint64_t window_bytes;
+    redisContext *c;      /* NULL: not connected */
+    int n_deferred;       /* replies owed for commands sent without waiting
+                             (EXPIRE, DEL): read before the next exchange */
+    uint8_t *buf;         /* (buf_cap) a value being built */
+    size_t buf_cap;
+    ProbeCand *cands;     /* (cands_cap) a probe's runs */
+    int cands_cap;
+    bool has_warned_ptr;  /* logged once that a pointer was damaged */
+} RedisTier;
+
+static const TierKindOps redis_ops;
+
+/* ---- helpers: bytes, keys, values ---------------------------------------- */
+
+static void put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
+
+/* Bytes of the layer value of a run of n blocks (n <= REDIS_MAX_RUN and
+ * block_bytes a pool's: no overflow in 64 bits). */
+static uint64_t value_len(const RedisTier *r, int n) {
+    return REDIS_VALUE_HEAD + 16 * (uint64_t)n + (uint64_t)n * r->block_bytes + 8;
+}
+
+static Hash128 run_tag(const Hash128 *hashes, int n) { return hash128(hashes, (size_t)n * sizeof *hashes); }
+
+/* F:N, the keys' model and namespace part: the first 8 bytes of the
+ * fingerprint and of the namespace id (zeros when not known), in hex. */
+static void key_scope(char *out, const Hash128 *fingerprint, const Hash128 *ns_id) {
+    char f[33], n[33];
+    hash128_hex(fingerprint, f);
+    if (ns_id) hash128_hex(ns_id, n);
+    else memset(n, '0', 16);
+    snprintf(out, REDIS_SCOPE_LEN, "%.16s:%.16s", f, n);
+}
+
+static int layer_key(char *out, const RedisRun *rr, int layer) {
+    char hex[33];
+    hash128_hex(&rr->tag, hex);
+    return snprintf(out, REDIS_KEY_MAX, "mnemo:kv1:%s:{%s}:%d", rr->scope, hex, layer);
+}
+
+static int ptr_key(char *out, const char *scope, const Hash128 *h) {
+    char hex[33];
+    hash128_hex(h, hex);
+    return snprintf(out, REDIS_KEY_MAX, "mnemo:blk1:%s:%s", scope, hex);
+}
+
+static int buf_reserve(RedisTier *r, uint64_t n) {
+    if (n <= r->buf_cap) return MN_OK;
+    if (n > SIZE_MAX / 2) return MN_ENOMEM;
+    uint8_t *b = mn_realloc(r->buf, (size_t)n);
+    if (b == NULL) return MN_ENOMEM;
+    r->buf = b;
+    r->buf_cap = (size_t)n;
+    return MN_OK;
+}
+
+/* Build layer `layer` of run (blocks from pool slots[]) in r->buf. */
+static uint64_t value_build(RedisTier *r, const TierRun *run, const RedisRun *rr, int layer, const KvPool *pool,
+                            const int32_t *slots) {
+    uint8_t *p = r->buf;
+    int n = run->n_blocks;
+    memset(p, 0, REDIS_VALUE_HEAD);
+    memcpy(p, "MNEMOKVL", 8);
+    put_u32(p + 8, REDIS_FORMAT_VERSION);
+    put_u32(p + 12, (uint32_t)n);
+    put_u32(p + 16, (uint32_t)layer);
+    put_u32(p + 20, (uint32_t)r->n_layer);
+    put_u64(p + 24, (uint64_t)r->block_bytes);
+    put_u32(p + 32, r->kv_format);
+    memcpy(p + 40, r->fingerprint.b, 16);
+    memcpy(p + 56, rr->tag.b, 16);
+    memcpy(p + REDIS_VALUE_HEAD, run->hashes, (size_t)n * 16);
+    uint8_t *blocks = p + REDIS_VALUE_HEAD + 16 * (size_t)n;
+    for (int i = 0; i < n; i++)
+        memcpy(blocks + (size_t)i * r->block_bytes, kvpool_k(pool, layer, slots[i]), r->block_bytes);
+    uint64_t len = value_len(r, n);
+    put_u64(p + len - 8, XXH3_64bits(p, (size_t)(len - 8)));
+    return len;
+}
+
+/* Why a layer value is not the one expected; NULL when it is. The view's
+ * hashes (the core run's, its first blocks) must begin its list. */
+static const char *value_check(const RedisTier *r, const TierRun *run, const RedisRun *rr, int layer,
+                               const uint8_t *v, size_t len, bool *is_damaged) {
+    *is_damaged = true;
+    int n = rr->n_stored;
+    if (len != value_len(r, n)) return "wrong length";
+    if (memcmp(v, "MNEMOKVL", 8) != 0) return "bad magic";
+    if (get_u64(v + len - 8) != XXH3_64bits(v, len - 8)) return "checksum mismatch";
+    *is_damaged = false; /* intact: another format or another run's, not damage */
+    if (get_u32(v + 8) != REDIS_FORMAT_VERSION) return "another format version";
+    if (get_u32(v + 12) != (uint32_t)n || get_u32(v + 16) != (uint32_t)layer) return "another run or layer";
+    if (get_u32(v + 20) != (uint32_t)r->n_layer || get_u64(v + 24) != (uint64_t)r->block_bytes ||
+        get_u32(v + 32) != r->kv_format || memcmp(v + 40, r->fingerprint.b, 16) != 0)
+        return "another model or KV layout";
+    if (memcmp(v + 56, rr->tag.b, 16) != 0 || memcmp(v + REDIS_VALUE_HEAD, run->hashes, (size_t)run->n_blocks * 16) != 0)
+        return "another run's blocks";
+    return NULL;
+}
+
+static void ptr_build(uint8_t *p, const Hash128 *h, const Hash128 *tag, int n, int i) {
+    memset(p, 0, REDIS_PTR_BYTES);
+    memcpy(p, "MNEMOBLK", 8);
+    put_u32(p + 8, REDIS_FORMAT_VERSION);
+    put_u32(p + 12, (uint32_t)n);
+    put_u32(p + 16, (uint32_t)i);
+    memcpy(p + 24, h->b, 16);
+    memcpy(p + 40, tag->b, 16);
+    put_u64(p + 56, XXH3_64bits(p, 56));
+}
+
+/* Parse the pointer value of block h: MN_OK with the run's tag, n and the
+ * block's index; MN_EFORMAT when it is damaged or of another version. */
+static int ptr_parse(const uint8_t *p, size_t len, const Hash128 *h, Hash128 *tag, int *n, int *i) {
+    if (len != REDIS_PTR_BYTES || memcmp(p, "MNEMOBLK", 8) != 0 || get_u64(p + 56) != XXH3_64bits(p, 56) ||
+        get_u32(p + 8) != REDIS_FORMAT_VERSION || memcmp(p + 24, h->b, 16) != 0)
+        return MN_EFORMAT;
+    uint32_t nn = get_u32(p + 12), ii = get_u32(p + 16);
+    if (nn < 1 || nn > REDIS_MAX_RUN || ii >= nn) return MN_EFORMAT;
+    memcpy(tag->b, p + 40, 16);
+    *n = (int)nn;
+    *i = (int)ii;
+    return MN_OK;
+}
+
+/* ---- helpers: the URL ------------------------------------------------------- */
+
+static int hexval(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    c = tolower(c);
+    return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* s[0..n) with %XX decoded, as a new string; NULL when out of memory or
+ * malformed (*bad set). */
+static char *pct_decode(const char *s, size_t n, bool *bad) {
+    char *out = mn_malloc(n + 1);
+    if (out == NULL) return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '%') {
+            out[k++] = s[i];
+            continue;
+        }
+        if (i + 2 >= n) {
+            *bad = true;
+            mn_free(out);
+            return NULL;
+        }
+        int a = hexval(s[i + 1]), b = hexval(s[i + 2]);
+        if (a < 0 || b < 0) {
+            *bad = true;
+            mn_free(out);
+            return NULL;
+        }
+        out[k++] = (char)(a * 16 + b);
+        i += 2;
+    }
+    out[k] = '\0';
+    return out;
+}
+
+static void wipe_free(char *s) {
+    if (s == NULL) return;
+    volatile char *v = s; /* the password must not linger in freed memory */
+    while (*v) *v++ = 0;
+    mn_free(s);
+}
+
+static void url_free(RedisUrl *u) {
+    mn_free(u->host);
+    mn_free(u->path);
+    wipe_free(u->user);
+    wipe_free(u->password);
+    mn_free(u->shown);
+    memset(u, 0, sizeof *u);
+}
+
+/* The decimal 0..max in s[0..n) into *out; false when it is not one. */
+static bool parse_uint(const char *s, size_t n, long max, int *out) {
+    if (n == 0 || n > 9) return false;
+    long v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isdigit((unsigned char)s[i])) return false;
+        v = v * 10 + (s[i] - '0');
+    }
+    if (v > max) return false;
+    *out = (int)v;
+    return true;
+}
+
+/* "user:password@" at the start of s[0..n): the credentials, decoded;
+ * returns the bytes taken (0: none there), or a negated code (a malformed
+ * escape, out of memory; err says which). */
+static long parse_userinfo(RedisUrl *u, const char *s, size_t n, MnErr *err) {
+    const char *slash = memchr(s, '/', n); /* credentials come before the path ('/' in them: %2F) */
+    const char *at = memchr(s, '@', slash ? (size_t)(slash - s) : n);
+    if (at == NULL) return 0;
+    const char *colon = memchr(s, ':', (size_t)(at - s));
+    bool bad = false;
+    size_t user_len = colon ? (size_t)(colon - s) : (size_t)(at - s);
+    if (user_len > 0 && (u->user = pct_decode(s, user_len, &bad)) == NULL) goto fail;
+    if (colon && (u->password = pct_decode(colon + 1, (size_t)(at - colon - 1), &bad)) == NULL) goto fail;
+    if (!colon && u->user) { /* redis://secret@host: a password alone, as redis-cli takes it */
+        u->password = u->user;
+        u->user = NULL;
+    }
+    return (long)(at - s) + 1;
+fail:
+    if (bad) return -(long)mn_err_set(err, MN_EINVAL, "redis tier: a bad %%-escape in the URL's credentials");
+    return -(long)mn_err_set(err, MN_ENOMEM, "redis tier: out of memory");
+}
+
+/* After the credentials of a unix:// URL: /path[?db=N]. */
+static int parse_unix(RedisUrl *u, const char *s, size_t n, MnErr *err) {
+    const char *q = memchr(s, '?', n);
+    size_t path_len = q ? (size_t)(q - s) : n;
+    if (path_len == 0 || s[0] != '/') return mn_err_set(err, MN_EINVAL, "redis tier: unix:// needs an absolute socket path");
+    if (q && !(strncmp(q, "?db=", 4) == 0 && parse_uint(q + 4, n - path_len - 4, 1000000, &u->db)))
+        return mn_err_set(err, MN_EINVAL, "redis tier: after the socket path only ?db=N may follow");
+    if ((u->path = mn_strndup(s, path_len)) == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    return MN_OK;
+}
+
+/* After the credentials of a redis:// URL: host[:port][/db], the host
+ * perhaps a [v6 address]. */
+static int parse_tcp(RedisUrl *u, const char *s, size_t n, MnErr *err) {
+    const char *slash = memchr(s, '/', n);
+    size_t hp = slash ? (size_t)(slash - s) : n; /* host and port */
+    const char *host = s, *colon = memchr(s, ':', hp);
+    size_t host_len = colon ? (size_t)(colon - s) : hp;
+    if (hp > 0 && s[0] == '[') {
+        const char *close = memchr(s, ']', hp);
+        if (close == NULL) return mn_err_set(err, MN_EINVAL, "redis tier: an unclosed [ in the URL's host");
+        if (close + 1 < s + hp && close[1] != ':')
+            return mn_err_set(err, MN_EINVAL, "redis tier: only :port may follow the URL's [host]");
+        host = s + 1;
+        host_len = (size_t)(close - s - 1);
+        colon = close + 1 < s + hp ? close + 1 : NULL;
+    }
+    if (host_len == 0) return mn_err_set(err, MN_EINVAL, "redis tier: the URL names no host");
+    if (colon && (!parse_uint(colon + 1, (size_t)(s + hp - colon - 1), 65535, &u->port) || u->port == 0))
+        return mn_err_set(err, MN_EINVAL, "redis tier: the URL's port must be 1..65535");
+    if (slash && slash + 1 < s + n && !parse_uint(slash + 1, n - hp - 1, 1000000, &u->db))
+        return mn_err_set(err, MN_EINVAL, "redis tier: the URL's path must be a database number (/0, /1, ...)");
+    if ((u->host = mn_strndup(host, host_len)) == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    return MN_OK;
+}
+
+/* redis://[user[:password]@]host[:port][/db] or
+ * unix://[user[:password]@]/path[?db=N]; `shown` leaves the credentials
+ * out. On failure *u holds nothing. */
+static int url_parse(const char *url, RedisUrl *u, MnErr *err) {
+    memset(u, 0, sizeof *u);
+    u->port = REDIS_DEFAULT_PORT;
+    if (strncmp(url, "rediss://", 9) == 0)
+        return mn_err_set(err, MN_EUNSUPPORTED,
+                          "redis tier: rediss:// (TLS) needs hiredis 1.0's TLS support, and Debian 12 ships "
+                          "hiredis 0.14: reach Redis over a unix socket, a private network, or a local TLS tunnel");
+    bool is_tcp = strncmp(url, "redis://", 8) == 0;
+    u->is_unix = strncmp(url, "unix://", 7) == 0;
+    if (!is_tcp && !u->is_unix)
+        return mn_err_set(err, MN_EINVAL, "redis tier: the URL must start with redis:// or unix://");
+    const char *s = url + (is_tcp ? 8 : 7);
+    size_t n = strlen(s);
+    long taken = parse_userinfo(u, s, n, err);
+    int rc = taken < 0 ? (int)-taken : MN_OK;
+    if (rc == MN_OK)
+        rc = u->is_unix ? parse_unix(u, s + taken, n - (size_t)taken, err) : parse_tcp(u, s + taken, n - (size_t)taken, err);
+    char shown[1200];
+    if (rc == MN_OK) {
+        if (u->is_unix) snprintf(shown, sizeof shown, "unix://%s%.900s?db=%d", u->password ? "***@" : "", u->path, u->db);
+        else snprintf(shown, sizeof shown, "redis://%s%.900s:%d/%d", u->password ? "***@" : "", u->host, u->port, u->db);
+        if ((u->shown = mn_strdup(shown)) == NULL) rc = mn_err_set(err, MN_ENOMEM, "out of memory");
+    }
+    if (rc != MN_OK) url_free(u);
+    return rc;
+}
+
+/* ---- helpers: the connection ---------------------------------------------------- */
+
+/* Close a failed connection; MN_EIO for the caller to return. */
+static int conn_lost(RedisTier *r, const char *what) {
+    if (r->c != NULL) {
+        LOG_WARN("redis tier: %s %s failed: %s", what, r->url.shown, r->c->errstr[0] ? r->c->errstr : "no answer");
+        redisFree(r->c);
+        r->c = NULL;
+    }
+    r->n_deferred = 0;
+    return MN_EIO;
+}
+
+/* The next reply (the caller frees it), or MN_EIO with the connection
+ * closed. */
+static int reply_take(RedisTier *r, redisReply **out, const char *what) {
+    void *rep = NULL;
+    if (r->c == NULL) return MN_EIO;
+    if (redisGetReply(r->c, &rep) != REDIS_OK || rep == NULL) return conn_lost(r, what);
+    *out = rep;
+    return MN_OK;
+}
+
+/* Send what was appended, without waiting for replies. */
+static int flush_out(RedisTier *r, const char *what) {
+    if (r->c == NULL) return MN_EIO;
+    int done = 0;
+    while (!done)
+        if (redisBufferWrite(r->c, &done) != REDIS_OK) return conn_lost(r, what);
+    return MN_OK;
+}
+
+/* Append one command (arguments binary-safe). hiredis fails only when out
+ * of memory, perhaps with part of a pipeline appended: the connection is
+ * closed then (MN_EIO), as a pipeline out of step would pair replies with
+ * the wrong requests. */
+static int cmd_append(RedisTier *r, int argc, const char **argv, const size_t *lens) {
+    if (r->c == NULL) return MN_EIO;
+    return redisAppendCommandArgv(r->c, argc, argv, lens) == REDIS_OK ? MN_OK : conn_lost(r, "a command (out of memory) to");
+}
+
+/* A command whose reply matters only as an error (EXPIRE, DEL): its reply
+ * is read before the next exchange. */
+static void cmd_defer(RedisTier *r, int argc, const char **argv, const size_t *lens) {
+    if (r->c != NULL && cmd_append(r, argc, argv, lens) == MN_OK) r->n_deferred++;
+}
+
+/* Connected, with the deferred replies read: ready for an exchange. */
+static int conn_ready(RedisTier *r) {
+    if (r->c == NULL) return MN_EIO;
+    while (r->n_deferred > 0) {
+        redisReply *rep;
+        if (reply_take(r, &rep, "a deferred command to") != MN_OK) return MN_EIO;
+        if (rep->type == REDIS_REPLY_ERROR) LOG_DEBUG("redis tier: a deferred command failed: %s", rep->str);
+        freeReplyObject(rep);
+        r->n_deferred--;
+    }
+    return MN_OK;
+}
+
+/* One command and its reply, which must not be an error. */
+static int conn_call(RedisTier *r, int argc, const char **argv, const char *what) {
+    size_t lens[4];
+    for (int i = 0; i < argc; i++) lens[i] = strlen(argv[i]);
+    redisReply *rep = NULL;
+    int rc = cmd_append(r, argc, argv, lens);
+    if (rc == MN_OK) rc = reply_take(r, &rep, what);
+    if (rc != MN_OK) return rc;
+    if (rep->type == REDIS_REPLY_ERROR) {
+        /* Redis's message names no secret ("WRONGPASS invalid username-password pair ...") */
+        LOG_WARN("redis tier: %s %s refused: %s", what, r->url.shown, rep->str);
+        rc = MN_EIO;
+    }
+    freeReplyObject(rep);
+    if (rc != MN_OK) {
+        redisFree(r->c);
+        r->c = NULL;
+    }
+    return rc;
+}
+
+/* Connect, authenticate, select the database. MN_EIO (logged) when the
+ * store does not answer or refuses. */
+static int conn_open(RedisTier *r) {
+    if (r->c != NULL) redisFree(r->c);
+    r->c = NULL;
+    r->n_deferred = 0;
+    struct timeval tv = {r->timeout_ms / 1000, (r->timeout_ms % 1000) * 1000};
+    redisContext *c = r->url.is_unix ? redisConnectUnixWithTimeout(r->url.path, tv)
+                                     : redisConnectWithTimeout(r->url.host, r->url.port, tv);
+    if (c == NULL) return MN_ENOMEM;
+    if (c->err || redisSetTimeout(c, tv) != REDIS_OK) {
+        LOG_WARN("redis tier: cannot connect to %s: %s", r->url.shown, c->errstr);
+        redisFree(c);
+        return MN_EIO;
+    }
+    r->c = c;
+    int rc = MN_OK;
+    if (r->url.password) {
+        const char *auth[] = {"AUTH", r->url.user ? r->url.user : r->url.password, r->url.password};
+        rc = conn_call(r, r->url.user ? 3 : 2, auth, "authenticating to");
+    }
+    char db[16];
+    snprintf(db, sizeof db, "%d", r->url.db);
+    const char *sel[] = {"SELECT", db}, *ping[] = {"PING"};
+    if (rc == MN_OK && r->url.db != 0) rc = conn_call(r, 2, sel, "selecting the database of");
+    if (rc == MN_OK) rc = conn_call(r, 1, ping, "a PING to");
+    if (rc == MN_OK) LOG_INFO("redis tier: connected to %s", r->url.shown);
+    return rc;
+}
+
+/* ---- kind operations: put ------------------------------------------------------- */
+
+static uint64_t redis_run_bytes(void *kind, int n_blocks) {
+    const RedisTier *r = kind;
+    if (n_blocks > REDIS_MAX_RUN) return UINT64_MAX;
+    return (uint64_t)r->n_layer * value_len(r, n_blocks) + REDIS_PTR_BYTES * (uint64_t)n_blocks;
+}
+
+static int redis_reserve(void *kind, TierRun *run) {
+    const RedisTier *r = kind;
+    RedisRun *rr = mn_malloc(sizeof *rr);
+    if (rr == NULL) return MN_ENOMEM;
+    key_scope(rr->scope, &r->fingerprint, run->has_ns ? &run->ns_id : NULL);
+    rr->tag = run_tag(run->hashes, run->n_blocks);
+    rr->n_stored = run->n_blocks;
+    run->data = rr;
+    return MN_OK;
+}
+
+/* SET key value [EX ttl], appended and sent (so the connection's output
+ * buffer never holds more than one value). */
+static int set_send(RedisTier *r, const char *key, const uint8_t *v, size_t len) {
+    char ttl[16];
+    snprintf(ttl, sizeof ttl, "%d", r->ttl_s);
+    const char *argv[] = {"SET", key, (const char *)v, "EX", ttl};
+    size_t lens[] = {3, strlen(key), len, 2, strlen(ttl)};
+    int rc = cmd_append(r, r->ttl_s > 0 ? 5 : 3, argv, lens);
+    return rc == MN_OK ? flush_out(r, "writing to") : rc;
+}
+
+/* The n replies of a put: MN_OK when all are +OK; MN_EFULL when the store
+ * is out of memory (maxmemory under noeviction); else MN_EIO. Every reply
+ * is read either way, so the connection stays in step. */
+static int put_replies(RedisTier *r, int n) {
+    int rc = MN_OK;
+    for (int i = 0; i < n; i++) {
+        redisReply *rep;
+        if (reply_take(r, &rep, "writing to") != MN_OK) return MN_EIO;
+        if (rep->type == REDIS_REPLY_ERROR && rc == MN_OK) {
+            bool is_oom = strncmp(rep->str, "OOM", 3) == 0;
+            if (!is_oom) LOG_WARN("redis tier: %s refused a write: %s", r->url.shown, rep->str);
+            rc = is_oom ? MN_EFULL : MN_EIO;
+        }
+        freeReplyObject(rep);
+    }
+    return rc;
+}
+
+static int redis_write(void *kind, TierRun *run, const KvPool *pool, const int32_t *slots, uint64_t *io_bytes) {
+    RedisTier *r = kind;
+    const RedisRun *rr = run->data;
+    int rc = conn_ready(r);
+    if (rc == MN_OK) rc = buf_reserve(r, value_len(r, run->n_blocks));
+    char key[REDIS_KEY_MAX];
+    int n_sent = 0;
+    for (int l = 0; l < r->n_layer && rc == MN_OK; l++) {
+        uint64_t len = value_build(r, run, rr, l, pool, slots);
+        layer_key(key, rr, l);
+        if ((rc = set_send(r, key, r->buf, (size_t)len)) == MN_OK) n_sent++;
+        *io_bytes += len;
+    }
+    /* the pointers after the values: a pointer never names a run not written */
+    for (int i = 0; i < run->n_blocks && rc == MN_OK; i++) {
+        uint8_t p[REDIS_PTR_BYTES];
+        ptr_build(p, &run->hashes[i], &rr->tag, run->n_blocks, i);
+        ptr_key(key, rr->scope, &run->hashes[i]);
+        if ((rc = set_send(r, key, p, sizeof p)) == MN_OK) n_sent++;
+        *io_bytes += sizeof p;
+    }
+    if (r->c == NULL) return MN_EIO;
+    int replies = put_replies(r, n_sent); /* (also after a failure: in step) */
+    return rc != MN_OK ? rc : replies;
+}
+
+/* ---- kind operations: restore ----------------------------------------------------- */
+
+/* Append a GET of layer `layer` of each group's run. */
+static int get_layer_append(RedisTier *r, const TierReadGroup *groups, int n_groups, int layer) {
+    char key[REDIS_KEY_MAX];
+    int rc = MN_OK;
+    for (int g = 0; g < n_groups && rc == MN_OK; g++) {
+        const RedisRun *rr = groups[g].run->data;
+        layer_key(key, rr, layer);
+        const char *argv[] = {"GET", key};
+        size_t lens[] = {3, strlen(key)};
+        rc = cmd_append(r, 2, argv, lens);
+    }
+    return rc;
+}
+
+/* Delete a damaged value (deferred: its reply is read later). */
+static void value_delete(RedisTier *r, const RedisRun *rr, int layer) {
+    char key[REDIS_KEY_MAX];
+    layer_key(key, rr, layer);
+    const char *argv[] = {"DEL", key};
+    size_t lens[] = {3, strlen(key)};
+    cmd_defer(r, 2, argv, lens);
+}
+
+/* Check a GET's reply for layer `layer` of group gr's run and copy its
+ * blocks into the pool: MN_OK; MN_ENOTFOUND (no such key: the store let it
+ * go); MN_ECHECKSUM (not the value expected; a damaged one is deleted);
+ * MN_EIO (an error reply). */
+static int reply_place(RedisTier *r, const redisReply *rep, const TierReadGroup *gr, int layer, KvPool *pool,
+                       uint64_t *io_bytes) {
+    const RedisRun *rr = gr->run->data;
+    if (rep->type == REDIS_REPLY_NIL) return MN_ENOTFOUND;
+    if (rep->type == REDIS_REPLY_ERROR) {
+        LOG_WARN("redis tier: %s refused a read: %s", r->url.shown, rep->str);
+        return MN_EIO;
+    }
+    if (rep->type != REDIS_REPLY_STRING) return MN_ECHECKSUM;
+    const uint8_t *v = (const uint8_t *)rep->str;
+    *io_bytes += rep->len;
+    bool is_damaged;
+    const char *why = value_check(r, gr->run, rr, layer, v, rep->len, &is_damaged);
+    if (why != NULL) {
+        char hex[33];
+        hash128_hex(&rr->tag, hex);
+        LOG_WARN("redis tier: layer %d of run {%s}: %s%s", layer, hex, why, is_damaged ? "; deleting it" : "");
+        if (is_damaged) value_delete(r, rr, layer);
+        return MN_ECHECKSUM;
+    }
+    const uint8_t *blocks = v + REDIS_VALUE_HEAD + 16 * (size_t)rr->n_stored;
+    for (int k = 0; k < gr->n; k++)
+        memcpy(kvpool_k(pool, layer, gr->slots[k]), blocks + (size_t)gr->idx[k] * r->block_bytes, r->block_bytes);
+    return MN_OK;
+}
+
+/* Layers whose GETs go out ahead: the window's worth, at least one. */
+static int window_layers(const RedisTier *r, const TierReadGroup *groups, int n_groups) {
+    uint64_t layer_bytes = 0;
+    for (int g = 0; g < n_groups; g++) layer_bytes += value_len(r, ((const RedisRun *)groups[g].run->data)->n_stored);
+    uint64_t w = layer_bytes > 0 ? r->window_bytes / layer_bytes : 1;
+    return w < 1 ? 1 : w > (uint64_t)r->n_layer ? r->n_layer : (int)w;
+}
+
+static int redis_read_layers(void *kind, const TierReadGroup *groups, int n_groups, KvPool *pool,
+                             TierLayerFn layer_fn, void *ctx, uint64_t *io_bytes, TierReadFailure *bad) {
+    RedisTier *r = kind;
+    int rc = conn_ready(r);
+    if (rc != MN_OK) return rc;
+    int n_ahead = window_layers(r, groups, n_groups), n_sent = 0, result = MN_OK, l = 0;
+    for (; n_sent < n_ahead && rc == MN_OK; n_sent++) rc = get_layer_append(r, groups, n_groups, n_sent);
+    if (rc == MN_OK) rc = flush_out(r, "reading from");
+    for (; l < r->n_layer && rc == MN_OK && result == MN_OK; l++) {
+        for (int g = 0; g < n_groups && rc == MN_OK; g++) {
+            redisReply *rep;
+            if ((rc = reply_take(r, &rep, "reading from")) != MN_OK) break;
+            if (result == MN_OK && (result = reply_place(r, rep, &groups[g], l, pool, io_bytes)) != MN_OK)
+                *bad = (TierReadFailure){g, l};
+            freeReplyObject(rep);
+        }
+        if (rc != MN_OK || result != MN_OK) break;
+        if (layer_fn) layer_fn(ctx, l);
+        /* the next layer is asked for after the callback: a test that holds
+         * the restore in it (MoverTestHooks.layer_gate) holds the next
+         * request too */
+        if (n_sent < r->n_layer) {
+            rc = get_layer_append(r, groups, n_groups, n_sent++);
+            if (rc == MN_OK) rc = flush_out(r, "reading from");
+        }
+    }
+    /* a failed layer: read (and drop) the replies already asked for, so the
+     * connection stays in step */
+    int owed = rc == MN_OK && result != MN_OK ? (n_sent - (l + 1)) * n_groups : 0;
+    for (int i = 0; i < owed && rc == MN_OK; i++) {
+        redisReply *rep;
+        if ((rc = reply_take(r, &rep, "reading from")) == MN_OK) freeReplyObject(rep);
+    }
+    if (rc == MN_OK && r->n_deferred > 0) rc = flush_out(r, "writing to"); /* a damaged value's DEL */
+    return rc != MN_OK ? MN_EIO : result;
+}
+
+static int redis_read_layer(void *kind, TierRun *run, int layer, const int32_t *idx, const int32_t *slots, int n,
+                            KvPool *pool, uint64_t *io_bytes) {
+    RedisTier *r = kind;
+    TierReadGroup g = {.run = run, .idx = idx, .slots = slots, .n = n};
+    int rc = conn_ready(r);
+    if (rc == MN_OK) rc = get_layer_append(r, &g, 1, layer);
+    if (rc == MN_OK) rc = flush_out(r, "reading from");
+    redisReply *rep;
+    if (rc == MN_OK) rc = reply_take(r, &rep, "reading from");
+    if (rc != MN_OK) return MN_EIO;
+    int result = reply_place(r, rep, &g, layer, pool, io_bytes);
+    freeReplyObject(rep);
+    if (r->n_deferred > 0 && flush_out(r, "writing to") != MN_OK) return MN_EIO;
+    return result;
+}
+
+/* ---- kind operations: the rest ------------------------------------------------------ */
+
+/* With a TTL, a used run's keys live on: EXPIRE each (deferred). */
+static void redis_touch(void *kind, TierRun *run) {
+    RedisTier *r = kind;
+    const RedisRun *rr = run->data;
+    if (r->ttl_s <= 0 || conn_ready(r) != MN_OK) return;
+    char key[REDIS_KEY_MAX], ttl[16];
+    snprintf(ttl, sizeof ttl, "%d", r->ttl_s);
+    for (int i = 0; i < r->n_layer + run->n_blocks; i++) {
+        if (i < r->n_layer) layer_key(key, rr, i);
+        else ptr_key(key, rr->scope, &run->hashes[i - r->n_layer]);
+        const char *argv[] = {"EXPIRE", key, ttl};
+        size_t lens[] = {6, strlen(key), strlen(ttl)};
+        cmd_defer(r, 3, argv, lens);
+    }
+    if (r->c != NULL) flush_out(r, "renewing keys in"); /* a failure shows at the next exchange */
+}
+
+/* Forgetting a run leaves it in the store: Redis decides what it keeps. */
+static void redis_release(void *kind, TierRun *run) {
+    mn_free(run->data);
+    run->data = NULL;
+}
+
+static int redis_reset(void *kind) { return conn_open(kind); }
+
+static void redis_dump(const void *kind) {
+    const RedisTier *r = kind;
+    fprintf(stderr, "  redis %s: %s, %d replies owed, ttl %d s, timeout %d ms\n", r->url.shown,
+            r->c ? "connected" : "not connected", r->n_deferred, r->ttl_s, r->timeout_ms);
+}
+
+static void redis_free(void *kind) {
+    RedisTier *r = kind;
+    if (r == NULL) return;
+    if (r->c) redisFree(r->c);
+    url_free(&r->url);
+    mn_free(r->buf);
+    mn_free(r->cands);
+    mn_free(r);
+}
+
+static const TierKindOps redis_ops = {
+    .name = "redis",
+    .is_retried = true,
+    .run_bytes = redis_run_bytes,
+    .reserve = redis_reserve,
+    .write = redis_write,
+    .read_layer = redis_read_layer,
+    .read_layers = redis_read_layers,
+    .touch = redis_touch,
+    .release = redis_release,
+    .reset = redis_reset,
+    .dump = redis_dump,
+    .free = redis_free,
+};
+
+/* ---- probe ---------------------------------------------------------------------------- */
+
+/* Pointer replies -> r->cands: for block i of the sequence found at index
+ * idx of a stored run, that run holds sequence blocks [i - idx, i]. */
+static int probe_pointers(RedisTier *r, const char *scope, const Hash128 *hashes, const uint8_t *want, int n,
+                          int *n_cands) {
+    *n_cands = 0;
+    char key[REDIS_KEY_MAX];
+    int rc = MN_OK, n_asked = 0;
+    for (int i = 0; i < n && rc == MN_OK; i++) {
+        if (!want[i]) continue;
+        ptr_key(key, scope, &hashes[i]);
+        const char *argv[] = {"GET", key};
+        size_t lens[] = {3, strlen(key)};
+        if ((rc = cmd_append(r, 2, argv, lens)) == MN_OK) n_asked++;
+    }
+    if (rc == MN_OK && n_asked > r->cands_cap) {
+        ProbeCand *c = mn_realloc(r->cands, (size_t)n_asked * sizeof *c);
+        if (c == NULL) rc = MN_ENOMEM; /* the commands appended are sent and their replies dropped */
+        else {
+            r->cands = c;
+            r->cands_cap = n_asked;
+        }
+    }
+    if (flush_out(r, "looking blocks up in") != MN_OK) return MN_EIO;
+    for (int i = 0, k = 0; i < n && k < n_asked; i++) {
+        if (!want[i]) continue;
+        k++;
+        redisReply *rep;
+        if (reply_take(r, &rep, "looking blocks up in") != MN_OK) return MN_EIO;
+        Hash128 tag;
+        int n_stored, idx;
+        bool is_string = rep->type == REDIS_REPLY_STRING;
+        bool is_ptr = is_string && ptr_parse((const uint8_t *)rep->str, rep->len, &hashes[i], &tag, &n_stored, &idx) == MN_OK;
+        freeReplyObject(rep);
+        if (is_string && !is_ptr) {
+            if (!r->has_warned_ptr) LOG_WARN("redis tier: a damaged block pointer in %s; deleting it", r->url.shown);
+            r->has_warned_ptr = true;
+            ptr_key(key, scope, &hashes[i]);
+            const char *argv[] = {"DEL", key};
+            size_t lens[] = {3, strlen(key)};
+            cmd_defer(r, 2, argv, lens);
+        }
+        if (rc != MN_OK || !is_ptr || idx > i) continue;
+        int c = 0;
+        while (c < *n_cands && !(hash128_eq(&r->cands[c].run.tag, &tag) && r->cands[c].start == i - idx)) c++;
+        if (c == *n_cands) {
+            ProbeCand *pc = &r->cands[(*n_cands)++];
+            *pc = (ProbeCand){.run = {.tag = tag, .n_stored = n_stored}, .start = i - idx, .end = i + 1};
+            memcpy(pc->run.scope, scope, REDIS_SCOPE_LEN);
+        } else if (i + 1 > r->cands[c].end) {
+            r->cands[c].end = i + 1;
+        }
+    }
+    if (rc == MN_OK && r->n_deferred > 0 && flush_out(r, "writing to") != MN_OK) return MN_EIO;
+    return rc;
+}
+
+/* Keep the candidates whose every layer value is in the store (one EXISTS
+ * each: a run's keys share a slot). */
+static int probe_exists(RedisTier *r, int *n_cands) {
+    const char **argv = mn_malloc(((size_t)r->n_layer + 1) * sizeof *argv);
+    size_t *lens = mn_malloc(((size_t)r->n_layer + 1) * sizeof *lens);
+    char *keys = mn_malloc((size_t)r->n_layer * REDIS_KEY_MAX);
+    int rc = argv && lens && keys ? MN_OK : MN_ENOMEM;
+    for (int c = 0; c < *n_cands && rc == MN_OK; c++) {
+        argv[0] = "EXISTS";
+        lens[0] = 6;
+        for (int l = 0; l < r->n_layer; l++) {
+            char *k = keys + (size_t)l * REDIS_KEY_MAX;
+            lens[l + 1] = (size_t)layer_key(k, &r->cands[c].run, l);
+            argv[l + 1] = k;
+        }
+        rc = cmd_append(r, r->n_layer + 1, argv, lens);
+    }
+    mn_free(argv);
+    mn_free(lens);
+    mn_free(keys);
+    if (rc != MN_OK) return rc;
+    if (flush_out(r, "looking runs up in") != MN_OK) return MN_EIO;
+    int kept = 0;
+    for (int c = 0; c < *n_cands; c++) {
+        redisReply *rep;
+        if (reply_take(r, &rep, "looking runs up in") != MN_OK) return MN_EIO;
+        bool is_whole = rep->type == REDIS_REPLY_INTEGER && rep->integer == r->n_layer;
+        freeReplyObject(rep);
+        if (is_whole) r->cands[kept++] = r->cands[c];
+    }
+    *n_cands = kept;
+    return MN_OK;
+}
+
+int tier_redis_probe(Tier *t, const Hash128 *hashes, const uint8_t *want, int n, int block_tokens,
+                     const Hash128 *ns_id) {
+    if (tier_kind_ops(t) != &redis_ops) return -MN_EINVAL;
+    RedisTier *r = tier_kind(t);
+    if (tier_is_failed(t)) return -MN_EIO;
+    char scope[REDIS_SCOPE_LEN];
+    key_scope(scope, &r->fingerprint, ns_id);
+    int n_cands = 0, rc = conn_ready(r);
+    if (rc == MN_OK) rc = probe_pointers(r, scope, hashes, want, n, &n_cands);
+    if (rc == MN_OK && n_cands > 0) rc = probe_exists(r, &n_cands);
+    if (rc == MN_EIO) {
+        tier_fail(t, "looking blocks up");
+        return -MN_EIO;
+    }
+    if (rc != MN_OK) return -rc;
+    int n_adopted = 0;
+    for (int c = 0; c < n_cands; c++) {
+        const ProbeCand *pc = &r->cands[c];
+        RedisRun *rr = mn_malloc(sizeof *rr);
+        if (rr == NULL) return n_adopted; /* what was adopted stays */
+        *rr = pc->run;
+        TierRunInfo info = {.pos = pc->start * block_tokens, .ns_id = ns_id};
+        rc = tier_adopt_run(t, tier_new_run_id(t), &hashes[pc->start], pc->end - pc->start, rr,
+                            redis_run_bytes(r, pc->run.n_stored), mn_wall_now(), &info);
+        if (rc != MN_OK) mn_free(rr); /* MN_EFULL (bigger than the budget), MN_ENOMEM: not adopted */
+        else n_adopted++;
+    }
+    return n_adopted;
+}
+
+/* ---- API -------------------------------------------------------------------------------- */
+
+int tier_redis_new(const TierRedisConfig *cfg, Tier **out, MnErr *err) {
+    *out = NULL;
+    if (cfg->url == NULL || cfg->url[0] == '\0') return mn_err_set(err, MN_EINVAL, "redis tier: no URL");
+    if (cfg->n_layer < 1 || cfg->n_layer > 65536 || cfg->block_bytes == 0)
+        return mn_err_set(err, MN_EINVAL, "redis tier: bad geometry (%d layers, %zu bytes per block)", cfg->n_layer,
+                          cfg->block_bytes);
+    if (cfg->ttl_s < 0 || cfg->timeout_ms < 0)
+        return mn_err_set(err, MN_EINVAL, "redis tier: the TTL and the timeout must be >= 0");
+    RedisTier *r = mn_calloc(1, sizeof *r);
+    if (r == NULL) return mn_err_set(err, MN_ENOMEM, "redis tier: out of memory");
+    int rc = url_parse(cfg->url, &r->url, err);
+    if (rc != MN_OK) {
+        mn_free(r);
+        return rc;
+    }
+    r->n_layer = cfg->n_layer;
+    r->block_bytes = cfg->block_bytes;
+    r->fingerprint = cfg->model_fingerprint;
+    r->kv_format = cfg->kv_format;
+    r->ttl_s = cfg->ttl_s;
+    r->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : REDIS_DEFAULT_TIMEOUT_MS;
+    r->window_bytes = cfg->read_window_bytes > 0 ? cfg->read_window_bytes : REDIS_DEFAULT_WINDOW;
+    uint64_t capacity = cfg->capacity_bytes > 0 ? cfg->capacity_bytes : REDIS_DEFAULT_CATALOG;
+    Tier *t;
+    rc = tier_new_kind(&redis_ops, r, cfg->n_layer, cfg->block_bytes, capacity, NULL, &t);
+    if (rc != MN_OK) return mn_err_set(err, rc, "redis tier: %s", mn_strerror(rc));
+    rc = conn_open(r);
+    if (rc == MN_ENOMEM) {
+        tier_free(t);
+        return mn_err_set(err, rc, "redis tier: out of memory");
+    }
+    if (rc != MN_OK) tier_fail(t, "connecting (serving without it until it answers)");
+    *out = t;
+    return MN_OK;
+}
+
+const char *tier_redis_url(const Tier *t) {
+    if (tier_kind_ops(t) != &redis_ops) return "";
+    return ((const RedisTier *)tier_kind(t))->url.shown;
+}
