@@ -419,6 +419,13 @@ static int cmd_serve(int argc, char **argv) {
         {"disk-tier", 0, CLI_STR, &eo.disk_tier_dir, "DIR", "disk tier directory, kept across restarts (default: none)"},
         {"disk-tier-mb", 0, CLI_U64, &eo.disk_tier_mb, "N", "disk tier budget in MiB (default 4096)"},
         {"swap-watermark", 0, CLI_FLOAT, &eo.swap_watermark, "F", "copy cold blocks down when free pool blocks fall under F (0.25)"},
+        {"redis-tier", 0, CLI_STR, &eo.redis_url, "URL",
+         "shared tier in Redis, below the others: redis://[user:password@]host[:port][/db] or "
+         "unix:///path.sock[?db=N] (default: none; credentials are never logged)"},
+        {"redis-ttl", 0, CLI_INT, &eo.redis_ttl_s, "S",
+         "the shared tier's keys expire S seconds after their last use (default 0: Redis's maxmemory policy decides)"},
+        {"redis-timeout-ms", 0, CLI_INT, &eo.redis_timeout_ms, "MS",
+         "give up on Redis after MS ms without progress and recompute (default 1000)"},
     };
     const char *pos[1];
     int n_pos;
@@ -466,6 +473,9 @@ static int cmd_serve(int argc, char **argv) {
         !cli_require(port >= 0 && port <= 65535, "serve", "--port must be in 0..65535, got %d", port) ||
         !cli_require(max_body_kb >= 1, "serve", "--max-body must be at least 1 (KiB), got %d", max_body_kb) ||
         !cli_require(response_ttl >= 0, "serve", "--response-ttl must be >= 0, got %g", response_ttl) ||
+        !cli_require(eo.redis_ttl_s >= 0, "serve", "--redis-ttl must be >= 0, got %d", eo.redis_ttl_s) ||
+        !cli_require(eo.redis_timeout_ms >= 0, "serve", "--redis-timeout-ms must be >= 0, got %d",
+                     eo.redis_timeout_ms) ||
         !cli_require(n_predict == -1 || n_predict >= 1, "serve", "-n must be -1 (no limit) or at least 1, got %d",
                      n_predict))
         goto out;
@@ -540,9 +550,14 @@ static int cmd_serve(int argc, char **argv) {
     LOG_INFO("KV pool: %d blocks of %d tokens, %.1f MiB (%s), prefix cache %s, eviction %s", st.pool_blocks,
              st.block_tokens, (double)st.pool_bytes / 1048576.0, kv_type_name, eo.prefix_cache ? "on" : "off",
              policy_name(eo.evict));
-    for (int i = 0; i < st.n_tiers; i++)
-        LOG_INFO("cache tier %d: %s, %.1f MiB, %llu blocks held", i + 1, st.tiers[i].tier.name,
-                 (double)st.tiers[i].tier.capacity_bytes / 1048576.0, (unsigned long long)st.tiers[i].tier.n_blocks);
+    for (int i = 0; i < st.n_tiers; i++) {
+        const TierStats *ts = &st.tiers[i].tier;
+        if (strcmp(ts->name, "redis") == 0) /* Redis decides what it keeps: no budget of ours */
+            LOG_INFO("cache tier %d: redis, shared%s", i + 1, ts->is_failed ? ", not answering yet (retried)" : "");
+        else
+            LOG_INFO("cache tier %d: %s, %.1f MiB, %llu blocks held", i + 1, ts->name,
+                     (double)ts->capacity_bytes / 1048576.0, (unsigned long long)ts->n_blocks);
+    }
     LOG_INFO("version %s (commit %s) serving %s on http://%s:%d (context %d, %d parallel, batch %d tokens)",
              MNEMO_VERSION, mn_build_commit(), so.model_name, host, server_port(srv), st.n_ctx, eo.parallel,
              eo.batch_tokens);

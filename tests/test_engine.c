@@ -1,8 +1,11 @@
 /* test_engine.c — the serving engine: continuous batching, the automatic
  * prefix cache, suspension under pool pressure, stop strings, cancellation
- * and the queue limit. Every output is compared with a single-sequence run
- * (runner) of the same prompt: batching and caching must not change a bit. */
+ * and the queue limit; restores from the RAM, disk and shared (redis, a
+ * real redis-server: test_redis_util.h) tiers and their failures. Every
+ * output is compared with a single-sequence run (runner) of the same
+ * prompt: batching and caching must not change a bit. */
 #include "test_util.h"
+#include "test_redis_util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -1157,17 +1160,21 @@ static void expect_recomputed_read(Request *r, const Recomputed *want, float *go
 /* An engine for the restore tests: blocks of 8 tokens, a pool of
  * pool_blocks, one sequence at a time, a RAM tier of ram_mb (0: none), a
  * disk tier in dir (NULL: none). */
+static void tier_options(EngineOptions *o, int pool_blocks, const MoverTestHooks *hooks) {
+    engine_options_default(o);
+    o->block_tokens = 8;
+    o->pool_blocks = pool_blocks;
+    o->parallel = 1;
+    o->mover_hooks = hooks;
+}
+
 static Engine *tier_engine_hooked(Model *m, int pool_blocks, uint64_t ram_mb, const char *dir, EvictPolicy evict,
                                   const MoverTestHooks *hooks, const EngineTestHooks *test_hooks) {
     EngineOptions o;
-    engine_options_default(&o);
-    o.block_tokens = 8;
-    o.pool_blocks = pool_blocks;
-    o.parallel = 1;
+    tier_options(&o, pool_blocks, hooks);
     o.ram_tier_mb = ram_mb;
     o.disk_tier_dir = dir;
     o.evict = evict;
-    o.mover_hooks = hooks;
     o.test_hooks = test_hooks;
     Engine *e;
     MnErr err = {0};
@@ -1829,6 +1836,237 @@ static void test_restore_from_disk(void **s) { check_restore(0, true, SRC_DISK, 
 static void test_restore_ram_and_disk(void **s) { check_restore(1, true, SRC_RAM, false); }
 static void test_restore_corrupt_disk(void **s) { check_restore(0, true, SRC_DISK, true); }
 
+/* ---- the shared tier (redis) ------------------------------------------------------ */
+
+/* An engine whose only tier is the shared one at url: blocks of 8 tokens,
+ * a pool of pool_blocks, one sequence at a time. */
+static Engine *redis_engine(Model *m, int pool_blocks, const char *url, const MoverTestHooks *hooks) {
+    EngineOptions o;
+    tier_options(&o, pool_blocks, hooks);
+    o.redis_url = url;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    return e;
+}
+
+static TierStats redis_stats(Engine *e) {
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.n_tiers, 1);
+    assert_string_equal(st.tiers[0].tier.name, "redis");
+    return st.tiers[0].tier;
+}
+
+/* What each shared-tier case has: a Redis, the model, prompts of 65
+ * tokens and the full recompute of the first. */
+typedef struct RedisCase {
+    RedisSrv srv;
+    Model *m;
+    int32_t p[3][80];
+    Recomputed full; /* of p[0], 4 tokens */
+} RedisCase;
+
+/* cmocka setup and teardown: the teardown stops the Redis and frees the
+ * rest also after a failed assertion. */
+static int redis_case_setup(void **state) {
+    *state = calloc(1, sizeof(RedisCase));
+    return *state ? 0 : -1;
+}
+
+static int redis_case_teardown(void **state) {
+    RedisCase *rc = *state;
+    if (rc->m) recomputed_free(&rc->full);
+    redis_srv_free(&rc->srv);
+    model_free(rc->m);
+    free(rc);
+    return 0;
+}
+
+/* False (the case is skipped) without redis-server or the model. */
+static bool redis_case_open(RedisCase *rc, uint64_t seed) {
+    if (!redis_srv_available()) {
+        skip();
+        return false;
+    }
+    if ((rc->m = load("stories260K")) == NULL) return false;
+    redis_srv_start(&rc->srv, NULL);
+    make_prompts(rc->p, 3, 65, rc->m->cfg.n_vocab, seed);
+    rc->full = recompute(rc->m, rc->p[0], 65, 4);
+    return true;
+}
+
+/* Another instance computes prompt p (full: its recompute) and saves it
+ * into the store (the engine is freed once its saves are done). */
+static void put_in_redis(RedisCase *rc, const Recomputed *full, const int32_t *p) {
+    Engine *e = redis_engine(rc->m, 32, rc->srv.url, NULL);
+    ReqResult res;
+    expect_recomputed(e, full, p, 65, &res);
+    assert_int_equal(res.n_cached, 0);
+    settle(e);
+    assert_true(redis_stats(e).n_puts >= 1);
+    engine_free(e);
+}
+
+/* Two instances on one Redis: B never saw prompt a, which A computed;
+ * its probe finds a's blocks, and the restore from Redis gives first
+ * logits bit-identical to a full recompute, with usage naming redis. */
+static void test_redis_restore_other_instance(void **s) {
+    RedisCase *rc = *s;
+    if (!redis_case_open(rc, 151)) return;
+    put_in_redis(rc, &rc->full, rc->p[0]);
+    Engine *e = redis_engine(rc->m, 32, rc->srv.url, NULL);
+    ReqResult res;
+    expect_recomputed(e, &rc->full, rc->p[0], 65, &res);
+    assert_int_equal(res.n_cached, 64);
+    assert_int_equal(res.n_cached_by[SRC_REDIS], 64);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.shared_lookup_blocks, 8);
+    assert_int_equal(st.shared_found_blocks, 8);
+    assert_int_equal(st.restore_failures, 0);
+    assert_true(st.tiers[0].tier.bytes_read > 0);
+    engine_free(e);
+}
+
+/* MoverTestHooks.layer_gate: hold a restore after its first layer. */
+static void hold_layer0(void *ctx, int layer) {
+    Gate *g = ctx;
+    if (layer != 0) return;
+    pthread_mutex_lock(&g->lock);
+    gate_pass_locked(g);
+    pthread_mutex_unlock(&g->lock);
+}
+
+/* Redis killed in the middle of B's restore (held after its first layer,
+ * with nothing more asked for): the request still succeeds, recomputed,
+ * bit-identical; the failure is counted and the tier is off. Redis comes
+ * back (empty): the mover reconnects after its back-off, and B restores
+ * again what another instance puts there. */
+static void test_redis_killed_mid_restore(void **s) {
+    RedisCase *rc = *s;
+    if (!redis_case_open(rc, 161)) return;
+    Recomputed full_b = recompute(rc->m, rc->p[1], 65, 4);
+    put_in_redis(rc, &rc->full, rc->p[0]);
+    Gate g;
+    gate_init(&g);
+    MoverTestHooks hooks = {.layer_gate = hold_layer0, .ctx = &g, .redis_window_bytes = 1};
+    Engine *e = redis_engine(rc->m, 32, rc->srv.url, &hooks);
+    gate_close(&g);
+    float *got = calloc((size_t)rc->full.n_vocab, sizeof *got);
+    Request *r = submit_one_logits(e, rc->p[0], 65, rc->full.n_gen, got);
+    gate_wait_holding(&g);
+    redis_srv_kill(&rc->srv);
+    gate_open(&g);
+    ReqResult res;
+    expect_recomputed_read(r, &rc->full, got, &res);
+    assert_int_equal(res.finish, FINISH_LENGTH);
+    assert_int_equal(res.n_cached_by[SRC_REDIS], 0);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.restore_failures, 1);
+    assert_int_equal(st.tiers[0].tier.n_io_errors, 1);
+    /* back, empty: the tier reconnects by itself */
+    redis_srv_start(&rc->srv, NULL);
+    TierStats ts = {0};
+    TEST_WAIT_UNTIL((ts = redis_stats(e), !ts.is_failed && ts.n_resets == 1),
+                    "the redis tier did not reconnect (failed %d, resets %llu)", ts.is_failed,
+                    (unsigned long long)ts.n_resets);
+    put_in_redis(rc, &full_b, rc->p[1]);
+    expect_recomputed(e, &full_b, rc->p[1], 65, &res);
+    assert_int_equal(res.n_cached_by[SRC_REDIS], 64);
+    recomputed_free(&full_b);
+    engine_free(e);
+    gate_deinit(&g);
+}
+
+/* Saves that meet a Redis that is down do not hold later saves back (the
+ * back-off is for a tier with no room; the engine's back-off clock is
+ * stopped here, so a back-off would last for good): prompt a is computed
+ * while Redis is down (its save fails at once), Redis comes back, the
+ * tier reconnects, and prompt b, computed next, is saved there, where
+ * another instance restores it. */
+static void test_redis_saves_after_outage(void **s) {
+    RedisCase *rc = *s;
+    if (!redis_case_open(rc, 191)) return;
+    Recomputed full_b = recompute(rc->m, rc->p[1], 65, 4);
+    Drive dr;
+    drive_init(&dr);
+    dr.backoff_at = mn_now();
+    EngineOptions o;
+    tier_options(&o, 32, NULL);
+    o.redis_url = rc->srv.url;
+    o.test_hooks = &dr.hooks;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(rc->m, &o, &e, &err)) fail_msg("%s", err.msg);
+    redis_srv_kill(&rc->srv);
+    ReqResult res;
+    expect_recomputed(e, &rc->full, rc->p[0], 65, &res);
+    settle(e);
+    redis_srv_start(&rc->srv, NULL);
+    TierStats ts = {0};
+    TEST_WAIT_UNTIL((ts = redis_stats(e), !ts.is_failed), "the redis tier did not reconnect (resets %llu)",
+                    (unsigned long long)ts.n_resets);
+    expect_recomputed(e, &full_b, rc->p[1], 65, &res);
+    settle(e);
+    assert_true(redis_stats(e).n_puts >= 1);
+    engine_free(e);
+    e = redis_engine(rc->m, 32, rc->srv.url, NULL);
+    expect_recomputed(e, &full_b, rc->p[1], 65, &res);
+    assert_int_equal(res.n_cached_by[SRC_REDIS], 64);
+    engine_free(e);
+    recomputed_free(&full_b);
+    gate_deinit(&dr.steps);
+}
+
+/* The store lets everything go (FLUSHALL) while an instance believes it
+ * holds a conversation it put there: the restore meets missing keys, the
+ * blocks are recomputed (bit-identical), counted as missing runs. */
+static void test_redis_flushed(void **s) {
+    RedisCase *rc = *s;
+    if (!redis_case_open(rc, 171)) return;
+    Engine *e = redis_engine(rc->m, 16, rc->srv.url, NULL);
+    ReqResult res;
+    expect_recomputed(e, &rc->full, rc->p[0], 65, &res);
+    settle(e);
+    for (int i = 1; i < 3; i++) { /* they push p[0] out of the pool */
+        free(run_one(e, rc->p[i], 65, 4, NULL, &res));
+        settle(e);
+    }
+    freeReplyObject(redis_srv_cmd(&rc->srv, "FLUSHALL"));
+    expect_recomputed(e, &rc->full, rc->p[0], 65, &res);
+    assert_int_equal(res.n_cached_by[SRC_REDIS], 0);
+    TierStats ts = redis_stats(e);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_true(st.restore_failures >= 1);
+    assert_true(ts.n_missing_runs >= 1);
+    assert_int_equal(ts.n_checksum_failures, 0);
+    assert_false(ts.is_failed);
+    engine_free(e);
+}
+
+/* A damaged value (SETRANGE in the blocks of every stored layer): B's
+ * restore fails its check, the blocks are recomputed (bit-identical) and
+ * the failure is counted. */
+static void test_redis_damaged_value(void **s) {
+    RedisCase *rc = *s;
+    if (!redis_case_open(rc, 181)) return;
+    put_in_redis(rc, &rc->full, rc->p[0]);
+    assert_true(redis_srv_damage(&rc->srv, "mnemo:kv1:*", 1000) > 0);
+    Engine *e = redis_engine(rc->m, 32, rc->srv.url, NULL);
+    ReqResult res;
+    expect_recomputed(e, &rc->full, rc->p[0], 65, &res);
+    assert_int_equal(res.n_cached_by[SRC_REDIS], 0);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.restore_failures, 1);
+    assert_int_equal(st.tiers[0].tier.n_checksum_failures, 1);
+    assert_false(st.tiers[0].tier.is_failed);
+    engine_free(e);
+}
+
 /* Many more conversations than the pool holds, two turns each, through a
  * pool of 24 blocks with RAM and disk tiers below it: all first turns at
  * once, then all second turns at once (so the pool has had to let go of
@@ -1910,6 +2148,7 @@ static void test_many_conversations_tiered(void **s) {
 
 int main(void) {
     test_apply_filter();
+    signal(SIGPIPE, SIG_IGN); /* as mnemo serve: a write to a killed Redis is an error, not a signal */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_schedule_fcfs),
@@ -1945,6 +2184,11 @@ int main(void) {
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_writebehind_namespaces),
         cmocka_unit_test(test_restore_out_of_memory),
+        cmocka_unit_test_setup_teardown(test_redis_restore_other_instance, redis_case_setup, redis_case_teardown),
+        cmocka_unit_test_setup_teardown(test_redis_killed_mid_restore, redis_case_setup, redis_case_teardown),
+        cmocka_unit_test_setup_teardown(test_redis_saves_after_outage, redis_case_setup, redis_case_teardown),
+        cmocka_unit_test_setup_teardown(test_redis_flushed, redis_case_setup, redis_case_teardown),
+        cmocka_unit_test_setup_teardown(test_redis_damaged_value, redis_case_setup, redis_case_teardown),
         cmocka_unit_test(test_table_out_of_memory),
         cmocka_unit_test(test_many_conversations_tiered),
     };

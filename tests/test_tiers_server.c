@@ -1,5 +1,5 @@
 /* test_tiers_server.c — `mnemo serve` with KV cache tiers below the pool
- * (--ram-tier-mb, --disk-tier), end to end over HTTP.
+ * (--ram-tier-mb, --disk-tier, --redis-tier), end to end over HTTP.
  *
  * Every case starts real servers (srv_start: stories260K, blocks of 8
  * tokens) with a pool too small for its conversations, so cached blocks
@@ -16,7 +16,11 @@
  * on one disk tier, one of them erased by `mnemo cache purge` (refused
  * while the server runs; afterwards its KV extents are zero, its reply
  * texts gone from the database files, its conversations recomputed, while
- * the other tenant's still come from disk).
+ * the other tenant's still come from disk). With the shared tier (a real
+ * redis-server on a unix socket, test_redis_util.h): conversations that
+ * hop between two instances find their history in Redis; Redis killed
+ * while an instance restores from it, then back (the instances reconnect);
+ * damaged values (SETRANGE) and FLUSHALL.
  * Every answer's usage must add up (cached_tokens_by_tier sums to
  * cached_tokens, recomputed_tokens = prompt - cached), and the per-tier
  * /metrics families are checked along the way.
@@ -31,6 +35,7 @@
  * MNEMO_TEST_FILTER="*flush*" runs matching cases, MNEMO_TEST_NO_MOUNT=1
  * takes the disk-full case's fallback as if the mount had failed. */
 #include "test_util.h"
+#include "test_redis_util.h"
 #include "test_serve_util.h"
 
 #include "base/err.h"
@@ -63,10 +68,10 @@
 #define REPLY_TOKENS 12 /* max_tokens of every turn (ignore_eos: exactly this many) */
 #define MAX_TURNS 3
 #define MAX_CONVS 32
-#define MAX_SRV 2
+#define MAX_SRV 3
 
-enum { T_POOL, T_RAM, T_DISK, T_COUNT };
-static const char *const tier_names[T_COUNT] = {"pool", "ram", "disk"};
+enum { T_POOL, T_RAM, T_DISK, T_REDIS, T_COUNT };
+static const char *const tier_names[T_COUNT] = {"pool", "ram", "disk", "redis"};
 
 static bool env_is(const char *name, const char *value) {
     const char *v = getenv(name);
@@ -159,8 +164,8 @@ static int ask(const Srv *s, const char *req, const char *key, Answer *a, char *
     if (!has_all || sum != a->cached_tokens || a->recomputed_tokens != a->prompt_tokens - a->cached_tokens ||
         a->completion_tokens != REPLY_TOKENS) {
         snprintf(err, cap,
-                 "usage does not add up (pool + ram + disk = cached_tokens, recomputed = prompt - cached, %d "
-                 "completion tokens): %s", REPLY_TOKENS, usage_of(a));
+                 "usage does not add up (pool + ram + disk + redis = cached_tokens, recomputed = prompt - cached, "
+                 "%d completion tokens): %s", REPLY_TOKENS, usage_of(a));
         return -1;
     }
     return 0;
@@ -232,9 +237,10 @@ static int conv_next(Conv *c, const Srv *s) {
     }
     c->n_done++;
     if (getenv("MNEMO_TEST_VERBOSE"))
-        fprintf(stderr, "  '%s' turn %d: prompt %ld, cached pool %ld ram %ld disk %ld, recomputed %ld\n", c->first,
-                turn + 1, c->ans[turn].prompt_tokens, c->ans[turn].by_tier[T_POOL], c->ans[turn].by_tier[T_RAM],
-                c->ans[turn].by_tier[T_DISK], c->ans[turn].recomputed_tokens);
+        fprintf(stderr, "  '%s' turn %d: prompt %ld, cached pool %ld ram %ld disk %ld redis %ld, recomputed %ld\n",
+                c->first, turn + 1, c->ans[turn].prompt_tokens, c->ans[turn].by_tier[T_POOL],
+                c->ans[turn].by_tier[T_RAM], c->ans[turn].by_tier[T_DISK], c->ans[turn].by_tier[T_REDIS],
+                c->ans[turn].recomputed_tokens);
     return 0;
 }
 
@@ -309,7 +315,9 @@ static void expect_tier_families(const Srv *s, const char *tier) {
 /* ---- fixture: servers, conversations, a directory, a mount ------------------------------ */
 
 typedef struct Fix {
-    Srv srv[MAX_SRV];       /* [0] under test, [1] the no-cache reference; pid 0: not running */
+    Srv srv[MAX_SRV];       /* [0] under test, [1] the no-cache reference, [2] a second
+                               instance under test; pid 0: not running */
+    RedisSrv redis;         /* the shared tier's store, when the case has one */
     Conv cs[MAX_CONVS + 1]; /* the case's conversations (+1 spare) */
     char dir[64];           /* temporary directory, "" before it is made */
     bool is_mounted;        /* a tmpfs is mounted on dir */
@@ -345,6 +353,7 @@ static int fix_teardown(void **state) {
         unlink(s->log);
     }
     for (int i = 0; i <= MAX_CONVS; i++) conv_free(&f->cs[i]);
+    redis_srv_free(&f->redis);
     /* a killed server's io_uring may hold its files a moment longer */
     for (int i = 0; f->is_mounted && i < 100; i++) {
         if (umount(f->dir) == 0) f->is_mounted = false;
@@ -924,6 +933,183 @@ static void test_tiers_purge_namespace(void **state) {
     umask(old_mask);
 }
 
+/* ---- 8. the shared tier: instances on one Redis ------------------------------------ */
+
+/* Start srv[i] as an instance of the shared tier on the case's Redis,
+ * with a pool that holds three turns of one conversation. */
+static Srv *fix_start_redis(Fix *f, int i, const char *extra) {
+    char flags[512];
+    snprintf(flags, sizeof flags, "%s --redis-tier %s %s", POOL3_FLAGS, f->redis.url, extra ? extra : "");
+    return fix_start(f, i, flags);
+}
+
+/* The saves of what s's finished turns left behind are done: a SAVE
+ * holds its pool blocks until it is, so nothing held and nothing running
+ * means nothing is on its way to Redis. */
+static void wait_saved(const Srv *s) {
+    TEST_WAIT_UNTIL(srv_metric(s, "mnemo_pool_blocks{state=\"used\"}") == 0 &&
+                        srv_metric(s, "mnemo_running_sequences") == 0,
+                    "server %d still holds %.0f pool blocks", (int)s->pid,
+                    srv_metric(s, "mnemo_pool_blocks{state=\"used\"}"));
+}
+
+/* Redis, then A (srv[0]) and B (srv[2]) on it and the no-cache reference
+ * (srv[1]); the first turn of n conversations tagged tag on A, saved in
+ * Redis. False (the case is skipped) without redis-server. */
+static bool redis_case_start(Fix *f, const char *tag, int n, Srv **a, Srv **ref, Srv **b) {
+    if (!redis_srv_available()) {
+        skip();
+        return false;
+    }
+    redis_srv_start(&f->redis, NULL);
+    *a = fix_start_redis(f, 0, NULL);
+    *ref = fix_start(f, 1, REF_FLAGS);
+    *b = fix_start_redis(f, 2, NULL);
+    for (int i = 0; i < n; i++) {
+        conv_init(&f->cs[i], tag, i);
+        conv_step(&f->cs[i], *a);
+    }
+    wait_saved(*a);
+    return true;
+}
+
+static void redis_case_stop(Fix *f) {
+    fix_term(f, 0);
+    fix_term(f, 2);
+    fix_term(f, 1);
+}
+
+/* Blocks of 8 tokens wholly inside the first n tokens. */
+static long full_tokens(long n) { return n / 8 * 8; }
+
+/* Turn 1 of four conversations on A, turn 2 on B, turn 3 on A again: each
+ * instance finds the history the other computed in Redis (B's first
+ * answer all of it, the history's whole blocks at least), and every
+ * answer equals the no-cache server's. B's counters say the same. */
+static void test_tiers_redis_hop(void **state) {
+    Fix *f = *state;
+    enum { N = 4 };
+    Srv *a, *ref, *b;
+    if (!redis_case_start(f, "hop", N, &a, &ref, &b)) return;
+    Conv *cs = f->cs;
+    long b_redis = 0;
+    for (int i = 0; i < N; i++) {
+        conv_step(&cs[i], b);
+        const Answer *t1 = &cs[i].ans[0], *t2 = &cs[i].ans[1];
+        long history = full_tokens(t1->prompt_tokens);
+        if (t2->cached_tokens < history || (i == 0 && t2->by_tier[T_REDIS] != t2->cached_tokens))
+            fail_msg("'%s' turn 2 on the other instance: %ld of its history's %ld tokens cached (%s)", cs[i].first,
+                     t2->cached_tokens, history, usage_of(t2));
+        b_redis += t2->by_tier[T_REDIS];
+    }
+    wait_saved(b);
+    long a_redis = 0;
+    for (int i = 0; i < N; i++) {
+        conv_step(&cs[i], a);
+        const Answer *t3 = &cs[i].ans[2];
+        if (t3->cached_tokens < full_tokens(cs[i].ans[1].prompt_tokens))
+            fail_msg("'%s' turn 3 back on the first instance: %ld tokens cached (%s)", cs[i].first, t3->cached_tokens,
+                     usage_of(t3));
+        a_redis += t3->by_tier[T_REDIS];
+    }
+    if (a_redis <= 0) fail_msg("no third turn found turn 2's blocks in Redis");
+    for (int i = 0; i < N; i++) expect_reference(ref, &cs[i]);
+    expect_tier_families(b, "redis");
+    if (tier_metric(b, "mnemo_cached_tokens_total", "redis") != (double)b_redis)
+        fail_msg("mnemo_cached_tokens_total{tier=\"redis\"} is %.0f on B, its answers reported %ld",
+                 tier_metric(b, "mnemo_cached_tokens_total", "redis"), b_redis);
+    if (!(srv_metric(b, "mnemo_shared_tier_lookups_total{result=\"found\"}") > 0))
+        fail_msg("B counted no block found in the shared tier");
+    if (tier_metric(b, "mnemo_tier_up", "redis") != 1) fail_msg("B's redis tier is not up");
+    if (!(tier_metric(a, "mnemo_tier_bytes_written_total", "redis") > 0 &&
+          tier_metric(b, "mnemo_tier_bytes_read_total", "redis") > 0))
+        fail_msg("nothing was written to Redis by A, or read from it by B");
+    expect_clean_log(a, false, false);
+    expect_clean_log(b, false, false);
+    redis_case_stop(f);
+}
+
+/* Redis killed while B restores eight conversations from it at once (the
+ * kill comes as soon as B's first bytes are read from it, with the other
+ * restores queued or in flight): no request fails and every answer is
+ * right; B's tier is off (counted). Redis back (empty): B reconnects by
+ * itself, and a conversation A puts there afterwards comes back on B. */
+static void test_tiers_redis_killed(void **state) {
+    Fix *f = *state;
+    enum { N = 8 };
+    Srv *a, *ref, *b;
+    if (!redis_case_start(f, "down", N, &a, &ref, &b)) return;
+    Conv *cs = f->cs;
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        cs[i].s = b;
+        cs[i].n_turns = 1;
+        pthread_create(&th[i], NULL, conv_thread, &cs[i]);
+    }
+    TEST_WAIT_UNTIL(tier_metric(b, "mnemo_tier_bytes_read_total", "redis") > 0 ||
+                        srv_metric(b, "mnemo_requests_total{status=\"200\"}") >= N,
+                    "B read nothing from Redis");
+    redis_srv_kill(&f->redis);
+    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < N; i++)
+        if (cs[i].failure[0]) fail_msg("a request failed while Redis died: %s", cs[i].failure);
+    for (int i = 0; i < N; i++) expect_reference(ref, &cs[i]);
+    /* B noticed (its probes and restores fail after the kill; one more
+     * conversation makes sure it tried) */
+    Conv *extra = &cs[N];
+    conv_init(extra, "down-after", 0);
+    conv_step(extra, b);
+    if (tier_metric(b, "mnemo_tier_io_errors_total", "redis") < 1)
+        fail_msg("B's redis tier counted no failure after Redis was killed");
+    redis_srv_start(&f->redis, NULL);
+    TEST_WAIT_UNTIL(tier_metric(b, "mnemo_tier_up", "redis") == 1, "B's redis tier did not come back");
+    if (tier_metric(b, "mnemo_tier_reconnects_total", "redis") < 1) fail_msg("B counted no reconnect");
+    /* A's connection died too: it fails over its next turn and comes back */
+    Conv *late = &cs[N - 1];
+    conv_free(late);
+    conv_init(late, "back", 0);
+    conv_step(late, a); /* (recomputed, and A's tier goes off until it reconnects) */
+    TEST_WAIT_UNTIL(tier_metric(a, "mnemo_tier_up", "redis") == 1, "A's redis tier did not come back");
+    Conv *again = extra;
+    conv_free(again);
+    conv_init(again, "back-again", 1);
+    conv_step(again, a);
+    wait_saved(a);
+    conv_step(again, b);
+    if (again->ans[1].by_tier[T_REDIS] <= 0)
+        fail_msg("after Redis came back, B found nothing of A's conversation in it (%s)", usage_of(&again->ans[1]));
+    expect_reference(ref, again);
+    expect_health(b);
+    redis_case_stop(f);
+}
+
+/* A damaged value (SETRANGE over every stored layer): B's restores fail
+ * their checks, the blocks are recomputed and the failures counted; then
+ * FLUSHALL: every later turn is recomputed, and every answer is still
+ * the no-cache server's. */
+static void test_tiers_redis_damage_and_flush(void **state) {
+    Fix *f = *state;
+    enum { N = 3 };
+    Srv *a, *ref, *b;
+    if (!redis_case_start(f, "damage", N, &a, &ref, &b)) return;
+    Conv *cs = f->cs;
+    if (redis_srv_damage(&f->redis, "mnemo:kv1:*", 100) == 0) fail_msg("A stored no value in Redis");
+    for (int i = 0; i < N; i++) {
+        conv_step(&cs[i], b);
+        if (cs[i].ans[1].by_tier[T_REDIS] != 0)
+            fail_msg("'%s' used %ld damaged tokens from Redis", cs[i].first, cs[i].ans[1].by_tier[T_REDIS]);
+    }
+    if (tier_metric(b, "mnemo_tier_checksum_failures_total", "redis") < 1)
+        fail_msg("B counted no checksum failure in Redis");
+    wait_saved(b);
+    freeReplyObject(redis_srv_cmd(&f->redis, "FLUSHALL"));
+    for (int i = 0; i < N; i++) conv_step(&cs[i], a);
+    for (int i = 0; i < N; i++) expect_reference(ref, &cs[i]);
+    expect_health(a);
+    expect_health(b);
+    redis_case_stop(f);
+}
+
 int main(void) {
     test_apply_filter();
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -935,6 +1121,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_tiers_sigterm_flush, fix_setup, fix_teardown),
         cmocka_unit_test_setup_teardown(test_tiers_sequential_promotes, fix_setup, fix_teardown),
         cmocka_unit_test_setup_teardown(test_tiers_purge_namespace, fix_setup, fix_teardown),
+        cmocka_unit_test_setup_teardown(test_tiers_redis_hop, fix_setup, fix_teardown),
+        cmocka_unit_test_setup_teardown(test_tiers_redis_killed, fix_setup, fix_teardown),
+        cmocka_unit_test_setup_teardown(test_tiers_redis_damage_and_flush, fix_setup, fix_teardown),
     };
     if (getenv("MNEMO_TEST_FILTER")) cmocka_set_test_filter(getenv("MNEMO_TEST_FILTER"));
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

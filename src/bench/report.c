@@ -101,10 +101,10 @@ static int summary_tier(BenchSummary *s, const char *name) {
 
 /* Display order: mnemo's tiers from the top down, then any other. */
 static int tier_rank(const char *name) {
-    static const char *const ORDER[] = {"pool", "ram", "disk"};
-    for (int i = 0; i < 3; i++)
+    static const char *const ORDER[] = {"pool", "ram", "disk", "redis"};
+    for (int i = 0; i < 4; i++)
         if (strcmp(name, ORDER[i]) == 0) return i;
-    return 3;
+    return 4;
 }
 
 static void sort_tiers(BenchSummary *s) { /* insertion sort: stable, a handful of tiers */

@@ -15,12 +15,17 @@
  * microseconds, and with compute on every core each wake-up would
  * otherwise wait for a compute thread's slice to end.
  *
+ * A failed tier that is retried (redis) is reset between jobs once its
+ * back-off has passed; an idle thread sleeps until the next reset is due.
+ *
  * Invariants: only this thread calls into the tiers once mover_new has
  * returned; the stats snapshots are the only state another thread reads,
- * under stats_lock.
+ * under stats_lock; retry_at[i] > 0 exactly while tier i is retried and
+ * failed (from the first time the thread saw it failed).
  */
 #include "cache/mover.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
@@ -45,6 +50,9 @@ struct Mover {
     Tier *tiers[MOVER_MAX_TIERS];
     DropCtx drop_ctx[MOVER_MAX_TIERS];
     int n_tiers;
+    int shared;            /* the redis tier's index, or -1 */
+    double retry_at[MOVER_MAX_TIERS]; /* mn_now() of the next reset; 0: none due */
+    double backoff[MOVER_MAX_TIERS];  /* the wait before that reset */
     /* queues */
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -177,7 +185,8 @@ static void run_save(Mover *m, MoverJob *j) {
         } else if (j->saved_tiers == 0) {
             j->rc = rc;
         }
-        if (rc != MN_OK && rc != MN_EFULL)
+        /* (a failed tier said so once, when it failed) */
+        if (rc != MN_OK && rc != MN_EFULL && rc != MN_EIO)
             LOG_WARN("mover: saving %d blocks to the %s tier failed: %s", j->n, tier_name(m->tiers[i]), mn_strerror(rc));
         publish_stats(m, i);
     }
@@ -341,9 +350,77 @@ static void run_conv(Mover *m, MoverJob *j) {
     j->rc = m->store && j->conv != 0 ? store_conv_put(m->store, j->conv, &j->ns_id, j->when, j->n_tokens) : MN_OK;
 }
 
+/* Look the job's blocks up in the shared tier, which adopts the runs
+ * others stored; tier[k] then says whether it holds block k (a failed or
+ * missing shared tier holds none). */
+static void run_probe(Mover *m, MoverJob *j) {
+    j->rc = MN_OK;
+    if (m->shared < 0) {
+        memset(j->tier, 0, (size_t)j->n);
+        return;
+    }
+    Tier *t = m->tiers[m->shared];
+    int rc = tier_redis_probe(t, j->hashes, j->tier, j->n, m->cfg.pool->block_tokens, &j->ns_id);
+    if (rc < 0) j->rc = -rc;
+    for (int k = 0; k < j->n; k++) j->tier[k] = tier_has(t, &j->hashes[k]);
+    publish_stats(m, m->shared);
+}
+
+/* Reset the failed tiers that are retried and whose back-off has passed;
+ * a tier seen failed for the first time waits MOVER_RETRY_MIN_S first. */
+static void retry_tiers(Mover *m) {
+    double now = mn_now();
+    for (int i = 0; i < m->n_tiers; i++) {
+        Tier *t = m->tiers[i];
+        if (!tier_is_retried(t) || !tier_is_failed(t)) {
+            m->retry_at[i] = m->backoff[i] = 0;
+            continue;
+        }
+        if (m->retry_at[i] == 0) {
+            m->backoff[i] = MOVER_RETRY_MIN_S;
+            m->retry_at[i] = now + m->backoff[i];
+            LOG_INFO("mover: the %s tier is off; trying it again in %.2f s", tier_name(t), m->backoff[i]);
+            continue;
+        }
+        if (now < m->retry_at[i]) continue;
+        if (tier_reset(t) == MN_OK) {
+            LOG_INFO("mover: the %s tier is back", tier_name(t));
+            m->retry_at[i] = m->backoff[i] = 0;
+        } else {
+            m->backoff[i] = fmin(2 * m->backoff[i], MOVER_RETRY_MAX_S);
+            m->retry_at[i] = mn_now() + m->backoff[i];
+        }
+        publish_stats(m, i);
+    }
+}
+
+/* The earliest reset due (mn_now() seconds), 0 when none. */
+static double next_retry(const Mover *m) {
+    double at = 0;
+    for (int i = 0; i < m->n_tiers; i++)
+        if (m->retry_at[i] > 0 && (at == 0 || m->retry_at[i] < at)) at = m->retry_at[i];
+    return at;
+}
+
+/* Sleep (lock held) until a job is queued or the next reset is due. */
+static void wait_for_work(Mover *m) {
+    while (!m->head[Q_READS] && !m->head[Q_PREFETCH] && !m->head[Q_WRITES]) {
+        double at = next_retry(m);
+        if (at == 0) {
+            pthread_cond_wait(&m->cond, &m->lock);
+            continue;
+        }
+        double wait = at - mn_now();
+        if (wait <= 0) return;
+        double until = mn_wall_now() + wait; /* the condition's clock is CLOCK_REALTIME */
+        struct timespec ts = {(time_t)until, (long)((until - floor(until)) * 1e9)};
+        pthread_cond_timedwait(&m->cond, &m->lock, &ts);
+    }
+}
+
 /* Which queue a job goes to. */
 static MoverQueue queue_of(const MoverJob *j) {
-    if (j->kind == MOVER_LOAD) return Q_READS;
+    if (j->kind == MOVER_LOAD || j->kind == MOVER_PROBE) return Q_READS;
     if (j->kind == MOVER_PROMOTE || j->kind == MOVER_WINDOW) return Q_PREFETCH;
     return Q_WRITES;
 }
@@ -373,11 +450,13 @@ static void *mover_main(void *arg) {
     if (mn_thread_set_slice(MOVER_SLICE_NS) != MN_OK)
         LOG_INFO("mover: the kernel takes no scheduling hint; restores may wait longer for a core");
     for (;;) {
+        retry_tiers(m);
         pthread_mutex_lock(&m->lock);
-        while (!m->head[Q_READS] && !m->head[Q_PREFETCH] && !m->head[Q_WRITES]) pthread_cond_wait(&m->cond, &m->lock);
+        wait_for_work(m);
         JobBatch b = {.m = m};
-        take_batch(m, &b);
+        if (m->head[Q_READS] || m->head[Q_PREFETCH] || m->head[Q_WRITES]) take_batch(m, &b);
         pthread_mutex_unlock(&m->lock);
+        if (b.n_jobs == 0) continue; /* a reset is due */
         MoverJob *j = b.jobs[0];
         switch (j->kind) {
         case MOVER_SAVE: run_save(m, j); break;
@@ -387,6 +466,7 @@ static void *mover_main(void *arg) {
         case MOVER_REPLY: run_reply(m, j); break;
         case MOVER_CONV: run_conv(m, j); break;
         case MOVER_WINDOW: run_window(m, j); break;
+        case MOVER_PROBE: run_probe(m, j); break;
         case MOVER_FLUSH: j->rc = MN_OK; break;
         case MOVER_STOP: mover_job_free(j); return NULL;
         }
@@ -455,6 +535,24 @@ static int make_staging(Mover *m, MnErr *err) {
     return MN_OK;
 }
 
+/* The shared tier, last in the chain. */
+static int open_redis(Mover *m, const MoverConfig *cfg, MnErr *err) {
+    const KvPool *p = cfg->pool;
+    TierRedisConfig rc = {.url = cfg->redis_url,
+                          .n_layer = p->n_layer,
+                          .block_bytes = p->block_bytes,
+                          .model_fingerprint = cfg->model_fingerprint,
+                          .kv_format = cfg->kv_format,
+                          .ttl_s = cfg->redis_ttl_s,
+                          .timeout_ms = cfg->redis_timeout_ms,
+                          .read_window_bytes = cfg->hooks ? cfg->hooks->redis_window_bytes : 0};
+    Tier *t;
+    int code = tier_redis_new(&rc, &t, err); /* its message leaves the credentials out */
+    if (code != MN_OK) return code;
+    m->shared = m->n_tiers;
+    return add_tier(m, t);
+}
+
 typedef struct HeldCtx {
     const MoverConfig *cfg;
     int tier;
@@ -472,6 +570,8 @@ int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err) {
     if (m == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
     m->cfg = *cfg;
     m->cfg.disk_dir = NULL; /* not kept: only used here */
+    m->cfg.redis_url = NULL;
+    m->shared = -1;
     pthread_mutex_init(&m->lock, NULL);
     pthread_cond_init(&m->cond, NULL);
     pthread_mutex_init(&m->stats_lock, NULL);
@@ -503,11 +603,13 @@ int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err) {
             add_tier(m, t);
         }
     }
+    if (rc == MN_OK && cfg->redis_url) rc = open_redis(m, cfg, err);
     for (int i = 0; rc == MN_OK && cfg->on_held && i < m->n_tiers; i++) {
         HeldCtx hc = {cfg, i};
         tier_foreach_run(m->tiers[i], report_held, &hc);
     }
-    if (rc == MN_OK && m->n_tiers >= 2) rc = make_staging(m, err);
+    /* promotes go into a RAM tier 0 with a slower tier under it */
+    if (rc == MN_OK && m->n_tiers >= 2 && strcmp(tier_name(m->tiers[0]), "ram") == 0) rc = make_staging(m, err);
     m->cfg.cost = NULL; /* copied into the tiers (add_tier): not kept */
     if (rc == MN_OK) {
         if (pthread_create(&m->thread, NULL, mover_main, m) != 0)
@@ -543,6 +645,7 @@ void mover_free(Mover *m) {
 CacheStore *mover_store(Mover *m) { return m->store; }
 
 int mover_n_tiers(const Mover *m) { return m->n_tiers; }
+int mover_shared_tier(const Mover *m) { return m->shared; }
 const char *mover_tier_name(const Mover *m, int i) { return tier_name(m->tiers[i]); }
 
 void mover_stats(Mover *m, int i, MoverTierStats *out) {

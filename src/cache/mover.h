@@ -13,6 +13,10 @@
  * written there on this thread, and read back when the mover starts, so a
  * restarted server finds what the last one acknowledged.
  *
+ * The chain is ram, disk, redis, each when configured. The redis tier is
+ * shared with other instances (cache/tier_redis.c): besides what this
+ * instance put there, a PROBE finds what others put.
+ *
  * Jobs: SAVE copies a run of pool slots into every tier of the chain (the
  * chain is inclusive: RAM holds the most recently used runs, disk holds
  * everything that fits, so a RAM eviction loses nothing); LOAD restores
@@ -23,11 +27,19 @@
  * database rows) idle since a wall-clock cutoff; REPLY and CONV persist a
  * reply-memory entry and a conversation's row; WINDOW hands the
  * scheduler's look-ahead window to every tier's eviction policy
- * (tier_set_window); FLUSH reports once every job submitted before it is
- * done; STOP ends the thread.
+ * (tier_set_window); PROBE looks a new request's blocks up in the shared
+ * tier (tier_redis_probe), which adopts the runs other instances stored;
+ * FLUSH reports once every job submitted before it is done; STOP ends the
+ * thread.
  *
- * Three queues, served in this order: loads (a restore waits to be
- * computed), then WINDOW and PROMOTE jobs (prefetch, under the window it
+ * A tier whose medium may come back (tier_is_retried: redis) and that
+ * failed is reset by the thread with a back-off, from MOVER_RETRY_MIN_S
+ * doubling to MOVER_RETRY_MAX_S, between jobs and while idle; the reset
+ * drops what the tier held (reported as DROPPED events).
+ *
+ * Three queues, served in this order: loads and probes (a restore waits to
+ * be computed, a new request waits for its probe), then WINDOW and PROMOTE
+ * jobs (prefetch, under the window it
  * was planned with), then everything else (writes). Jobs of one queue run
  * in submission order; the loads queued at one moment are read together,
  * and so are the promotes.
@@ -71,6 +83,7 @@ typedef enum MoverJobKind {
     MOVER_CONV,     /* a turn ended: the conversation's row (conv != 0),
                        and the tier runs holding hashes[0..n) are used now */
     MOVER_WINDOW,   /* the look-ahead window, for the tiers' eviction */
+    MOVER_PROBE,    /* look blocks up in the shared tier (redis) */
     MOVER_FLUSH,    /* nothing: DONE says everything before it is done */
     MOVER_STOP,
 } MoverJobKind;
@@ -101,11 +114,13 @@ struct MoverJob {
     int32_t pos;         /* SAVE, PROMOTE: TierRunInfo.pos of the run
                             (PROMOTE: blocks of one sequence, in order) */
     uint8_t *tier;       /* LOAD, PROMOTE: (n) the tier each block is read
-                            from (PROMOTE: not tier 0) */
+                            from (PROMOTE: not tier 0). PROBE: (n) in, 1 =
+                            look block k up; out, 1 = the shared tier holds
+                            block k (hashes: one sequence's blocks in order) */
     double cutoff;       /* EXPIRE: wall-clock seconds (mn_wall_now) */
     /* REPLY: key -> (text, ids); CONV: conv, n_tokens; both at `when`.
-       SAVE, PROMOTE, REPLY, CONV: ns_id, the namespace of the blocks,
-       reply or conversation (index_namespace_id) */
+       SAVE, PROMOTE, REPLY, CONV, PROBE: ns_id, the namespace of the
+       blocks, reply or conversation (index_namespace_id) */
     Hash128 key, ns_id;
     char *text;          /* (text_len), owned */
     size_t text_len;
@@ -176,7 +191,15 @@ typedef struct MoverTestHooks {
      * tier_disk_aio, tier_disk_fault_alloc). May be NULL. */
     void (*disk_tier)(void *ctx, Tier *t);
     void *ctx;
+    /* TierRedisConfig.read_window_bytes (1: one layer at a time, so a
+     * restore held by layer_gate has asked for nothing after that layer);
+     * 0: the default. */
+    uint64_t redis_window_bytes;
 } MoverTestHooks;
+
+/* The back-off between resets of a failed tier that is retried. */
+#define MOVER_RETRY_MIN_S 0.25
+#define MOVER_RETRY_MAX_S 30.0
 
 typedef struct MoverConfig {
     KvPool *pool;             /* geometry and arenas (borrowed) */
@@ -186,6 +209,10 @@ typedef struct MoverConfig {
     Hash128 model_fingerprint;
     uint32_t kv_format;
     bool is_durable;          /* fdatasync each disk run before it counts */
+    const char *redis_url;    /* the shared tier's store; NULL = none (used
+                                 during mover_new only) */
+    int redis_ttl_s;          /* TierRedisConfig.ttl_s */
+    int redis_timeout_ms;     /* TierRedisConfig.timeout_ms; 0 = default */
     MoverEventFn on_event;    /* required */
     void *event_ctx;
     MoverHeldFn on_held;      /* may be NULL */
@@ -200,7 +227,9 @@ typedef struct MoverConfig {
 typedef struct Mover Mover;
 
 /* Build the tiers the config names (none is fine) and start the thread.
- * MN_EINVAL / MN_EIO / MN_ENOMEM with a message in err. */
+ * MN_EINVAL / MN_EIO / MN_ENOMEM / MN_EUNSUPPORTED with a message in err.
+ * A redis server that does not answer is no error: its tier starts failed
+ * and is retried. */
 int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err);
 /* Post STOP after everything queued, wait for the thread, free the tiers.
  * NULL is fine. */
@@ -226,7 +255,10 @@ int mover_promote_max_blocks(const Mover *m);
 CacheStore *mover_store(Mover *m);
 
 int mover_n_tiers(const Mover *m);
-const char *mover_tier_name(const Mover *m, int i); /* "ram", "disk" */
+const char *mover_tier_name(const Mover *m, int i); /* "ram", "disk", "redis" */
+/* The shared tier's index in the chain (PROBE goes there), or -1. */
+int mover_shared_tier(const Mover *m);
+
 /* The latest snapshot of tier i's counters (thread-safe). */
 void mover_stats(Mover *m, int i, MoverTierStats *out);
 

@@ -346,7 +346,7 @@ void engine_options_default(EngineOptions *o) {
 }
 
 const char *engine_source_name(CacheSource s) {
-    static const char *const names[SRC_COUNT] = {"pool", "ram", "disk"};
+    static const char *const names[SRC_COUNT] = {"pool", "ram", "disk", "redis"};
     return s >= 0 && s < SRC_COUNT ? names[s] : "?";
 }
 
@@ -491,6 +491,9 @@ void engine_stats(Engine *e, EngineStats *out) {
     pthread_mutex_lock(&e->stats_lock);
     *out = e->stats;
     pthread_mutex_unlock(&e->stats_lock);
+    /* the tiers' own counters as the mover last published them: it changes
+     * them also while the engine sleeps (a tier reconnecting) */
+    tiers_snapshot(e->tiers, out);
 }
 
 /* ---- emitting text and logprobs ------------------------------------------------- */
@@ -879,7 +882,9 @@ static void admit_waiting(Engine *e) {
                 best = a;
                 break;
             }
-        if (tiers_is_promoting(e->tiers, best->tier, best->win_first, best->win_end) || !try_admit(e, best)) break;
+        if (tiers_is_probing(e->tiers, best->tier) ||
+            tiers_is_promoting(e->tiers, best->tier, best->win_first, best->win_end) || !try_admit(e, best))
+            break;
         waiting_remove(e, best);
         e->running[e->n_running++] = best;
     }
@@ -1110,6 +1115,16 @@ static void handle_cancel(Engine *e, Request *r) {
         }
 }
 
+/* A new request's prompt blocks that nothing here holds may be in the
+ * shared tier, stored by another instance: ask (the answer is a mover
+ * event; admission waits for it). */
+static void probe_shared(Engine *e, Active *a) {
+    if (e->index == NULL) return;
+    int max_blocks = (a->n_tokens - 1) / e->opt.block_tokens;
+    active_hash_blocks(e, a, max_blocks * e->opt.block_tokens);
+    tiers_probe(e->tiers, a->tier, max_blocks);
+}
+
 static void handle_msgs(Engine *e, Msg *m) {
     while (m) {
         Msg *next = m->next;
@@ -1122,6 +1137,7 @@ static void handle_msgs(Engine *e, Msg *m) {
                 request_unref(m->req);
             } else {
                 waiting_insert(e, a);
+                probe_shared(e, a);
             }
         } else {
             handle_cancel(e, m->req);

@@ -100,6 +100,10 @@ typedef struct EngineOptions {
     const char *disk_tier_dir; /* disk tier directory; NULL = none (borrowed during engine_new) */
     uint64_t disk_tier_mb;     /* disk tier budget (default 4096 when a directory is given) */
     float swap_watermark;      /* write-behind of cold blocks when free pool blocks fall under this fraction (0.25) */
+    const char *redis_url;     /* the shared tier's store (cache/tier_redis.c); NULL = none (borrowed during
+                                  engine_new) */
+    int redis_ttl_s;           /* its keys expire this long after their last use; 0 = never (default) */
+    int redis_timeout_ms;      /* its connection's timeout; 0 = the tier's default */
     const MoverTestHooks *mover_hooks; /* tests only: MoverConfig.hooks; NULL normally */
     const EngineTestHooks *test_hooks; /* tests only (borrowed, outlives the engine); NULL normally */
     int test_table_faults;             /* tests only: the next N block-table growths fail
@@ -107,8 +111,8 @@ typedef struct EngineOptions {
 } EngineOptions;
 
 /* Where the cached prompt tokens of a request came from. */
-typedef enum CacheSource { SRC_POOL = 0, SRC_RAM, SRC_DISK, SRC_COUNT } CacheSource;
-const char *engine_source_name(CacheSource s); /* "pool", "ram", "disk" */
+typedef enum CacheSource { SRC_POOL = 0, SRC_RAM, SRC_DISK, SRC_REDIS, SRC_COUNT } CacheSource;
+const char *engine_source_name(CacheSource s); /* "pool", "ram", "disk", "redis" */
 
 #define ENGINE_MAX_STOP 4
 
@@ -242,6 +246,8 @@ typedef struct EngineStats {
     uint64_t writebehind_blocks; /* cold cached blocks copied down under the swap watermark */
     uint64_t prefetched_blocks;  /* blocks of waiting requests restored before admission */
     uint64_t promoted_blocks;    /* blocks of waiting requests copied from disk into RAM */
+    uint64_t shared_lookup_blocks; /* new requests' blocks looked up in the shared tier */
+    uint64_t shared_found_blocks;  /* ... and found there (stored by any instance) */
     int n_tiers;               /* tiers below the pool */
     MoverTierStats tiers[MOVER_MAX_TIERS]; /* the mover's latest snapshots */
     uint64_t suspensions;

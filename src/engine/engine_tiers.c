@@ -16,6 +16,10 @@
  * Waiting requests in the look-ahead window get their history ahead of
  * time: into free pool slots (a Load), or from disk into the RAM tier (a
  * PROMOTE, which touches no pool slot), so their restore reads RAM.
+ * With a shared tier (redis), a new request's blocks that nothing here
+ * holds are looked up there first (a PROBE): what another instance stored
+ * is then restored like any tier's blocks, and the request waits for that
+ * answer before its admission.
  *
  * Everything here is the engine thread's (engine_tiers.h says how the
  * scheduler reaches it), except the event queue, which the mover thread
@@ -55,6 +59,9 @@ struct TierSeq {
     int win_first, win_end;  /* its cached run, as the window last gave it */
     bool is_promoted;        /* its cached run was offered to tier 0 (RAM)
                                 while it waited: once per request */
+    bool is_probed;          /* its blocks were looked up in the shared tier */
+    MoverJob *probe;         /* that PROBE while in flight (its owner is this
+                                TierSeq until freed, then NULL) */
     TierSeq *win_next;       /* in the window being built */
 };
 
@@ -90,6 +97,10 @@ struct EngineTiers {
     int promote_max;         /* blocks per PROMOTE job; 0: no promotes */
     int promote_room;        /* blocks tier 0 holds, when it can take promotes */
     int n_promotes;          /* PROMOTE jobs in flight */
+    int shared;              /* the shared tier's index (redis), or -1 */
+    int n_probes;            /* PROBE jobs in flight */
+    uint64_t n_probed;       /* blocks looked up in the shared tier */
+    uint64_t n_probe_found;  /* ... and found there */
     double save_backoff_s;   /* after saves no tier took: wait this long ... */
     double t_save_retry;     /* ... until then (tiers_now) before saving again */
     TierSeq *window;         /* the window being built, in queue order ... */
@@ -125,6 +136,7 @@ static void on_mover_event(void *ctx, MoverEvent *ev) {
 static void save_done(EngineTiers *t, MoverJob *j);
 static void load_done(EngineTiers *t, Load *ld, MoverJob *j);
 static void promote_done(EngineTiers *t, const MoverJob *j);
+static void probe_done(EngineTiers *t, MoverJob *j);
 
 static void handle_event(EngineTiers *t, MoverEvent *ev) {
     MoverJob *j = ev->job;
@@ -138,6 +150,7 @@ static void handle_event(EngineTiers *t, MoverEvent *ev) {
         if (j->kind == MOVER_SAVE) save_done(t, j);
         else if (j->kind == MOVER_LOAD) load_done(t, j->owner, j);
         else if (j->kind == MOVER_PROMOTE) promote_done(t, j);
+        else if (j->kind == MOVER_PROBE) probe_done(t, j);
         mover_job_free(j);
         break;
     }
@@ -158,15 +171,24 @@ void tiers_take_events(EngineTiers *t, bool block) {
     }
 }
 
-bool tiers_is_moving(const EngineTiers *t) { return t->n_save_blocks + t->n_load_blocks > 0 || t->n_promotes > 0; }
+bool tiers_is_moving(const EngineTiers *t) {
+    return t->n_save_blocks + t->n_load_blocks > 0 || t->n_promotes > 0 || t->n_probes > 0;
+}
+
+void tiers_snapshot(const EngineTiers *t, EngineStats *st) {
+    /* (n_tiers and mover are set before the engine thread starts) */
+    for (int i = 0; i < t->n_tiers; i++) mover_stats(t->mover, i, &st->tiers[i]);
+}
 
 void tiers_stats(const EngineTiers *t, EngineStats *st) {
     st->n_tiers = t->n_tiers;
-    for (int i = 0; i < t->n_tiers; i++) mover_stats(t->mover, i, &st->tiers[i]);
+    tiers_snapshot(t, st);
     st->restore_failures = t->restore_failures;
     st->writebehind_blocks = t->n_writebehind;
     st->prefetched_blocks = t->n_prefetched;
     st->promoted_blocks = t->n_promoted;
+    st->shared_lookup_blocks = t->n_probed;
+    st->shared_found_blocks = t->n_probe_found;
 }
 
 /* ---- saves ------------------------------------------------------------------------ */
@@ -279,12 +301,14 @@ void tiers_save_cold(EngineTiers *t) {
 }
 
 static void save_done(EngineTiers *t, MoverJob *j) {
-    /* no tier took the run (full, failing): back off write-behind, doubling
-     * up to a minute, so a full disk is not retried in a loop */
-    if (j->rc != MN_OK) {
+    /* no tier had room for the run: back off write-behind, doubling up to
+     * a minute, so a full disk is not retried in a loop. (A failed tier
+     * refuses at once, which costs nothing: the next turn's blocks are
+     * offered to it again, so they reach a store that came back.) */
+    if (j->rc == MN_EFULL) {
         t->save_backoff_s = t->save_backoff_s > 0 ? fmin(2 * t->save_backoff_s, 60) : 1;
         t->t_save_retry = tiers_now(t, ENGINE_CLOCK_BACKOFF) + t->save_backoff_s;
-    } else {
+    } else if (j->rc == MN_OK) {
         t->save_backoff_s = 0;
     }
     for (int i = 0; i < j->n; i++) {
@@ -494,6 +518,7 @@ TierSeq *tiers_seq_new(EngineTiers *t, const Hash128 *hashes, Hash128 ns_id, uin
 
 void tiers_seq_free(EngineTiers *t, TierSeq *ts, const Seq *seq, int n_hashed) {
     if (ts == NULL) return;
+    if (ts->probe) ts->probe->owner = NULL; /* (the mover never reads owner) */
     save_seq(t, ts, seq, n_hashed);
     mn_free(ts);
 }
@@ -672,6 +697,46 @@ static void promote_done(EngineTiers *t, const MoverJob *j) {
     t->n_promoted += (uint64_t)j->n;
 }
 
+/* ---- the shared tier: probes ---------------------------------------------------------- */
+
+void tiers_probe(EngineTiers *t, TierSeq *ts, int n) {
+    if (t->shared < 0 || ts->is_probed) return;
+    ts->is_probed = true;
+    int n_want = 0;
+    for (int i = 0; i < n; i++) n_want += !index_has(t->index, &ts->hashes[i]);
+    if (n_want == 0) return;
+    MoverJob *j = mover_job_new(MOVER_PROBE, n, 0);
+    if (j == NULL) return; /* served without looking: its blocks are computed */
+    memcpy(j->hashes, ts->hashes, (size_t)n * sizeof *j->hashes);
+    for (int i = 0; i < n; i++) /* slots (which the mover leaves alone) keep what was asked */
+        j->tier[i] = (uint8_t)(j->slots[i] = !index_has(t->index, &ts->hashes[i]));
+    j->ns_id = ts->ns_id;
+    j->owner = ts;
+    if (mover_submit(t->mover, j) != MN_OK) {
+        mover_job_free(j);
+        return;
+    }
+    ts->probe = j;
+    t->n_probes++;
+    t->n_probed += (uint64_t)n_want;
+}
+
+bool tiers_is_probing(const EngineTiers *t, const TierSeq *ts) { return ts->probe != NULL; }
+
+/* The shared tier holds the blocks the probe marks (reported after the
+ * evictions its adoptions made, so later drops find the record). */
+static void probe_done(EngineTiers *t, MoverJob *j) {
+    t->n_probes--;
+    TierSeq *ts = j->owner;
+    if (ts) ts->probe = NULL;
+    for (int k = 0; k < j->n; k++) {
+        if (!j->tier[k]) continue;
+        t->n_probe_found += j->slots[k] != 0;
+        if (index_set_tiers(t->index, &j->hashes[k], 1u << t->shared, 0) != MN_OK)
+            LOG_WARN("out of memory recording a block found in the shared tier");
+    }
+}
+
 /* ---- life cycle -------------------------------------------------------------------- */
 
 /* A reopened tier holds these blocks (mover_new, before any request). */
@@ -684,8 +749,8 @@ static void on_tier_held(void *ctx, int tier, const Hash128 *hashes, int n) {
 /* The mover and the tiers below the pool the options ask for. */
 static int start_mover(EngineTiers *t, const TiersConfig *cfg, MnErr *err) {
     const EngineOptions *op = cfg->opt;
-    bool has_disk = op->disk_tier_dir && op->disk_tier_dir[0];
-    if (op->ram_tier_mb == 0 && !has_disk) return MN_OK;
+    bool has_disk = op->disk_tier_dir && op->disk_tier_dir[0], has_redis = op->redis_url && op->redis_url[0];
+    if (op->ram_tier_mb == 0 && !has_disk && !has_redis) return MN_OK;
     if (t->index == NULL) return mn_err_set(err, MN_EINVAL, "cache tiers need the prefix cache");
     MoverConfig mc = {.pool = t->pool,
                       .ram_bytes = op->ram_tier_mb << 20,
@@ -694,6 +759,9 @@ static int start_mover(EngineTiers *t, const TiersConfig *cfg, MnErr *err) {
                       .model_fingerprint = cfg->model_fingerprint,
                       .kv_format = cfg->kv_format,
                       .is_durable = true,
+                      .redis_url = has_redis ? op->redis_url : NULL,
+                      .redis_ttl_s = op->redis_ttl_s,
+                      .redis_timeout_ms = op->redis_timeout_ms,
                       .on_event = on_mover_event,
                       .event_ctx = t,
                       .on_held = on_tier_held,
@@ -706,8 +774,11 @@ static int start_mover(EngineTiers *t, const TiersConfig *cfg, MnErr *err) {
     int rc = mover_new(&mc, &t->mover, err);
     if (rc != MN_OK) return rc;
     t->n_tiers = mover_n_tiers(t->mover);
-    for (int i = 0; i < t->n_tiers; i++)
-        t->tier_src[i] = strcmp(mover_tier_name(t->mover, i), "ram") == 0 ? SRC_RAM : SRC_DISK;
+    t->shared = mover_shared_tier(t->mover);
+    for (int i = 0; i < t->n_tiers; i++) {
+        const char *name = mover_tier_name(t->mover, i);
+        t->tier_src[i] = strcmp(name, "ram") == 0 ? SRC_RAM : strcmp(name, "redis") == 0 ? SRC_REDIS : SRC_DISK;
+    }
     /* promotes go into a RAM tier 0 with a slower tier under it */
     int max = mover_promote_max_blocks(t->mover);
     if (max > 0 && t->tier_src[0] == SRC_RAM) {
@@ -735,6 +806,7 @@ int tiers_new(const TiersConfig *cfg, EngineTiers **out, MnErr *err) {
     t->on_lost_fn = cfg->on_lost_fn;
     t->lost_ctx = cfg->ctx;
     t->step_s = 0.05;
+    t->shared = -1;
     t->swap_watermark = op->swap_watermark;
     t->watermark_blocks = (int)(op->swap_watermark * (float)t->pool->n_blocks);
     size_t nb = (size_t)t->pool->n_blocks;

@@ -1,7 +1,8 @@
 /* engine_tiers.h — the tiers below the pool, as the scheduler sees them:
- * what moves between the pool and the RAM and disk tiers (saves,
- * restores, prefetch, promotes into RAM, persistence), decided on the
- * engine thread and carried out by the mover (cache/mover.h).
+ * what moves between the pool and the RAM, disk and shared (redis) tiers
+ * (saves, restores, prefetch, promotes into RAM, persistence, looking a
+ * new request's blocks up in the shared tier), decided on the engine
+ * thread and carried out by the mover (cache/mover.h).
  *
  * The scheduler (engine.c) owns the requests, their block tables and the
  * running set; EngineTiers owns everything about moves: the mover, the
@@ -13,7 +14,8 @@
  * calls, and the tiers report a lost slot through TiersConfig.on_lost_fn.
  *
  * Every call is made on the engine thread, except that the mover thread
- * queues its events under TiersConfig.lock (see tiers_has_events). With no
+ * queues its events under TiersConfig.lock (see tiers_has_events), and
+ * tiers_snapshot, which any thread may call. With no
  * tier configured an EngineTiers still exists and every call is cheap and
  * does nothing (tiers_is_on says which).
  */
@@ -90,14 +92,18 @@ bool tiers_has_events(const EngineTiers *t);
  * end, tiers drop blocks); with block, wait for at least one first. */
 void tiers_take_events(EngineTiers *t, bool block);
 /* Whether moves are in flight whose end can let a waiting request in:
- * saves and restores hold pool slots, and a promote holds back the
- * requests whose history it copies (tiers_is_promoting). An engine with
- * nothing running waits for one of them before it calls a request
- * unservable. */
+ * saves and restores hold pool slots, a promote holds back the requests
+ * whose history it copies (tiers_is_promoting), and a probe the request it
+ * looks up. An engine with nothing running waits for one of them before
+ * it calls a request unservable. */
 bool tiers_is_moving(const EngineTiers *t);
 /* The tiers' counters and the mover's latest snapshots into st (n_tiers,
- * tiers, restore_failures, writebehind, prefetched and promoted blocks). */
+ * tiers, restore_failures, writebehind, prefetched and promoted blocks,
+ * the shared tier's lookups). */
 void tiers_stats(const EngineTiers *t, EngineStats *st);
+/* Only the mover's latest snapshots (st->tiers): unlike the rest, callable
+ * from any thread. */
+void tiers_snapshot(const EngineTiers *t, EngineStats *st);
 
 /* ---- a request's tier state ------------------------------------------------------- */
 
@@ -119,6 +125,18 @@ void tiers_turn_ended(EngineTiers *t, const TierSeq *ts, const Seq *seq, int n_h
  * the database, so a restarted server still recognises its replies. */
 void tiers_persist_reply(EngineTiers *t, const TierSeq *ts, const Hash128 *key, const char *text, size_t len,
                          const int32_t *ids, size_t n_ids);
+
+/* ---- the shared tier ----------------------------------------------------------------- */
+
+/* Look ts's blocks [0, n) that the index does not know up in the shared
+ * tier (redis), where other instances may have stored them: a PROBE job
+ * whose answer marks the blocks found as held there. Once per request;
+ * nothing without a shared tier. The hashes of those blocks must be set. */
+void tiers_probe(EngineTiers *t, TierSeq *ts, int n);
+/* Whether ts's probe is in flight: its admission waits for the answer
+ * (which tiers_is_moving counts), so a history another instance stored is
+ * restored rather than computed again. */
+bool tiers_is_probing(const EngineTiers *t, const TierSeq *ts);
 
 /* ---- admission --------------------------------------------------------------------- */
 

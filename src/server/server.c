@@ -62,7 +62,8 @@ struct Server {
     Metrics *metrics;
     RespService *resp;          /* the Responses API's routes */
     MetricFamily *f_tier_read, *f_tier_written, *f_tier_read_s, *f_tier_write_s, *f_tier_occupancy, *f_tier_evictions,
-        *f_tier_checksum, *f_dropped, *f_prefetched;
+        *f_tier_checksum, *f_dropped, *f_prefetched, *f_tier_missing, *f_tier_io_errors, *f_tier_up,
+        *f_tier_resets, *f_shared_lookups;
     MetricFamily *f_build_info, *f_requests, *f_prompt, *f_generated, *f_cached, *f_recomputed, *f_ttft, *f_tpot, *f_pool,
         *f_queue, *f_running;
     atomic_uint_fast64_t next_id;
@@ -209,7 +210,8 @@ static enum MHD_Result send_error(Server *s, struct MHD_Connection *c, int statu
 
 /* `tier="NAME"` of a cache source. */
 static const char *tier_label(CacheSource src) {
-    static const char *const labels[SRC_COUNT] = {"tier=\"pool\"", "tier=\"ram\"", "tier=\"disk\""};
+    static const char *const labels[SRC_COUNT] = {"tier=\"pool\"", "tier=\"ram\"", "tier=\"disk\"",
+                                                  "tier=\"redis\""};
     return labels[src];
 }
 
@@ -250,6 +252,16 @@ static int metrics_setup(Server *s) {
          &s->f_tier_evictions},
         {"mnemo_tier_checksum_failures_total", "Stored extents that failed their checksum (recomputed)",
          METRIC_COUNTER, NULL, 0, &s->f_tier_checksum},
+        {"mnemo_tier_missing_runs_total", "Runs a shared tier no longer had when read (recomputed)",
+         METRIC_COUNTER, NULL, 0, &s->f_tier_missing},
+        {"mnemo_tier_io_errors_total", "Times a cache tier failed and went off (I/O error, a store not answering)",
+         METRIC_COUNTER, NULL, 0, &s->f_tier_io_errors},
+        {"mnemo_tier_reconnects_total", "Times a failed cache tier came back (reset after a back-off)",
+         METRIC_COUNTER, NULL, 0, &s->f_tier_resets},
+        {"mnemo_tier_up", "Whether a cache tier is in use (0: off after a failure)", METRIC_GAUGE, NULL, 0,
+         &s->f_tier_up},
+        {"mnemo_shared_tier_lookups_total", "New requests' blocks looked up in the shared tier, by result",
+         METRIC_COUNTER, NULL, 0, &s->f_shared_lookups},
         {"mnemo_dropped_blocks_total", "Cached blocks gone from every tier", METRIC_COUNTER, NULL, 0, &s->f_dropped},
         {"mnemo_prefetched_blocks_total", "Blocks of waiting requests brought into the pool or the RAM tier",
          METRIC_COUNTER, NULL, 0, &s->f_prefetched},
@@ -310,6 +322,15 @@ static enum MHD_Result handle_metrics(Server *s, struct MHD_Connection *c) {
         metrics_gauge_set(s->f_tier_occupancy, label, (double)t->tier.occupancy_bytes);
         metrics_counter_set(s->f_tier_evictions, label, (double)t->tier.n_evicted_blocks);
         metrics_counter_set(s->f_tier_checksum, label, (double)t->tier.n_checksum_failures);
+        metrics_counter_set(s->f_tier_missing, label, (double)t->tier.n_missing_runs);
+        metrics_counter_set(s->f_tier_io_errors, label, (double)t->tier.n_io_errors);
+        metrics_counter_set(s->f_tier_resets, label, (double)t->tier.n_resets);
+        metrics_gauge_set(s->f_tier_up, label, t->tier.is_failed ? 0 : 1);
+        if (strcmp(t->tier.name, "redis") == 0) {
+            metrics_counter_set(s->f_shared_lookups, "result=\"found\"", (double)st.shared_found_blocks);
+            metrics_counter_set(s->f_shared_lookups, "result=\"not_found\"",
+                                (double)(st.shared_lookup_blocks - st.shared_found_blocks));
+        }
     }
     char *text; /* a scrape is not counted in mnemo_requests_total */
     size_t len;
