@@ -6,8 +6,10 @@
  * rewrites contents is tokenized whole. prompt_submit, the engine's front
  * door: each prompt form becomes the ids it should (with the engine's chat
  * format, built-in or Jinja), prompt_render gives the text a chat is made
- * of, and every refusal names its field. */
+ * of, and every refusal names its field. Instances on one Redis (a real
+ * redis-server, test_redis_util.h) share their reply memory. */
 #include "test_util.h"
+#include "test_redis_util.h"
 
 #include <jansson.h>
 
@@ -625,8 +627,90 @@ static void test_overflow_refusals(void **s) {
     model_free(m);
 }
 
+/* ---- the reply memory shared through Redis --------------------------------------- */
+
+static int redis_setup(void **state) {
+    *state = calloc(1, sizeof(RedisSrv));
+    return *state ? 0 : -1;
+}
+
+static int redis_teardown(void **state) {
+    redis_srv_free(*state);
+    free(*state);
+    return 0;
+}
+
+/* An engine serving m with chat format fmt and the shared tier at url
+ * (NULL: none). */
+static Engine *start_engine_redis(const ChatFormat *fmt, Model *m, const char *url) {
+    EngineOptions o;
+    engine_options_default(&o);
+    o.chat_format = fmt;
+    o.redis_url = url;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err) != MN_OK) fail_msg("engine_new: %s", err.msg);
+    return e;
+}
+
+/* How many assistant contents of msgs e's reply memory supplies. */
+static int n_remembered(Engine *e, Model *m, const ChatFormat *f, json_t *msgs) {
+    ChatInput ci = {msgs, NULL, NULL, true};
+    Hash128 ns = engine_namespace_id("");
+    TokIds ids = {0};
+    PromptStats st;
+    MnErr err = {0};
+    assert_int_equal(prompt_build_chat(m->tok, f, &ci, engine_reply_memory(e), &ns, &ids, &st, &err), MN_OK);
+    tok_ids_free(&ids);
+    return st.n_remembered;
+}
+
+/* Instances on one Redis share their reply memory: a reply instance A
+ * generated is tokenized on B, which never saw it, to the ids A generated
+ * (from the reply memory, as A would), so the conversation's prompt, and
+ * its chain hashes, are the same on both; an instance without the shared
+ * tier tokenizes the text. */
+static void test_shared_reply_memory(void **s) {
+    RedisSrv *srv = *s;
+    if (!redis_srv_available()) {
+        skip();
+        return;
+    }
+    Model *m = load_stories();
+    if (m == NULL) return;
+    redis_srv_start(srv, NULL);
+    ChatFormat *f = builtin(m->tok, CHAT_TMPL_LLAMA2);
+    Engine *a = start_engine_redis(f, m, srv->url);
+    const char *const turn1[][2] = {{"user", "Once upon a time"}};
+    json_t *msgs = msgs_json(turn1, 1);
+    ChatInput ci = {msgs, NULL, NULL, true};
+    PromptInput in = {.form = PROMPT_CHAT, .chat = &ci};
+    ReqParams p;
+    greedy(&p, 12, NULL);
+    Request *r = NULL;
+    MnErr err = {0};
+    if (prompt_submit(a, &in, &p, "", NULL, &r, NULL, &err, NULL) != MN_OK) fail_msg("prompt_submit: %s", err.msg);
+    ReqResult res;
+    char *reply = finish(r, &res);
+    json_decref(msgs);
+    assert_int_equal(replymem_count(engine_reply_memory(a)), 1);
+    engine_free(a); /* (its mover finishes what is queued: the entry is shared) */
+    const char *const turn2[][2] = {{"user", "Once upon a time"}, {"assistant", reply}, {"user", "and then"}};
+    msgs = msgs_json(turn2, 3);
+    Engine *b = start_engine_redis(f, m, srv->url), *c = start_engine_redis(f, m, NULL);
+    assert_int_equal(n_remembered(b, m, f, msgs), 1);
+    assert_int_equal(n_remembered(c, m, f, msgs), 0);
+    json_decref(msgs);
+    free(reply);
+    engine_free(b);
+    engine_free(c);
+    chat_format_free(f);
+    model_free(m);
+}
+
 int main(void) {
     test_apply_filter();
+    signal(SIGPIPE, SIG_IGN); /* as mnemo serve: a write to a dead Redis is an error, not a signal */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reply_memory_used),
         cmocka_unit_test(test_unremembered_reply_not_cut),
@@ -638,6 +722,7 @@ int main(void) {
         cmocka_unit_test(test_overflow_drops_oldest_turns),
         cmocka_unit_test(test_overflow_refusals),
         cmocka_unit_test(test_template_refusals),
+        cmocka_unit_test_setup_teardown(test_shared_reply_memory, redis_setup, redis_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -11,7 +11,8 @@
  * a store that dies (also in the middle of a read) puts the tier in its
  * error state, and a reset once it is back (empty) brings the tier back;
  * URLs are checked, a password works, and no message or log line names a
- * credential. Each case starts its own server and stops it.
+ * credential; reply-memory entries one tier shares reach another's memory.
+ * Each case starts its own server and stops it.
  */
 #include "test_redis_util.h"
 #include "test_tier_util.h"
@@ -356,6 +357,39 @@ static void test_redis_full(void **state) {
     expect_range(f->a, &f->p, 0, 32, 0);
 }
 
+/* ---- the shared reply memory -------------------------------------------------------- */
+
+/* A reply-memory entry A shares comes into B's memory when B looks its
+ * text up (an unknown text finds nothing), under its own prefix key; the
+ * key is the namespace's and the model's; a damaged entry is skipped. */
+static void test_redis_shared_replies(void **state) {
+    RFix *f = *state;
+    if (!rfix_open(f, NULL, 0, 0)) return;
+    Hash128 ns = h_of(77), other_ns = h_of(78), key = h_of(1234);
+    const char *text = "Once upon a time", *texts[2] = {"Once upon a time", "never said"};
+    size_t lens[2] = {strlen(texts[0]), strlen(texts[1])};
+    int32_t ids[3] = {5, 6, 7};
+    assert_int_equal(tier_redis_put_reply(f->a, &ns, &key, text, strlen(text), ids, 3), MN_OK);
+    probe_range(f->a, 50, 1, 0); /* A's next exchange: its SET is done */
+    ReplyMemory *rm = replymem_new(16);
+    assert_non_null(rm);
+    assert_int_equal(tier_redis_get_replies(f->b, &other_ns, texts, lens, 2, rm), 0);
+    assert_int_equal(tier_redis_get_replies(f->b, &ns, texts, lens, 2, rm), 1);
+    assert_int_equal(replymem_count(rm), 1);
+    TokIds got = {0};
+    assert_int_equal(replymem_get(rm, &key, text, strlen(text), &got), 1);
+    assert_int_equal(got.n, 3);
+    assert_memory_equal(got.ids, ids, sizeof ids);
+    tok_ids_free(&got);
+    replymem_free(rm);
+    /* damaged: skipped */
+    assert_int_equal(redis_srv_damage(&f->srv, "mnemo:reply1:*", 12), 1);
+    rm = replymem_new(16);
+    assert_int_equal(tier_redis_get_replies(f->b, &ns, texts, lens, 2, rm), 0);
+    assert_int_equal(replymem_count(rm), 0);
+    replymem_free(rm);
+}
+
 /* ---- a store that dies ---------------------------------------------------------- */
 
 /* Redis killed: the next call fails with MN_EIO and the tier is off
@@ -519,7 +553,7 @@ int main(void) {
         RT(test_redis_roundtrip),     RT(test_redis_probe_other_instance), RT(test_redis_ttl),
         RT(test_redis_missing),       RT(test_redis_damaged),              RT(test_redis_other_model),
         RT(test_redis_full),          RT(test_redis_down_and_back),        RT(test_redis_killed_mid_read),
-        RT(test_redis_urls_and_auth),
+        RT(test_redis_urls_and_auth), RT(test_redis_shared_replies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

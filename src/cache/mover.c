@@ -128,7 +128,16 @@ static void post_layer(Mover *m, MoverJob *j, int layer) {
     m->cfg.on_event(m->cfg.event_ctx, &j->events[layer]);
 }
 
-static void post_done(Mover *m, MoverJob *j) { m->cfg.on_event(m->cfg.event_ctx, &j->events[j->n_events - 1]); }
+static void post_done(Mover *m, MoverJob *j) {
+    if (j->waiter != NULL) { /* the submitter waits for it: no event */
+        pthread_mutex_lock(&j->waiter->lock);
+        j->waiter->is_done = true;
+        pthread_cond_signal(&j->waiter->cond);
+        pthread_mutex_unlock(&j->waiter->lock);
+        return;
+    }
+    m->cfg.on_event(m->cfg.event_ctx, &j->events[j->n_events - 1]);
+}
 
 /* A tier dropped blocks (TierDropFn, inside a tier call on this thread). */
 static void on_drop(void *ctx, const Hash128 *hashes, int n, TierDropReason why) {
@@ -317,19 +326,29 @@ static void run_expire(Mover *m, MoverJob *j) {
     j->rc = m->store ? store_conv_expire(m->store, j->cutoff) : MN_OK;
 }
 
-/* The database keeps the newest max_replies entries: trimmed every so
- * often, not on every put. */
+/* The entry goes to the database and to the shared tier. The database
+ * keeps the newest max_replies entries: trimmed every so often, not on
+ * every put. */
 static void run_reply(Mover *m, MoverJob *j) {
-    if (m->store == NULL) {
-        j->rc = MN_OK;
-        return;
-    }
-    j->rc = store_reply_put(m->store, &j->ns_id, &j->key, j->text ? j->text : "", j->text_len, j->ids, j->n_ids,
-                            j->when);
+    const char *text = j->text ? j->text : "";
+    j->rc = MN_OK;
+    if (m->shared >= 0) /* (a failure puts the tier in its error state, and it is retried) */
+        tier_redis_put_reply(m->tiers[m->shared], &j->ns_id, &j->key, text, j->text_len, j->ids, j->n_ids);
+    if (m->store == NULL) return;
+    j->rc = store_reply_put(m->store, &j->ns_id, &j->key, text, j->text_len, j->ids, j->n_ids, j->when);
     if (++m->n_reply_puts >= 256 && m->cfg.max_replies > 0) {
         m->n_reply_puts = 0;
         store_reply_trim(m->store, m->cfg.max_replies);
     }
+}
+
+/* Other instances' entries for the job's texts, into the reply memory. */
+static void run_reply_fetch(Mover *m, MoverJob *j) {
+    j->rc = MN_OK;
+    if (m->shared < 0 || m->cfg.replies == NULL) return;
+    int rc = tier_redis_get_replies(m->tiers[m->shared], &j->ns_id, j->texts, j->lens, j->n, m->cfg.replies);
+    if (rc < 0) j->rc = -rc;
+    publish_stats(m, m->shared);
 }
 
 /* Every tier takes the window; one that cannot (no memory) keeps its
@@ -420,7 +439,7 @@ static void wait_for_work(Mover *m) {
 
 /* Which queue a job goes to. */
 static MoverQueue queue_of(const MoverJob *j) {
-    if (j->kind == MOVER_LOAD || j->kind == MOVER_PROBE) return Q_READS;
+    if (j->kind == MOVER_LOAD || j->kind == MOVER_PROBE || j->kind == MOVER_REPLY_FETCH) return Q_READS;
     if (j->kind == MOVER_PROMOTE || j->kind == MOVER_WINDOW) return Q_PREFETCH;
     return Q_WRITES;
 }
@@ -467,6 +486,7 @@ static void *mover_main(void *arg) {
         case MOVER_CONV: run_conv(m, j); break;
         case MOVER_WINDOW: run_window(m, j); break;
         case MOVER_PROBE: run_probe(m, j); break;
+        case MOVER_REPLY_FETCH: run_reply_fetch(m, j); break;
         case MOVER_FLUSH: j->rc = MN_OK; break;
         case MOVER_STOP: mover_job_free(j); return NULL;
         }

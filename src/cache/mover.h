@@ -29,16 +29,19 @@
  * scheduler's look-ahead window to every tier's eviction policy
  * (tier_set_window); PROBE looks a new request's blocks up in the shared
  * tier (tier_redis_probe), which adopts the runs other instances stored;
- * FLUSH reports once every job submitted before it is done; STOP ends the
- * thread.
+ * REPLY_FETCH brings reply-memory entries other instances shared into
+ * MoverConfig.replies (REPLY shares this instance's, besides persisting
+ * them); FLUSH reports once every job submitted before it is done; STOP
+ * ends the thread.
  *
  * A tier whose medium may come back (tier_is_retried: redis) and that
  * failed is reset by the thread with a back-off, from MOVER_RETRY_MIN_S
  * doubling to MOVER_RETRY_MAX_S, between jobs and while idle; the reset
  * drops what the tier held (reported as DROPPED events).
  *
- * Three queues, served in this order: loads and probes (a restore waits to
- * be computed, a new request waits for its probe), then WINDOW and PROMOTE
+ * Three queues, served in this order: loads, probes and reply fetches (a
+ * restore waits to be computed, a new request for its probe, a prompt being
+ * built for its fetch), then WINDOW and PROMOTE
  * jobs (prefetch, under the window it
  * was planned with), then everything else (writes). Jobs of one queue run
  * in submission order; the loads queued at one moment are read together,
@@ -62,6 +65,7 @@
 #ifndef MN_MOVER_H
 #define MN_MOVER_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -84,12 +88,23 @@ typedef enum MoverJobKind {
                        and the tier runs holding hashes[0..n) are used now */
     MOVER_WINDOW,   /* the look-ahead window, for the tiers' eviction */
     MOVER_PROBE,    /* look blocks up in the shared tier (redis) */
+    MOVER_REPLY_FETCH, /* fetch reply-memory entries from the shared tier;
+                          its submitter waits (MoverWaiter), no events */
     MOVER_FLUSH,    /* nothing: DONE says everything before it is done */
     MOVER_STOP,
 } MoverJobKind;
 typedef enum MoverEventKind { MOVER_EV_LAYER = 1, MOVER_EV_DONE, MOVER_EV_DROPPED } MoverEventKind;
 
 typedef struct MoverJob MoverJob;
+
+/* Where the submitter of a job that has one (REPLY_FETCH) waits for it:
+ * the mover sets is_done under lock and signals cond instead of posting
+ * events; the job stays the submitter's. */
+typedef struct MoverWaiter {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool is_done;
+} MoverWaiter;
 
 typedef struct MoverEvent {
     MoverEventKind kind;
@@ -129,6 +144,11 @@ struct MoverJob {
     uint64_t conv;
     int64_t n_tokens;
     double when;         /* wall-clock seconds */
+    /* REPLY_FETCH: texts[0..n) of namespace ns_id (borrowed: the submitter
+       waits), and where it waits */
+    const char *const *texts;
+    const size_t *lens;
+    MoverWaiter *waiter;
     /* results */
     int rc;              /* MN_OK, or the failure that ended the job */
     uint32_t saved_tiers;/* SAVE, PROMOTE: tiers now holding the run (bit mask) */
@@ -217,7 +237,8 @@ typedef struct MoverConfig {
     void *event_ctx;
     MoverHeldFn on_held;      /* may be NULL */
     void *held_ctx;
-    ReplyMemory *replies;     /* filled from the database at start; may be NULL */
+    ReplyMemory *replies;     /* filled from the database at start, and by
+                                 REPLY_FETCH from the shared tier; may be NULL */
     int max_replies;          /* reply rows kept in the database */
     EvictPolicy evict;        /* every tier's (tier_set_policy); 0 = lru */
     const CostModel *cost;    /* copied; may be NULL */

@@ -26,6 +26,8 @@ struct ReplyMemory {
     Entry **ring;    /* (max_entries) insertion order */
     uint32_t *text_count; /* (n_buckets) entries per slot of their text's hash */
     int max_entries, head, count;
+    ReplyFetchFn fetch_fn; /* a shared store's entries; NULL: none */
+    void *fetch_ctx;
 };
 
 ReplyMemory *replymem_new(int max_entries) {
@@ -183,4 +185,31 @@ int replymem_count(ReplyMemory *rm) {
     int n = rm->count;
     pthread_mutex_unlock(&rm->lock);
     return n;
+}
+
+void replymem_set_fetch(ReplyMemory *rm, ReplyFetchFn fn, void *ctx) {
+    pthread_mutex_lock(&rm->lock);
+    rm->fetch_fn = fn;
+    rm->fetch_ctx = ctx;
+    pthread_mutex_unlock(&rm->lock);
+}
+
+int replymem_fetch(ReplyMemory *rm, const Hash128 *ns_id, const char *const *texts, const size_t *lens, int n) {
+    pthread_mutex_lock(&rm->lock);
+    ReplyFetchFn fn = rm->fetch_fn;
+    void *ctx = rm->fetch_ctx;
+    pthread_mutex_unlock(&rm->lock);
+    if (fn == NULL || n <= 0) return 0;
+    const char **ask = mn_malloc((size_t)n * sizeof *ask);
+    size_t *ask_lens = mn_malloc((size_t)n * sizeof *ask_lens);
+    int n_ask = 0;
+    for (int i = 0; ask && ask_lens && i < n; i++) {
+        if (replymem_may_hold(rm, texts[i], lens[i])) continue;
+        ask[n_ask] = texts[i];
+        ask_lens[n_ask++] = lens[i];
+    }
+    if (n_ask > 0) fn(ctx, ns_id, ask, ask_lens, n_ask);
+    mn_free(ask);
+    mn_free(ask_lens);
+    return n_ask;
 }

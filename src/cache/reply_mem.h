@@ -11,6 +11,12 @@
  *
  * Thread-safe: HTTP threads read while the engine thread writes (one mutex).
  * Bounded: the oldest entries go first beyond max_entries.
+ *
+ * Instances that share a store (the redis tier) share their entries: each
+ * complete reply is written there too, and before a prompt is built the
+ * replies of its conversation that this memory does not hold are fetched
+ * (replymem_fetch), so a conversation that moves to another instance keeps
+ * the ids it was generated with, and finds its KV by the same hashes.
  */
 #ifndef MN_REPLY_MEM_H
 #define MN_REPLY_MEM_H
@@ -40,5 +46,18 @@ int replymem_get(ReplyMemory *rm, const Hash128 *key, const char *text, size_t l
  * share its counters by hash). */
 bool replymem_may_hold(ReplyMemory *rm, const char *text, size_t len);
 int replymem_count(ReplyMemory *rm);
+
+/* Where entries this memory lacks may be: fn(ctx, ns_id, texts, lens, n)
+ * looks the reply texts texts[0..n) of namespace ns_id up in a shared
+ * store and puts what it finds here (replymem_put, each under its own
+ * prefix key). It may block on I/O; it runs on the thread that builds a
+ * prompt. Set it before prompts are built; NULL unsets it (before ctx
+ * goes). */
+typedef void (*ReplyFetchFn)(void *ctx, const Hash128 *ns_id, const char *const *texts, const size_t *lens, int n);
+void replymem_set_fetch(ReplyMemory *rm, ReplyFetchFn fn, void *ctx);
+/* Ask the fetch function (when one is set) for those of texts[0..n) that
+ * no entry here holds under any key. Returns how many were asked for (0
+ * also when out of memory: the prompt is then built without them). */
+int replymem_fetch(ReplyMemory *rm, const Hash128 *ns_id, const char *const *texts, const size_t *lens, int n);
 
 #endif

@@ -76,6 +76,7 @@
 #include "cache/cost.h"
 #include "cache/kv_pool.h"
 #include "cache/policy.h"
+#include "cache/reply_mem.h"
 
 typedef struct Tier Tier;
 typedef struct CacheStore CacheStore; /* store.h */
@@ -347,6 +348,19 @@ int tier_redis_probe(Tier *t, const Hash128 *hashes, const uint8_t *want, int n,
 /* The store's URL as the logs show it (credentials left out); "" for
  * other kinds. Valid until tier_free. */
 const char *tier_redis_url(const Tier *t);
+
+/* Share a reply-memory entry (reply_mem.h) of namespace ns_id with the
+ * other instances: (key, text) -> ids, keyed in the store by the text.
+ * Sent without waiting (a failure shows at the tier's next exchange).
+ * MN_OK, MN_EIO (the tier is off), MN_EINVAL (not a redis tier, or an
+ * entry too large). */
+int tier_redis_put_reply(Tier *t, const Hash128 *ns_id, const Hash128 *key, const char *text, size_t len,
+                         const int32_t *ids, size_t n_ids);
+/* Look the reply texts texts[0..n) of namespace ns_id up in the store and
+ * put every sound entry found into rm (a damaged one is skipped). Returns
+ * how many were put, or -MN_EIO (sticky), -MN_EINVAL. */
+int tier_redis_get_replies(Tier *t, const Hash128 *ns_id, const char *const *texts, const size_t *lens, int n,
+                           ReplyMemory *rm);
 
 /* ---- disk tier, for tests and tools ----------------------------------------- */
 

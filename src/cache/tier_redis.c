@@ -68,6 +68,21 @@
  *         40   16  T, the run's tag
  *         56    8  XXH3-64, seed 0, of bytes [0, 56)
  *
+ * Reply-memory entries (reply_mem.h) are shared too, keyed by their text:
+ *     mnemo:reply1:F:N:X     X = XXH3-128 of the reply's text
+ * Reply value (48 + text_len + 4*n_ids bytes):
+ *          0    8  magic "MNEMORPL"
+ *          8    4  format version, 1
+ *         12    4  text_len (<= 16 MiB)
+ *         16    4  n_ids (<= 4 Mi)
+ *         20    4  zero
+ *         24   16  the entry's prefix key (replymem_prefix_key)
+ *         40  text_len  the text
+ *           4*n_ids  the generated ids, int32 each
+ *        end    8  XXH3-64, seed 0, of every earlier byte of the value
+ * The latest entry for a text wins; it is used only where its prefix key
+ * matches, as any reply-memory entry.
+ *
  * Validity. A layer value is used only when its length is that of n
  * blocks, its magic, version, checksum, n, L, n_layer, block_bytes, KV
  * format, fingerprint and tag are the ones expected, and its block hashes
@@ -935,6 +950,97 @@ int tier_redis_probe(Tier *t, const Hash128 *hashes, const uint8_t *want, int n,
         else n_adopted++;
     }
     return n_adopted;
+}
+
+/* ---- the shared reply memory ------------------------------------------------------------- */
+
+#define REDIS_REPLY_HEAD 40u
+#define REDIS_REPLY_MAX_TEXT (16u << 20)
+#define REDIS_REPLY_MAX_IDS (4u << 20)
+
+static int reply_key(char *out, const char *scope, const char *text, size_t len) {
+    char hex[33];
+    Hash128 h = hash128(text, len);
+    hash128_hex(&h, hex);
+    return snprintf(out, REDIS_KEY_MAX, "mnemo:reply1:%s:%s", scope, hex);
+}
+
+int tier_redis_put_reply(Tier *t, const Hash128 *ns_id, const Hash128 *key, const char *text, size_t len,
+                         const int32_t *ids, size_t n_ids) {
+    if (tier_kind_ops(t) != &redis_ops || len > REDIS_REPLY_MAX_TEXT || n_ids > REDIS_REPLY_MAX_IDS) return MN_EINVAL;
+    RedisTier *r = tier_kind(t);
+    if (tier_is_failed(t)) return MN_EIO;
+    uint64_t n = REDIS_REPLY_HEAD + (uint64_t)len + 4 * (uint64_t)n_ids + 8;
+    if (buf_reserve(r, n) != MN_OK) return MN_ENOMEM;
+    uint8_t *p = r->buf;
+    memset(p, 0, REDIS_REPLY_HEAD);
+    memcpy(p, "MNEMORPL", 8);
+    put_u32(p + 8, REDIS_FORMAT_VERSION);
+    put_u32(p + 12, (uint32_t)len);
+    put_u32(p + 16, (uint32_t)n_ids);
+    memcpy(p + 24, key->b, 16);
+    memcpy(p + REDIS_REPLY_HEAD, text, len);
+    for (size_t i = 0; i < n_ids; i++) put_u32(p + REDIS_REPLY_HEAD + len + 4 * i, (uint32_t)ids[i]);
+    put_u64(p + n - 8, XXH3_64bits(p, (size_t)(n - 8)));
+    char scope[REDIS_SCOPE_LEN], k[REDIS_KEY_MAX], ttl[16];
+    key_scope(scope, &r->fingerprint, ns_id);
+    reply_key(k, scope, text, len);
+    snprintf(ttl, sizeof ttl, "%d", r->ttl_s);
+    const char *argv[] = {"SET", k, (const char *)p, "EX", ttl};
+    size_t lens[] = {3, strlen(k), (size_t)n, 2, strlen(ttl)};
+    cmd_defer(r, r->ttl_s > 0 ? 5 : 3, argv, lens);
+    if (r->c != NULL && flush_out(r, "writing to") == MN_OK) return MN_OK;
+    tier_fail(t, "writing a reply");
+    return MN_EIO;
+}
+
+/* The entry of text[0..len) in a GET's reply, into rm: MN_OK, or
+ * MN_EFORMAT when it is damaged, of another version or another text's. */
+static int reply_parse_put(const redisReply *rep, const char *text, size_t len, ReplyMemory *rm) {
+    if (rep->type != REDIS_REPLY_STRING || rep->len < REDIS_REPLY_HEAD + 8) return MN_EFORMAT;
+    const uint8_t *p = (const uint8_t *)rep->str;
+    size_t n = rep->len;
+    uint64_t n_ids = get_u32(p + 16);
+    if (memcmp(p, "MNEMORPL", 8) != 0 || get_u32(p + 8) != REDIS_FORMAT_VERSION || get_u32(p + 12) != len ||
+        n != REDIS_REPLY_HEAD + len + 4 * n_ids + 8 || get_u64(p + n - 8) != XXH3_64bits(p, n - 8) ||
+        memcmp(p + REDIS_REPLY_HEAD, text, len) != 0)
+        return MN_EFORMAT;
+    int32_t *ids = mn_malloc((n_ids ? n_ids : 1) * sizeof *ids);
+    if (ids == NULL) return MN_ENOMEM;
+    for (uint64_t i = 0; i < n_ids; i++) ids[i] = (int32_t)get_u32(p + REDIS_REPLY_HEAD + len + 4 * i);
+    Hash128 key;
+    memcpy(key.b, p + 24, 16);
+    int rc = replymem_put(rm, &key, text, len, ids, (size_t)n_ids);
+    mn_free(ids);
+    return rc;
+}
+
+int tier_redis_get_replies(Tier *t, const Hash128 *ns_id, const char *const *texts, const size_t *lens, int n,
+                           ReplyMemory *rm) {
+    if (tier_kind_ops(t) != &redis_ops) return -MN_EINVAL;
+    RedisTier *r = tier_kind(t);
+    if (tier_is_failed(t)) return -MN_EIO;
+    char scope[REDIS_SCOPE_LEN], k[REDIS_KEY_MAX];
+    key_scope(scope, &r->fingerprint, ns_id);
+    int rc = conn_ready(r), n_put = 0;
+    for (int i = 0; i < n && rc == MN_OK; i++) {
+        reply_key(k, scope, texts[i], lens[i]);
+        const char *argv[] = {"GET", k};
+        size_t klens[] = {3, strlen(k)};
+        rc = cmd_append(r, 2, argv, klens);
+    }
+    if (rc == MN_OK) rc = flush_out(r, "looking replies up in");
+    for (int i = 0; i < n && rc == MN_OK; i++) {
+        redisReply *rep;
+        if ((rc = reply_take(r, &rep, "looking replies up in")) != MN_OK) break;
+        if (rep->type != REDIS_REPLY_NIL && reply_parse_put(rep, texts[i], lens[i], rm) == MN_OK) n_put++;
+        freeReplyObject(rep);
+    }
+    if (rc != MN_OK) {
+        tier_fail(t, "looking replies up");
+        return -MN_EIO;
+    }
+    return n_put;
 }
 
 /* ---- API -------------------------------------------------------------------------------- */

@@ -98,6 +98,7 @@ struct EngineTiers {
     int promote_room;        /* blocks tier 0 holds, when it can take promotes */
     int n_promotes;          /* PROMOTE jobs in flight */
     int shared;              /* the shared tier's index (redis), or -1 */
+    ReplyMemory *replies;    /* borrowed: with a shared tier, it fetches from there */
     int n_probes;            /* PROBE jobs in flight */
     uint64_t n_probed;       /* blocks looked up in the shared tier */
     uint64_t n_probe_found;  /* ... and found there */
@@ -737,6 +738,32 @@ static void probe_done(EngineTiers *t, MoverJob *j) {
     }
 }
 
+/* ReplyFetchFn of the reply memory (on a thread building a prompt): a
+ * REPLY_FETCH job, waited for; the mover puts what it finds into the
+ * reply memory. Nothing found, or no answer, leaves the prompt to be
+ * tokenized as usual. */
+static void fetch_replies(void *ctx, const Hash128 *ns_id, const char *const *texts, const size_t *lens, int n) {
+    EngineTiers *t = ctx;
+    MoverJob *j = mover_job_new(MOVER_REPLY_FETCH, 0, 0);
+    if (j == NULL) return;
+    MoverWaiter w = {.is_done = false};
+    pthread_mutex_init(&w.lock, NULL);
+    pthread_cond_init(&w.cond, NULL);
+    j->n = n;
+    j->texts = texts;
+    j->lens = lens;
+    j->ns_id = *ns_id;
+    j->waiter = &w;
+    if (mover_submit(t->mover, j) == MN_OK) {
+        pthread_mutex_lock(&w.lock);
+        while (!w.is_done) pthread_cond_wait(&w.cond, &w.lock);
+        pthread_mutex_unlock(&w.lock);
+    }
+    mover_job_free(j);
+    pthread_cond_destroy(&w.cond);
+    pthread_mutex_destroy(&w.lock);
+}
+
 /* ---- life cycle -------------------------------------------------------------------- */
 
 /* A reopened tier holds these blocks (mover_new, before any request). */
@@ -775,6 +802,10 @@ static int start_mover(EngineTiers *t, const TiersConfig *cfg, MnErr *err) {
     if (rc != MN_OK) return rc;
     t->n_tiers = mover_n_tiers(t->mover);
     t->shared = mover_shared_tier(t->mover);
+    if (t->shared >= 0 && cfg->replies) { /* conversations keep their ids on every instance */
+        t->replies = cfg->replies;
+        replymem_set_fetch(t->replies, fetch_replies, t);
+    }
     for (int i = 0; i < t->n_tiers; i++) {
         const char *name = mover_tier_name(t->mover, i);
         t->tier_src[i] = strcmp(name, "ram") == 0 ? SRC_RAM : strcmp(name, "redis") == 0 ? SRC_REDIS : SRC_DISK;
@@ -829,6 +860,7 @@ CacheStore *tiers_store(const EngineTiers *t) { return t->mover ? mover_store(t-
 
 void tiers_free(EngineTiers *t) {
     if (t == NULL) return;
+    if (t->replies) replymem_set_fetch(t->replies, NULL, NULL);
     if (t->mover) {
         mover_free(t->mover);
         t->mover = NULL;

@@ -46,7 +46,8 @@ typedef struct TiersConfig {
     BlockIndex *index;       /* the prefix cache (borrowed); NULL: tiers are refused */
     SlotPolicy *slots;       /* the eviction policy's facts (borrowed): restored blocks
                                 are noted in it, write-behind ranks by it */
-    ReplyMemory *replies;    /* borrowed: a disk tier reloads its entries into it */
+    ReplyMemory *replies;    /* borrowed: a disk tier reloads its entries into it; with
+                                a shared tier it fetches other instances' from there */
     int max_replies;         /* reply memory entries a disk tier keeps */
     Hash128 model_fingerprint;
     uint32_t kv_format;      /* index_kv_format of the pool */
@@ -122,7 +123,8 @@ void tiers_seq_free(EngineTiers *t, TierSeq *ts, const Seq *seq, int n_hashed);
  * conversation age with the conversation, not with their last read. */
 void tiers_turn_ended(EngineTiers *t, const TierSeq *ts, const Seq *seq, int n_hashed, int n_tokens);
 /* A complete reply's reply memory entry (key -> text, ids), copied into
- * the database, so a restarted server still recognises its replies. */
+ * the database, so a restarted server still recognises its replies, and
+ * to the shared tier, so other instances do. */
 void tiers_persist_reply(EngineTiers *t, const TierSeq *ts, const Hash128 *key, const char *text, size_t len,
                          const int32_t *ids, size_t n_ids);
 

@@ -95,6 +95,21 @@ static void special_ends(const Tokenizer *tok, const char *text, size_t len, siz
     if (tok_add_eos(tok) && ne > 0 && ne <= len - *start && memcmp(text + len - ne, eos, ne) == 0) *end = len - ne;
 }
 
+/* The replies of the conversation that the reply memory lacks may be in
+ * a store shared with other instances: fetched into it first (nothing
+ * without one; out of memory, the prompt is built without them). */
+static void fetch_shared(ReplyMemory *rm, const Hash128 *ns_id, const Reply *replies, size_t n) {
+    const char **texts = mn_malloc(n * sizeof *texts);
+    size_t *lens = mn_malloc(n * sizeof *lens);
+    for (size_t k = 0; texts && lens && k < n; k++) {
+        texts[k] = replies[k].text;
+        lens[k] = replies[k].len;
+    }
+    if (texts && lens) replymem_fetch(rm, ns_id, texts, lens, (int)n);
+    mn_free(texts);
+    mn_free(lens);
+}
+
 int prompt_build_chat(const Tokenizer *tok, const ChatFormat *fmt, const ChatInput *chat, ReplyMemory *rm,
                       const Hash128 *ns_id, TokIds *out, PromptStats *stats, MnErr *err) {
     PromptStats st = {0, 0};
@@ -107,6 +122,7 @@ int prompt_build_chat(const Tokenizer *tok, const ChatFormat *fmt, const ChatInp
     Reply *replies = mn_calloc(n_msgs ? n_msgs : 1, sizeof *replies);
     if (replies == NULL) rc = MN_ENOMEM;
     if (rc == MN_OK && rm != NULL && st.n_replies > 0) rc = find_replies(fmt, chat, real, real_len, replies, &n_found);
+    if (rc == MN_OK && n_found > 0) fetch_shared(rm, ns_id, replies, n_found);
     size_t start, end;
     special_ends(tok, real, real_len, &start, &end);
     /* pieces cut at remembered contents only: a content is tried with the
