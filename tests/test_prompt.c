@@ -289,18 +289,24 @@ static Model *load_stories(void) {
     return m;
 }
 
-/* An engine serving m with chat format fmt (the caller's; NULL: none) and
- * the given context overflow; NULL (the test is skipped) when m is. */
-static Engine *start_engine_overflow(const ChatFormat *fmt, ContextOverflow overflow, Model *m) {
+/* An engine serving m with chat format fmt (the caller's; NULL: none),
+ * the given context overflow and the shared tier at redis_url (NULL:
+ * none); NULL (the test is skipped) when m is. */
+static Engine *start_engine_with(const ChatFormat *fmt, ContextOverflow overflow, const char *redis_url, Model *m) {
     if (m == NULL) return NULL;
     EngineOptions o;
     engine_options_default(&o);
     o.chat_format = fmt;
     o.context_overflow = overflow;
+    o.redis_url = redis_url;
     Engine *e;
     MnErr err = {0};
     if (engine_new(m, &o, &e, &err) != MN_OK) fail_msg("engine_new: %s", err.msg);
     return e;
+}
+
+static Engine *start_engine_overflow(const ChatFormat *fmt, ContextOverflow overflow, Model *m) {
+    return start_engine_with(fmt, overflow, NULL, m);
 }
 
 static Engine *start_engine(const ChatFormat *fmt, Model *m) { return start_engine_overflow(fmt, OVERFLOW_RECOMPUTE, m); }
@@ -640,19 +646,6 @@ static int redis_teardown(void **state) {
     return 0;
 }
 
-/* An engine serving m with chat format fmt and the shared tier at url
- * (NULL: none). */
-static Engine *start_engine_redis(const ChatFormat *fmt, Model *m, const char *url) {
-    EngineOptions o;
-    engine_options_default(&o);
-    o.chat_format = fmt;
-    o.redis_url = url;
-    Engine *e;
-    MnErr err = {0};
-    if (engine_new(m, &o, &e, &err) != MN_OK) fail_msg("engine_new: %s", err.msg);
-    return e;
-}
-
 /* How many assistant contents of msgs e's reply memory supplies. */
 static int n_remembered(Engine *e, Model *m, const ChatFormat *f, json_t *msgs) {
     ChatInput ci = {msgs, NULL, NULL, true};
@@ -680,7 +673,7 @@ static void test_shared_reply_memory(void **s) {
     if (m == NULL) return;
     redis_srv_start(srv, NULL);
     ChatFormat *f = builtin(m->tok, CHAT_TMPL_LLAMA2);
-    Engine *a = start_engine_redis(f, m, srv->url);
+    Engine *a = start_engine_with(f, OVERFLOW_RECOMPUTE, srv->url, m);
     const char *const turn1[][2] = {{"user", "Once upon a time"}};
     json_t *msgs = msgs_json(turn1, 1);
     ChatInput ci = {msgs, NULL, NULL, true};
@@ -697,7 +690,7 @@ static void test_shared_reply_memory(void **s) {
     engine_free(a); /* (its mover finishes what is queued: the entry is shared) */
     const char *const turn2[][2] = {{"user", "Once upon a time"}, {"assistant", reply}, {"user", "and then"}};
     msgs = msgs_json(turn2, 3);
-    Engine *b = start_engine_redis(f, m, srv->url), *c = start_engine_redis(f, m, NULL);
+    Engine *b = start_engine_with(f, OVERFLOW_RECOMPUTE, srv->url, m), *c = start_engine(f, m);
     assert_int_equal(n_remembered(b, m, f, msgs), 1);
     assert_int_equal(n_remembered(c, m, f, msgs), 0);
     json_decref(msgs);

@@ -248,16 +248,22 @@ static int buf_reserve(RedisTier *r, uint64_t n) {
     return MN_OK;
 }
 
+/* The start every value shares: head_len bytes zeroed, then the magic,
+ * the format version and its first two fields (offsets 12 and 16). */
+static void head_begin(uint8_t *p, size_t head_len, const char *magic, uint32_t a, uint32_t b) {
+    memset(p, 0, head_len);
+    memcpy(p, magic, 8);
+    put_u32(p + 8, REDIS_FORMAT_VERSION);
+    put_u32(p + 12, a);
+    put_u32(p + 16, b);
+}
+
 /* Build layer `layer` of run (blocks from pool slots[]) in r->buf. */
 static uint64_t value_build(RedisTier *r, const TierRun *run, const RedisRun *rr, int layer, const KvPool *pool,
                             const int32_t *slots) {
     uint8_t *p = r->buf;
     int n = run->n_blocks;
-    memset(p, 0, REDIS_VALUE_HEAD);
-    memcpy(p, "MNEMOKVL", 8);
-    put_u32(p + 8, REDIS_FORMAT_VERSION);
-    put_u32(p + 12, (uint32_t)n);
-    put_u32(p + 16, (uint32_t)layer);
+    head_begin(p, REDIS_VALUE_HEAD, "MNEMOKVL", (uint32_t)n, (uint32_t)layer);
     put_u32(p + 20, (uint32_t)r->n_layer);
     put_u64(p + 24, (uint64_t)r->block_bytes);
     put_u32(p + 32, r->kv_format);
@@ -293,11 +299,7 @@ static const char *value_check(const RedisTier *r, const TierRun *run, const Red
 }
 
 static void ptr_build(uint8_t *p, const Hash128 *h, const Hash128 *tag, int n, int i) {
-    memset(p, 0, REDIS_PTR_BYTES);
-    memcpy(p, "MNEMOBLK", 8);
-    put_u32(p + 8, REDIS_FORMAT_VERSION);
-    put_u32(p + 12, (uint32_t)n);
-    put_u32(p + 16, (uint32_t)i);
+    head_begin(p, REDIS_PTR_BYTES, "MNEMOBLK", (uint32_t)n, (uint32_t)i);
     memcpy(p + 24, h->b, 16);
     memcpy(p + 40, tag->b, 16);
     put_u64(p + 56, XXH3_64bits(p, 56));
@@ -973,11 +975,7 @@ int tier_redis_put_reply(Tier *t, const Hash128 *ns_id, const Hash128 *key, cons
     uint64_t n = REDIS_REPLY_HEAD + (uint64_t)len + 4 * (uint64_t)n_ids + 8;
     if (buf_reserve(r, n) != MN_OK) return MN_ENOMEM;
     uint8_t *p = r->buf;
-    memset(p, 0, REDIS_REPLY_HEAD);
-    memcpy(p, "MNEMORPL", 8);
-    put_u32(p + 8, REDIS_FORMAT_VERSION);
-    put_u32(p + 12, (uint32_t)len);
-    put_u32(p + 16, (uint32_t)n_ids);
+    head_begin(p, REDIS_REPLY_HEAD, "MNEMORPL", (uint32_t)len, (uint32_t)n_ids);
     memcpy(p + 24, key->b, 16);
     memcpy(p + REDIS_REPLY_HEAD, text, len);
     for (size_t i = 0; i < n_ids; i++) put_u32(p + REDIS_REPLY_HEAD + len + 4 * i, (uint32_t)ids[i]);
