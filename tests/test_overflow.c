@@ -268,9 +268,10 @@ static void test_overflow_bad_mode(void **state) {
 /* ---- shift from each tier ----------------------------------------------------------- */
 
 /* Bound from the runs of these tests: the first token's log-probabilities
- * under shifted KV stay this close to recompute's (stories260K; the
- * in-process test_shift bounds the whole logits row). */
-#define SHIFT_LOGPROB_BOUND 0.5
+ * under shifted KV stay this close to recompute's (stories260K: 0.018 from
+ * the pool, 0.020 from RAM and disk, ~300 tokens moved; the in-process
+ * test_shift bounds the whole logits row). */
+#define SHIFT_LOGPROB_BOUND 0.1
 
 /* A greedy chat turn of msgs with the first token's top-5 logprobs. */
 static json_t *chat_lp(const Srv *s, json_t *msgs) {
@@ -280,8 +281,10 @@ static json_t *chat_lp(const Srv *s, json_t *msgs) {
 }
 
 /* The first token's top logprobs of a and b: every token both list is
- * within bound of each other, and at least three are in both. */
-static void expect_close_logprobs(json_t *a, json_t *b, double bound) {
+ * within bound of each other, and at least three are in both. Returns the
+ * largest difference. */
+static double expect_close_logprobs(json_t *a, json_t *b, double bound) {
+    double worst = 0;
     json_t *ta = at(a, "choices.0.logprobs.content.0.top_logprobs"), *tb = at(b, "choices.0.logprobs.content.0.top_logprobs");
     int n_common = 0;
     for (size_t i = 0; i < json_array_size(ta); i++)
@@ -291,9 +294,11 @@ static void expect_close_logprobs(json_t *a, json_t *b, double bound) {
                 continue;
             double d = fabs(json_number_value(json_object_get(x, "logprob")) - json_number_value(json_object_get(y, "logprob")));
             if (d > bound) fail_msg("token '%s': logprob differs by %g", json_string_value(json_object_get(x, "token")), d);
+            worst = fmax(worst, d);
             n_common++;
         }
     assert_true(n_common >= 3);
+    return worst;
 }
 
 /* The cached tokens of usage r that tier `tier` held. */
@@ -323,7 +328,8 @@ static void expect_shifted_turn(TierCase *c, json_t *history, const char *tier) 
     long shifted = num(r, "usage.prompt_tokens_details.shifted_tokens");
     if (shifted <= 0 || tier_tokens(r, tier) <= 0)
         fail_msg("no KV moved from the %s tier: shifted %ld, %s %ld", tier, shifted, tier, tier_tokens(r, tier));
-    expect_close_logprobs(r, ref, SHIFT_LOGPROB_BOUND);
+    double d = expect_close_logprobs(r, ref, SHIFT_LOGPROB_BOUND);
+    print_message("%s: %ld tokens shifted, first-token logprobs within %.4f of recompute\n", tier, shifted, d);
     /* the kept messages alone, as the recompute server kept them */
     size_t n_drop = 1;
     json_t *alone = NULL;

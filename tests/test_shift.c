@@ -184,10 +184,11 @@ static double logits_diff(const float *a, const float *b, int n) {
     return d;
 }
 
-/* Bounds from the runs of test_shift_conversation on stories260K (see
- * docs/DESIGN.md, restore path 5): shifted KV moves the first logits of an
- * overflowing turn by at most SHIFT_LOGIT_BOUND from recompute's. */
-#define SHIFT_LOGIT_BOUND 1.0
+/* Bound from the runs of test_shift_conversation on stories260K (the
+ * largest difference measured over its 8 turns: 0.11): shifted KV moves
+ * the first logits of an overflowing turn by at most SHIFT_LOGIT_BOUND
+ * from recompute's. */
+#define SHIFT_LOGIT_BOUND 0.3
 #define N_PAST 8 /* turns past the context */
 
 /* A conversation on stories260K runs N_PAST turns past its context in
@@ -267,10 +268,12 @@ static void test_shift_conversation(void **s) {
 
 /* ---- perplexity --------------------------------------------------------------------------- */
 
-/* Bound from the measurement (README: stories260K, keep 32, drop 128,
- * kept 256, eval 64, 4 sampled texts): the held-out perplexity with
- * shifted KV stays within SHIFT_PPL_BOUND of recompute's. */
-#define SHIFT_PPL_BOUND 0.05
+/* Bound from the measurement (stories260K, keep 32, drop 128, kept 256,
+ * eval 64, 4 sampled texts: shift 4.3568 against recompute 4.3503, +0.0065;
+ * docs/DESIGN.md has more): the held-out perplexity with shifted KV stays
+ * within SHIFT_PPL_BOUND of recompute's — the AttentionStore paper's
+ * figure, three times what this test measures. */
+#define SHIFT_PPL_BOUND 0.02
 
 static void test_shift_perplexity(void **s) {
     Model *m = load("models/stories260K.gguf");
