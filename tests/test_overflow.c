@@ -172,6 +172,7 @@ static void overflow_conversation(Srv *s, const char *mode) {
     if (is_shift) assert_true(n_shifted > 0);
     assert_true(srv_metric(s, "mnemo_shifted_tokens_total") == (double)n_metric);
     char *log = test_read_file(s->log, NULL);
+    if (log == NULL) fail_msg("cannot read the server's log %s", s->log);
     if (strstr(log, want_log) == NULL) fail_msg("no '%s' in the log:\n%.2000s", want_log, log);
     free(log);
     json_decref(history);

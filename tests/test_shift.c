@@ -19,6 +19,7 @@
 
 #include "base/mem.h"
 #include "cache/kv_pool.h"
+#include "cache/reply_mem.h"
 #include "engine/engine.h"
 #include "engine/forward.h"
 #include "engine/kv_shift.h"
@@ -266,6 +267,64 @@ static void test_shift_conversation(void **s) {
     model_free(m);
 }
 
+/* In shift mode a cut chat's kept reply keeps the ids it was generated as
+ * (remembered under its text key) even after another prefix, so they
+ * match its cached KV; recompute mode tokenizes it as a chat of the kept
+ * messages alone would. The ids here are the reply's text tokenized in
+ * two pieces: the same text, not the ids of its tokenization. */
+static void test_shift_reply_ids(void **s) {
+    Model *m = load("models/stories260K.gguf");
+    if (m == NULL) return;
+    MnErr err = {0};
+    ChatFormat *fmt;
+    assert_int_equal(chat_format_new_builtin(CHAT_TMPL_CHATML, tok_text(m->tok, tok_bos(m->tok)),
+                                             tok_text(m->tok, tok_eos(m->tok)), &fmt, &err),
+                     MN_OK);
+    static const char reply[] = "The cat sat in the sun and looked at the big red ball.";
+    TokIds odd = {0}, canon = {0};
+    assert_int_equal(tok_encode_cont(m->tok, reply, strlen(reply), false, &canon), MN_OK);
+    for (size_t cut = 1; cut < strlen(reply); cut++) { /* the first cut that splits a token */
+        odd.n = 0;
+        assert_int_equal(tok_encode_cont(m->tok, reply, cut, false, &odd), MN_OK);
+        assert_int_equal(tok_encode_cont(m->tok, reply + cut, strlen(reply) - cut, false, &odd), MN_OK);
+        if (odd.n != canon.n || memcmp(odd.ids, canon.ids, odd.n * sizeof *odd.ids) != 0) break;
+    }
+    assert_false(odd.n == canon.n && memcmp(odd.ids, canon.ids, odd.n * sizeof *odd.ids) == 0);
+    json_t *msgs = json_array();
+    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", "Tell a story about a cat."));
+    for (int t = 0; t < 12; t++) {
+        char line[96];
+        snprintf(line, sizeof line, "Turn %d. What did the little cat find in the garden then?", t);
+        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", line));
+        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "assistant", "content", reply));
+    }
+    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", "And then?"));
+    ChatInput ci = {msgs, NULL, NULL, true};
+    PromptInput in = {.form = PROMPT_CHAT, .chat = &ci};
+    static const ContextOverflow modes[] = {OVERFLOW_SHIFT, OVERFLOW_RECOMPUTE};
+    for (int k = 0; k < 2; k++) {
+        Engine *e = start(m, fmt, modes[k], true);
+        Hash128 ns = engine_namespace_id(""), key = replymem_text_key(&ns);
+        assert_int_equal(replymem_put(engine_reply_memory(e), &key, reply, strlen(reply), odd.ids, odd.n), MN_OK);
+        TokIds prompt = {0};
+        ReqResult res;
+        int truncated = 0;
+        free(ask(e, &in, NULL, &res, &truncated, &prompt));
+        assert_true(truncated > 0);
+        bool has_odd = false;
+        for (size_t i = 0; i + odd.n <= prompt.n && !has_odd; i++)
+            has_odd = memcmp(prompt.ids + i, odd.ids, odd.n * sizeof *odd.ids) == 0;
+        assert_int_equal(has_odd, modes[k] == OVERFLOW_SHIFT);
+        tok_ids_free(&prompt);
+        engine_free(e);
+    }
+    json_decref(msgs);
+    tok_ids_free(&odd);
+    tok_ids_free(&canon);
+    chat_format_free(fmt);
+    model_free(m);
+}
+
 /* ---- perplexity --------------------------------------------------------------------------- */
 
 /* Bound from the measurement (stories260K, keep 32, drop 128, kept 256,
@@ -298,7 +357,8 @@ int main(void) {
         cmocka_unit_test(test_move_llama),       cmocka_unit_test(test_move_llama_f32),
         cmocka_unit_test(test_move_qwen2),       cmocka_unit_test(test_move_rope_freqs),
         cmocka_unit_test(test_move_phi3),        cmocka_unit_test(test_move_gemma3),
-        cmocka_unit_test(test_shift_conversation), cmocka_unit_test(test_shift_perplexity),
+        cmocka_unit_test(test_shift_conversation), cmocka_unit_test(test_shift_reply_ids),
+        cmocka_unit_test(test_shift_perplexity),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
