@@ -5,6 +5,7 @@
  *   inspect     print a GGUF's metadata and tensors
  *   gen-model   write a random-weight model of a given shape
  *   speed       prefill and decode throughput, like llama-bench
+ *   shift-ppl   perplexity cost of moving cached KV to new positions (context overflow)
  *   serve       the OpenAI HTTP server      chat   a terminal chat client
  *   bench       multi-turn load generator and report
  *   disk-probe  raw sequential bandwidth of a directory, as the disk tier moves data
@@ -14,8 +15,8 @@
  * Each cmd_* here parses its options (base/cli), does its job with the
  * library and returns the process exit status; the commands that are a
  * program of their own live beside their layer: bench (bench/bench.c), the
- * chat's conversation loop (bench/chat.c), disk-probe, gen-model and speed
- * (tools/). This file only wires things together: it picks the command,
+ * chat's conversation loop (bench/chat.c), disk-probe, gen-model, speed and
+ * shift-ppl (tools/). This file only wires things together: it picks the command,
  * and for serve and chat builds the model, engine and server and joins
  * them to the outside.
  */
@@ -57,6 +58,7 @@
 #include "server/server.h"
 #include "tools/diskprobe_cmd.h"
 #include "tools/gen_model.h"
+#include "tools/shift_ppl.h"
 #include "tools/speed.h"
 
 #define N_OPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -358,7 +360,7 @@ static int pick_chat_format(const Model *m, const ChatFormatOptions *co, ChatFor
 
 static int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *alias = NULL, *tmpl_name = NULL, *kv_type_name = "f16",
-               *schedule = "fcfs", *evict = NULL, *profile_file = NULL, *overflow = "recompute", *tmpl_file = NULL,
+               *schedule = "fcfs", *evict = NULL, *profile_file = NULL, *overflow = "shift", *tmpl_file = NULL,
                *tmpl_date = NULL;
     int port = 8080, max_body_kb = 1024, n_predict = -1;
     const char *gpu_layers = NULL, *flash_attn = NULL; /* llama.cpp's, ignored */
@@ -390,8 +392,9 @@ static int cmd_serve(int argc, char **argv) {
         {"ctx", 'c', CLI_INT, &eo.n_ctx, "N",
          "positions one sequence may use (default: the model's); not, as llama-server's -c, the KV of all"},
         {"ctx-size", 0, CLI_INT, &eo.n_ctx, "N", NULL},
-        {"context-overflow", 0, CLI_STR, &overflow, "recompute|error",
-         "a chat longer than the context: drop its oldest turns and recompute the rest, or refuse it (default recompute)"},
+        {"context-overflow", 0, CLI_STR, &overflow, "shift|recompute|error",
+         "a chat longer than the context: drop its oldest turns and move the rest's cached KV to its new positions "
+         "(shift, the default: approximate), or recompute the rest (exact), or refuse it"},
         {"n-predict", 'n', CLI_INT, &n_predict, "N",
          "max_tokens of a request that gives none (default -1: until the context or the pool is full)"},
         {"predict", 0, CLI_INT, &n_predict, "N", NULL},
@@ -447,13 +450,11 @@ static int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "mnemo serve: --schedule must be fcfs, fpf or relaxed-fpf, got '%s'\n", schedule);
         goto out;
     }
-    if (strcmp(overflow, "recompute") == 0) eo.context_overflow = OVERFLOW_RECOMPUTE;
+    if (strcmp(overflow, "shift") == 0) eo.context_overflow = OVERFLOW_SHIFT;
+    else if (strcmp(overflow, "recompute") == 0) eo.context_overflow = OVERFLOW_RECOMPUTE;
     else if (strcmp(overflow, "error") == 0) eo.context_overflow = OVERFLOW_ERROR;
     else {
-        if (strcmp(overflow, "shift") == 0)
-            fprintf(stderr, "mnemo serve: --context-overflow shift is not built yet; use recompute or error\n");
-        else
-            fprintf(stderr, "mnemo serve: --context-overflow must be recompute or error, got '%s'\n", overflow);
+        fprintf(stderr, "mnemo serve: --context-overflow must be shift, recompute or error, got '%s'\n", overflow);
         goto out;
     }
     MnErr perr = {0};
@@ -743,6 +744,7 @@ static const Command commands[] = {
     {"apply-template", apply_template_main, "render a chat template for messages on stdin"},
     {"gen-model", gen_model_main, "write a random-weight model of a given shape"},
     {"speed", speed_main, "measure prefill and decode throughput"},
+    {"shift-ppl", shiftppl_main, "perplexity of shifted against recomputed KV after a context cut"},
 };
 
 static void usage(FILE *f) {

@@ -715,6 +715,56 @@ static void test_plan_reproducible(void **state) {
     }
 }
 
+/* --past-context K keeps K turns after the one --max-context would end a
+ * conversation at; it needs --max-context. */
+static void test_plan_past_context(void **state) {
+    BenchConfig c;
+    MnErr err = {0};
+    bench_config_init(&c);
+    c.workload = BENCH_MULTITURN;
+    c.n_conversations = 2;
+    c.n_turns = 100;
+    c.question_tokens = 100;
+    c.output_tokens = 16;
+    c.max_context = 1000;
+    assert_int_equal(bench_config_resolve(&c, &err), MN_OK);
+    BenchPlan *cut, *past;
+    assert_int_equal(bench_plan_new(&c, NULL, NULL, &cut, &err), MN_OK);
+    c.past_context = 3;
+    assert_int_equal(bench_plan_new(&c, NULL, NULL, &past, &err), MN_OK);
+    for (int i = 0; i < cut->n_convs; i++) {
+        assert_true(cut->convs[i].n_turns > 1 && cut->convs[i].n_turns < 100);
+        assert_int_equal(past->convs[i].n_turns, cut->convs[i].n_turns + 3);
+    }
+    assert_int_equal(past->n_requests, sum_turns(past));
+    bench_plan_free(cut);
+    bench_plan_free(past);
+    bench_config_init(&c);
+    c.past_context = 2;
+    assert_int_equal(bench_config_resolve(&c, &err), MN_EINVAL);
+    assert_non_null(strstr(err.msg, "--past-context needs --max-context"));
+}
+
+/* Turns whose usage reported truncated tokens make the overflow TTFT; the
+ * shifted tokens add up. */
+static void test_summary_overflow(void **state) {
+    BenchRecord recs[3] = {{.turn = 0, .status = BENCH_OK, .ttft_s = 0.1, .truncated_tokens = 0, .shifted_tokens = 0},
+                           {.turn = 5, .status = BENCH_OK, .ttft_s = 0.5, .truncated_tokens = 40, .shifted_tokens = 300},
+                           {.turn = 6, .status = BENCH_OK, .ttft_s = 0.7, .truncated_tokens = 80, .shifted_tokens = 250}};
+    for (int i = 0; i < 3; i++) recs[i].prompt_tokens = recs[i].cached_tokens = recs[i].recomputed_tokens = -1;
+    BenchResults r = {.n_records = 3, .records = recs, .n_planned = 3, .wall_s = 1};
+    BenchSummary s;
+    assert_int_equal(bench_summarize(&r, &s), MN_OK);
+    assert_int_equal(s.ttft_overflow.n, 2);
+    assert_true(fabs(s.ttft_overflow.mean - 0.6) < 1e-9);
+    assert_int_equal(s.shifted_tokens, 550);
+    recs[1].truncated_tokens = recs[2].truncated_tokens = -1; /* a server that does not say */
+    recs[0].shifted_tokens = recs[1].shifted_tokens = recs[2].shifted_tokens = -1;
+    assert_int_equal(bench_summarize(&r, &s), MN_OK);
+    assert_int_equal(s.ttft_overflow.n, 0);
+    assert_int_equal(s.shifted_tokens, -1);
+}
+
 static void test_sharegpt_synth_stats(void **state) {
     BenchConfig c;
     bench_config_init(&c);
@@ -1476,6 +1526,8 @@ int main(void) {
         cmocka_unit_test(test_metrics_parse),
         cmocka_unit_test(test_config_resolve),
         cmocka_unit_test(test_plan_reproducible),
+        cmocka_unit_test(test_plan_past_context),
+        cmocka_unit_test(test_summary_overflow),
         cmocka_unit_test(test_sharegpt_synth_stats),
         cmocka_unit_test(test_sharegpt_file),
         cmocka_unit_test_teardown(test_real_server, stop_server),

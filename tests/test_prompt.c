@@ -10,6 +10,7 @@
  * redis-server, test_redis_util.h) share their reply memory. */
 #include "test_util.h"
 #include "test_redis_util.h"
+#include "test_engine_util.h"
 
 #include <jansson.h>
 
@@ -320,25 +321,6 @@ static void greedy(ReqParams *p, int max_tokens, float *first_logits) {
     p->first_logits = first_logits;
 }
 
-/* Read r to its end and drop it: its text (malloc'd) and result. */
-static char *finish(Request *r, ReqResult *res) {
-    char *all = strdup("");
-    for (;;) {
-        ReqOutput o;
-        assert_int_equal(request_read(r, &o, 1000), MN_OK);
-        size_t n = strlen(all);
-        all = realloc(all, n + o.len + 1);
-        memcpy(all + n, o.text, o.len);
-        all[n + o.len] = '\0';
-        bool is_done = o.is_done;
-        if (is_done) *res = o.res;
-        request_output_deinit(&o);
-        if (is_done) break;
-    }
-    request_unref(r);
-    return all;
-}
-
 /* in through prompt_submit answers as want[0..n_want) submitted directly:
  * the same prompt length, first logits and greedy text; prompt_submit
  * says it dropped n_truncated prompt tokens. */
@@ -356,11 +338,11 @@ static void expect_same_answer(Engine *e, const PromptInput *in, const int32_t *
     assert_int_equal(field, REQ_FIELD_NONE);
     assert_int_equal(truncated, n_truncated);
     ReqResult ra, rb;
-    char *ta = finish(r, &ra);
+    char *ta = test_request_finish(r, &ra);
     greedy(&p, 8, lb);
     r = request_new(want, n_want, &p, "", NULL);
     assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
-    char *tb = finish(r, &rb);
+    char *tb = test_request_finish(r, &rb);
     assert_int_equal(ra.n_prompt, (int)n_want);
     assert_int_equal(rb.n_prompt, (int)n_want);
     assert_string_equal(ta, tb);

@@ -1009,7 +1009,8 @@ static void test_request_log(void **st) {
         json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content"));
     snprintf(pattern, sizeof pattern, " id=%s stream=0 ", id);
     const char *first[] = {LOG_HEAD "POST /v1/chat/completions 200 id=", pattern,
-                           "prompt=[0-9]+ truncated=0 cached=0 cached_pool=0 cached_ram=0 cached_disk=0 cached_redis=0 generated=8 ttft=",
+                           "prompt=[0-9]+ truncated=0 shifted=0 cached=0 cached_pool=0 cached_ram=0 cached_disk=0 cached_redis=0 "
+                           "generated=8 ttft=",
                            NULL};
     expect_log_line(&s, first);
     free(id);

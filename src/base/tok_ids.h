@@ -22,4 +22,7 @@ void tok_ids_free(TokIds *v);
 /* Append id, growing the buffer: MN_OK, or MN_ENOMEM with v unchanged. */
 int tok_ids_push(TokIds *v, int32_t id);
 
+/* Append ids[0..n): MN_OK, or MN_ENOMEM with v unchanged. */
+int tok_ids_append(TokIds *v, const int32_t *ids, size_t n);
+
 #endif

@@ -128,6 +128,8 @@ int bench_main(int argc, char **argv) {
         {"duration", 0, CLI_FLOAT, &cfg.duration_s, "S", "start no conversation after S seconds (0: no limit)"},
         {"scale", 0, CLI_FLOAT, &cfg.scale, "F", "multiply the workload's default sizes (slow machines)"},
         {"max-context", 0, CLI_INT, &cfg.max_context, "N", "end conversations before their prompt passes N tokens"},
+        {"past-context", 0, CLI_INT, &cfg.past_context, "N",
+         "with --max-context: end them N turns after that instead (turns past the server's context)"},
         {"temperature", 0, CLI_FLOAT, &temperature, "T", "sampling temperature (default 0, greedy; < 0: not sent)"},
         {"timeout", 0, CLI_FLOAT, &timeout_s, "S", "fail a request after S seconds without data (default 300)"},
         {"out", 'o', CLI_STR, &out_dir, "DIR", "write requests.csv, summary.json and report.svg there"},

@@ -153,6 +153,9 @@ static void on_usage(Stream *s, json_t *u) {
     json_t *recomputed = json_object_get(details, "recomputed_tokens");
     if (!json_is_integer(recomputed)) recomputed = json_object_get(u, "recomputed_tokens");
     if (json_is_integer(recomputed)) s->res->recomputed_tokens = (long)json_integer_value(recomputed);
+    json_t *truncated = json_object_get(details, "truncated_tokens"), *shifted = json_object_get(details, "shifted_tokens");
+    if (json_is_integer(truncated)) s->res->truncated_tokens = (long)json_integer_value(truncated);
+    if (json_is_integer(shifted)) s->res->shifted_tokens = (long)json_integer_value(shifted);
     parse_tiers(json_object_get(details, "cached_tokens_by_tier"), &s->res->cached_by_tier);
 }
 
@@ -274,6 +277,7 @@ static int stream_post(ChatClient *c, const char *path, char *body, const char *
                        void *ctx, ClientResult *res) {
     memset(res, 0, sizeof *res);
     res->prompt_tokens = res->cached_tokens = res->completion_tokens = res->recomputed_tokens = -1;
+    res->truncated_tokens = res->shifted_tokens = -1;
     res->ttft_s = -1;
     char url[1024];
     snprintf(url, sizeof url, "%s%s", c->base_url, path);

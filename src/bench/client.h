@@ -64,6 +64,8 @@ typedef struct ClientResult {
     int http_status;     /* 0 when the connection failed */
     long prompt_tokens, cached_tokens, completion_tokens; /* -1 when not reported */
     long recomputed_tokens;          /* prompt_tokens_details.recomputed_tokens (or usage's); -1: not reported */
+    long truncated_tokens;           /* ... truncated_tokens (mnemo: dropped for context overflow); -1: not reported */
+    long shifted_tokens;             /* ... shifted_tokens (mnemo: KV moved to new positions); -1: not reported */
     ClientTierTokens cached_by_tier; /* n == 0: not reported */
     double ttft_s;       /* request sent -> first content delta (-1 if none) */
     double total_s;

@@ -372,6 +372,8 @@ static int send_turn(Run *r, ChatClient *c, int ci, int turn, ConvState *cs, Ben
     rec->prompt_tokens = res.prompt_tokens;
     rec->cached_tokens = res.cached_tokens;
     rec->recomputed_tokens = res.recomputed_tokens;
+    rec->truncated_tokens = res.truncated_tokens;
+    rec->shifted_tokens = res.shifted_tokens;
     rec->cached_by_tier = res.cached_by_tier;
     rec->output_tokens = res.completion_tokens >= 0 ? res.completion_tokens : res.n_deltas;
     rec->ttft_s = res.ttft_s;

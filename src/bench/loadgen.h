@@ -43,6 +43,8 @@ typedef struct BenchRecord {
     long prompt_tokens;  /* from usage; -1 when not reported */
     long cached_tokens;  /* from usage; -1 when not reported */
     long recomputed_tokens;          /* from usage; -1 when not reported */
+    long truncated_tokens;           /* from usage: > 0 on a turn past the context; -1 when not reported */
+    long shifted_tokens;             /* from usage; -1 when not reported */
     ClientTierTokens cached_by_tier; /* from usage; n == 0 when not reported */
     long output_tokens;  /* usage's completion_tokens, else the content deltas counted */
     long request_bytes;  /* the request body sent (its JSON; headers not counted) */

@@ -187,7 +187,16 @@ int bench_summarize(const BenchResults *r, BenchSummary *s) {
     s->requests = n;
     s->skipped = r->n_skipped;
     s->wall_s = r->wall_s;
-    long na = 0, nb = 0, nc = 0, ng = 0, n_ok = 0, usage_prompt = 0, usage_cached = 0;
+    long na = 0, nb = 0, nc = 0, ng = 0, n_ok = 0, usage_prompt = 0, usage_cached = 0, nd = 0;
+    double *d = mn_calloc((size_t)n + 1, sizeof *d);
+    if (d == NULL) {
+        mn_free(a);
+        mn_free(b);
+        mn_free(c);
+        mn_free(g);
+        return MN_ENOMEM;
+    }
+    s->shifted_tokens = -1;
     bool has_usage_cache = false;
     for (long i = 0; i < n; i++) { /* TTFT: all, first, returning */
         const BenchRecord *x = &r->records[i];
@@ -204,7 +213,9 @@ int bench_summarize(const BenchResults *r, BenchSummary *s) {
             a[na++] = x->ttft_s;
             if (x->turn == 0) b[nb++] = x->ttft_s;
             else c[nc++] = x->ttft_s;
+            if (x->truncated_tokens > 0) d[nd++] = x->ttft_s;
         }
+        if (x->shifted_tokens >= 0) s->shifted_tokens = (s->shifted_tokens > 0 ? s->shifted_tokens : 0) + x->shifted_tokens;
         for (int k = 0; k < x->n_gaps; k++) g[ng++] = x->gaps[k];
         if (x->prompt_tokens > 0) s->prompt_tokens += x->prompt_tokens;
         if (x->cached_tokens > 0) s->cached_tokens += x->cached_tokens;
@@ -219,6 +230,8 @@ int bench_summarize(const BenchResults *r, BenchSummary *s) {
     dist_of(a, na, &s->ttft);
     dist_of(b, nb, &s->ttft_first);
     dist_of(c, nc, &s->ttft_returning);
+    dist_of(d, nd, &s->ttft_overflow);
+    mn_free(d);
     dist_of(g, ng, &s->itl);
     na = nb = nc = 0;
     for (long i = 0; i < n; i++) { /* TPOT, normalized latency, end to end */
@@ -336,6 +349,7 @@ void bench_print_summary(FILE *f, const BenchSummary *s, const BenchResults *r, 
     print_row(f, "TTFT", &s->ttft, 1e3, "ms");
     print_row(f, "TTFT first turns", &s->ttft_first, 1e3, "ms");
     print_row(f, "TTFT returning turns", &s->ttft_returning, 1e3, "ms");
+    if (s->ttft_overflow.n > 0) print_row(f, "TTFT turns past the context", &s->ttft_overflow, 1e3, "ms");
     print_bytes(f, s);
     print_row(f, "time per output token", &s->tpot, 1e3, "ms");
     print_row(f, "inter-token gap", &s->itl, 1e3, "ms");
@@ -344,6 +358,7 @@ void bench_print_summary(FILE *f, const BenchSummary *s, const BenchResults *r, 
     fprintf(f, "  throughput: %.3f requests/s, %.2f output tokens/s\n", s->throughput_rps, s->output_tps);
     fprintf(f, "  tokens: %ld prompt, %ld cached, %ld output", s->prompt_tokens, s->cached_tokens, s->output_tokens);
     if (s->recomputed_tokens >= 0) fprintf(f, ", %ld recomputed", s->recomputed_tokens);
+    if (s->shifted_tokens > 0) fprintf(f, ", %ld shifted", s->shifted_tokens);
     fprintf(f, "\n");
     if (isnan(s->cached_fraction)) fprintf(f, "  cached fraction: unknown (no answer reported cached tokens)\n");
     else fprintf(f, "  cached fraction: %.3f (from %s)\n", s->cached_fraction, s->cached_source);
@@ -456,6 +471,9 @@ int bench_write_json(const char *path, const BenchSummary *s, const BenchResults
     put_dist(o, "ttft", &s->ttft, true);
     put_dist(o, "ttft_first", &s->ttft_first, true);
     put_dist(o, "ttft_returning", &s->ttft_returning, true);
+    put_dist(o, "ttft_overflow", &s->ttft_overflow, true);
+    json_object_set_new(o, "overflow_requests", json_integer((json_int_t)s->ttft_overflow.n));
+    json_object_set_new(o, "shifted_tokens", s->shifted_tokens >= 0 ? json_integer((json_int_t)s->shifted_tokens) : json_null());
     put_dist(o, "tpot", &s->tpot, true);
     put_dist(o, "itl", &s->itl, true);
     put_dist(o, "norm_latency", &s->norm_latency, true);

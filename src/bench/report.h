@@ -36,6 +36,8 @@ typedef struct BenchSummary {
     long by_status[BENCH_STATUS__COUNT];
     double wall_s;
     BenchDist ttft, ttft_first, ttft_returning; /* first: turn 1; returning: turns 2.. */
+    BenchDist ttft_overflow;    /* turns past the context: usage reported truncated_tokens > 0 */
+    long shifted_tokens;        /* usage's shifted_tokens summed; -1 when no answer reported it */
     BenchDist tpot, itl, norm_latency, e2e;     /* itl: inter-token (delta) gaps */
     /* request body bytes, over every request sent (answered or not): what
      * the client paid to send its turns, the whole history each time

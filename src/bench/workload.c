@@ -158,6 +158,7 @@ void bench_config_init(BenchConfig *c) {
         .think_mean_s = -1,
         .scale = -1,
         .max_context = 0,
+        .past_context = 0,
         .seed = 1,
         .duration_s = 0,
         .concurrency = -1,
@@ -202,6 +203,9 @@ int bench_config_resolve(BenchConfig *c, MnErr *err) {
         return mn_err_set(err, MN_EINVAL, "--turns must be >= %d", has_fixed_turns ? 1 : 0);
     if (c->output_tokens < 0.5f) return mn_err_set(err, MN_EINVAL, "--output-tokens must be >= 1");
     if (c->max_context < 0) return mn_err_set(err, MN_EINVAL, "--max-context must be >= 0");
+    if (c->past_context < 0) return mn_err_set(err, MN_EINVAL, "--past-context must be >= 0");
+    if (c->past_context > 0 && c->max_context == 0)
+        return mn_err_set(err, MN_EINVAL, "--past-context needs --max-context (the context it runs past)");
     if (c->duration_s < 0) return mn_err_set(err, MN_EINVAL, "--duration must be >= 0");
     if (c->concurrency < 1) return mn_err_set(err, MN_EINVAL, "--concurrency must be >= 1");
     if (c->system_tokens > 1e7f || c->history_tokens > 1e7f || c->question_tokens > 1e7f || c->output_tokens > 1e7f)
@@ -258,15 +262,17 @@ static double measure_tokens_per_word(BenchCountFn fn, void *ctx, bool *is_measu
     return (double)n / PROBE_WORDS;
 }
 
-/* Cut a conversation's turns where the prompt would pass --max-context. */
+/* Cut a conversation's turns where the prompt would pass --max-context
+ * (with --past-context N, N turns later: those N run past it). */
 static void apply_max_context(const BenchConfig *c, BenchConv *cv) {
     if (c->max_context <= 0) return;
     double used = (cv->system ? c->system_tokens + TEMPLATE_TOKENS : 0);
     for (int t = 0; t < cv->n_turns; t++) {
         double need = used + cv->turns[t].user_tokens + TEMPLATE_TOKENS + cv->turns[t].output_tokens;
         if (t > 0 && need > c->max_context) {
-            for (int k = t; k < cv->n_turns; k++) mn_free(cv->turns[k].user);
-            cv->n_turns = t;
+            int end = cv->n_turns - t > c->past_context ? t + c->past_context : cv->n_turns;
+            for (int k = end; k < cv->n_turns; k++) mn_free(cv->turns[k].user);
+            cv->n_turns = end;
             return;
         }
         used = need + TEMPLATE_TOKENS;

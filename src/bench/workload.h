@@ -39,6 +39,8 @@ typedef struct BenchConfig {
     float think_mean_s;   /* mean pause between a reply and the next turn */
     float scale;          /* multiplies the workload's default sizes */
     int max_context;      /* end a conversation before its prompt would pass this (0 = no limit) */
+    int past_context;     /* ... or rather this many turns after that (with max_context: conversations
+                             that run past the server's context, which drops their oldest turns) */
     uint64_t seed;
     float duration_s;     /* stop starting conversations after this (0 = no limit) */
     int concurrency;      /* requests in flight at most */

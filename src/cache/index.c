@@ -187,3 +187,21 @@ Hash128 index_block_hash(const Hash128 *parent, const int32_t *tokens, int block
     hasher_update(&h, ns_id->b, 16);
     return hasher_final(&h);
 }
+
+Hash128 index_shift_domain(const int32_t *dropped, size_t n) {
+    static const char tag[] = "mnemo shifted KV v1\n";
+    Hasher h;
+    hasher_init(&h);
+    hasher_update(&h, tag, sizeof tag - 1);
+    for (size_t i = 0; i < n; i++) hasher_u32(&h, (uint32_t)dropped[i]);
+    return hasher_final(&h);
+}
+
+Hash128 index_shift_parent(const Hash128 *parent, const Hash128 *domain) {
+    static const Hash128 zero = {{0}};
+    Hasher h;
+    hasher_init(&h);
+    hasher_update(&h, parent ? parent->b : zero.b, 16);
+    hasher_update(&h, domain->b, 16);
+    return hasher_final(&h);
+}

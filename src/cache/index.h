@@ -11,6 +11,20 @@
  * Hashes are written in XXH3's canonical (big-endian) byte form, so equal
  * prefixes give equal hashes across requests, restarts and machines.
  *
+ * Shifted KV (context overflow, --context-overflow shift) has a hash domain
+ * of its own. A cut prompt's blocks from the first one holding a token
+ * whose KV may have been moved to another position onwards are hashed with
+ * that block's parent replaced by index_shift_parent(parent, domain):
+ *   parent hash    16 bytes (16 zero bytes for block 0)
+ *   domain         16 bytes: index_shift_domain of the tokens the cut
+ *                  dropped, XXH3-128 over the 20 bytes "mnemo shifted KV v1\n"
+ *                  then the dropped token ids as little-endian uint32
+ * and the chain goes on from there as usual. An exact block's hash always
+ * chains from an exact parent (or zeros), so no exact lookup can reach a
+ * shifted block, and a shifted block is found only by a prompt cut the
+ * same way from the same conversation (its next turns). Records are alike
+ * in both domains: the hash alone tells them apart.
+ *
  * A record says where the block is: the pool slot holding it (or none)
  * and the set of lower tiers holding a copy (a bit mask, bit i = tier i of
  * the chain below the pool, in the mover's order). A record lives while
@@ -23,6 +37,7 @@
 #ifndef MN_INDEX_H
 #define MN_INDEX_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "base/hash.h"
@@ -64,6 +79,10 @@ uint64_t index_n_deleted(const BlockIndex *ix);
 
 uint32_t index_kv_format(MnType kv_type, int block_tokens);
 Hash128 index_namespace_id(const char *ns);
+/* The shifted domain of a cut that dropped dropped[0..n) (above). */
+Hash128 index_shift_domain(const int32_t *dropped, size_t n);
+/* The parent hash the first block of a shifted domain chains from. */
+Hash128 index_shift_parent(const Hash128 *parent, const Hash128 *domain);
 Hash128 index_block_hash(const Hash128 *parent, const int32_t *tokens, int block_tokens, const Hash128 *fingerprint,
                          uint32_t kv_format, const Hash128 *ns_id);
 

@@ -113,6 +113,15 @@ static Entry *unlink_id(ReplyMemory *rm, const Hash128 *id) {
     return NULL;
 }
 
+Hash128 replymem_text_key(const Hash128 *ns_id) {
+    static const char tag[] = "mnemo reply text\n";
+    Hasher h;
+    hasher_init(&h);
+    hasher_update(&h, ns_id->b, 16);
+    hasher_update(&h, tag, sizeof tag - 1);
+    return hasher_final(&h);
+}
+
 int replymem_put(ReplyMemory *rm, const Hash128 *key, const char *text, size_t len, const int32_t *ids, size_t n) {
     Entry *e = mn_calloc(1, sizeof *e);
     if (e == NULL) return MN_ENOMEM;

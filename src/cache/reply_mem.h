@@ -35,6 +35,14 @@ void replymem_free(ReplyMemory *rm);
 
 Hash128 replymem_prefix_key(const Hash128 *ns_id, const int32_t *ids, size_t n);
 
+/* The key under which a reply is remembered whatever came before it, in
+ * namespace ns_id: context overflow in shift mode (engine/prompt.h) looks
+ * a reply up under it when its own prefix key misses, since a cut
+ * conversation puts each kept reply after another prefix than the one it
+ * was generated after, and the KV to reuse was computed from its
+ * generated ids. XXH3-128 over the namespace id and "mnemo reply text\n". */
+Hash128 replymem_text_key(const Hash128 *ns_id);
+
 /* Remember ids for (key, text). MN_OK or MN_ENOMEM. An existing entry for
  * the same key and text is replaced. */
 int replymem_put(ReplyMemory *rm, const Hash128 *key, const char *text, size_t len, const int32_t *ids, size_t n);

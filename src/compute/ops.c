@@ -48,21 +48,38 @@ void ops_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
     for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
+/* Rotate pair (i0, i1) of each of n_heads heads by (c, s). */
+static void rope_pair(float *x, int n_heads, int head_dim, int i0, int i1, float c, float s) {
+    for (int h = 0; h < n_heads; h++) {
+        float *xh = x + (long)h * head_dim;
+        float a = xh[i0], b = xh[i1];
+        xh[i0] = a * c - b * s;
+        xh[i1] = a * s + b * c;
+    }
+}
+
 void ops_rope(float *x, int n_heads, int head_dim, int n_rot, const double *inv_freq, int32_t pos, float mscale,
               int adjacent) {
     int half = n_rot / 2;
     for (int i = 0; i < half; i++) {
         double theta = (double)pos * inv_freq[i];
         float c = (float)(cos(theta) * mscale), s = (float)(sin(theta) * mscale);
-        int i0 = adjacent ? 2 * i : i;
-        int i1 = adjacent ? 2 * i + 1 : i + half;
-        for (int h = 0; h < n_heads; h++) {
-            float *xh = x + (long)h * head_dim;
-            float a = xh[i0], b = xh[i1];
-            xh[i0] = a * c - b * s;
-            xh[i1] = a * s + b * c;
-        }
+        rope_pair(x, n_heads, head_dim, adjacent ? 2 * i : i, adjacent ? 2 * i + 1 : i + half, c, s);
     }
+}
+
+void ops_rope_angles(float *cs, int n_rot, const double *inv_freq, int32_t pos) {
+    for (int i = 0; i < n_rot / 2; i++) {
+        double theta = (double)pos * inv_freq[i];
+        cs[2 * i] = (float)cos(theta);
+        cs[2 * i + 1] = (float)sin(theta);
+    }
+}
+
+void ops_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int adjacent) {
+    int half = n_rot / 2;
+    for (int i = 0; i < half; i++)
+        rope_pair(x, n_heads, head_dim, adjacent ? 2 * i : i, adjacent ? 2 * i + 1 : i + half, cs[2 * i], cs[2 * i + 1]);
 }
 
 void ops_swiglu(float *out, const float *gate, const float *up, int n) {

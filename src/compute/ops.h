@@ -26,6 +26,15 @@ void ops_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 void ops_rope(float *x, int n_heads, int head_dim, int n_rot, const double *inv_freq, int32_t pos, float mscale,
               int adjacent);
 
+/* A pure rotation by position pos, for ops_rope_apply: cs[2i] = cos(pos *
+ * inv_freq[i]), cs[2i+1] = sin(pos * inv_freq[i]), i < n_rot/2, as ops_rope
+ * computes them (no attention factor: K already carries it once). */
+void ops_rope_angles(float *cs, int n_rot, const double *inv_freq, int32_t pos);
+
+/* Rotate as ops_rope does, by the angles of ops_rope_angles: RoPE is a
+ * rotation, R(p + d) = R(d)·R(p), so K cached at p moves to p + d this way. */
+void ops_rope_apply(float *x, int n_heads, int head_dim, int n_rot, const float *cs, int adjacent);
+
 /* out[i] = silu(gate[i]) * up[i]. out may alias gate. */
 void ops_swiglu(float *out, const float *gate, const float *up, int n);
 

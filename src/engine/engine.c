@@ -24,7 +24,10 @@
  *
  * Admission looks up the longest cached prefix (full blocks, by chain hash:
  * in the pool, or in a tier to be restored), takes references on those
- * blocks and allocates blocks for the rest of the prompt. A request whose
+ * blocks and allocates blocks for the rest of the prompt; a chat cut for
+ * context overflow in shift mode may also move cached KV of its kept turns
+ * from its sources' blocks to its own (ShiftMove, kv_shift.h; done in its
+ * first pass). A request whose
  * restore fails goes back to the queue and is planned again. Each step: decode tokens of running sequences first, then prefill
  * chunks, under batch_tokens; then admission of waiting requests by the
  * scheduling policy, as long as the pool keeps its reserve. After the forward
@@ -49,11 +52,13 @@
 #include "cache/kv_pool.h"
 #include "engine/engine_tiers.h"
 #include "engine/forward.h"
+#include "engine/kv_shift.h"
 #include "engine/seq.h"
 #include "engine/slot_policy.h"
 #include "model/tokenizer.h"
 
-#define ENGINE_MAX_REPLIES 4096 /* reply memory entries, in RAM and in the database */
+#define ENGINE_MAX_REPLIES 4096 /* reply memory entries, in RAM and in the database (twice as many in
+                                   shift mode: each reply is also kept under its text key) */
 
 /* ---- types ---------------------------------------------------------------------- */
 
@@ -71,6 +76,21 @@ typedef struct HeldLogprob {
     ReqLogprob rec;
     size_t start, end;
 } HeldLogprob;
+
+/* A move of cached KV to the prompt's positions (kv_shift.h), planned at
+ * admission and done in the first forward pass that runs its sequence,
+ * layer by layer before each layer's attention (after waiting for that
+ * layer of its source blocks when they are being restored). */
+typedef struct ShiftMove {
+    bool is_pending;
+    int src;                 /* which of the request's sources */
+    int32_t from, to, delta; /* prompt positions [from, to) take source positions [from - delta, to - delta) */
+    Seq src_seq;             /* the source blocks, retained until the move is done */
+    int src_first;           /* the source block src_seq.blocks[0] is */
+    int32_t *wait_blocks;    /* (n_wait) the block table, then the source blocks: what the
+                                step's hold-back and layer waits look at */
+    int n_wait;
+} ShiftMove;
 
 /* A request being served: owned by the engine thread. */
 typedef struct Active {
@@ -111,6 +131,14 @@ typedef struct Active {
                                 finishes computing KV for the next turn */
     bool is_restore_failed;  /* a block it holds failed to restore: requeue it */
     int n_cached_by[SRC_COUNT]; /* n_cached split by source */
+    int n_shifted;           /* ... of which moved from other positions */
+    /* context overflow, shift (the request's ReqShift): blocks from
+     * shift_block on are hashed in its shifted domain (-1: none), and each
+     * source's full blocks have their chain hashes */
+    int shift_block;
+    Hash128 *src_hashes[ENGINE_MAX_SHIFT_SOURCES]; /* (n_src_blocks[j]) */
+    int n_src_blocks[ENGINE_MAX_SHIFT_SOURCES];
+    ShiftMove mv;            /* the move planned at admission, until its first pass does it */
     int win_first, win_end;  /* mark_window's scratch: its cached run */
     struct Active *next;     /* in the waiting list */
 } Active;
@@ -121,6 +149,7 @@ struct Engine {
     KvPool pool;
     BlockIndex *index;       /* NULL with the prefix cache off */
     Forward *fwd;
+    KvShifter *shifter;      /* moves KV for context overflow in shift mode */
     ReplyMemory *replies;
     uint32_t kv_format;
     int reserve_blocks;
@@ -136,8 +165,12 @@ struct Engine {
     Active **b_owner;        /* (parallel) owner of logit row i */
     AttnSeq *b_seqs;         /* (parallel) block tables of the running sequences */
     bool *b_held;            /* (parallel) running sequence i sits out this step */
-    AttnSeq *b_wait;         /* (parallel) block tables of the sequences in the batch */
+    AttnSeq *b_wait;         /* (parallel) block tables of the sequences in the batch (with a
+                                pending move's source blocks) */
     int n_wait;
+    AttnSeq *b_plan;         /* (parallel) b_seqs with a pending move's source blocks, for tiers_plan_step */
+    Active **b_moves;        /* (parallel) sequences of the batch whose move this pass does */
+    int n_moves;
     char *piece;             /* (piece_cap) */
     size_t piece_cap;
     float *lp_row;           /* (n_vocab) the row the sampler may change while the raw
@@ -181,6 +214,7 @@ struct Request {
     SamplerBias *bias; /* (params.sp.n_logit_bias) the copy params.sp.logit_bias points to */
     char *ns;
     char *session;
+    ReqShift *shift;  /* request_set_shift's copy (its sources' ids too), or NULL */
     double t_created; /* request_new: TTFT counts from here, queueing included */
     /* output, guarded by lock */
     char *out;
@@ -224,10 +258,50 @@ Request *request_new(const int32_t *prompt, size_t n, const ReqParams *p, const 
     return r;
 }
 
+const int32_t *request_prompt(const Request *r, size_t *n) {
+    *n = r->n_prompt;
+    return r->prompt;
+}
+
 static void request_ref(Request *r) {
     pthread_mutex_lock(&r->lock);
     r->refs++;
     pthread_mutex_unlock(&r->lock);
+}
+
+static void shift_copy_free(ReqShift *s) {
+    if (s == NULL) return;
+    for (int i = 0; i < s->n_sources; i++) mn_free((void *)s->sources[i].ids);
+    mn_free(s);
+}
+
+int request_set_shift(Request *r, const ReqShift *s) {
+    if (s->n_sources < 0 || s->n_sources > ENGINE_MAX_SHIFT_SOURCES || s->shift_start < 0 ||
+        (size_t)s->shift_start > r->n_prompt)
+        return MN_EINVAL;
+    for (int i = 0; i < s->n_sources; i++) {
+        const ShiftSource *src = &s->sources[i];
+        if (src->n == 0 || src->shift_start < -1 || (src->shift_start >= 0 && (size_t)src->shift_start > src->n) ||
+            src->dest_start < 0 || (size_t)src->dest_start > r->n_prompt)
+            return MN_EINVAL;
+    }
+    ReqShift *c = mn_calloc(1, sizeof *c);
+    if (c == NULL) return MN_ENOMEM;
+    *c = *s;
+    c->n_sources = 0;
+    for (int i = 0; i < s->n_sources; i++) {
+        int32_t *ids = mn_malloc(s->sources[i].n * sizeof *ids);
+        if (ids == NULL) {
+            shift_copy_free(c);
+            return MN_ENOMEM;
+        }
+        memcpy(ids, s->sources[i].ids, s->sources[i].n * sizeof *ids);
+        c->sources[i].ids = ids;
+        c->n_sources++;
+    }
+    shift_copy_free(r->shift);
+    r->shift = c;
+    return MN_OK;
 }
 
 void request_unref(Request *r) {
@@ -236,6 +310,7 @@ void request_unref(Request *r) {
     int left = --r->refs;
     pthread_mutex_unlock(&r->lock);
     if (left > 0) return;
+    shift_copy_free(r->shift);
     for (int i = 0; i < ENGINE_MAX_STOP; i++) mn_free(r->stops[i]);
     mn_free(r->prompt);
     mn_free(r->bias);
@@ -371,10 +446,21 @@ static uint64_t mem_available(void) {
 
 /* ---- actives ------------------------------------------------------------------ */
 
+/* Give up a's pending move (its source blocks go back). */
+static void move_cancel(Engine *e, Active *a) {
+    ShiftMove *mv = &a->mv;
+    if (!mv->is_pending) return;
+    seq_release(&mv->src_seq, &e->pool);
+    mn_free(mv->wait_blocks);
+    memset(mv, 0, sizeof *mv);
+}
+
 static void active_free(Engine *e, Active *a) {
     if (a == NULL) return;
+    move_cancel(e, a);
     tiers_seq_free(e->tiers, a->tier, &a->seq, a->n_hashed);
     seq_release(&a->seq, &e->pool);
+    for (int j = 0; j < ENGINE_MAX_SHIFT_SOURCES; j++) mn_free(a->src_hashes[j]);
     sampler_free(a->smp);
     mn_free(a->tokens);
     mn_free(a->hashes);
@@ -383,6 +469,40 @@ static void active_free(Engine *e, Active *a) {
     mn_free(a->lp_held);
     request_unref(a->req);
     mn_free(a);
+}
+
+/* The chain hash of block b of tokens (its ids at tokens), whose parent is
+ * parent (NULL for block 0); the first block of a shifted domain,
+ * domain_block, chains from index_shift_parent instead. */
+static Hash128 chain_hash(const Engine *e, const Hash128 *parent, int b, int domain_block, const Hash128 *domain,
+                          const int32_t *tokens, const Hash128 *ns_id) {
+    Hash128 shifted;
+    if (b == domain_block) {
+        shifted = index_shift_parent(parent, domain);
+        parent = &shifted;
+    }
+    return index_block_hash(parent, tokens, e->opt.block_tokens, &e->m->fingerprint, e->kv_format, ns_id);
+}
+
+/* The chain hashes of the full blocks of a's shift sources (none without
+ * the prefix cache). MN_OK or MN_ENOMEM. */
+static int hash_sources(Engine *e, Active *a) {
+    const ReqShift *rs = a->req->shift;
+    const int bt = e->opt.block_tokens;
+    a->shift_block = rs->shift_start / bt;
+    for (int j = 0; e->index && j < rs->n_sources; j++) {
+        const ShiftSource *src = &rs->sources[j];
+        int n = (int)(src->n / (size_t)bt), domain_block = src->shift_start >= 0 ? src->shift_start / bt : -1;
+        if (n == 0) continue;
+        Hash128 *h = mn_malloc((size_t)n * sizeof *h);
+        if (h == NULL) return MN_ENOMEM;
+        for (int b = 0; b < n; b++)
+            h[b] = chain_hash(e, b ? &h[b - 1] : NULL, b, domain_block, &src->domain, src->ids + (size_t)b * bt,
+                              &a->ns_id);
+        a->src_hashes[j] = h;
+        a->n_src_blocks[j] = n;
+    }
+    return MN_OK;
 }
 
 static Active *active_new(Engine *e, Request *r) {
@@ -401,11 +521,13 @@ static Active *active_new(Engine *e, Request *r) {
         memcpy(&a->conv, h.b, sizeof a->conv);
     }
     a->n_prompt = (int)r->n_prompt;
+    a->shift_block = -1;
     a->cap_tokens = (int)r->n_prompt + r->params.max_tokens + 1;
     a->tokens = mn_malloc((size_t)a->cap_tokens * sizeof *a->tokens);
     a->hashes = mn_calloc((size_t)a->cap_tokens / (size_t)e->opt.block_tokens + 1, sizeof *a->hashes);
     if (a->hashes) a->tier = tiers_seq_new(e->tiers, a->hashes, a->ns_id, a->conv);
     int rc = a->tokens && a->tier ? sampler_new(&r->params.sp, e->m->cfg.n_vocab, &a->smp) : MN_ENOMEM;
+    if (rc == MN_OK && r->shift) rc = hash_sources(e, a);
     if (rc != MN_OK) {
         a->req = NULL; /* the caller keeps its reference */
         active_free(e, a);
@@ -434,13 +556,15 @@ static int buf_append(char **buf, size_t *n, size_t *cap, const char *s, size_t 
     return MN_OK;
 }
 
-/* Compute chain hashes of full blocks of tokens[0..n) not hashed yet. */
+/* Compute chain hashes of full blocks of tokens[0..n) not hashed yet
+ * (those from shift_block on in the request's shifted domain). */
 static void active_hash_blocks(Engine *e, Active *a, int n) {
     const int bt = e->opt.block_tokens;
+    const Hash128 *domain = a->req->shift ? &a->req->shift->domain : NULL;
     while ((a->n_hashed + 1) * bt <= n) {
         int b = a->n_hashed;
-        a->hashes[b] = index_block_hash(b ? &a->hashes[b - 1] : NULL, a->tokens + (size_t)b * bt, bt,
-                                        &e->m->fingerprint, e->kv_format, &a->ns_id);
+        a->hashes[b] = chain_hash(e, b ? &a->hashes[b - 1] : NULL, b, a->shift_block, domain,
+                                  a->tokens + (size_t)b * bt, &a->ns_id);
         a->n_hashed++;
     }
 }
@@ -563,11 +687,16 @@ static void active_complete(Engine *e, Active *a, FinishReason why, const char *
     /* remember the ids of a complete reply (not one cut by a stop string or a
      * cancel: then the text is not what those ids decode to) */
     if ((why == FINISH_STOP || why == FINISH_LENGTH) && !a->is_stop_cut && a->n_generated > 0) {
-        Hash128 key = replymem_prefix_key(&a->ns_id, a->tokens, (size_t)a->n_prompt);
-        replymem_put(e->replies, &key, a->reply ? a->reply : "", a->n_reply, a->tokens + a->n_prompt,
-                     (size_t)(a->n_tokens - a->n_prompt));
-        tiers_persist_reply(e->tiers, a->tier, &key, a->reply ? a->reply : "", a->n_reply, a->tokens + a->n_prompt,
-                            (size_t)(a->n_tokens - a->n_prompt));
+        Hash128 keys[2] = {replymem_prefix_key(&a->ns_id, a->tokens, (size_t)a->n_prompt),
+                           replymem_text_key(&a->ns_id)};
+        /* in shift mode also under its text key, for a cut conversation
+         * that puts it after another prefix (reply_mem.h) */
+        for (int k = 0; k < (e->opt.context_overflow == OVERFLOW_SHIFT ? 2 : 1); k++) {
+            replymem_put(e->replies, &keys[k], a->reply ? a->reply : "", a->n_reply, a->tokens + a->n_prompt,
+                         (size_t)(a->n_tokens - a->n_prompt));
+            tiers_persist_reply(e->tiers, a->tier, &keys[k], a->reply ? a->reply : "", a->n_reply,
+                                a->tokens + a->n_prompt, (size_t)(a->n_tokens - a->n_prompt));
+        }
     }
     tiers_turn_ended(e->tiers, a->tier, &a->seq, a->n_hashed, a->n_tokens);
     ReqResult res = {0};
@@ -575,6 +704,7 @@ static void active_complete(Engine *e, Active *a, FinishReason why, const char *
     res.n_prompt = a->n_prompt;
     res.n_cached = a->n_cached;
     memcpy(res.n_cached_by, a->n_cached_by, sizeof res.n_cached_by);
+    res.n_shifted = a->n_shifted;
     res.n_generated = a->n_generated;
     res.ttft_s = a->t_first > 0 ? a->t_first - a->t_submit : 0;
     res.total_s = mn_now() - a->t_submit;
@@ -709,15 +839,38 @@ static int blocks_needed(const Engine *e, const Active *a, int n_hit) {
     return need - n_hit;
 }
 
-static void count_admission(Engine *e, Active *a, int first, int end) {
+/* Source block b of a's move mv: its chain hash. */
+static const Hash128 *move_src_hash(const Active *a, const ShiftMove *mv, int b) { return &a->src_hashes[mv->src][b]; }
+
+/* Source blocks [*b0, *b1) that mv reads. */
+static void move_src_blocks(const Engine *e, const ShiftMove *mv, int *b0, int *b1) {
+    const int bt = e->opt.block_tokens;
+    *b0 = (mv->from - mv->delta) / bt;
+    *b1 = (mv->to - mv->delta + bt - 1) / bt;
+}
+
+static void count_admission(Engine *e, Active *a, int first, int end, const ShiftMove *mv) {
     const int bt = e->opt.block_tokens;
     a->is_admitted_once = true;
     a->n_cached = (end - first) * bt;
+    a->n_shifted = 0;
     memset(a->n_cached_by, 0, sizeof a->n_cached_by);
     for (int i = first; i < end; i++) a->n_cached_by[tiers_block_source(e->tiers, &a->hashes[i])] += bt;
+    if (mv) { /* the moved tokens count where their source blocks are */
+        int b0, b1;
+        move_src_blocks(e, mv, &b0, &b1);
+        for (int b = b0; b < b1; b++) {
+            int32_t lo = b * bt + mv->delta, hi = lo + bt;
+            int n = (hi < mv->to ? hi : mv->to) - (lo > mv->from ? lo : mv->from);
+            a->n_cached_by[tiers_block_source(e->tiers, move_src_hash(a, mv, b))] += n;
+        }
+        a->n_shifted = mv->to - mv->from;
+        a->n_cached += a->n_shifted;
+    }
     pthread_mutex_lock(&e->stats_lock);
     e->stats.prompt_tokens += (uint64_t)a->n_prompt;
     e->stats.cached_tokens += (uint64_t)a->n_cached;
+    e->stats.shifted_tokens += (uint64_t)a->n_shifted;
     for (int i = 0; i < SRC_COUNT; i++) e->stats.cached_tokens_by[i] += (uint64_t)a->n_cached_by[i];
     e->stats.recomputed_tokens += (uint64_t)(a->n_prompt - a->n_cached);
     pthread_mutex_unlock(&e->stats_lock);
@@ -730,57 +883,155 @@ static void uncount_admission(Engine *e, Active *a) {
     pthread_mutex_lock(&e->stats_lock);
     e->stats.prompt_tokens -= (uint64_t)a->n_prompt;
     e->stats.cached_tokens -= (uint64_t)a->n_cached;
+    e->stats.shifted_tokens -= (uint64_t)a->n_shifted;
     for (int i = 0; i < SRC_COUNT; i++) e->stats.cached_tokens_by[i] -= (uint64_t)a->n_cached_by[i];
     e->stats.recomputed_tokens -= (uint64_t)(a->n_prompt - a->n_cached);
     pthread_mutex_unlock(&e->stats_lock);
 }
 
-/* Try to start a: take the cached prefix (restoring what only a tier
- * holds) and allocate the rest of its blocks. Returns false (nothing
- * taken) when the pool cannot hold it now. */
-static bool try_admit(Engine *e, Active *a) {
-    int first, end;
-    int n_hit = cached_blocks(e, a, &first, &end);
-    int need = blocks_needed(e, a, n_hit);
-    int avail = kvpool_n_available(&e->pool), n_load = 0;
+/* Plan a's move at admission, its cached run being [0, end): of each
+ * source, the stretch of prompt positions after the run (and in the
+ * shifted domain, and before the last prompt token, whose logits are
+ * needed) that its first run of cached source blocks there holds; the
+ * stretch that reaches furthest wins (on a tie the later source: the more
+ * recent cut), whatever its start, so a request that finds part of it
+ * cached already (the same prompt again, a Responses turn after its chat
+ * twin) moves the rest from the same source and gets the same KV. False
+ * when there is none. */
+static bool plan_move(Engine *e, const Active *a, int end, ShiftMove *mv) {
+    const ReqShift *rs = a->req->shift;
+    const int bt = e->opt.block_tokens;
+    memset(mv, 0, sizeof *mv);
+    for (int j = 0; j < rs->n_sources; j++) {
+        const ShiftSource *src = &rs->sources[j];
+        int32_t delta = a->n_prompt - (int32_t)src->n, last = a->n_prompt - 1;
+        int32_t start = end * bt;
+        if (start < src->dest_start) start = src->dest_start;
+        if (start < a->shift_block * bt) start = a->shift_block * bt;
+        if (start < delta) start = delta; /* a source shorter than the prompt */
+        if (start >= last) continue;
+        int b = (start - delta) / bt, nb = a->n_src_blocks[j];
+        while (b < nb && !index_has(e->index, &a->src_hashes[j][b])) b++;
+        int b1 = b;
+        while (b1 < nb && index_has(e->index, &a->src_hashes[j][b1])) b1++;
+        int32_t from = b * bt + delta > start ? b * bt + delta : start;
+        int32_t to = b1 * bt + delta < last ? b1 * bt + delta : last;
+        if (to > from && to >= mv->to) *mv = (ShiftMove){.src = j, .from = from, .to = to, .delta = delta};
+    }
+    return mv->to > mv->from;
+}
+
+/* What admitting a with the cached run [first, end) of its table (and the
+ * move mv, when not NULL) leaves of the pool, in blocks: available ones
+ * less those it allocates, restores into, and takes from the cached. */
+static int room_after(Engine *e, Active *a, int first, int end, const ShiftMove *mv) {
+    int avail = kvpool_n_available(&e->pool) - blocks_needed(e, a, end - first);
     /* hit blocks that sit CACHED stop being available once we take them;
      * blocks only a tier holds take a slot each to be restored into */
     for (int i = first; i < end; i++) {
         int32_t slot = index_lookup(e->index, &a->hashes[i]);
-        if (slot < 0) n_load++;
-        else if (e->pool.state[slot] == SLOT_CACHED) avail--;
+        if (slot < 0 || e->pool.state[slot] == SLOT_CACHED) avail--;
     }
+    int b0 = 0, b1 = 0;
+    if (mv) move_src_blocks(e, mv, &b0, &b1);
+    for (int b = b0; b < b1; b++) {
+        int32_t slot = index_lookup(e->index, move_src_hash(a, mv, b));
+        if (slot < 0 || e->pool.state[slot] == SLOT_CACHED) avail--;
+    }
+    return avail;
+}
+
+/* Take the blocks hashes[at[0..n)] (each indexed): retain those in the
+ * pool into slots[k] and restore those only a tier holds (ts's hashes);
+ * false (nothing taken) when a restore cannot start. */
+static bool take_cached(Engine *e, const TierSeq *ts, const Hash128 *hashes, const int *at, int n, int32_t *slots) {
+    int *to_load = mn_malloc((size_t)(n > 0 ? n : 1) * sizeof *to_load), n_load = 0;
+    if (to_load == NULL) return false;
+    for (int k = 0; k < n; k++) {
+        slots[k] = index_lookup(e->index, &hashes[at[k]]);
+        if (slots[k] >= 0) kvpool_retain(&e->pool, slots[k]);
+        else to_load[n_load++] = at[k];
+    }
+    bool ok = tiers_start_load(e->tiers, ts, to_load, n_load) == MN_OK;
+    mn_free(to_load);
+    for (int k = 0; k < n; k++) {
+        if (!ok) {
+            if (slots[k] >= 0) kvpool_release(&e->pool, slots[k]);
+        } else if (slots[k] < 0) { /* restoring into a fresh slot */
+            slots[k] = index_lookup(e->index, &hashes[at[k]]);
+            kvpool_retain(&e->pool, slots[k]);
+        }
+    }
+    return ok;
+}
+
+/* Take mv's source blocks into its src_seq: retained, restored where only
+ * a tier holds them. False (nothing taken) when a restore cannot start. */
+static bool take_move_sources(Engine *e, Active *a, ShiftMove *mv) {
+    int b0, b1;
+    move_src_blocks(e, mv, &b0, &b1);
+    int n = b1 - b0, *at = mn_malloc((size_t)n * sizeof *at);
+    mv->src_seq.blocks = mn_malloc((size_t)n * sizeof *mv->src_seq.blocks);
+    TierSeq *ts = tiers_seq_new(e->tiers, a->src_hashes[mv->src], a->ns_id, a->conv);
+    bool ok = at && mv->src_seq.blocks && ts;
+    for (int k = 0; ok && k < n; k++) at[k] = b0 + k;
+    ok = ok && take_cached(e, ts, a->src_hashes[mv->src], at, n, mv->src_seq.blocks);
+    Seq none = {0};
+    tiers_seq_free(e->tiers, ts, &none, 0);
+    mn_free(at);
+    if (!ok) {
+        mn_free(mv->src_seq.blocks);
+        mv->src_seq.blocks = NULL;
+        return false;
+    }
+    mv->src_seq.n_blocks = mv->src_seq.cap = n;
+    mv->src_first = b0;
+    return true;
+}
+
+/* mv's wait table: the block table seq, then the source blocks. */
+static bool move_wait_table(const Seq *seq, ShiftMove *mv) {
+    mv->n_wait = seq->n_blocks + mv->src_seq.n_blocks;
+    mv->wait_blocks = mn_malloc((size_t)mv->n_wait * sizeof *mv->wait_blocks);
+    if (mv->wait_blocks == NULL) return false;
+    memcpy(mv->wait_blocks, seq->blocks, (size_t)seq->n_blocks * sizeof *mv->wait_blocks);
+    memcpy(mv->wait_blocks + seq->n_blocks, mv->src_seq.blocks, (size_t)mv->src_seq.n_blocks * sizeof *mv->wait_blocks);
+    return true;
+}
+
+/* Try to start a: take the cached prefix (restoring what only a tier
+ * holds) and allocate the rest of its blocks; with a shift source whose
+ * blocks hold tokens of its prompt, plan their move (positions between
+ * the cached run and the move are computed first, as a leading range).
+ * Returns false (nothing taken) when the pool cannot hold it now. */
+static bool try_admit(Engine *e, Active *a) {
+    int first, end;
+    int n_hit = cached_blocks(e, a, &first, &end);
+    ShiftMove plan = {0};
+    bool has_move = a->req->shift && e->index && first == 0 && plan_move(e, a, end, &plan);
     int reserve = e->n_running > 0 ? e->reserve_blocks : 0;
-    if (avail - need - n_load < reserve) return false;
+    if (has_move && room_after(e, a, first, end, &plan) < reserve) has_move = false; /* without the move, perhaps */
+    if (!has_move && room_after(e, a, first, end, NULL) < reserve) return false;
     Seq *s = &a->seq;
     if (seq_reserve(s, &e->pool, 0) != MN_OK) return false;
     /* the block table: the cached run [first, end) in place, fresh slots for
      * the leading blocks before it and for everything after it. The pool
      * hits are taken first, so restoring and allocating cannot evict them. */
-    int total = n_hit + need;
+    int total = n_hit + blocks_needed(e, a, n_hit);
     int32_t *blocks = mn_malloc((size_t)(total > 0 ? total : 1) * sizeof *blocks);
-    int *to_load = mn_malloc((size_t)(n_load > 0 ? n_load : 1) * sizeof *to_load);
-    if (blocks == NULL || to_load == NULL) {
+    int *at = mn_malloc((size_t)(n_hit > 0 ? n_hit : 1) * sizeof *at);
+    if (blocks == NULL || at == NULL) {
         mn_free(blocks);
-        mn_free(to_load);
+        mn_free(at);
         return false;
     }
-    if (!a->is_admitted_once) count_admission(e, a, first, end);
-    n_load = 0;
-    for (int i = first; i < end; i++) {
-        blocks[i] = index_lookup(e->index, &a->hashes[i]);
-        if (blocks[i] >= 0) kvpool_retain(&e->pool, blocks[i]);
-        else to_load[n_load++] = i;
-    }
-    bool ok = tiers_start_load(e->tiers, a->tier, to_load, n_load) == MN_OK;
-    mn_free(to_load);
-    for (int i = first; i < end; i++) {
-        if (!ok) {
-            if (blocks[i] >= 0) kvpool_release(&e->pool, blocks[i]);
-        } else if (blocks[i] < 0) { /* restoring into a fresh slot */
-            blocks[i] = index_lookup(e->index, &a->hashes[i]);
-            kvpool_retain(&e->pool, blocks[i]);
-        }
+    if (!a->is_admitted_once) count_admission(e, a, first, end, has_move ? &plan : NULL);
+    for (int i = first; i < end; i++) at[i - first] = i;
+    bool ok = take_cached(e, a->tier, a->hashes, at, n_hit, blocks + first);
+    mn_free(at);
+    if (ok && has_move && !take_move_sources(e, a, &plan)) { /* before allocating: that could evict them */
+        for (int j = first; j < end; j++) kvpool_release(&e->pool, blocks[j]);
+        ok = false;
     }
     for (int i = 0; ok && i < total; i++) {
         if (i >= first && i < end) continue;
@@ -791,19 +1042,37 @@ static bool try_admit(Engine *e, Active *a) {
             ok = false;
         }
     }
+    if (ok) {
+        mn_free(s->blocks);
+        s->blocks = blocks;
+        s->n_blocks = s->cap = total;
+        blocks = NULL;
+        if (has_move && !move_wait_table(s, &plan)) {
+            seq_release(s, &e->pool);
+            ok = false;
+        }
+    }
     if (!ok) {
+        if (has_move) seq_release(&plan.src_seq, &e->pool);
         uncount_admission(e, a);
         mn_free(blocks);
         return false;
     }
-    mn_free(s->blocks);
-    s->blocks = blocks;
-    s->n_blocks = s->cap = total;
+    if (has_move) {
+        plan.is_pending = true;
+        a->mv = plan;
+    }
     const int bt = e->opt.block_tokens;
     a->lead_end = first * bt;
     a->lead_done = 0;
     a->n_done = n_hit > 0 ? end * bt : 0;
     a->n_registered = n_hit > 0 ? end : 0;
+    if (has_move) { /* the leading range is what lies between the run and the move */
+        a->lead_done = end * bt;
+        a->lead_end = a->mv.from;
+        a->n_done = a->mv.to;
+        a->n_registered = end;
+    }
     return true;
 }
 
@@ -816,6 +1085,7 @@ static void suspend(Engine *e, int i) {
         active_free(e, a);
         return;
     }
+    move_cancel(e, a);
     seq_release(&a->seq, &e->pool);
     a->n_done = a->lead_end = a->lead_done = 0;
     waiting_insert(e, a);
@@ -835,6 +1105,7 @@ static void requeue_failed(Engine *e, int i) {
         active_free(e, a);
         return;
     }
+    move_cancel(e, a);
     seq_release(&a->seq, &e->pool);
     a->n_done = a->lead_end = a->lead_done = 0;
     if (a->n_generated == 0) uncount_admission(e, a);
@@ -962,12 +1233,19 @@ static void mark_window(Engine *e) {
 /* Offer a's newly completed full blocks to the index. */
 static void register_blocks(Engine *e, Active *a) {
     if (e->index == NULL) return;
-    if (a->lead_end > 0 && a->lead_done == a->lead_end) { /* the recomputed leading blocks */
-        for (int i = 0; i < a->lead_end / e->opt.block_tokens; i++) record_block(e, a, i);
+    const int bt = e->opt.block_tokens;
+    if (a->lead_end > 0 && a->lead_done == a->lead_end) {
+        if (a->n_registered * bt >= a->lead_end) /* the recomputed leading blocks, before the cached run */
+            for (int i = 0; i < a->lead_end / bt; i++) record_block(e, a, i);
         a->lead_end = a->lead_done = 0;
     }
-    int full = a->n_done / e->opt.block_tokens;
-    if (full > a->n_registered) active_hash_blocks(e, a, full * e->opt.block_tokens);
+    /* blocks whose every row has its KV: not past a leading range still
+     * being computed (a move's: after the cached run), nor past a move
+     * not done yet */
+    int full = a->n_done / bt;
+    if (a->lead_done < a->lead_end && a->lead_done / bt < full) full = a->lead_done / bt;
+    if (a->mv.is_pending && a->mv.from / bt < full) full = a->mv.from / bt;
+    if (full > a->n_registered) active_hash_blocks(e, a, full * bt);
     for (; a->n_registered < full; a->n_registered++) record_block(e, a, a->n_registered);
 }
 
@@ -985,14 +1263,31 @@ static void mark_holders_failed(void *ctx, int32_t slot) {
         Active *a = e->running[i];
         for (int b = 0; b < a->seq.n_blocks; b++)
             if (a->seq.blocks[b] == slot) a->is_restore_failed = true;
+        for (int b = 0; a->mv.is_pending && b < a->mv.src_seq.n_blocks; b++)
+            if (a->mv.src_seq.blocks[b] == slot) a->is_restore_failed = true;
     }
 }
 
 /* FwdBatch.wait_layer: the batch's sequences wait for their restored
- * layers. */
+ * layers (and their moves' source blocks'), then the moves of the pass
+ * write that layer of their tokens' KV before its attention reads it. */
 static void wait_restored_layer(void *ctx, int layer) {
     Engine *e = ctx;
-    tiers_wait_layer(e->tiers, e->b_wait, e->n_wait, layer);
+    if (tiers_is_restoring(e->tiers)) tiers_wait_layer(e->tiers, e->b_wait, e->n_wait, layer);
+    for (int i = 0; i < e->n_moves; i++) { /* the moves of this pass, now that their sources are in */
+        Active *a = e->b_moves[i];
+        const ShiftMove *mv = &a->mv;
+        if (a->is_restore_failed) continue; /* its work is discarded */
+        KvMove m = {a->seq.blocks, mv->src_seq.blocks, mv->src_first, mv->from, mv->to, mv->delta};
+        kvshift_layer(e->shifter, &e->pool, layer, &m);
+    }
+}
+
+/* The moves of this pass are done: their sources go back. */
+static void finish_moves(Engine *e) {
+    for (int i = 0; i < e->n_moves; i++)
+        if (!e->b_moves[i]->is_restore_failed) move_cancel(e, e->b_moves[i]);
+    e->n_moves = 0;
 }
 
 /* EngineTestHooks.step_fn, once the step's hold-backs are decided. */
@@ -1017,18 +1312,23 @@ static void engine_step(Engine *e) {
     for (int i = 0; i < e->n_running; i++)
         if (!ensure_blocks(e, i)) i = -1; /* the list changed: start over */
     if (e->n_running == 0) return;
-    for (int i = 0; i < e->n_running; i++) e->b_seqs[i] = seq_view(&e->running[i]->seq);
-    tiers_plan_step(e->tiers, e->b_seqs, e->n_running, e->b_held);
+    for (int i = 0; i < e->n_running; i++) {
+        const Active *a = e->running[i];
+        e->b_seqs[i] = seq_view(&a->seq);
+        e->b_plan[i] = a->mv.is_pending ? (AttnSeq){a->mv.wait_blocks, a->mv.n_wait} : e->b_seqs[i];
+    }
+    tiers_plan_step(e->tiers, e->b_plan, e->n_running, e->b_held);
     test_step(e);
     int budget = e->opt.batch_tokens, n = 0, n_logits = 0;
-    e->n_wait = 0;
+    e->n_wait = e->n_moves = 0;
     /* decodes first (one pending token), then prefill chunks */
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < e->n_running && budget > 0; i++) {
             Active *a = e->running[i];
             int lead = a->lead_end - a->lead_done, tail = a->n_tokens - a->n_done, pending = lead + tail;
             if ((pass == 0) != (pending == 1) || pending <= 0 || e->b_held[i]) continue;
-            e->b_wait[e->n_wait++] = e->b_seqs[i];
+            e->b_wait[e->n_wait++] = e->b_plan[i];
+            if (a->mv.is_pending) e->b_moves[e->n_moves++] = a;
             /* the two-range form: the leading range first, and the tail only
              * in a batch that completes the leading range (it attends to it) */
             int take_lead = lead < budget ? lead : budget;
@@ -1053,7 +1353,7 @@ static void engine_step(Engine *e) {
     }
     FwdBatch b = {.n_tok = n, .tokens = e->b_tok, .seq = e->b_seq, .pos = e->b_pos, .seqs = e->b_seqs,
                   .n_seqs = e->n_running, .logit_idx = e->b_logit, .n_logits = n_logits};
-    if (tiers_is_restoring(e->tiers)) {
+    if (tiers_is_restoring(e->tiers) || e->n_moves > 0) {
         b.wait_layer = wait_restored_layer;
         b.wait_ctx = e;
     }
@@ -1062,9 +1362,11 @@ static void engine_step(Engine *e) {
     double t0 = engine_now(e, ENGINE_CLOCK_STEP);
     if (fwd_run(e->fwd, &b, &logits, &err) != MN_OK) {
         LOG_ERROR("forward pass failed: %s", err.msg);
+        e->n_moves = 0;
         fail_all_running(e, err.msg);
         return;
     }
+    finish_moves(e);
     tiers_step_done(e->tiers, engine_now(e, ENGINE_CLOCK_STEP) - t0);
     /* advance, register full blocks (not for a sequence whose restore
      * failed during the pass: its work is discarded below) */
@@ -1376,17 +1678,20 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
     if (rc == MN_OK && (rc = kvpool_init(&e->pool, m->cfg.n_layer, m->cfg.kv_dim, op->block_tokens, (int)n_blocks,
                                          op->kv_type)))
         mn_err_set(err, rc, "cannot allocate a KV pool of %llu blocks", (unsigned long long)n_blocks);
+    int max_replies = ENGINE_MAX_REPLIES * (op->context_overflow == OVERFLOW_SHIFT ? 2 : 1);
     if (rc == MN_OK) {
         e->reserve_blocks = (int)(op->decode_reserve * (float)n_blocks);
         e->kv_format = index_kv_format(op->kv_type, op->block_tokens);
         if (op->prefix_cache && (e->index = index_new(&e->pool)) == NULL) rc = MN_ENOMEM;
-        e->replies = replymem_new(ENGINE_MAX_REPLIES);
+        e->replies = replymem_new(max_replies);
         int np = op->parallel, bt = op->batch_tokens;
         e->running = mn_calloc((size_t)np, sizeof *e->running);
         e->b_owner = mn_calloc((size_t)np, sizeof *e->b_owner);
         e->b_seqs = mn_calloc((size_t)np, sizeof *e->b_seqs);
         e->b_held = mn_calloc((size_t)np, sizeof *e->b_held);
         e->b_wait = mn_calloc((size_t)np, sizeof *e->b_wait);
+        e->b_plan = mn_calloc((size_t)np, sizeof *e->b_plan);
+        e->b_moves = mn_calloc((size_t)np, sizeof *e->b_moves);
         e->b_tok = mn_calloc((size_t)bt, sizeof(int32_t));
         e->b_seq = mn_calloc((size_t)bt, sizeof(int32_t));
         e->b_pos = mn_calloc((size_t)bt, sizeof(int32_t));
@@ -1396,7 +1701,7 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         e->piece_cap = tok_max_piece_bytes(m->tok) + 16;
         e->piece = mn_malloc(e->piece_cap);
         e->lp_row = mn_malloc((size_t)m->cfg.n_vocab * sizeof *e->lp_row);
-        if (rc || !e->replies || !e->running || !e->b_owner || !e->b_seqs || !e->b_held || !e->b_wait || !e->b_tok ||
+        if (rc || !e->replies || !e->running || !e->b_owner || !e->b_seqs || !e->b_held || !e->b_wait || !e->b_plan || !e->b_moves || !e->b_tok ||
             !e->b_seq || !e->b_pos || !e->b_logit || !e->piece || !e->lp_row)
             rc = mn_err_set(err, MN_ENOMEM, "out of memory");
     }
@@ -1404,12 +1709,14 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         FwdOptions fo = {op->batch_tokens, op->parallel, op->n_ctx, op->n_threads};
         rc = fwd_new(m, &e->pool, &fo, &e->fwd, err);
     }
+    if (rc == MN_OK && (rc = kvshift_new(m, op->n_ctx, &e->pool, &e->shifter)) != MN_OK)
+        mn_err_set(err, rc, "out of memory");
     if (rc == MN_OK) {
         TiersConfig tc = {.pool = &e->pool,
                           .index = e->index,
                           .slots = e->slots,
                           .replies = e->replies,
-                          .max_replies = ENGINE_MAX_REPLIES,
+                          .max_replies = max_replies,
                           .model_fingerprint = m->fingerprint,
                           .kv_format = e->kv_format,
                           .opt = op,
@@ -1476,6 +1783,7 @@ void engine_free(Engine *e) {
     }
     tiers_free(e->tiers);
     fwd_free(e->fwd);
+    kvshift_free(e->shifter);
     index_free(e->index);
     kvpool_deinit(&e->pool);
     replymem_free(e->replies);
@@ -1484,6 +1792,8 @@ void engine_free(Engine *e) {
     mn_free(e->b_seqs);
     mn_free(e->b_held);
     mn_free(e->b_wait);
+    mn_free(e->b_plan);
+    mn_free(e->b_moves);
     mn_free(e->b_tok);
     mn_free(e->b_seq);
     mn_free(e->b_pos);

@@ -15,7 +15,9 @@
  * namespace. When the pool runs out during decoding, the most recently
  * arrived running sequence is suspended (its full blocks stay cached) and
  * resumed later. Outputs are identical with the prefix cache on or off
- * (the kernels are batch-invariant).
+ * (the kernels are batch-invariant), except where a chat cut for context
+ * overflow in shift mode reuses KV moved from other positions (ReqShift,
+ * below): an approximation that depends on what is cached.
  */
 #ifndef MN_ENGINE_H
 #define MN_ENGINE_H
@@ -25,6 +27,7 @@
 #include <stdint.h>
 
 #include "base/err.h"
+#include "base/hash.h"
 #include "base/ttype.h"
 #include "cache/cost.h"
 #include "cache/mover.h"
@@ -39,7 +42,9 @@ typedef enum SchedPolicy { SCHED_FCFS, SCHED_FPF, SCHED_RELAXED_FPF } SchedPolic
 /* What a chat prompt (plus its max_tokens) longer than the context gets
  * (engine/prompt.h). */
 typedef enum ContextOverflow {
-    OVERFLOW_RECOMPUTE = 0, /* its oldest whole turns are dropped and the kept ones computed anew */
+    OVERFLOW_SHIFT = 0,     /* its oldest whole turns are dropped; the kept ones reuse their cached KV,
+                               moved to their new positions (an approximation) */
+    OVERFLOW_RECOMPUTE,     /* its oldest whole turns are dropped and the kept ones computed anew (exact) */
     OVERFLOW_ERROR,         /* refused, as any prompt too long (MN_ERANGE) */
 } ContextOverflow;
 
@@ -89,7 +94,7 @@ typedef struct EngineOptions {
     SchedPolicy schedule; /* default FCFS */
     const ChatFormat *chat_format; /* renders chat prompts (engine/prompt.h; borrowed, outlives the
                                       engine); NULL (default): chat_format_default() */
-    ContextOverflow context_overflow; /* what prompt_submit does with a chat too long (default recompute) */
+    ContextOverflow context_overflow; /* what prompt_submit does with a chat too long (default shift) */
     int default_max_tokens; /* max_tokens of a request that leaves it to the engine (ReqParams.max_tokens
                                0), capped by the room its prompt leaves; <= 0 (default): that room */
     double cache_ttl_s;   /* cached blocks idle longer than this are dropped; 0 = never */
@@ -156,6 +161,7 @@ typedef struct ReqResult {
     int n_prompt;
     int n_cached;      /* prompt tokens found cached at admission (all sources) */
     int n_cached_by[SRC_COUNT]; /* ... split by where they were */
+    int n_shifted;     /* ... of which KV moved from other positions (context overflow, shift) */
     int n_generated;
     double ttft_s;     /* submit -> first token */
     double total_s;    /* submit -> finish */
@@ -181,6 +187,39 @@ typedef enum ReqField {
  * checked by engine_submit. */
 Request *request_new(const int32_t *prompt, size_t n, const ReqParams *p, const char *ns, const char *session);
 void request_unref(Request *r);
+/* The prompt ids r was made of, (*n); valid while the caller holds r. */
+const int32_t *request_prompt(const Request *r, size_t *n);
+
+/* Context overflow in shift mode (engine/prompt.h): where a cut chat's
+ * prompt may find KV computed at other positions. A source is a longer
+ * rendering of the same conversation (the whole chat, or a cut that
+ * dropped fewer turns): the prompt's ids from dest_start on equal the
+ * source's last ones, so prompt position p holds the source's token at
+ * p - (prompt length - source length), and the source's full blocks may
+ * be cached under its chain hashes. Blocks of a cut prompt (or source)
+ * from the one holding its shift start onwards are hashed in the shifted
+ * domain (cache/index.h) of what it dropped; the others exactly. */
+#define ENGINE_MAX_SHIFT_SOURCES 2
+
+typedef struct ShiftSource {
+    const int32_t *ids;   /* (n) borrowed until request_set_shift returns */
+    size_t n;
+    int32_t shift_start;  /* its own shift start (the domain begins at its block), or -1: all exact */
+    Hash128 domain;       /* its shifted domain (index_shift_domain) */
+    int32_t dest_start;   /* the prompt agrees with it, suffix-aligned, from this position on */
+} ShiftSource;
+
+typedef struct ReqShift {
+    int32_t shift_start;  /* the prompt's own shift start: its blocks from the one holding it on are
+                             hashed in domain */
+    Hash128 domain;
+    int n_sources;
+    ShiftSource sources[ENGINE_MAX_SHIFT_SOURCES];
+} ReqShift;
+
+/* Attach s (copied) to r before engine_submit. MN_OK; MN_EINVAL for a
+ * start outside the prompt or a source, or too many sources; MN_ENOMEM. */
+int request_set_shift(Request *r, const ReqShift *s);
 
 /* What one request_read takes from the request's output channel. */
 typedef struct ReqOutput {
@@ -240,6 +279,7 @@ void engine_cancel(Engine *e, Request *r);
 typedef struct EngineStats {
     uint64_t requests_finished[FINISH_ERROR + 1];
     uint64_t prompt_tokens, generated_tokens, cached_tokens, recomputed_tokens;
+    uint64_t shifted_tokens;   /* cached tokens whose KV was moved from other positions */
     uint64_t cached_tokens_by[SRC_COUNT];
     uint64_t dropped_blocks;   /* blocks gone from every tier (recomputed if needed again) */
     uint64_t restore_failures; /* restores that failed (checksum, I/O) and were recomputed */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/mem.h"
+#include "cache/index.h"
 
 /* The marker put in place of assistant content i: control characters no
  * client sends, and no whitespace for a template to trim. */
@@ -110,8 +111,10 @@ static void fetch_shared(ReplyMemory *rm, const Hash128 *ns_id, const Reply *rep
     mn_free(lens);
 }
 
-int prompt_build_chat(const Tokenizer *tok, const ChatFormat *fmt, const ChatInput *chat, ReplyMemory *rm,
-                      const Hash128 *ns_id, TokIds *out, PromptStats *stats, MnErr *err) {
+/* prompt_build_chat; with is_text_key, a reply its prefix key misses is
+ * looked up under its text key too (reply_mem.h: shift mode's cuts). */
+static int build_chat(const Tokenizer *tok, const ChatFormat *fmt, const ChatInput *chat, ReplyMemory *rm,
+                      const Hash128 *ns_id, bool is_text_key, TokIds *out, PromptStats *stats, MnErr *err) {
     PromptStats st = {0, 0};
     char *real = NULL;
     size_t real_len = 0, n_found = 0;
@@ -138,6 +141,10 @@ int prompt_build_chat(const Tokenizer *tok, const ChatFormat *fmt, const ChatInp
         if (rc) break;
         Hash128 key = replymem_prefix_key(ns_id, out->ids, out->n);
         int found = replymem_get(rm, &key, r->text, r->len, out);
+        if (found == 0 && is_text_key) {
+            key = replymem_text_key(ns_id);
+            found = replymem_get(rm, &key, r->text, r->len, out);
+        }
         if (found < 0) rc = MN_ENOMEM;
         if (found > 0) {
             st.n_remembered++;
@@ -156,6 +163,11 @@ int prompt_build_chat(const Tokenizer *tok, const ChatFormat *fmt, const ChatInp
     mn_free(real);
     mn_free(replies);
     return rc;
+}
+
+int prompt_build_chat(const Tokenizer *tok, const ChatFormat *fmt, const ChatInput *chat, ReplyMemory *rm,
+                      const Hash128 *ns_id, TokIds *out, PromptStats *stats, MnErr *err) {
+    return build_chat(tok, fmt, chat, rm, ns_id, false, out, stats, err);
 }
 
 /* The engine's chat format, or the default one when it was given none. */
@@ -200,61 +212,124 @@ static int keep_turns(const json_t *msgs, const size_t *turn_start, size_t n_dro
     return MN_OK;
 }
 
+/* What fit_context is asked to do and gives back. */
+typedef struct Fit {
+    const ChatFormat *fmt;
+    const ChatInput *chat;
+    Hash128 ns_id;
+    int max_tokens;
+    bool is_shift;      /* shift mode: reply ids by text key too, and the sources below */
+    ReqShift shift;     /* shift mode, when the chat was cut: where its KV may be */
+    TokIds full, below; /* ... the sources' ids: the whole chat and the cut of one turn fewer */
+} Fit;
+
 /* The prompt of chat without its oldest n_drop turns, into out (emptied
  * first); *fits says whether the engine takes it with max_tokens. */
-static int build_dropped(Engine *e, const ChatFormat *fmt, const ChatInput *chat, const size_t *turn_start,
-                         size_t n_drop, const Hash128 *ns_id, int max_tokens, TokIds *out, bool *fits, MnErr *err) {
+static int build_dropped(Engine *e, const Fit *f, const size_t *turn_start, size_t n_drop, TokIds *out, bool *fits,
+                         MnErr *err) {
     *fits = false;
     json_t *kept;
-    if (keep_turns(chat->messages, turn_start, n_drop, &kept) != MN_OK) return mn_err_set(err, MN_ENOMEM, "out of memory");
-    ChatInput k = *chat;
+    if (keep_turns(f->chat->messages, turn_start, n_drop, &kept) != MN_OK)
+        return mn_err_set(err, MN_ENOMEM, "out of memory");
+    ChatInput k = *f->chat;
     k.messages = kept;
     out->n = 0;
-    int rc = prompt_build_chat(engine_model(e)->tok, fmt, &k, engine_reply_memory(e), ns_id, out, NULL, err);
-    *fits = rc == MN_OK && engine_prompt_fits(e, out->n, max_tokens);
+    int rc = build_chat(engine_model(e)->tok, f->fmt, &k, engine_reply_memory(e), &f->ns_id, f->is_shift, out, NULL,
+                        err);
+    *fits = rc == MN_OK && engine_prompt_fits(e, out->n, f->max_tokens);
     json_decref(kept);
     return rc;
 }
 
-/* Context overflow, recompute: ids, the prompt of chat, does not fit the
- * engine with max_tokens. Replace it with the prompt of the system
- * messages and the most recent whole turns that fit (see keep_turns), and
- * set *n_truncated to the tokens that saves. The kept messages are
- * rendered and tokenized as a chat of just them would be (the reply
- * memory is asked under the new prefix), so the answer is the one a
+/* Where cut (a rendering of the conversation src without some of its
+ * turns) begins to agree with src for good: the first position from which
+ * on cut's ids are src's last ones (the kept turns, suffix-aligned; how
+ * the renderer joins the system messages to them may differ), and not
+ * inside their common prefix (positions that hold the same ids at the same
+ * places need no move). */
+static size_t shift_start(const TokIds *cut, const TokIds *src) {
+    size_t n = cut->n < src->n ? cut->n : src->n, c = 0, l = 0;
+    while (c < n && cut->ids[c] == src->ids[c]) c++;
+    while (l < n && cut->ids[cut->n - 1 - l] == src->ids[src->n - 1 - l]) l++;
+    return c > cut->n - l ? c : cut->n - l;
+}
+
+/* The shifted domain of cut, a cut of the whole chat full starting to
+ * agree with it at start: the hash of the tokens it dropped. */
+static Hash128 cut_domain(const TokIds *full, const TokIds *cut, size_t start) {
+    return index_shift_domain(full->ids, start + full->n - cut->n);
+}
+
+/* Shift mode: the sources of cut, the chosen prompt, into f->shift: the
+ * whole chat (exact), and below, the cut of one turn fewer (the previous
+ * turn's prompt when the cut moved by one turn since: its KV is in its own
+ * shifted domain), unless below is the whole chat. */
+static void plan_sources(Fit *f, const TokIds *cut, bool has_below) {
+    size_t start = shift_start(cut, &f->full);
+    ReqShift *rs = &f->shift;
+    memset(rs, 0, sizeof *rs);
+    rs->shift_start = (int32_t)start;
+    rs->domain = cut_domain(&f->full, cut, start);
+    rs->sources[rs->n_sources++] = (ShiftSource){f->full.ids, f->full.n, -1, {{0}}, (int32_t)start};
+    if (!has_below) return;
+    size_t below_start = shift_start(&f->below, &f->full);
+    rs->sources[rs->n_sources++] = (ShiftSource){f->below.ids, f->below.n, (int32_t)below_start,
+                                                 cut_domain(&f->full, &f->below, below_start),
+                                                 (int32_t)shift_start(cut, &f->below)};
+}
+
+/* Context overflow, shift or recompute: ids, the prompt of the chat, does
+ * not fit the engine with max_tokens. Replace it with the prompt of the
+ * system messages and the most recent whole turns that fit (see
+ * keep_turns), and set *n_truncated to the tokens that saves. The kept
+ * messages are rendered and tokenized as a chat of just them would be (the
+ * reply memory is asked under the new prefix; in shift mode under each
+ * reply's text key too), so in recompute mode the answer is the one a
  * client sending only those messages gets. When even the last turn does
  * not fit, ids stay as they are (and engine_submit refuses them).
  * Dropping a turn shortens the prompt by about that turn's tokens (a kept
  * reply may tokenize a little differently under its new prefix), so the
  * fewest turns to drop are found by bisection; what it returns always
- * fits, since every candidate is measured. */
-static int fit_context(Engine *e, const ChatFormat *fmt, const ChatInput *chat, const Hash128 *ns_id, int max_tokens,
-                       TokIds *ids, int *n_truncated, MnErr *err) {
-    size_t n_msgs = json_array_size(chat->messages);
+ * fits, since every candidate is measured. In shift mode the cut of one
+ * turn fewer, which the bisection measured (or the whole chat), is kept as
+ * a source with the whole chat (plan_sources). */
+static int fit_context(Engine *e, Fit *f, TokIds *ids, int *n_truncated, MnErr *err) {
+    size_t n_msgs = json_array_size(f->chat->messages);
     size_t *turn_start = mn_calloc(n_msgs ? n_msgs : 1, sizeof *turn_start), n_turns = 0;
     TokIds best = {0}, probe = {0};
     int rc = turn_start ? MN_OK : mn_err_set(err, MN_ENOMEM, "out of memory");
     for (size_t i = 0; rc == MN_OK && i < n_msgs; i++)
-        if (has_role(json_array_get(chat->messages, i), "user")) turn_start[n_turns++] = i;
-    /* the drop counts tried: lo - 1 does not fit, hi does (once found) */
+        if (has_role(json_array_get(f->chat->messages, i), "user")) turn_start[n_turns++] = i;
+    /* the drop counts tried: lo - 1 does not fit, hi does (once found);
+     * in shift mode f->below holds the prompt of lo - 1 */
     size_t lo = 1, hi = n_turns > 0 ? n_turns - 1 : 0;
     bool fits = false;
-    if (rc == MN_OK && hi >= lo) rc = build_dropped(e, fmt, chat, turn_start, hi, ns_id, max_tokens, &best, &fits, err);
+    if (rc == MN_OK && f->is_shift)
+        rc = build_chat(engine_model(e)->tok, f->fmt, f->chat, engine_reply_memory(e), &f->ns_id, true, &f->full, NULL,
+                        err);
+    if (rc == MN_OK && f->is_shift && tok_ids_append(&f->below, f->full.ids, f->full.n) != MN_OK)
+        rc = mn_err_set(err, MN_ENOMEM, "out of memory");
+    if (rc == MN_OK && hi >= lo) rc = build_dropped(e, f, turn_start, hi, &best, &fits, err);
     if (rc != MN_OK || !fits) goto done;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        rc = build_dropped(e, fmt, chat, turn_start, mid, ns_id, max_tokens, &probe, &fits, err);
+        rc = build_dropped(e, f, turn_start, mid, &probe, &fits, err);
         if (rc != MN_OK) goto done;
+        TokIds t = probe;
         if (fits) {
-            TokIds t = best;
-            best = probe;
-            probe = t;
+            probe = best;
+            best = t;
             hi = mid;
         } else {
             lo = mid + 1;
+            if (f->is_shift) {
+                probe = f->below;
+                f->below = t;
+            }
         }
     }
     *n_truncated = ids->n > best.n ? (int)(ids->n - best.n) : 0;
+    if (f->is_shift) plan_sources(f, &best, lo > 1);
     TokIds t = *ids;
     *ids = best;
     best = t;
@@ -265,16 +340,20 @@ done:
     return rc;
 }
 
-/* The prompt ids of a chat or a text (in PROMPT_IDS form: none to make). */
-static int prompt_ids(Engine *e, const PromptInput *in, const char *ns, int max_tokens, TokIds *ids,
-                      int *n_truncated, MnErr *err) {
+/* The prompt ids of a chat or a text (in PROMPT_IDS form: none to make);
+ * a chat too long is cut as the engine's context_overflow says, into f. */
+static int prompt_ids(Engine *e, const PromptInput *in, const char *ns, Fit *f, TokIds *ids, int *n_truncated,
+                      MnErr *err) {
     const Tokenizer *tok = engine_model(e)->tok;
     if (in->form == PROMPT_CHAT) {
-        Hash128 ns_id = engine_namespace_id(ns);
-        const ChatFormat *fmt = format_of(e);
-        int rc = prompt_build_chat(tok, fmt, in->chat, engine_reply_memory(e), &ns_id, ids, NULL, err);
-        if (rc == MN_OK && engine_context_overflow(e) == OVERFLOW_RECOMPUTE && !engine_prompt_fits(e, ids->n, max_tokens))
-            rc = fit_context(e, fmt, in->chat, &ns_id, max_tokens, ids, n_truncated, err);
+        ContextOverflow mode = engine_context_overflow(e);
+        f->fmt = format_of(e);
+        f->chat = in->chat;
+        f->ns_id = engine_namespace_id(ns);
+        f->is_shift = mode == OVERFLOW_SHIFT;
+        int rc = prompt_build_chat(tok, f->fmt, in->chat, engine_reply_memory(e), &f->ns_id, ids, NULL, err);
+        if (rc == MN_OK && mode != OVERFLOW_ERROR && !engine_prompt_fits(e, ids->n, f->max_tokens))
+            rc = fit_context(e, f, ids, n_truncated, err);
         return rc;
     }
     int rc = tok_encode(tok, in->text, in->text_len, tok_add_bos(tok), true, ids);
@@ -292,12 +371,13 @@ int prompt_submit(Engine *e, const PromptInput *in, const ReqParams *p, const ch
     *n_truncated = 0;
     *field = REQ_FIELD_NONE;
     TokIds built = {0};
+    Fit fit = {.max_tokens = p->max_tokens};
     const int32_t *ids = in->ids;
     size_t n = in->n_ids;
     Request *r = NULL;
     int rc = MN_OK;
     if (in->form != PROMPT_IDS) {
-        rc = prompt_ids(e, in, ns, p->max_tokens, &built, n_truncated, err);
+        rc = prompt_ids(e, in, ns, &fit, &built, n_truncated, err);
         ids = built.ids;
         n = built.n;
     }
@@ -306,7 +386,9 @@ int prompt_submit(Engine *e, const PromptInput *in, const ReqParams *p, const ch
         if (rc != MN_ENOMEM) *field = REQ_FIELD_PROMPT;
         goto done;
     }
-    if ((r = request_new(ids, n, p, ns, session)) == NULL) {
+    if ((r = request_new(ids, n, p, ns, session)) == NULL ||
+        (fit.shift.n_sources > 0 && request_set_shift(r, &fit.shift) != MN_OK)) {
+        request_unref(r);
         rc = mn_err_set(err, MN_ENOMEM, "out of memory");
         goto done;
     }
@@ -316,5 +398,7 @@ int prompt_submit(Engine *e, const PromptInput *in, const ReqParams *p, const ch
 done:
     if (*out == NULL) *n_truncated = 0;
     tok_ids_free(&built);
+    tok_ids_free(&fit.full);
+    tok_ids_free(&fit.below);
     return rc;
 }

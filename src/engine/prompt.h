@@ -29,17 +29,22 @@
  * whether the prefix cache is on.
  *
  * Context overflow (EngineOptions.context_overflow): a chat whose prompt
- * plus max_tokens does not fit the context (or the pool) is, in recompute
- * mode, cut to its system messages and its most recent whole turns that
- * fit — a turn is a user message and every message after it up to the
- * next user message (the assistant reply, tool results), so no message is
- * ever cut in half and no reply loses the question it answers. The kept
- * messages are rendered and tokenized as a chat of only them would be, so
- * the answer is exactly the one a client sending only them gets; their
- * KV is computed again, since it now sits at other positions. A chat
- * whose last turn (with the system messages) does not fit, a text and ids
- * are refused as before (engine_submit's MN_ERANGE), as is every chat in
- * error mode.
+ * plus max_tokens does not fit the context (or the pool) is, in shift and
+ * recompute mode, cut to its system messages and its most recent whole
+ * turns that fit — a turn is a user message and every message after it up
+ * to the next user message (the assistant reply, tool results), so no
+ * message is ever cut in half and no reply loses the question it answers.
+ * The kept messages are rendered and tokenized as a chat of only them
+ * would be. In recompute mode the answer is exactly the one a client
+ * sending only them gets: their KV is computed again, since it now sits
+ * at other positions. In shift mode each kept reply is also looked up in
+ * the reply memory under its text key (so it keeps the ids its cached KV
+ * was computed from), and the request carries its sources (ReqShift,
+ * engine.h): the whole chat and the cut of one turn fewer, whose cached KV
+ * the engine moves to the kept turns' new positions (DESIGN.md, restore
+ * path 5). A chat whose last turn (with the system messages) does not
+ * fit, a text and ids are refused as before (engine_submit's MN_ERANGE),
+ * as is every chat in error mode.
  */
 #ifndef MN_PROMPT_H
 #define MN_PROMPT_H

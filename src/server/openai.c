@@ -931,6 +931,7 @@ static json_t *usage_object(const ApiUsage *u) {
     is_ok = is_ok && put(details, "cached_tokens_by_tier", json_incref(tiers));
     is_ok = is_ok && put(details, "recomputed_tokens", json_integer(u->recomputed_tokens));
     is_ok = is_ok && put(details, "truncated_tokens", json_integer(u->truncated_tokens));
+    is_ok = is_ok && put(details, "shifted_tokens", json_integer(u->shifted_tokens));
     is_ok = is_ok && put(o, "prompt_tokens", json_integer(u->prompt_tokens));
     is_ok = is_ok && put(o, "completion_tokens", json_integer(u->completion_tokens));
     is_ok = is_ok && put(o, "total_tokens", json_integer(u->prompt_tokens + u->completion_tokens));

@@ -205,13 +205,14 @@ typedef struct ApiUsageTier {
  *   {"prompt_tokens","completion_tokens","total_tokens",
  *    "prompt_tokens_details":{"cached_tokens",
  *        "cached_tokens_by_tier":{NAME:n,...},   (only the tiers given)
- *        "recomputed_tokens","truncated_tokens"}} */
+ *        "recomputed_tokens","truncated_tokens","shifted_tokens"}} */
 typedef struct ApiUsage {
     int64_t prompt_tokens;
     int64_t completion_tokens;
     int64_t cached_tokens;     /* prompt tokens not computed for this request */
     int64_t recomputed_tokens; /* prompt tokens computed again after eviction */
     int64_t truncated_tokens;  /* prompt tokens dropped to fit the context (chat only; else 0) */
+    int64_t shifted_tokens;    /* cached tokens whose KV was moved to new positions (context overflow, shift) */
     ApiUsageTier tiers[API_USAGE_MAX_TIERS];
     int n_tiers;
 } ApiUsage;

@@ -155,6 +155,7 @@ static json_t *usage_object(const ReqResult *res, int n_truncated) {
          put(in, "cached_tokens_by_tier", json_incref(tiers)) &&
          put(in, "recomputed_tokens", json_integer(res->n_prompt - res->n_cached)) &&
          put(in, "truncated_tokens", json_integer(n_truncated)) &&
+         put(in, "shifted_tokens", json_integer(res->n_shifted)) &&
          put(out, "reasoning_tokens", json_integer(0)) && put(u, "input_tokens", json_integer(res->n_prompt)) &&
          put(u, "input_tokens_details", json_incref(in)) && put(u, "output_tokens", json_integer(res->n_generated)) &&
          put(u, "output_tokens_details", json_incref(out)) &&
@@ -169,7 +170,7 @@ static json_t *usage_object(const ReqResult *res, int n_truncated) {
 /* OpenAI's name for what the server does with a conversation too long for
  * the context: "auto" drops its oldest turns, "disabled" refuses it. */
 static const char *truncation(const Turn *t) {
-    return engine_context_overflow(t->rs->cfg.e) == OVERFLOW_RECOMPUTE ? "auto" : "disabled";
+    return engine_context_overflow(t->rs->cfg.e) != OVERFLOW_ERROR ? "auto" : "disabled";
 }
 
 static json_t *nullable_string(const char *s) { return s ? jtext(s, strlen(s)) : json_null(); }

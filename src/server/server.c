@@ -64,7 +64,7 @@ struct Server {
     MetricFamily *f_tier_read, *f_tier_written, *f_tier_read_s, *f_tier_write_s, *f_tier_occupancy, *f_tier_evictions,
         *f_tier_checksum, *f_dropped, *f_prefetched, *f_tier_missing, *f_tier_io_errors, *f_tier_up,
         *f_tier_resets, *f_shared_lookups;
-    MetricFamily *f_build_info, *f_requests, *f_prompt, *f_generated, *f_cached, *f_recomputed, *f_ttft, *f_tpot, *f_pool,
+    MetricFamily *f_build_info, *f_requests, *f_prompt, *f_generated, *f_cached, *f_recomputed, *f_shifted, *f_ttft, *f_tpot, *f_pool,
         *f_queue, *f_running;
     atomic_uint_fast64_t next_id;
     char id_prefix[24];         /* random per process: "chatcmpl-<prefix>-<n>" */
@@ -234,6 +234,8 @@ static int metrics_setup(Server *s) {
         {"mnemo_generated_tokens_total", "Tokens generated", METRIC_COUNTER, NULL, 0, &s->f_generated},
         {"mnemo_cached_tokens_total", "Prompt tokens served from cache, by tier", METRIC_COUNTER, NULL, 0, &s->f_cached},
         {"mnemo_recomputed_tokens_total", "Prompt tokens computed", METRIC_COUNTER, NULL, 0, &s->f_recomputed},
+        {"mnemo_shifted_tokens_total", "Cached prompt tokens whose KV was moved to new positions (context overflow)",
+         METRIC_COUNTER, NULL, 0, &s->f_shifted},
         {"mnemo_ttft_seconds", "Time to first token", METRIC_HISTOGRAM, ttft_b, sizeof ttft_b / sizeof *ttft_b, &s->f_ttft},
         {"mnemo_time_per_output_token_seconds", "Time per output token after the first", METRIC_HISTOGRAM, tpot_b,
          sizeof tpot_b / sizeof *tpot_b, &s->f_tpot},
@@ -283,6 +285,7 @@ static int metrics_setup(Server *s) {
     metrics_counter_add(s->f_prompt, "", 0);
     metrics_counter_add(s->f_generated, "", 0);
     metrics_counter_add(s->f_recomputed, "", 0);
+    metrics_counter_add(s->f_shifted, "", 0);
     return MN_OK;
 }
 
@@ -291,6 +294,7 @@ static void metrics_on_finish(Server *s, const ReqResult *res) {
     metrics_counter_add(s->f_generated, "", res->n_generated);
     for (int i = 0; i < SRC_COUNT; i++) metrics_counter_add(s->f_cached, tier_label(i), res->n_cached_by[i]);
     metrics_counter_add(s->f_recomputed, "", res->n_prompt - res->n_cached);
+    metrics_counter_add(s->f_shifted, "", res->n_shifted);
     if (res->n_generated > 0) metrics_histogram_observe(s->f_ttft, "", res->ttft_s);
     if (res->n_generated > 1)
         metrics_histogram_observe(s->f_tpot, "", (res->total_s - res->ttft_s) / (res->n_generated - 1));
@@ -379,6 +383,7 @@ static void fill_usage(const Gen *g, ApiUsage *u) {
     const ReqResult *res = &g->res;
     memset(u, 0, sizeof *u);
     u->truncated_tokens = g->n_truncated;
+    u->shifted_tokens = res->n_shifted;
     u->prompt_tokens = res->n_prompt;
     u->completion_tokens = res->n_generated;
     u->cached_tokens = res->n_cached;
@@ -389,8 +394,8 @@ static void fill_usage(const Gen *g, ApiUsage *u) {
 /* The log line of a finished generation, with the id its answer carries. */
 static void log_request(const Gen *g, int status) {
     char detail[512];
-    int n = snprintf(detail, sizeof detail, "prompt=%d truncated=%d cached=%d", g->res.n_prompt, g->n_truncated,
-                     g->res.n_cached);
+    int n = snprintf(detail, sizeof detail, "prompt=%d truncated=%d shifted=%d cached=%d", g->res.n_prompt,
+                     g->n_truncated, g->res.n_shifted, g->res.n_cached);
     for (int i = 0; i < SRC_COUNT && n > 0 && (size_t)n < sizeof detail; i++)
         n += snprintf(detail + n, sizeof detail - (size_t)n, " cached_%s=%d", engine_source_name(i), g->res.n_cached_by[i]);
     if (n > 0 && (size_t)n < sizeof detail)
