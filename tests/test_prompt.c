@@ -666,7 +666,7 @@ static void test_shared_reply_memory(void **s) {
     MnErr err = {0};
     if (prompt_submit(a, &in, &p, "", NULL, &r, NULL, &err, NULL) != MN_OK) fail_msg("prompt_submit: %s", err.msg);
     ReqResult res;
-    char *reply = finish(r, &res);
+    char *reply = test_request_finish(r, &res);
     json_decref(msgs);
     assert_int_equal(replymem_count(engine_reply_memory(a)), 1);
     engine_free(a); /* (its mover finishes what is queued: the entry is shared) */
