@@ -26,7 +26,10 @@
  * "id" member of the answer: the response object's own, which comes first
  * in mnemo's and OpenAI's answers, whole or streamed (the first event,
  * response.created, carries the response). The first ROUTER_ID_SCAN bytes
- * are looked at; the id is remembered once the answer ended well.
+ * are looked at, and the id is remembered as soon as it is seen, before
+ * the bytes that carry it go to the client: a client that continues the
+ * chain at once finds it remembered. (A response that then fails is
+ * remembered too; asking its backend first costs nothing.)
  */
 #include "route/router.h"
 
@@ -330,7 +333,11 @@ static ssize_t proxy_read(void *cls, uint64_t pos, char *buf, size_t max) {
     MnErr err = {0};
     ssize_t n = upstream_read(p->up, buf, max, &err);
     if (n > 0) {
-        if (p->is_remember) scan_id(p, buf, (size_t)n);
+        if (p->is_remember && !p->id[0]) {
+            scan_id(p, buf, (size_t)n);
+            /* remembered before the client has the id, so its next turn finds it */
+            if (p->id[0]) idmap_put(p->r->ids, p->id, p->backend);
+        }
         p->n_sent += n;
         /* with a declared length the library asks no further than it */
         if (p->n_sent == p->length) p->is_ended = true;
@@ -349,7 +356,6 @@ static ssize_t proxy_read(void *cls, uint64_t pos, char *buf, size_t max) {
 static void proxy_free(void *cls) {
     Proxy *p = cls;
     Router *r = p->r;
-    if (p->is_remember && p->is_ended && p->id[0]) idmap_put(r->ids, p->id, p->backend);
     char detail[600];
     snprintf(detail, sizeof detail, "backend=%s tried=%d%s", backends_url(r->backends, p->backend), p->n_tried,
              p->is_broken ? " broken" : p->is_ended ? "" : " cancelled: the client went away");
