@@ -7,6 +7,7 @@
  *   speed       prefill and decode throughput, like llama-bench
  *   shift-ppl   perplexity cost of moving cached KV to new positions (context overflow)
  *   serve       the OpenAI HTTP server      chat   a terminal chat client
+ *   route       a front for several servers: each conversation to the one holding its cache
  *   bench       multi-turn load generator and report
  *   disk-probe  raw sequential bandwidth of a directory, as the disk tier moves data
  *   cache       cache purge: erase a namespace's data from a disk tier directory
@@ -54,6 +55,7 @@
 #include "model/gguf.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
+#include "route/router.h"
 #include "server/responses.h"
 #include "server/server.h"
 #include "tools/diskprobe_cmd.h"
@@ -581,6 +583,83 @@ out:
 }
 
 
+/* ---- route ------------------------------------------------------------------------ */
+
+static int cmd_route(int argc, char **argv) {
+    RouterOptions ro;
+    router_options_default(&ro);
+    const char *policy = "hash";
+    int max_body_kb = (int)(ro.max_body / 1024);
+    uint64_t n_ids = ro.max_response_ids;
+    float load_factor = (float)ro.load_factor, connect_timeout = (float)ro.connect_timeout_s,
+          probe_min = (float)ro.probe_min_s, probe_max = (float)ro.probe_max_s, drain_timeout = 30.0f;
+    CliStrList backends = {0};
+    CliOpt opts[] = {
+        {"backend", 0, CLI_STR_LIST, &backends, "URL", "a mnemo server, http://HOST:PORT (repeatable; at least one)"},
+        {"host", 0, CLI_STR, &ro.host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"},
+        {"port", 0, CLI_INT, &ro.port, "N", "port (default 8090; 0 = any free port)"},
+        {"policy", 0, CLI_STR, &policy, "hash|round-robin",
+         "hash: each conversation to the backend of its key on the ring (default); round-robin: in turn"},
+        {"load-factor", 0, CLI_FLOAT, &load_factor, "C",
+         "a backend takes at most C x the mean requests in flight before the next on the ring does (1.25; 0: off)"},
+        {"max-body", 0, CLI_INT, &max_body_kb, "KB", "largest request body in KiB, then 413 (default 1024)"},
+        {"response-ids", 0, CLI_U64, &n_ids, "N", "response ids remembered with their backend (default 65536)"},
+        {"connect-timeout", 0, CLI_FLOAT, &connect_timeout, "S", "give up connecting to a backend after S seconds (2)"},
+        {"probe-min", 0, CLI_FLOAT, &probe_min, "S", "probe a failed backend's /health first after S seconds (0.25)"},
+        {"probe-max", 0, CLI_FLOAT, &probe_max, "S", "then twice as long each time, up to S seconds (5)"},
+        {"drain-timeout", 0, CLI_FLOAT, &drain_timeout, "S", "on SIGTERM, let requests in progress finish this long (30)"},
+    };
+    const char *synopsis = "mnemo route --backend URL [--backend URL]... [--port N] [--host H] [options]";
+    const char *pos[1];
+    int n_pos;
+    int rc = cli_parse_or_usage(argc, argv, synopsis, opts, N_OPTS(opts), pos, 0, &n_pos);
+    if (rc >= 0) {
+        cli_free(opts, N_OPTS(opts));
+        return rc;
+    }
+    int status = 2;
+    if (!cli_require(backends.n >= 1, "route", "needs at least one --backend URL") ||
+        !cli_require(router_policy_parse(policy, &ro.policy) == MN_OK, "route",
+                     "--policy must be hash or round-robin, got '%s'", policy) ||
+        !cli_require(ro.port >= 0 && ro.port <= 65535, "route", "--port must be in 0..65535, got %d", ro.port) ||
+        !cli_require(max_body_kb >= 1, "route", "--max-body must be at least 1 (KiB), got %d", max_body_kb))
+        goto out;
+    ro.backends = backends.items;
+    ro.n_backends = backends.n;
+    ro.max_body = (size_t)max_body_kb * 1024;
+    ro.max_response_ids = (size_t)n_ids;
+    ro.load_factor = load_factor;
+    ro.connect_timeout_s = connect_timeout;
+    ro.probe_min_s = probe_min;
+    ro.probe_max_s = probe_max;
+    sigset_t sigs; /* taken by sigwait below; every thread inherits the mask */
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    MnErr err = {0};
+    Router *r = NULL;
+    if (router_new(&ro, &r, &err) != MN_OK) {
+        fprintf(stderr, "mnemo route: %s\n", err.msg);
+        goto out;
+    }
+    LOG_INFO("version %s (commit %s) routing on http://%s:%d to %d backend%s (policy %s, load factor %g)",
+             MNEMO_VERSION, mn_build_commit(), ro.host, router_port(r), ro.n_backends, ro.n_backends == 1 ? "" : "s",
+             router_policy_name(ro.policy), ro.load_factor);
+    for (int i = 0; i < ro.n_backends; i++) LOG_INFO("backend %d: %s", i + 1, ro.backends[i]);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    LOG_INFO("signal %d: draining (at most %.1f s), then shutting down", sig, (double)drain_timeout);
+    router_quiesce(r);
+    if (!router_drain(r, drain_timeout)) LOG_WARN("drain timeout: cutting the requests still in progress");
+    router_free(r);
+    status = 0;
+out:
+    cli_free(opts, N_OPTS(opts));
+    return status;
+}
+
 /* ---- chat ---------------------------------------------------------------------- */
 
 /* The in-process server's log goes to a file: on the terminal its lines
@@ -733,6 +812,7 @@ typedef struct Command {
 
 static const Command commands[] = {
     {"serve", cmd_serve, "serve the OpenAI HTTP API"},
+    {"route", cmd_route, "route requests to several servers, each conversation to its cache"},
     {"chat", cmd_chat, "chat in the terminal with a server (or a model in-process)"},
     {"bench", bench_main, "load-test a server with multi-turn conversations"},
     {"disk-probe", diskprobe_cmd, "sequential O_DIRECT bandwidth of a directory, as the disk tier"},

@@ -14,7 +14,9 @@
  * json_set_alloc_funcs) is made to fail in turn for a parse and for each
  * builder; nothing may crash or leak (run under ASan).
  *
- * Includes openai.c with the mn_* allocators routed through an injector.
+ * Includes openai.c and api_base.c (the error object, the sanitizer and
+ * the serializer the builders share) with the mn_* allocators routed
+ * through an injector.
  * Needs jansson: link with -ljansson.
  */
 #include "test_util.h"
@@ -36,6 +38,7 @@ static char *oa_strndup(const char *s, size_t n);
 #define mn_strdup oa_strdup
 #define mn_strndup oa_strndup
 #include "server/openai.c"
+#include "server/api_base.c"
 #undef mn_malloc
 #undef mn_calloc
 #undef mn_realloc

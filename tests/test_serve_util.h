@@ -1,11 +1,12 @@
-/* test_serve_util.h — start and stop a `mnemo serve` process on a free
- * loopback port for the integration tests, talk HTTP to it and read its
+/* test_serve_util.h — start and stop a `mnemo serve` (or `mnemo route`)
+ * process on a free loopback port for the integration tests, talk HTTP to it and read its
  * metrics (header-only; each test is one .c). The binary is $MNEMO_BIN
  * (tests/run.sh sets it to the build's mnemo). */
 #ifndef MN_TEST_SERVE_UTIL_H
 #define MN_TEST_SERVE_UTIL_H
 
 #include <curl/curl.h>
+#include <jansson.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -30,19 +31,17 @@ static inline int srv_port(Srv *s) {
     return s->port;
 }
 
-/* Start `mnemo serve -m PATH --port 0 --block-tokens 8 EXTRA` for a model
- * file anywhere (s->model is its file name); returns 0 once it listens (the
- * port is read from its start-up line). A server that exits first, or is
- * not listening after TEST_HANG_GUARD_S, fails the test. */
-static inline int srv_start_path(Srv *s, const char *path, const char *extra) {
-    char cmd[2048];
-    const char *base = strrchr(path, '/');
-    snprintf(s->model, sizeof s->model, "%.100s", base ? base + 1 : path);
+/* Start `mnemo ARGS` (a command that logs "... on http://127.0.0.1:PORT"
+ * once it listens: serve, route); returns 0 once it listens. A process
+ * that exits first, or is not listening after TEST_HANG_GUARD_S, fails the
+ * test. */
+static inline int srv_start_cmd(Srv *s, const char *args) {
+    char cmd[4096];
     snprintf(s->log, sizeof s->log, "/tmp/mnemo-test-srv-%d-XXXXXX", (int)getpid());
     int fd = mkstemp(s->log);
     close(fd);
     const char *bin = getenv("MNEMO_BIN") ? getenv("MNEMO_BIN") : "./build/release/mnemo";
-    snprintf(cmd, sizeof cmd, "exec %s serve -m %s --port 0 --block-tokens 8 %s 2>%s", bin, path, extra, s->log);
+    snprintf(cmd, sizeof cmd, "exec %s %s 2>%s", bin, args, s->log);
     s->pid = fork();
     if (s->pid == 0) {
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
@@ -57,6 +56,16 @@ static inline int srv_start_path(Srv *s, const char *path, const char *extra) {
         fail_msg("the server exited (status 0x%x) before listening; see %s", status, s->log);
     }
     return 0;
+}
+
+/* Start `mnemo serve -m PATH --port 0 --block-tokens 8 EXTRA` for a model
+ * file anywhere (s->model is its file name), as srv_start_cmd. */
+static inline int srv_start_path(Srv *s, const char *path, const char *extra) {
+    char args[2048];
+    const char *base = strrchr(path, '/');
+    snprintf(s->model, sizeof s->model, "%.100s", base ? base + 1 : path);
+    snprintf(args, sizeof args, "serve -m %s --port 0 --block-tokens 8 %s", path, extra);
+    return srv_start_cmd(s, args);
 }
 
 /* srv_start_path for ../shared/data/models/MODEL.gguf; -1 when the file is
@@ -137,6 +146,33 @@ static inline long srv_http(const Srv *s, const char *method, const char *path, 
     if (head_out) *head_out = h.data;
     else free(h.data);
     return status;
+}
+
+/* ---- answers ---------------------------------------------------------------- */
+
+/* text parsed as JSON (the test fails when it is not); json_decref it. */
+static inline json_t *srv_json(const char *text) {
+    json_error_t e;
+    json_t *j = json_loads(text, 0, &e);
+    if (j == NULL) fail_msg("not JSON (%s): %.300s", e.text, text);
+    return j;
+}
+
+/* What a whole chat answer says: the reply (malloc'd) and its usage. */
+typedef struct SrvTurn {
+    char *reply;
+    long prompt_tokens, cached_tokens, completion_tokens;
+} SrvTurn;
+
+static inline SrvTurn srv_turn_of(const json_t *answer) {
+    SrvTurn t;
+    t.reply = strdup(json_string_value(json_object_get(
+        json_object_get(json_array_get(json_object_get(answer, "choices"), 0), "message"), "content")));
+    const json_t *u = json_object_get(answer, "usage");
+    t.prompt_tokens = (long)json_integer_value(json_object_get(u, "prompt_tokens"));
+    t.completion_tokens = (long)json_integer_value(json_object_get(u, "completion_tokens"));
+    t.cached_tokens = (long)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+    return t;
 }
 
 /* ---- metrics ---------------------------------------------------------------- */

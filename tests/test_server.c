@@ -61,19 +61,9 @@ static int count_lines(const char *text, const char *prefix) {
     return n;
 }
 
-static json_t *parse(const char *text) {
-    json_error_t e;
-    json_t *j = json_loads(text, 0, &e);
-    if (j == NULL) fail_msg("not JSON (%s): %.300s", e.text, text);
-    return j;
-}
-
 /* ---- conversations ---------------------------------------------------------------- */
 
-typedef struct Turn {
-    char *reply;
-    long prompt_tokens, cached_tokens, completion_tokens;
-} Turn;
+typedef SrvTurn Turn;
 
 /* A request body for msgs (user, assistant, user, ...) as JSON. */
 static char *chat_body_ex(const char *const *msgs, int n, int max_tokens, bool stream, double temperature, int seed) {
@@ -96,7 +86,7 @@ static char *chat_body(const char *const *msgs, int n, int max_tokens, bool stre
 static char *whole_answer(const Srv *s, const char *body) {
     char *out;
     assert_int_equal(http(s, "/v1/chat/completions", body, NULL, &out, 0), 200);
-    json_t *j = parse(out);
+    json_t *j = srv_json(out);
     char *text = strdup(json_string_value(json_object_get(
         json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content")));
     json_decref(j);
@@ -121,14 +111,8 @@ static Turn chat_turn_ex(const Srv *s, const char *const *msgs, int n, int max_t
         return bad;
     }
     if (st != 200) fail_msg("status %ld: %s", st, out);
-    json_t *j = parse(out);
-    Turn t;
-    t.reply = strdup(json_string_value(json_object_get(
-        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content")));
-    json_t *u = json_object_get(j, "usage");
-    t.prompt_tokens = (long)json_integer_value(json_object_get(u, "prompt_tokens"));
-    t.completion_tokens = (long)json_integer_value(json_object_get(u, "completion_tokens"));
-    t.cached_tokens = (long)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+    json_t *j = srv_json(out);
+    Turn t = srv_turn_of(j);
     /* the model that answered, whatever the request named ("test") */
     assert_string_equal(json_string_value(json_object_get(j, "model")), s->model);
     json_decref(j);
@@ -266,7 +250,7 @@ static void check_stream(const char *model, double temperature) {
             saw_done = true;
             continue;
         }
-        json_t *j = parse(line + 6);
+        json_t *j = srv_json(line + 6);
         assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion.chunk");
         json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
         const char *piece = json_string_value(json_object_get(json_object_get(ch, "delta"), "content"));
@@ -299,7 +283,7 @@ static void expect_error_param(const Srv *s, const char *path, const char *body,
     char *out;
     long got = http(s, path, body, header, &out, 0);
     if (got != status) fail_msg("%s %s: status %ld, expected %ld: %s", path, body ? body : "", got, status, out);
-    json_t *j = parse(out);
+    json_t *j = srv_json(out);
     json_t *e = json_object_get(j, "error");
     assert_non_null(e);
     const char *msg = json_string_value(json_object_get(e, "message"));
@@ -446,7 +430,7 @@ static void test_llama_flags(void **st) {
                        "\"ignore_eos\": true, \"temperature\": 0}";
     char *out;
     assert_int_equal(http(&s, "/v1/chat/completions", body, NULL, &out, 0), 200);
-    json_t *j = parse(out);
+    json_t *j = srv_json(out);
     assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 3);
     assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
                                                           "finish_reason")),
@@ -457,7 +441,7 @@ static void test_llama_flags(void **st) {
     const char *body5 = "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}], "
                         "\"ignore_eos\": true, \"max_tokens\": 5}";
     assert_int_equal(http(&s, "/v1/chat/completions", body5, NULL, &out, 0), 200);
-    j = parse(out);
+    j = srv_json(out);
     assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 5);
     json_decref(j);
     free(out);
@@ -706,7 +690,7 @@ static void expect_one_error(const char *resp, size_t len, long status, const ch
     if ((size_t)atol(buf) != len - head_len)
         fail_msg("Content-Length %s but %zu bytes follow the head: %.400s", buf, len - head_len, resp);
     free(head);
-    json_t *j = parse(resp + head_len);
+    json_t *j = srv_json(resp + head_len);
     json_t *e = json_object_get(j, "error");
     assert_non_null(json_string_value(json_object_get(e, "type")));
     const char *msg = json_string_value(json_object_get(e, "message"));
@@ -950,7 +934,7 @@ static void test_http_methods(void **st) {
         assert_int_equal(srv_http(&s, "POST", paths[i], "{}", NULL, &out, &head, 0), 405);
         assert_non_null(strstr(header_value(head, "Allow", buf, sizeof buf), "GET"));
         free(head);
-        json_t *j = parse(out);
+        json_t *j = srv_json(out);
         assert_non_null(json_object_get(j, "error"));
         json_decref(j);
         free(out);
@@ -1003,7 +987,7 @@ static void test_request_log(void **st) {
     char *body = chat_body(msgs, 1, 8, false), *out, pattern[256];
     assert_int_equal(http(&s, "/v1/chat/completions", body, NULL, &out, 0), 200);
     free(body);
-    json_t *j = parse(out);
+    json_t *j = srv_json(out);
     char *id = strdup(json_string_value(json_object_get(j, "id")));
     msgs[1] = json_string_value(json_object_get(
         json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content"));
@@ -1047,7 +1031,7 @@ static json_t *post_ok(const Srv *s, const char *path, const char *body) {
     char *out;
     long st = http(s, path, body, NULL, &out, 0);
     if (st != 200) fail_msg("%s %s: status %ld: %s", path, body, st, out);
-    json_t *j = parse(out);
+    json_t *j = srv_json(out);
     free(out);
     return j;
 }
@@ -1082,7 +1066,7 @@ static void test_model_fingerprint_ids(void **st) {
     int n_chunks = 0;
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
         if (strncmp(line, "data: {", 7) != 0) continue;
-        json_t *c = parse(line + 6);
+        json_t *c = srv_json(line + 6);
         assert_string_equal(json_string_value(json_object_get(c, "model")), s.model);
         assert_string_equal(json_string_value(json_object_get(c, "system_fingerprint")), fp1);
         json_decref(c);
@@ -1094,13 +1078,13 @@ static void test_model_fingerprint_ids(void **st) {
     char path[256];
     snprintf(path, sizeof path, "/v1/models/%s", s.model);
     assert_int_equal(http(&s, path, NULL, NULL, &out, 0), 200);
-    j = parse(out);
+    j = srv_json(out);
     assert_string_equal(json_string_value(json_object_get(j, "id")), s.model);
     assert_string_equal(json_string_value(json_object_get(j, "object")), "model");
     json_decref(j);
     free(out);
     assert_int_equal(http(&s, "/v1/models/gpt-4o", NULL, NULL, &out, 0), 404);
-    j = parse(out);
+    j = srv_json(out);
     json_t *e = json_object_get(j, "error");
     assert_string_equal(json_string_value(json_object_get(e, "code")), "model_not_found");
     assert_string_equal(json_string_value(json_object_get(e, "param")), "model");
@@ -1307,7 +1291,7 @@ static void test_completion_logprobs(void **st) {
     json_t *all_tokens = json_array(), *all_values = json_array(), *all_offsets = json_array();
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
         if (strncmp(line, "data: {", 7) != 0) continue;
-        json_t *chunk = parse(line + 6);
+        json_t *chunk = srv_json(line + 6);
         json_t *l = json_object_get(json_array_get(json_object_get(chunk, "choices"), 0), "logprobs");
         if (json_is_object(l)) {
             json_array_extend(all_tokens, json_object_get(l, "tokens"));
@@ -1389,7 +1373,7 @@ static void test_chat_logprobs(void **st) {
     json_t *streamed = json_array();
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
         if (strncmp(line, "data: {", 7) != 0) continue;
-        json_t *chunk = parse(line + 6);
+        json_t *chunk = srv_json(line + 6);
         json_t *l = json_object_get(json_array_get(json_object_get(chunk, "choices"), 0), "logprobs");
         if (json_is_object(l)) json_array_extend(streamed, json_object_get(l, "content"));
         json_decref(chunk);

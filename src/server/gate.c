@@ -42,7 +42,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
-#include "server/openai.h"
+#include "server/api_base.h"
 
 /* Connections waiting for their head at most; one more hands the oldest over. */
 #define GATE_MAX_PENDING 64

@@ -23,7 +23,8 @@
  * invalid UTF-8: the builders are the one place text is made valid — each
  * passes its strings through api_utf8_sanitize — so callers hand them the
  * engine's bytes as they come, and a streamed answer and the same answer
- * sent whole carry identical text.
+ * sent whole carry identical text. The error object, the sanitizer and
+ * the serializer the builders share are server/api_base's (included here).
  */
 #ifndef MN_OPENAI_H
 #define MN_OPENAI_H
@@ -35,6 +36,7 @@
 
 #include "base/err.h"
 #include "engine/engine.h"
+#include "server/api_base.h"
 #include "engine/sampler.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
@@ -266,18 +268,6 @@ char *api_text_chunk_json(const ApiMeta *m, const char *text, ApiFinish finish, 
  *  "created","model","choices":[],"usage"}. */
 char *api_usage_chunk_json(const ApiMeta *m, bool is_chat, const ApiUsage *usage);
 
-/* The OpenAI error object:
- * {"error":{"message","type":api_error_type(http_status),"param","code"}};
- * param and code NULL give JSON null. message NULL gives "". */
-char *api_error_json(int http_status, const char *message, const char *param, const char *code);
-
-/* The OpenAI error type for an HTTP status: 400, 404, 413, 422 and other
- * 4xx "invalid_request_error", 401 "authentication_error", 403
- * "permission_error", 429 "rate_limit_error", 501
- * "not_supported_error", 503 "unavailable_error", other 5xx (and anything
- * else) "server_error". Static string, never NULL. */
-const char *api_error_type(int http_status);
-
 /* The HTTP status for an MN_* code from parsing or serving: MN_EINVAL,
  * MN_EFORMAT, MN_ERANGE, MN_EUNSUPPORTED 400; MN_ENOTFOUND 404; MN_EBUSY,
  * MN_EFULL, MN_ECANCELED (shutting down) 503; MN_OK 200; anything else
@@ -301,15 +291,5 @@ char *api_detokenize_json(const char *text, size_t len);
 /* {"prompt":TEXT} for text[0..len) (may hold NUL bytes: written \u0000):
  * the answer of /apply-template. */
 char *api_apply_template_json(const char *text, size_t len);
-
-/* ================================================================= UTF-8 */
-
-/* A copy of s[0..len) in which every ill-formed sequence (per the strict
- * RFC 3629 rules of base/utf8.h: no overlongs, surrogates or code points
- * above U+10FFFF; one U+FFFD per maximal ill-formed subpart, a truncated
- * sequence at the end included) is replaced by U+FFFD. Valid input comes
- * back byte for byte. NUL-terminated, mn_malloc'd (at most 3 * len + 1
- * bytes); *out_len (if not NULL) gets its length. NULL on OOM. */
-char *api_utf8_sanitize(const char *s, size_t len, size_t *out_len);
 
 #endif

@@ -1,8 +1,8 @@
 /* server.c — the HTTP server (see server.h).
  *
- * Connections come from server/gate, which answers the heads libmicrohttpd
- * would answer badly and hands the rest over (MHD_add_connection; the
- * daemon has no listening socket of its own). One access-handler call
+ * Connections come through server/http's front (server/gate answers the
+ * heads libmicrohttpd would answer badly and hands the rest to the
+ * daemon, a thread per connection). One access-handler call
  * chain per request: libmicrohttpd calls handle_request first with the
  * headers (begin_request checks the body's framing and declared size and
  * may answer at once), then with body pieces (collected into the
@@ -23,11 +23,7 @@
  */
 #include "server/server.h"
 
-#include <arpa/inet.h>
-#include <errno.h>
 #include <microhttpd.h>
-#include <netinet/in.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +39,7 @@
 #include "base/mem.h"
 #include "base/version.h"
 #include "engine/prompt.h"
-#include "server/gate.h"
+#include "server/http.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/responses.h"
@@ -57,8 +53,7 @@ struct Server {
     Engine *e;
     const Model *m;
     ServerOptions opt;
-    struct MHD_Daemon *daemon;
-    Gate *gate;
+    HttpFront *front;           /* the gate and libmicrohttpd */
     Metrics *metrics;
     RespService *resp;          /* the Responses API's routes */
     MetricFamily *f_tier_read, *f_tier_written, *f_tier_read_s, *f_tier_write_s, *f_tier_occupancy, *f_tier_evictions,
@@ -77,8 +72,7 @@ struct Server {
  * time, whose fields begin_request resets. */
 typedef struct Conn {
     const char *method, *url; /* the current request's: libmicrohttpd's strings, valid until it completes */
-    char *body;
-    size_t len, cap;
+    HttpBody body;
 } Conn;
 
 void server_options_default(ServerOptions *o) {
@@ -146,48 +140,6 @@ static enum MHD_Result send_json(Server *s, struct MHD_Connection *c, int status
     return ok;
 }
 
-/* ---- the request log ------------------------------------------------------------ */
-
-/* src with quotes, backslashes and control characters escaped (the path and
- * messages come from the client), cut to fit cap. */
-static void log_escape(char *dst, size_t cap, const char *src) {
-    size_t n = 0;
-    for (; *src && n + 5 < cap; src++) {
-        unsigned char ch = (unsigned char)*src;
-        if (ch == '"' || ch == '\\') n += (size_t)snprintf(dst + n, cap - n, "\\%c", ch);
-        else if (ch < 0x20 || ch == 0x7f) n += (size_t)snprintf(dst + n, cap - n, "\\x%02x", ch);
-        else dst[n++] = (char)ch;
-    }
-    dst[n] = '\0';
-}
-
-/* One line per answered generation or error, its fields in a fixed order:
- * UTC time, method, path, status, id (the response's `id`; "-" when the
- * answer carries none), stream (1: the answer was an event stream), then
- * detail. */
-static void log_answer(const char *method, const char *path, int status, const char *id, bool is_stream,
-                       const char *detail) {
-    char when[40], safe_path[256];
-    double now = mn_wall_now();
-    time_t t = (time_t)now;
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    size_t n = strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(when + n, sizeof when - n, ".%03dZ", (int)((now - (double)t) * 1000) % 1000);
-    log_escape(safe_path, sizeof safe_path, path ? path : "-");
-    LOG_INFO("%s %s %s %d id=%s stream=%d %s", when, method ? method : "-", safe_path, status, id ? id : "-",
-             is_stream, detail);
-}
-
-/* The error line of an answer without an id. */
-static void log_error(const char *method, const char *path, int status, const char *msg) {
-    char detail[600];
-    strcpy(detail, "error=\"");
-    log_escape(detail + 7, sizeof detail - 8, msg ? msg : "");
-    strcat(detail, "\"");
-    log_answer(method, path, status, NULL, false, detail);
-}
-
 /* An OpenAI error answer; param, code and allow (an Allow header) may be NULL. */
 static enum MHD_Result send_error_full(Server *s, struct MHD_Connection *c, int status, const char *msg,
                                        const char *param, const char *code, const char *allow) {
@@ -195,7 +147,7 @@ static enum MHD_Result send_error_full(Server *s, struct MHD_Connection *c, int 
     if (json == NULL) return MHD_NO;
     count_request(s, status);
     Conn *conn = conn_of(c);
-    log_error(conn ? conn->method : NULL, conn ? conn->url : NULL, status, msg);
+    http_log_error(conn ? conn->method : NULL, conn ? conn->url : NULL, status, msg);
     enum MHD_Result ok = send_body(s, c, status, "application/json", json, strlen(json), allow);
     mn_free(json);
     return ok;
@@ -401,7 +353,7 @@ static void log_request(const Gen *g, int status) {
     if (n > 0 && (size_t)n < sizeof detail)
         snprintf(detail + n, sizeof detail - (size_t)n, " generated=%d ttft=%.3fs total=%.3fs%s", g->res.n_generated,
                  g->res.ttft_s, mn_now() - g->t0, g->res.finish == FINISH_CANCELLED ? " cancelled" : "");
-    log_answer("POST", g->path, status, g->id, g->is_stream, detail);
+    http_log_answer("POST", g->path, status, g->id, g->is_stream, detail);
 }
 
 /* Append an SSE event with json as its data (takes json). */
@@ -493,7 +445,7 @@ static void stream_free(void *cls) {
     Gen *g = cls;
     if (!g->is_finished) {
         engine_cancel(g->s->e, g->req);
-        log_answer("POST", g->path, 200, g->id, true, "cancelled: the client went away");
+        http_log_answer("POST", g->path, 200, g->id, true, "cancelled: the client went away");
     }
     gen_free(g);
 }
@@ -611,7 +563,7 @@ static enum MHD_Result handle_generation(Server *s, struct MHD_Connection *c, Ap
     ApiRequest ar;
     MnErr err = {0};
     char param[API_PARAM_MAX];
-    if (api_parse_request(route, conn->body ? conn->body : "", conn->len, &ar, &err, param) != MN_OK)
+    if (api_parse_request(route, conn->body.data ? conn->body.data : "", conn->body.len, &ar, &err, param) != MN_OK)
         return send_error(s, c, 400, err.msg, param[0] ? param : NULL);
     Gen *g = mn_calloc(1, sizeof *g);
     if (g == NULL) {
@@ -648,7 +600,7 @@ static enum MHD_Result handle_apply_template(Server *s, struct MHD_Connection *c
     ApiRequest ar;
     MnErr err = {0};
     char param[API_PARAM_MAX];
-    if (api_parse_request(API_ROUTE_APPLY_TEMPLATE, conn->body ? conn->body : "", conn->len, &ar, &err, param) != MN_OK)
+    if (api_parse_request(API_ROUTE_APPLY_TEMPLATE, conn->body.data ? conn->body.data : "", conn->body.len, &ar, &err, param) != MN_OK)
         return send_error(s, c, 400, err.msg, param[0] ? param : NULL);
     ChatInput chat = chat_input(&ar);
     char *text = NULL;
@@ -666,7 +618,7 @@ static enum MHD_Result handle_tokenize(Server *s, struct MHD_Connection *c, ApiR
     MnErr err = {0};
     bool is_detok = route == API_ROUTE_DETOKENIZE;
     char param[API_PARAM_MAX];
-    if (api_parse_request(route, conn->body ? conn->body : "", conn->len, &ar, &err, param) != MN_OK)
+    if (api_parse_request(route, conn->body.data ? conn->body.data : "", conn->body.len, &ar, &err, param) != MN_OK)
         return send_error(s, c, 400, err.msg, param[0] ? param : NULL);
     const Tokenizer *tok = engine_model(s->e)->tok;
     enum MHD_Result ok;
@@ -725,30 +677,6 @@ static const char *check_key(Server *s, struct MHD_Connection *c) {
     return NULL;
 }
 
-/* The body's framing as the head declares it. */
-typedef struct Framing {
-    int n_lengths, n_codings;
-    const char *length;   /* the first Content-Length */
-    bool is_conflicting;  /* Content-Lengths that differ */
-    bool is_chunked_only; /* every Transfer-Encoding is exactly "chunked" */
-} Framing;
-
-static enum MHD_Result framing_add(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
-    Framing *f = cls;
-    if (strcasecmp(key, "Content-Length") == 0) {
-        if (f->n_lengths++ == 0) f->length = value;
-        else if (strcmp(value, f->length) != 0) f->is_conflicting = true;
-    } else if (strcasecmp(key, "Transfer-Encoding") == 0) {
-        f->n_codings++;
-        f->is_chunked_only = f->is_chunked_only && strcasecmp(value, "chunked") == 0;
-    }
-    return MHD_YES;
-}
-
-static void body_limit_msg(const Server *s, char *msg, size_t cap) {
-    snprintf(msg, cap, "the request body is larger than %zu bytes (--max-body)", s->opt.max_body);
-}
-
 /* The first call of a request, with its head: reset the connection's
  * request state and check the framing. Framings a proxy in front could
  * read otherwise than libmicrohttpd does (RFC 9112 §6.1, §6.3: Content-
@@ -763,41 +691,25 @@ static enum MHD_Result begin_request(Server *s, struct MHD_Connection *c, const 
     if (conn == NULL) return MHD_NO;
     conn->method = method;
     conn->url = url;
-    conn->len = 0;
+    conn->body.len = 0;
     *con_cls = conn;
-    Framing f = {.is_chunked_only = true};
-    MHD_get_connection_values(c, MHD_HEADER_KIND, framing_add, &f);
-    if (f.is_conflicting) return send_error(s, c, 400, "conflicting Content-Length headers", NULL);
-    if (f.n_lengths > 0 && f.n_codings > 0)
-        return send_error(s, c, 400, "both Content-Length and Transfer-Encoding are set", NULL);
-    if (f.n_codings > 0 && !(f.n_codings == 1 && f.is_chunked_only))
-        return send_error(s, c, 400, "unsupported Transfer-Encoding (only chunked is)", NULL);
-    /* libmicrohttpd parsed the value: digits that fit 64 bits */
-    if (f.n_lengths > 0 && strtoull(f.length, NULL, 10) > s->opt.max_body) {
-        char msg[96];
-        body_limit_msg(s, msg, sizeof msg);
-        return send_error(s, c, 413, msg, NULL);
-    }
-    return MHD_YES;
+    char msg[96];
+    int status = http_check_framing(c, s->opt.max_body, msg, sizeof msg);
+    return status ? send_error(s, c, status, msg, NULL) : MHD_YES;
 }
 
 /* A body that passes --max-body while it arrives: only a chunked one can
- * (a declared length was judged by begin_request). libmicrohttpd 0.9.75
- * queues no answer between the head and the body's end, so the 413 is
- * written on the socket here and MHD_NO makes the library drop the
- * connection (it logs "Application reported internal error") instead of
- * reading the rest. */
+ * (a declared length was judged by begin_request); answered 413 on the
+ * socket, with the CORS headers the answer would have had. */
 static enum MHD_Result refuse_body(Server *s, struct MHD_Connection *c, const Conn *conn) {
     char msg[96], cors[512] = "";
-    body_limit_msg(s, msg, sizeof msg);
+    http_body_limit_msg(s->opt.max_body, msg, sizeof msg);
     const char *origin = cors_origin(s, c);
     if (origin) snprintf(cors, sizeof cors, "Vary: Origin\r\nAccess-Control-Allow-Origin: %.400s\r\n", origin);
     else if (s->opt.n_cors_origins > 0) strcpy(cors, "Vary: Origin\r\n");
     count_request(s, 413);
-    log_error(conn->method, conn->url, 413, msg);
-    const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (info) gate_write_error(info->connect_fd, 413, msg, cors);
-    return MHD_NO;
+    http_log_error(conn->method, conn->url, 413, msg);
+    return http_refuse_body(c, msg, cors);
 }
 
 /* OPTIONS on a route: its methods, and for a listed Origin the CORS
@@ -875,8 +787,8 @@ static enum MHD_Result handle_responses(Server *s, struct MHD_Connection *c, con
         return send_error(s, c, 401, "a valid API key is required (Authorization: Bearer KEY)", NULL);
     RespCall call = {.method = method,
                      .sub = sub,
-                     .body = conn->body,
-                     .body_len = conn->len,
+                     .body = conn->body.data,
+                     .body_len = conn->body.len,
                      .ns = request_namespace(s, c, key),
                      .limit = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit"),
                      .order = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "order"),
@@ -892,11 +804,11 @@ static enum MHD_Result handle_responses(Server *s, struct MHD_Connection *c, con
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         count_request(s, 200);
-        log_answer(method, url, 200, a.id, true, "");
+        http_log_answer(method, url, 200, a.id, true, "");
         return queue_answer(s, c, 200, r, NULL);
     }
     if (a.json == NULL) return send_error_full(s, c, a.status, a.error_msg, a.param[0] ? a.param : NULL, a.code, NULL);
-    if (strcmp(method, "POST") != 0) log_answer(method, url, a.status, a.id, false, "");
+    if (strcmp(method, "POST") != 0) http_log_answer(method, url, a.status, a.id, false, "");
     return send_json(s, c, a.status, a.json);
 }
 
@@ -909,19 +821,9 @@ static enum MHD_Result handle_request(void *cls, struct MHD_Connection *c, const
     if (*upload_data_size > 0) { /* a piece of the body */
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (conn->len + n > s->opt.max_body) return refuse_body(s, c, conn);
-        if (conn->len + n + 1 > conn->cap) {
-            size_t cap = conn->cap ? conn->cap : 4096;
-            while (cap < conn->len + n + 1) cap *= 2;
-            char *b = mn_realloc(conn->body, cap);
-            if (b == NULL) return MHD_NO;
-            conn->body = b;
-            conn->cap = cap;
-        }
-        memcpy(conn->body + conn->len, upload_data, n);
-        conn->len += n;
-        conn->body[conn->len] = '\0';
-        return MHD_YES;
+        int rc = http_body_add(&conn->body, upload_data, n, s->opt.max_body);
+        if (rc == MN_EFULL) return refuse_body(s, c, conn);
+        return rc == MN_OK ? MHD_YES : MHD_NO;
     }
     bool is_get = strcmp(method, "GET") == 0, is_post = strcmp(method, "POST") == 0,
          is_options = strcmp(method, "OPTIONS") == 0;
@@ -970,9 +872,7 @@ static enum MHD_Result handle_request(void *cls, struct MHD_Connection *c, const
 static void request_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     Conn *conn = *con_cls;
     if (conn == NULL) return;
-    mn_free(conn->body);
-    conn->body = NULL;
-    conn->len = conn->cap = 0;
+    http_body_free(&conn->body);
     conn->method = conn->url = NULL;
     *con_cls = NULL;
 }
@@ -984,7 +884,7 @@ static void conn_notify(void *cls, struct MHD_Connection *c, void **socket_conte
         *socket_context = mn_calloc(1, sizeof(Conn)); /* NULL: begin_request drops the connection */
     } else {
         Conn *conn = *socket_context;
-        if (conn) mn_free(conn->body);
+        if (conn) http_body_free(&conn->body);
         mn_free(conn);
         *socket_context = NULL;
     }
@@ -992,25 +892,10 @@ static void conn_notify(void *cls, struct MHD_Connection *c, void **socket_conte
 
 /* ---- life cycle ---------------------------------------------------------------- */
 
-/* libmicrohttpd's own messages, through the project's log. */
-static void mhd_log(void *cls, const char *fmt, va_list ap) {
-    char msg[512];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    size_t n = strlen(msg);
-    while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == ' ')) msg[--n] = '\0';
-    LOG_INFO("libmicrohttpd: %s", msg);
-}
-
-static void gate_hand_over(void *ctx, int fd, const struct sockaddr_in *addr) {
-    Server *s = ctx;
-    if (MHD_add_connection(s->daemon, fd, (const struct sockaddr *)addr, sizeof *addr) != MHD_YES)
-        LOG_WARN("cannot take a connection: %s", strerror(errno)); /* the library closed it */
-}
-
-static void gate_rejected(void *ctx, const char *method, const char *path, int status, const char *msg) {
+static void on_rejected(void *ctx, const char *method, const char *path, int status, const char *msg) {
     Server *s = ctx;
     count_request(s, status);
-    log_error(method, path, status, msg);
+    http_log_error(method, path, status, msg);
 }
 
 /* "fp_" + 16 hex digits of the model's fingerprint and this binary's hash. */
@@ -1057,28 +942,14 @@ int server_new(Engine *e, const ServerOptions *o, Server **out, MnErr *err) {
         server_free(s);
         return MN_ENOMEM;
     }
-    struct sockaddr_in addr;
-    memset(&addr, 0, sizeof addr);
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons((uint16_t)o->port);
-    if (inet_pton(AF_INET, o->host, &addr.sin_addr) != 1) {
-        server_free(s);
-        return mn_err_set(err, MN_EINVAL, "--host %s is not an IPv4 address", o->host);
-    }
-    /* the gate listens; the library may hold heads four times the largest
-     * the gate passes, so a passed head never meets its limits */
-    s->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG |
-                                     MHD_USE_ITC | MHD_USE_NO_LISTEN_SOCKET,
-                                 0, NULL, NULL, handle_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-                                 MHD_OPTION_NOTIFY_COMPLETED, request_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
-                                 conn_notify, s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(4 * GATE_HEAD_MAX),
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
-    if (s->daemon == NULL) {
-        server_free(s);
-        return mn_err_set(err, MN_EIO, "cannot start the HTTP server");
-    }
-    GateCallbacks cb = {.hand_over_fn = gate_hand_over, .rejected_fn = gate_rejected, .ctx = s};
-    int rc = gate_new(&addr, &cb, &s->gate, err);
+    HttpFrontConfig fc = {.host = o->host,
+                          .port = o->port,
+                          .handler_fn = handle_request,
+                          .completed_fn = request_completed,
+                          .connection_fn = conn_notify,
+                          .rejected_fn = on_rejected,
+                          .ctx = s};
+    int rc = http_front_new(&fc, &s->front, err);
     if (rc != MN_OK) {
         server_free(s);
         return rc;
@@ -1087,15 +958,14 @@ int server_new(Engine *e, const ServerOptions *o, Server **out, MnErr *err) {
     return MN_OK;
 }
 
-int server_port(const Server *s) { return gate_port(s->gate); }
+int server_port(const Server *s) { return http_front_port(s->front); }
 
-void server_quiesce(Server *s) { gate_quiesce(s->gate); }
+void server_quiesce(Server *s) { http_front_quiesce(s->front); }
 
 void server_free(Server *s) {
     if (s == NULL) return;
-    gate_free(s->gate); /* first: it hands connections to the daemon */
-    if (s->daemon) MHD_stop_daemon(s->daemon);
-    resp_service_free(s->resp); /* after the daemon: no call is running */
+    http_front_free(s->front);
+    resp_service_free(s->resp); /* after the front: no call is running */
     metrics_free(s->metrics);
     mn_free(s);
 }

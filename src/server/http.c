@@ -1,0 +1,212 @@
+/* http.c — the HTTP front shared by the server and the router (see http.h).
+ *
+ * The daemon has no listening socket of its own: server/gate owns it,
+ * answers the heads libmicrohttpd would answer badly and hands the rest
+ * over (MHD_add_connection). The daemon runs a thread per connection, so a
+ * handler may block (on the engine, on a backend) without stalling other
+ * connections. libmicrohttpd may hold heads four times the largest the
+ * gate passes, so a passed head never meets the library's own limits.
+ */
+#include "server/http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "server/gate.h"
+
+/* How long a connection may stay idle before the library closes it (s). */
+#define HTTP_IDLE_TIMEOUT_S 600
+
+struct HttpFront {
+    HttpFrontConfig cfg;
+    struct MHD_Daemon *daemon;
+    Gate *gate;
+};
+
+/* ---- the front ------------------------------------------------------------------------ */
+
+/* libmicrohttpd's own messages, through the project's log. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == ' ')) msg[--n] = '\0';
+    LOG_INFO("libmicrohttpd: %s", msg);
+}
+
+static void front_hand_over(void *ctx, int fd, const struct sockaddr_in *addr) {
+    HttpFront *f = ctx;
+    if (MHD_add_connection(f->daemon, fd, (const struct sockaddr *)addr, sizeof *addr) != MHD_YES)
+        LOG_WARN("cannot take a connection: %s", strerror(errno)); /* the library closed it */
+}
+
+static void front_rejected(void *ctx, const char *method, const char *path, int status, const char *msg) {
+    HttpFront *f = ctx;
+    if (f->cfg.rejected_fn) f->cfg.rejected_fn(f->cfg.ctx, method, path, status, msg);
+}
+
+int http_front_new(const HttpFrontConfig *cfg, HttpFront **out, MnErr *err) {
+    *out = NULL;
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)cfg->port);
+    if (inet_pton(AF_INET, cfg->host, &addr.sin_addr) != 1)
+        return mn_err_set(err, MN_EINVAL, "--host %s is not an IPv4 address", cfg->host);
+    HttpFront *f = mn_calloc(1, sizeof *f);
+    if (f == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
+    f->cfg = *cfg;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG |
+                     MHD_USE_ITC | MHD_USE_NO_LISTEN_SOCKET;
+    /* the optional callbacks are added only when given */
+    struct MHD_OptionItem opts[8];
+    size_t n = 0;
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_EXTERNAL_LOGGER, (intptr_t)mhd_log, NULL};
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)(4 * GATE_HEAD_MAX), NULL};
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_TIMEOUT, HTTP_IDLE_TIMEOUT_S, NULL};
+    if (cfg->completed_fn)
+        opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)cfg->completed_fn, cfg->ctx};
+    if (cfg->connection_fn)
+        opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)cfg->connection_fn, cfg->ctx};
+    if (cfg->uri_fn) opts[n++] = (struct MHD_OptionItem){MHD_OPTION_URI_LOG_CALLBACK, (intptr_t)cfg->uri_fn, cfg->ctx};
+    opts[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+    f->daemon = MHD_start_daemon(flags, 0, NULL, NULL, cfg->handler_fn, cfg->ctx, MHD_OPTION_ARRAY, opts,
+                                 MHD_OPTION_END);
+    if (f->daemon == NULL) {
+        http_front_free(f);
+        return mn_err_set(err, MN_EIO, "cannot start the HTTP server");
+    }
+    GateCallbacks cb = {.hand_over_fn = front_hand_over, .rejected_fn = front_rejected, .ctx = f};
+    int rc = gate_new(&addr, &cb, &f->gate, err);
+    if (rc != MN_OK) {
+        http_front_free(f);
+        return rc;
+    }
+    *out = f;
+    return MN_OK;
+}
+
+int http_front_port(const HttpFront *f) { return gate_port(f->gate); }
+
+void http_front_quiesce(HttpFront *f) { gate_quiesce(f->gate); }
+
+void http_front_free(HttpFront *f) {
+    if (f == NULL) return;
+    gate_free(f->gate); /* first: it hands connections to the daemon */
+    if (f->daemon) MHD_stop_daemon(f->daemon);
+    mn_free(f);
+}
+
+/* ---- a request's body ------------------------------------------------------------------ */
+
+/* The body's framing as the head declares it. */
+typedef struct Framing {
+    int n_lengths, n_codings;
+    const char *length;   /* the first Content-Length */
+    bool is_conflicting;  /* Content-Lengths that differ */
+    bool is_chunked_only; /* every Transfer-Encoding is exactly "chunked" */
+} Framing;
+
+static enum MHD_Result framing_add(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    Framing *f = cls;
+    if (strcasecmp(key, "Content-Length") == 0) {
+        if (f->n_lengths++ == 0) f->length = value;
+        else if (strcmp(value, f->length) != 0) f->is_conflicting = true;
+    } else if (strcasecmp(key, "Transfer-Encoding") == 0) {
+        f->n_codings++;
+        f->is_chunked_only = f->is_chunked_only && strcasecmp(value, "chunked") == 0;
+    }
+    return MHD_YES;
+}
+
+void http_body_limit_msg(size_t max_body, char *msg, size_t cap) {
+    snprintf(msg, cap, "the request body is larger than %zu bytes (--max-body)", max_body);
+}
+
+int http_check_framing(struct MHD_Connection *c, size_t max_body, char *msg, size_t cap) {
+    Framing f = {.is_chunked_only = true};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, framing_add, &f);
+    const char *why = NULL;
+    if (f.is_conflicting) why = "conflicting Content-Length headers";
+    else if (f.n_lengths > 0 && f.n_codings > 0) why = "both Content-Length and Transfer-Encoding are set";
+    else if (f.n_codings > 0 && !(f.n_codings == 1 && f.is_chunked_only))
+        why = "unsupported Transfer-Encoding (only chunked is)";
+    if (why) {
+        snprintf(msg, cap, "%s", why);
+        return 400;
+    }
+    /* libmicrohttpd parsed the value: digits that fit 64 bits */
+    if (f.n_lengths > 0 && strtoull(f.length, NULL, 10) > max_body) {
+        http_body_limit_msg(max_body, msg, cap);
+        return 413;
+    }
+    return 0;
+}
+
+int http_body_add(HttpBody *b, const char *data, size_t n, size_t max_body) {
+    if (b->len + n > max_body) return MN_EFULL;
+    if (mn_reserve(&b->data, &b->cap, b->len + n + 1) != MN_OK) return MN_ENOMEM;
+    memcpy(b->data + b->len, data, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+    return MN_OK;
+}
+
+void http_body_free(HttpBody *b) {
+    mn_free(b->data);
+    memset(b, 0, sizeof *b);
+}
+
+enum MHD_Result http_refuse_body(struct MHD_Connection *c, const char *msg, const char *extra_headers) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (info) gate_write_error(info->connect_fd, 413, msg, extra_headers);
+    return MHD_NO;
+}
+
+/* ---- the request log --------------------------------------------------------------------- */
+
+/* src with quotes, backslashes and control characters escaped (the path and
+ * messages come from the client), cut to fit cap. */
+static void log_escape(char *dst, size_t cap, const char *src) {
+    size_t n = 0;
+    for (; *src && n + 5 < cap; src++) {
+        unsigned char ch = (unsigned char)*src;
+        if (ch == '"' || ch == '\\') n += (size_t)snprintf(dst + n, cap - n, "\\%c", ch);
+        else if (ch < 0x20 || ch == 0x7f) n += (size_t)snprintf(dst + n, cap - n, "\\x%02x", ch);
+        else dst[n++] = (char)ch;
+    }
+    dst[n] = '\0';
+}
+
+void http_log_answer(const char *method, const char *path, int status, const char *id, bool is_stream,
+                     const char *detail) {
+    char when[40], safe_path[256];
+    double now = mn_wall_now();
+    time_t t = (time_t)now;
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    size_t n = strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(when + n, sizeof when - n, ".%03dZ", (int)((now - (double)t) * 1000) % 1000);
+    log_escape(safe_path, sizeof safe_path, path ? path : "-");
+    LOG_INFO("%s %s %s %d id=%s stream=%d %s", when, method ? method : "-", safe_path, status, id ? id : "-",
+             is_stream, detail);
+}
+
+void http_log_error(const char *method, const char *path, int status, const char *msg) {
+    char detail[600];
+    strcpy(detail, "error=\"");
+    log_escape(detail + 7, sizeof detail - 8, msg ? msg : "");
+    strcat(detail, "\"");
+    http_log_answer(method, path, status, NULL, false, detail);
+}
