@@ -46,6 +46,8 @@
  */
 #include "compute/kquant.h"
 
+#include "compute/act8.h"
+
 #include <assert.h>
 #include <math.h>
 #include <stddef.h>
@@ -125,33 +127,13 @@ bool kq_has_type(MnType type) {
  * Reference (scalar path, and the oracle of the others)
  * ===================================================================== */
 
-/* The scale of a block: 127 / amax, or 0 for a block of zeros. amax keeps
- * the first of equal values and skips NaN, as vmaxps(|x|, acc) does. */
-static float block_iscale(const float *x) {
-    float amax = 0.0f;
-    for (int j = 0; j < MN_QK_K; j++) {
-        float ax = fabsf(x[j]);
-        amax = ax > amax ? ax : amax;
-    }
-    return amax > 0.0f ? 127.0f / amax : 0.0f;
-}
-
-/* One code: iscale * x clamped to +-127 as vmaxps/vminps clamp (NaN goes
- * to -127), rounded to even as vcvtps2dq rounds. */
-static int8_t code_of(float iscale, float x) {
-    float v = iscale * x;
-    v = v > -127.0f ? v : -127.0f;
-    v = v < 127.0f ? v : 127.0f;
-    return (int8_t)lrintf(v);
-}
-
 static void quantize_ref(MnType type, const float *x, int64_t n_in, KqBlock *y) {
     const uint8_t *pos = ORDER_POS[kind_of(type).order];
     for (int64_t b = 0; b < n_in / MN_QK_K; b++, x += MN_QK_K, y++) {
-        float iscale = block_iscale(x);
+        float iscale = act8_iscale(act8_amax(x, MN_QK_K));
         memset(y, 0, sizeof *y);
         for (int j = 0; j < MN_QK_K; j++) {
-            int8_t q = code_of(iscale, x[j]);
+            int8_t q = act8_code(iscale, x[j]);
             y->qs[16 * pos[j / 16] + j % 16] = q;
             y->sum16[j / 16] = (int16_t)(y->sum16[j / 16] + q);
         }
@@ -159,7 +141,7 @@ static void quantize_ref(MnType type, const float *x, int64_t n_in, KqBlock *y) 
             y->sum16x2[2 * c] = y->sum16x2[2 * c + 1] = y->sum16[c];
             y->sum32[c / 2] = (int16_t)(y->sum32[c / 2] + y->sum16[c]);
         }
-        y->d = iscale > 0.0f ? 1.0f / iscale : 0.0f;
+        y->d = act8_step(iscale);
     }
 }
 
@@ -303,7 +285,7 @@ static void quantize_avx512(MnType type, const float *x, int64_t n_in, KqBlock *
         __m512 m = _mm512_setzero_ps();
         for (int i = 0; i < 16; i++) m = _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(x + 16 * i), abs_mask), m);
         float amax = _mm512_reduce_max_ps(m); /* no NaN in m: any order gives the same */
-        float iscale = amax > 0.0f ? 127.0f / amax : 0.0f;
+        float iscale = act8_iscale(amax);
         __m512 vs = _mm512_set1_ps(iscale), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
         __m512i q[16];
         for (int i = 0; i < 16; i++) {
@@ -317,7 +299,7 @@ static void quantize_avx512(MnType type, const float *x, int64_t n_in, KqBlock *
         _mm512_storeu_si512(y->sum16x2, twice);
         _mm256_storeu_si256((__m256i *)y->sum16, _mm512_cvtepi32_epi16(sums));
         _mm_storeu_si128((__m128i *)y->sum32, _mm512_cvtepi64_epi16(pairs));
-        y->d = iscale > 0.0f ? 1.0f / iscale : 0.0f;
+        y->d = act8_step(iscale);
         memset(y->pad, 0, sizeof y->pad);
     }
 }
