@@ -316,9 +316,6 @@ static void test_batch_invariance(void **state) {
 
 /* ---- int8 activations: K-quants and IQ4_XS, and the 32-element types ---------- */
 
-static const MnType kq_types[] = {MN_TYPE_Q2_K, MN_TYPE_Q3_K, MN_TYPE_Q4_K,
-                                  MN_TYPE_Q5_K, MN_TYPE_Q6_K, MN_TYPE_IQ4_XS};
-enum { N_KQ_TYPES = sizeof kq_types / sizeof kq_types[0] };
 static const MnType i8_types[] = {MN_TYPE_Q2_K, MN_TYPE_Q3_K,  MN_TYPE_Q4_K, MN_TYPE_Q5_K,
                                   MN_TYPE_Q6_K, MN_TYPE_IQ4_XS, MN_TYPE_Q4_0, MN_TYPE_Q4_1,
                                   MN_TYPE_Q5_0, MN_TYPE_Q5_1,  MN_TYPE_IQ4_NL};
@@ -330,72 +327,61 @@ static bool has_min(MnType type) { return type == MN_TYPE_Q4_1 || type == MN_TYP
 /* Elements per block of quantized activations for weights of type. */
 static int64_t act_block(MnType type) { return kq_has_type(type) ? 256 : 32; }
 
-/* kq_quantize (this build's path) writes exactly kq_quantize_ref's bytes:
- * random blocks, a block of zeros, ties at +-amax, values that round at
- * .5, and a NaN (clamped to -127 by both). */
-static void test_kq_quantize_exact(void **state) {
-    (void)state;
-    enum { N = 8 * 256 };
-    float *x = acts_make(1, N, 4242);
-    for (int j = 256; j < 512; j++) x[j] = 0.0f;             /* block 1: zeros */
-    x[512] = 2.0f, x[513] = -2.0f, x[514] = 1.0f / 127.0f;    /* block 2: +-amax, exact halves */
-    for (int j = 515; j < 768; j++) x[j] = (float)(j % 9) / 254.0f * 2.0f;
-    x[800] = NAN;                                            /* block 3 */
-    size_t bytes = (size_t)N / 256 * KQ_BLOCK_BYTES;
-    uint8_t *got = mn_alloc_aligned(bytes, 64), *want = mn_alloc_aligned(bytes, 64);
-    assert_non_null(got);
-    assert_non_null(want);
-    for (size_t i = 0; i < N_KQ_TYPES; i++) {
-        memset(got, 0xa5, bytes);
-        memset(want, 0x5a, bytes);
-        kq_quantize(kq_types[i], x, N, got);
-        kq_quantize_ref(kq_types[i], x, N, want);
-        for (size_t k = 0; k < bytes; k++)
-            if (got[k] != want[k])
-                fail_msg("%s: quantized activations differ at byte %zu (block %zu): %02x vs %02x",
-                         ttype_traits(kq_types[i])->name, k, k / KQ_BLOCK_BYTES, got[k], want[k]);
+/* Activations of n_tok tokens quantized for weights of `type` by this
+ * build's path (got) and by the plain C one (want): bytes, and their count. */
+static size_t quantize_both(MnType type, const float *x, int64_t n_in, int n_tok, uint8_t **got, uint8_t **want) {
+    size_t bytes = kq_has_type(type) ? kq_acts_bytes(n_in, n_tok) : q32_acts_bytes(n_in, n_tok);
+    *got = mn_alloc_aligned(bytes, 64);
+    *want = mn_alloc_aligned(bytes, 64);
+    assert_non_null(*got);
+    assert_non_null(*want);
+    memset(*got, 0xa5, bytes);
+    memset(*want, 0x5a, bytes);
+    if (kq_has_type(type)) {
+        kq_quantize(type, x, n_in, n_tok, *got);
+        kq_quantize_ref(type, x, n_in, n_tok, *want);
+    } else {
+        q32_quantize(x, n_in, n_tok, *got);
+        q32_quantize_ref(x, n_in, n_tok, *want);
     }
-    mn_free_aligned(want);
-    mn_free_aligned(got);
-    mn_free(x);
+    return bytes;
 }
 
-/* q32_quantize (this build's path) writes exactly q32_quantize_ref's bytes
- * for every token count (both layouts, a last tile filled up with zero
- * tokens): random blocks, a block of zeros, ties at +-amax, values that
- * round at .5, a NaN (clamped to -127 by both) and an infinity. */
-static void test_q32_quantize_exact(void **state) {
+/* kq_quantize and q32_quantize (this build's paths) write exactly their
+ * plain C twins' bytes for every token count (both layouts, a last tile
+ * filled up with zero tokens), for the weights of every int8 type (the K
+ * layouts depend on it): random blocks, a block of zeros, ties at +-amax,
+ * values that round at .5, a NaN (clamped to -127 by both) and an
+ * infinity. */
+static void test_i8_quantize_exact(void **state) {
     (void)state;
-    enum { N = 8 * 32, MAXT = 40 };
-    float *x = acts_make(MAXT, N, 4343);
-    for (int j = 32; j < 64; j++) x[j] = 0.0f;              /* token 0 block 1: zeros */
-    x[64] = 2.0f, x[65] = -2.0f, x[66] = 1.0f / 127.0f;     /* block 2: +-amax, exact halves */
-    for (int j = 67; j < 96; j++) x[j] = (float)(j % 9) / 254.0f * 2.0f;
-    x[100] = NAN;                                            /* block 3 */
-    x[N + 40] = INFINITY;                                    /* token 1, block 1 */
+    enum { N = 4 * 256, MAXT = 40 };
+    float *x = acts_make(MAXT, N, 4242);
+    for (int j = 256; j < 512; j++) x[j] = 0.0f;          /* token 0, 256-block 1: zeros */
+    x[512] = 2.0f, x[513] = -2.0f, x[514] = 1.0f / 127.0f; /* block 2: +-amax, exact halves */
+    for (int j = 515; j < 768; j++) x[j] = (float)(j % 9) / 254.0f * 2.0f;
+    x[800] = NAN;                                          /* block 3 */
+    x[N + 40] = INFINITY;                                  /* token 1, block 0 */
+    for (int k = 64; k < 96; k++) x[2 * N + k] = 0.0f;     /* token 2: a 32-block of zeros */
     static const int toks[] = {1, 2, 3, 4, 5, 8, 15, 16, 17, 33, 40};
-    for (size_t i = 0; i < sizeof toks / sizeof toks[0]; i++) {
-        size_t bytes = q32_acts_bytes(N, toks[i]);
-        uint8_t *got = mn_alloc_aligned(bytes, 64), *want = mn_alloc_aligned(bytes, 64);
-        assert_non_null(got);
-        assert_non_null(want);
-        memset(got, 0xa5, bytes);
-        memset(want, 0x5a, bytes);
-        q32_quantize(x, N, toks[i], got);
-        q32_quantize_ref(x, N, toks[i], want);
-        for (size_t k = 0; k < bytes; k++)
-            if (got[k] != want[k])
-                fail_msg("%d tokens (%s path): quantized activations differ at byte %zu: %02x vs %02x", toks[i],
-                         mm_simd_name(), k, got[k], want[k]);
-        mn_free_aligned(want);
-        mn_free_aligned(got);
-    }
+    for (size_t ti = 0; ti < N_I8_TYPES; ti++)
+        for (size_t i = 0; i < sizeof toks / sizeof toks[0]; i++) {
+            uint8_t *got, *want;
+            size_t bytes = quantize_both(i8_types[ti], x, N, toks[i], &got, &want);
+            for (size_t k = 0; k < bytes; k++)
+                if (got[k] != want[k])
+                    fail_msg("%s, %d tokens (%s path): quantized activations differ at byte %zu: %02x vs %02x",
+                             ttype_traits(i8_types[ti])->name, toks[i], mm_simd_name(), k, got[k], want[k]);
+            mn_free_aligned(want);
+            mn_free_aligned(got);
+        }
     mn_free(x);
 }
 
 /* mm_matmul on the int8 types equals mm_matmul_ref (int8 activations, scalar)
- * bit for bit, at every tile shape (4 x 4, 16 x 1, and the edges), token
- * count and thread count: so the AVX-512, AVX2 and scalar builds give the
+ * bit for bit, at every tile shape (kquant.c's 4 x 4 and 16 x 1, both
+ * modules' tiles of 8 rows x 16 tokens and their rows of 16, and the
+ * edges), token count and thread count: so the AVX-512, AVX2 and scalar builds give the
  * same bits. And the product stays near the f32 one against the
  * dequantized weights: rounding an activation to its block's step (amax /
  * 127) moves it by at most half a step, so the product moves by at most
@@ -656,8 +642,7 @@ int main(void) {
         cmocka_unit_test(test_dequant_exact),
         cmocka_unit_test(test_quantize_accuracy),
         cmocka_unit_test(test_quant_equals_float),
-        cmocka_unit_test(test_kq_quantize_exact),
-        cmocka_unit_test(test_q32_quantize_exact),
+        cmocka_unit_test(test_i8_quantize_exact),
         cmocka_unit_test(test_kq_equals_reference),
         cmocka_unit_test(test_kq_random_blocks),
         cmocka_unit_test(test_matches_reference),

@@ -13,6 +13,7 @@
 #define MN_ACT8_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 static inline float act8_amax(const float *x, int n) {
@@ -35,5 +36,21 @@ static inline int8_t act8_code(float iscale, float x) {
 
 /* kquant.c's step, which multiplies a code back: 1 / iscale (0 for 0). */
 static inline float act8_step(float iscale) { return iscale > 0.0f ? 1.0f / iscale : 0.0f; }
+
+/* Tokens of quantized activations come in two layouts (kquant.c, q32.c):
+ * rows, tok_bytes a token, for fewer than min_tiled tokens; tiles of
+ * `lanes` tokens, tile_bytes a tile, from min_tiled on. The most tokens,
+ * at most n_tok, whose layout fits in `bytes`; 0 if not even one does. */
+static inline int act8_group_tokens(int n_tok, size_t bytes, size_t tok_bytes, size_t tile_bytes, int lanes,
+                                    int min_tiled) {
+    if (n_tok <= 0) return 0;
+    size_t need = n_tok >= min_tiled ? (size_t)((n_tok + lanes - 1) / lanes) * tile_bytes : (size_t)n_tok * tok_bytes;
+    if (need <= bytes) return n_tok;
+    size_t tiles = bytes / tile_bytes; /* whole tiles */
+    if (tiles * (size_t)lanes < (size_t)n_tok && tiles * (size_t)lanes >= (size_t)min_tiled) return (int)tiles * lanes;
+    size_t n = bytes / tok_bytes; /* the rows layout */
+    if (n > (size_t)min_tiled - 1) n = (size_t)min_tiled - 1;
+    return n < (size_t)n_tok ? (int)n : n_tok;
+}
 
 #endif

@@ -826,20 +826,19 @@ static void mm_worker(void *ctx, int ith, int nth) {
  * 32-element types (compute/q32.c) ---- */
 
 enum {
-    KQ_ACT_BYTES = 192 * 1024,       /* kquant.c: a group of quantized tokens, on the worker's stack */
-    KQ_GROUP_MAX = 64,               /* kquant.c: tokens per group */
-    KQ_PANEL_BYTES = 512 * 1024,     /* kquant.c: weights per work item, kept in L2 across a group */
-    Q32_ACT_BYTES = 512 * 1024,      /* q32.c: a group of quantized tokens, on the worker's stack */
-    I8_ACT_BYTES = Q32_ACT_BYTES > KQ_ACT_BYTES ? Q32_ACT_BYTES : KQ_ACT_BYTES,
+    I8_ACT_BYTES = 512 * 1024,   /* a group of quantized tokens, on the worker's stack */
+    I8_PANEL_BYTES = 512 * 1024, /* weights per work item, kept in L2 across a group */
 };
 
-static size_t kq_tok_bytes(int64_t n_in) { return (size_t)(n_in / MN_QK_K) * KQ_BLOCK_BYTES; }
+/* The group of tokens that fits a worker's buffer, if W takes an int8 path. */
+static int i8_group(const MatW *w, int n_tok) {
+    if (kq_has_type(w->type)) return kq_group_tokens(w->n_in, n_tok, I8_ACT_BYTES);
+    if (q32_has_type(w->type)) return q32_group_tokens(w->n_in, n_tok, I8_ACT_BYTES);
+    return 0;
+}
 
 /* Whether W takes an int8 path: its type, and a token fits the buffer. */
-static bool kq_takes(const MatW *w) { return kq_has_type(w->type) && kq_tok_bytes(w->n_in) <= KQ_ACT_BYTES; }
-static bool q32_takes(const MatW *w) {
-    return q32_has_type(w->type) && q32_group_tokens(w->n_in, 1, Q32_ACT_BYTES) == 1;
-}
+static bool i8_takes(const MatW *w) { return i8_group(w, 1) == 1; }
 
 /* Work items in order: group 0's row chunks, then group 1's, ... A worker
  * quantizes a group's tokens when it first takes one of its items; items
@@ -851,7 +850,6 @@ static void i8_worker(void *ctx, int ith, int nth) {
     _Alignas(64) uint8_t acts[I8_ACT_BYTES];
     const MatW *w = job->w;
     const bool is_q32 = q32_has_type(w->type);
-    size_t tok_bytes = kq_tok_bytes(w->n_in);
     long cur = -1;
     for (;;) {
         long i = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed);
@@ -861,31 +859,25 @@ static void i8_worker(void *ctx, int ith, int nth) {
         const float *x = job->x + (int64_t)t0 * w->n_in;
         if (g != cur) {
             if (is_q32) q32_quantize(x, w->n_in, n, acts);
-            else
-                for (int t = 0; t < n; t++) kq_quantize(w->type, x + (int64_t)t * w->n_in, w->n_in, acts + (size_t)t * tok_bytes);
+            else kq_quantize(w->type, x, w->n_in, n, acts);
             cur = g;
         }
         long r0 = c * job->chunk_rows, r1 = MM_MIN((long)w->n_out, r0 + job->chunk_rows);
         float *out = job->out + (int64_t)t0 * w->n_out;
         if (is_q32) q32_rows(w->type, w->data, job->row_bytes, r0, r1, w->n_in, acts, n, out, w->n_out);
-        else kq_rows(w->type, w->data, job->row_bytes, r0, r1, w->n_in, acts, tok_bytes, n, out, w->n_out);
+        else kq_rows(w->type, w->data, job->row_bytes, r0, r1, w->n_in, acts, n, out, w->n_out);
     }
 }
 
 /* Chunks of whole 16-row tiles, several per thread, within L2; groups as
  * large as the buffer holds. */
 static void i8_plan(MmJob *job, int nth) {
-    long n_out = (long)job->w->n_out, cap = (long)(KQ_PANEL_BYTES / job->row_bytes);
+    long n_out = (long)job->w->n_out, cap = (long)(I8_PANEL_BYTES / job->row_bytes);
     long chunk = MM_MIN((n_out + (long)nth * 4 - 1) / ((long)nth * 4), cap);
     chunk = chunk < 16 ? 16 : round_up(chunk, 16);
     job->chunk_rows = chunk;
     job->n_chunks = (n_out + chunk - 1) / chunk;
-    if (q32_has_type(job->w->type)) {
-        job->group_tok = q32_group_tokens(job->w->n_in, job->n_tok, Q32_ACT_BYTES);
-    } else {
-        long g = (long)(KQ_ACT_BYTES / kq_tok_bytes(job->w->n_in));
-        job->group_tok = (int)MM_MIN(g, KQ_GROUP_MAX);
-    }
+    job->group_tok = i8_group(job->w, job->n_tok);
     job->n_groups = (job->n_tok + job->group_tok - 1) / job->group_tok;
 }
 
@@ -906,7 +898,7 @@ void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_
     int nth = tp != NULL ? tpool_size(tp) : 1;
     MmJob job = {.w = w, .x = x, .out = out, .n_tok = n_tok, .row_bytes = (size_t)row_bytes};
     atomic_init(&job.next_chunk, 0);
-    if (kq_takes(w) || q32_takes(w)) {
+    if (i8_takes(w)) {
         i8_plan(&job, nth);
         if (tp != NULL && nth > 1 && job.n_chunks * job.n_groups > 1) tpool_run(tp, i8_worker, &job);
         else i8_worker(&job, 0, 1);
@@ -929,7 +921,7 @@ void mm_matmul_ref(float *out, const MatW *w, const float *x, int n_tok) {
     const TypeTraits *tt = ttype_traits(w->type);
     uint64_t row_bytes = 0;
     if (ttype_row_bytes(w->type, (uint64_t)n_in, &row_bytes) != MN_OK) assert(!"bad weight shape");
-    if (kq_takes(w) || q32_takes(w)) { /* int8 activations, one token at a time */
+    if (i8_takes(w)) { /* int8 activations, one token at a time */
         _Alignas(64) uint8_t acts[I8_ACT_BYTES];
         for (int t = 0; t < n_tok; t++) {
             const float *xt = x + (int64_t)t * n_in;
@@ -938,9 +930,8 @@ void mm_matmul_ref(float *out, const MatW *w, const float *x, int n_tok) {
                 q32_quantize_ref(xt, n_in, 1, acts);
                 q32_rows_ref(w->type, w->data, (size_t)row_bytes, 0, (long)n_out, n_in, acts, 1, ot, n_out);
             } else {
-                kq_quantize_ref(w->type, xt, n_in, acts);
-                kq_rows_ref(w->type, w->data, (size_t)row_bytes, 0, (long)n_out, n_in, acts, kq_tok_bytes(n_in), 1, ot,
-                            n_out);
+                kq_quantize_ref(w->type, xt, n_in, 1, acts);
+                kq_rows_ref(w->type, w->data, (size_t)row_bytes, 0, (long)n_out, n_in, acts, 1, ot, n_out);
             }
         }
         return;

@@ -123,12 +123,7 @@ size_t q32_acts_bytes(int64_t n_in, int n_tok) {
 }
 
 int q32_group_tokens(int64_t n_in, int n_tok, size_t bytes) {
-    if (n_tok <= 0) return 0;
-    if (q32_acts_bytes(n_in, n_tok) <= bytes) return n_tok;
-    int n = (int)(bytes / tile_bytes(n_in)) * LANES; /* whole tiles */
-    if (n < n_tok && is_tiled(n)) return n;
-    n = (int)Q32_MIN(bytes / tok_bytes(n_in), (size_t)TILE_MIN_TOK - 1); /* the rows layout */
-    return Q32_MIN(n, n_tok);
+    return act8_group_tokens(n_tok, bytes, tok_bytes(n_in), tile_bytes(n_in), LANES, TILE_MIN_TOK);
 }
 
 /* One quantized block of one token, wherever the layout keeps it. */
