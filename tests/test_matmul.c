@@ -518,7 +518,7 @@ static void test_dequant_exact(void **state) {
  * kquant.c's and q32.c's unpacking against ttype.c's. */
 static void test_kq_random_blocks(void **state) {
     (void)state;
-    enum { N_OUT = 37, N_IN = 1024, N_TOK = 9 };
+    enum { N_OUT = 37, N_IN = 1024, N_TOK = 17 }; /* up to both modules' tiles */
     ThreadPool *tp2 = tpool_new(2);
     assert_non_null(tp2);
     Rng rng = {5151};

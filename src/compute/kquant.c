@@ -117,9 +117,11 @@ static const uint8_t ORDER_CHUNK[3][16] = {
 
 /* Layouts of a group's quantized activations (the top comment): rows of
  * KqBlocks for fewer than KT_MIN_TOK tokens, and always without AVX-512;
- * tiles of KT_LANES tokens from KT_MIN_TOK on. A tile's super-block: */
+ * tiles of KT_LANES tokens from KT_MIN_TOK on (a tile computes all its
+ * lanes: with fewer tokens the 4 x 4 tiles cost less, by bench_matmul's
+ * batch mode). A tile's super-block: */
 #if defined(KQ_AVX512)
-enum { KT_LANES = 16, KT_MIN_TOK = 4 };
+enum { KT_LANES = 16, KT_MIN_TOK = 10 };
 #else
 enum { KT_LANES = 1, KT_MIN_TOK = INT_MAX };
 #endif
@@ -648,7 +650,7 @@ KQ_INLINE void kind_tile(MnType type, int R, int T, const uint8_t *const w[16], 
 /* Tile shapes: prefill (full groups of tokens) and decode. */
 enum { TILE_OUTS = 16, PRE_R = 4, PRE_T = 4, DEC_R = 16 };
 
-/* ---- tiles of tokens (prefill): lanes are tokens ---- */
+/* ---- tiles of tokens (prefill, KT_MIN_TOK tokens or more): lanes are tokens ---- */
 
 enum {
     KT_PR = 8,  /* rows per tile */

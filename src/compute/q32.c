@@ -69,10 +69,13 @@
 
 enum { QK = MN_QK };
 
+/* The tiles compute all LANES lanes whatever the number of tokens: below
+ * TILE_MIN_TOK tokens the rows kernel, run once per token against rows
+ * that stay in cache, costs less (bench_matmul's batch mode). */
 #if defined(Q32_AVX512)
-enum { LANES = 16, TILE_MIN_TOK = 3 };
+enum { LANES = 16, TILE_MIN_TOK = 6 };
 #elif defined(Q32_AVX2)
-enum { LANES = 8, TILE_MIN_TOK = 3 };
+enum { LANES = 8, TILE_MIN_TOK = 4 };
 #else
 enum { LANES = 1, TILE_MIN_TOK = INT_MAX };
 #endif
