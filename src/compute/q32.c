@@ -8,8 +8,8 @@
  *
  * A weight block reads, for the SIMD kernels, as 32 unsigned byte codes u
  * in element order and a bias o with c = u - o: Q4_0 the nibble, o = 8;
- * Q5_0 nibble | high bit << 4, o = 16; Q4_1 and Q5_1 the same, o = 0;
- * IQ4_NL, with AVX-512, level + 128, o = 128 (AVX2 keeps the signed level
+ * Q5_0 nibble | high bit << 4, o = 16; Q4_1 the nibble and Q5_1 the 5-bit
+ * code, o = 0; IQ4_NL, with AVX-512, level + 128, o = 128 (AVX2 keeps the signed level
  * and moves its sign onto the activation, as vpmaddubsw needs). So
  *     S = sum of u * q  -  o * sx,
  * integer arithmetic throughout: every path computes the same S, then the
