@@ -4,7 +4,7 @@
  * builds tests/test_*.c). Build and run:
  *
  *   gcc -std=c17 -D_GNU_SOURCE -Isrc -O3 -march=native -pthread \
- *       tests/bench_matmul.c src/compute/matmul.c src/compute/dequant.c \
+ *       tests/bench_matmul.c src/compute/*.c \
  *       src/base/[a-z]*.c -lm \
  *       -o /tmp/bench_matmul
  *   /tmp/bench_matmul [n_threads] [types: q8_0,q4_0,f16,...] [reps] [all|pp|tg|batch]
@@ -15,7 +15,10 @@
  * the layer so that weights come from DRAM, as in a real forward pass.
  * Mode "batch" times decode steps of 1..64 tokens (several sequences per
  * weight read). The figures vary by +-15% from run to run on a shared VM
- * (memory bandwidth especially): compare types within one run.
+ * (memory bandwidth especially): compare types within one run. With
+ * MNEMO_BENCH_CPU=1 the times are the process's CPU time per thread, which
+ * other processes on the machine disturb far less than wall time (but
+ * which hides time spent waiting on memory no more than wall time does).
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -43,10 +46,17 @@ static const Shape layer_shapes[] = {
 enum { N_SHAPES = sizeof layer_shapes / sizeof layer_shapes[0] };
 static const Shape head_shape = {"output", VOCAB, DIM};
 
+/* Wall time, or with MNEMO_BENCH_CPU=1 the CPU time of the whole process
+ * divided by the thread count: on a machine shared with other work, that
+ * counts the cycles the kernels spent, not the ones others took (idle
+ * pool workers sleep, so they add nothing). */
+static int cpu_clock_threads;
+
 static double now_s(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    clock_gettime(cpu_clock_threads > 0 ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+    double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return cpu_clock_threads > 0 ? t / cpu_clock_threads : t;
 }
 
 static uint64_t rng_state = 88172645463325252ULL;
@@ -252,6 +262,11 @@ int main(int argc, char **argv) {
     bool do_batch = strcmp(mode, "batch") == 0;
     ThreadPool *tp = tpool_new(n_threads);
     if (tp == NULL) return 1;
+    const char *cpu = getenv("MNEMO_BENCH_CPU");
+    if (cpu != NULL && strcmp(cpu, "1") == 0) {
+        cpu_clock_threads = n_threads;
+        printf("times: process CPU time / %d threads (MNEMO_BENCH_CPU=1)\n", n_threads);
+    }
     if (do_tg) printf("memory read bandwidth, %d threads: %.1f GB/s\n", n_threads, measure_bandwidth(tp));
     char buf[128];
     snprintf(buf, sizeof buf, "%s", types);

@@ -165,7 +165,10 @@ static void test_ref_gemma3_f32(void **s) { check_own_reference("tiny-gemma3-spm
 static void test_ref_phi3_f32(void **s) { check_own_reference("tiny-phi3-spm-f32", 2e-3); }
 static void test_ref_mha_f16(void **s) { check_reference("tiny-mha-spm-f16", "exact", 5e-3); }
 static void test_ref_llama_q8_0(void **s) { check_reference("tiny-llama-spm-q8_0", "exact", 5e-3); }
-static void test_ref_llama_q4_0(void **s) { check_reference("tiny-llama-spm-q4_0", "exact", 5e-3); }
+/* Q4_0 multiplies int8 activations as llama.cpp's Q8_0 does (compute/q32.h):
+ * llama.cpp's logits, within the data README's tolerance for quantized
+ * activations; its Q8_0 output head keeps f32 activations here. */
+static void test_ref_llama_q4_0(void **s) { check_reference("tiny-llama-spm-q4_0", "llamacpp", 5e-2); }
 /* K-quants: their weights (and IQ4_XS's) multiply int8 activations as
  * llama.cpp's Q8_K does (compute/kquant.h), so these files follow
  * llama.cpp's logits (the short prompts to ~1e-6), not exact (they are
@@ -179,7 +182,8 @@ static void test_ref_k_q6_k(void **s) { check_reference_long("k-llama-q6_k", "ll
 static void test_ref_k_llama3_rope(void **s) { check_reference_long("llama3-rope-q4_k_m", "llamacpp", 5e-2, 1e-1); }
 static void test_ref_k_qwen3(void **s) { check_reference_long("qwen3-q4_k_m", "llamacpp", 5e-2, 1e-1); }
 
-/* The int8 types without a shared model: gen-model files (llama, dim 256,
+/* The int8 types (the K-quants and IQ4_XS, with Q8_K activations; Q4_0,
+ * Q4_1, Q5_0, Q5_1 and IQ4_NL, with Q8_0/Q8_1's): gen-model files (llama, dim 256,
  * 2 layers, stories260K's vocabulary, seed 7: scripts/peer-check step 4
  * writes the same) against llama.cpp's logits for them, kept in
  * tests/data/reference/llamacpp. Most prompts agree to ~1e-6, but these
@@ -187,7 +191,8 @@ static void test_ref_k_qwen3(void **s) { check_reference_long("qwen3-q4_k_m", "l
  * moves the last logits of the 24-token prompt by 0.052): 1e-1 on every
  * prompt, still far below what a wrong code, scale or min would give. */
 static void test_ref_gen_int8_types(void **s) {
-    static const char *const types[] = {"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"};
+    static const char *const types[] = {"q2_k", "q3_k", "q4_k",  "q5_k", "q6_k",
+                                        "iq4_xs", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"};
     char vocab[512], path[64], fmt[128], label[64];
     if (!test_require_file(test_data_path(vocab, sizeof vocab, "models/stories260K.gguf"))) return;
     snprintf(path, sizeof path, "/tmp/mnemo-gen-int8-%d.gguf", (int)getpid());
@@ -461,7 +466,7 @@ static void test_invariance_q3_k_m(void **s) { check_invariance("k-llama-q3_k_m"
 static void test_invariance_q4_k_m(void **s) { check_invariance("k-llama-q4_k_m", MN_TYPE_F32); }
 static void test_invariance_q6_k(void **s) { check_invariance("k-llama-q6_k", MN_TYPE_F16); }
 
-/* ---- f32-activation types without a reference model: exact by dequantization - */
+/* ---- f32-activation types: exact by dequantization ------------------------------ */
 
 /* Rewrite k-llama-q6_k with every 2-D weight requantized to `type` (from
  * its dequantized values); with as_f32, those weights are then dequantized
@@ -549,9 +554,10 @@ static float *model_logits(const char *path, const int32_t *tokens, int n, int *
 static void test_exact_by_dequantization(void **s) {
     char src[512];
     if (!test_require_file(test_data_path(src, sizeof src, "models/k-llama-q6_k.gguf"))) return;
-    /* not the K-quants and IQ4_XS: they quantize activations (test_ref_k_*,
-     * test_ref_gen_int8_types) */
-    static const MnType types[] = {MN_TYPE_Q4_1, MN_TYPE_Q5_0, MN_TYPE_Q5_1, MN_TYPE_IQ4_NL};
+    /* the types whose activations stay f32: not the K-quants, IQ4_XS and
+     * the 32-element types Q4_0 .. IQ4_NL, which quantize them (test_ref_k_*,
+     * test_ref_llama_q4_0, test_ref_gen_int8_types) */
+    static const MnType types[] = {MN_TYPE_Q8_0, MN_TYPE_F16, MN_TYPE_BF16};
     enum { N = 40 };
     int32_t tokens[N];
     make_tokens(tokens, N, 32000, 9);

@@ -17,6 +17,7 @@
 #include "compute/dequant.h"
 #include "compute/kquant.h"
 #include "compute/matmul.h"
+#include "compute/q32.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -80,6 +81,9 @@ static const MnType all_types[] = {MN_TYPE_F32,  MN_TYPE_F16,  MN_TYPE_BF16, MN_
                                    MN_TYPE_Q4_1, MN_TYPE_Q5_0, MN_TYPE_Q5_1, MN_TYPE_Q2_K,   MN_TYPE_Q3_K,
                                    MN_TYPE_Q4_K, MN_TYPE_Q5_K, MN_TYPE_Q6_K, MN_TYPE_IQ4_NL, MN_TYPE_IQ4_XS};
 enum { N_TYPES = sizeof all_types / sizeof all_types[0], N_FLOAT_TYPES = 3 };
+
+/* Whether mm_matmul quantizes the activations for weights of type. */
+static bool is_int8(MnType type) { return kq_has_type(type) || q32_has_type(type); }
 
 /* Whether rows of n_in elements are whole blocks of type. */
 static bool fits(MnType type, int64_t n_in) { return n_in % (int64_t)ttype_traits(type)->block_elems == 0; }
@@ -150,6 +154,10 @@ static void test_matches_reference_large(void **state) {
     /* rows too long for ktile's panel buffer: step by step at any n_tok */
     check_shape(tp, MN_TYPE_Q4_K, 7, 8192, 13, 314);
     check_shape(tp, MN_TYPE_Q5_1, 5, 8224, 10, 315);
+    /* rows too long for q32.c's buffer of quantized activations: the
+     * float kernels, on the dequantized weights */
+    check_shape(tp, MN_TYPE_Q4_0, 3, 420000, 5, 316);
+    check_shape(tp, MN_TYPE_IQ4_NL, 2, 420000, 1, 317);
     tpool_free(tp);
 }
 
@@ -203,7 +211,7 @@ static void test_quant_equals_float(void **state) {
     for (int qi = N_FLOAT_TYPES; qi < N_TYPES; qi++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             int64_t n_out = shapes[s][0], n_in = shapes[s][1];
-            if (!fits(all_types[qi], n_in) || kq_has_type(all_types[qi])) continue; /* int8 activations: below */
+            if (!fits(all_types[qi], n_in) || is_int8(all_types[qi])) continue; /* int8 activations: below */
             TestMat m;
             mat_make(&m, all_types[qi], n_out, n_in, seed++);
             MatW wf = {.type = MN_TYPE_F32, .n_in = n_in, .n_out = n_out, .data = m.deq};
@@ -306,45 +314,74 @@ static void test_batch_invariance(void **state) {
     tpool_free(tp1);
 }
 
-/* ---- K-quants and IQ4_XS: int8 activations ---------------------------------- */
+/* ---- int8 activations: K-quants and IQ4_XS, and the 32-element types ---------- */
 
-static const MnType kq_types[] = {MN_TYPE_Q2_K, MN_TYPE_Q3_K, MN_TYPE_Q4_K,
-                                  MN_TYPE_Q5_K, MN_TYPE_Q6_K, MN_TYPE_IQ4_XS};
-enum { N_KQ_TYPES = sizeof kq_types / sizeof kq_types[0] };
+static const MnType i8_types[] = {MN_TYPE_Q2_K, MN_TYPE_Q3_K,  MN_TYPE_Q4_K, MN_TYPE_Q5_K,
+                                  MN_TYPE_Q6_K, MN_TYPE_IQ4_XS, MN_TYPE_Q4_0, MN_TYPE_Q4_1,
+                                  MN_TYPE_Q5_0, MN_TYPE_Q5_1,  MN_TYPE_IQ4_NL};
+enum { N_I8_TYPES = sizeof i8_types / sizeof i8_types[0] };
 
-/* kq_quantize (this build's path) writes exactly kq_quantize_ref's bytes:
- * random blocks, a block of zeros, ties at +-amax, values that round at
- * .5, and a NaN (clamped to -127 by both). */
-static void test_kq_quantize_exact(void **state) {
-    (void)state;
-    enum { N = 8 * 256 };
-    float *x = acts_make(1, N, 4242);
-    for (int j = 256; j < 512; j++) x[j] = 0.0f;             /* block 1: zeros */
-    x[512] = 2.0f, x[513] = -2.0f, x[514] = 1.0f / 127.0f;    /* block 2: +-amax, exact halves */
-    for (int j = 515; j < 768; j++) x[j] = (float)(j % 9) / 254.0f * 2.0f;
-    x[800] = NAN;                                            /* block 3 */
-    size_t bytes = (size_t)N / 256 * KQ_BLOCK_BYTES;
-    uint8_t *got = mn_alloc_aligned(bytes, 64), *want = mn_alloc_aligned(bytes, 64);
-    assert_non_null(got);
-    assert_non_null(want);
-    for (size_t i = 0; i < N_KQ_TYPES; i++) {
-        memset(got, 0xa5, bytes);
-        memset(want, 0x5a, bytes);
-        kq_quantize(kq_types[i], x, N, got);
-        kq_quantize_ref(kq_types[i], x, N, want);
-        for (size_t k = 0; k < bytes; k++)
-            if (got[k] != want[k])
-                fail_msg("%s: quantized activations differ at byte %zu (block %zu): %02x vs %02x",
-                         ttype_traits(kq_types[i])->name, k, k / KQ_BLOCK_BYTES, got[k], want[k]);
+/* Whether the type's weights have a min per block (x = d * q + m). */
+static bool has_min(MnType type) { return type == MN_TYPE_Q4_1 || type == MN_TYPE_Q5_1; }
+
+/* Elements per block of quantized activations for weights of type. */
+static int64_t act_block(MnType type) { return kq_has_type(type) ? 256 : 32; }
+
+/* Activations of n_tok tokens quantized for weights of `type` by this
+ * build's path (got) and by the plain C one (want): bytes, and their count. */
+static size_t quantize_both(MnType type, const float *x, int64_t n_in, int n_tok, uint8_t **got, uint8_t **want) {
+    size_t bytes = kq_has_type(type) ? kq_acts_bytes(n_in, n_tok) : q32_acts_bytes(n_in, n_tok);
+    *got = mn_alloc_aligned(bytes, 64);
+    *want = mn_alloc_aligned(bytes, 64);
+    assert_non_null(*got);
+    assert_non_null(*want);
+    memset(*got, 0xa5, bytes);
+    memset(*want, 0x5a, bytes);
+    if (kq_has_type(type)) {
+        kq_quantize(type, x, n_in, n_tok, *got);
+        kq_quantize_ref(type, x, n_in, n_tok, *want);
+    } else {
+        q32_quantize(x, n_in, n_tok, *got);
+        q32_quantize_ref(x, n_in, n_tok, *want);
     }
-    mn_free_aligned(want);
-    mn_free_aligned(got);
+    return bytes;
+}
+
+/* kq_quantize and q32_quantize (this build's paths) write exactly their
+ * plain C twins' bytes for every token count (both layouts, a last tile
+ * filled up with zero tokens), for the weights of every int8 type (the K
+ * layouts depend on it): random blocks, a block of zeros, ties at +-amax,
+ * values that round at .5, a NaN (clamped to -127 by both) and an
+ * infinity. */
+static void test_i8_quantize_exact(void **state) {
+    (void)state;
+    enum { N = 4 * 256, MAXT = 40 };
+    float *x = acts_make(MAXT, N, 4242);
+    for (int j = 256; j < 512; j++) x[j] = 0.0f;          /* token 0, 256-block 1: zeros */
+    x[512] = 2.0f, x[513] = -2.0f, x[514] = 1.0f / 127.0f; /* block 2: +-amax, exact halves */
+    for (int j = 515; j < 768; j++) x[j] = (float)(j % 9) / 254.0f * 2.0f;
+    x[800] = NAN;                                          /* block 3 */
+    x[N + 40] = INFINITY;                                  /* token 1, block 0 */
+    for (int k = 64; k < 96; k++) x[2 * N + k] = 0.0f;     /* token 2: a 32-block of zeros */
+    static const int toks[] = {1, 2, 3, 4, 5, 8, 15, 16, 17, 33, 40};
+    for (size_t ti = 0; ti < N_I8_TYPES; ti++)
+        for (size_t i = 0; i < sizeof toks / sizeof toks[0]; i++) {
+            uint8_t *got, *want;
+            size_t bytes = quantize_both(i8_types[ti], x, N, toks[i], &got, &want);
+            for (size_t k = 0; k < bytes; k++)
+                if (got[k] != want[k])
+                    fail_msg("%s, %d tokens (%s path): quantized activations differ at byte %zu: %02x vs %02x",
+                             ttype_traits(i8_types[ti])->name, toks[i], mm_simd_name(), k, got[k], want[k]);
+            mn_free_aligned(want);
+            mn_free_aligned(got);
+        }
     mn_free(x);
 }
 
 /* mm_matmul on the int8 types equals mm_matmul_ref (int8 activations, scalar)
- * bit for bit, at every tile shape (4 x 4, 16 x 1, and the edges), token
- * count and thread count: so the AVX-512, AVX2 and scalar builds give the
+ * bit for bit, at every tile shape (kquant.c's 4 x 4 and 16 x 1, both
+ * modules' tiles of 8 rows x 16 tokens and their rows of 16, and the
+ * edges), token count and thread count: so the AVX-512, AVX2 and scalar builds give the
  * same bits. And the product stays near the f32 one against the
  * dequantized weights: rounding an activation to its block's step (amax /
  * 127) moves it by at most half a step, so the product moves by at most
@@ -354,11 +391,11 @@ static void test_kq_equals_reference(void **state) {
     ThreadPool *tp1 = tpool_new(1), *tp2 = tpool_new(2);
     assert_non_null(tp1);
     assert_non_null(tp2);
-    static const MnType *types = kq_types;
+    static const MnType *types = i8_types;
     static const int64_t shapes[][2] = {{1, 256}, {5, 512}, {37, 768}, {16, 2048}, {70, 1280}, {21, 5632}};
-    static const int toks[] = {1, 2, 3, 4, 5, 7, 8, 13, 70};
+    static const int toks[] = {1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 70};
     uint64_t seed = 7000;
-    for (size_t ti = 0; ti < N_KQ_TYPES; ti++)
+    for (size_t ti = 0; ti < N_I8_TYPES; ti++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             int64_t n_out = shapes[s][0], n_in = shapes[s][1];
             TestMat m;
@@ -377,14 +414,19 @@ static void test_kq_equals_reference(void **state) {
             for (int64_t i = 0; i < MAXT * n_out; i++) {
                 int64_t t = i / n_out, r = i % n_out;
                 double abs_sum = 0.0, bound = 0.0;
-                for (int64_t k0 = 0; k0 < n_in; k0 += 256) {
-                    double amax = 0.0, wsum = 0.0;
-                    for (int64_t k = k0; k < k0 + 256; k++) {
+                int64_t bs = act_block(types[ti]);
+                for (int64_t k0 = 0; k0 < n_in; k0 += bs) {
+                    double amax = 0.0, wsum = 0.0, wmax = 0.0;
+                    for (int64_t k = k0; k < k0 + bs; k++) {
                         abs_sum += fabs((double)m.deq[r * n_in + k] * x[t * n_in + k]);
                         amax = fmax(amax, fabs((double)x[t * n_in + k]));
                         wsum += fabs((double)m.deq[r * n_in + k]);
+                        wmax = fmax(wmax, fabs((double)m.deq[r * n_in + k]));
                     }
-                    bound += amax / 254.0 * wsum;
+                    if (q32_has_type(types[ti])) /* the f16 step, and the min counted apart */
+                        bound += amax * (1.0 / 254.0 + 1.0 / 2048.0) * (wsum + (has_min(types[ti]) ? 2.0 * bs * wmax : 0.0));
+                    else
+                        bound += amax / 254.0 * wsum;
                 }
                 if (!(fabs((double)want[i] - fl[i]) <= 1.001 * bound + 1e-5 * abs_sum))
                     fail_msg("%s n_in=%lld: out[%lld][%lld] = %.7g with int8 activations, %.7g in f32 (sum |wx| %.4g)",
@@ -470,12 +512,13 @@ static void test_dequant_exact(void **state) {
  * scale and min, Q6_K's scale -128, IQ4_XS's -127 level; f16 scales kept
  * near 1/8 so sums stay finite) and activations that reach the int8
  * codes' ends: every path equals mm_matmul_ref bit for bit. Tokens of
- * +-1 only quantize exactly (codes +-127, d = 1/127), so there the
- * reference must equal the product of ttype_dequantize_row's values to
- * f32 rounding: that checks kquant.c's unpacking against ttype.c's. */
+ * +-1 only quantize exactly (codes +-127, d = 1/127; q32.c's d is that
+ * rounded to f16), so there the reference must equal the product of
+ * ttype_dequantize_row's values to f32 (f16) rounding: that checks
+ * kquant.c's and q32.c's unpacking against ttype.c's. */
 static void test_kq_random_blocks(void **state) {
     (void)state;
-    enum { N_OUT = 37, N_IN = 1024, N_TOK = 9 };
+    enum { N_OUT = 37, N_IN = 1024, N_TOK = 17 }; /* up to both modules' tiles */
     ThreadPool *tp2 = tpool_new(2);
     assert_non_null(tp2);
     Rng rng = {5151};
@@ -490,10 +533,10 @@ static void test_kq_random_blocks(void **state) {
     assert_non_null(deq);
     assert_non_null(got);
     assert_non_null(want);
-    for (size_t ti = 0; ti < N_KQ_TYPES; ti++) {
-        MnType type = kq_types[ti];
+    for (size_t ti = 0; ti < N_I8_TYPES; ti++) {
+        MnType type = i8_types[ti];
         const TypeTraits *tt = ttype_traits(type);
-        size_t bytes = (size_t)N_OUT * (N_IN / 256) * tt->block_bytes;
+        size_t row_bytes = (size_t)(N_IN / tt->block_elems) * tt->block_bytes, bytes = (size_t)N_OUT * row_bytes;
         uint8_t *blocks = mn_alloc_aligned(bytes + 64, 64);
         assert_non_null(blocks);
         for (size_t i = 0; i < bytes; i++) blocks[i] = (uint8_t)rng_u32(&rng);
@@ -505,7 +548,7 @@ static void test_kq_random_blocks(void **state) {
             }
         MatW w = {.type = type, .n_in = N_IN, .n_out = N_OUT, .data = blocks};
         for (int r = 0; r < N_OUT; r++)
-            ttype_dequantize_row(type, blocks + (size_t)r * (N_IN / 256) * tt->block_bytes, deq + (size_t)r * N_IN, N_IN);
+            ttype_dequantize_row(type, blocks + (size_t)r * row_bytes, deq + (size_t)r * N_IN, N_IN);
         mm_matmul_ref(want, &w, x, N_TOK);
         for (int t = 0; t < 2; t++)
             for (int r = 0; r < N_OUT; r++) {
@@ -514,7 +557,9 @@ static void test_kq_random_blocks(void **state) {
                     dot += (double)deq[(size_t)r * N_IN + k] * x[t * N_IN + k];
                     abs_sum += fabs((double)deq[(size_t)r * N_IN + k]);
                 }
-                if (!(fabs(want[t * N_OUT + r] - dot) <= 1e-5 * abs_sum))
+                /* q32.c's steps are f16: 1/127 within 2^-12 */
+                double tol = q32_has_type(type) ? 0x1p-10 : 1e-5;
+                if (!(fabs(want[t * N_OUT + r] - dot) <= tol * abs_sum))
                     fail_msg("%s: token %d row %d = %.9g with int8 activations, %.9g from the dequantized row", tt->name,
                              t, r, want[t * N_OUT + r], dot);
             }
@@ -597,7 +642,7 @@ int main(void) {
         cmocka_unit_test(test_dequant_exact),
         cmocka_unit_test(test_quantize_accuracy),
         cmocka_unit_test(test_quant_equals_float),
-        cmocka_unit_test(test_kq_quantize_exact),
+        cmocka_unit_test(test_i8_quantize_exact),
         cmocka_unit_test(test_kq_equals_reference),
         cmocka_unit_test(test_kq_random_blocks),
         cmocka_unit_test(test_matches_reference),

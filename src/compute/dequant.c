@@ -2,7 +2,8 @@
  * dequant.h).
  *
  * How it fits: matmul.c's kernels for the types without a kernel of their
- * own (all quantized types but Q8_0 and Q4_0) call dq_rows for 256
+ * own (all quantized types but Q8_0, where they keep f32 activations: the
+ * int8 kernels take every row that fits their buffers) call dq_rows for 256
  * elements of each row of a tile (decode) or for a tile's whole rows
  * (prefill), into a buffer on the worker's stack, and multiply that like
  * float weights. Stateless; any thread may call it.

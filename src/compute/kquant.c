@@ -15,7 +15,8 @@
  * over the 16 elements of each c, a the int8 activation codes: both exact
  * int32 (bounds below), whatever the order of the additions.
  *
- * Quantized activations, one KqBlock per 256 elements of a token:
+ * Quantized activations, in the rows layout (fewer than KT_MIN_TOK tokens,
+ * and always without AVX-512) one KqBlock per 256 elements of a token:
  *   qs     the 256 codes, in the order that the type's packed weight codes
  *          unpack to (kind_pos): 16-code chunk c sits at position pos[c].
  *          Q4_K/Q5_K: a 64-byte load of weight nibbles holds chunks 0 1 4 5
@@ -26,6 +27,15 @@
  *          against the doubled -o/2 * sc adds -o * sc * sum (Q3_K, Q6_K);
  *   sum32  the 8 sums of 32 (the mins of Q4_K and Q5_K);
  *   d      the scale.
+ * In the tiles layout (AVX-512, KT_MIN_TOK tokens or more), KT_LANES
+ * tokens a tile, the last filled up with tokens of zeros; tile i at
+ * i * tile_bytes, and in it super-block b at b * KT_BLOCK: code word w
+ * (codes 4w..4w+3 of qs) of token 0, 1, .., KT_LANES - 1, then word w + 1,
+ * ..; the KT_LANES steps d; per unit (the words that share a scale: 32
+ * codes for Q4_K and Q5_K, else 16) -o * the unit's code sum of every
+ * token; per pair of min units (Q2_K's chunks, Q4_K's and Q5_K's
+ * sub-blocks) the two code sums as int16 words; zeros where a type has no
+ * use for a field.
  *
  * Invariant: everything but the last f32 steps is exact integer
  * arithmetic, and those steps are the same few operations in the same
@@ -35,8 +45,19 @@
  * word) is at most 32258, so 16-bit words never saturate; the int32 sums
  * stay below 2^31 (the largest, IQ4_XS: 8 * 32 * 32 * 127 * 127 < 2^28).
  *
- * AVX-512 (VNNI): tiles of 16 outputs, 4 rows x 4 tokens (prefill) or 16
- * rows x 1 token (decode). Per super-block and row the codes unpack into 4
+ * AVX-512 (VNNI), tiles layout (prefill): lanes are tokens. A tile of
+ * KT_PR rows is unpacked (kind_decode512), KT_SLB super-blocks at a time,
+ * into a KPack on the stack: codes as bytes in the activations' order
+ * (IQ4_XS: level + 128, o = 128), each unit's scale, the min pairs. Then
+ * every token tile of the group goes by: per unit its code words stay in
+ * registers while each row runs a chain of vpdpbusd (the row's code word
+ * broadcast) from -o * sum and adds it times the unit's scale (vpmulld)
+ * into S; M is one vpdpwssd per min pair; the f32 steps run on the tile's
+ * 16 tokens at once. No horizontal sums, and the unpacking is shared by
+ * the group's tokens. Rows longer than a slice park each output's
+ * accumulator in `out` between slices (a stored f32 reads back the same).
+ * Rows layout (decode, few tokens): tiles of 16 outputs, 4 rows x 4 tokens
+ * or 16 rows x 1 token. Per super-block and row the codes unpack into 4
  * vectors of 64 and the scales widen to words (kind_decode512); per output
  * 4 vpmaddubsw and 4 vpdpwssd (and one for the offset); the 16 outputs'
  * int32 vectors are summed into one vector (lane = output) by a transpose
@@ -46,7 +67,10 @@
  */
 #include "compute/kquant.h"
 
+#include "compute/act8.h"
+
 #include <assert.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
@@ -91,6 +115,27 @@ static const uint8_t ORDER_CHUNK[3][16] = {
 };
 #endif
 
+/* Layouts of a group's quantized activations (the top comment): rows of
+ * KqBlocks for fewer than KT_MIN_TOK tokens, and always without AVX-512;
+ * tiles of KT_LANES tokens from KT_MIN_TOK on (a tile computes all its
+ * lanes: with fewer tokens the 4 x 4 tiles cost less, by bench_matmul's
+ * batch mode). A tile's super-block: */
+#if defined(KQ_AVX512)
+enum { KT_LANES = 16, KT_MIN_TOK = 10 };
+#else
+enum { KT_LANES = 1, KT_MIN_TOK = INT_MAX };
+#endif
+enum {
+    KT_D = 64 * 4 * KT_LANES,             /* after the 64 code words of every token: the steps d */
+    KT_INIT = KT_D + 4 * KT_LANES,        /* 16 units x KT_LANES: -o * the unit's code sum */
+    KT_MINP = KT_INIT + 16 * 4 * KT_LANES, /* 8 pairs x KT_LANES: two code sums as int16 words */
+    KT_BLOCK = KT_MINP + 8 * 4 * KT_LANES,
+};
+
+static bool is_tiled(int n_tok) { return n_tok >= KT_MIN_TOK; }
+static size_t tok_bytes(int64_t n_in) { return (size_t)(n_in / MN_QK_K) * KQ_BLOCK_BYTES; }
+static size_t tile_bytes(int64_t n_in) { return (size_t)(n_in / MN_QK_K) * KT_BLOCK; }
+
 /* What differs between the types, besides unpacking (kind_*). */
 typedef struct KqKind {
     uint8_t order;    /* ORDER_* of the activations */
@@ -121,37 +166,78 @@ bool kq_has_type(MnType type) {
     }
 }
 
+size_t kq_acts_bytes(int64_t n_in, int n_tok) {
+    if (is_tiled(n_tok)) return (size_t)((n_tok + KT_LANES - 1) / KT_LANES) * tile_bytes(n_in);
+    return (size_t)n_tok * tok_bytes(n_in);
+}
+
+int kq_group_tokens(int64_t n_in, int n_tok, size_t bytes) {
+    return act8_group_tokens(n_tok, bytes, tok_bytes(n_in), tile_bytes(n_in), KT_LANES, KT_MIN_TOK);
+}
+
+/* ---- the tile layout (AVX-512): a unit is the words of codes that share
+ * a scale and sit next to each other, 32 codes for Q4_K and Q5_K (their
+ * order keeps a sub-block's two chunks together), else 16. ---- */
+
+#if defined(KQ_AVX512)
+KQ_INLINE int unit_words(KqKind k) { return k.order == ORDER_Q4K ? 8 : 4; }
+/* The tiles' o: IQ4_XS's codes there are level + 128. */
+KQ_INLINE int tile_bias(MnType type, KqKind k) { return type == MN_TYPE_IQ4_XS ? 128 : k.offset; }
+/* Pairs of min units: Q2_K's 16 chunks, Q4_K's and Q5_K's 8 sub-blocks. */
+KQ_INLINE int min_pairs(KqKind k) { return !k.has_min ? 0 : k.sub_log2 ? 4 : 8; }
+
+/* Token lane l of a tile's super-block blk from its KqBlock y (blk zeroed
+ * before). */
+static void tile_put(MnType type, const KqBlock *y, uint8_t *blk, int l) {
+    const KqKind k = kind_of(type);
+    const int wpu = unit_words(k), bias = tile_bias(type, k);
+    for (int w = 0; w < 64; w++) memcpy(blk + 4 * (w * KT_LANES + l), y->qs + 4 * w, 4);
+    memcpy(blk + KT_D + 4 * l, &y->d, 4);
+    for (int u = 0; u < 64 / wpu && bias != 0; u++) {
+        int32_t a = 0;
+        for (int p = u * wpu / 4; p < (u + 1) * wpu / 4; p++) a += y->sum16[ORDER_CHUNK[k.order][p]];
+        int32_t init = -bias * a;
+        memcpy(blk + KT_INIT + 4 * (u * KT_LANES + l), &init, 4);
+    }
+    for (int q = 0; q < min_pairs(k); q++) {
+        const int16_t *sums = k.sub_log2 ? y->sum32 : y->sum16;
+        uint32_t v = (uint32_t)(uint16_t)sums[2 * q] | (uint32_t)(uint16_t)sums[2 * q + 1] << 16;
+        memcpy(blk + KT_MINP + 4 * (q * KT_LANES + l), &v, 4);
+    }
+}
+#endif
+
+/* Token t's super-block b, from either layout (the sums of a tile's codes
+ * computed again: they are functions of the codes). */
+static void act_get(MnType type, const uint8_t *acts, int64_t n_in, int n_tok, int t, int64_t b, KqBlock *y) {
+    if (!is_tiled(n_tok)) {
+        memcpy(y, acts + (size_t)t * tok_bytes(n_in) + (size_t)b * KQ_BLOCK_BYTES, sizeof *y);
+        return;
+    }
+    const uint8_t *blk = acts + (size_t)(t / KT_LANES) * tile_bytes(n_in) + (size_t)b * KT_BLOCK;
+    const uint8_t *pos = ORDER_POS[kind_of(type).order];
+    int l = t % KT_LANES;
+    memset(y, 0, sizeof *y);
+    for (int w = 0; w < 64; w++) memcpy(y->qs + 4 * w, blk + 4 * (w * KT_LANES + l), 4);
+    memcpy(&y->d, blk + KT_D + 4 * l, 4);
+    for (int c = 0; c < 16; c++) {
+        for (int j = 0; j < 16; j++) y->sum16[c] = (int16_t)(y->sum16[c] + y->qs[16 * pos[c] + j]);
+        y->sum16x2[2 * c] = y->sum16x2[2 * c + 1] = y->sum16[c];
+        y->sum32[c / 2] = (int16_t)(y->sum32[c / 2] + y->sum16[c]);
+    }
+}
+
 /* ========================================================================
  * Reference (scalar path, and the oracle of the others)
  * ===================================================================== */
 
-/* The scale of a block: 127 / amax, or 0 for a block of zeros. amax keeps
- * the first of equal values and skips NaN, as vmaxps(|x|, acc) does. */
-static float block_iscale(const float *x) {
-    float amax = 0.0f;
-    for (int j = 0; j < MN_QK_K; j++) {
-        float ax = fabsf(x[j]);
-        amax = ax > amax ? ax : amax;
-    }
-    return amax > 0.0f ? 127.0f / amax : 0.0f;
-}
-
-/* One code: iscale * x clamped to +-127 as vmaxps/vminps clamp (NaN goes
- * to -127), rounded to even as vcvtps2dq rounds. */
-static int8_t code_of(float iscale, float x) {
-    float v = iscale * x;
-    v = v > -127.0f ? v : -127.0f;
-    v = v < 127.0f ? v : 127.0f;
-    return (int8_t)lrintf(v);
-}
-
 static void quantize_ref(MnType type, const float *x, int64_t n_in, KqBlock *y) {
     const uint8_t *pos = ORDER_POS[kind_of(type).order];
     for (int64_t b = 0; b < n_in / MN_QK_K; b++, x += MN_QK_K, y++) {
-        float iscale = block_iscale(x);
+        float iscale = act8_iscale(act8_amax(x, MN_QK_K));
         memset(y, 0, sizeof *y);
         for (int j = 0; j < MN_QK_K; j++) {
-            int8_t q = code_of(iscale, x[j]);
+            int8_t q = act8_code(iscale, x[j]);
             y->qs[16 * pos[j / 16] + j % 16] = q;
             y->sum16[j / 16] = (int16_t)(y->sum16[j / 16] + q);
         }
@@ -159,7 +245,7 @@ static void quantize_ref(MnType type, const float *x, int64_t n_in, KqBlock *y) 
             y->sum16x2[2 * c] = y->sum16x2[2 * c + 1] = y->sum16[c];
             y->sum32[c / 2] = (int16_t)(y->sum32[c / 2] + y->sum16[c]);
         }
-        y->d = iscale > 0.0f ? 1.0f / iscale : 0.0f;
+        y->d = act8_step(iscale);
     }
 }
 
@@ -242,11 +328,15 @@ KQ_INLINE float block_step(float acc, int32_t s, int32_t m, float d, float dmin,
     return has_min ? fmaf(-(float)m, dmin * dx, acc) : acc;
 }
 
-static float dot_ref(MnType type, const uint8_t *w, const KqBlock *a, int64_t nb) {
+/* Row w against token t of acts. */
+static float dot_ref(MnType type, const uint8_t *w, const uint8_t *acts, int64_t n_in, int n_tok, int t) {
     KqKind k = kind_of(type);
     const uint8_t *pos = ORDER_POS[k.order];
     float acc = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += k.blk_bytes, a++) {
+    for (int64_t b = 0; b < n_in / MN_QK_K; b++, w += k.blk_bytes) {
+        KqBlock blk;
+        const KqBlock *a = &blk;
+        act_get(type, acts, n_in, n_tok, t, b, &blk);
         int16_t sc[16], mn[16];
         block_scales(type, w, sc, mn);
         int32_t s_sum = 0, m_sum = 0;
@@ -264,12 +354,11 @@ static float dot_ref(MnType type, const uint8_t *w, const KqBlock *a, int64_t nb
 }
 
 void kq_rows_ref(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in,
-                 const uint8_t *acts, size_t tok_bytes, int n_tok, float *out, int64_t n_out) {
-    int64_t nb = n_in / MN_QK_K;
-    for (int t = 0; t < n_tok; t++) {
-        const KqBlock *a = (const KqBlock *)(acts + (size_t)t * tok_bytes);
-        for (long r = r0; r < r1; r++) out[(int64_t)t * n_out + r] = dot_ref(type, w + (size_t)r * row_bytes, a, nb);
-    }
+                 const uint8_t *acts, int n_tok, float *out, int64_t n_out) {
+    assert(kq_has_type(type) && n_in % MN_QK_K == 0);
+    for (int t = 0; t < n_tok; t++)
+        for (long r = r0; r < r1; r++)
+            out[(int64_t)t * n_out + r] = dot_ref(type, w + (size_t)r * row_bytes, acts, n_in, n_tok, t);
 }
 
 /* ========================================================================
@@ -303,7 +392,7 @@ static void quantize_avx512(MnType type, const float *x, int64_t n_in, KqBlock *
         __m512 m = _mm512_setzero_ps();
         for (int i = 0; i < 16; i++) m = _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(x + 16 * i), abs_mask), m);
         float amax = _mm512_reduce_max_ps(m); /* no NaN in m: any order gives the same */
-        float iscale = amax > 0.0f ? 127.0f / amax : 0.0f;
+        float iscale = act8_iscale(amax);
         __m512 vs = _mm512_set1_ps(iscale), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
         __m512i q[16];
         for (int i = 0; i < 16; i++) {
@@ -317,7 +406,7 @@ static void quantize_avx512(MnType type, const float *x, int64_t n_in, KqBlock *
         _mm512_storeu_si512(y->sum16x2, twice);
         _mm256_storeu_si256((__m256i *)y->sum16, _mm512_cvtepi32_epi16(sums));
         _mm_storeu_si128((__m128i *)y->sum32, _mm512_cvtepi64_epi16(pairs));
-        y->d = iscale > 0.0f ? 1.0f / iscale : 0.0f;
+        y->d = act8_step(iscale);
         memset(y->pad, 0, sizeof y->pad);
     }
 }
@@ -561,6 +650,151 @@ KQ_INLINE void kind_tile(MnType type, int R, int T, const uint8_t *const w[16], 
 /* Tile shapes: prefill (full groups of tokens) and decode. */
 enum { TILE_OUTS = 16, PRE_R = 4, PRE_T = 4, DEC_R = 16 };
 
+/* ---- tiles of tokens (prefill, KT_MIN_TOK tokens or more): lanes are tokens ---- */
+
+enum {
+    KT_PR = 8,  /* rows per tile */
+    KT_SLB = 16 /* super-blocks unpacked at a time (a slice) */
+};
+
+/* KT_PR rows x up to KT_SLB super-blocks, unpacked: the 256 codes u in the
+ * activations' order (IQ4_XS: level + 128), each unit's scale, the min
+ * pairs as int16 words (Q2_K: chunks 2q, 2q + 1; Q4_K, Q5_K: sub-blocks),
+ * d and dmin. */
+typedef struct KPack {
+    _Alignas(64) uint8_t u[KT_PR][KT_SLB][MN_QK_K];
+    int32_t sc[KT_PR][KT_SLB][16];
+    int32_t mnp[KT_PR][KT_SLB][8];
+    float d[KT_PR][KT_SLB];
+    float dmin[KT_PR][KT_SLB];
+} KPack;
+
+/* Word index vector for vpermw: word u takes the scale of unit u. */
+KQ_INLINE __m256i unit_scale_index(KqKind k) {
+    _Alignas(32) int16_t idx[16];
+    const int wpu = unit_words(k);
+    for (int u = 0; u < 16; u++) idx[u] = (int16_t)(u < 64 / wpu ? ORDER_CHUNK[k.order][u * wpu / 4] >> k.sub_log2 : 0);
+    return _mm256_load_si256((const __m256i *)idx);
+}
+
+KQ_INLINE void pack_rows(MnType type, const uint8_t *const rows[KT_PR], int64_t s0, int nbs, KPack *p) {
+    const KqKind k = kind_of(type);
+    const __m512i sidx = _mm512_castsi256_si512(unit_scale_index(k));
+    for (int i = 0; i < KT_PR; i++) {
+        const uint8_t *blk = rows[i] + (size_t)s0 * k.blk_bytes;
+        for (int b = 0; b < nbs; b++, blk += k.blk_bytes) {
+            Dec512 dec;
+            kind_decode512(type, blk, &dec);
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) {
+                __m512i u = dec.wv[v];
+                if (type == MN_TYPE_IQ4_XS) /* level + 128 */
+                    u = _mm512_mask_sub_epi8(_mm512_add_epi8(u, _mm512_set1_epi8((char)0x80)), dec.neg[v],
+                                             _mm512_set1_epi8((char)0x80), u);
+                _mm512_store_si512(p->u[i][b] + 64 * v, u);
+            }
+            __m256i sc = _mm512_castsi512_si256(_mm512_permutexvar_epi16(sidx, dec.sw));
+            _mm512_storeu_si512(p->sc[i][b], _mm512_cvtepi16_epi32(sc));
+            if (k.has_min) _mm256_storeu_si256((__m256i *)p->mnp[i][b], dec.mins);
+            block_d(k, blk, &p->d[i][b], &p->dmin[i][b]);
+        }
+    }
+}
+
+/* KT_PR rows x KT_LANES tokens, the super-blocks of one slice: acc[r]
+ * lane t. ab0 is the tile's first super-block of the slice. Per unit the
+ * tokens' code words stay in registers while every row goes by: a chain
+ * of vpdpbusd from -o * the unit's sums, times the unit's scale into S. */
+KQ_INLINE void ktile16(MnType type, const KPack *p, int nbs, const uint8_t *ab0, __m512 acc[KT_PR]) {
+    const KqKind k = kind_of(type);
+    const int wpu = unit_words(k), nu = 64 / wpu, bias = tile_bias(type, k), np = min_pairs(k);
+    const __m512i zero = _mm512_setzero_si512();
+    for (int b = 0; b < nbs; b++) {
+        const uint8_t *ab = ab0 + (size_t)b * KT_BLOCK;
+        __m512i S[KT_PR];
+#pragma GCC unroll 8
+        for (int r = 0; r < KT_PR; r++) S[r] = zero;
+#pragma GCC unroll 16
+        for (int u = 0; u < nu; u++) {
+            __m512i x[8];
+#pragma GCC unroll 8
+            for (int j = 0; j < wpu; j++) x[j] = _mm512_load_si512(ab + 64 * (u * wpu + j));
+            __m512i init = bias ? _mm512_load_si512(ab + KT_INIT + 64 * u) : zero;
+#pragma GCC unroll 8
+            for (int r = 0; r < KT_PR; r++) {
+                const uint8_t *c = p->u[r][b] + 4 * u * wpu;
+                __m512i t = init;
+#pragma GCC unroll 8
+                for (int j = 0; j < wpu; j++) {
+                    uint32_t word;
+                    memcpy(&word, c + 4 * j, 4);
+                    t = _mm512_dpbusd_epi32(t, _mm512_set1_epi32((int)word), x[j]);
+                }
+                S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(t, _mm512_set1_epi32(p->sc[r][b][u])));
+            }
+        }
+        __m512 dx = _mm512_load_ps((const float *)(ab + KT_D));
+#pragma GCC unroll 8
+        for (int r = 0; r < KT_PR; r++) {
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[r]), _mm512_mul_ps(_mm512_set1_ps(p->d[r][b]), dx), acc[r]);
+            if (np == 0) continue;
+            __m512i m = zero;
+#pragma GCC unroll 8
+            for (int q = 0; q < np; q++)
+                m = _mm512_dpwssd_epi32(m, _mm512_set1_epi32(p->mnp[r][b][q]), _mm512_load_si512(ab + KT_MINP + 64 * q));
+            acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(_mm512_set1_ps(p->dmin[r][b]), dx), acc[r]);
+        }
+    }
+}
+
+/* Rows [r0, r1) x every token of a tiled group: each tile of KT_PR rows is
+ * unpacked KT_SLB super-blocks at a time, and every token tile goes by;
+ * between slices an output's accumulator waits in `out` (a stored f32
+ * reads back the same, so the steps are unchanged). */
+KQ_INLINE void rows_tiled(MnType type, KPack *p, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in,
+                          const uint8_t *acts, int n_tok, float *out, int64_t n_out) {
+    const int64_t nb = n_in / MN_QK_K;
+    const int n_tiles = (n_tok + KT_LANES - 1) / KT_LANES;
+    for (long r = r0; r < r1; r += KT_PR) {
+        const uint8_t *rows[KT_PR];
+        for (int i = 0; i < KT_PR; i++) rows[i] = w + (size_t)KQ_MIN(r + i, r1 - 1) * row_bytes;
+        const int n_rows = (int)KQ_MIN(KT_PR, r1 - r);
+        for (int64_t s0 = 0; s0 < nb; s0 += KT_SLB) {
+            const int nbs = (int)KQ_MIN(KT_SLB, nb - s0);
+            pack_rows(type, rows, s0, nbs, p);
+            for (int i = 0; i < n_tiles; i++) {
+                const int t0 = i * KT_LANES, nt = KQ_MIN(KT_LANES, n_tok - t0);
+                _Alignas(64) float v[KT_LANES];
+                __m512 acc[KT_PR];
+                for (int j = 0; j < KT_PR; j++) {
+                    acc[j] = _mm512_setzero_ps();
+                    if (s0 == 0 || j >= n_rows) continue;
+                    for (int t = 0; t < KT_LANES; t++) v[t] = t < nt ? out[(int64_t)(t0 + t) * n_out + r + j] : 0.0f;
+                    acc[j] = _mm512_load_ps(v);
+                }
+                ktile16(type, p, nbs, acts + (size_t)i * tile_bytes(n_in) + (size_t)s0 * KT_BLOCK, acc);
+                for (int j = 0; j < n_rows; j++) {
+                    _mm512_store_ps(v, acc[j]);
+                    for (int t = 0; t < nt; t++) out[(int64_t)(t0 + t) * n_out + r + j] = v[t];
+                }
+            }
+        }
+    }
+}
+
+static void rows_tiled_any(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in,
+                           const uint8_t *acts, int n_tok, float *out, int64_t n_out) {
+    KPack p; /* here, once: the switch inlines a rows_tiled per type */
+    switch (type) {
+    case MN_TYPE_Q2_K: rows_tiled(MN_TYPE_Q2_K, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out); break;
+    case MN_TYPE_Q3_K: rows_tiled(MN_TYPE_Q3_K, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out); break;
+    case MN_TYPE_Q4_K: rows_tiled(MN_TYPE_Q4_K, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out); break;
+    case MN_TYPE_Q5_K: rows_tiled(MN_TYPE_Q5_K, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out); break;
+    case MN_TYPE_Q6_K: rows_tiled(MN_TYPE_Q6_K, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out); break;
+    default: rows_tiled(MN_TYPE_IQ4_XS, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out);
+    }
+}
+
 #endif
 
 /* ========================================================================
@@ -704,11 +938,11 @@ enum { TILE_OUTS = 4, PRE_R = 1, PRE_T = 4, DEC_R = 4 };
  * computed on copies of the last one and not stored. The switch gives
  * each type its own kind_tile. */
 KQ_INLINE void tile_run(MnType type, int R, int T, const uint8_t *w, size_t row_bytes, long r, long r1,
-                        const uint8_t *acts, size_t tok_bytes, int t, int n_tok, int64_t nb, float *out, int64_t n_out) {
+                        const uint8_t *acts, size_t stride, int t, int n_tok, int64_t nb, float *out, int64_t n_out) {
     const uint8_t *rows[TILE_OUTS];
     const KqBlock *toks[4];
     for (int i = 0; i < R; i++) rows[i] = w + (size_t)KQ_MIN(r + i, r1 - 1) * row_bytes;
-    for (int j = 0; j < T; j++) toks[j] = (const KqBlock *)(acts + (size_t)KQ_MIN(t + j, n_tok - 1) * tok_bytes);
+    for (int j = 0; j < T; j++) toks[j] = (const KqBlock *)(acts + (size_t)KQ_MIN(t + j, n_tok - 1) * stride);
     float res[TILE_OUTS];
     switch (type) {
     case MN_TYPE_Q2_K: kind_tile(MN_TYPE_Q2_K, R, T, rows, toks, nb, res); break;
@@ -723,15 +957,22 @@ KQ_INLINE void tile_run(MnType type, int R, int T, const uint8_t *w, size_t row_
 }
 
 static void rows_simd(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in,
-                      const uint8_t *acts, size_t tok_bytes, int n_tok, float *out, int64_t n_out) {
+                      const uint8_t *acts, int n_tok, float *out, int64_t n_out) {
     int64_t nb = n_in / MN_QK_K;
+    const size_t stride = tok_bytes(n_in);
+#if defined(KQ_AVX512)
+    if (is_tiled(n_tok)) {
+        rows_tiled_any(type, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out);
+        return;
+    }
+#endif
     int tf = n_tok / PRE_T * PRE_T;
     for (int t = 0; t < tf; t += PRE_T)
         for (long r = r0; r < r1; r += PRE_R)
-            tile_run(type, PRE_R, PRE_T, w, row_bytes, r, r1, acts, tok_bytes, t, n_tok, nb, out, n_out);
+            tile_run(type, PRE_R, PRE_T, w, row_bytes, r, r1, acts, stride, t, n_tok, nb, out, n_out);
     for (int t = tf; t < n_tok; t++)
         for (long r = r0; r < r1; r += DEC_R)
-            tile_run(type, DEC_R, 1, w, row_bytes, r, r1, acts, tok_bytes, t, n_tok, nb, out, n_out);
+            tile_run(type, DEC_R, 1, w, row_bytes, r, r1, acts, stride, t, n_tok, nb, out, n_out);
 }
 
 #endif
@@ -740,26 +981,44 @@ static void rows_simd(MnType type, const uint8_t *w, size_t row_bytes, long r0, 
  * API
  * ===================================================================== */
 
-void kq_quantize(MnType type, const float *x, int64_t n_in, uint8_t *dst) {
-    assert(kq_has_type(type) && n_in % MN_QK_K == 0 && ((uintptr_t)dst & 63) == 0);
+/* n_tok tokens x into dst, quantizing a super-block at a time with fn. */
+static void quantize_group(MnType type, const float *x, int64_t n_in, int n_tok, uint8_t *dst,
+                           void (*fn)(MnType, const float *, int64_t, KqBlock *)) {
+    if (!is_tiled(n_tok)) {
+        for (int t = 0; t < n_tok; t++) fn(type, x + (int64_t)t * n_in, n_in, (KqBlock *)(dst + (size_t)t * tok_bytes(n_in)));
+        return;
+    }
 #if defined(KQ_AVX512)
-    quantize_avx512(type, x, n_in, (KqBlock *)dst);
-#else
-    quantize_ref(type, x, n_in, (KqBlock *)dst);
+    memset(dst, 0, kq_acts_bytes(n_in, n_tok)); /* tokens past n_tok, unused sums */
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t b = 0; b < n_in / MN_QK_K; b++) {
+            KqBlock y;
+            fn(type, x + (int64_t)t * n_in + MN_QK_K * b, MN_QK_K, &y);
+            tile_put(type, &y, dst + (size_t)(t / KT_LANES) * tile_bytes(n_in) + (size_t)b * KT_BLOCK, t % KT_LANES);
+        }
 #endif
 }
 
-void kq_quantize_ref(MnType type, const float *x, int64_t n_in, uint8_t *dst) {
+void kq_quantize(MnType type, const float *x, int64_t n_in, int n_tok, uint8_t *dst) {
     assert(kq_has_type(type) && n_in % MN_QK_K == 0 && ((uintptr_t)dst & 63) == 0);
-    quantize_ref(type, x, n_in, (KqBlock *)dst);
+#if defined(KQ_AVX512)
+    quantize_group(type, x, n_in, n_tok, dst, quantize_avx512);
+#else
+    quantize_group(type, x, n_in, n_tok, dst, quantize_ref);
+#endif
+}
+
+void kq_quantize_ref(MnType type, const float *x, int64_t n_in, int n_tok, uint8_t *dst) {
+    assert(kq_has_type(type) && n_in % MN_QK_K == 0 && ((uintptr_t)dst & 63) == 0);
+    quantize_group(type, x, n_in, n_tok, dst, quantize_ref);
 }
 
 void kq_rows(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in, const uint8_t *acts,
-             size_t tok_bytes, int n_tok, float *out, int64_t n_out) {
+             int n_tok, float *out, int64_t n_out) {
     assert(kq_has_type(type) && n_in % MN_QK_K == 0);
 #if defined(KQ_AVX512) || defined(KQ_AVX2)
-    rows_simd(type, w, row_bytes, r0, r1, n_in, acts, tok_bytes, n_tok, out, n_out);
+    rows_simd(type, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out);
 #else
-    kq_rows_ref(type, w, row_bytes, r0, r1, n_in, acts, tok_bytes, n_tok, out, n_out);
+    kq_rows_ref(type, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out);
 #endif
 }

@@ -26,27 +26,36 @@
 
 #include "base/ttype.h"
 
-/* Bytes of one 256-element block of quantized activations. */
+/* Bytes of one 256-element block of quantized activations (the rows
+ * layout). */
 #define KQ_BLOCK_BYTES 384
 
 /* Whether mm_matmul multiplies `type` through this module. */
 bool kq_has_type(MnType type);
 
-/* Quantize one token's activations x (n_in, a multiple of 256) for
- * weights of `type` into dst (n_in / 256 * KQ_BLOCK_BYTES bytes, 64-byte
- * aligned). Deterministic; never allocates. */
-void kq_quantize(MnType type, const float *x, int64_t n_in, uint8_t *dst);
+/* Bytes of n_tok tokens of n_in elements (a multiple of 256) quantized by
+ * kq_quantize; the layout depends on n_tok, and kq_rows reads the one
+ * kq_quantize wrote for the same n_tok. */
+size_t kq_acts_bytes(int64_t n_in, int n_tok);
 
-/* kq_quantize in plain C (the scalar path's, the oracle of the others). */
-void kq_quantize_ref(MnType type, const float *x, int64_t n_in, uint8_t *dst);
+/* The most tokens, at most n_tok, whose quantized activations fit in
+ * `bytes`; 0 if not even one does. */
+int kq_group_tokens(int64_t n_in, int n_tok, size_t bytes);
+
+/* Quantize n_tok tokens x (n_tok, n_in) for weights of `type` into dst
+ * (kq_acts_bytes bytes, 64-byte aligned). Deterministic; never allocates. */
+void kq_quantize(MnType type, const float *x, int64_t n_in, int n_tok, uint8_t *dst);
+
+/* kq_quantize in plain C: the same bytes (the oracle of the others). */
+void kq_quantize_ref(MnType type, const float *x, int64_t n_in, int n_tok, uint8_t *dst);
 
 /* out[t * n_out + r] for rows [r0, r1) of w (row_bytes apart) and the
- * n_tok tokens quantized at acts (tok_bytes apart). Never allocates. */
+ * n_tok tokens that kq_quantize wrote at acts. Never allocates. */
 void kq_rows(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in, const uint8_t *acts,
-             size_t tok_bytes, int n_tok, float *out, int64_t n_out);
+             int n_tok, float *out, int64_t n_out);
 
 /* The same products, one output at a time in plain C: the test oracle. */
 void kq_rows_ref(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in,
-                 const uint8_t *acts, size_t tok_bytes, int n_tok, float *out, int64_t n_out);
+                 const uint8_t *acts, int n_tok, float *out, int64_t n_out);
 
 #endif

@@ -7,16 +7,18 @@
  * caller's stack for the duration of the call, and each output element is
  * written by exactly one worker.
  *
- * The K-quants and IQ4_XS go to compute/kquant.c (int8 activations, kq_worker
- * below: each worker quantizes a group of tokens on its stack, then takes
- * row chunks against it). For every other type activations stay in f32.
- * Quantized weights are dequantized
- * exactly — to ttype_dequantize_row's values, bit for bit — and multiplied
- * like float weights: Q8_0 and Q4_0 in registers, w = d * q (Q4_0: d * (q -
- * 8)), exact in f32 (an f16 scale, 11 significant bits, times an integer of
- * at most 8 bits); the other types through dq_rows (compute/dequant.c),
- * whose values are exact by the same argument but for one rounded offset
- * addition, done as the reference does it. So a quantized product is
+ * The K-quants and IQ4_XS go to compute/kquant.c, Q4_0, Q4_1, Q5_0, Q5_1
+ * and IQ4_NL to compute/q32.c (int8 activations, i8_worker below: each
+ * worker quantizes a group of tokens on its stack, then takes row chunks
+ * against it). For F32/F16/BF16 and Q8_0 activations stay in f32, and for
+ * the int8 types too when a token's quantized activations do not fit a
+ * worker's buffer (rows far longer than any model's). Quantized weights
+ * are then dequantized exactly — to ttype_dequantize_row's values, bit for
+ * bit — and multiplied like float weights: Q8_0 in registers, w = d * q,
+ * exact in f32 (an f16 scale, 11 significant bits, times an integer of at
+ * most 8 bits); the other types through dq_rows (compute/dequant.c), whose
+ * values are exact by the same argument but for one rounded offset
+ * addition, done as the reference does it. So such a product is
  * bit-identical to the F32 product against the dequantized matrix
  * (test_matmul checks this for every type).
  *
@@ -38,44 +40,38 @@
  *   ftile   F32/F16/BF16 weights, 6 rows x 4 tokens of accumulators, weights
  *           widened in registers. Work items are row panels that stay in L2
  *           while the token tiles go by. Decode is the T = 1 case.
- *   qtile   Q8_0/Q4_0 weights, walked a block (two 16-element chunks) at a
+ *   qtile   Q8_0 weights, walked a block (two 16-element chunks) at a
  *           time; each weight vector is dequantized once for the tile's T
  *           tokens. Two modes, equal in every bit:
  *             direct (n_tok <= 8): 8 rows x 1 token (decode) or 4 rows x
  *               2..4 tokens; each row's block scale is widened in a register
- *               once per block (for Q4_0 straight into a 16-entry table for
- *               vpermps); the next tile's rows are prefetched alongside,
- *               since decode streams the weights from DRAM once.
+ *               once per block; the next tile's rows are prefetched
+ *               alongside, since decode streams the weights from DRAM once.
  *             panel (more tokens): the scales of the work item's rows are
  *               first widened into an f32 array on the worker's stack, so
  *               the inner loop takes them as broadcast memory operands;
  *               4 rows x 6 tokens, weights from L2 as in ftile.
- *   ktile   every other quantized type (Q4_1, Q5_0, Q5_1, the K-quants,
- *           IQ4_NL/IQ4_XS), up to 8 tokens: per step of KB (256) elements,
- *           dq_rows writes the step of each of the tile's rows into a
- *           buffer on the stack (L1), then the tile's tokens multiply it as
- *           ftile multiplies float weights. 8 rows x 1 token (decode; the
- *           next tile's rows prefetched as in qtile's direct mode), 4 rows x
- *           2..4 tokens.
- *   krows_panel  the same types with more tokens: a tile of FR rows is
- *           dequantized whole (dq_rows) once per KG tokens and ftile runs
- *           on it as on F32 weights, so the dequantization is shared by KG
- *           tokens rather than a tile's; rows longer than the buffer take
- *           ktile's steps (4 rows x 6 tokens).
+ *   ktile   every other quantized type, where it keeps f32 activations
+ *           (rows too long for the int8 kernels' buffers): per step of KB
+ *           (256) elements, dq_rows writes the step of each of the tile's
+ *           rows into a buffer on the stack (L1), then the tile's tokens
+ *           multiply it as ftile multiplies float weights. 8 rows x 1 token
+ *           (decode; the next tile's rows prefetched as in qtile's direct
+ *           mode), 4 rows x 2..6 tokens.
  *
  * The AVX2 path has the same kernels in 8 lanes, with smaller tiles (4 rows
- * x 2 tokens) and no direct/panel split for Q8_0/Q4_0; krows_panel is
- * shared by both.
+ * x 2 tokens) and no direct/panel split for Q8_0.
  *
  * Nothing here allocates and no scratch is needed. The panel mode keeps
  * Q_SC_FLOATS scales (64 KB) on the worker's stack, ktile KR1 x KB floats
- * (8 KB), krows_panel KP_FLOATS (144 KB).
+ * (8 KB); an int8 worker its group of quantized tokens (I8_ACT_BYTES).
  */
 #include "compute/matmul.h"
 
 #include "base/err.h"
 #include "compute/dequant.h"
 #include "compute/kquant.h"
+#include "compute/q32.h"
 
 #include <assert.h>
 #include <stdatomic.h>
@@ -119,25 +115,20 @@ typedef struct MmJob {
 } MmJob;
 
 static void rows_run(const MmJob *job, long r0, long r1);
-#if !defined(MM_SCALAR)
-static void krows_panel(const MmJob *job, long r0, long r1);
-#endif
 
 static inline long round_up(long n, long m) { return (n + m - 1) / m * m; }
 
-/* Q8_0 and Q4_0 have kernels of their own (qtile); the other quantized
- * types share ktile, which dequantizes through dq_row. */
-static inline bool type_is_q32(MnType t) { return t == MN_TYPE_Q8_0 || t == MN_TYPE_Q4_0; }
-static inline bool type_is_k(MnType t) { return ttype_traits(t)->is_quantized && !type_is_q32(t); }
+/* Q8_0 has a kernel of its own (qtile); the other quantized types, when
+ * they keep f32 activations, share ktile, which dequantizes through dq_row. */
+static inline bool type_is_q8(MnType t) { return t == MN_TYPE_Q8_0; }
+static inline bool type_is_k(MnType t) { return ttype_traits(t)->is_quantized && !type_is_q8(t); }
 
 /* ktile's step: the elements of each row dequantized at a time (a K-quant
- * super-block, or eight 32-element blocks), and their bytes; krows_panel's
- * token group and buffer (both SIMD paths). */
+ * super-block, or eight 32-element blocks), and their bytes (both SIMD
+ * paths). */
 enum {
     KB = MN_QK_K,
-    Q_DIRECT_MAX_TOK = 8,  /* more tokens: panel modes */
-    KG = 32,               /* krows_panel: tokens per dequantization of a row tile */
-    KP_FLOATS = 6 * 6144,  /* krows_panel: a row tile dequantized whole, on the stack */
+    Q_DIRECT_MAX_TOK = 8, /* more tokens: panel modes */
 };
 static inline size_t kb_bytes(MnType t) { return KB / ttype_traits(t)->block_elems * ttype_traits(t)->block_bytes; }
 
@@ -297,27 +288,11 @@ MM_INLINE __m512 ldscale(const uint8_t *blk) {
     return _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
 }
 
-/* q - 8 for every 4-bit q: Q4_0's values before scaling, a table for
- * vpermps, which reads only the low 4 bits of each index lane. */
-MM_INLINE __m512 q4_values(void) {
-    return _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-}
-
-/* Elements 16h..16h+15 of a Q4_0 block as vpermps indices: the bytes
- * themselves for the low nibbles, shifted down for the high ones. */
-MM_INLINE __m512i q4_index(const uint8_t *blk, int h) {
-    __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)));
-    return h == 0 ? q : _mm512_srli_epi32(q, 4);
-}
-
-/* Elements 16h..16h+15 of a block, dequantized with scale d: d * q for
- * Q8_0, d * (q - 8) for Q4_0 — exact, so equal to ttype_dequantize_row. */
-MM_INLINE __m512 ldq(MnType type, const uint8_t *blk, int h, __m512 d) {
-    if (type == MN_TYPE_Q8_0) {
-        __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * h)));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), d);
-    }
-    return _mm512_mul_ps(_mm512_permutexvar_ps(q4_index(blk, h), q4_values()), d);
+/* Elements 16h..16h+15 of a Q8_0 block, dequantized with scale d: d * q,
+ * exact, so equal to ttype_dequantize_row. */
+MM_INLINE __m512 ldq(const uint8_t *blk, int h, __m512 d) {
+    __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * h)));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(q), d);
 }
 
 /* Hides a pointer's value from the optimizer, so loads through it are not
@@ -327,16 +302,15 @@ MM_INLINE __m512 ldq(MnType type, const uint8_t *blk, int h, __m512 d) {
 /* out[t][r] for R rows from w0 (row_bytes apart) and T tokens from x0.
  * is_panel: the scales come from sc0 (row r's block b at
  * sc0[r * sc_stride + b]); otherwise from the blocks, widened once per
- * block (for Q4_0 straight into a table of the block's 16 values). pf0,
+ * block. pf0,
  * when not NULL, starts R rows to prefetch alongside, spread evenly over
  * the blocks. */
-MM_INLINE void qtile(MnType type, int R, int T, bool is_panel, const uint8_t *w0, size_t row_bytes,
-                     const float *x0, int64_t n_in, float *out0, int64_t n_out, const float *sc0,
-                     int64_t sc_stride, const uint8_t *pf0) {
+MM_INLINE void qtile(int R, int T, bool is_panel, const uint8_t *w0, size_t row_bytes, const float *x0,
+                     int64_t n_in, float *out0, int64_t n_out, const float *sc0, int64_t sc_stride,
+                     const uint8_t *pf0) {
     enum { MR = QD1R, MT = QPT };
     _Static_assert(QD1R >= QDR && QD1R >= QPR && QPT >= QDT, "qtile's arrays hold every tile shape");
-    const bool is_q4 = type == MN_TYPE_Q4_0;
-    const size_t bb = is_q4 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
+    const size_t bb = sizeof(BlockQ8_0);
     const int64_t nb = n_in / 32;
     const char *pf = (const char *)((uintptr_t)pf0 & ~(uintptr_t)63), *pf_to = (const char *)pf0;
     __m512 acc[MR][MT];
@@ -347,17 +321,10 @@ MM_INLINE void qtile(MnType type, int R, int T, bool is_panel, const uint8_t *w0
     for (int64_t b = 0; b < nb; b++) {
         if (pf0 != NULL)
             for (pf_to += R * bb; pf < pf_to; pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
-        __m512 d[MR];   /* direct mode: the scales, or Q4_0's tables */
-        __m512i qi[MR]; /* direct mode, Q4_0: the block's bytes, for both halves */
+        __m512 d[MR]; /* direct mode: the scales */
         if (!is_panel)
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++) {
-                d[r] = ldscale(w0 + r * row_bytes + b * bb);
-                if (is_q4) {
-                    d[r] = _mm512_mul_ps(q4_values(), d[r]);
-                    qi[r] = q4_index(w0 + r * row_bytes + b * bb, 0);
-                }
-            }
+            for (int r = 0; r < R; r++) d[r] = ldscale(w0 + r * row_bytes + b * bb);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const uint8_t *wb = w0 + b * bb;
@@ -373,9 +340,8 @@ MM_INLINE void qtile(MnType type, int R, int T, bool is_panel, const uint8_t *w0
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
                 __m512 wv;
-                if (is_panel) wv = ldq(type, wb + r * row_bytes, h, _mm512_set1_ps(sb[r * sc_stride]));
-                else if (is_q4) wv = _mm512_permutexvar_ps(h == 0 ? qi[r] : _mm512_srli_epi32(qi[r], 4), d[r]);
-                else wv = ldq(type, wb + r * row_bytes, h, d[r]);
+                if (is_panel) wv = ldq(wb + r * row_bytes, h, _mm512_set1_ps(sb[r * sc_stride]));
+                else wv = ldq(wb + r * row_bytes, h, d[r]);
 #pragma GCC unroll 8
                 for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
             }
@@ -387,7 +353,7 @@ MM_INLINE void qtile(MnType type, int R, int T, bool is_panel, const uint8_t *w0
         for (int t = 0; t < T; t++) out0[t * n_out + r] = hsum16(acc[r][t]);
 }
 
-#define QTILE(R, T, is_panel) qtile(type, R, T, is_panel, w0, row_bytes, x0, n_in, out0, n_out, sc0, nsc, pf0)
+#define QTILE(R, T, is_panel) qtile(R, T, is_panel, w0, row_bytes, x0, n_in, out0, n_out, sc0, nsc, pf0)
 /* qtile with constant shapes, so its loops unroll. */
 #define QDIRECT_CASES(R) \
     switch (T) { \
@@ -411,7 +377,7 @@ _Static_assert(QPT == 6, "QPANEL_CASES covers T = 1..6");
 /* Rows [r0, r1), direct mode: as frows, with the next tile prefetched while
  * the weights stream from DRAM. Single-token tiles take QD1R rows: more
  * independent accumulator chains and rows in flight for decode. */
-MM_INLINE void qrows_direct(MnType type, const MmJob *job, long r0, long r1) {
+MM_INLINE void qrows_direct(const MmJob *job, long r0, long r1) {
     const MatW *w = job->w;
     int64_t n_in = w->n_in, n_out = w->n_out, nsc = 0;
     size_t row_bytes = job->row_bytes;
@@ -446,11 +412,11 @@ MM_INLINE void qrows_direct(MnType type, const MmJob *job, long r0, long r1) {
 
 /* Rows [r0, r1), panel mode: widen the rows' scales once, then the token
  * tiles go by as in frows. job_plan keeps r1 - r0 within Q_SC_FLOATS. */
-MM_INLINE void qrows_panel(MnType type, const MmJob *job, long r0, long r1) {
+MM_INLINE void qrows_panel(const MmJob *job, long r0, long r1) {
     _Alignas(64) float sc[Q_SC_FLOATS];
     const MatW *w = job->w;
     int64_t n_in = w->n_in, n_out = w->n_out, nb = n_in / 32, nsc = nb;
-    const size_t bb = type == MN_TYPE_Q4_0 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
+    const size_t bb = sizeof(BlockQ8_0);
     size_t row_bytes = job->row_bytes;
     assert((r1 - r0) * nsc <= Q_SC_FLOATS);
     for (long r = r0; r < r1; r++) {
@@ -570,28 +536,12 @@ static void krows(const MmJob *job, long r0, long r1) {
     }
 }
 
-/* ftile on F32 weights at wf (rows n_in floats apart), for krows_panel:
- * R is FR or 1, T 1..FT. */
-MM_INLINE void f32tile(int R, int T, const float *wf, const float *x0, int64_t n_in, float *out0, int64_t n_out) {
-    const uint8_t *w0 = (const uint8_t *)wf, *pf0 = NULL;
-    const size_t row_bytes = (size_t)n_in * sizeof(float);
-    if (R == FR) {
-        FTILE_CASES(MN_TYPE_F32, FR)
-    } else {
-        FTILE_CASES(MN_TYPE_F32, 1)
-    }
-}
-
 static void frows_f32(const MmJob *job, long r0, long r1) { frows(MN_TYPE_F32, job, r0, r1); }
 static void frows_f16(const MmJob *job, long r0, long r1) { frows(MN_TYPE_F16, job, r0, r1); }
 static void frows_bf16(const MmJob *job, long r0, long r1) { frows(MN_TYPE_BF16, job, r0, r1); }
 static void qrows_q8(const MmJob *job, long r0, long r1) {
-    if (job->is_panel) qrows_panel(MN_TYPE_Q8_0, job, r0, r1);
-    else qrows_direct(MN_TYPE_Q8_0, job, r0, r1);
-}
-static void qrows_q4(const MmJob *job, long r0, long r1) {
-    if (job->is_panel) qrows_panel(MN_TYPE_Q4_0, job, r0, r1);
-    else qrows_direct(MN_TYPE_Q4_0, job, r0, r1);
+    if (job->is_panel) qrows_panel(job, r0, r1);
+    else qrows_direct(job, r0, r1);
 }
 
 static void rows_run(const MmJob *job, long r0, long r1) {
@@ -600,11 +550,7 @@ static void rows_run(const MmJob *job, long r0, long r1) {
     case MN_TYPE_F16: frows_f16(job, r0, r1); break;
     case MN_TYPE_BF16: frows_bf16(job, r0, r1); break;
     case MN_TYPE_Q8_0: qrows_q8(job, r0, r1); break;
-    case MN_TYPE_Q4_0: qrows_q4(job, r0, r1); break;
-    default:
-        if (job->is_panel) krows_panel(job, r0, r1);
-        else krows(job, r0, r1);
-        break;
+    default: krows(job, r0, r1); break;
     }
 }
 
@@ -616,9 +562,8 @@ static void job_plan(MmJob *job, int nth) {
     long n_out = (long)w->n_out, align = FR, cap = (long)(F_PANEL_BYTES / job->row_bytes);
     job->is_panel = false;
     if (type_is_k(w->type)) {
-        job->is_panel = job->n_tok > Q_DIRECT_MAX_TOK && FR * w->n_in <= KP_FLOATS;
-        align = job->is_panel ? FR : job->n_tok <= Q_DIRECT_MAX_TOK ? KR1 : KR;
-    } else if (type_is_q32(w->type)) {
+        align = job->n_tok <= Q_DIRECT_MAX_TOK ? KR1 : KR;
+    } else if (type_is_q8(w->type)) {
         long sc_rows = (long)(Q_SC_FLOATS / (w->n_in / 32));
         job->is_panel = job->n_tok > Q_DIRECT_MAX_TOK && sc_rows >= QPR;
         align = job->is_panel ? QPR : QD1R;
@@ -705,40 +650,33 @@ MM_INLINE void ftile(MnType type, int R, int T, const uint8_t *w0, size_t row_by
         for (int t = 0; t < T; t++) out0[t * n_out + r] = hsum8(acc[r][t]);
 }
 
-/* Elements 8j..8j+7 of a quantized block, dequantized exactly as in the
- * AVX-512 path: d * q, or fma(q, d, -8 d) for Q4_0. */
-MM_INLINE __m256 ldq8(MnType type, const uint8_t *blk, int j, __m256 d, __m256 m8d) {
-    if (type == MN_TYPE_Q8_0) {
-        __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j)));
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
-    }
-    __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * (j & 1))));
-    q = j < 2 ? _mm256_and_si256(q, _mm256_set1_epi32(0x0f)) : _mm256_srli_epi32(q, 4);
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, m8d);
+/* Elements 8j..8j+7 of a Q8_0 block, dequantized exactly as in the
+ * AVX-512 path: d * q. */
+MM_INLINE __m256 ldq8(const uint8_t *blk, int j, __m256 d) {
+    __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j)));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
 }
 
-/* ftile for Q8_0 / Q4_0 weights, a block (four 8-element chunks) at a time. */
-MM_INLINE void qtile(MnType type, int R, int T, const uint8_t *w0, size_t row_bytes, const float *x0,
-                     int64_t n_in, float *out0, int64_t n_out) {
-    const bool is_q4 = type == MN_TYPE_Q4_0;
-    const size_t bb = is_q4 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
+/* ftile for Q8_0 weights, a block (four 8-element chunks) at a time. */
+MM_INLINE void qtile(int R, int T, const uint8_t *w0, size_t row_bytes, const float *x0, int64_t n_in, float *out0,
+                     int64_t n_out) {
+    const size_t bb = sizeof(BlockQ8_0);
     __m256 acc[FR][FT];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < n_in / 32; b++) {
         const uint8_t *wb = w0 + b * bb;
-        __m256 d[FR], m8d[FR];
+        __m256 d[FR];
         for (int r = 0; r < R; r++) {
             uint16_t h;
             memcpy(&h, wb + r * row_bytes, 2);
             d[r] = _mm256_set1_ps(_cvtsh_ss(h));
-            m8d[r] = _mm256_mul_ps(d[r], _mm256_set1_ps(-8.0f));
         }
         for (int j = 0; j < 4; j++) {
             __m256 xv[FT];
             for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x0 + t * n_in + 32 * b + 8 * j);
             for (int r = 0; r < R; r++) {
-                __m256 wv = ldq8(type, wb + r * row_bytes, j, d[r], m8d[r]);
+                __m256 wv = ldq8(wb + r * row_bytes, j, d[r]);
                 for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
             }
         }
@@ -776,7 +714,7 @@ MM_INLINE void ktile(MnType type, int R, int T, const uint8_t *w0, size_t row_by
 /* One tile of any type: R rows x T tokens. */
 MM_INLINE void tile(MnType type, int R, int T, const uint8_t *w0, size_t row_bytes, const float *x0,
                     int64_t n_in, float *out0, int64_t n_out) {
-    if (type_is_q32(type)) qtile(type, R, T, w0, row_bytes, x0, n_in, out0, n_out);
+    if (type_is_q8(type)) qtile(R, T, w0, row_bytes, x0, n_in, out0, n_out);
     else if (type_is_k(type)) ktile(type, R, T, w0, row_bytes, x0, n_in, out0, n_out);
     else ftile(type, R, T, w0, row_bytes, x0, n_in, out0, n_out);
 }
@@ -805,38 +743,20 @@ MM_INLINE void frows(MnType type, const MmJob *job, long r0, long r1) {
 }
 _Static_assert(FT == 2, "frows covers T = 1..2");
 
-/* ftile on F32 weights at wf (rows n_in floats apart), for krows_panel:
- * R is FR or 1, T 1..FT. */
-MM_INLINE void f32tile(int R, int T, const float *wf, const float *x0, int64_t n_in, float *out0, int64_t n_out) {
-    const uint8_t *w0 = (const uint8_t *)wf;
-    const size_t row_bytes = (size_t)n_in * sizeof(float);
-    if (R == FR) {
-        if (T == FT) ftile(MN_TYPE_F32, FR, FT, w0, row_bytes, x0, n_in, out0, n_out);
-        else ftile(MN_TYPE_F32, FR, 1, w0, row_bytes, x0, n_in, out0, n_out);
-    } else {
-        if (T == FT) ftile(MN_TYPE_F32, 1, FT, w0, row_bytes, x0, n_in, out0, n_out);
-        else ftile(MN_TYPE_F32, 1, 1, w0, row_bytes, x0, n_in, out0, n_out);
-    }
-}
-
 static void rows_run(const MmJob *job, long r0, long r1) {
     switch (job->w->type) {
     case MN_TYPE_F32: frows(MN_TYPE_F32, job, r0, r1); break;
     case MN_TYPE_F16: frows(MN_TYPE_F16, job, r0, r1); break;
     case MN_TYPE_BF16: frows(MN_TYPE_BF16, job, r0, r1); break;
     case MN_TYPE_Q8_0: frows(MN_TYPE_Q8_0, job, r0, r1); break;
-    case MN_TYPE_Q4_0: frows(MN_TYPE_Q4_0, job, r0, r1); break;
-    default:
-        if (job->is_panel) krows_panel(job, r0, r1);
-        else frows(job->w->type, job, r0, r1); /* ktile */
-        break;
+    default: frows(job->w->type, job, r0, r1); break; /* ktile */
     }
 }
 
 static void job_plan(MmJob *job, int nth) {
     long n_out = (long)job->w->n_out;
     long chunk = round_up((n_out + (long)nth * 4 - 1) / ((long)nth * 4), FR);
-    job->is_panel = type_is_k(job->w->type) && job->n_tok > Q_DIRECT_MAX_TOK && FR * job->w->n_in <= KP_FLOATS;
+    job->is_panel = false;
     job->chunk_rows = chunk;
     job->n_chunks = (n_out + chunk - 1) / chunk;
 }
@@ -886,39 +806,6 @@ const char *mm_simd_name(void) { return "scalar"; }
 
 #endif
 
-#if !defined(MM_SCALAR)
-/* Rows [r0, r1) of a type ktile serves, with more than Q_DIRECT_MAX_TOK
- * tokens (panel mode): each tile of FR rows is dequantized whole into buf
- * once per group of KG tokens, and ftile multiplies it as F32 weights — the
- * same accumulation order as ktile's, so the same bits — for every token
- * tile of the group. Dequantizing then costs once per KG tokens instead of
- * once per KT; the group's activations stay in L2 while the rows go by.
- * job_plan takes this mode only when FR rows fit buf. */
-static void krows_panel(const MmJob *job, long r0, long r1) {
-    _Alignas(64) float buf[KP_FLOATS];
-    const MatW *w = job->w;
-    int64_t n_in = w->n_in, n_out = w->n_out;
-    assert(FR * n_in <= KP_FLOATS);
-    for (int g0 = 0; g0 < job->n_tok; g0 += KG) {
-        int g1 = MM_MIN(job->n_tok, g0 + KG);
-        for (long r = r0; r < r1; r += FR) {
-            int R = (int)MM_MIN(FR, r1 - r);
-            dq_rows(w->type, (const uint8_t *)w->data + (size_t)r * job->row_bytes, job->row_bytes, R, buf,
-                    (size_t)n_in, n_in);
-            for (int t0 = g0; t0 < g1; t0 += FT) {
-                int T = MM_MIN(FT, g1 - t0);
-                const float *x0 = job->x + (int64_t)t0 * n_in;
-                float *out0 = job->out + (int64_t)t0 * n_out + r;
-                if (R == FR) f32tile(FR, T, buf, x0, n_in, out0, n_out);
-                else
-                    for (int i = 0; i < R; i++) f32tile(1, T, buf + (size_t)i * (size_t)n_in, x0, n_in, out0 + i, n_out);
-            }
-        }
-    }
-}
-
-#endif
-
 /* ========================================================================
  * Driver (all paths)
  * ===================================================================== */
@@ -935,55 +822,62 @@ static void mm_worker(void *ctx, int ith, int nth) {
     }
 }
 
-/* ---- K-quants and IQ4_XS: int8 activations (compute/kquant.c) ---- */
+/* ---- int8 activations: the K-quants and IQ4_XS (compute/kquant.c), the
+ * 32-element types (compute/q32.c) ---- */
 
 enum {
-    KQ_ACT_BYTES = 192 * 1024,       /* a group of quantized tokens, on the worker's stack */
-    KQ_GROUP_MAX = 64,               /* tokens per group */
-    KQ_PANEL_BYTES = 512 * 1024,     /* weights per work item, kept in L2 across a group */
+    I8_ACT_BYTES = 512 * 1024,   /* a group of quantized tokens, on the worker's stack */
+    I8_PANEL_BYTES = 512 * 1024, /* weights per work item, kept in L2 across a group */
 };
 
-static size_t kq_tok_bytes(int64_t n_in) { return (size_t)(n_in / MN_QK_K) * KQ_BLOCK_BYTES; }
+/* The group of tokens that fits a worker's buffer, if W takes an int8 path. */
+static int i8_group(const MatW *w, int n_tok) {
+    if (kq_has_type(w->type)) return kq_group_tokens(w->n_in, n_tok, I8_ACT_BYTES);
+    if (q32_has_type(w->type)) return q32_group_tokens(w->n_in, n_tok, I8_ACT_BYTES);
+    return 0;
+}
 
-/* Whether W takes kquant.c's path: its type, and a token fits the buffer. */
-static bool kq_takes(const MatW *w) { return kq_has_type(w->type) && kq_tok_bytes(w->n_in) <= KQ_ACT_BYTES; }
+/* Whether W takes an int8 path: its type, and a token fits the buffer. */
+static bool i8_takes(const MatW *w) { return i8_group(w, 1) == 1; }
 
 /* Work items in order: group 0's row chunks, then group 1's, ... A worker
  * quantizes a group's tokens when it first takes one of its items; items
  * go out in order, so it quantizes each group at most once. The values do
- * not depend on who quantized them (kq_quantize is a function of x). */
-static void kq_worker(void *ctx, int ith, int nth) {
+ * not depend on who quantized them (kq_quantize and q32_quantize are
+ * functions of x). */
+static void i8_worker(void *ctx, int ith, int nth) {
     MmJob *job = ctx;
-    _Alignas(64) uint8_t acts[KQ_ACT_BYTES];
+    _Alignas(64) uint8_t acts[I8_ACT_BYTES];
     const MatW *w = job->w;
-    size_t tok_bytes = kq_tok_bytes(w->n_in);
+    const bool is_q32 = q32_has_type(w->type);
     long cur = -1;
     for (;;) {
         long i = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed);
         if (i >= job->n_chunks * job->n_groups) break;
         long g = i / job->n_chunks, c = i % job->n_chunks;
         int t0 = (int)g * job->group_tok, n = MM_MIN(job->group_tok, job->n_tok - t0);
+        const float *x = job->x + (int64_t)t0 * w->n_in;
         if (g != cur) {
-            for (int t = 0; t < n; t++)
-                kq_quantize(w->type, job->x + (int64_t)(t0 + t) * w->n_in, w->n_in, acts + (size_t)t * tok_bytes);
+            if (is_q32) q32_quantize(x, w->n_in, n, acts);
+            else kq_quantize(w->type, x, w->n_in, n, acts);
             cur = g;
         }
         long r0 = c * job->chunk_rows, r1 = MM_MIN((long)w->n_out, r0 + job->chunk_rows);
-        kq_rows(w->type, w->data, job->row_bytes, r0, r1, w->n_in, acts, tok_bytes, n,
-                job->out + (int64_t)t0 * w->n_out, w->n_out);
+        float *out = job->out + (int64_t)t0 * w->n_out;
+        if (is_q32) q32_rows(w->type, w->data, job->row_bytes, r0, r1, w->n_in, acts, n, out, w->n_out);
+        else kq_rows(w->type, w->data, job->row_bytes, r0, r1, w->n_in, acts, n, out, w->n_out);
     }
 }
 
 /* Chunks of whole 16-row tiles, several per thread, within L2; groups as
  * large as the buffer holds. */
-static void kq_plan(MmJob *job, int nth) {
-    long n_out = (long)job->w->n_out, cap = (long)(KQ_PANEL_BYTES / job->row_bytes);
+static void i8_plan(MmJob *job, int nth) {
+    long n_out = (long)job->w->n_out, cap = (long)(I8_PANEL_BYTES / job->row_bytes);
     long chunk = MM_MIN((n_out + (long)nth * 4 - 1) / ((long)nth * 4), cap);
     chunk = chunk < 16 ? 16 : round_up(chunk, 16);
     job->chunk_rows = chunk;
     job->n_chunks = (n_out + chunk - 1) / chunk;
-    long g = (long)(KQ_ACT_BYTES / kq_tok_bytes(job->w->n_in));
-    job->group_tok = (int)MM_MIN(g, KQ_GROUP_MAX);
+    job->group_tok = i8_group(job->w, job->n_tok);
     job->n_groups = (job->n_tok + job->group_tok - 1) / job->group_tok;
 }
 
@@ -1004,10 +898,10 @@ void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_
     int nth = tp != NULL ? tpool_size(tp) : 1;
     MmJob job = {.w = w, .x = x, .out = out, .n_tok = n_tok, .row_bytes = (size_t)row_bytes};
     atomic_init(&job.next_chunk, 0);
-    if (kq_takes(w)) {
-        kq_plan(&job, nth);
-        if (tp != NULL && nth > 1 && job.n_chunks * job.n_groups > 1) tpool_run(tp, kq_worker, &job);
-        else kq_worker(&job, 0, 1);
+    if (i8_takes(w)) {
+        i8_plan(&job, nth);
+        if (tp != NULL && nth > 1 && job.n_chunks * job.n_groups > 1) tpool_run(tp, i8_worker, &job);
+        else i8_worker(&job, 0, 1);
         return;
     }
     job_plan(&job, nth);
@@ -1027,12 +921,18 @@ void mm_matmul_ref(float *out, const MatW *w, const float *x, int n_tok) {
     const TypeTraits *tt = ttype_traits(w->type);
     uint64_t row_bytes = 0;
     if (ttype_row_bytes(w->type, (uint64_t)n_in, &row_bytes) != MN_OK) assert(!"bad weight shape");
-    if (kq_takes(w)) { /* int8 activations, one token at a time */
-        _Alignas(64) uint8_t acts[KQ_ACT_BYTES];
+    if (i8_takes(w)) { /* int8 activations, one token at a time */
+        _Alignas(64) uint8_t acts[I8_ACT_BYTES];
         for (int t = 0; t < n_tok; t++) {
-            kq_quantize_ref(w->type, x + (int64_t)t * n_in, n_in, acts);
-            kq_rows_ref(w->type, w->data, (size_t)row_bytes, 0, (long)n_out, n_in, acts, kq_tok_bytes(n_in), 1,
-                        out + (int64_t)t * n_out, n_out);
+            const float *xt = x + (int64_t)t * n_in;
+            float *ot = out + (int64_t)t * n_out;
+            if (q32_has_type(w->type)) {
+                q32_quantize_ref(xt, n_in, 1, acts);
+                q32_rows_ref(w->type, w->data, (size_t)row_bytes, 0, (long)n_out, n_in, acts, 1, ot, n_out);
+            } else {
+                kq_quantize_ref(w->type, xt, n_in, 1, acts);
+                kq_rows_ref(w->type, w->data, (size_t)row_bytes, 0, (long)n_out, n_in, acts, 1, ot, n_out);
+            }
         }
         return;
     }
