@@ -92,7 +92,8 @@ static int greedy_row(void *ctx, int idx, const float *logits) {
     g->id = best;
     return 0;
 }
-static char *reference_text(Model *m, const int32_t *prompt, int n_prompt, int n) {
+/* The greedy ids of n tokens after prompt, by the runner, into ids. */
+static void reference_ids(Model *m, const int32_t *prompt, int n_prompt, int n, int32_t *ids) {
     Runner r;
     RunnerOptions ro;
     runner_options_default(&ro);
@@ -101,11 +102,16 @@ static char *reference_text(Model *m, const int32_t *prompt, int n_prompt, int n
     assert_int_equal(runner_init(&r, m, &ro, &err), MN_OK);
     Greedy g = {0, m->cfg.n_vocab};
     assert_int_equal(runner_eval(&r, prompt, n_prompt, false, greedy_row, &g, &err), MN_OK);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
     for (int i = 0; i < n; i++) {
         ids[i] = g.id;
         if (i + 1 < n) assert_int_equal(runner_eval(&r, &ids[i], 1, false, greedy_row, &g, &err), MN_OK);
     }
+    runner_deinit(&r);
+}
+
+static char *reference_text(Model *m, const int32_t *prompt, int n_prompt, int n) {
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
+    reference_ids(m, prompt, n_prompt, n, ids);
     TokStream ts;
     tok_stream_init(&ts, m->tok, false);
     ts.at_start = false;
@@ -118,7 +124,6 @@ static char *reference_text(Model *m, const int32_t *prompt, int n_prompt, int n
     tok_stream_flush(&ts, out + len, cap - len, &k);
     out[len + k] = '\0';
     free(ids);
-    runner_deinit(&r);
     return out;
 }
 
@@ -458,11 +463,14 @@ static void test_prefix_reuse(void **s) {
     char *t1 = drain(r, &res);
     assert_int_equal(res.n_cached, 0);
     request_unref(r);
-    /* same prompt again: 36 of 37 tokens usable, 4 full blocks of 8 */
+    /* same prompt again: 36 of 37 tokens usable, 4 full blocks of 8 and
+     * the first 4 rows of the fifth, which the first run filled with the
+     * prompt's last 5 tokens and its reply */
     r = request_new(prompt, 37, &p, "", NULL);
     assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
     char *t2 = drain(r, &res);
-    assert_int_equal(res.n_cached, 32);
+    assert_int_equal(res.n_cached, 36);
+    assert_int_equal(res.n_cached_partial, 4);
     assert_string_equal(t1, t2);
     request_unref(r);
     /* another namespace never hits */
@@ -569,7 +577,7 @@ static void check_cache_ttl(bool has_tiers) {
     greedy_params(&p, 4);
     ReqResult res;
     EngineStats st;
-    int expect[3] = {0, 32, 0};
+    int expect[3] = {0, 36, 0}; /* 4 full blocks and 4 rows of the fifth (test_prefix_reuse) */
     for (int round = 0; round < 3; round++) {
         if (round == 2) { /* idle past the TTL: dropped from the pool and from every tier */
             drive_shift(&dr, 2 * o.cache_ttl_s);
@@ -1252,12 +1260,114 @@ static void test_restore_from_pool(void **s) {
     model_free(m);
 }
 
+/* The next turn of a conversation into t: its turn 1 (prompt[0..n)), the
+ * greedy reply of n_reply tokens, then n_new tokens from seed. Returns
+ * its length. */
+static int next_turn(Model *m, const int32_t *prompt, int n, int n_reply, int n_new, uint64_t seed, int32_t *t) {
+    memcpy(t, prompt, (size_t)n * sizeof *t);
+    reference_ids(m, prompt, n, n_reply, t + n);
+    make_prompt(t + n + n_reply, n_new, m->cfg.n_vocab, seed, -1);
+    return n + n_reply + n_new;
+}
+
+/* Once the engine is idle: how many partial blocks the pool keeps. */
+static int settled_partials(Engine *e) {
+    settle(e);
+    EngineStats st;
+    engine_stats(e, &st);
+    return st.pool_partial;
+}
+
+/* A returning turn pays only for its new tokens: the filled part of turn
+ * 1's last block (its prompt and reply, 43 tokens: 5 full blocks of 8 and
+ * 3 rows) is copied when the next prompt extends it, and a prompt that
+ * diverges inside it gets the rows before the divergence. Each answer is
+ * the full recompute's, first logits bit for bit; a partial block that a
+ * later full one extends is dropped, its slot freed. */
+static void test_partial_tail_reuse(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    EngineOptions o;
+    engine_options_default(&o);
+    o.block_tokens = 8;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    const int nv = m->cfg.n_vocab;
+    int32_t t1[80], d[80], t2[80];
+    make_prompt(t1, 37, nv, 51, 1);
+    Recomputed want = recompute(m, t1, 37, 6);
+    ReqResult res;
+    expect_recomputed(e, &want, t1, 37, &res);
+    recomputed_free(&want);
+    assert_int_equal(res.n_cached, 0);
+    assert_int_equal(settled_partials(e), 1);
+    /* turn 2: turn 1, its reply (positions 37..42) and 10 new tokens; d
+     * diverges from it at position 41, the second row of block 5 */
+    assert_int_equal(next_turn(m, t1, 37, 6, 10, 53, t2), 53);
+    memcpy(d, t2, 41 * sizeof *d);
+    make_prompt(d + 41, 12, nv, 52, -1);
+    assert_true(d[41] != t2[41]);
+    want = recompute(m, d, 53, 4);
+    expect_recomputed(e, &want, d, 53, &res);
+    recomputed_free(&want);
+    assert_int_equal(res.n_cached, 41);
+    assert_int_equal(res.n_cached_partial, 1);
+    assert_int_equal(res.n_cached_by[SRC_POOL], 41);
+    settle(e);
+    want = recompute(m, t2, 53, 4);
+    expect_recomputed(e, &want, t2, 53, &res);
+    recomputed_free(&want);
+    assert_int_equal(res.n_cached, 43);
+    assert_int_equal(res.n_cached_partial, 3);
+    /* d's and turn 2's last blocks; turn 1's went when turn 2 filled its block */
+    assert_int_equal(settled_partials(e), 2);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.cached_partial_tokens, 4);
+    engine_free(e);
+    model_free(m);
+}
+
+/* A partial block's slot is evicted and reused by other requests while
+ * the full blocks before it wait in the RAM tier: the returning turn
+ * restores those and finds no rows for the rest (the partial block's
+ * record went with its slot), so it computes them — it never copies the
+ * KV that now fills that slot. Its answer is the full recompute's. */
+static void test_partial_tail_evicted(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    Engine *e = tier_engine(m, 16, 1, NULL, EVICT_LRU);
+    const int nv = m->cfg.n_vocab;
+    int32_t p[3][80], t2[80];
+    make_prompts(p, 3, 65, nv, 61);
+    ReqResult res;
+    free(run_one(e, p[0], 37, 6, NULL, &res)); /* 43 tokens: 5 full blocks and 3 rows */
+    assert_int_equal(settled_partials(e), 1);
+    /* 9 blocks each: the first takes free slots, the second evicts the
+     * least recently used, turn 1's six, and computes into them */
+    free(run_one(e, p[1], 65, 4, NULL, &res));
+    settle(e);
+    free(run_one(e, p[2], 65, 4, NULL, &res));
+    settle(e);
+    assert_int_equal(next_turn(m, p[0], 37, 6, 10, 63, t2), 53);
+    Recomputed want = recompute(m, t2, 53, 4);
+    expect_recomputed(e, &want, t2, 53, &res);
+    recomputed_free(&want);
+    assert_int_equal(res.n_cached, 40);
+    assert_int_equal(res.n_cached_by[SRC_RAM], 40);
+    assert_int_equal(res.n_cached_partial, 0);
+    engine_free(e);
+    model_free(m);
+}
+
 /* The mixed restore, planned by the engine: a conversation's leading
  * blocks are in no tier, its middle only on disk, its tail in the pool. It
  * is recomputed / loaded / used in one pass, with first logits
  * bit-identical to a full recompute. Set-up: turn 1 (33 tokens) saves
  * blocks 0..3 as the disk's first run, turn 2 (65 tokens) saves 4..7; two
- * other requests push blocks 0..5 out of the pool (lru); the first run's
+ * other requests push blocks 0..5 and the partial last blocks of both
+ * turns out of the pool (lru); the first run's
  * layer 0 is then damaged, so the first restore fails its checksum and
  * the disk drops blocks 0..3 only. */
 static void test_restore_mixed(void **s) {
@@ -1269,16 +1379,16 @@ static void test_restore_mixed(void **s) {
     int32_t a[80], b[80], c[80];
     make_prompt(a, 65, nv, 51, 1);
     make_prompt(b, 65, nv, 52, 1);
-    make_prompt(c, 41, nv, 53, 1);
+    make_prompt(c, 33, nv, 53, 1);
     ReqResult res;
-    free(run_one(e, a, 33, 4, NULL, &res)); /* blocks 0..3 */
+    free(run_one(e, a, 33, 4, NULL, &res)); /* blocks 0..3, and a[32] + 4 replied in block 4 */
     settle(e);
-    free(run_one(e, a, 65, 4, NULL, &res)); /* 4..7 */
-    assert_int_equal(res.n_cached, 32);
+    free(run_one(e, a, 65, 4, NULL, &res)); /* 4..7 (a[32]'s row is turn 1's) */
+    assert_int_equal(res.n_cached, 33);
     settle(e);
-    free(run_one(e, b, 65, 4, NULL, &res)); /* 9 blocks: a's block 0 goes */
+    free(run_one(e, b, 65, 4, NULL, &res)); /* 9 blocks: turn 1's block 4, a's 0 and 1 go */
     settle(e);
-    free(run_one(e, c, 41, 4, NULL, &res)); /* 6 blocks: a's 1..5 go */
+    free(run_one(e, c, 33, 4, NULL, &res)); /* 5 blocks: a's 2, 3, turn 2's block 8, 4, 5 go */
     settle(e);
     assert_true(test_corrupt_slabs(dir, 1) > 0);
     Recomputed want = recompute(m, a, 65, 4);
@@ -1402,10 +1512,10 @@ static int window_keeps(EvictPolicy evict) {
     char *ref_text = reference_text(m, a, 65, 4);
     Drive dr;
     drive_init(&dr);
-    Engine *e = tier_engine_hooked(m, 40, 0, NULL, evict, NULL, &dr.hooks);
+    Engine *e = tier_engine_hooked(m, 42, 0, NULL, evict, NULL, &dr.hooks);
     ReqResult res;
-    free(run_one(e, a, 65, 4, NULL, &res)); /* 8 cached blocks, the oldest */
-    free(run_one(e, b, 65, 4, NULL, &res)); /* 8 more; 24 free */
+    free(run_one(e, a, 65, 4, NULL, &res)); /* 8 cached blocks, the oldest, and its partial last one */
+    free(run_one(e, b, 65, 4, NULL, &res)); /* 9 more; 24 free */
     settle(e);
     /* d grows to 30 blocks, so its last 6 evict, the first of them at its
      * 184th token; a, arriving during d's first pass, waits meanwhile */
@@ -1468,7 +1578,7 @@ static void test_turn_touches_disk_runs(void **s) {
     usleep(20000);
     double t2 = mn_wall_now();
     free(run_one(e, a, 65, 4, NULL, &res)); /* turn 2: 0..3 from the pool, 4..7 new */
-    assert_int_equal(res.n_cached_by[SRC_POOL], 32);
+    assert_int_equal(res.n_cached_by[SRC_POOL], 33); /* and a[32]'s row, which turn 1 left in block 4 */
     engine_free(e); /* the mover finishes what is queued */
     int n_runs = 0;
     double oldest = runs_oldest_use(dir, &n_runs);
@@ -1478,10 +1588,11 @@ static void test_turn_touches_disk_runs(void **s) {
     model_free(m);
 }
 
-/* The pool's --evict: a's blocks are put in first, then b's; a comes back
- * (its blocks are now the most recently used), then c needs 9 slots where
- * 4 are free, so 5 of the 16 cached blocks go. lru takes b's (used longer
- * ago), fifo a's (in the pool longer). Returns how many of a's 64 prompt
+/* The pool's --evict: a's blocks are put in first, then b's (8 full ones
+ * each and the partial last one); a comes back (its full blocks are now
+ * the most recently used), then c needs 9 slots where 4 are free, so 5 of
+ * the 18 cached blocks go. lru takes a's partial block and b's (used
+ * longer ago), fifo a's (in the pool longer). Returns how many of a's 64 prompt
  * tokens are still cached when it comes back once more. */
 static int pool_keeps_a(EvictPolicy evict) {
     Model *m = load("stories260K");
@@ -1489,10 +1600,10 @@ static int pool_keeps_a(EvictPolicy evict) {
     const int nv = m->cfg.n_vocab;
     int32_t p[3][80], *a = p[0], *b = p[1], *c = p[2];
     make_prompts(p, 3, 65, nv, 101);
-    Engine *e = tier_engine(m, 20, 0, NULL, evict);
+    Engine *e = tier_engine(m, 22, 0, NULL, evict);
     ReqResult res;
-    free(run_one(e, a, 65, 4, NULL, &res)); /* 8 cached blocks */
-    free(run_one(e, b, 65, 4, NULL, &res)); /* 8 more, 4 free */
+    free(run_one(e, a, 65, 4, NULL, &res)); /* 9 cached blocks */
+    free(run_one(e, b, 65, 4, NULL, &res)); /* 9 more, 4 free */
     free(run_one(e, a, 65, 4, NULL, &res));
     assert_int_equal(res.n_cached, 64);
     free(run_one(e, c, 65, 4, NULL, &res)); /* 9 blocks: 5 of the cached ones go */
@@ -2175,6 +2286,8 @@ int main(void) {
         cmocka_unit_test(test_restore_ram_and_disk),
         cmocka_unit_test(test_restore_corrupt_disk),
         cmocka_unit_test(test_restore_mixed),
+        cmocka_unit_test(test_partial_tail_reuse),
+        cmocka_unit_test(test_partial_tail_evicted),
         cmocka_unit_test(test_prefetch_waiting),
         cmocka_unit_test(test_promote_waiting),
         cmocka_unit_test(test_window_keeps_waiting),

@@ -1,8 +1,10 @@
 /* test_index.c — the block index and the reply memory: block hashes follow
  * DESIGN.md's byte layout exactly (checked against XXH3 over a buffer built
  * by hand), the hash table agrees with a plain array model under random
- * inserts, lookups, evictions and removals, and the reply memory returns
- * what was put for the same key and text only, dropping the oldest first. */
+ * inserts, lookups, evictions and removals, so do the children lists
+ * (row reuse) under random adds, lookups and evictions, and the reply
+ * memory returns what was put for the same key and text only, dropping
+ * the oldest first. */
 #include "test_util.h"
 
 #include <xxhash.h>
@@ -41,6 +43,15 @@ static void test_block_hash_layout(void **s) {
     memset(buf, 0, 16);
     XXH128_canonicalFromHash(&want, XXH3_128bits(buf, sizeof buf));
     got = index_block_hash(NULL, tokens, 4, &fp, fmt, &ns);
+    assert_memory_equal(got.b, want.digest, 16);
+    /* a child key is the hash of an empty block: parent | fingerprint | format | namespace */
+    uint8_t kbuf[16 + 16 + 4 + 16];
+    memcpy(kbuf, parent.b, 16);
+    memcpy(kbuf + 16, fp.b, 16);
+    for (int k = 0; k < 4; k++) kbuf[32 + k] = (uint8_t)(fmt >> (8 * k));
+    memcpy(kbuf + 36, ns.b, 16);
+    XXH128_canonicalFromHash(&want, XXH3_128bits(kbuf, sizeof kbuf));
+    got = index_child_key(&parent, &fp, fmt, &ns);
     assert_memory_equal(got.b, want.digest, 16);
     /* the namespace id is XXH3-128 of its string; "" for none */
     XXH128_canonicalFromHash(&want, XXH3_128bits("tenant-a", 8));
@@ -104,6 +115,99 @@ static void test_index_model(void **s) {
     kvpool_deinit(&p);
 }
 
+/* The children lists against a plain array: full and partial children
+ * under a few keys, with tokens from a two-letter alphabet so that one
+ * often extends another, releases, and evictions (kvpool_alloc reuses
+ * cached slots). Every lookup gives the longest prefix the model holds,
+ * a partial child that another extends is gone (its slot FREE unless
+ * held), a child that adds nothing is refused, and an evicted slot is on
+ * no list: its rows are never offered again. */
+static void test_index_children_model(void **s) {
+    enum { N = 32, BT = 4, KEYS = 3 };
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 1, 8, BT, N, MN_TYPE_F16), MN_OK);
+    BlockIndex *ix = index_new(&p);
+    assert_non_null(ix);
+    struct {
+        int key, rows; /* rows 0: on no list */
+        int32_t tok[BT];
+    } model[N] = {{0}};
+    bool is_held[N] = {false};
+    int32_t held[N];
+    int n_held = 0, n_added = 0, n_dropped = 0, n_refused = 0, n_evicted = 0;
+    Hash128 z = {{0}}, keys[KEYS];
+    for (int k = 0; k < KEYS; k++) {
+        Hash128 parent = h_of(1000 + k);
+        keys[k] = index_child_key(&parent, &z, 0, &z);
+    }
+    uint64_t r = 7;
+    for (int step = 0; step < 20000; step++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        int op = (int)((r >> 33) % 4), key = (int)((r >> 40) % KEYS), n = 1 + (int)((r >> 44) % BT);
+        int32_t tok[BT];
+        for (int i = 0; i < BT; i++) tok[i] = (int32_t)((r >> (50 + i)) & 1);
+        if (op == 0) { /* a block: full (indexed first, as the engine does) or partial */
+            int32_t slot;
+            if (kvpool_alloc(&p, &slot) == MN_EFULL) continue;
+            if (model[slot].rows > 0) n_evicted++;
+            model[slot].rows = 0;
+            held[n_held++] = slot;
+            is_held[slot] = true;
+            if (n == BT) { /* its hash is its key's and tokens': the same block twice is one record */
+                Hash128 h = index_block_hash(&keys[key], tok, BT, &z, 0, &z);
+                if (index_insert(ix, &h, slot) != 1) continue;
+            }
+            bool has = false; /* a child under key holds these rows already */
+            for (int i = 0; i < N; i++)
+                if (model[i].rows >= n && model[i].key == key && memcmp(model[i].tok, tok, (size_t)n * 4) == 0) has = true;
+            int rc = index_child_add(ix, &keys[key], slot, tok, n);
+            assert_int_equal(rc, has ? 0 : 1);
+            if (has) {
+                n_refused++;
+                continue;
+            }
+            for (int i = 0; i < N; i++) /* partial children the new one extends */
+                if (model[i].rows > 0 && model[i].rows < n && model[i].rows < BT && model[i].key == key &&
+                    memcmp(model[i].tok, tok, (size_t)model[i].rows * 4) == 0) {
+                    model[i].rows = 0;
+                    assert_int_equal(p.state[i], is_held[i] ? SLOT_IN_USE : SLOT_FREE);
+                    n_dropped++;
+                }
+            model[slot].key = key;
+            model[slot].rows = n;
+            memcpy(model[slot].tok, tok, sizeof tok);
+            n_added++;
+        } else if (op == 1 && n_held > 0) {
+            int i = (int)((r >> 20) % (uint64_t)n_held);
+            is_held[held[i]] = false;
+            kvpool_release(&p, held[i]);
+            held[i] = held[--n_held];
+        } else { /* the longest prefix of tok[0..n) under key */
+            int best = 0, got;
+            for (int i = 0; i < N; i++) {
+                int k = 0;
+                while (model[i].key == key && k < model[i].rows && k < n && model[i].tok[k] == tok[k]) k++;
+                if (k > best) best = k;
+            }
+            int32_t slot = index_child_find(ix, &keys[key], tok, n, &got);
+            assert_int_equal(got, best);
+            if (best == 0) {
+                assert_int_equal(slot, -1);
+            } else {
+                assert_true(slot >= 0 && model[slot].key == key && model[slot].rows >= best);
+                assert_memory_equal(model[slot].tok, tok, (size_t)best * 4);
+            }
+        }
+        int n_partial = 0;
+        for (int i = 0; i < N; i++) n_partial += model[i].rows > 0 && model[i].rows < BT;
+        assert_int_equal(index_n_partials(ix), n_partial);
+        kvpool_check(&p);
+    }
+    assert_true(n_added > 0 && n_dropped > 0 && n_refused > 0 && n_evicted > 0);
+    index_free(ix);
+    kvpool_deinit(&p);
+}
+
 static void test_reply_memory(void **s) {
     ReplyMemory *rm = replymem_new(3);
     assert_non_null(rm);
@@ -146,6 +250,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_hash_layout),
         cmocka_unit_test(test_index_model),
+        cmocka_unit_test(test_index_children_model),
         cmocka_unit_test(test_reply_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

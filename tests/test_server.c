@@ -125,8 +125,9 @@ static Turn chat_turn(const Srv *s, const char *const *msgs, int n, int max_toke
     return chat_turn_ex(s, msgs, n, max_tokens, header, false);
 }
 
-/* Three turns; each later turn must find the previous prompt + reply cached
- * (in full blocks of 8). Returns the replies joined, for comparisons. */
+/* Three turns; each later turn must find the previous prompt + reply cached,
+ * all of it: the full blocks of 8 and the rows of the last, partial one.
+ * Returns the replies joined, for comparisons. */
 static char *conversation_ex(const Srv *s, const char *first, bool expect_cache, const char *header, bool in_thread) {
     const char *msgs[6] = {first, NULL, "Tell me more.", NULL, "And then?", NULL};
     char *all = calloc(1, 1);
@@ -134,7 +135,7 @@ static char *conversation_ex(const Srv *s, const char *first, bool expect_cache,
     for (int turn = 0; turn < 3; turn++) {
         Turn t = chat_turn_ex(s, msgs, 2 * turn + 1, 12, header, in_thread);
         if (!in_thread) assert_int_equal(t.completion_tokens, 12);
-        long expected = expect_cache && turn > 0 ? prev_total / 8 * 8 : 0;
+        long expected = expect_cache && turn > 0 ? prev_total : 0;
         if (!in_thread && t.cached_tokens != expected)
             fail_msg("turn %d: cached_tokens %ld, expected %ld (previous prompt + reply = %ld tokens)", turn + 1,
                      t.cached_tokens, expected, prev_total);
@@ -994,12 +995,13 @@ static void test_request_log(void **st) {
     snprintf(pattern, sizeof pattern, " id=%s stream=0 ", id);
     const char *first[] = {LOG_HEAD "POST /v1/chat/completions 200 id=", pattern,
                            "prompt=[0-9]+ truncated=0 shifted=0 cached=0 cached_pool=0 cached_ram=0 cached_disk=0 cached_redis=0 "
-                           "generated=8 ttft=",
+                           "cached_partial=0 generated=8 ttft=",
                            NULL};
     expect_log_line(&s, first);
     free(id);
     free(out);
-    /* the second turn finds the first cached in the pool */
+    /* the second turn finds the first cached in the pool, down to the rows
+     * of its last block, which its prompt and reply filled in part */
     body = chat_body(msgs, 3, 4, true);
     json_decref(j);
     assert_int_equal(http(&s, "/v1/chat/completions", body, NULL, &out, 0), 200);
@@ -1008,8 +1010,11 @@ static void test_request_log(void **st) {
     assert_non_null(p);
     snprintf(pattern, sizeof pattern, " id=%.*s stream=1 ", (int)strcspn(p + 6, "\""), p + 6);
     const char *second[] = {LOG_HEAD "POST /v1/chat/completions 200 id=", pattern,
-                            "cached=([1-9][0-9]*) cached_pool=\\1 cached_ram=0 cached_disk=0 cached_redis=0 generated=4 ", NULL};
+                            "cached=([1-9][0-9]*) cached_pool=\\1 cached_ram=0 cached_disk=0 cached_redis=0 "
+                            "cached_partial=[1-9][0-9]* generated=4 ",
+                            NULL};
     expect_log_line(&s, second);
+    assert_true(metric(&s, "mnemo_cached_partial_tokens_total") > 0);
     free(out);
     /* errors: from the server, and from the gate */
     expect_error(&s, "/v1/chat/completions", "{not json", NULL, 400, "JSON");

@@ -32,7 +32,20 @@
  * record loses its slot but stays if a tier still holds the block, so a
  * returning request finds it and restores it instead of recomputing. The
  * pool keeps the slot's CACHED/IN USE state; the index only names slots.
- * Owned by the engine thread; the table grows as records are added.
+ *
+ * The children of a parent: rows of KV reused from a block that matches a
+ * prompt only in part. Attention is causal, so row i of a block depends
+ * only on its parent chain and the block's tokens 0..i: the first k rows
+ * of any block after the same parent whose first k tokens are the
+ * prompt's are exactly what a recompute would give. The index keeps, per
+ * child key (index_child_key: the parent's chain hash with the model, KV
+ * format and namespace, the hash of an empty block after it), the pool
+ * slots holding such rows with their tokens: full blocks the engine
+ * computed, and partial ones — the filled part of a sequence's last block
+ * when it ends, which no block hash names. Children live in the pool
+ * only: a slot leaves its list when it is evicted or removed, like its
+ * record, so a list never names a slot whose rows were overwritten.
+ * Owned by the engine thread; the tables grow as records are added.
  */
 #ifndef MN_INDEX_H
 #define MN_INDEX_H
@@ -58,18 +71,43 @@ uint32_t index_tiers(const BlockIndex *ix, const Hash128 *h);
 int index_has(const BlockIndex *ix, const Hash128 *h);
 /* Record that slot holds the block h and make the slot cacheable. Returns
  * 1 if recorded, 0 if h already has a slot (the caller's copy stays
- * private and is freed on release) or slot already holds a block,
+ * private and is freed on release) or slot already holds a block (or a
+ * partial child),
  * MN_ENOMEM negated (-MN_ENOMEM) when the table could not grow. */
 int index_insert(BlockIndex *ix, const Hash128 *h, int32_t slot);
-/* Forget whatever slot holds (no-op when it holds nothing indexed); the
- * block's record stays if a tier holds it. The slot stops being
- * cacheable: its contents are no longer what the record names. */
+/* Forget whatever slot holds (no-op when it holds nothing indexed and is
+ * no child); the block's record stays if a tier holds it. The slot stops
+ * being cacheable: its contents are no longer what the record names. */
 void index_remove_slot(BlockIndex *ix, int32_t slot);
 /* Add and remove tier bits of h's record (creating or deleting it as
  * needed). MN_OK or MN_ENOMEM. */
 int index_set_tiers(BlockIndex *ix, const Hash128 *h, uint32_t add, uint32_t remove);
 /* The hash of the block slot holds, or NULL when it holds none indexed. */
 const Hash128 *index_slot_hash(const BlockIndex *ix, int32_t slot);
+/* ---- the children of a parent (row reuse) ------------------------------------ */
+
+/* The key of the blocks after parent (NULL: the first block) for the
+ * model, KV format and namespace: index_block_hash of an empty block. */
+Hash128 index_child_key(const Hash128 *parent, const Hash128 *fingerprint, uint32_t kv_format, const Hash128 *ns_id);
+/* Slot's first n_rows rows (1..block_tokens) hold the KV of tokens[0..n_rows)
+ * (copied) as the block after key's parent. A full block (n_rows ==
+ * block_tokens) must be indexed already (index_insert): it leaves the list
+ * with its record. A partial one must be IN USE and not indexed: it is
+ * made cacheable and stays CACHED when released, until evicted. Partial
+ * children under key whose rows the new one extends are dropped (their
+ * slots freed, kvpool_drop). Returns 1 when added; 0 when not (a child
+ * under key already holds these rows, or slot is on a list already, or
+ * is indexed while n_rows is partial, or is not while it is full): the
+ * slot is left as it was; -MN_ENOMEM when the table could not grow. */
+int index_child_add(BlockIndex *ix, const Hash128 *key, int32_t slot, const int32_t *tokens, int n_rows);
+/* Of the children under key, the one whose rows begin with the longest
+ * prefix of tokens[0..n): its slot, valid until the pool next allocates
+ * or the index changes, and that prefix's length in *n_rows. -1 and
+ * *n_rows 0 when none shares the first token. */
+int32_t index_child_find(const BlockIndex *ix, const Hash128 *key, const int32_t *tokens, int n, int *n_rows);
+/* Partial children in the pool. */
+int index_n_partials(const BlockIndex *ix);
+
 /* Records with a pool slot. */
 int index_count(const BlockIndex *ix);
 /* Records in all (pool or tiers). */

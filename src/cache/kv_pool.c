@@ -164,20 +164,40 @@ void kvpool_release(KvPool *p, int32_t slot) {
     }
 }
 
-/* The LRU list is in the order slots became CACHED (revival only removes),
- * so the expired ones are a prefix of it. */
+/* A CACHED slot goes FREE (its owner has forgotten it). */
+static void cached_to_free(KvPool *p, int32_t slot) {
+    lru_unlink(p, slot);
+    p->state[slot] = SLOT_FREE;
+    p->is_cacheable[slot] = false;
+    p->free_list[p->n_free++] = slot;
+}
+
+/* The LRU list is in the order slots became CACHED (revival and
+ * kvpool_drop only remove), so the expired ones are a prefix of it. */
 int kvpool_expire(KvPool *p, double cutoff) {
     int n = 0;
     while (p->lru_head >= 0 && p->cached_at[p->lru_head] < cutoff) {
         int32_t slot = p->lru_head;
-        lru_unlink(p, slot);
         if (p->evict_fn) p->evict_fn(p->evict_ctx, slot);
-        p->state[slot] = SLOT_FREE;
-        p->is_cacheable[slot] = false;
-        p->free_list[p->n_free++] = slot;
+        cached_to_free(p, slot);
         n++;
     }
     return n;
+}
+
+void kvpool_drop(KvPool *p, int32_t slot) {
+    assert(slot >= 0 && slot < p->n_blocks && p->state[slot] != SLOT_FREE);
+    if (p->state[slot] == SLOT_CACHED) cached_to_free(p, slot);
+    else p->is_cacheable[slot] = false;
+}
+
+void kvpool_copy_rows(KvPool *p, int32_t dst, int32_t src, int n_rows) {
+    assert(dst != src && n_rows >= 0 && n_rows <= p->block_tokens);
+    size_t row_bytes = p->block_bytes / 2 / (size_t)p->block_tokens, n = row_bytes * (size_t)n_rows;
+    for (int l = 0; l < p->n_layer; l++) {
+        memcpy(kvpool_k(p, l, dst), kvpool_k(p, l, src), n);
+        memcpy(kvpool_v(p, l, dst), kvpool_v(p, l, src), n);
+    }
 }
 
 void kvpool_clear_cacheable(KvPool *p, int32_t slot) {

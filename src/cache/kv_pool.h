@@ -18,7 +18,9 @@
  *      +---------------------------+
  *        eviction inside kvpool_alloc when no slot is FREE: the least
  *        recently used CACHED slot is reused, and evict_fn tells its owner
- *        (the index) to forget it first.
+ *        (the index) to forget it first; kvpool_expire (TTL) likewise.
+ *        kvpool_drop frees a CACHED slot its owner no longer wants (no
+ *        callback: the owner asked).
  *
  * kvpool_set_cacheable marks an IN USE slot whose content is final (a full
  * block registered in the index): when its last reference goes it is kept
@@ -92,6 +94,10 @@ void kvpool_set_cacheable(KvPool *p, int32_t slot);
 /* The slot's content is no longer final (a failed restore) or it is being
  * evicted: when its last reference goes it is freed, not cached. */
 void kvpool_clear_cacheable(KvPool *p, int32_t slot);
+/* The owner (the index) no longer wants the content of slot: a CACHED
+ * slot goes FREE now, without the evict callback; an IN USE one stops
+ * being cacheable (FREE on its last release). */
+void kvpool_drop(KvPool *p, int32_t slot);
 /* Free every CACHED slot that became CACHED before `cutoff` (mn_now()
  * seconds, base/clock.h); the evict callback hears of each. Returns how
  * many were freed. */
@@ -110,6 +116,11 @@ static inline void *kvpool_k(const KvPool *p, int layer, int32_t slot) {
 static inline void *kvpool_v(const KvPool *p, int layer, int32_t slot) {
     return p->arenas[layer] + (size_t)slot * p->block_bytes + p->block_bytes / 2;
 }
+
+/* Copy the K and V rows of the first n_rows tokens (0 <= n_rows <=
+ * block_tokens) of slot src into slot dst, in every layer; the rest of
+ * dst is left as it was. dst != src. */
+void kvpool_copy_rows(KvPool *p, int32_t dst, int32_t src, int n_rows);
 
 /* Check every invariant (states, counts, lists); aborts with a dump on a
  * broken one. For tests and debug builds. */

@@ -24,15 +24,20 @@
  *
  * Admission looks up the longest cached prefix (full blocks, by chain hash:
  * in the pool, or in a tier to be restored), takes references on those
- * blocks and allocates blocks for the rest of the prompt; a chat cut for
- * context overflow in shift mode may also move cached KV of its kept turns
- * from its sources' blocks to its own (ShiftMove, kv_shift.h; done in its
- * first pass). A request whose
+ * blocks and allocates blocks for the rest of the prompt; the first of
+ * those gets the rows a pool block after the same parent holds for its
+ * tokens (a turn's partial last block, or a full block the prompt leaves
+ * inside), copied, so only the tokens after them are computed; a chat cut
+ * for context overflow in shift mode may instead move cached KV of its
+ * kept turns from its sources' blocks to its own (ShiftMove, kv_shift.h;
+ * done in its first pass). A request whose
  * restore fails goes back to the queue and is planned again. Each step: decode tokens of running sequences first, then prefill
  * chunks, under batch_tokens; then admission of waiting requests by the
  * scheduling policy, as long as the pool keeps its reserve. After the forward
  * pass, each sequence whose last pending token was in the batch samples its
  * next token; newly completed full blocks are registered in the index.
+ * When a sequence ends or is suspended, the filled part of its last block
+ * stays in the pool, findable by its parent and tokens (keep_tail).
  */
 #include "engine/engine.h"
 
@@ -114,6 +119,7 @@ typedef struct Active {
     int n_prompt;
     int n_generated;
     int n_cached;            /* prompt tokens found cached at first admission */
+    int n_cached_partial;    /* ... of them copied from a block that matched in part */
     bool is_admitted_once;
     Hash128 *hashes;         /* chain hashes of full blocks, (cap_tokens / bt) */
     int n_hashed;            /* full blocks whose hash is computed */
@@ -455,8 +461,11 @@ static void move_cancel(Engine *e, Active *a) {
     memset(mv, 0, sizeof *mv);
 }
 
+static void keep_tail(Engine *e, Active *a);
+
 static void active_free(Engine *e, Active *a) {
     if (a == NULL) return;
+    keep_tail(e, a); /* before move_cancel: it keeps nothing while a move is pending */
     move_cancel(e, a);
     tiers_seq_free(e->tiers, a->tier, &a->seq, a->n_hashed);
     seq_release(&a->seq, &e->pool);
@@ -591,6 +600,34 @@ static int cached_blocks(Engine *e, Active *a, int *first, int *end) {
     return k - j;
 }
 
+/* The key of the blocks that may follow a's block b - 1 (index_child_key),
+ * b >= 1; a's hashes of blocks [0, b) are computed. Rows are reused only
+ * after a cached run of full blocks, never in block 0: there every prompt
+ * shares its first tokens (BOS, the template's opening) with unrelated
+ * conversations, and a match would be incidental. */
+static Hash128 child_key(const Engine *e, const Active *a, int b) {
+    Hash128 parent = a->hashes[b - 1];
+    /* block b's chain hash starts a shifted domain there (chain_hash): its
+     * children are keyed in that domain too, so rows of moved KV never
+     * pass for exact ones */
+    if (b == a->shift_block) parent = index_shift_parent(&parent, &a->req->shift->domain);
+    return index_child_key(&parent, &e->m->fingerprint, e->kv_format, &a->ns_id);
+}
+
+/* The rows of block `end` (the one after the cached run [first, end))
+ * that a block in the pool after the same parent holds for a's tokens
+ * there: the slot holding the longest such prefix (-1: none, or no cached
+ * run) and its length in *n_rows, at most what leaves one token to
+ * compute. */
+static int32_t cached_rows(Engine *e, Active *a, int end, int *n_rows) {
+    *n_rows = 0;
+    const int bt = e->opt.block_tokens;
+    int at = end * bt, n = a->n_tokens - 1 - at;
+    if (e->index == NULL || end == 0 || n <= 0) return -1;
+    Hash128 key = child_key(e, a, end);
+    return index_child_find(e->index, &key, a->tokens + at, n < bt ? n : bt, n_rows);
+}
+
 static int cached_prefix_blocks(Engine *e, Active *a) {
     int first, end;
     return cached_blocks(e, a, &first, &end);
@@ -606,6 +643,7 @@ static void stats_update_gauges(Engine *e) {
     e->stats.pool_cached = kvpool_n_cached(&e->pool);
     e->stats.pool_used = kvpool_n_used(&e->pool);
     e->stats.pool_evictions = e->pool.n_evictions;
+    if (e->index) e->stats.pool_partial = index_n_partials(e->index);
     tiers_stats(e->tiers, &e->stats);
     if (e->index) e->stats.dropped_blocks = index_n_deleted(e->index);
     pthread_mutex_unlock(&e->stats_lock);
@@ -703,6 +741,7 @@ static void active_complete(Engine *e, Active *a, FinishReason why, const char *
     res.finish = why;
     res.n_prompt = a->n_prompt;
     res.n_cached = a->n_cached;
+    res.n_cached_partial = a->n_cached_partial;
     memcpy(res.n_cached_by, a->n_cached_by, sizeof res.n_cached_by);
     res.n_shifted = a->n_shifted;
     res.n_generated = a->n_generated;
@@ -849,13 +888,17 @@ static void move_src_blocks(const Engine *e, const ShiftMove *mv, int *b0, int *
     *b1 = (mv->to - mv->delta + bt - 1) / bt;
 }
 
-static void count_admission(Engine *e, Active *a, int first, int end, const ShiftMove *mv) {
+/* a is admitted with the cached run [first, end), n_rows rows of block end
+ * copied from the pool, and the move mv (or NULL). */
+static void count_admission(Engine *e, Active *a, int first, int end, const ShiftMove *mv, int n_rows) {
     const int bt = e->opt.block_tokens;
     a->is_admitted_once = true;
-    a->n_cached = (end - first) * bt;
+    a->n_cached = (end - first) * bt + n_rows;
+    a->n_cached_partial = n_rows;
     a->n_shifted = 0;
     memset(a->n_cached_by, 0, sizeof a->n_cached_by);
     for (int i = first; i < end; i++) a->n_cached_by[tiers_block_source(e->tiers, &a->hashes[i])] += bt;
+    a->n_cached_by[SRC_POOL] += n_rows;
     if (mv) { /* the moved tokens count where their source blocks are */
         int b0, b1;
         move_src_blocks(e, mv, &b0, &b1);
@@ -871,6 +914,7 @@ static void count_admission(Engine *e, Active *a, int first, int end, const Shif
     e->stats.prompt_tokens += (uint64_t)a->n_prompt;
     e->stats.cached_tokens += (uint64_t)a->n_cached;
     e->stats.shifted_tokens += (uint64_t)a->n_shifted;
+    e->stats.cached_partial_tokens += (uint64_t)a->n_cached_partial;
     for (int i = 0; i < SRC_COUNT; i++) e->stats.cached_tokens_by[i] += (uint64_t)a->n_cached_by[i];
     e->stats.recomputed_tokens += (uint64_t)(a->n_prompt - a->n_cached);
     pthread_mutex_unlock(&e->stats_lock);
@@ -884,6 +928,7 @@ static void uncount_admission(Engine *e, Active *a) {
     e->stats.prompt_tokens -= (uint64_t)a->n_prompt;
     e->stats.cached_tokens -= (uint64_t)a->n_cached;
     e->stats.shifted_tokens -= (uint64_t)a->n_shifted;
+    e->stats.cached_partial_tokens -= (uint64_t)a->n_cached_partial;
     for (int i = 0; i < SRC_COUNT; i++) e->stats.cached_tokens_by[i] -= (uint64_t)a->n_cached_by[i];
     e->stats.recomputed_tokens -= (uint64_t)(a->n_prompt - a->n_cached);
     pthread_mutex_unlock(&e->stats_lock);
@@ -1002,16 +1047,22 @@ static bool move_wait_table(const Seq *seq, ShiftMove *mv) {
 /* Try to start a: take the cached prefix (restoring what only a tier
  * holds) and allocate the rest of its blocks; with a shift source whose
  * blocks hold tokens of its prompt, plan their move (positions between
- * the cached run and the move are computed first, as a leading range).
- * Returns false (nothing taken) when the pool cannot hold it now. */
+ * the cached run and the move are computed first, as a leading range);
+ * without one, copy into the block after the cached run the rows a block
+ * in the pool holds for its tokens (cached_rows). Returns false (nothing
+ * taken) when the pool cannot hold it now. */
 static bool try_admit(Engine *e, Active *a) {
-    int first, end;
+    int first, end, n_rows = 0;
     int n_hit = cached_blocks(e, a, &first, &end);
     ShiftMove plan = {0};
     bool has_move = a->req->shift && e->index && first == 0 && plan_move(e, a, end, &plan);
     int reserve = e->n_running > 0 ? e->reserve_blocks : 0;
     if (has_move && room_after(e, a, first, end, &plan) < reserve) has_move = false; /* without the move, perhaps */
-    if (!has_move && room_after(e, a, first, end, NULL) < reserve) return false;
+    /* the move fills the positions after the run itself: no rows copied there */
+    int32_t src = has_move ? -1 : cached_rows(e, a, end, &n_rows);
+    /* the rows' source, when it sits CACHED, stops being available once taken */
+    int src_taken = src >= 0 && e->pool.state[src] == SLOT_CACHED;
+    if (!has_move && room_after(e, a, first, end, NULL) - src_taken < reserve) return false;
     Seq *s = &a->seq;
     if (seq_reserve(s, &e->pool, 0) != MN_OK) return false;
     /* the block table: the cached run [first, end) in place, fresh slots for
@@ -1025,7 +1076,8 @@ static bool try_admit(Engine *e, Active *a) {
         mn_free(at);
         return false;
     }
-    if (!a->is_admitted_once) count_admission(e, a, first, end, has_move ? &plan : NULL);
+    if (!a->is_admitted_once) count_admission(e, a, first, end, has_move ? &plan : NULL, n_rows);
+    if (src >= 0) kvpool_retain(&e->pool, src); /* restoring and allocating must not evict it */
     for (int i = first; i < end; i++) at[i - first] = i;
     bool ok = take_cached(e, a->tier, a->hashes, at, n_hit, blocks + first);
     mn_free(at);
@@ -1041,6 +1093,10 @@ static bool try_admit(Engine *e, Active *a) {
             for (int j = first; j < end; j++) kvpool_release(&e->pool, blocks[j]);
             ok = false;
         }
+    }
+    if (src >= 0) {
+        if (ok) kvpool_copy_rows(&e->pool, blocks[end], src, n_rows); /* blocks[end]: a fresh slot */
+        kvpool_release(&e->pool, src);
     }
     if (ok) {
         mn_free(s->blocks);
@@ -1065,7 +1121,7 @@ static bool try_admit(Engine *e, Active *a) {
     const int bt = e->opt.block_tokens;
     a->lead_end = first * bt;
     a->lead_done = 0;
-    a->n_done = n_hit > 0 ? end * bt : 0;
+    a->n_done = (n_hit > 0 ? end * bt : 0) + n_rows;
     a->n_registered = n_hit > 0 ? end : 0;
     if (has_move) { /* the leading range is what lies between the run and the move */
         a->lead_done = end * bt;
@@ -1085,6 +1141,7 @@ static void suspend(Engine *e, int i) {
         active_free(e, a);
         return;
     }
+    keep_tail(e, a); /* before move_cancel: it keeps nothing while a move is pending */
     move_cancel(e, a);
     seq_release(&a->seq, &e->pool);
     a->n_done = a->lead_end = a->lead_done = 0;
@@ -1100,11 +1157,11 @@ static void suspend(Engine *e, int i) {
 static void requeue_failed(Engine *e, int i) {
     Active *a = e->running[i];
     e->running[i] = e->running[--e->n_running];
-    a->is_restore_failed = false;
-    if (a->is_completed) {
+    if (a->is_completed) { /* still flagged: keep_tail keeps nothing of it */
         active_free(e, a);
         return;
     }
+    a->is_restore_failed = false;
     move_cancel(e, a);
     seq_release(&a->seq, &e->pool);
     a->n_done = a->lead_end = a->lead_done = 0;
@@ -1183,11 +1240,37 @@ static bool ensure_blocks(Engine *e, int i) {
     return false;
 }
 
-/* Index block i of a (its KV is complete) and note what the policy needs. */
+/* Index block i of a (its KV is complete, computed here) and note what
+ * the policy needs; it is also a child of its parent, so a prompt that
+ * shares only its first tokens reuses their rows. */
 static void record_block(Engine *e, Active *a, int i) {
+    const int bt = e->opt.block_tokens;
     int32_t slot = a->seq.blocks[i];
     if (index_insert(e->index, &a->hashes[i], slot) != 1) return;
-    slotpol_note_block(e->slots, slot, i * e->opt.block_tokens, a->conv, &a->ns_id);
+    slotpol_note_block(e->slots, slot, i * bt, a->conv, &a->ns_id);
+    if (i == 0) return;
+    Hash128 key = child_key(e, a, i);
+    index_child_add(e->index, &key, slot, a->tokens + (size_t)i * bt, bt); /* without room: no reuse, no harm */
+}
+
+/* Keep the filled part of a's last block findable (a partial child, see
+ * index_child_add) before a's blocks go back to the pool: a returning turn
+ * that extends it copies its rows instead of computing them again. Rows
+ * [lead_end, n_done) have KV even while a leading range is recomputed
+ * when the partial block comes after it (evicted leading blocks); a
+ * leading range that reaches into the block (the stretch before a shift
+ * move), a move not done yet or a failed restore leave rows without KV
+ * there, and nothing is kept. */
+static void keep_tail(Engine *e, Active *a) {
+    const int bt = e->opt.block_tokens;
+    int b = a->n_done / bt, n_rows = a->n_done % bt;
+    if (e->index == NULL || a->is_restore_failed || n_rows == 0 || b == 0 || b >= a->seq.n_blocks) return;
+    if (a->mv.is_pending || (a->lead_done < a->lead_end && a->lead_end > b * bt)) return;
+    active_hash_blocks(e, a, b * bt);
+    Hash128 key = child_key(e, a, b);
+    int32_t slot = a->seq.blocks[b];
+    if (index_child_add(e->index, &key, slot, a->tokens + (size_t)b * bt, n_rows) == 1)
+        slotpol_note_block(e->slots, slot, b * bt, a->conv, &a->ns_id);
 }
 
 /* The look-ahead window: the first waiting requests, as many as the free

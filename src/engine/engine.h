@@ -11,13 +11,16 @@
  * prefills into one batch under a token budget (batch_tokens), so a long
  * prompt never stalls running decodes for more than one step. Finished
  * requests leave their full blocks in the pool, indexed by chain hash
- * (cache/index.h); a new request reuses the longest cached prefix of its
- * namespace. When the pool runs out during decoding, the most recently
- * arrived running sequence is suspended (its full blocks stay cached) and
- * resumed later. Outputs are identical with the prefix cache on or off
- * (the kernels are batch-invariant), except where a chat cut for context
- * overflow in shift mode reuses KV moved from other positions (ReqShift,
- * below): an approximation that depends on what is cached.
+ * (cache/index.h), and the filled part of their last block; a new request
+ * reuses the longest cached prefix of its namespace, down to the token: full
+ * blocks by chain hash, then the rows of one more block that a pool block
+ * after the same parent holds for its next tokens. When the pool runs out
+ * during decoding, the most recently arrived running sequence is suspended
+ * (its full blocks stay cached) and resumed later. Outputs are identical
+ * with the prefix cache on or off (the kernels are batch-invariant), except
+ * where a chat cut for context overflow in shift mode reuses KV moved from
+ * other positions (ReqShift, below): an approximation that depends on what
+ * is cached.
  */
 #ifndef MN_ENGINE_H
 #define MN_ENGINE_H
@@ -162,6 +165,8 @@ typedef struct ReqResult {
     int n_cached;      /* prompt tokens found cached at admission (all sources) */
     int n_cached_by[SRC_COUNT]; /* ... split by where they were */
     int n_shifted;     /* ... of which KV moved from other positions (context overflow, shift) */
+    int n_cached_partial; /* ... of them rows copied from a pool block that matched in part
+                             (the filled part of a turn's last block; counted in SRC_POOL) */
     int n_generated;
     double ttft_s;     /* submit -> first token */
     double total_s;    /* submit -> finish */
@@ -281,6 +286,7 @@ typedef struct EngineStats {
     uint64_t prompt_tokens, generated_tokens, cached_tokens, recomputed_tokens;
     uint64_t shifted_tokens;   /* cached tokens whose KV was moved from other positions */
     uint64_t cached_tokens_by[SRC_COUNT];
+    uint64_t cached_partial_tokens; /* of cached_tokens, rows of blocks that matched in part */
     uint64_t dropped_blocks;   /* blocks gone from every tier (recomputed if needed again) */
     uint64_t restore_failures; /* restores that failed (checksum, I/O) and were recomputed */
     uint64_t writebehind_blocks; /* cold cached blocks copied down under the swap watermark */
@@ -294,6 +300,7 @@ typedef struct EngineStats {
     uint64_t expired_blocks; /* dropped by cache_ttl_s */
     int queue_depth, running;
     int pool_free, pool_used, pool_cached, pool_blocks;
+    int pool_partial;        /* blocks kept for their filled part only (of pool_cached and pool_used) */
     uint64_t pool_bytes;
     uint64_t pool_evictions; /* cached blocks whose slot was reused */
     int block_tokens, n_ctx;

@@ -59,7 +59,8 @@ struct Server {
     MetricFamily *f_tier_read, *f_tier_written, *f_tier_read_s, *f_tier_write_s, *f_tier_occupancy, *f_tier_evictions,
         *f_tier_checksum, *f_dropped, *f_prefetched, *f_tier_missing, *f_tier_io_errors, *f_tier_up,
         *f_tier_resets, *f_shared_lookups;
-    MetricFamily *f_build_info, *f_requests, *f_prompt, *f_generated, *f_cached, *f_recomputed, *f_shifted, *f_ttft, *f_tpot, *f_pool,
+    MetricFamily *f_build_info, *f_requests, *f_prompt, *f_generated, *f_cached, *f_cached_partial, *f_recomputed,
+        *f_shifted, *f_ttft, *f_tpot, *f_pool,
         *f_queue, *f_running;
     atomic_uint_fast64_t next_id;
     char id_prefix[24];         /* random per process: "chatcmpl-<prefix>-<n>" */
@@ -185,6 +186,9 @@ static int metrics_setup(Server *s) {
         {"mnemo_prompt_tokens_total", "Prompt tokens of completed requests", METRIC_COUNTER, NULL, 0, &s->f_prompt},
         {"mnemo_generated_tokens_total", "Tokens generated", METRIC_COUNTER, NULL, 0, &s->f_generated},
         {"mnemo_cached_tokens_total", "Prompt tokens served from cache, by tier", METRIC_COUNTER, NULL, 0, &s->f_cached},
+        {"mnemo_cached_partial_tokens_total",
+         "Prompt tokens served from cache as rows of a pool block that matched in part (in mnemo_cached_tokens_total too)",
+         METRIC_COUNTER, NULL, 0, &s->f_cached_partial},
         {"mnemo_recomputed_tokens_total", "Prompt tokens computed", METRIC_COUNTER, NULL, 0, &s->f_recomputed},
         {"mnemo_shifted_tokens_total", "Cached prompt tokens whose KV was moved to new positions (context overflow)",
          METRIC_COUNTER, NULL, 0, &s->f_shifted},
@@ -238,6 +242,7 @@ static int metrics_setup(Server *s) {
     metrics_counter_add(s->f_generated, "", 0);
     metrics_counter_add(s->f_recomputed, "", 0);
     metrics_counter_add(s->f_shifted, "", 0);
+    metrics_counter_add(s->f_cached_partial, "", 0);
     return MN_OK;
 }
 
@@ -245,6 +250,7 @@ static void metrics_on_finish(Server *s, const ReqResult *res) {
     metrics_counter_add(s->f_prompt, "", res->n_prompt);
     metrics_counter_add(s->f_generated, "", res->n_generated);
     for (int i = 0; i < SRC_COUNT; i++) metrics_counter_add(s->f_cached, tier_label(i), res->n_cached_by[i]);
+    metrics_counter_add(s->f_cached_partial, "", res->n_cached_partial);
     metrics_counter_add(s->f_recomputed, "", res->n_prompt - res->n_cached);
     metrics_counter_add(s->f_shifted, "", res->n_shifted);
     if (res->n_generated > 0) metrics_histogram_observe(s->f_ttft, "", res->ttft_s);
@@ -350,6 +356,8 @@ static void log_request(const Gen *g, int status) {
                      g->n_truncated, g->res.n_shifted, g->res.n_cached);
     for (int i = 0; i < SRC_COUNT && n > 0 && (size_t)n < sizeof detail; i++)
         n += snprintf(detail + n, sizeof detail - (size_t)n, " cached_%s=%d", engine_source_name(i), g->res.n_cached_by[i]);
+    if (n > 0 && (size_t)n < sizeof detail)
+        n += snprintf(detail + n, sizeof detail - (size_t)n, " cached_partial=%d", g->res.n_cached_partial);
     if (n > 0 && (size_t)n < sizeof detail)
         snprintf(detail + n, sizeof detail - (size_t)n, " generated=%d ttft=%.3fs total=%.3fs%s", g->res.n_generated,
                  g->res.ttft_s, mn_now() - g->t0, g->res.finish == FINISH_CANCELLED ? " cancelled" : "");
