@@ -85,19 +85,42 @@ static void test_fit_chunk(void **s) {
     const double target = 0.25;
     Pacer p;
     pacer_init(&p, target, 32);
-    assert_int_equal(pacer_fit(&p, (PacerShape){0}, 0, 500), 32);
-    assert_int_equal(pacer_fit(&p, (PacerShape){0}, 0, 20), 20);
+    assert_int_equal(pacer_fit(&p, (PacerShape){0}, 0, 500, false), 32);
+    assert_int_equal(pacer_fit(&p, (PacerShape){0}, 0, 20, false), 20);
     assert_true(pacer_predict(&p, pacer_range(0, 10)) == 0);
     observe_n(&p, k, 0, 30);
     PacerShape decodes = pacer_add(pacer_decode(900), pacer_decode(1500));
     for (int pos = 0; pos <= 2000; pos += 250) {
-        int got = pacer_fit(&p, decodes, pos, 512), want = brute_force_fit(k, target, decodes, pos, 512);
+        int got = pacer_fit(&p, decodes, pos, 512, false), want = brute_force_fit(k, target, decodes, pos, 512);
         if (abs(got - want) > 1) fail_msg("at position %d: a chunk of %d tokens, want %d", pos, got, want);
         assert_true(got > 0);
     }
-    assert_int_equal(pacer_fit(&p, pacer_range(0, 100), 0, 512), 0); /* 0.32 s already */
-    assert_int_equal(pacer_fit(&p, decodes, 0, 5), 5);
-    assert_int_equal(pacer_fit(&p, decodes, 0, 0), 0);
+    assert_int_equal(pacer_fit(&p, pacer_range(0, 100), 0, 512, false), 0); /* 0.32 s already */
+    assert_int_equal(pacer_fit(&p, decodes, 0, 5, false), 5);
+    assert_int_equal(pacer_fit(&p, decodes, 0, 0, true), 0);
+}
+
+/* A step whose decodes alone take longer than the target: a later chunk
+ * gets nothing, the step's first chunk as long as the decodes take (the
+ * most tokens that keep the pass within twice theirs); where the target
+ * leaves more, the first chunk gets that. */
+static void test_first_chunk_share(void **s) {
+    Cost k = COST;
+    Pacer p;
+    pacer_init(&p, 0.03, 32);
+    observe_n(&p, k, 0, 30);
+    PacerShape decodes = pacer_add(pacer_decode(3000), pacer_add(pacer_decode(3200), pacer_decode(3400)));
+    double alone = cost_of(k, decodes);
+    assert_true(alone > 0.03);
+    assert_int_equal(pacer_fit(&p, decodes, 500, 512, false), 0);
+    int n = pacer_fit(&p, decodes, 500, 512, true);
+    assert_true(n > 0);
+    if (!(cost_of(k, pacer_add(decodes, pacer_range(500, n))) <= 2 * alone * (1 + 1e-6) &&
+          cost_of(k, pacer_add(decodes, pacer_range(500, n + 1))) > 2 * alone * (1 - 1e-6)))
+        fail_msg("a first chunk of %d tokens beside decodes of %.4f s", n, alone);
+    pacer_init(&p, 0.5, 32);
+    observe_n(&p, k, 0, 30);
+    assert_int_equal(pacer_fit(&p, decodes, 500, 512, true), pacer_fit(&p, decodes, 500, 512, false));
 }
 
 /* Until it has seen as many passes as coefficients, the fit cannot tell
@@ -149,13 +172,13 @@ static void test_decodes_keep_prompt_cost(void **s) {
     pacer_init(&p, 0.5, 32);
     observe_n(&p, k, 0, 40);
     PacerShape decodes = pacer_add(pacer_decode(1000), pacer_decode(1200));
-    int before = pacer_fit(&p, decodes, 100, 512);
+    int before = pacer_fit(&p, decodes, 100, 512, false);
     for (int i = 0; i < 300; i++) {
         PacerShape d = pacer_decode(1000 + i);
         for (int j = 0; j < i % 4; j++) d = pacer_add(d, pacer_decode(400 + 100 * j + i));
         pacer_observe(&p, d, cost_of(k, d));
     }
-    int after = pacer_fit(&p, decodes, 100, 512);
+    int after = pacer_fit(&p, decodes, 100, 512, false);
     assert_true(before > 50);
     if (abs(after - before) * 50 > before) fail_msg("a chunk of %d tokens before the decodes, %d after", before, after);
 }
@@ -169,7 +192,7 @@ static void test_ignores_bad_measurements(void **s) {
     pacer_observe(&p, pacer_range(0, 10), INFINITY);
     pacer_observe(&p, (PacerShape){0}, 0.1);
     assert_int_equal(p.n_obs, 0);
-    assert_int_equal(pacer_fit(&p, (PacerShape){0}, 0, 500), 32);
+    assert_int_equal(pacer_fit(&p, (PacerShape){0}, 0, 500, false), 32);
 }
 
 int main(void) {
@@ -178,6 +201,7 @@ int main(void) {
         cmocka_unit_test(test_recovers_linear_cost),
         cmocka_unit_test(test_coefficients_non_negative),
         cmocka_unit_test(test_fit_chunk),
+        cmocka_unit_test(test_first_chunk_share),
         cmocka_unit_test(test_young_fit_is_cautious),
         cmocka_unit_test(test_follows_slowdown),
         cmocka_unit_test(test_decodes_keep_prompt_cost),

@@ -32,8 +32,9 @@
  * tokens left before its first token first (a returning turn's few new
  * tokens go ahead of a long prompt's rest), each chunk as long as the
  * pacer predicts the pass to stay within step_ms (engine/pacer.h), at
- * most batch_tokens in all. Whatever the decodes cost, the first prefill
- * gets at least a block's worth, so prompts always progress. The pass's
+ * most batch_tokens in all. Whatever the decodes cost, the first chunk
+ * gets at least as long as the rest of the step, so prompts always
+ * progress. The pass's
  * measured compute goes back to the pacer. After the forward pass, each
  * sequence whose last pending token was in the batch samples its next
  * token; newly completed full blocks are registered in the index.
@@ -1038,13 +1039,10 @@ static void batch_put(Engine *e, Batch *b, int i, int32_t pos, int n, bool is_de
 }
 
 /* How many tokens at positions [pos, pos + max_n) of a prefill join the
- * batch: with a step-time target, those the pacer lets in, and at least
- * a block's worth when must_progress (the step has no prefill token yet). */
-static int chunk_len(const Engine *e, const Batch *b, int32_t pos, int max_n, bool must_progress) {
-    if (e->opt.step_ms <= 0) return max_n;
-    int n = pacer_fit(&e->pacer, b->shape, pos, max_n);
-    if (n == 0 && must_progress) n = max_n < e->opt.block_tokens ? max_n : e->opt.block_tokens;
-    return n;
+ * batch: with a step-time target, those the pacer lets in (is_first: the
+ * step has no prompt token yet, and this chunk gets at least its share). */
+static int chunk_len(const Engine *e, const Batch *b, int32_t pos, int max_n, bool is_first) {
+    return e->opt.step_ms > 0 ? pacer_fit(&e->pacer, b->shape, pos, max_n, is_first) : max_n;
 }
 
 /* Add running sequence i's pending tokens to the batch, within room tokens:
@@ -1055,15 +1053,15 @@ static int chunk_len(const Engine *e, const Batch *b, int32_t pos, int max_n, bo
 static void batch_add(Engine *e, Batch *b, int i, int room) {
     Active *a = e->running[i];
     int lead = a->lead_end - a->lead_done, tail = a->n_tokens - a->n_done, pending = lead + tail;
-    bool is_decode = pending == 1, must_progress = !is_decode && b->shape.n_prefill == 0;
+    bool is_decode = pending == 1, is_first = !is_decode && b->shape.n_prefill == 0;
     int max_lead = lead < room ? lead : room;
-    int take_lead = is_decode ? max_lead : chunk_len(e, b, a->lead_done, max_lead, must_progress);
+    int take_lead = is_decode ? max_lead : chunk_len(e, b, a->lead_done, max_lead, is_first);
     batch_put(e, b, i, a->lead_done, take_lead, is_decode);
     room -= take_lead;
     int take = 0;
     if (take_lead == lead) {
         int max_tail = tail < room ? tail : room;
-        take = is_decode ? max_tail : chunk_len(e, b, a->n_done, max_tail, must_progress && take_lead == 0);
+        take = is_decode ? max_tail : chunk_len(e, b, a->n_done, max_tail, is_first && take_lead == 0);
         batch_put(e, b, i, a->n_done, take, is_decode);
     }
     if (take_lead + take == 0) return;

@@ -158,17 +158,26 @@ PacerShape pacer_add(PacerShape a, PacerShape b) {
     return (PacerShape){a.n_decode + b.n_decode, a.n_prefill + b.n_prefill, a.n_keys + b.n_keys};
 }
 
-int pacer_fit(const Pacer *p, PacerShape base, int32_t pos, int max_n) {
-    if (max_n <= 0) return 0;
-    if (p->n_obs == 0) return max_n < p->probe_tokens ? max_n : p->probe_tokens;
-    /* the predicted time grows with n (coefficients >= 0): the largest n
-     * within the target, by bisection */
+/* The most tokens at [pos, pos + n), n <= max_n, that keep a step holding
+ * base within limit_s seconds. The predicted time grows with n (the
+ * coefficients are >= 0): bisection. */
+static int fit_within(const Pacer *p, PacerShape base, int32_t pos, int max_n, double limit_s) {
     int lo = 0, hi = max_n;
-    if (pacer_predict(p, pacer_add(base, pacer_range(pos, hi))) <= p->target_s) return hi;
+    if (pacer_predict(p, pacer_add(base, pacer_range(pos, hi))) <= limit_s) return hi;
     while (hi - lo > 1) { /* lo fits (or is 0), hi does not */
         int mid = lo + (hi - lo) / 2;
-        if (pacer_predict(p, pacer_add(base, pacer_range(pos, mid))) <= p->target_s) lo = mid;
+        if (pacer_predict(p, pacer_add(base, pacer_range(pos, mid))) <= limit_s) lo = mid;
         else hi = mid;
     }
     return lo;
+}
+
+int pacer_fit(const Pacer *p, PacerShape base, int32_t pos, int max_n, bool is_first) {
+    if (max_n <= 0) return 0;
+    if (p->n_obs == 0) return max_n < p->probe_tokens ? max_n : p->probe_tokens;
+    int n = fit_within(p, base, pos, max_n, p->target_s);
+    if (!is_first) return n;
+    int share = fit_within(p, base, pos, max_n, 2 * pacer_predict(p, base));
+    n = share > n ? share : n;
+    return n > 0 ? n : 1;
 }

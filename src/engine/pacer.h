@@ -23,6 +23,7 @@
 #ifndef MN_PACER_H
 #define MN_PACER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* What a pass costs by: its tokens, and the keys they attend to. */
@@ -66,8 +67,13 @@ PacerShape pacer_add(PacerShape a, PacerShape b);
 
 /* How many prompt tokens at positions [pos, pos + n) may join a step
  * that already holds base, at most max_n: the most whose pass is
- * predicted within the target (0 when base alone is not); before any
- * measured pass, min(max_n, probe_tokens). */
-int pacer_fit(const Pacer *p, PacerShape base, int32_t pos, int max_n);
+ * predicted within the target (0 when base alone is not). The step's
+ * first chunk (is_first) gets at least as much time as the rest of the
+ * step is predicted to take, and at least one token: when the decodes
+ * alone fill the target (a loaded machine, a target set too short), a
+ * step takes at most twice as long as they do, and prompts still
+ * progress at no less than half the machine. Before any measured pass,
+ * min(max_n, probe_tokens). */
+int pacer_fit(const Pacer *p, PacerShape base, int32_t pos, int max_n, bool is_first);
 
 #endif
