@@ -372,6 +372,7 @@ static int cmd_serve(int argc, char **argv) {
     CliStrList keys = {0}, cors = {0};
     EngineOptions eo;
     engine_options_default(&eo);
+    float step_ms = (float)eo.step_ms;
     CliOpt opts[] = {
         {"model", 'm', CLI_STR, &model_path, "FILE", "GGUF model"},
         {"host", 0, CLI_STR, &host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"},
@@ -388,8 +389,11 @@ static int cmd_serve(int argc, char **argv) {
          "compute threads run N nice levels below the mover and HTTP threads (0-19, default 5)"},
         {"parallel", 'P', CLI_INT, &eo.parallel, "N", "running sequences at most (default 4)"},
         {"np", 0, CLI_INT, &eo.parallel, "N", NULL},
-        {"batch-tokens", 'b', CLI_INT, &eo.batch_tokens, "N", "token budget of one step (default 512)"},
+        {"batch-tokens", 'b', CLI_INT, &eo.batch_tokens, "N", "tokens in one step at most (default 512)"},
         {"batch-size", 0, CLI_INT, &eo.batch_tokens, "N", NULL},
+        {"step-ms", 0, CLI_FLOAT, &step_ms, "MS",
+         "time target of one step: prefill chunks are sized to it from the steps measured (0: each step takes up "
+         "to --batch-tokens; default 500)"},
         {"block-tokens", 0, CLI_INT, &eo.block_tokens, "N", "tokens per KV block (default 32)"},
         {"ctx", 'c', CLI_INT, &eo.n_ctx, "N",
          "positions one sequence may use (default: the model's); not, as llama-server's -c, the KV of all"},
@@ -445,6 +449,11 @@ static int cmd_serve(int argc, char **argv) {
         cli_free(opts, N_OPTS(opts));
         return 0;
     }
+    if (!(step_ms >= 0)) {
+        fprintf(stderr, "mnemo serve: --step-ms must be 0 or more, got %g\n", (double)step_ms);
+        goto out;
+    }
+    eo.step_ms = step_ms;
     if (strcmp(schedule, "fcfs") == 0) eo.schedule = SCHED_FCFS;
     else if (strcmp(schedule, "fpf") == 0) eo.schedule = SCHED_FPF;
     else if (strcmp(schedule, "relaxed-fpf") == 0) eo.schedule = SCHED_RELAXED_FPF;
@@ -561,9 +570,10 @@ static int cmd_serve(int argc, char **argv) {
             LOG_INFO("cache tier %d: %s, %.1f MiB, %llu blocks held", i + 1, ts->name,
                      (double)ts->capacity_bytes / 1048576.0, (unsigned long long)ts->n_blocks);
     }
-    LOG_INFO("version %s (commit %s) serving %s on http://%s:%d (context %d, %d parallel, batch %d tokens)",
+    LOG_INFO("version %s (commit %s) serving %s on http://%s:%d (context %d, %d parallel, batch %d tokens, "
+             "steps of %g ms)",
              MNEMO_VERSION, mn_build_commit(), so.model_name, host, server_port(srv), st.n_ctx, eo.parallel,
-             eo.batch_tokens);
+             eo.batch_tokens, eo.step_ms);
     int sig = 0;
     sigwait(&sigs, &sig);
     LOG_INFO("signal %d: draining (at most %.1f s), then shutting down", sig, (double)drain_timeout);

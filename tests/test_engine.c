@@ -229,17 +229,39 @@ static void gate_open(Gate *g) {
     if (timed_out) fail_msg("a thread waited at the gate for %d s: what it waited for never came", TEST_HANG_GUARD_S);
 }
 
+/* Virtual passes: while is_on, a forward pass takes, by the engine's
+ * clock, coef[0] + coef[1] * tokens + coef[2] * attended keys seconds
+ * (times slow_factor from the slow_from-th pass on), whatever the machine
+ * does; every pass's batch and time are logged. */
+#define DRIVE_MAX_PASSES 1024
+typedef struct VirtualPasses {
+    bool is_on;
+    double coef[3];
+    double slow_factor;
+    int slow_from;
+    double now;                          /* the engine's step clock */
+    int n_readings;                      /* of the current pass */
+    double pass_s;                       /* the current pass's time */
+    EngineStepInfo log[DRIVE_MAX_PASSES]; /* (n_log) */
+    double log_s[DRIVE_MAX_PASSES];      /* (n_log) their times */
+    int n_log;                           /* passes (the log is full at DRIVE_MAX_PASSES) */
+} VirtualPasses;
+
 /* EngineTestHooks: a gate before each forward pass, and the engine's
  * clock. The clock is the machine's plus shift_s; a jump armed in
  * wait_jump_s is added right after the next reading that starts a wait
  * for restored layers, so that wait lasts that long by the engine's
  * clock; while backoff_at > 0, the save back-off's clock stands at that
- * mn_now() reading. n_held_steps counts the passes some request sat out.
- * All under steps.lock. */
+ * mn_now() reading; with vp.is_on, passes take virtual time. While
+ * is_stepping, the gate closes again behind each pass, so the test lets
+ * the engine on one step at a time (drive_one_step). n_held_steps counts
+ * the passes some request sat out. All under steps.lock. */
 typedef struct Drive {
     Gate steps;
     double shift_s, wait_jump_s, backoff_at;
     int n_held_steps;
+    bool is_stepping;
+    VirtualPasses vp;
     EngineTestHooks hooks;
 } Drive;
 
@@ -247,6 +269,10 @@ static double drive_clock(void *ctx, EngineClockUse use) {
     Drive *d = ctx;
     pthread_mutex_lock(&d->steps.lock);
     double shift = d->shift_s;
+    if (use == ENGINE_CLOCK_STEP && d->vp.is_on) { /* a pass's start, then its end */
+        if (d->vp.n_readings++ == 1) d->vp.now += d->vp.pass_s;
+        shift = d->vp.now - mn_now();
+    }
     if (use == ENGINE_CLOCK_BACKOFF && d->backoff_at > 0) shift = d->backoff_at - mn_now();
     if (use == ENGINE_CLOCK_WAIT && d->wait_jump_s > 0) {
         d->shift_s += d->wait_jump_s;
@@ -256,12 +282,24 @@ static double drive_clock(void *ctx, EngineClockUse use) {
     return shift;
 }
 
-static void drive_step(void *ctx, int n_running, int n_held_back) {
-    (void)n_running;
+/* The virtual time of the pass about to run, logged. */
+static void virtual_pass(VirtualPasses *vp, const EngineStepInfo *step) {
+    const double *c = vp->coef;
+    vp->pass_s = c[0] + c[1] * (step->n_decode + step->n_prefill) + c[2] * step->n_keys;
+    if (vp->n_log >= vp->slow_from) vp->pass_s *= vp->slow_factor;
+    vp->n_readings = 0;
+    if (vp->n_log == DRIVE_MAX_PASSES) return; /* the test fails on the count */
+    vp->log[vp->n_log] = *step;
+    vp->log_s[vp->n_log++] = vp->pass_s;
+}
+
+static void drive_step(void *ctx, const EngineStepInfo *step) {
     Drive *d = ctx;
     pthread_mutex_lock(&d->steps.lock);
-    if (n_held_back > 0) d->n_held_steps++;
+    if (step->n_held_back > 0) d->n_held_steps++;
+    if (d->vp.is_on) virtual_pass(&d->vp, step);
     gate_pass_locked(&d->steps);
+    if (d->is_stepping) d->steps.is_closed = true; /* the next pass waits for drive_one_step */
     pthread_mutex_unlock(&d->steps.lock);
 }
 
@@ -297,6 +335,29 @@ static Request *submit_held(Engine *e, Drive *d, const int32_t *prompt, int n, i
 }
 
 static void drive_run(Drive *d) { gate_open(&d->steps); }
+
+/* Passes take virtual time (VirtualPasses): per pass a, per token b, per
+ * attended key c. */
+static void drive_virtual(Drive *d, double a, double b, double c) {
+    pthread_mutex_lock(&d->steps.lock);
+    d->vp = (VirtualPasses){.is_on = true, .coef = {a, b, c}, .slow_factor = 1, .slow_from = DRIVE_MAX_PASSES};
+    pthread_mutex_unlock(&d->steps.lock);
+}
+
+/* The engine waits at the closed gate, stepping: let it run one pass and
+ * return once it waits before the next. */
+static void drive_one_step(Drive *d) {
+    Gate *g = &d->steps;
+    struct timespec until = test_hang_deadline();
+    pthread_mutex_lock(&g->lock);
+    int n0 = g->n_calls, rc = 0;
+    g->is_closed = false;
+    pthread_cond_broadcast(&g->cond);
+    while (!(g->n_calls > n0 && g->is_holding) && rc == 0) rc = pthread_cond_timedwait(&g->cond, &g->lock, &until);
+    bool is_held = g->n_calls > n0 && g->is_holding;
+    pthread_mutex_unlock(&g->lock);
+    if (!is_held) fail_msg("the engine did not come to its next pass within %d s", TEST_HANG_GUARD_S);
+}
 
 typedef struct Job {
     Engine *e;
@@ -942,6 +1003,222 @@ static void check_schedule(SchedPolicy policy, bool cached_first) {
 static void test_schedule_fcfs(void **s) { check_schedule(SCHED_FCFS, false); }
 static void test_schedule_fpf(void **s) { check_schedule(SCHED_FPF, true); }
 static void test_schedule_relaxed_fpf(void **s) { check_schedule(SCHED_RELAXED_FPF, true); }
+
+/* ---- steps paced by time -------------------------------------------------------- */
+
+static float *reference_logits(Model *m, const int32_t *prompt, int n_prompt);
+
+#define PACE_TARGET_MS 100
+#define PACE_PER_PASS_S 0.010
+#define PACE_PER_TOKEN_S 0.002
+#define PACE_PER_KEY_S 2e-6
+
+/* An engine on stories260K whose passes take virtual time (drive_virtual:
+ * PACE_PER_* seconds) and whose steps aim at target_ms. */
+static Engine *pace_engine(Model *m, Drive *dr, double target_ms) {
+    drive_init(dr);
+    drive_virtual(dr, PACE_PER_PASS_S, PACE_PER_TOKEN_S, PACE_PER_KEY_S);
+    EngineOptions o;
+    engine_options_default(&o);
+    o.block_tokens = 8;
+    o.parallel = 2;
+    o.step_ms = target_ms;
+    o.test_hooks = &dr->hooks;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    return e;
+}
+
+/* The passes of the log that carry l's prompt: [*first, *end). The first
+ * pass computes d's prompt (no decode then); l's chunks are the passes
+ * after it with prompt tokens. */
+static void long_prefill_passes(const VirtualPasses *vp, int *first, int *end) {
+    assert_true(vp->n_log < DRIVE_MAX_PASSES);
+    *first = 1;
+    while (*first < vp->n_log && vp->log[*first].n_prefill == 0) (*first)++;
+    *end = *first;
+    while (*end < vp->n_log && vp->log[*end].n_prefill > 0) (*end)++;
+}
+
+/* A decoding request d, and a long prompt l of n_long tokens arriving
+ * during d's first pass, on pace_engine; with slow_from >= 0, passes take
+ * twice as long from that pass on. Both answers must be as alone. The
+ * passes stay logged in dr->vp (the engine is freed: read it unlocked),
+ * l's chunks in [*first, *end). */
+static void run_paced(Model *m, Drive *dr, double target_ms, int slow_from, int n_long, int *first, int *end) {
+    Engine *e = pace_engine(m, dr, target_ms);
+    if (slow_from >= 0) {
+        pthread_mutex_lock(&dr->steps.lock);
+        dr->vp.slow_factor = 2;
+        dr->vp.slow_from = slow_from;
+        pthread_mutex_unlock(&dr->steps.lock);
+    }
+    int32_t d[16], l[512];
+    make_prompt(d, 9, 512, 91, 1);
+    make_prompt(l, n_long, 512, 92, 1);
+    const int n_gen_d = 160;
+    Request *rd = submit_held(e, dr, d, 9, n_gen_d);
+    Request *rl = submit_one(e, l, n_long, 2);
+    drive_run(dr);
+    ReqResult res;
+    char *td = drain(rd, &res), *tl = drain(rl, &res);
+    settle(e);
+    char *ref = reference_text(m, d, 9, n_gen_d);
+    assert_string_equal(td, ref);
+    free(ref);
+    ref = reference_text(m, l, n_long, 2);
+    assert_string_equal(tl, ref);
+    free(ref);
+    free(td);
+    free(tl);
+    request_unref(rd);
+    request_unref(rl);
+    engine_free(e);
+    gate_deinit(&dr->steps);
+    long_prefill_passes(&dr->vp, first, end);
+}
+
+/* A long prompt beside a decoding request: the prompt goes in chunks sized
+ * by the step-time model, so no step runs far past the target, and the
+ * decoding request gets a token in every one of those steps. (With a
+ * token budget alone, the 400-token prompt is one pass of about ten times
+ * the target.) Once the model has seen a few passes, each step takes
+ * between 3/4 of the target and the target. */
+static void test_pace_decode_beside_prefill(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    Drive *dr = calloc(1, sizeof *dr);
+    int first, end, n_tokens = 0;
+    run_paced(m, dr, PACE_TARGET_MS, -1, 400, &first, &end);
+    const VirtualPasses *vp = &dr->vp;
+    const double target = PACE_TARGET_MS / 1000.0;
+    for (int i = first; i < end; i++) {
+        const EngineStepInfo *st = &vp->log[i];
+        n_tokens += st->n_prefill;
+        if (st->n_decode != 1)
+            fail_msg("pass %d (chunk %d of the long prompt) carried %d decode tokens", i, i - first, st->n_decode);
+        if (vp->log_s[i] > 1.25 * target)
+            fail_msg("pass %d (%d prompt tokens) took %.3f s, the target is %.3f s", i, st->n_prefill, vp->log_s[i],
+                     target);
+        /* the last chunk is what was left */
+        if (i >= first + 4 && i < end - 1 && vp->log_s[i] < 0.75 * target)
+            fail_msg("pass %d (%d prompt tokens) took %.3f s: the step was not filled to %.3f s", i, st->n_prefill,
+                     vp->log_s[i], target);
+    }
+    assert_int_equal(n_tokens, 400);
+    assert_true(end - first >= 6);
+    free(dr);
+    model_free(m);
+}
+
+/* The machine slows down (every pass takes twice as long from the 8th
+ * on): the step-time model follows within a few passes, and the prompt's
+ * chunks shrink so that steps are back within the target. */
+static void test_pace_adapts_to_slower_steps(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    Drive *dr = calloc(1, sizeof *dr);
+    const int slow_from = 8;
+    int first, end;
+    run_paced(m, dr, PACE_TARGET_MS, slow_from, 480, &first, &end);
+    const VirtualPasses *vp = &dr->vp;
+    const double target = PACE_TARGET_MS / 1000.0;
+    assert_true(first < slow_from - 2 && end > slow_from + 8);
+    int before = vp->log[slow_from - 1].n_prefill, after = 0;
+    for (int i = slow_from + 5; i < end - 1; i++) {
+        if (vp->log_s[i] > 1.05 * target || vp->log_s[i] < 0.75 * target)
+            fail_msg("pass %d (%d prompt tokens, %d passes after the slow-down) took %.3f s, the target is %.3f s", i,
+                     vp->log[i].n_prefill, i - slow_from, vp->log_s[i], target);
+        after = vp->log[i].n_prefill;
+    }
+    if (!(after > 0 && after * 3 < before * 2))
+        fail_msg("chunks of %d prompt tokens before the slow-down, %d after", before, after);
+    free(dr);
+    model_free(m);
+}
+
+/* A target shorter than a decode's pass alone: the prompt still moves on,
+ * in every step beside the decode's token, each step at most twice as
+ * long as the decode's pass (a decode at position p costs per pass + per
+ * token + p + 1 keys: here p < 9 + 160). */
+static void test_pace_prompt_progresses_past_target(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    Drive *dr = calloc(1, sizeof *dr);
+    int first, end;
+    run_paced(m, dr, 1000 * PACE_PER_PASS_S / 2, -1, 100, &first, &end);
+    const VirtualPasses *vp = &dr->vp;
+    const double decode_max = PACE_PER_PASS_S + PACE_PER_TOKEN_S + PACE_PER_KEY_S * (9 + 160);
+    int n_tokens = 0;
+    for (int i = first; i < end; i++) {
+        n_tokens += vp->log[i].n_prefill;
+        assert_int_equal(vp->log[i].n_decode, 1);
+        if (i >= first + 2 && vp->log_s[i] > 2 * decode_max)
+            fail_msg("pass %d (%d prompt tokens) took %.4f s, the decode alone at most %.4f s", i,
+                     vp->log[i].n_prefill, vp->log_s[i], decode_max);
+    }
+    assert_int_equal(n_tokens, 100);
+    assert_true(end - first <= 25); /* at least 4 tokens a step */
+    free(dr);
+    model_free(m);
+}
+
+/* A returning turn (its history cached, a few new tokens) admitted while a
+ * long prompt is computed gets its first token before the long prompt's:
+ * its new tokens go ahead of the long prompt's chunks. The engine is let on
+ * one step at a time, so the order is observed, not raced. Its first
+ * logits are a full recompute's, bit for bit. */
+static void test_pace_returning_turn_first(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    Drive *dr = calloc(1, sizeof *dr);
+    Engine *e = pace_engine(m, dr, PACE_TARGET_MS);
+    const int nv = m->cfg.n_vocab;
+    int32_t conv[64], l[512];
+    make_prompt(conv, 54, nv, 93, 1);
+    make_prompt(l, 400, nv, 94, 1);
+    ReqResult res;
+    free(run_one(e, conv, 41, 8, NULL, &res)); /* the first turn: 40 tokens in full blocks, and token 40's row */
+    settle(e);
+    pthread_mutex_lock(&dr->steps.lock);
+    dr->is_stepping = true;
+    pthread_mutex_unlock(&dr->steps.lock);
+    Request *rl = submit_held(e, dr, l, 400, 1);
+    float *got = calloc((size_t)nv, sizeof(float));
+    Request *rr = submit_one_logits(e, conv, 54, 1, got); /* the next turn: 14 new tokens */
+    bool is_returned = false, is_long_done = false;
+    for (int step = 0; step < 64 && !is_returned; step++) {
+        drive_one_step(dr);
+        ReqOutput out;
+        assert_int_equal(request_read(rr, &out, 0), MN_OK);
+        is_returned = out.is_done;
+        if (is_returned) res = out.res;
+        request_output_deinit(&out);
+        assert_int_equal(request_read(rl, &out, 0), MN_OK);
+        is_long_done = out.is_done;
+        request_output_deinit(&out);
+        if (is_long_done) break;
+    }
+    if (!is_returned || is_long_done)
+        fail_msg("the long prompt's first token came %s the returning turn's", is_returned ? "with" : "before");
+    assert_int_equal(res.n_cached, 41); /* 5 full blocks, and the row of token 40 the block after them holds */
+    pthread_mutex_lock(&dr->steps.lock);
+    dr->is_stepping = false;
+    pthread_mutex_unlock(&dr->steps.lock);
+    drive_run(dr);
+    free(drain(rl, &res));
+    float *ref = reference_logits(m, conv, 54);
+    assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
+    free(ref);
+    free(got);
+    request_unref(rl);
+    request_unref(rr);
+    engine_free(e);
+    gate_deinit(&dr->steps);
+    free(dr);
+    model_free(m);
+}
 
 
 /* ---- tiers below the pool ------------------------------------------------------ */
@@ -2265,6 +2542,10 @@ int main(void) {
         cmocka_unit_test(test_schedule_fcfs),
         cmocka_unit_test(test_schedule_fpf),
         cmocka_unit_test(test_schedule_relaxed_fpf),
+        cmocka_unit_test(test_pace_decode_beside_prefill),
+        cmocka_unit_test(test_pace_adapts_to_slower_steps),
+        cmocka_unit_test(test_pace_returning_turn_first),
+        cmocka_unit_test(test_pace_prompt_progresses_past_target),
         cmocka_unit_test(test_stop_and_cancel),
         cmocka_unit_test(test_submit_checks),
         cmocka_unit_test(test_submit_seed),

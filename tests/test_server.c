@@ -416,6 +416,28 @@ static void test_build_info(void **st) {
     srv_stop(&s);
 }
 
+/* --step-ms sets the step-time target, which the start-up line names; a
+ * negative one stops start-up with exit status 2 and says why. */
+static void test_step_ms_flag(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "--step-ms 250") != 0) return;
+    char *log = test_read_file(s.log, NULL);
+    if (strstr(log, "batch 512 tokens, steps of 250 ms)") == NULL) fail_msg("log:\n%s", log);
+    free(log);
+    srv_stop(&s);
+    char model[512], cmd[1200], out[512] = "";
+    test_data_path(model, sizeof model, "models/stories260K.gguf");
+    snprintf(cmd, sizeof cmd, "%s serve -m %s --port 0 --step-ms -5 2>&1",
+             getenv("MNEMO_BIN") ? getenv("MNEMO_BIN") : "./build/release/mnemo", model);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 2);
+    assert_string_equal(out, "mnemo serve: --step-ms must be 0 or more, got -5\n");
+}
+
 /* llama-server's flags: -np, --ctx-size, -b and -n set mnemo's options (-n:
  * max_tokens of a request that gives none); -ngl and -fa are accepted with
  * one warning. */
@@ -423,7 +445,7 @@ static void test_llama_flags(void **st) {
     Srv s;
     if (srv_start(&s, "stories260K", "-np 2 --ctx-size 256 -b 64 -n 3 -ngl 99 -fa on") != 0) return;
     char *log = test_read_file(s.log, NULL);
-    if (strstr(log, "(context 256, 2 parallel, batch 64 tokens)") == NULL ||
+    if (strstr(log, "(context 256, 2 parallel, batch 64 tokens, steps of 500 ms)") == NULL ||
         count_lines(log, "mnemo serve: warning: -ngl (--n-gpu-layers) and -fa (--flash-attn) do nothing") != 1)
         fail_msg("log:\n%s", log);
     free(log);
@@ -1412,6 +1434,7 @@ int main(void) {
         cmocka_unit_test(test_api_keys),
         cmocka_unit_test(test_build_info),
         cmocka_unit_test(test_llama_flags),
+        cmocka_unit_test(test_step_ms_flag),
         cmocka_unit_test(test_profile_per_setup),
         cmocka_unit_test(test_model_fingerprint_ids),
         cmocka_unit_test(test_refused_and_ranges),

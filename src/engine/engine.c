@@ -30,14 +30,21 @@
  * inside), copied, so only the tokens after them are computed; a chat cut
  * for context overflow in shift mode may instead move cached KV of its
  * kept turns from its sources' blocks to its own (ShiftMove, kv_shift.h;
- * done in its first pass). A request whose
- * restore fails goes back to the queue and is planned again. Each step: decode tokens of running sequences first, then prefill
- * chunks, under batch_tokens; then admission of waiting requests by the
- * scheduling policy, as long as the pool keeps its reserve. After the forward
- * pass, each sequence whose last pending token was in the batch samples its
- * next token; newly completed full blocks are registered in the index.
- * When a sequence ends or is suspended, the filled part of its last block
- * stays in the pool, findable by its parent and tokens (keep_tail).
+ * done in the first pass that runs it). A request whose restore fails goes
+ * back to the queue and is planned again. Each step: admission of waiting
+ * requests by the scheduling policy, as long as the pool keeps its
+ * reserve; then the batch: the decode tokens of running sequences first,
+ * then prefill chunks, the sequence with the fewest tokens left before its
+ * first token first (a returning turn's few new tokens go ahead of a long
+ * prompt's rest), each chunk as long as the pacer predicts the pass to
+ * stay within step_ms (engine/pacer.h), at most batch_tokens in all.
+ * Whatever the decodes cost, the first chunk gets at least as long as the
+ * rest of the step, so prompts always progress. The pass's measured
+ * compute goes back to the pacer. After the forward pass, each sequence
+ * whose last pending token was in the batch samples its next token; newly
+ * completed full blocks are registered in the index. When a sequence ends
+ * or is suspended, the filled part of its last block stays in the pool,
+ * findable by its parent and tokens (keep_tail).
  */
 #include "engine/engine.h"
 
@@ -58,6 +65,7 @@
 #include "engine/engine_tiers.h"
 #include "engine/forward.h"
 #include "engine/kv_shift.h"
+#include "engine/pacer.h"
 #include "engine/seq.h"
 #include "engine/slot_policy.h"
 #include "model/tokenizer.h"
@@ -177,6 +185,9 @@ struct Engine {
     AttnSeq *b_plan;         /* (parallel) b_seqs with a pending move's source blocks, for tiers_plan_step */
     Active **b_moves;        /* (parallel) sequences of the batch whose move this pass does */
     int n_moves;
+    int *b_order;            /* (parallel) running sequences with a prefill pending, in the
+                                order the step serves them */
+    Pacer pacer;             /* the step-time model: measures each pass, sizes prefill chunks */
     char *piece;             /* (piece_cap) */
     size_t piece_cap;
     float *lp_row;           /* (n_vocab) the row the sampler may change while the raw
@@ -415,6 +426,7 @@ void engine_options_default(EngineOptions *o) {
     o->compute_nice = 5;
     o->block_tokens = 32;
     o->batch_tokens = 512;
+    o->step_ms = 500;
     o->parallel = 4;
     o->max_queue = 64;
     o->decode_reserve = 0.1f;
@@ -1373,13 +1385,103 @@ static void finish_moves(Engine *e) {
     e->n_moves = 0;
 }
 
-/* EngineTestHooks.step_fn, once the step's hold-backs are decided. */
-static void test_step(const Engine *e) {
+/* EngineTestHooks.step_fn, once the step's batch is made. */
+static void test_step(const Engine *e, PacerShape shape) {
     const EngineTestHooks *hk = e->opt.test_hooks;
     if (hk == NULL || hk->step_fn == NULL) return;
-    int n_held_back = 0;
-    for (int i = 0; i < e->n_running; i++) n_held_back += e->b_held[i];
-    hk->step_fn(hk->ctx, e->n_running, n_held_back);
+    EngineStepInfo info = {.n_running = e->n_running,
+                           .n_decode = shape.n_decode,
+                           .n_prefill = shape.n_prefill,
+                           .n_keys = shape.n_keys,
+                           .predicted_s = pacer_predict(&e->pacer, shape)};
+    for (int i = 0; i < e->n_running; i++) info.n_held_back += e->b_held[i];
+    hk->step_fn(hk->ctx, &info);
+}
+
+/* ---- the batch ------------------------------------------------------------------ */
+
+/* The batch being made for one step: its tokens are in e->b_tok etc. */
+typedef struct Batch {
+    int n, n_logits;   /* tokens and logit rows so far */
+    PacerShape shape;  /* what its pass costs by: decode and prompt tokens, keys */
+} Batch;
+
+static int pending_tokens(const Active *a) { return (a->lead_end - a->lead_done) + (a->n_tokens - a->n_done); }
+
+/* Append running sequence i's tokens at positions [pos, pos + n) (tokens
+ * sit at their positions in a->tokens): a decode's one, or a prompt chunk. */
+static void batch_put(Engine *e, Batch *b, int i, int32_t pos, int n, bool is_decode) {
+    const Active *a = e->running[i];
+    for (int k = 0; k < n; k++, b->n++) {
+        e->b_tok[b->n] = a->tokens[pos + k];
+        e->b_seq[b->n] = i;
+        e->b_pos[b->n] = pos + k;
+    }
+    if (n > 0) b->shape = pacer_add(b->shape, is_decode ? pacer_decode(pos) : pacer_range(pos, n));
+}
+
+/* How many tokens at positions [pos, pos + max_n) of a prefill join the
+ * batch: with a step-time target, those the pacer lets in (is_first: the
+ * step has no prompt token yet, and this chunk gets at least its share). */
+static int chunk_len(const Engine *e, const Batch *b, int32_t pos, int max_n, bool is_first) {
+    return e->opt.step_ms > 0 ? pacer_fit(&e->pacer, b->shape, pos, max_n, is_first) : max_n;
+}
+
+/* Add running sequence i's pending tokens to the batch, within room tokens:
+ * all of a decode's; of a prefill, what chunk_len lets in. The two-range
+ * form: the leading range first, and the tail only in a batch that
+ * completes the leading range (it attends to it). A sequence whose last
+ * pending token goes in gets a logit row (unless its answer is complete). */
+static void batch_add(Engine *e, Batch *b, int i, int room) {
+    Active *a = e->running[i];
+    int lead = a->lead_end - a->lead_done, tail = a->n_tokens - a->n_done, pending = lead + tail;
+    bool is_decode = pending == 1, is_first = !is_decode && b->shape.n_prefill == 0;
+    int max_lead = lead < room ? lead : room;
+    int take_lead = is_decode ? max_lead : chunk_len(e, b, a->lead_done, max_lead, is_first);
+    batch_put(e, b, i, a->lead_done, take_lead, is_decode);
+    room -= take_lead;
+    int take = 0;
+    if (take_lead == lead) {
+        int max_tail = tail < room ? tail : room;
+        take = is_decode ? max_tail : chunk_len(e, b, a->n_done, max_tail, is_first && take_lead == 0);
+        batch_put(e, b, i, a->n_done, take, is_decode);
+    }
+    if (take_lead + take == 0) return;
+    e->b_wait[e->n_wait++] = e->b_plan[i]; /* the pass waits for its restored layers (and move sources') */
+    if (a->mv.is_pending) e->b_moves[e->n_moves++] = a; /* a pass that runs it does its move */
+    if (take_lead + take == pending && !a->is_completed) {
+        e->b_logit[b->n_logits] = b->n - 1;
+        e->b_owner[b->n_logits++] = a;
+    }
+}
+
+/* The step's batch: decodes first (each running sequence's one pending
+ * token), then prefills, fewest pending tokens first (then by arrival):
+ * the request nearest to its first token is served first. */
+static void batch_make(Engine *e, Batch *b) {
+    memset(b, 0, sizeof *b);
+    e->n_wait = e->n_moves = 0;
+    int n_order = 0;
+    for (int i = 0; i < e->n_running; i++) {
+        const Active *a = e->running[i];
+        int pending = pending_tokens(a);
+        if (pending <= 0 || e->b_held[i]) continue;
+        if (pending == 1) {
+            if (b->n < e->opt.batch_tokens) batch_add(e, b, i, e->opt.batch_tokens - b->n);
+            continue;
+        }
+        int k = n_order++; /* insertion sort: a handful of sequences */
+        while (k > 0) {
+            const Active *o = e->running[e->b_order[k - 1]];
+            int po = pending_tokens(o);
+            if (po < pending || (po == pending && o->arrival < a->arrival)) break;
+            e->b_order[k] = e->b_order[k - 1];
+            k--;
+        }
+        e->b_order[k] = i;
+    }
+    for (int k = 0; k < n_order && b->n < e->opt.batch_tokens; k++)
+        batch_add(e, b, e->b_order[k], e->opt.batch_tokens - b->n);
 }
 
 static void engine_step(Engine *e) {
@@ -1401,39 +1503,10 @@ static void engine_step(Engine *e) {
         e->b_plan[i] = a->mv.is_pending ? (AttnSeq){a->mv.wait_blocks, a->mv.n_wait} : e->b_seqs[i];
     }
     tiers_plan_step(e->tiers, e->b_plan, e->n_running, e->b_held);
-    test_step(e);
-    int budget = e->opt.batch_tokens, n = 0, n_logits = 0;
-    e->n_wait = e->n_moves = 0;
-    /* decodes first (one pending token), then prefill chunks */
-    for (int pass = 0; pass < 2; pass++) {
-        for (int i = 0; i < e->n_running && budget > 0; i++) {
-            Active *a = e->running[i];
-            int lead = a->lead_end - a->lead_done, tail = a->n_tokens - a->n_done, pending = lead + tail;
-            if ((pass == 0) != (pending == 1) || pending <= 0 || e->b_held[i]) continue;
-            e->b_wait[e->n_wait++] = e->b_plan[i];
-            if (a->mv.is_pending) e->b_moves[e->n_moves++] = a;
-            /* the two-range form: the leading range first, and the tail only
-             * in a batch that completes the leading range (it attends to it) */
-            int take_lead = lead < budget ? lead : budget;
-            for (int k = 0; k < take_lead; k++, n++) {
-                e->b_tok[n] = a->tokens[a->lead_done + k];
-                e->b_seq[n] = i;
-                e->b_pos[n] = a->lead_done + k;
-            }
-            budget -= take_lead;
-            int take = take_lead == lead ? (tail < budget ? tail : budget) : 0;
-            for (int k = 0; k < take; k++, n++) {
-                e->b_tok[n] = a->tokens[a->n_done + k];
-                e->b_seq[n] = i;
-                e->b_pos[n] = a->n_done + k;
-            }
-            if (take_lead + take == pending && !a->is_completed) {
-                e->b_logit[n_logits] = n - 1;
-                e->b_owner[n_logits++] = a;
-            }
-            budget -= take;
-        }
-    }
+    Batch bt;
+    batch_make(e, &bt);
+    test_step(e, bt.shape);
+    int n = bt.n, n_logits = bt.n_logits;
     FwdBatch b = {.n_tok = n, .tokens = e->b_tok, .seq = e->b_seq, .pos = e->b_pos, .seqs = e->b_seqs,
                   .n_seqs = e->n_running, .logit_idx = e->b_logit, .n_logits = n_logits};
     if (tiers_is_restoring(e->tiers) || e->n_moves > 0) {
@@ -1450,7 +1523,8 @@ static void engine_step(Engine *e) {
         return;
     }
     finish_moves(e);
-    tiers_step_done(e->tiers, engine_now(e, ENGINE_CLOCK_STEP) - t0);
+    double compute_s = tiers_step_done(e->tiers, engine_now(e, ENGINE_CLOCK_STEP) - t0);
+    pacer_observe(&e->pacer, bt.shape, compute_s);
     /* advance, register full blocks (not for a sequence whose restore
      * failed during the pass: its work is discarded below) */
     for (int t = 0; t < n; t++) {
@@ -1739,7 +1813,8 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
     op->cost = NULL; /* SlotPolicy keeps its own copy (below) */
     if (op->n_ctx <= 0 || op->n_ctx > m->cfg.n_ctx) op->n_ctx = m->cfg.n_ctx;
     int rc = MN_OK;
-    if (op->block_tokens < 1 || op->block_tokens > 1024 || op->batch_tokens < 1 || op->parallel < 1 ||
+    if (op->block_tokens < 1 || op->block_tokens > 1024 || op->batch_tokens < 1 || !(op->step_ms >= 0) ||
+        op->parallel < 1 ||
         op->max_queue < 1 || op->n_threads < 1 || op->compute_nice < 0 || op->compute_nice > 19 ||
         !(op->decode_reserve >= 0 && op->decode_reserve < 1) ||
         !(op->cache_ttl_s >= 0))
@@ -1764,6 +1839,7 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
     int max_replies = ENGINE_MAX_REPLIES * (op->context_overflow == OVERFLOW_SHIFT ? 2 : 1);
     if (rc == MN_OK) {
         e->reserve_blocks = (int)(op->decode_reserve * (float)n_blocks);
+        pacer_init(&e->pacer, op->step_ms / 1000, op->block_tokens);
         e->kv_format = index_kv_format(op->kv_type, op->block_tokens);
         if (op->prefix_cache && (e->index = index_new(&e->pool)) == NULL) rc = MN_ENOMEM;
         e->replies = replymem_new(max_replies);
@@ -1775,6 +1851,7 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         e->b_wait = mn_calloc((size_t)np, sizeof *e->b_wait);
         e->b_plan = mn_calloc((size_t)np, sizeof *e->b_plan);
         e->b_moves = mn_calloc((size_t)np, sizeof *e->b_moves);
+        e->b_order = mn_calloc((size_t)np, sizeof *e->b_order);
         e->b_tok = mn_calloc((size_t)bt, sizeof(int32_t));
         e->b_seq = mn_calloc((size_t)bt, sizeof(int32_t));
         e->b_pos = mn_calloc((size_t)bt, sizeof(int32_t));
@@ -1784,7 +1861,8 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         e->piece_cap = tok_max_piece_bytes(m->tok) + 16;
         e->piece = mn_malloc(e->piece_cap);
         e->lp_row = mn_malloc((size_t)m->cfg.n_vocab * sizeof *e->lp_row);
-        if (rc || !e->replies || !e->running || !e->b_owner || !e->b_seqs || !e->b_held || !e->b_wait || !e->b_plan || !e->b_moves || !e->b_tok ||
+        if (rc || !e->replies || !e->running || !e->b_owner || !e->b_seqs || !e->b_held || !e->b_wait || !e->b_plan ||
+            !e->b_moves || !e->b_order || !e->b_tok ||
             !e->b_seq || !e->b_pos || !e->b_logit || !e->piece || !e->lp_row)
             rc = mn_err_set(err, MN_ENOMEM, "out of memory");
     }
@@ -1877,6 +1955,7 @@ void engine_free(Engine *e) {
     mn_free(e->b_wait);
     mn_free(e->b_plan);
     mn_free(e->b_moves);
+    mn_free(e->b_order);
     mn_free(e->b_tok);
     mn_free(e->b_seq);
     mn_free(e->b_pos);

@@ -8,8 +8,11 @@
  * a final result, which the submitting thread drains with request_read.
  *
  * Each step packs the decode tokens of running sequences and chunks of
- * prefills into one batch under a token budget (batch_tokens), so a long
- * prompt never stalls running decodes for more than one step. Finished
+ * prefills into one batch, the prefills nearest to their first token
+ * first, sized so that the step's forward pass is predicted to take
+ * step_ms (from the passes measured so far), at most batch_tokens tokens:
+ * running decodes keep their pace while a long prompt is computed, and a
+ * returning turn's few new tokens go ahead of a long prompt's. Finished
  * requests leave their full blocks in the pool, indexed by chain hash
  * (cache/index.h), and the filled part of their last block; a new request
  * reuses the longest cached prefix of its namespace, down to the token: full
@@ -59,6 +62,17 @@ typedef enum EngineClockUse {
     ENGINE_CLOCK_BACKOFF, /* when saving resumes after saves no tier took */
 } EngineClockUse;
 
+/* What a step is about to compute (EngineTestHooks.step_fn). */
+typedef struct EngineStepInfo {
+    int n_running;      /* requests running */
+    int n_held_back;    /* ... of them sitting out this step: their restores are
+                           not expected to finish within its compute */
+    int n_decode;       /* tokens of the sequences with one token pending */
+    int n_prefill;      /* tokens of prompt chunks */
+    double n_keys;      /* keys the batch's tokens attend to (the sum of position + 1) */
+    double predicted_s; /* the step-time model's estimate of its pass (0 before it measured one) */
+} EngineStepInfo;
+
 /* Hooks for tests, so that a test drives the engine's time and order of
  * events instead of sleeping and hoping that a loaded machine keeps up; a
  * production engine has none. Both are called on the engine thread and
@@ -68,11 +82,10 @@ typedef struct EngineTestHooks {
      * wall) of this use: time moves as the test says, not as the machine
      * runs. */
     double (*clock_shift_fn)(void *ctx, EngineClockUse use);
-    /* Before each forward pass: how many requests run, and how many of
-     * them sit out this step because their restores are not expected to
-     * finish within its compute. It may block: a test holds the engine
-     * there while it lines up what arrives during a request's run. */
-    void (*step_fn)(void *ctx, int n_running, int n_held_back);
+    /* Before each forward pass, its batch made: what it holds. It may
+     * block: a test holds the engine there while it lines up what arrives
+     * during a request's run. */
+    void (*step_fn)(void *ctx, const EngineStepInfo *step);
     void *ctx;
 } EngineTestHooks;
 
@@ -85,7 +98,10 @@ typedef struct EngineOptions {
     int n_threads;        /* compute workers (default 2) */
     int compute_nice;     /* they run this many nice levels lower than the rest, 0-19 (default 5) */
     int block_tokens;     /* default 32 */
-    int batch_tokens;     /* token budget per step (default 512) */
+    int batch_tokens;     /* tokens per step at most (default 512) */
+    double step_ms;       /* a step's time target: prefill chunks are sized so that each
+                             forward pass is predicted to take this long (engine/pacer.h);
+                             0: every step takes up to batch_tokens (default 500) */
     int parallel;         /* running sequences at most (default 4) */
     int max_queue;        /* waiting requests at most (default 64) */
     int n_ctx;            /* positions per sequence (default: the model's) */

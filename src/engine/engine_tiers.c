@@ -493,7 +493,11 @@ void tiers_wait_layer(EngineTiers *t, const AttnSeq *seqs, int n, int layer) {
     }
 }
 
-void tiers_step_done(EngineTiers *t, double pass_s) { t->step_s = 0.7 * t->step_s + 0.3 * (pass_s - t->step_wait_s); }
+double tiers_step_done(EngineTiers *t, double pass_s) {
+    double compute_s = pass_s - t->step_wait_s;
+    t->step_s = 0.7 * t->step_s + 0.3 * compute_s;
+    return compute_s;
+}
 
 void tiers_expire(EngineTiers *t) {
     double shift = engine_clock_shift(t->hooks, ENGINE_CLOCK_EXPIRY), now = mn_now() + shift;

@@ -199,8 +199,9 @@ bool tiers_is_restoring(const EngineTiers *t);
  * tables seqs[0..n) has that layer in place (or failed). */
 void tiers_wait_layer(EngineTiers *t, const AttnSeq *seqs, int n, int layer);
 /* The pass planned by tiers_plan_step took pass_s seconds, its waits for
- * restored layers included: restores are compared with its compute. */
-void tiers_step_done(EngineTiers *t, double pass_s);
+ * restored layers included: restores are compared with its compute.
+ * Returns that compute: pass_s without the waits. */
+double tiers_step_done(EngineTiers *t, double pass_s);
 /* --cache-ttl in the tiers: at most once a second, ask the mover to drop
  * what is older. */
 void tiers_expire(EngineTiers *t);
