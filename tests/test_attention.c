@@ -193,6 +193,15 @@ static void test_matches_dense_f16(void **state) {
     check_against_dense(MN_TYPE_F16, 4, 2, 16, 8, 70, 2e-3);
 }
 
+/* The head sizes whose V rows stay in registers (64, 128) and one that
+ * does not (48), over contexts of several blocks of V rows, with windows
+ * that start and end inside a block. */
+static void test_head_sizes(void **state) {
+    check_against_dense(MN_TYPE_F16, 8, 2, 64, 16, 100, 2e-3);
+    check_against_dense_with(MN_TYPE_F32, 4, 1, 128, 8, 90, 45, 0.0f, 1e-5);
+    check_against_dense_with(MN_TYPE_F16, 6, 3, 48, 16, 75, 21, 0.0f, 2e-3);
+}
+
 /* Bit-identical outputs for the same query whatever the batch around it. */
 static void test_invariance(void **state) {
     for (int kt = 0; kt < 4; kt++) { /* f32, f16; then each with a window of 6 and a soft cap */
@@ -377,6 +386,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_dense_f32),
         cmocka_unit_test(test_matches_dense_f16),
+        cmocka_unit_test(test_head_sizes),
         cmocka_unit_test(test_window_softcap),
         cmocka_unit_test(test_invariance),
         cmocka_unit_test(test_two_sequences),

@@ -13,32 +13,6 @@
 #define OPS_HAVE_F16C 1
 #endif
 
-enum { LANES = 16 };
-
-static float reduce_lanes(float acc[LANES]) {
-    for (int w = LANES / 2; w > 0; w /= 2)
-        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
-    return acc[0];
-}
-
-float ops_dot(const float *a, const float *b, int n) {
-#if defined(__AVX512F__)
-    /* the usual case (head sizes 64, 128): one 16-lane accumulator, FMA, and
-     * AVX-512's fixed reduction; still one order for every call of this n */
-    if (n % 16 == 0) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-        return _mm512_reduce_add_ps(acc);
-    }
-#endif
-    float acc[LANES] = {0};
-    int i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++) acc[j] += a[i + j] * b[i + j];
-    for (int j = 0; i + j < n; j++) acc[j] += a[i + j] * b[i + j];
-    return reduce_lanes(acc);
-}
-
 void ops_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
     /* the sum of squares in double, in index order (as GGML does), so the
      * scale is as close to exact as the inputs allow */

@@ -12,9 +12,6 @@
 
 #include <stdint.h>
 
-/* sum_i a[i] * b[i] in the fixed 16-lane order. */
-float ops_dot(const float *a, const float *b, int n);
-
 /* out = x / sqrt(mean(x^2) + eps) * w, one row of n. out may alias x. */
 void ops_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 
