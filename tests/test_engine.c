@@ -2231,7 +2231,8 @@ static void test_restore_corrupt_disk(void **s) { check_restore(0, true, SRC_DIS
 static Engine *redis_engine(Model *m, int pool_blocks, const char *url, const MoverTestHooks *hooks) {
     EngineOptions o;
     tier_options(&o, pool_blocks, hooks);
-    o.redis_url = url;
+    o.redis_urls = &url;
+    o.n_redis_urls = 1;
     Engine *e;
     MnErr err = {0};
     if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
@@ -2383,7 +2384,9 @@ static void test_redis_saves_after_outage(void **s) {
     dr.backoff_at = mn_now();
     EngineOptions o;
     tier_options(&o, 32, NULL);
-    o.redis_url = rc->srv.url;
+    const char *url = rc->srv.url;
+    o.redis_urls = &url;
+    o.n_redis_urls = 1;
     o.test_hooks = &dr.hooks;
     Engine *e;
     MnErr err = {0};

@@ -48,7 +48,8 @@ static int rfix_teardown(void **state) {
 /* A redis tier on url with the pool's geometry; fingerprint byte fp,
  * ttl_s, a read window of window bytes (0: default). */
 static Tier *redis_tier(const KvPool *p, const char *url, uint8_t fp, int ttl_s, uint64_t window) {
-    TierRedisConfig cfg = {.url = url,
+    TierRedisConfig cfg = {.urls = &url,
+                           .n_urls = 1,
                            .n_layer = p->n_layer,
                            .block_bytes = p->block_bytes,
                            .kv_format = 1 | (uint32_t)p->block_tokens << 8,
@@ -455,7 +456,7 @@ static void test_redis_killed_mid_read(void **state) {
 /* ---- URLs and credentials -------------------------------------------------------- */
 
 static void expect_url_refused(const KvPool *p, const char *url, int want, const char *secret) {
-    TierRedisConfig cfg = {.url = url, .n_layer = p->n_layer, .block_bytes = p->block_bytes};
+    TierRedisConfig cfg = {.urls = &url, .n_urls = 1, .n_layer = p->n_layer, .block_bytes = p->block_bytes};
     Tier *t = NULL;
     MnErr err = {0};
     int rc = tier_redis_new(&cfg, &t, &err);
