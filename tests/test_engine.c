@@ -2600,8 +2600,9 @@ static void test_cluster_restore_asking(void **s) {
 }
 
 /* The node holding the runs' values killed: B's request still succeeds,
- * recomputed bit-identical, the failure counted (the tier off until its
- * reset); a new prompt succeeds too. */
+ * recomputed bit-identical, the failure counted; the tier stays off (its
+ * resets fail while the cluster's map names the dead node); a new prompt
+ * succeeds too. */
 static void test_cluster_node_killed(void **s) {
     ClusterCase *cc = *s;
     if (!cluster_case_open(cc, 281)) return;
@@ -2616,6 +2617,8 @@ static void test_cluster_node_killed(void **s) {
     assert_int_equal(res.n_cached_by[SRC_REDIS], 0);
     assert_true(redis_stats(b).n_io_errors >= 1);
     expect_recomputed(b, &full_b, cc->p[1], 65, &res);
+    /* while the map names the dead node, every reset fails: still off */
+    assert_true(redis_stats(b).is_failed);
     recomputed_free(&full_b);
     engine_free(b);
 }

@@ -522,6 +522,12 @@ int rcluster_connect(RedisCluster *c) {
     for (int i = 0; i < c->n_seeds && rc == MN_EIO; i++) rc = map_load(c, i);
     if (rc == MN_EIO) LOG_WARN("redis tier: no seed of the cluster gave its slot map");
     c->is_open = rc == MN_OK;
+    /* every node the map names, now: a node that does not answer keeps
+     * the client closed (and its owner backing off) until the cluster
+     * answers for all its slots again (the node is back, or a replica
+     * took its place and the map says so), rather than opening, failing
+     * at the first command for that node, and opening again */
+    for (int i = 0; i < c->n_nodes && rc == MN_OK; i++) rc = node_ready(c, i);
     return rc;
 }
 

@@ -77,8 +77,10 @@ void rcluster_free(RedisCluster *c);
 
 /* (Re)connect: close whatever is open, then open the server (AUTH, SELECT,
  * PING), or ask the seeds in order for the cluster's slot map until one
- * answers (the nodes are connected as commands reach them). MN_OK, MN_EIO
- * (logged: nothing answers or the server refuses), MN_ENOMEM. */
+ * answers and connect to every node it names (a node named later by a
+ * MOVED or ASK is connected when a command reaches it). MN_OK, MN_EIO
+ * (logged: no seed answers, a node does not answer, or a server refuses),
+ * MN_ENOMEM. */
 int rcluster_connect(RedisCluster *c);
 /* Close every connection and drop every reply owed. */
 void rcluster_close(RedisCluster *c);
