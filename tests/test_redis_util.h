@@ -1,7 +1,8 @@
 /* test_redis_util.h — a real redis-server for the shared tier's tests
- * (test_tier_redis, test_engine, test_redis_server): started on a unix
- * socket in a fresh directory of its own (no TCP port, no files left
- * behind: no RDB, no AOF), stopped or killed when the test says, started
+ * (test_tier_redis, test_redis_cluster, test_engine, test_tiers_server):
+ * started on a unix socket in a fresh directory of its own (no TCP port
+ * unless a cluster node, no files left behind: no RDB, no AOF; a node's
+ * nodes.conf goes with its directory), stopped or killed when the test says, started
  * again on the same socket, and talked to with hiredis. Header-only. A
  * machine without redis-server skips the tests that need one
  * (scripts/setup installs it).
