@@ -9,7 +9,8 @@
  * early); a slot mid-migration (ASK: ASKING and the command at the
  * target, the map left alone); a killed node fails the call (MN_EIO) and a
  * reconnection through a live seed serves the other nodes' slots; the
- * seeds' URL rules. And the tier on the cluster: two instances share runs,
+ * seeds' URL rules; credentials the cluster refuses appear in no log
+ * line. And the tier on the cluster: two instances share runs,
  * each run's keys on one node, the runs spread over the nodes, a moved
  * run's slot still read.
  */
@@ -423,6 +424,38 @@ static void test_cluster_node_down(void **state) {
     assert_int_equal(stats_of(f->c[1]).n_map_loads, 1);
 }
 
+typedef struct AuthTry {
+    const char *const *urls;
+    int rc;
+} AuthTry;
+
+static void connect_seeds(void *ctx) {
+    AuthTry *at = ctx;
+    RedisClusterConfig cfg = {.urls = at->urls, .n_urls = 2, .is_cluster = true, .timeout_ms = 5000};
+    RedisCluster *c = NULL;
+    MnErr err = {0};
+    assert_int_equal(rcluster_new(&cfg, &c, &err), MN_OK);
+    at->rc = rcluster_connect(c);
+    rcluster_free(c);
+}
+
+/* Seeds with credentials the cluster refuses: connecting fails, and
+ * neither the log nor the client's name for itself shows the password. */
+static void test_cluster_credentials_not_logged(void **state) {
+    CFix *f = *state;
+    if (!cfix_open(f)) return;
+    char a[128], b[128];
+    snprintf(a, sizeof a, "redis://mnemo:hunter2@127.0.0.1:%d", f->cl.node[0].port);
+    snprintf(b, sizeof b, "redis://hunter2@127.0.0.1:%d", f->cl.node[1].port);
+    const char *urls[] = {a, b};
+    AuthTry at = {urls, MN_OK};
+    char *log = redis_capture_stderr(connect_seeds, &at);
+    assert_int_equal(at.rc, MN_EIO);
+    if (strstr(log, "hunter2")) fail_msg("the log names the password:\n%s", log);
+    assert_non_null(strstr(log, "***@127.0.0.1"));
+    free(log);
+}
+
 /* ---- the tier on the cluster ----------------------------------------------------- */
 
 static Tier *cluster_tier(CFix *f) {
@@ -544,7 +577,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crc16_spec), cmocka_unit_test(test_hash_tags), cmocka_unit_test(test_parse_redirect),
         cmocka_unit_test(test_cluster_config), CT(test_cluster_routing), CT(test_cluster_moved),
-        CT(test_cluster_ask), CT(test_cluster_node_down), CT(test_cluster_tier_shared),
+        CT(test_cluster_ask), CT(test_cluster_node_down), CT(test_cluster_credentials_not_logged),
+        CT(test_cluster_tier_shared),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

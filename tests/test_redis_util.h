@@ -205,6 +205,25 @@ static inline int redis_srv_damage(const RedisSrv *r, const char *pattern, long 
     return n;
 }
 
+/* Stderr into a file while fn runs; returns the file's contents (the
+ * caller frees them): what a tier logged, to look for credentials. */
+static inline char *redis_capture_stderr(void (*fn)(void *), void *ctx) {
+    char path[] = "/tmp/mnemo-redis-log-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) fail_msg("mkstemp: %s", strerror(errno));
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    fn(ctx);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    char *text = test_read_file(path, NULL);
+    unlink(path);
+    return text;
+}
+
 /* ---- a three-node Redis Cluster ------------------------------------------------ */
 
 #define REDIS_CLUSTER_NODES 3

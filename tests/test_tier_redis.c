@@ -466,24 +466,6 @@ static void expect_url_refused(const KvPool *p, const char *url, int want, const
     if (secret && strstr(err.msg, secret)) fail_msg("the message for '%s' names the secret: %s", url, err.msg);
 }
 
-/* Stderr into a file while fn runs; returns the file's contents. */
-static char *capture_stderr(void (*fn)(void *), void *ctx) {
-    char path[] = "/tmp/mnemo-redis-log-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    fflush(stderr);
-    int saved = dup(2);
-    dup2(fd, 2);
-    fn(ctx);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    close(fd);
-    char *text = test_read_file(path, NULL);
-    unlink(path);
-    return text;
-}
-
 typedef struct AuthCase {
     RFix *f;
     const char *url;
@@ -525,7 +507,7 @@ static void test_redis_urls_and_auth(void **state) {
     char url[256];
     AuthCase ac = {f, url, NULL};
     snprintf(url, sizeof url, "unix://default:s3cr%%25t%%3Apw@%s", f->srv.sock);
-    char *log = capture_stderr(open_auth, &ac);
+    char *log = redis_capture_stderr(open_auth, &ac);
     assert_false(tier_is_failed(ac.t));
     assert_null(strstr(tier_redis_url(ac.t), "s3cr"));
     assert_non_null(strstr(tier_redis_url(ac.t), "***@"));
@@ -533,12 +515,12 @@ static void test_redis_urls_and_auth(void **state) {
     assert_null(strstr(log, "s3cr"));
     free(log);
     snprintf(url, sizeof url, "unix://s3cr%%25t%%3Apw@%s?db=2", f->srv.sock); /* the password alone */
-    log = capture_stderr(open_auth, &ac);
+    log = redis_capture_stderr(open_auth, &ac);
     assert_false(tier_is_failed(ac.t));
     tier_free(ac.t);
     free(log);
     snprintf(url, sizeof url, "unix://default:hunter2@%s", f->srv.sock);
-    log = capture_stderr(open_auth, &ac);
+    log = redis_capture_stderr(open_auth, &ac);
     assert_true(tier_is_failed(ac.t));
     tier_free(ac.t);
     if (strstr(log, "hunter2")) fail_msg("the log names the password:\n%s", log);
