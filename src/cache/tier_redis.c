@@ -1,4 +1,5 @@
-/* tier_redis.c — the shared tier: runs in a Redis server, through hiredis.
+/* tier_redis.c — the shared tier: runs in a Redis server or a Redis
+ * Cluster, through the client of redis_cluster.h (hiredis underneath).
  *
  * The tier below disk (--redis-tier URL), or below RAM or the pool without
  * one. Several mnemo instances on one Redis share it: a conversation that
@@ -18,10 +19,10 @@
  * the engine recomputes); a value that fails its check is deleted from the
  * store, so no instance reads it again, and counted (MN_ECHECKSUM).
  *
- * Owner: the mover thread, through the core; nothing locks. The hiredis
- * context, the value buffer and the scratch arrays are used by one call at
- * a time. hiredis (0.14) allocates through its own malloc, not mn_malloc,
- * and aborts when that fails.
+ * Owner: the mover thread, through the core; nothing locks. The client
+ * (its connections), the value buffer and the scratch arrays are used by
+ * one call at a time. hiredis (0.14) allocates replies through its own
+ * malloc, not mn_malloc, and aborts when that fails.
  *
  * KEYS AND VALUES, format version 1. All integers little-endian; hashes
  * in their canonical 16 bytes, written in keys as 32 lower-case hex digits.
