@@ -68,9 +68,11 @@ static redisReply *take(redisContext *c) {
 
 typedef enum { PER_LAYER, PER_RUN_GET, PER_RUN_RANGE } Layout;
 
-/* Runs a mnemo server stored (--existing): keys[run][layer]; NULL for the
+/* Runs a mnemo server stored (--existing): keys[run][layer] and the
+ * length of each run's layer 0 (read before the timing); NULL for the
  * synthetic runs this program stores. */
 static char ***existing;
+static size_t *existing_len;
 
 typedef struct Variant {
     Layout layout;
@@ -89,15 +91,6 @@ static void ask_layer(redisContext *c, Layout lay, const int *runs, int n, int l
             redisAppendCommand(c, "GETRANGE bl:run:%d %lld %lld", runs[i], (long long)l * (long long)extent,
                                (long long)(l + 1) * (long long)extent - 1);
     }
-}
-
-/* The length of layer 0 of existing run r. */
-static size_t existing_len(redisContext *c, int r) {
-    redisReply *rep = redisCommand(c, "STRLEN %s", existing[r][0]);
-    check(c, rep, "STRLEN");
-    size_t n = (size_t)rep->integer;
-    freeReplyObject(rep);
-    return n;
 }
 
 /* One restore of runs[0..n) when layer 0 of all is in, *last when
@@ -119,7 +112,7 @@ static size_t restore(redisContext *c, const Variant *v, const int *runs, int n,
     int window = v->window;
     size_t bytes = 0;
     if (window < 0) { /* as the tier sizes it: bytes of whole layers, at least one */
-        size_t layer_bytes = (extent ? extent : existing_len(c, runs[0])) * (size_t)n;
+        size_t layer_bytes = (extent ? extent : existing_len[runs[0]]) * (size_t)n;
         window = (int)((size_t)-window * 1024 / layer_bytes);
         if (window < 1) window = 1;
     }
@@ -181,6 +174,13 @@ static int run_existing(redisContext *c, int reps) {
     if (n_runs == 0) {
         printf("raw_get_mbps=0 runs=0 bytes=0 (no whole run under mnemo:kv1:*)\n");
         return 1;
+    }
+    existing_len = calloc((size_t)n_runs, sizeof *existing_len);
+    for (int r = 0; r < n_runs; r++) {
+        redisReply *rep = redisCommand(c, "STRLEN %s", existing[r][0]);
+        check(c, rep, "STRLEN");
+        existing_len[r] = (size_t)rep->integer;
+        freeReplyObject(rep);
     }
     Variant v = {PER_LAYER, -512, "existing", 0, 0};
     int *order = malloc(sizeof(int) * (size_t)n_runs);
