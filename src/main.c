@@ -369,7 +369,7 @@ static int cmd_serve(int argc, char **argv) {
     uint64_t pool_mb = 0;
     float drain_timeout = 30.0f, cache_ttl = 0.0f, response_ttl = (float)RESP_TTL_DEFAULT_S;
     bool no_prefix_cache = false;
-    CliStrList keys = {0}, cors = {0};
+    CliStrList keys = {0}, cors = {0}, redis_urls = {0};
     EngineOptions eo;
     engine_options_default(&eo);
     float step_ms = (float)eo.step_ms;
@@ -428,9 +428,12 @@ static int cmd_serve(int argc, char **argv) {
         {"disk-tier", 0, CLI_STR, &eo.disk_tier_dir, "DIR", "disk tier directory, kept across restarts (default: none)"},
         {"disk-tier-mb", 0, CLI_U64, &eo.disk_tier_mb, "N", "disk tier budget in MiB (default 4096)"},
         {"swap-watermark", 0, CLI_FLOAT, &eo.swap_watermark, "F", "copy cold blocks down when free pool blocks fall under F (0.25)"},
-        {"redis-tier", 0, CLI_STR, &eo.redis_url, "URL",
+        {"redis-tier", 0, CLI_STR_LIST, &redis_urls, "URL",
          "shared tier in Redis, below the others: redis://[user:password@]host[:port][/db] or "
-         "unix:///path.sock[?db=N] (default: none; credentials are never logged)"},
+         "unix:///path.sock[?db=N] (default: none; credentials are never logged); with --redis-cluster, "
+         "repeatable: the cluster's seeds"},
+        {"redis-cluster", 0, CLI_FLAG, &eo.redis_cluster, NULL,
+         "the --redis-tier URLs are seeds of a Redis Cluster (each key goes to its slot's node)"},
         {"redis-ttl", 0, CLI_INT, &eo.redis_ttl_s, "S",
          "the shared tier's keys expire S seconds after their last use (default 0: Redis's maxmemory policy decides)"},
         {"redis-timeout-ms", 0, CLI_INT, &eo.redis_timeout_ms, "MS",
@@ -486,6 +489,10 @@ static int cmd_serve(int argc, char **argv) {
         !cli_require(max_body_kb >= 1, "serve", "--max-body must be at least 1 (KiB), got %d", max_body_kb) ||
         !cli_require(response_ttl >= 0, "serve", "--response-ttl must be >= 0, got %g", response_ttl) ||
         !cli_require(eo.redis_ttl_s >= 0, "serve", "--redis-ttl must be >= 0, got %d", eo.redis_ttl_s) ||
+        !cli_require(redis_urls.n <= 1 || eo.redis_cluster, "serve",
+                     "--redis-tier is given %d times: several URLs are a cluster's seeds (--redis-cluster)",
+                     redis_urls.n) ||
+        !cli_require(!eo.redis_cluster || redis_urls.n >= 1, "serve", "--redis-cluster needs --redis-tier URL (a seed)") ||
         !cli_require(eo.redis_timeout_ms >= 0, "serve", "--redis-timeout-ms must be >= 0, got %d",
                      eo.redis_timeout_ms) ||
         !cli_require(n_predict == -1 || n_predict >= 1, "serve", "-n must be -1 (no limit) or at least 1, got %d",
@@ -516,6 +523,9 @@ static int cmd_serve(int argc, char **argv) {
     so.n_api_keys = keys.n;
     so.cors_origins = cors.items;
     so.n_cors_origins = cors.n;
+    /* an empty URL (MNEMO_REDIS_TIER=) is none */
+    eo.redis_urls = redis_urls.items;
+    eo.n_redis_urls = redis_urls.n == 1 && redis_urls.items[0][0] == '\0' ? 0 : redis_urls.n;
     so.max_body = (size_t)max_body_kb * 1024;
     so.response_ttl_s = response_ttl;
     eo.default_max_tokens = n_predict;

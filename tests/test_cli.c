@@ -210,6 +210,9 @@ static void test_errors_one_line(void **s) {
         {"serve -m %s -fa --ctx-size 64 --port 99999", "mnemo serve: --port must be in 0..65535, got 99999\n"},
         {"serve -m %s -ngll 2", "mnemo serve: unknown option '-ngll'; did you mean -ngl?\n"},
         {"serve -m %s -n 0", "mnemo serve: -n must be -1 (no limit) or at least 1, got 0\n"},
+        {"serve -m %s --redis-tier redis://a:1 --redis-tier redis://b:2",
+         "mnemo serve: --redis-tier is given 2 times: several URLs are a cluster's seeds (--redis-cluster)\n"},
+        {"serve -m %s --redis-cluster", "mnemo serve: --redis-cluster needs --redis-tier URL (a seed)\n"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[1024];

@@ -1,7 +1,8 @@
 /* test_engine.c — the serving engine: continuous batching, the automatic
  * prefix cache, suspension under pool pressure, stop strings, cancellation
  * and the queue limit; restores from the RAM, disk and shared (redis, a
- * real redis-server: test_redis_util.h) tiers and their failures. Every
+ * real redis-server, and a real three-node Redis Cluster:
+ * test_redis_util.h) tiers and their failures. Every
  * output is compared with a single-sequence run (runner) of the same
  * prompt: batching and caching must not change a bit. */
 #include "test_util.h"
@@ -2231,7 +2232,8 @@ static void test_restore_corrupt_disk(void **s) { check_restore(0, true, SRC_DIS
 static Engine *redis_engine(Model *m, int pool_blocks, const char *url, const MoverTestHooks *hooks) {
     EngineOptions o;
     tier_options(&o, pool_blocks, hooks);
-    o.redis_url = url;
+    o.redis_urls = &url;
+    o.n_redis_urls = 1;
     Engine *e;
     MnErr err = {0};
     if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
@@ -2383,7 +2385,9 @@ static void test_redis_saves_after_outage(void **s) {
     dr.backoff_at = mn_now();
     EngineOptions o;
     tier_options(&o, 32, NULL);
-    o.redis_url = rc->srv.url;
+    const char *url = rc->srv.url;
+    o.redis_urls = &url;
+    o.n_redis_urls = 1;
     o.test_hooks = &dr.hooks;
     Engine *e;
     MnErr err = {0};
@@ -2453,6 +2457,170 @@ static void test_redis_damaged_value(void **s) {
     assert_int_equal(st.tiers[0].tier.n_checksum_failures, 1);
     assert_false(st.tiers[0].tier.is_failed);
     engine_free(e);
+}
+
+/* ---- the shared tier on a Redis Cluster ------------------------------------------------- */
+
+/* An engine whose only tier is the shared one on the cluster (its three
+ * nodes the seeds), as redis_engine. */
+static Engine *cluster_engine(Model *m, const RedisClusterSrv *cl) {
+    EngineOptions o;
+    tier_options(&o, 32, NULL);
+    o.redis_urls = cl->urls;
+    o.n_redis_urls = REDIS_CLUSTER_NODES;
+    o.redis_cluster = true;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    return e;
+}
+
+typedef struct ClusterCase {
+    RedisClusterSrv cl;
+    Model *m;
+    int32_t p[3][80];
+    Recomputed full; /* of p[0], 4 tokens */
+} ClusterCase;
+
+static int cluster_case_setup(void **state) {
+    *state = calloc(1, sizeof(ClusterCase));
+    return *state ? 0 : -1;
+}
+
+static int cluster_case_teardown(void **state) {
+    ClusterCase *cc = *state;
+    if (cc->m) recomputed_free(&cc->full);
+    redis_cluster_free(&cc->cl);
+    model_free(cc->m);
+    free(cc);
+    return 0;
+}
+
+/* The cluster, the model, the prompts; A (another instance) computes
+ * p[0] and saves it into the cluster. False: skipped. */
+static bool cluster_case_open(ClusterCase *cc, uint64_t seed) {
+    if (!redis_srv_available()) {
+        skip();
+        return false;
+    }
+    if ((cc->m = load("stories260K")) == NULL) return false;
+    redis_cluster_start(&cc->cl);
+    make_prompts(cc->p, 3, 65, cc->m->cfg.n_vocab, seed);
+    cc->full = recompute(cc->m, cc->p[0], 65, 4);
+    Engine *a = cluster_engine(cc->m, &cc->cl);
+    ReqResult res;
+    expect_recomputed(a, &cc->full, cc->p[0], 65, &res);
+    settle(a);
+    assert_true(redis_stats(a).n_puts >= 1);
+    engine_free(a);
+    return true;
+}
+
+/* The stored runs' layer-0 keys and the node of each (one node holds all
+ * of a run's layers: their hash tag); returns how many. */
+static int cluster_runs(const ClusterCase *cc, char (*keys)[160], int *node, int max) {
+    int n = 0;
+    for (int i = 0; i < REDIS_CLUSTER_NODES; i++) {
+        if (cc->cl.node[i].pid <= 0) continue;
+        redisReply *rep = redis_srv_keys(&cc->cl.node[i], "mnemo:kv1:*:0");
+        for (size_t k = 0; k < rep->elements && n < max; k++, n++) {
+            snprintf(keys[n], sizeof keys[n], "%s", rep->element[k]->str);
+            node[n] = i;
+        }
+        freeReplyObject(rep);
+    }
+    return n;
+}
+
+/* Move every stored run's slot to the next node: finished (MOVED from the
+ * old owner) or left mid-migration with all its keys at the target (ASK). */
+static void cluster_move_runs(ClusterCase *cc, bool finish) {
+    char keys[16][160];
+    int node[16], n = cluster_runs(cc, keys, node, 16);
+    assert_true(n >= 1);
+    int n_layer = cc->m->cfg.n_layer;
+    for (int r = 0; r < n; r++) {
+        int slot = (int)redis_srv_int(&cc->cl.node[node[r]], "CLUSTER KEYSLOT %s", keys[r]);
+        /* (two runs in one slot: the second finds it moved already) */
+        int moved = redis_cluster_move_slot(&cc->cl, slot, node[r], (node[r] + 1) % REDIS_CLUSTER_NODES, -1, finish);
+        assert_true(moved == 0 || moved >= n_layer);
+        assert_int_equal(redis_cluster_holder(&cc->cl, keys[r]), (node[r] + 1) % REDIS_CLUSTER_NODES);
+    }
+}
+
+/* Two instances on one cluster: B never saw p[0]; it finds A's runs (the
+ * pointers on whichever nodes, the values on their run's node) and the
+ * restore gives first logits bit-identical to a full recompute. */
+static void test_cluster_restore_other_instance(void **s) {
+    ClusterCase *cc = *s;
+    if (!cluster_case_open(cc, 251)) return;
+    Engine *b = cluster_engine(cc->m, &cc->cl);
+    ReqResult res;
+    expect_recomputed(b, &cc->full, cc->p[0], 65, &res);
+    assert_int_equal(res.n_cached_by[SRC_REDIS], 64);
+    EngineStats st;
+    engine_stats(b, &st);
+    assert_int_equal(st.restore_failures, 0);
+    assert_int_equal(st.tiers[0].tier.n_io_errors, 0);
+    engine_free(b);
+}
+
+/* B read the slot map, then the runs' slots move to other nodes (a
+ * reshard): B's lookups and reads meet MOVED, follow it, and the restore
+ * is still bit-identical. */
+static void test_cluster_restore_moved(void **s) {
+    ClusterCase *cc = *s;
+    if (!cluster_case_open(cc, 261)) return;
+    Engine *b = cluster_engine(cc->m, &cc->cl);
+    cluster_move_runs(cc, true);
+    ReqResult res;
+    expect_recomputed(b, &cc->full, cc->p[0], 65, &res);
+    assert_int_equal(res.n_cached_by[SRC_REDIS], 64);
+    EngineStats st;
+    engine_stats(b, &st);
+    assert_int_equal(st.tiers[0].tier.n_io_errors, 0);
+    engine_free(b);
+}
+
+/* The runs' slots mid-migration, every key already at the target: the
+ * old owner answers ASK, B asks the target (ASKING), and the restore is
+ * still bit-identical. */
+static void test_cluster_restore_asking(void **s) {
+    ClusterCase *cc = *s;
+    if (!cluster_case_open(cc, 271)) return;
+    Engine *b = cluster_engine(cc->m, &cc->cl);
+    cluster_move_runs(cc, false);
+    ReqResult res;
+    expect_recomputed(b, &cc->full, cc->p[0], 65, &res);
+    assert_int_equal(res.n_cached_by[SRC_REDIS], 64);
+    EngineStats st;
+    engine_stats(b, &st);
+    assert_int_equal(st.tiers[0].tier.n_io_errors, 0);
+    engine_free(b);
+}
+
+/* The node holding the runs' values killed: B's request still succeeds,
+ * recomputed bit-identical, the failure counted; the tier stays off (its
+ * resets fail while the cluster's map names the dead node); a new prompt
+ * succeeds too. */
+static void test_cluster_node_killed(void **s) {
+    ClusterCase *cc = *s;
+    if (!cluster_case_open(cc, 281)) return;
+    Recomputed full_b = recompute(cc->m, cc->p[1], 65, 4);
+    Engine *b = cluster_engine(cc->m, &cc->cl);
+    char keys[16][160];
+    int node[16];
+    assert_true(cluster_runs(cc, keys, node, 16) >= 1);
+    redis_srv_kill(&cc->cl.node[node[0]]);
+    ReqResult res;
+    expect_recomputed(b, &cc->full, cc->p[0], 65, &res);
+    assert_int_equal(res.n_cached_by[SRC_REDIS], 0);
+    assert_true(redis_stats(b).n_io_errors >= 1);
+    expect_recomputed(b, &full_b, cc->p[1], 65, &res);
+    /* while the map names the dead node, every reset fails: still off */
+    assert_true(redis_stats(b).is_failed);
+    recomputed_free(&full_b);
+    engine_free(b);
 }
 
 /* Many more conversations than the pool holds, two turns each, through a
@@ -2583,6 +2751,10 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_redis_saves_after_outage, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_flushed, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_damaged_value, redis_case_setup, redis_case_teardown),
+        cmocka_unit_test_setup_teardown(test_cluster_restore_other_instance, cluster_case_setup, cluster_case_teardown),
+        cmocka_unit_test_setup_teardown(test_cluster_restore_moved, cluster_case_setup, cluster_case_teardown),
+        cmocka_unit_test_setup_teardown(test_cluster_restore_asking, cluster_case_setup, cluster_case_teardown),
+        cmocka_unit_test_setup_teardown(test_cluster_node_killed, cluster_case_setup, cluster_case_teardown),
         cmocka_unit_test(test_table_out_of_memory),
         cmocka_unit_test(test_many_conversations_tiered),
     };

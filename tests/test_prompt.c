@@ -299,7 +299,8 @@ static Engine *start_engine_with(const ChatFormat *fmt, ContextOverflow overflow
     engine_options_default(&o);
     o.chat_format = fmt;
     o.context_overflow = overflow;
-    o.redis_url = redis_url;
+    o.redis_urls = &redis_url;
+    o.n_redis_urls = redis_url ? 1 : 0;
     Engine *e;
     MnErr err = {0};
     if (engine_new(m, &o, &e, &err) != MN_OK) fail_msg("engine_new: %s", err.msg);

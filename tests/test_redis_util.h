@@ -1,7 +1,8 @@
 /* test_redis_util.h — a real redis-server for the shared tier's tests
- * (test_tier_redis, test_engine, test_redis_server): started on a unix
- * socket in a fresh directory of its own (no TCP port, no files left
- * behind: no RDB, no AOF), stopped or killed when the test says, started
+ * (test_tier_redis, test_redis_cluster, test_engine, test_tiers_server):
+ * started on a unix socket in a fresh directory of its own (no TCP port
+ * unless a cluster node, no files left behind: no RDB, no AOF; a node's
+ * nodes.conf goes with its directory), stopped or killed when the test says, started
  * again on the same socket, and talked to with hiredis. Header-only. A
  * machine without redis-server skips the tests that need one
  * (scripts/setup installs it).
@@ -9,14 +10,26 @@
  * The server is a child of the test process; redis_srv_free kills it and
  * removes its directory, also after a failed assertion when the test's
  * teardown calls it.
+ *
+ * A three-node Redis Cluster (RedisClusterSrv, for the cluster mode's
+ * tests): three servers with --cluster-enabled on free loopback ports
+ * (each also on its own unix socket, which the test's own commands use),
+ * the slots split in three (CLUSTER ADDSLOTSRANGE) and the nodes joined
+ * (CLUSTER MEET); it is ready once every node says cluster_state:ok.
+ * Slots are moved between nodes as redis-cli --cluster reshard moves them
+ * (SETSLOT IMPORTING and MIGRATING, MIGRATE of the keys, SETSLOT NODE),
+ * or left half-way, mid-migration.
  */
 #ifndef MN_TEST_REDIS_UTIL_H
 #define MN_TEST_REDIS_UTIL_H
 
 #include "test_util.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -32,6 +45,7 @@
 
 typedef struct RedisSrv {
     pid_t pid;       /* 0: not running */
+    int port;        /* > 0: also on 127.0.0.1:port, a cluster node (its bus on port + 10000) */
     char dir[64];    /* its directory ("" before redis_srv_start) */
     char sock[128];  /* its unix socket */
     char url[160];   /* unix://SOCK, for --redis-tier */
@@ -69,8 +83,9 @@ static inline bool redis_srv_answers(const RedisSrv *r) {
 
 /* Start the server (again, on the same socket, when it ran before), with
  * extra settings as "--name value" pairs in argv order (NULL-ended; may
- * be NULL). Returns once it answers a PING. */
-static inline void redis_srv_start(RedisSrv *r, const char *const *extra) {
+ * be NULL). Returns once it answers a PING: true; false when it exited
+ * first (*status its wait status). */
+static inline bool redis_srv_try_start(RedisSrv *r, const char *const *extra, int *status) {
     if (r->dir[0] == '\0') {
         snprintf(r->dir, sizeof r->dir, "/tmp/mnemo-redis-%d-XXXXXX", (int)getpid());
         if (mkdtemp(r->dir) == NULL) {
@@ -81,9 +96,17 @@ static inline void redis_srv_start(RedisSrv *r, const char *const *extra) {
         snprintf(r->url, sizeof r->url, "unix://%s", r->sock);
         snprintf(r->log, sizeof r->log, "%s/redis.log", r->dir);
     }
-    const char *argv[48] = {REDIS_SRV_BIN, "--port", "0", "--unixsocket", r->sock, "--unixsocketperm", "700",
+    char port[16], conf[160];
+    snprintf(port, sizeof port, "%d", r->port);
+    snprintf(conf, sizeof conf, "%s/nodes.conf", r->dir);
+    const char *argv[48] = {REDIS_SRV_BIN, "--port", port, "--unixsocket", r->sock, "--unixsocketperm", "700",
                             "--save", "", "--appendonly", "no", "--dir", r->dir, "--logfile", r->log};
     int n = 15;
+    if (r->port > 0) {
+        unlink(conf); /* a node started again starts as a new node */
+        const char *cl[] = {"--bind", "127.0.0.1", "--cluster-enabled", "yes", "--cluster-config-file", conf};
+        for (int i = 0; i < 6; i++) argv[n++] = cl[i];
+    }
     for (int i = 0; extra && extra[i] && n < 47; i++) argv[n++] = extra[i];
     argv[n] = NULL;
     r->pid = fork();
@@ -93,13 +116,20 @@ static inline void redis_srv_start(RedisSrv *r, const char *const *extra) {
         execv(REDIS_SRV_BIN, (char *const *)argv);
         _exit(127);
     }
-    int status = 0;
-    TEST_WAIT_UNTIL(redis_srv_answers(r) || waitpid(r->pid, &status, WNOHANG) == r->pid,
+    *status = 0;
+    TEST_WAIT_UNTIL(redis_srv_answers(r) || waitpid(r->pid, status, WNOHANG) == r->pid,
                     "redis-server does not answer on %s after %d s (log: %s)", r->sock, TEST_HANG_GUARD_S, r->log);
     if (!redis_srv_answers(r)) {
         r->pid = 0;
-        fail_msg("redis-server exited (status 0x%x) before answering; see %s", status, r->log);
+        return false;
     }
+    return true;
+}
+
+static inline void redis_srv_start(RedisSrv *r, const char *const *extra) {
+    int status;
+    if (!redis_srv_try_start(r, extra, &status))
+        fail_msg("redis-server exited (status 0x%x) before answering; see %s", status, r->log);
 }
 
 /* SIGKILL: gone at once, as a crash (what it held is lost). */
@@ -172,6 +202,167 @@ static inline int redis_srv_damage(const RedisSrv *r, const char *pattern, long 
         n++;
     }
     freeReplyObject(keys);
+    return n;
+}
+
+/* Stderr into a file while fn runs; returns the file's contents (the
+ * caller frees them): what a tier logged, to look for credentials. */
+static inline char *redis_capture_stderr(void (*fn)(void *), void *ctx) {
+    char path[] = "/tmp/mnemo-redis-log-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) fail_msg("mkstemp: %s", strerror(errno));
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    fn(ctx);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    char *text = test_read_file(path, NULL);
+    unlink(path);
+    return text;
+}
+
+/* ---- a three-node Redis Cluster ------------------------------------------------ */
+
+#define REDIS_CLUSTER_NODES 3
+
+typedef struct RedisClusterSrv {
+    RedisSrv node[REDIS_CLUSTER_NODES];
+    char id[REDIS_CLUSTER_NODES][48]; /* CLUSTER MYID */
+    char url[REDIS_CLUSTER_NODES][64]; /* redis://127.0.0.1:PORT, seeds for --redis-tier */
+    const char *urls[REDIS_CLUSTER_NODES];
+} RedisClusterSrv;
+
+/* Whether 127.0.0.1:port is free to listen on now. */
+static inline bool redis_port_free(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return ok;
+}
+
+/* A port for a cluster node: it and its bus port (+10000) free now. Another
+ * process may take it before the server does: the caller tries again. */
+static inline int redis_pick_port(unsigned *seed) {
+    for (int tries = 0; tries < 1000; tries++) {
+        *seed = *seed * 1103515245u + 12345u;
+        int port = 20000 + (int)((*seed >> 8) % 10000u);
+        if (redis_port_free(port) && redis_port_free(port + 10000)) return port;
+    }
+    fail_msg("no free pair of loopback ports (P, P + 10000) for a cluster node");
+    return 0;
+}
+
+/* The text of an INFO-like command's reply (caller frees), or NULL. */
+static inline char *redis_srv_text(const RedisSrv *r, const char *cmd) {
+    redisReply *rep = redis_srv_cmd(r, cmd);
+    char *text = rep->type == REDIS_REPLY_STRING || rep->type == REDIS_REPLY_STATUS ? strdup(rep->str) : NULL;
+    freeReplyObject(rep);
+    return text;
+}
+
+static inline bool redis_cluster_node_ok(const RedisSrv *r) {
+    char *info = redis_srv_text(r, "CLUSTER INFO");
+    bool ok = info && strstr(info, "cluster_state:ok") && strstr(info, "cluster_known_nodes:3");
+    free(info);
+    return ok;
+}
+
+static inline bool redis_cluster_ok(const RedisClusterSrv *cl) {
+    for (int i = 0; i < REDIS_CLUSTER_NODES; i++)
+        if (cl->node[i].pid > 0 && !redis_cluster_node_ok(&cl->node[i])) return false;
+    return true;
+}
+
+/* Node i serves slots [i * 16384 / 3, (i + 1) * 16384 / 3). */
+static inline int redis_cluster_first_slot(int i) { return i * 16384 / REDIS_CLUSTER_NODES; }
+
+static inline int redis_cluster_owner0(int slot) {
+    for (int i = REDIS_CLUSTER_NODES - 1; i >= 0; i--)
+        if (slot >= redis_cluster_first_slot(i)) return i;
+    return 0;
+}
+
+/* Start the three nodes, give each its third of the slots, join them, and
+ * wait for cluster_state:ok everywhere. */
+static inline void redis_cluster_start(RedisClusterSrv *cl) {
+    unsigned seed = (unsigned)getpid() * 2654435761u;
+    for (int i = 0; i < REDIS_CLUSTER_NODES; i++) {
+        RedisSrv *r = &cl->node[i];
+        int status = 0, tries = 0;
+        do {
+            if (++tries > 20) fail_msg("no cluster node would start (status 0x%x); see %s", status, r->log);
+            r->port = redis_pick_port(&seed);
+        } while (!redis_srv_try_start(r, NULL, &status));
+        snprintf(cl->url[i], sizeof cl->url[i], "redis://127.0.0.1:%d", r->port);
+        cl->urls[i] = cl->url[i];
+        char *id = redis_srv_text(r, "CLUSTER MYID");
+        if (id == NULL) fail_msg("CLUSTER MYID: no answer");
+        snprintf(cl->id[i], sizeof cl->id[i], "%s", id);
+        free(id);
+        int last = i + 1 < REDIS_CLUSTER_NODES ? redis_cluster_first_slot(i + 1) - 1 : 16383;
+        redisReply *rep = redis_srv_cmd(r, "CLUSTER ADDSLOTSRANGE %d %d", redis_cluster_first_slot(i), last);
+        if (rep->type == REDIS_REPLY_ERROR) fail_msg("CLUSTER ADDSLOTSRANGE: %s", rep->str);
+        freeReplyObject(rep);
+    }
+    for (int i = 1; i < REDIS_CLUSTER_NODES; i++)
+        freeReplyObject(redis_srv_cmd(&cl->node[0], "CLUSTER MEET 127.0.0.1 %d", cl->node[i].port));
+    TEST_WAIT_UNTIL(redis_cluster_ok(cl), "the cluster is not ok after %d s (logs: %s, ...)", TEST_HANG_GUARD_S,
+                    cl->node[0].log);
+}
+
+static inline void redis_cluster_free(RedisClusterSrv *cl) {
+    for (int i = 0; i < REDIS_CLUSTER_NODES; i++) redis_srv_free(&cl->node[i]);
+}
+
+/* Which node holds key now (KEYS on each running node: a node lists only
+ * the keys it holds); -1: none. */
+static inline int redis_cluster_holder(const RedisClusterSrv *cl, const char *key) {
+    for (int i = 0; i < REDIS_CLUSTER_NODES; i++) {
+        if (cl->node[i].pid <= 0) continue;
+        redisReply *rep = redis_srv_cmd(&cl->node[i], "KEYS %s", key);
+        bool has = rep->type == REDIS_REPLY_ARRAY && rep->elements == 1;
+        freeReplyObject(rep);
+        if (has) return i;
+    }
+    return -1;
+}
+
+static inline void redis_expect_ok(redisReply *rep, const char *what) {
+    if (rep->type == REDIS_REPLY_ERROR) fail_msg("%s: %s", what, rep->str);
+    freeReplyObject(rep);
+}
+
+/* Move slot from node src to node dst as a reshard does: IMPORTING on
+ * dst, MIGRATING on src, the slot's keys MIGRATEd (at most max_keys; < 0:
+ * all); then, when `finish`, SETSLOT NODE on every node (from then on src
+ * answers MOVED); else the slot stays mid-migration (src answers ASK for
+ * the keys it no longer has). Returns the keys moved. */
+static inline int redis_cluster_move_slot(RedisClusterSrv *cl, int slot, int src, int dst, int max_keys, bool finish) {
+    RedisSrv *s = &cl->node[src], *d = &cl->node[dst];
+    redis_expect_ok(redis_srv_cmd(d, "CLUSTER SETSLOT %d IMPORTING %s", slot, cl->id[src]), "SETSLOT IMPORTING");
+    redis_expect_ok(redis_srv_cmd(s, "CLUSTER SETSLOT %d MIGRATING %s", slot, cl->id[dst]), "SETSLOT MIGRATING");
+    int n = 0;
+    for (;;) {
+        int want = max_keys < 0 || max_keys - n > 100 ? 100 : max_keys - n;
+        redisReply *keys = redis_srv_cmd(s, "CLUSTER GETKEYSINSLOT %d %d", slot, want);
+        if (keys->type != REDIS_REPLY_ARRAY) fail_msg("CLUSTER GETKEYSINSLOT: no array");
+        size_t m = want > 0 ? keys->elements : 0;
+        for (size_t k = 0; k < m; k++)
+            redis_expect_ok(redis_srv_cmd(s, "MIGRATE 127.0.0.1 %d %s 0 5000", d->port, keys->element[k]->str), "MIGRATE");
+        n += (int)m;
+        freeReplyObject(keys);
+        if (m == 0) break;
+    }
+    if (finish)
+        for (int i = 0; i < REDIS_CLUSTER_NODES; i++)
+            if (cl->node[i].pid > 0)
+                redis_expect_ok(redis_srv_cmd(&cl->node[i], "CLUSTER SETSLOT %d NODE %s", slot, cl->id[dst]), "SETSLOT NODE");
     return n;
 }
 

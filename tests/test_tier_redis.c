@@ -48,7 +48,8 @@ static int rfix_teardown(void **state) {
 /* A redis tier on url with the pool's geometry; fingerprint byte fp,
  * ttl_s, a read window of window bytes (0: default). */
 static Tier *redis_tier(const KvPool *p, const char *url, uint8_t fp, int ttl_s, uint64_t window) {
-    TierRedisConfig cfg = {.url = url,
+    TierRedisConfig cfg = {.urls = &url,
+                           .n_urls = 1,
                            .n_layer = p->n_layer,
                            .block_bytes = p->block_bytes,
                            .kv_format = 1 | (uint32_t)p->block_tokens << 8,
@@ -455,7 +456,7 @@ static void test_redis_killed_mid_read(void **state) {
 /* ---- URLs and credentials -------------------------------------------------------- */
 
 static void expect_url_refused(const KvPool *p, const char *url, int want, const char *secret) {
-    TierRedisConfig cfg = {.url = url, .n_layer = p->n_layer, .block_bytes = p->block_bytes};
+    TierRedisConfig cfg = {.urls = &url, .n_urls = 1, .n_layer = p->n_layer, .block_bytes = p->block_bytes};
     Tier *t = NULL;
     MnErr err = {0};
     int rc = tier_redis_new(&cfg, &t, &err);
@@ -463,24 +464,6 @@ static void expect_url_refused(const KvPool *p, const char *url, int want, const
     assert_null(t);
     assert_true(strlen(err.msg) > 0);
     if (secret && strstr(err.msg, secret)) fail_msg("the message for '%s' names the secret: %s", url, err.msg);
-}
-
-/* Stderr into a file while fn runs; returns the file's contents. */
-static char *capture_stderr(void (*fn)(void *), void *ctx) {
-    char path[] = "/tmp/mnemo-redis-log-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    fflush(stderr);
-    int saved = dup(2);
-    dup2(fd, 2);
-    fn(ctx);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    close(fd);
-    char *text = test_read_file(path, NULL);
-    unlink(path);
-    return text;
 }
 
 typedef struct AuthCase {
@@ -524,7 +507,7 @@ static void test_redis_urls_and_auth(void **state) {
     char url[256];
     AuthCase ac = {f, url, NULL};
     snprintf(url, sizeof url, "unix://default:s3cr%%25t%%3Apw@%s", f->srv.sock);
-    char *log = capture_stderr(open_auth, &ac);
+    char *log = redis_capture_stderr(open_auth, &ac);
     assert_false(tier_is_failed(ac.t));
     assert_null(strstr(tier_redis_url(ac.t), "s3cr"));
     assert_non_null(strstr(tier_redis_url(ac.t), "***@"));
@@ -532,12 +515,12 @@ static void test_redis_urls_and_auth(void **state) {
     assert_null(strstr(log, "s3cr"));
     free(log);
     snprintf(url, sizeof url, "unix://s3cr%%25t%%3Apw@%s?db=2", f->srv.sock); /* the password alone */
-    log = capture_stderr(open_auth, &ac);
+    log = redis_capture_stderr(open_auth, &ac);
     assert_false(tier_is_failed(ac.t));
     tier_free(ac.t);
     free(log);
     snprintf(url, sizeof url, "unix://default:hunter2@%s", f->srv.sock);
-    log = capture_stderr(open_auth, &ac);
+    log = redis_capture_stderr(open_auth, &ac);
     assert_true(tier_is_failed(ac.t));
     tier_free(ac.t);
     if (strstr(log, "hunter2")) fail_msg("the log names the password:\n%s", log);

@@ -18,7 +18,8 @@
  * texts gone from the database files, its conversations recomputed, while
  * the other tenant's still come from disk). With the shared tier (a real
  * redis-server on a unix socket, test_redis_util.h): conversations that
- * hop between two instances find their history in Redis; Redis killed
+ * hop between two instances find their history in Redis (also in a real
+ * three-node Redis Cluster, mnemo serve --redis-cluster); Redis killed
  * while an instance restores from it, then back (the instances reconnect);
  * damaged values (SETRANGE) and FLUSHALL.
  * Every answer's usage must add up (cached_tokens_by_tier sums to
@@ -318,6 +319,7 @@ typedef struct Fix {
     Srv srv[MAX_SRV];       /* [0] under test, [1] the no-cache reference, [2] a second
                                instance under test; pid 0: not running */
     RedisSrv redis;         /* the shared tier's store, when the case has one */
+    RedisClusterSrv cluster; /* or a Redis Cluster: its nodes' pids > 0 */
     Conv cs[MAX_CONVS + 1]; /* the case's conversations (+1 spare) */
     char dir[64];           /* temporary directory, "" before it is made */
     bool is_mounted;        /* a tmpfs is mounted on dir */
@@ -354,6 +356,7 @@ static int fix_teardown(void **state) {
     }
     for (int i = 0; i <= MAX_CONVS; i++) conv_free(&f->cs[i]);
     redis_srv_free(&f->redis);
+    redis_cluster_free(&f->cluster);
     /* a killed server's io_uring may hold its files a moment longer */
     for (int i = 0; f->is_mounted && i < 100; i++) {
         if (umount(f->dir) == 0) f->is_mounted = false;
@@ -935,11 +938,16 @@ static void test_tiers_purge_namespace(void **state) {
 
 /* ---- 8. the shared tier: instances on one Redis ------------------------------------ */
 
-/* Start srv[i] as an instance of the shared tier on the case's Redis,
- * with a pool that holds three turns of one conversation. */
+/* Start srv[i] as an instance of the shared tier on the case's Redis (or
+ * its Redis Cluster, the three nodes its seeds), with a pool that holds
+ * three turns of one conversation. */
 static Srv *fix_start_redis(Fix *f, int i, const char *extra) {
-    char flags[512];
-    snprintf(flags, sizeof flags, "%s --redis-tier %s %s", POOL3_FLAGS, f->redis.url, extra ? extra : "");
+    char flags[512], store[300];
+    if (f->cluster.node[0].pid > 0)
+        snprintf(store, sizeof store, "--redis-cluster --redis-tier %s --redis-tier %s --redis-tier %s",
+                 f->cluster.urls[0], f->cluster.urls[1], f->cluster.urls[2]);
+    else snprintf(store, sizeof store, "--redis-tier %s", f->redis.url);
+    snprintf(flags, sizeof flags, "%s %s %s", POOL3_FLAGS, store, extra ? extra : "");
     return fix_start(f, i, flags);
 }
 
@@ -953,15 +961,17 @@ static void wait_saved(const Srv *s) {
                     srv_metric(s, "mnemo_pool_blocks{state=\"used\"}"));
 }
 
-/* Redis, then A (srv[0]) and B (srv[2]) on it and the no-cache reference
- * (srv[1]); the first turn of n conversations tagged tag on A, saved in
- * Redis. False (the case is skipped) without redis-server. */
-static bool redis_case_start(Fix *f, const char *tag, int n, Srv **a, Srv **ref, Srv **b) {
+/* Redis (a three-node cluster when is_cluster), then A (srv[0]) and B
+ * (srv[2]) on it and the no-cache reference (srv[1]); the first turn of n
+ * conversations tagged tag on A, saved in Redis. False (the case is
+ * skipped) without redis-server. */
+static bool redis_case_start(Fix *f, bool is_cluster, const char *tag, int n, Srv **a, Srv **ref, Srv **b) {
     if (!redis_srv_available()) {
         skip();
         return false;
     }
-    redis_srv_start(&f->redis, NULL);
+    if (is_cluster) redis_cluster_start(&f->cluster);
+    else redis_srv_start(&f->redis, NULL);
     *a = fix_start_redis(f, 0, NULL);
     *ref = fix_start(f, 1, REF_FLAGS);
     *b = fix_start_redis(f, 2, NULL);
@@ -986,11 +996,10 @@ static long full_tokens(long n) { return n / 8 * 8; }
  * instance finds the history the other computed in Redis (B's first
  * answer all of it, the history's whole blocks at least), and every
  * answer equals the no-cache server's. B's counters say the same. */
-static void test_tiers_redis_hop(void **state) {
-    Fix *f = *state;
+static void redis_hop(Fix *f, bool is_cluster) {
     enum { N = 4 };
     Srv *a, *ref, *b;
-    if (!redis_case_start(f, "hop", N, &a, &ref, &b)) return;
+    if (!redis_case_start(f, is_cluster, "hop", N, &a, &ref, &b)) return;
     Conv *cs = f->cs;
     long b_redis = 0;
     for (int i = 0; i < N; i++) {
@@ -1029,6 +1038,11 @@ static void test_tiers_redis_hop(void **state) {
     redis_case_stop(f);
 }
 
+static void test_tiers_redis_hop(void **state) { redis_hop(*state, false); }
+/* The same on a three-node Redis Cluster (--redis-cluster, the nodes the
+ * seeds). */
+static void test_tiers_redis_cluster_hop(void **state) { redis_hop(*state, true); }
+
 /* Redis killed while B restores eight conversations from it at once (the
  * kill comes as soon as B's first bytes are read from it, with the other
  * restores queued or in flight): no request fails and every answer is
@@ -1038,7 +1052,7 @@ static void test_tiers_redis_killed(void **state) {
     Fix *f = *state;
     enum { N = 8 };
     Srv *a, *ref, *b;
-    if (!redis_case_start(f, "down", N, &a, &ref, &b)) return;
+    if (!redis_case_start(f, false, "down", N, &a, &ref, &b)) return;
     Conv *cs = f->cs;
     pthread_t th[N];
     for (int i = 0; i < N; i++) {
@@ -1091,7 +1105,7 @@ static void test_tiers_redis_damage_and_flush(void **state) {
     Fix *f = *state;
     enum { N = 3 };
     Srv *a, *ref, *b;
-    if (!redis_case_start(f, "damage", N, &a, &ref, &b)) return;
+    if (!redis_case_start(f, false, "damage", N, &a, &ref, &b)) return;
     Conv *cs = f->cs;
     if (redis_srv_damage(&f->redis, "mnemo:kv1:*", 100) == 0) fail_msg("A stored no value in Redis");
     for (int i = 0; i < N; i++) {
@@ -1122,6 +1136,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_tiers_sequential_promotes, fix_setup, fix_teardown),
         cmocka_unit_test_setup_teardown(test_tiers_purge_namespace, fix_setup, fix_teardown),
         cmocka_unit_test_setup_teardown(test_tiers_redis_hop, fix_setup, fix_teardown),
+        cmocka_unit_test_setup_teardown(test_tiers_redis_cluster_hop, fix_setup, fix_teardown),
         cmocka_unit_test_setup_teardown(test_tiers_redis_killed, fix_setup, fix_teardown),
         cmocka_unit_test_setup_teardown(test_tiers_redis_damage_and_flush, fix_setup, fix_teardown),
     };

@@ -558,7 +558,9 @@ static int make_staging(Mover *m, MnErr *err) {
 /* The shared tier, last in the chain. */
 static int open_redis(Mover *m, const MoverConfig *cfg, MnErr *err) {
     const KvPool *p = cfg->pool;
-    TierRedisConfig rc = {.url = cfg->redis_url,
+    TierRedisConfig rc = {.urls = cfg->redis_urls,
+                          .n_urls = cfg->n_redis_urls,
+                          .is_cluster = cfg->redis_cluster,
                           .n_layer = p->n_layer,
                           .block_bytes = p->block_bytes,
                           .model_fingerprint = cfg->model_fingerprint,
@@ -590,7 +592,8 @@ int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err) {
     if (m == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
     m->cfg = *cfg;
     m->cfg.disk_dir = NULL; /* not kept: only used here */
-    m->cfg.redis_url = NULL;
+    m->cfg.redis_urls = NULL;
+    m->cfg.n_redis_urls = 0;
     m->shared = -1;
     pthread_mutex_init(&m->lock, NULL);
     pthread_cond_init(&m->cond, NULL);
@@ -623,7 +626,7 @@ int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err) {
             add_tier(m, t);
         }
     }
-    if (rc == MN_OK && cfg->redis_url) rc = open_redis(m, cfg, err);
+    if (rc == MN_OK && cfg->n_redis_urls > 0) rc = open_redis(m, cfg, err);
     for (int i = 0; rc == MN_OK && cfg->on_held && i < m->n_tiers; i++) {
         HeldCtx hc = {cfg, i};
         tier_foreach_run(m->tiers[i], report_held, &hc);

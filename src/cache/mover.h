@@ -229,8 +229,11 @@ typedef struct MoverConfig {
     Hash128 model_fingerprint;
     uint32_t kv_format;
     bool is_durable;          /* fdatasync each disk run before it counts */
-    const char *redis_url;    /* the shared tier's store; NULL = none (used
-                                 during mover_new only) */
+    const char *const *redis_urls; /* (n_redis_urls) the shared tier's store:
+                                 TierRedisConfig.urls; none = no shared tier
+                                 (used during mover_new only) */
+    int n_redis_urls;
+    bool redis_cluster;       /* TierRedisConfig.is_cluster */
     int redis_ttl_s;          /* TierRedisConfig.ttl_s */
     int redis_timeout_ms;     /* TierRedisConfig.timeout_ms; 0 = default */
     MoverEventFn on_event;    /* required */

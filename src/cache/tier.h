@@ -80,6 +80,7 @@
 
 typedef struct Tier Tier;
 typedef struct CacheStore CacheStore; /* store.h */
+typedef struct RedisClusterStats RedisClusterStats; /* redis_cluster.h */
 
 typedef enum TierDropReason {
     TIER_DROP_EVICTED = 1, /* made room for a put */
@@ -305,8 +306,12 @@ void tier_dump(const Tier *t);
 void tier_fault_alloc(Tier *t, int n_skip, int n_fail);
 
 typedef struct TierRedisConfig {
-    const char *url;           /* redis://[user[:password]@]host[:port][/db] or
-                                  unix://[user[:password]@]/path.sock[?db=N] */
+    const char *const *urls;   /* (n_urls) redis://[user[:password]@]host[:port][/db]
+                                  or unix://[user[:password]@]/path.sock[?db=N]:
+                                  the server (one URL), or with is_cluster a
+                                  Redis Cluster's seeds (redis_cluster.h) */
+    int n_urls;
+    bool is_cluster;
     uint64_t capacity_bytes;   /* what the tier remembers of the store: the
                                   stored bytes of the runs it knows of (its
                                   puts and those tier_redis_probe found);
@@ -325,11 +330,14 @@ typedef struct TierRedisConfig {
 } TierRedisConfig;
 
 /* A tier in a Redis server, shared by every mnemo instance that uses it
- * (key and value format: top of tier_redis.c). The URL is checked here
- * (MN_EINVAL with a message that leaves its credentials out; rediss:// is
- * refused: hiredis 0.14 has no TLS). A server that does not answer is no
- * error: the tier starts in the error state, and its owner resets it with
- * a back-off (tier_is_retried). Nothing it logs names the credentials.
+ * (key and value format: top of tier_redis.c), or in a Redis Cluster
+ * (is_cluster: the client of redis_cluster.h routes each key to its node).
+ * The URLs are checked here (MN_EINVAL with a message that leaves their
+ * credentials out; rediss:// is refused: hiredis 0.14 has no TLS). A
+ * server (a cluster: every seed) that does not answer is no error: the
+ * tier starts in the error state, and its owner resets it with a back-off
+ * (tier_is_retried); a cluster node that fails puts the tier in the error
+ * state the same way. Nothing it logs names the credentials.
  * A write to a server that died raises SIGPIPE: the process must ignore
  * it (mnemo serve does), so that it is an error instead.
  * MN_ENOMEM; *out NULL on failure. */
@@ -345,9 +353,12 @@ int tier_redis_new(const TierRedisConfig *cfg, Tier **out, MnErr *err);
  * -MN_ENOMEM, -MN_EINVAL (not a redis tier). */
 int tier_redis_probe(Tier *t, const Hash128 *hashes, const uint8_t *want, int n, int block_tokens,
                      const Hash128 *ns_id);
-/* The store's URL as the logs show it (credentials left out); "" for
- * other kinds. Valid until tier_free. */
+/* The store's URL (a cluster: "cluster " and its seeds) as the logs show
+ * it (credentials left out); "" for other kinds. Valid until tier_free. */
 const char *tier_redis_url(const Tier *t);
+/* The client's counters (redirections followed, slot maps read); zeros
+ * for other kinds. */
+void tier_redis_client_stats(const Tier *t, RedisClusterStats *out);
 
 /* Share a reply-memory entry (reply_mem.h) of namespace ns_id with the
  * other instances: (key, text) -> ids, keyed in the store by the text.

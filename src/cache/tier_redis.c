@@ -1,4 +1,5 @@
-/* tier_redis.c — the shared tier: runs in a Redis server, through hiredis.
+/* tier_redis.c — the shared tier: runs in a Redis server or a Redis
+ * Cluster, through the client of redis_cluster.h (hiredis underneath).
  *
  * The tier below disk (--redis-tier URL), or below RAM or the pool without
  * one. Several mnemo instances on one Redis share it: a conversation that
@@ -18,10 +19,10 @@
  * the engine recomputes); a value that fails its check is deleted from the
  * store, so no instance reads it again, and counted (MN_ECHECKSUM).
  *
- * Owner: the mover thread, through the core; nothing locks. The hiredis
- * context, the value buffer and the scratch arrays are used by one call at
- * a time. hiredis (0.14) allocates through its own malloc, not mn_malloc,
- * and aborts when that fails.
+ * Owner: the mover thread, through the core; nothing locks. The client
+ * (its connections), the value buffer and the scratch arrays are used by
+ * one call at a time. hiredis (0.14) allocates replies through its own
+ * malloc, not mn_malloc, and aborts when that fails.
  *
  * KEYS AND VALUES, format version 1. All integers little-endian; hashes
  * in their canonical 16 bytes, written in keys as 32 lower-case hex digits.
@@ -102,23 +103,29 @@
  * a block's hash names every token before it, so a sequence that holds
  * block i of a run holds blocks 0..i-1 of it at the positions before.
  *
+ * A Redis Cluster (--redis-cluster) stores the same keys and values: the
+ * client (redis_cluster.c) sends each command to the node of its key's
+ * slot, follows MOVED and ASK, and pipelines per node. A run's keys share
+ * the hash tag {T}, so a restore's GETs of one run go to one node; the
+ * pointers spread over the nodes. A value in a slot being migrated is
+ * read wherever the slot's owner sends the client (ASK); an EXISTS over a
+ * run's keys split by a migration answers TRYAGAIN, and the run is then
+ * not adopted (a miss, recomputed).
+ *
  * Errors. A connection that fails or times out (connect, each read and
- * write: timeout_ms) is closed, the call returns MN_EIO and the core enters
- * its error state; the mover resets the tier (reconnects) with a back-off
+ * write: timeout_ms; in a cluster, any node's) is closed, the call returns
+ * MN_EIO and the core enters its error state; the mover resets the tier
+ * (reconnects: a cluster's slot map is read again) with a back-off
  * (ops.is_retried), and the reset forgets every run known (the store may
  * have restarted empty). A Redis error reply to a put: "OOM" (maxmemory
  * reached under noeviction) is MN_EFULL, the tier keeps working; any other
- * is MN_EIO. AUTH and SELECT run on every (re)connection. The URL's
- * credentials appear in no log line and no message: `shown` is the URL
- * without them.
+ * (CLUSTERDOWN too) is MN_EIO. AUTH and SELECT run on every (re)connection.
+ * The URL's credentials appear in no log line and no message: `shown` is
+ * the URL without them.
  */
-#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
-
-#include <hiredis.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -127,6 +134,7 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "cache/redis_cluster.h"
 #include "cache/tier_impl.h"
 
 /* ---- types --------------------------------------------------------------- */
@@ -135,7 +143,6 @@
 #define REDIS_VALUE_HEAD 72u   /* layer value bytes before the hashes */
 #define REDIS_PTR_BYTES 64u
 #define REDIS_MAX_RUN 65536    /* blocks in one stored run, at most */
-#define REDIS_DEFAULT_PORT 6379
 #define REDIS_DEFAULT_TIMEOUT_MS 1000
 /* A restore asks for this many bytes of layer values ahead (whole layers,
  * at least one): Redis copies every reply of a pipeline into its output
@@ -146,18 +153,6 @@
 #define REDIS_DEFAULT_CATALOG (1ull << 40)
 #define REDIS_KEY_MAX 128      /* "mnemo:kv1:" + 16 + ":" + 16 + ":{" + 32 + "}:" + layer digits */
 #define REDIS_SCOPE_LEN 34     /* "FFFFFFFFFFFFFFFF:NNNNNNNNNNNNNNNN" + NUL */
-
-/* Where the store is, parsed from the URL. */
-typedef struct RedisUrl {
-    bool is_unix;
-    char *host;     /* TCP */
-    int port;
-    char *path;     /* unix socket */
-    char *user;     /* NULL: AUTH with the password alone (or no AUTH) */
-    char *password; /* NULL: no AUTH; wiped before it is freed */
-    int db;
-    char *shown;    /* the URL as logs show it: no credentials */
-} RedisUrl;
 
 /* run->data: which stored run a core run is (part of). */
 typedef struct RedisRun {
@@ -175,7 +170,7 @@ typedef struct ProbeCand {
 } ProbeCand;
 
 typedef struct RedisTier {
-    RedisUrl url;
+    RedisCluster *cl;     /* the server or the cluster: its connections */
     int n_layer;
     size_t block_bytes;
     Hash128 fingerprint;
@@ -183,9 +178,6 @@ typedef struct RedisTier {
     int ttl_s;
     int timeout_ms;
     uint64_t window_bytes;
-    redisContext *c;      /* NULL: not connected */
-    int n_deferred;       /* replies owed for commands sent without waiting
-                             (EXPIRE, DEL): read before the next exchange */
     uint8_t *buf;         /* (buf_cap) a value being built */
     size_t buf_cap;
     ProbeCand *cands;     /* (cands_cap) a probe's runs */
@@ -319,270 +311,28 @@ static int ptr_parse(const uint8_t *p, size_t len, const Hash128 *h, Hash128 *ta
     return MN_OK;
 }
 
-/* ---- helpers: the URL ------------------------------------------------------- */
-
-static int hexval(int c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    c = tolower(c);
-    return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
-/* s[0..n) with %XX decoded, as a new string; NULL when out of memory or
- * malformed (*bad set). */
-static char *pct_decode(const char *s, size_t n, bool *bad) {
-    char *out = mn_malloc(n + 1);
-    if (out == NULL) return NULL;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] != '%') {
-            out[k++] = s[i];
-            continue;
-        }
-        if (i + 2 >= n) {
-            *bad = true;
-            mn_free(out);
-            return NULL;
-        }
-        int a = hexval(s[i + 1]), b = hexval(s[i + 2]);
-        if (a < 0 || b < 0) {
-            *bad = true;
-            mn_free(out);
-            return NULL;
-        }
-        out[k++] = (char)(a * 16 + b);
-        i += 2;
-    }
-    out[k] = '\0';
-    return out;
-}
-
-static void wipe_free(char *s) {
-    if (s == NULL) return;
-    volatile char *v = s; /* the password must not linger in freed memory */
-    while (*v) *v++ = 0;
-    mn_free(s);
-}
-
-static void url_free(RedisUrl *u) {
-    mn_free(u->host);
-    mn_free(u->path);
-    wipe_free(u->user);
-    wipe_free(u->password);
-    mn_free(u->shown);
-    memset(u, 0, sizeof *u);
-}
-
-/* The decimal 0..max in s[0..n) into *out; false when it is not one. */
-static bool parse_uint(const char *s, size_t n, long max, int *out) {
-    if (n == 0 || n > 9) return false;
-    long v = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isdigit((unsigned char)s[i])) return false;
-        v = v * 10 + (s[i] - '0');
-    }
-    if (v > max) return false;
-    *out = (int)v;
-    return true;
-}
-
-/* "user:password@" at the start of s[0..n): the credentials, decoded;
- * returns the bytes taken (0: none there), or a negated code (a malformed
- * escape, out of memory; err says which). */
-static long parse_userinfo(RedisUrl *u, const char *s, size_t n, MnErr *err) {
-    const char *slash = memchr(s, '/', n); /* credentials come before the path ('/' in them: %2F) */
-    const char *at = memchr(s, '@', slash ? (size_t)(slash - s) : n);
-    if (at == NULL) return 0;
-    const char *colon = memchr(s, ':', (size_t)(at - s));
-    bool bad = false;
-    size_t user_len = colon ? (size_t)(colon - s) : (size_t)(at - s);
-    if (user_len > 0 && (u->user = pct_decode(s, user_len, &bad)) == NULL) goto fail;
-    if (colon && (u->password = pct_decode(colon + 1, (size_t)(at - colon - 1), &bad)) == NULL) goto fail;
-    if (!colon && u->user) { /* redis://secret@host: a password alone, as redis-cli takes it */
-        u->password = u->user;
-        u->user = NULL;
-    }
-    return (long)(at - s) + 1;
-fail:
-    if (bad) return -(long)mn_err_set(err, MN_EINVAL, "redis tier: a bad %%-escape in the URL's credentials");
-    return -(long)mn_err_set(err, MN_ENOMEM, "redis tier: out of memory");
-}
-
-/* After the credentials of a unix:// URL: /path[?db=N]. */
-static int parse_unix(RedisUrl *u, const char *s, size_t n, MnErr *err) {
-    const char *q = memchr(s, '?', n);
-    size_t path_len = q ? (size_t)(q - s) : n;
-    if (path_len == 0 || s[0] != '/') return mn_err_set(err, MN_EINVAL, "redis tier: unix:// needs an absolute socket path");
-    if (q && !(strncmp(q, "?db=", 4) == 0 && parse_uint(q + 4, n - path_len - 4, 1000000, &u->db)))
-        return mn_err_set(err, MN_EINVAL, "redis tier: after the socket path only ?db=N may follow");
-    if ((u->path = mn_strndup(s, path_len)) == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
-    return MN_OK;
-}
-
-/* After the credentials of a redis:// URL: host[:port][/db], the host
- * perhaps a [v6 address]. */
-static int parse_tcp(RedisUrl *u, const char *s, size_t n, MnErr *err) {
-    const char *slash = memchr(s, '/', n);
-    size_t hp = slash ? (size_t)(slash - s) : n; /* host and port */
-    const char *host = s, *colon = memchr(s, ':', hp);
-    size_t host_len = colon ? (size_t)(colon - s) : hp;
-    if (hp > 0 && s[0] == '[') {
-        const char *close = memchr(s, ']', hp);
-        if (close == NULL) return mn_err_set(err, MN_EINVAL, "redis tier: an unclosed [ in the URL's host");
-        if (close + 1 < s + hp && close[1] != ':')
-            return mn_err_set(err, MN_EINVAL, "redis tier: only :port may follow the URL's [host]");
-        host = s + 1;
-        host_len = (size_t)(close - s - 1);
-        colon = close + 1 < s + hp ? close + 1 : NULL;
-    }
-    if (host_len == 0) return mn_err_set(err, MN_EINVAL, "redis tier: the URL names no host");
-    if (colon && (!parse_uint(colon + 1, (size_t)(s + hp - colon - 1), 65535, &u->port) || u->port == 0))
-        return mn_err_set(err, MN_EINVAL, "redis tier: the URL's port must be 1..65535");
-    if (slash && slash + 1 < s + n && !parse_uint(slash + 1, n - hp - 1, 1000000, &u->db))
-        return mn_err_set(err, MN_EINVAL, "redis tier: the URL's path must be a database number (/0, /1, ...)");
-    if ((u->host = mn_strndup(host, host_len)) == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
-    return MN_OK;
-}
-
-/* redis://[user[:password]@]host[:port][/db] or
- * unix://[user[:password]@]/path[?db=N]; `shown` leaves the credentials
- * out. On failure *u holds nothing. */
-static int url_parse(const char *url, RedisUrl *u, MnErr *err) {
-    memset(u, 0, sizeof *u);
-    u->port = REDIS_DEFAULT_PORT;
-    if (strncmp(url, "rediss://", 9) == 0)
-        return mn_err_set(err, MN_EUNSUPPORTED,
-                          "redis tier: rediss:// (TLS) needs hiredis 1.0's TLS support, and Debian 12 ships "
-                          "hiredis 0.14: reach Redis over a unix socket, a private network, or a local TLS tunnel");
-    bool is_tcp = strncmp(url, "redis://", 8) == 0;
-    u->is_unix = strncmp(url, "unix://", 7) == 0;
-    if (!is_tcp && !u->is_unix)
-        return mn_err_set(err, MN_EINVAL, "redis tier: the URL must start with redis:// or unix://");
-    const char *s = url + (is_tcp ? 8 : 7);
-    size_t n = strlen(s);
-    long taken = parse_userinfo(u, s, n, err);
-    int rc = taken < 0 ? (int)-taken : MN_OK;
-    if (rc == MN_OK)
-        rc = u->is_unix ? parse_unix(u, s + taken, n - (size_t)taken, err) : parse_tcp(u, s + taken, n - (size_t)taken, err);
-    char shown[1200];
-    if (rc == MN_OK) {
-        if (u->is_unix) snprintf(shown, sizeof shown, "unix://%s%.900s?db=%d", u->password ? "***@" : "", u->path, u->db);
-        else snprintf(shown, sizeof shown, "redis://%s%.900s:%d/%d", u->password ? "***@" : "", u->host, u->port, u->db);
-        if ((u->shown = mn_strdup(shown)) == NULL) rc = mn_err_set(err, MN_ENOMEM, "out of memory");
-    }
-    if (rc != MN_OK) url_free(u);
-    return rc;
-}
-
-/* ---- helpers: the connection ---------------------------------------------------- */
-
-/* Close a failed connection; MN_EIO for the caller to return. */
-static int conn_lost(RedisTier *r, const char *what) {
-    if (r->c != NULL) {
-        LOG_WARN("redis tier: %s %s failed: %s", what, r->url.shown, r->c->errstr[0] ? r->c->errstr : "no answer");
-        redisFree(r->c);
-        r->c = NULL;
-    }
-    r->n_deferred = 0;
-    return MN_EIO;
-}
+/* ---- helpers: the connection (cache/redis_cluster.c) ------------------------- */
 
 /* The next reply (the caller frees it), or MN_EIO with the connection
- * closed. */
-static int reply_take(RedisTier *r, redisReply **out, const char *what) {
-    void *rep = NULL;
-    if (r->c == NULL) return MN_EIO;
-    if (redisGetReply(r->c, &rep) != REDIS_OK || rep == NULL) return conn_lost(r, what);
-    *out = rep;
-    return MN_OK;
-}
+ * closed (logged). */
+static int reply_take(RedisTier *r, redisReply **out, const char *what) { return rcluster_take(r->cl, out, what); }
 
 /* Send what was appended, without waiting for replies. */
-static int flush_out(RedisTier *r, const char *what) {
-    if (r->c == NULL) return MN_EIO;
-    int done = 0;
-    while (!done)
-        if (redisBufferWrite(r->c, &done) != REDIS_OK) return conn_lost(r, what);
-    return MN_OK;
-}
+static int flush_out(RedisTier *r, const char *what) { return rcluster_flush(r->cl, what); }
 
-/* Append one command (arguments binary-safe). hiredis fails only when out
- * of memory, perhaps with part of a pipeline appended: the connection is
- * closed then (MN_EIO), as a pipeline out of step would pair replies with
- * the wrong requests. */
+/* Append one command (arguments binary-safe, argv[1] its key). */
 static int cmd_append(RedisTier *r, int argc, const char **argv, const size_t *lens) {
-    if (r->c == NULL) return MN_EIO;
-    return redisAppendCommandArgv(r->c, argc, argv, lens) == REDIS_OK ? MN_OK : conn_lost(r, "a command (out of memory) to");
+    return rcluster_append(r->cl, argc, argv, lens);
 }
 
-/* A command whose reply matters only as an error (EXPIRE, DEL): its reply
- * is read before the next exchange. */
+/* A command whose reply matters only as an error (EXPIRE, DEL): the
+ * client reads its reply before the next one taken. */
 static void cmd_defer(RedisTier *r, int argc, const char **argv, const size_t *lens) {
-    if (r->c != NULL && cmd_append(r, argc, argv, lens) == MN_OK) r->n_deferred++;
+    rcluster_append_deferred(r->cl, argc, argv, lens); /* a failure shows at the next exchange */
 }
 
-/* Connected, with the deferred replies read: ready for an exchange. */
-static int conn_ready(RedisTier *r) {
-    if (r->c == NULL) return MN_EIO;
-    while (r->n_deferred > 0) {
-        redisReply *rep;
-        if (reply_take(r, &rep, "a deferred command to") != MN_OK) return MN_EIO;
-        if (rep->type == REDIS_REPLY_ERROR) LOG_DEBUG("redis tier: a deferred command failed: %s", rep->str);
-        freeReplyObject(rep);
-        r->n_deferred--;
-    }
-    return MN_OK;
-}
-
-/* One command and its reply, which must not be an error. */
-static int conn_call(RedisTier *r, int argc, const char **argv, const char *what) {
-    size_t lens[4];
-    for (int i = 0; i < argc; i++) lens[i] = strlen(argv[i]);
-    redisReply *rep = NULL;
-    int rc = cmd_append(r, argc, argv, lens);
-    if (rc == MN_OK) rc = reply_take(r, &rep, what);
-    if (rc != MN_OK) return rc;
-    if (rep->type == REDIS_REPLY_ERROR) {
-        /* Redis's message names no secret ("WRONGPASS invalid username-password pair ...") */
-        LOG_WARN("redis tier: %s %s refused: %s", what, r->url.shown, rep->str);
-        rc = MN_EIO;
-    }
-    freeReplyObject(rep);
-    if (rc != MN_OK) {
-        redisFree(r->c);
-        r->c = NULL;
-    }
-    return rc;
-}
-
-/* Connect, authenticate, select the database. MN_EIO (logged) when the
- * store does not answer or refuses. */
-static int conn_open(RedisTier *r) {
-    if (r->c != NULL) redisFree(r->c);
-    r->c = NULL;
-    r->n_deferred = 0;
-    struct timeval tv = {r->timeout_ms / 1000, (r->timeout_ms % 1000) * 1000};
-    redisContext *c = r->url.is_unix ? redisConnectUnixWithTimeout(r->url.path, tv)
-                                     : redisConnectWithTimeout(r->url.host, r->url.port, tv);
-    if (c == NULL) return MN_ENOMEM;
-    if (c->err || redisSetTimeout(c, tv) != REDIS_OK) {
-        LOG_WARN("redis tier: cannot connect to %s: %s", r->url.shown, c->errstr);
-        redisFree(c);
-        return MN_EIO;
-    }
-    r->c = c;
-    int rc = MN_OK;
-    if (r->url.password) {
-        const char *auth[] = {"AUTH", r->url.user ? r->url.user : r->url.password, r->url.password};
-        rc = conn_call(r, r->url.user ? 3 : 2, auth, "authenticating to");
-    }
-    char db[16];
-    snprintf(db, sizeof db, "%d", r->url.db);
-    const char *sel[] = {"SELECT", db}, *ping[] = {"PING"};
-    if (rc == MN_OK && r->url.db != 0) rc = conn_call(r, 2, sel, "selecting the database of");
-    if (rc == MN_OK) rc = conn_call(r, 1, ping, "a PING to");
-    if (rc == MN_OK) LOG_INFO("redis tier: connected to %s", r->url.shown);
-    return rc;
-}
+/* Connected: ready for an exchange. */
+static int conn_ready(RedisTier *r) { return rcluster_is_connected(r->cl) ? MN_OK : MN_EIO; }
 
 /* ---- kind operations: put ------------------------------------------------------- */
 
@@ -624,7 +374,7 @@ static int put_replies(RedisTier *r, int n) {
         if (reply_take(r, &rep, "writing to") != MN_OK) return MN_EIO;
         if (rep->type == REDIS_REPLY_ERROR && rc == MN_OK) {
             bool is_oom = strncmp(rep->str, "OOM", 3) == 0;
-            if (!is_oom) LOG_WARN("redis tier: %s refused a write: %s", r->url.shown, rep->str);
+            if (!is_oom) LOG_WARN("redis tier: %s refused a write: %s", rcluster_shown(r->cl), rep->str);
             rc = is_oom ? MN_EFULL : MN_EIO;
         }
         freeReplyObject(rep);
@@ -653,7 +403,7 @@ static int redis_write(void *kind, TierRun *run, const KvPool *pool, const int32
         if ((rc = set_send(r, key, p, sizeof p)) == MN_OK) n_sent++;
         *io_bytes += sizeof p;
     }
-    if (r->c == NULL) return MN_EIO;
+    if (conn_ready(r) != MN_OK) return MN_EIO;
     int replies = put_replies(r, n_sent); /* (also after a failure: in step) */
     return rc != MN_OK ? rc : replies;
 }
@@ -692,7 +442,7 @@ static int reply_place(RedisTier *r, const redisReply *rep, const TierReadGroup 
     const RedisRun *rr = gr->run->data;
     if (rep->type == REDIS_REPLY_NIL) return MN_ENOTFOUND;
     if (rep->type == REDIS_REPLY_ERROR) {
-        LOG_WARN("redis tier: %s refused a read: %s", r->url.shown, rep->str);
+        LOG_WARN("redis tier: %s refused a read: %s", rcluster_shown(r->cl), rep->str);
         return MN_EIO;
     }
     if (rep->type != REDIS_REPLY_STRING) return MN_ECHECKSUM;
@@ -754,7 +504,7 @@ static int redis_read_layers(void *kind, const TierReadGroup *groups, int n_grou
         redisReply *rep;
         if ((rc = reply_take(r, &rep, "reading from")) == MN_OK) freeReplyObject(rep);
     }
-    if (rc == MN_OK && r->n_deferred > 0) rc = flush_out(r, "writing to"); /* a damaged value's DEL */
+    if (rc == MN_OK) rc = flush_out(r, "writing to"); /* a damaged value's DEL */
     return rc != MN_OK ? MN_EIO : result;
 }
 
@@ -770,7 +520,7 @@ static int redis_read_layer(void *kind, TierRun *run, int layer, const int32_t *
     if (rc != MN_OK) return MN_EIO;
     int result = reply_place(r, rep, &g, layer, pool, io_bytes);
     freeReplyObject(rep);
-    if (r->n_deferred > 0 && flush_out(r, "writing to") != MN_OK) return MN_EIO;
+    if (flush_out(r, "writing to") != MN_OK) return MN_EIO; /* a damaged value's DEL */
     return result;
 }
 
@@ -790,7 +540,7 @@ static void redis_touch(void *kind, TierRun *run) {
         size_t lens[] = {6, strlen(key), strlen(ttl)};
         cmd_defer(r, 3, argv, lens);
     }
-    if (r->c != NULL) flush_out(r, "renewing keys in"); /* a failure shows at the next exchange */
+    flush_out(r, "renewing keys in"); /* a failure shows at the next exchange */
 }
 
 /* Forgetting a run leaves it in the store: Redis decides what it keeps. */
@@ -799,19 +549,18 @@ static void redis_release(void *kind, TierRun *run) {
     run->data = NULL;
 }
 
-static int redis_reset(void *kind) { return conn_open(kind); }
+static int redis_reset(void *kind) { return rcluster_connect(((RedisTier *)kind)->cl); }
 
 static void redis_dump(const void *kind) {
     const RedisTier *r = kind;
-    fprintf(stderr, "  redis %s: %s, %d replies owed, ttl %d s, timeout %d ms\n", r->url.shown,
-            r->c ? "connected" : "not connected", r->n_deferred, r->ttl_s, r->timeout_ms);
+    fprintf(stderr, "  redis: ttl %d s, timeout %d ms\n", r->ttl_s, r->timeout_ms);
+    rcluster_dump(r->cl);
 }
 
 static void redis_free(void *kind) {
     RedisTier *r = kind;
     if (r == NULL) return;
-    if (r->c) redisFree(r->c);
-    url_free(&r->url);
+    rcluster_free(r->cl);
     mn_free(r->buf);
     mn_free(r->cands);
     mn_free(r);
@@ -868,7 +617,7 @@ static int probe_pointers(RedisTier *r, const char *scope, const Hash128 *hashes
         bool is_ptr = is_string && ptr_parse((const uint8_t *)rep->str, rep->len, &hashes[i], &tag, &n_stored, &idx) == MN_OK;
         freeReplyObject(rep);
         if (is_string && !is_ptr) {
-            if (!r->has_warned_ptr) LOG_WARN("redis tier: a damaged block pointer in %s; deleting it", r->url.shown);
+            if (!r->has_warned_ptr) LOG_WARN("redis tier: a damaged block pointer in %s; deleting it", rcluster_shown(r->cl));
             r->has_warned_ptr = true;
             ptr_key(key, scope, &hashes[i]);
             const char *argv[] = {"DEL", key};
@@ -886,7 +635,7 @@ static int probe_pointers(RedisTier *r, const char *scope, const Hash128 *hashes
             r->cands[c].end = i + 1;
         }
     }
-    if (rc == MN_OK && r->n_deferred > 0 && flush_out(r, "writing to") != MN_OK) return MN_EIO;
+    if (rc == MN_OK && flush_out(r, "writing to") != MN_OK) return MN_EIO; /* a damaged pointer's DEL */
     return rc;
 }
 
@@ -987,7 +736,7 @@ int tier_redis_put_reply(Tier *t, const Hash128 *ns_id, const Hash128 *key, cons
     const char *argv[] = {"SET", k, (const char *)p, "EX", ttl};
     size_t lens[] = {3, strlen(k), (size_t)n, 2, strlen(ttl)};
     cmd_defer(r, r->ttl_s > 0 ? 5 : 3, argv, lens);
-    if (r->c != NULL && flush_out(r, "writing to") == MN_OK) return MN_OK;
+    if (flush_out(r, "writing to") == MN_OK) return MN_OK;
     tier_fail(t, "writing a reply");
     return MN_EIO;
 }
@@ -1045,7 +794,6 @@ int tier_redis_get_replies(Tier *t, const Hash128 *ns_id, const char *const *tex
 
 int tier_redis_new(const TierRedisConfig *cfg, Tier **out, MnErr *err) {
     *out = NULL;
-    if (cfg->url == NULL || cfg->url[0] == '\0') return mn_err_set(err, MN_EINVAL, "redis tier: no URL");
     if (cfg->n_layer < 1 || cfg->n_layer > 65536 || cfg->block_bytes == 0)
         return mn_err_set(err, MN_EINVAL, "redis tier: bad geometry (%d layers, %zu bytes per block)", cfg->n_layer,
                           cfg->block_bytes);
@@ -1053,7 +801,10 @@ int tier_redis_new(const TierRedisConfig *cfg, Tier **out, MnErr *err) {
         return mn_err_set(err, MN_EINVAL, "redis tier: the TTL and the timeout must be >= 0");
     RedisTier *r = mn_calloc(1, sizeof *r);
     if (r == NULL) return mn_err_set(err, MN_ENOMEM, "redis tier: out of memory");
-    int rc = url_parse(cfg->url, &r->url, err);
+    r->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : REDIS_DEFAULT_TIMEOUT_MS;
+    RedisClusterConfig cc = {.urls = cfg->urls, .n_urls = cfg->n_urls, .is_cluster = cfg->is_cluster,
+                             .timeout_ms = r->timeout_ms};
+    int rc = rcluster_new(&cc, &r->cl, err); /* its message leaves the credentials out */
     if (rc != MN_OK) {
         mn_free(r);
         return rc;
@@ -1063,13 +814,12 @@ int tier_redis_new(const TierRedisConfig *cfg, Tier **out, MnErr *err) {
     r->fingerprint = cfg->model_fingerprint;
     r->kv_format = cfg->kv_format;
     r->ttl_s = cfg->ttl_s;
-    r->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : REDIS_DEFAULT_TIMEOUT_MS;
     r->window_bytes = cfg->read_window_bytes > 0 ? cfg->read_window_bytes : REDIS_DEFAULT_WINDOW;
     uint64_t capacity = cfg->capacity_bytes > 0 ? cfg->capacity_bytes : REDIS_DEFAULT_CATALOG;
     Tier *t;
     rc = tier_new_kind(&redis_ops, r, cfg->n_layer, cfg->block_bytes, capacity, NULL, &t);
     if (rc != MN_OK) return mn_err_set(err, rc, "redis tier: %s", mn_strerror(rc));
-    rc = conn_open(r);
+    rc = rcluster_connect(r->cl);
     if (rc == MN_ENOMEM) {
         tier_free(t);
         return mn_err_set(err, rc, "redis tier: out of memory");
@@ -1081,5 +831,10 @@ int tier_redis_new(const TierRedisConfig *cfg, Tier **out, MnErr *err) {
 
 const char *tier_redis_url(const Tier *t) {
     if (tier_kind_ops(t) != &redis_ops) return "";
-    return ((const RedisTier *)tier_kind(t))->url.shown;
+    return rcluster_shown(((const RedisTier *)tier_kind(t))->cl);
+}
+
+void tier_redis_client_stats(const Tier *t, RedisClusterStats *out) {
+    memset(out, 0, sizeof *out);
+    if (tier_kind_ops(t) == &redis_ops) rcluster_stats(((const RedisTier *)tier_kind(t))->cl, out);
 }

@@ -124,8 +124,11 @@ typedef struct EngineOptions {
     const char *disk_tier_dir; /* disk tier directory; NULL = none (borrowed during engine_new) */
     uint64_t disk_tier_mb;     /* disk tier budget (default 4096 when a directory is given) */
     float swap_watermark;      /* write-behind of cold blocks when free pool blocks fall under this fraction (0.25) */
-    const char *redis_url;     /* the shared tier's store (cache/tier_redis.c); NULL = none (borrowed during
-                                  engine_new) */
+    const char *const *redis_urls; /* (n_redis_urls) the shared tier's store (cache/tier_redis.c): one
+                                  server's URL, or a cluster's seeds; none = no shared tier (borrowed
+                                  during engine_new) */
+    int n_redis_urls;
+    bool redis_cluster;        /* the URLs are seeds of a Redis Cluster */
     int redis_ttl_s;           /* its keys expire this long after their last use; 0 = never (default) */
     int redis_timeout_ms;      /* its connection's timeout; 0 = the tier's default */
     const MoverTestHooks *mover_hooks; /* tests only: MoverConfig.hooks; NULL normally */

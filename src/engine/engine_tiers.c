@@ -780,7 +780,7 @@ static void on_tier_held(void *ctx, int tier, const Hash128 *hashes, int n) {
 /* The mover and the tiers below the pool the options ask for. */
 static int start_mover(EngineTiers *t, const TiersConfig *cfg, MnErr *err) {
     const EngineOptions *op = cfg->opt;
-    bool has_disk = op->disk_tier_dir && op->disk_tier_dir[0], has_redis = op->redis_url && op->redis_url[0];
+    bool has_disk = op->disk_tier_dir && op->disk_tier_dir[0], has_redis = op->n_redis_urls > 0;
     if (op->ram_tier_mb == 0 && !has_disk && !has_redis) return MN_OK;
     if (t->index == NULL) return mn_err_set(err, MN_EINVAL, "cache tiers need the prefix cache");
     MoverConfig mc = {.pool = t->pool,
@@ -790,7 +790,9 @@ static int start_mover(EngineTiers *t, const TiersConfig *cfg, MnErr *err) {
                       .model_fingerprint = cfg->model_fingerprint,
                       .kv_format = cfg->kv_format,
                       .is_durable = true,
-                      .redis_url = has_redis ? op->redis_url : NULL,
+                      .redis_urls = op->redis_urls,
+                      .n_redis_urls = op->n_redis_urls,
+                      .redis_cluster = op->redis_cluster,
                       .redis_ttl_s = op->redis_ttl_s,
                       .redis_timeout_ms = op->redis_timeout_ms,
                       .on_event = on_mover_event,
