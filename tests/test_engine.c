@@ -1683,6 +1683,128 @@ static void test_restore_mixed(void **s) {
     model_free(m);
 }
 
+/* ---- hidden-state restore (restore path 3) ---------------------------------------- */
+
+/* A tier engine (tier_engine's) that saves the layers `layers` as hidden
+ * states (0: the plan's choice, those smaller than KV); kv_type its pool's. */
+static Engine *hidden_engine(Model *m, int pool_blocks, uint64_t ram_mb, const char *dir, EvictPolicy evict,
+                             MnType kv_type, RestorePlan plan, uint64_t layers) {
+    EngineOptions o;
+    tier_options(&o, pool_blocks, NULL);
+    o.ram_tier_mb = ram_mb;
+    o.disk_tier_dir = dir;
+    o.evict = evict;
+    o.kv_type = kv_type;
+    o.restore_plan = plan;
+    o.test_hidden_layers = layers;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    return e;
+}
+
+/* check_restore with layers stored as hidden states: a conversation's
+ * blocks leave the pool and come back from the RAM tier or the disk,
+ * their hidden layers projected into K/V; its first logits and text are a
+ * full recompute's, bit for bit, and the restored tokens are counted as
+ * hidden. With corrupt, the disk's extents (hidden ones among them) are
+ * damaged: the restore fails its checksum, is counted, and the blocks are
+ * recomputed with the same results. */
+static void check_hidden_restore(const char *model, MnType kv_type, uint64_t ram_mb, bool has_disk, uint64_t layers,
+                                 bool corrupt) {
+    Model *m = load(model);
+    if (!m) return;
+    char *dir = has_disk ? test_tmpdir_new("tier") : NULL;
+    Engine *e = hidden_engine(m, 16, ram_mb, dir, EVICT_DEFAULT, kv_type, RESTORE_PLAN_HIDDEN, layers);
+    const int nv = m->cfg.n_vocab;
+    int32_t p[3][80], *a = p[0], *b = p[1], *c = p[2];
+    make_prompts(p, 3, 65, nv, 43);
+    Recomputed full = recompute(m, a, 65, 4);
+    ReqResult res;
+    expect_recomputed(e, &full, a, 65, &res);
+    settle(e);
+    free(run_one(e, b, 65, 4, NULL, &res));
+    settle(e);
+    free(run_one(e, c, 65, 4, NULL, &res));
+    settle(e);
+    if (corrupt) assert_true(test_corrupt_slabs(dir, 64) > 0);
+    expect_recomputed(e, &full, a, 65, &res);
+    EngineStats st;
+    engine_stats(e, &st);
+    if (corrupt) {
+        assert_true(st.restore_failures >= 1);
+        assert_true(st.tiers[st.n_tiers - 1].tier.n_checksum_failures >= 1);
+    } else {
+        assert_int_equal(res.n_cached, 64);
+        uint64_t from_tiers = res.n_cached_by[SRC_RAM] + res.n_cached_by[SRC_DISK];
+        assert_true(from_tiers > 0);
+        assert_int_equal(st.restored_hidden_tokens, from_tiers); /* every run saved with hidden layers */
+        assert_int_equal(st.restored_kv_tokens, 0);
+        assert_int_equal(st.restore_failures, 0);
+    }
+    recomputed_free(&full);
+    engine_free(e);
+    if (dir) test_tmpdir_free(dir);
+    model_free(m);
+}
+
+/* qwen3 Q4_K_M: its K/V weights take int8 activations, so the hidden rows
+ * are packed (260 bytes a token against 512 of f16 K/V): the plan stores
+ * every layer so by itself. */
+static void test_hidden_ram_qwen3(void **s) { check_hidden_restore("qwen3-q4_k_m", MN_TYPE_F16, 64, false, 0, false); }
+static void test_hidden_disk_qwen3(void **s) { check_hidden_restore("qwen3-q4_k_m", MN_TYPE_F16, 0, true, 0, false); }
+/* Multi-head attention with F16 weights: f32 hidden rows, as large as f16
+ * K/V, so the test asks for every layer. */
+static void test_hidden_ram_mha(void **s) { check_hidden_restore("tiny-mha-spm-f16", MN_TYPE_F16, 64, false, 7, false); }
+static void test_hidden_disk_mha(void **s) { check_hidden_restore("tiny-mha-spm-f16", MN_TYPE_F16, 0, true, 7, false); }
+/* Q8_0 weights keep f32 activations: f32 hidden rows, twice the size of
+ * this GQA model's f16 K/V; layer 0 of its 2 hidden, layer 1 KV, from a
+ * 1 MiB RAM tier and the disk under it. */
+static void test_hidden_ram_disk_q8_0(void **s) {
+    check_hidden_restore("tiny-llama-spm-q8_0", MN_TYPE_F16, 1, true, 1, false);
+}
+static void test_hidden_corrupt_disk(void **s) { check_hidden_restore("qwen3-q4_k_m", MN_TYPE_F16, 0, true, 0, true); }
+
+/* test_restore_mixed with layers 1 and 3 of stories260K's 5 stored as
+ * hidden states: leading blocks recomputed (their run damaged), the middle
+ * loaded from disk (KV layers loaded, hidden ones projected), the tail in
+ * the pool, in one pass; first logits bit-identical to a full recompute. */
+static void test_hidden_mixed(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = test_tmpdir_new("tier");
+    Engine *e = hidden_engine(m, 16, 0, dir, EVICT_LRU, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, 0xa);
+    const int nv = m->cfg.n_vocab;
+    int32_t a[80], b[80], c[80];
+    make_prompt(a, 65, nv, 51, 1);
+    make_prompt(b, 65, nv, 52, 1);
+    make_prompt(c, 41, nv, 53, 1);
+    ReqResult res;
+    free(run_one(e, a, 33, 4, NULL, &res)); /* blocks 0..3 */
+    settle(e);
+    free(run_one(e, a, 65, 4, NULL, &res)); /* 4..7 */
+    settle(e);
+    free(run_one(e, b, 65, 4, NULL, &res));
+    settle(e);
+    free(run_one(e, c, 41, 4, NULL, &res)); /* a's 0..5 leave the pool */
+    settle(e);
+    assert_true(test_corrupt_slabs(dir, 1) > 0); /* the first run's layer 0 */
+    Recomputed want = recompute(m, a, 65, 4);
+    expect_recomputed(e, &want, a, 65, &res);
+    assert_int_equal(res.n_cached_by[SRC_DISK], 16); /* blocks 4, 5 */
+    assert_int_equal(res.n_cached_by[SRC_POOL], 16); /* 6, 7 */
+    assert_int_equal(res.n_cached, 32);              /* 0..3 recomputed */
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.restore_failures, 1);
+    assert_int_equal(st.restored_hidden_tokens, 16);
+    assert_int_equal(st.restored_recompute_tokens, 32);
+    recomputed_free(&want);
+    engine_free(e);
+    test_tmpdir_free(dir);
+    model_free(m);
+}
+
 /* Run each prompt (4 tokens generated) on a tier engine over dir, then
  * stop it: their full blocks are on disk only, for the next engine there. */
 static void put_on_disk(Model *m, const char *dir, const int32_t *const *prompts, const int *lens, int n) {
@@ -2569,6 +2691,13 @@ int main(void) {
         cmocka_unit_test(test_restore_mixed),
         cmocka_unit_test(test_partial_tail_reuse),
         cmocka_unit_test(test_partial_tail_evicted),
+        cmocka_unit_test(test_hidden_ram_qwen3),
+        cmocka_unit_test(test_hidden_disk_qwen3),
+        cmocka_unit_test(test_hidden_ram_mha),
+        cmocka_unit_test(test_hidden_disk_mha),
+        cmocka_unit_test(test_hidden_ram_disk_q8_0),
+        cmocka_unit_test(test_hidden_corrupt_disk),
+        cmocka_unit_test(test_hidden_mixed),
         cmocka_unit_test(test_prefetch_waiting),
         cmocka_unit_test(test_promote_waiting),
         cmocka_unit_test(test_window_keeps_waiting),

@@ -54,6 +54,14 @@ typedef enum ContextOverflow {
     OVERFLOW_ERROR,         /* refused, as any prompt too long (MN_ERANGE) */
 } ContextOverflow;
 
+/* How the tiers store a run's layers (docs/DESIGN.md, "Hidden-state
+ * restore"). */
+typedef enum RestorePlan {
+    RESTORE_PLAN_KV = 0,  /* every layer as K/V (default) */
+    RESTORE_PLAN_HIDDEN,  /* as the hidden states its K/V are projected from, where those are smaller
+                             than K/V; restored by projecting them */
+} RestorePlan;
+
 /* What a reading of the engine's clock decides (EngineTestHooks). */
 typedef enum EngineClockUse {
     ENGINE_CLOCK_STEP,   /* the start and end of a forward pass: its compute time */
@@ -128,6 +136,9 @@ typedef struct EngineOptions {
                                   engine_new) */
     int redis_ttl_s;           /* its keys expire this long after their last use; 0 = never (default) */
     int redis_timeout_ms;      /* its connection's timeout; 0 = the tier's default */
+    RestorePlan restore_plan;  /* how saves store layers (default kv) */
+    uint64_t test_hidden_layers; /* tests only: with restore_plan hidden, exactly these layers (bit l:
+                                    layer l) are stored as hidden states, whatever their size; 0: the plan's */
     const MoverTestHooks *mover_hooks; /* tests only: MoverConfig.hooks; NULL normally */
     const EngineTestHooks *test_hooks; /* tests only (borrowed, outlives the engine); NULL normally */
     int test_table_faults;             /* tests only: the next N block-table growths fail
@@ -305,6 +316,9 @@ typedef struct EngineStats {
     uint64_t cached_partial_tokens; /* of cached_tokens, rows of blocks that matched in part */
     uint64_t dropped_blocks;   /* blocks gone from every tier (recomputed if needed again) */
     uint64_t restore_failures; /* restores that failed (checksum, I/O) and were recomputed */
+    /* tokens of cached blocks restored: loaded from a tier with every layer as K/V; loaded with
+     * layers projected from hidden states; recomputed as a dropped leading run before a cached one */
+    uint64_t restored_kv_tokens, restored_hidden_tokens, restored_recompute_tokens;
     uint64_t writebehind_blocks; /* cold cached blocks copied down under the swap watermark */
     uint64_t prefetched_blocks;  /* blocks of waiting requests restored before admission */
     uint64_t promoted_blocks;    /* blocks of waiting requests copied from disk into RAM */

@@ -47,7 +47,12 @@
  * load holds one reference on each slot until its DONE event. */
 typedef struct Load {
     MoverJob *job;           /* the mover's until DONE: only its immutable
-                                request fields (n, hashes, slots, tier) are read */
+                                request fields (n, hashes, slots, tier) are
+                                read, and block_hidden once a LAYER came */
+    int32_t *pos;            /* (job->n) position of each block's first token */
+    int32_t *proj;           /* (job->n) scratch: the slots a layer projects */
+    int32_t *proj_pos;       /* (job->n) and their positions */
+    bool is_bad;             /* a projection failed: the load counts as failed */
     int layers_done;         /* from LAYER events */
     struct Load *next;       /* in submission order */
 } Load;
@@ -112,6 +117,10 @@ struct EngineTiers {
     MoverEvent *ev_head, *ev_tail; /* events from the mover */
     void (*on_lost_fn)(void *ctx, int32_t slot);
     void *lost_ctx;
+    uint64_t hidden_layers;  /* TiersConfig.hidden_layers */
+    int (*project_fn)(void *ctx, int layer, const int32_t *slots, const int32_t *pos0, int n);
+    uint64_t n_restored_kv;     /* blocks restored with every layer loaded as KV */
+    uint64_t n_restored_hidden; /* blocks restored with layers projected */
 };
 
 /* mn_now() as the tiers read it for this use (the tests' hooks shift it). */
@@ -135,14 +144,43 @@ static void on_mover_event(void *ctx, MoverEvent *ev) {
 }
 
 static void save_done(EngineTiers *t, MoverJob *j);
+
+static void load_free(Load *ld) {
+    if (ld == NULL) return;
+    mn_free(ld->pos);
+    mn_free(ld->proj);
+    mn_free(ld->proj_pos);
+    mn_free(ld);
+}
 static void load_done(EngineTiers *t, Load *ld, MoverJob *j);
 static void promote_done(EngineTiers *t, const MoverJob *j);
 static void probe_done(EngineTiers *t, MoverJob *j);
 
+/* Layer `layer` of load ld is in the pool: project the blocks whose layer
+ * came as hidden states into their K/V, before the layer counts as done
+ * (a pass waits for layers_done), so nothing reads those slots before. */
+static void project_layer(EngineTiers *t, Load *ld, int layer) {
+    const MoverJob *j = ld->job;
+    int n = 0;
+    for (int k = 0; k < j->n && layer < 64; k++)
+        if (j->block_hidden[k] >> layer & 1) {
+            ld->proj[n] = j->slots[k];
+            ld->proj_pos[n++] = ld->pos[k];
+        }
+    if (n == 0 || ld->is_bad || t->project_fn == NULL) return;
+    if (t->project_fn(t->lost_ctx, layer, ld->proj, ld->proj_pos, n) != MN_OK) {
+        LOG_ERROR("projecting layer %d of %d restored blocks failed: they are recomputed", layer, n);
+        ld->is_bad = true;
+    }
+}
+
 static void handle_event(EngineTiers *t, MoverEvent *ev) {
     MoverJob *j = ev->job;
     switch (ev->kind) {
-    case MOVER_EV_LAYER: ((Load *)j->owner)->layers_done = ev->layer + 1; break;
+    case MOVER_EV_LAYER:
+        project_layer(t, j->owner, ev->layer);
+        ((Load *)j->owner)->layers_done = ev->layer + 1;
+        break;
     case MOVER_EV_DROPPED:
         for (int i = 0; i < ev->n; i++) index_set_tiers(t->index, &ev->hashes[i], 0, 1u << ev->tier);
         mover_event_free(ev);
@@ -185,6 +223,8 @@ void tiers_stats(const EngineTiers *t, EngineStats *st) {
     st->n_tiers = t->n_tiers;
     tiers_snapshot(t, st);
     st->restore_failures = t->restore_failures;
+    st->restored_kv_tokens = t->n_restored_kv * (uint64_t)t->pool->block_tokens;
+    st->restored_hidden_tokens = t->n_restored_hidden * (uint64_t)t->pool->block_tokens;
     st->writebehind_blocks = t->n_writebehind;
     st->prefetched_blocks = t->n_prefetched;
     st->promoted_blocks = t->n_promoted;
@@ -206,6 +246,8 @@ static void save_blocks(EngineTiers *t, const Hash128 *hashes, const int32_t *sl
     memcpy(j->slots, slots, (size_t)n * sizeof *slots);
     j->pos = pos;
     j->ns_id = *slotpol_ns(t->slots, slots[0]);
+    j->hidden = t->hidden_layers; /* the layers every block holds hidden rows of */
+    for (int i = 0; i < n; i++) j->hidden &= kvpool_hidden_layers(t->pool, slots[i]);
     for (int i = 0; i < n; i++) {
         kvpool_retain(t->pool, slots[i]);
         t->slot_saving[slots[i]] = 1;
@@ -342,11 +384,17 @@ static int start_load(EngineTiers *t, const TierSeq *ts, const int *at, int n, b
     if ((free_only ? kvpool_n_free(t->pool) : kvpool_n_available(t->pool)) < n) return MN_EFULL;
     Load *ld = mn_calloc(1, sizeof *ld);
     MoverJob *j = mover_job_new(MOVER_LOAD, n, t->pool->n_layer);
-    if (ld == NULL || j == NULL) {
-        mn_free(ld);
+    if (ld) {
+        ld->pos = mn_malloc((size_t)n * sizeof *ld->pos);
+        ld->proj = mn_malloc((size_t)n * sizeof *ld->proj);
+        ld->proj_pos = mn_malloc((size_t)n * sizeof *ld->proj_pos);
+    }
+    if (ld == NULL || j == NULL || !ld->pos || !ld->proj || !ld->proj_pos) {
+        load_free(ld);
         mover_job_free(j);
         return MN_ENOMEM;
     }
+    for (int i = 0; i < n; i++) ld->pos[i] = at[i] * t->pool->block_tokens;
     int k = 0, rc = MN_OK;
     for (; k < n && rc == MN_OK; k++) {
         const Hash128 *h = &ts->hashes[at[k]];
@@ -371,7 +419,7 @@ static int start_load(EngineTiers *t, const TierSeq *ts, const int *at, int n, b
             index_remove_slot(t->index, j->slots[i]);
             kvpool_release(t->pool, j->slots[i]);
         }
-        mn_free(ld);
+        load_free(ld);
         mover_job_free(j);
         return rc;
     }
@@ -391,10 +439,15 @@ int tiers_start_load(EngineTiers *t, const TierSeq *ts, const int *at, int n) {
 }
 
 static void load_done(EngineTiers *t, Load *ld, MoverJob *j) {
-    bool is_failed = j->rc != MN_OK;
+    bool is_failed = j->rc != MN_OK || ld->is_bad;
     for (int k = 0; k < j->n; k++) {
         int32_t slot = j->slots[k];
         t->slot_load[slot] = NULL;
+        if (!is_failed) { /* its hidden rows of those layers may be saved again */
+            kvpool_note_hidden(t->pool, slot, j->block_hidden[k]);
+            if (j->block_hidden[k] != 0) t->n_restored_hidden++;
+            else t->n_restored_kv++;
+        }
         if (is_failed) {
             t->on_lost_fn(t->lost_ctx, slot);
             index_remove_slot(t->index, slot);
@@ -415,7 +468,7 @@ static void load_done(EngineTiers *t, Load *ld, MoverJob *j) {
         for (Load *l = t->loads; l; l = l->next) t->loads_tail = l;
     }
     t->n_load_blocks -= j->n;
-    mn_free(ld);
+    load_free(ld);
 }
 
 CacheSource tiers_block_source(const EngineTiers *t, const Hash128 *h) {
@@ -840,6 +893,8 @@ int tiers_new(const TiersConfig *cfg, EngineTiers **out, MnErr *err) {
     t->cond = cfg->cond;
     t->on_lost_fn = cfg->on_lost_fn;
     t->lost_ctx = cfg->ctx;
+    t->hidden_layers = cfg->hidden_layers;
+    t->project_fn = cfg->project_fn;
     t->step_s = 0.05;
     t->shared = -1;
     t->swap_watermark = op->swap_watermark;
@@ -868,6 +923,7 @@ void tiers_free(EngineTiers *t) {
     if (t->mover) {
         mover_free(t->mover);
         t->mover = NULL;
+        t->project_fn = NULL; /* the restores left are dropped with the engine */
         tiers_take_events(t, false);
     }
     mn_free(t->slot_load);

@@ -65,6 +65,16 @@ typedef struct TiersConfig {
      * from tiers_take_events (so also from within tiers_wait_layer). */
     void (*on_lost_fn)(void *ctx, int32_t slot);
     void *ctx;
+    /* Hidden-state restore (docs/DESIGN.md, "Hidden-state restore"): the
+     * layers a save stores as the pool's hidden states (the pool has
+     * hidden arenas; 0: every layer as KV), and how a restored layer that
+     * arrives as hidden states is projected into its blocks' K/V (block i
+     * in slots[i], its first token at pos0[i]; fwd_project), on the engine
+     * thread as the layer's LAYER event is taken, before any pass may read
+     * it. A save stores a layer as hidden only when every block of the run
+     * holds that layer's hidden rows (kvpool_hidden_layers). */
+    uint64_t hidden_layers;
+    int (*project_fn)(void *ctx, int layer, const int32_t *slots, const int32_t *pos0, int n);
 } TiersConfig;
 
 /* ---- life cycle ---------------------------------------------------------------- */
