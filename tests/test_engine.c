@@ -1687,10 +1687,11 @@ static void test_restore_mixed(void **s) {
 
 /* A tier engine (tier_engine's) that saves the layers `layers` as hidden
  * states (0: the plan's choice, those smaller than KV); kv_type its pool's. */
-static Engine *hidden_engine(Model *m, int pool_blocks, uint64_t ram_mb, const char *dir, EvictPolicy evict,
-                             MnType kv_type, RestorePlan plan, uint64_t layers) {
+static Engine *hidden_engine_hooked(Model *m, int pool_blocks, uint64_t ram_mb, const char *dir, EvictPolicy evict,
+                                    MnType kv_type, RestorePlan plan, uint64_t layers, const EngineTestHooks *hooks) {
     EngineOptions o;
     tier_options(&o, pool_blocks, NULL);
+    o.test_hooks = hooks;
     o.ram_tier_mb = ram_mb;
     o.disk_tier_dir = dir;
     o.evict = evict;
@@ -1701,6 +1702,11 @@ static Engine *hidden_engine(Model *m, int pool_blocks, uint64_t ram_mb, const c
     MnErr err = {0};
     if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
     return e;
+}
+
+static Engine *hidden_engine(Model *m, int pool_blocks, uint64_t ram_mb, const char *dir, EvictPolicy evict,
+                             MnType kv_type, RestorePlan plan, uint64_t layers) {
+    return hidden_engine_hooked(m, pool_blocks, ram_mb, dir, evict, kv_type, plan, layers, NULL);
 }
 
 /* check_restore with layers stored as hidden states: a conversation's
@@ -1807,12 +1813,50 @@ static void test_hidden_mixed(void **s) {
 
 /* Run each prompt (4 tokens generated) on a tier engine over dir, then
  * stop it: their full blocks are on disk only, for the next engine there. */
-static void put_on_disk(Model *m, const char *dir, const int32_t *const *prompts, const int *lens, int n) {
-    Engine *e = tier_engine(m, 32, 0, dir, EVICT_DEFAULT);
+static void put_on_disk_plan(Model *m, const char *dir, const int32_t *const *prompts, const int *lens, int n,
+                             RestorePlan plan, uint64_t layers) {
+    Engine *e = hidden_engine(m, 32, 0, dir, EVICT_DEFAULT, MN_TYPE_F16, plan, layers);
     ReqResult res;
     for (int i = 0; i < n; i++) free(run_one(e, prompts[i], lens[i], 4, NULL, &res));
     settle(e);
     engine_free(e);
+}
+
+static void put_on_disk(Model *m, const char *dir, const int32_t *const *prompts, const int *lens, int n) {
+    put_on_disk_plan(m, dir, prompts, lens, n, RESTORE_PLAN_KV, 0);
+}
+
+/* A restarted server finds a conversation's runs on disk with their hidden
+ * layers (record version 2) and restores them by projection, bit for bit
+ * as a full recompute; one started with the kv plan does not restore
+ * hidden states, so it drops those runs as misses and recomputes, with
+ * the same answer. */
+static void test_hidden_restart(void **s) {
+    Model *m = load("qwen3-q4_k_m");
+    if (!m) return;
+    char *dir = test_tmpdir_new("tier");
+    int32_t a[80];
+    make_prompt(a, 65, m->cfg.n_vocab, 63, 1);
+    put_on_disk_plan(m, dir, (const int32_t *[]){a}, (int[]){65}, 1, RESTORE_PLAN_HIDDEN, 0);
+    Recomputed want = recompute(m, a, 65, 4);
+    ReqResult res;
+    EngineStats st;
+    Engine *e = hidden_engine(m, 32, 0, dir, EVICT_DEFAULT, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, 0);
+    expect_recomputed(e, &want, a, 65, &res);
+    assert_int_equal(res.n_cached_by[SRC_DISK], 64);
+    engine_stats(e, &st);
+    assert_int_equal(st.restored_hidden_tokens, 64);
+    settle(e);
+    engine_free(e);
+    e = hidden_engine(m, 32, 0, dir, EVICT_DEFAULT, MN_TYPE_F16, RESTORE_PLAN_KV, 0);
+    expect_recomputed(e, &want, a, 65, &res);
+    assert_int_equal(res.n_cached, 0);
+    engine_stats(e, &st);
+    assert_int_equal(st.restored_hidden_tokens + st.restored_kv_tokens, 0);
+    recomputed_free(&want);
+    engine_free(e);
+    test_tmpdir_free(dir);
+    model_free(m);
 }
 
 /* Prefetch: a restarted server knows a conversation only from disk; it
@@ -1857,7 +1901,7 @@ static void test_prefetch_waiting(void **s) {
  * blocks are copied from disk into the RAM tier while it waits, and its
  * admission waits for that copy. They are restored from RAM, and its
  * answer is the full recompute's, bit for bit. */
-static void test_promote_waiting(void **s) {
+static void check_promote_waiting(RestorePlan plan, uint64_t layers) {
     Model *m = load("stories260K");
     if (!m) return;
     char *dir = test_tmpdir_new("tier");
@@ -1866,10 +1910,11 @@ static void test_promote_waiting(void **s) {
     make_prompt(a, 65, nv, 81, 1);
     make_prompts(fill, 3, 65, nv, 82);
     make_prompt(d, 9, nv, 85, 1);
-    put_on_disk(m, dir, (const int32_t *[]){a}, (int[]){65}, 1);
+    put_on_disk_plan(m, dir, (const int32_t *[]){a}, (int[]){65}, 1, plan, layers);
     Drive dr;
     drive_init(&dr);
-    Engine *e = tier_engine_hooked(m, 24, 1, dir, EVICT_DEFAULT, NULL, &dr.hooks); /* a's 8 blocks are on disk only */
+    /* a's 8 blocks are on disk only */
+    Engine *e = hidden_engine_hooked(m, 24, 1, dir, EVICT_DEFAULT, MN_TYPE_F16, plan, layers, &dr.hooks);
     ReqResult res;
     for (int i = 0; i < 3; i++) free(run_one(e, fill[i], 65, 4, NULL, &res)); /* the pool fills with cached blocks */
     settle(e);
@@ -1889,6 +1934,7 @@ static void test_promote_waiting(void **s) {
     assert_int_equal(st.promoted_blocks, 8);
     assert_int_equal(st.prefetched_blocks, 0);
     assert_int_equal(st.restore_failures, 0);
+    assert_int_equal(st.restored_hidden_tokens, layers ? 64 : 0);
     request_unref(rd);
     recomputed_free(&want);
     engine_free(e);
@@ -1896,6 +1942,12 @@ static void test_promote_waiting(void **s) {
     test_tmpdir_free(dir);
     model_free(m);
 }
+
+static void test_promote_waiting(void **s) { check_promote_waiting(RESTORE_PLAN_KV, 0); }
+/* The same with layers 0, 2 and 4 of the runs stored as hidden states:
+ * the promote copies them into RAM as they are, and they are projected
+ * when restored from there. */
+static void test_hidden_promote(void **s) { check_promote_waiting(RESTORE_PLAN_HIDDEN, 0x15); }
 
 /* Look-ahead in the pool: a conversation waiting behind a long request
  * keeps its cached blocks while that request's growth evicts others (the
@@ -2698,6 +2750,8 @@ int main(void) {
         cmocka_unit_test(test_hidden_ram_disk_q8_0),
         cmocka_unit_test(test_hidden_corrupt_disk),
         cmocka_unit_test(test_hidden_mixed),
+        cmocka_unit_test(test_hidden_restart),
+        cmocka_unit_test(test_hidden_promote),
         cmocka_unit_test(test_prefetch_waiting),
         cmocka_unit_test(test_promote_waiting),
         cmocka_unit_test(test_window_keeps_waiting),
