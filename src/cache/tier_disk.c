@@ -888,17 +888,19 @@ done:
 
 /* ---- kind operations ----------------------------------------------------- */
 
-/* The extents of a run of n_blocks with that hidden mask (no room taken). */
-static DiskRun run_shape(const DiskTier *d, int n_blocks, uint64_t hidden) {
+/* The extents of a run of n_blocks with that hidden mask into dr (no
+ * room taken). */
+static void run_shape(const DiskTier *d, int n_blocks, uint64_t hidden, DiskRun *dr) {
     /* n_blocks * block_bytes is bounded by the pool's size: fits 64 bits */
-    return (DiskRun){.stride = round_page((uint64_t)n_blocks * d->block_bytes),
-                     .hstride = hidden != 0 ? round_page((uint64_t)n_blocks * d->hidden_bytes) : 0,
-                     .hidden = hidden};
+    dr->stride = round_page((uint64_t)n_blocks * d->block_bytes);
+    dr->hstride = hidden != 0 ? round_page((uint64_t)n_blocks * d->hidden_bytes) : 0;
+    dr->hidden = hidden;
 }
 
 static uint64_t disk_run_bytes(void *kind, int n_blocks, uint64_t hidden) {
     const DiskTier *d = kind;
-    DiskRun shape = run_shape(d, n_blocks, hidden);
+    DiskRun shape;
+    run_shape(d, n_blocks, hidden, &shape);
     uint64_t bytes = ext_at(&shape, d->n_layer);
     return bytes <= d->slab_bytes ? bytes : UINT64_MAX;
 }
@@ -907,10 +909,7 @@ static int disk_reserve(void *kind, TierRun *run) {
     DiskTier *d = kind;
     DiskRun *dr = alloc_fault(d) ? NULL : mn_malloc(sizeof *dr + (size_t)d->n_layer * sizeof(uint64_t));
     if (dr == NULL) return MN_ENOMEM;
-    DiskRun shape = run_shape(d, run->n_blocks, run->hidden);
-    dr->stride = shape.stride;
-    dr->hstride = shape.hstride;
-    dr->hidden = shape.hidden;
+    run_shape(d, run->n_blocks, run->hidden, dr);
     dr->is_stored = false;
     int found = -1;
     for (int i = 0; i < d->n_slabs && found < 0; i++)

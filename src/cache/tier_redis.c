@@ -586,7 +586,9 @@ static int conn_open(RedisTier *r) {
 
 /* ---- kind operations: put ------------------------------------------------------- */
 
-static uint64_t redis_run_bytes(void *kind, int n_blocks, uint64_t hidden) { /* (hidden: always 0 here) */
+/* (hidden is always 0: this kind never calls tier_set_hidden_bytes, so
+ * the core stores every run here as KV) */
+static uint64_t redis_run_bytes(void *kind, int n_blocks, uint64_t hidden) {
     const RedisTier *r = kind;
     if (n_blocks > REDIS_MAX_RUN) return UINT64_MAX;
     return (uint64_t)r->n_layer * value_len(r, n_blocks) + REDIS_PTR_BYTES * (uint64_t)n_blocks;
