@@ -417,9 +417,10 @@ static int cmd_serve(int argc, char **argv) {
         {"max-queue", 0, CLI_INT, &eo.max_queue, "N", "waiting requests at most, then 503 (default 64)"},
         {"max-body", 0, CLI_INT, &max_body_kb, "KB", "largest request body in KiB, then 413 (default 1024)"},
         {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache precision (default f16)"},
-        {"restore-plan", 0, CLI_STR, &restore_plan, "kv|hidden",
-         "how the cache tiers store a conversation's layers: as KV (default), or as the hidden states KV is "
-         "projected from where those are smaller (restored by projecting them: the same KV, bit for bit)"},
+        {"restore-plan", 0, CLI_STR, &restore_plan, "kv|hidden|auto",
+         "how the cache tiers store a conversation's layers: as KV (default), as the hidden states KV is "
+         "projected from where those are smaller (restored by projecting them: the same KV, bit for bit), or "
+         "each run split between the two so a restore's projections and reads end together (auto)"},
         {"no-prefix-cache", 0, CLI_FLAG, &no_prefix_cache, NULL, "compute every prompt from scratch"},
         {"drain-timeout", 0, CLI_FLOAT, &drain_timeout, "S", "on SIGTERM, let running requests finish this long (30)"},
         {"cache-ttl", 0, CLI_FLOAT, &cache_ttl, "S", "drop cached blocks idle longer than S seconds (0: never)"},
@@ -466,8 +467,9 @@ static int cmd_serve(int argc, char **argv) {
     }
     if (strcmp(restore_plan, "kv") == 0) eo.restore_plan = RESTORE_PLAN_KV;
     else if (strcmp(restore_plan, "hidden") == 0) eo.restore_plan = RESTORE_PLAN_HIDDEN;
+    else if (strcmp(restore_plan, "auto") == 0) eo.restore_plan = RESTORE_PLAN_AUTO;
     else {
-        fprintf(stderr, "mnemo serve: --restore-plan must be kv or hidden, got '%s'\n", restore_plan);
+        fprintf(stderr, "mnemo serve: --restore-plan must be kv, hidden or auto, got '%s'\n", restore_plan);
         goto out;
     }
     if (strcmp(overflow, "shift") == 0) eo.context_overflow = OVERFLOW_SHIFT;

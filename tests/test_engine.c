@@ -1811,6 +1811,103 @@ static void test_hidden_mixed(void **s) {
     model_free(m);
 }
 
+/* The auto plan's clocks: every reading for a projection is proj_step_s
+ * later than the one before, so each projection lasts about that long by
+ * the engine's clock, whatever the machine does; the disk reports its
+ * reads read_delay_s slower (MoverTestHooks.read_delay_fn). */
+typedef struct PlanClock {
+    pthread_mutex_t lock;
+    double proj_step_s, shift_s, read_delay_s;
+    EngineTestHooks hooks;
+    MoverTestHooks mover;
+} PlanClock;
+
+static double plan_clock(void *ctx, EngineClockUse use) {
+    PlanClock *c = ctx;
+    if (use != ENGINE_CLOCK_PROJECT) return 0;
+    pthread_mutex_lock(&c->lock);
+    double v = c->shift_s += c->proj_step_s;
+    pthread_mutex_unlock(&c->lock);
+    return v;
+}
+
+static double plan_read_delay(void *ctx, int tier) { return ((PlanClock *)ctx)->read_delay_s; }
+
+/* An auto-plan engine over a disk tier in dir, on c's clocks. */
+static Engine *auto_engine(Model *m, const char *dir, PlanClock *c) {
+    pthread_mutex_init(&c->lock, NULL);
+    c->hooks = (EngineTestHooks){.clock_shift_fn = plan_clock, .ctx = c};
+    c->mover = (MoverTestHooks){.read_delay_fn = plan_read_delay, .ctx = c};
+    EngineOptions o;
+    tier_options(&o, 16, &c->mover);
+    o.disk_tier_dir = dir;
+    o.restore_plan = RESTORE_PLAN_AUTO;
+    o.test_hooks = &c->hooks;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    return e;
+}
+
+/* One conversation's blocks leave the pool (two others push them out) and
+ * come back from disk: first logits bit for bit a full recompute's.
+ * Returns the tokens that came from disk. */
+static uint64_t expect_round_trip(Engine *e, Model *m, uint64_t seed) {
+    ReqResult r, *res = &r;
+    int32_t p[3][80];
+    make_prompts(p, 3, 65, m->cfg.n_vocab, seed);
+    Recomputed want = recompute(m, p[0], 65, 4);
+    expect_recomputed(e, &want, p[0], 65, res);
+    settle(e);
+    for (int i = 1; i < 3; i++) {
+        free(run_one(e, p[i], 65, 4, NULL, res));
+        settle(e);
+    }
+    expect_recomputed(e, &want, p[0], 65, res);
+    assert_int_equal(res->n_cached, 64);
+    assert_true(res->n_cached_by[SRC_DISK] > 0);
+    recomputed_free(&want);
+    return res->n_cached_by[SRC_DISK];
+}
+
+/* --restore-plan auto splits each saved run between hidden states and
+ * K/V by the measured figures (HCache's bubble-free split): projections
+ * that take 1 ms per 32 tokens against a disk that reads ~1 GB/s (the
+ * guess before any read) keep K/V; once the disk is measured slow (its
+ * reads reported 1000 s slower), the next runs are stored as hidden
+ * states and restored by projection; with projections 1000 s long, K/V
+ * again. Every restore is bit for bit a full recompute. */
+static void test_auto_plan(void **s) {
+    Model *m = load("qwen3-q4_k_m");
+    if (!m) return;
+    char *dir = test_tmpdir_new("tier");
+    PlanClock c = {.proj_step_s = 1e-3, .read_delay_s = 1e3};
+    Engine *e = auto_engine(m, dir, &c);
+    EngineStats st;
+    uint64_t n = expect_round_trip(e, m, 710); /* saved while the disk is a guess: K/V */
+    engine_stats(e, &st);
+    assert_int_equal(st.restored_kv_tokens, n);
+    assert_int_equal(st.restored_hidden_tokens, 0);
+    n = expect_round_trip(e, m, 720); /* saved after a slow read: hidden */
+    engine_stats(e, &st);
+    assert_int_equal(st.restored_hidden_tokens, n);
+    engine_free(e);
+    test_tmpdir_free(dir);
+    dir = test_tmpdir_new("tier");
+    PlanClock slow = {.proj_step_s = 1e3, .read_delay_s = 1e3};
+    e = auto_engine(m, dir, &slow);
+    n = expect_round_trip(e, m, 730);
+    n += expect_round_trip(e, m, 740); /* the disk is slow, projections slower */
+    engine_stats(e, &st);
+    assert_int_equal(st.restored_kv_tokens, n);
+    assert_int_equal(st.restored_hidden_tokens, 0);
+    engine_free(e);
+    pthread_mutex_destroy(&c.lock);
+    pthread_mutex_destroy(&slow.lock);
+    test_tmpdir_free(dir);
+    model_free(m);
+}
+
 /* Run each prompt (4 tokens generated) on a tier engine over dir, then
  * stop it: their full blocks are on disk only, for the next engine there. */
 static void put_on_disk_plan(Model *m, const char *dir, const int32_t *const *prompts, const int *lens, int n,
@@ -2752,6 +2849,7 @@ int main(void) {
         cmocka_unit_test(test_hidden_mixed),
         cmocka_unit_test(test_hidden_restart),
         cmocka_unit_test(test_hidden_promote),
+        cmocka_unit_test(test_auto_plan),
         cmocka_unit_test(test_prefetch_waiting),
         cmocka_unit_test(test_promote_waiting),
         cmocka_unit_test(test_window_keeps_waiting),

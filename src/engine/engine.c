@@ -1351,15 +1351,42 @@ static void fail_all_running(Engine *e, const char *msg) {
     while (e->n_running > 0) active_finish(e, e->running[--e->n_running], FINISH_ERROR, msg);
 }
 
-/* The layers saves store as hidden states: with the hidden plan, those
- * whose hidden rows take fewer bytes than their K/V (one size for every
- * layer: all or none), of the first 64; a test's own choice instead. */
-static uint64_t hidden_plan(const Engine *e) {
-    if (e->opt.restore_plan != RESTORE_PLAN_HIDDEN) return 0;
-    const int n = e->pool.n_layer < 64 ? e->pool.n_layer : 64;
+/* The layers saves may store as hidden states: with the hidden or the
+ * auto plan, those whose hidden rows take fewer bytes than their K/V (one
+ * size for every layer: all or none), of the first 64; a test's own
+ * choice instead. */
+static uint64_t hidden_layers_of(const Model *m, const EngineOptions *op) {
+    if (op->restore_plan == RESTORE_PLAN_KV) return 0;
+    const int n = m->cfg.n_layer < 64 ? m->cfg.n_layer : 64;
     const uint64_t all = n == 64 ? UINT64_MAX : (1ull << n) - 1;
-    if (e->opt.test_hidden_layers != 0) return e->opt.test_hidden_layers & all;
-    return e->pool.hidden_bytes < e->pool.block_bytes ? all : 0;
+    if (op->test_hidden_layers != 0) return op->test_hidden_layers & all;
+    uint64_t kv = kvpool_bytes_for(1, m->cfg.kv_dim, op->block_tokens, 1, op->kv_type);
+    return (uint64_t)fwd_hidden_row_bytes(m) * (uint64_t)op->block_tokens < kv ? all : 0;
+}
+
+/* Whether the pool keeps hidden states: a plan may store some. */
+static bool plan_has_hidden(const Model *m, const EngineOptions *op) { return hidden_layers_of(m, op) != 0; }
+
+/* The auto plan's first figure, before any restore: how long projecting
+ * a few blocks of layer 0 takes (into free slots, whose contents nothing
+ * reads; their hidden rows zeroed first). */
+static void measure_projection(Engine *e) {
+    KvPool *p = &e->pool;
+    int32_t slots[4], pos0[4];
+    int n = 0;
+    for (int i = 0; i < p->n_free && n < 4; i++) {
+        slots[n] = p->free_list[i];
+        pos0[n] = n * p->block_tokens;
+        if (pos0[n] + p->block_tokens > e->opt.n_ctx) break;
+        memset(kvpool_h(p, 0, slots[n]), 0, p->hidden_bytes);
+        n++;
+    }
+    if (n == 0) return;
+    MnErr err = {0};
+    double t0 = mn_now() + engine_clock_shift(e->opt.test_hooks, ENGINE_CLOCK_PROJECT);
+    if (fwd_project(e->fwd, 0, slots, pos0, n, &err) != MN_OK) return;
+    double t1 = mn_now() + engine_clock_shift(e->opt.test_hooks, ENGINE_CLOCK_PROJECT);
+    tiers_note_projection(e->tiers, t1 - t0, (int64_t)n * p->block_tokens);
 }
 
 /* TiersConfig.project_fn: restored hidden states into K/V (fwd_project). */
@@ -1840,10 +1867,12 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         !(op->decode_reserve >= 0 && op->decode_reserve < 1) ||
         !(op->cache_ttl_s >= 0))
         rc = mn_err_set(err, MN_EINVAL, "engine options out of range");
-    if (op->restore_plan != RESTORE_PLAN_KV && op->restore_plan != RESTORE_PLAN_HIDDEN)
+    if (op->restore_plan != RESTORE_PLAN_KV && op->restore_plan != RESTORE_PLAN_HIDDEN &&
+        op->restore_plan != RESTORE_PLAN_AUTO)
         rc = mn_err_set(err, MN_EINVAL, "engine options out of range");
-    /* hidden states are captured into arenas of their own, counted in the pool's size */
-    const bool has_hidden = op->restore_plan == RESTORE_PLAN_HIDDEN;
+    /* hidden states are captured into arenas of their own, counted in the
+     * pool's size, when a plan may store them */
+    const bool has_hidden = plan_has_hidden(m, op);
     const size_t hid_row = has_hidden ? fwd_hidden_row_bytes(m) : 0;
     uint64_t per_block = kvpool_bytes_for(m->cfg.n_layer, m->cfg.kv_dim, op->block_tokens, 1, op->kv_type) +
                          (uint64_t)m->cfg.n_layer * (uint64_t)op->block_tokens * hid_row;
@@ -1915,10 +1944,12 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
                           .cond = &e->inbox_cond,
                           .on_lost_fn = mark_holders_failed,
                           .ctx = e,
-                          .hidden_layers = hidden_plan(e),
+                          .hidden_layers = hidden_layers_of(m, op),
+                          .is_auto = op->restore_plan == RESTORE_PLAN_AUTO,
                           .project_fn = project_restored};
         rc = tiers_new(&tc, &e->tiers, err);
         op->disk_tier_dir = NULL; /* borrowed for engine_new only */
+        if (rc == MN_OK && tc.is_auto && tc.hidden_layers != 0 && tiers_is_on(e->tiers)) measure_projection(e);
     }
     if (rc == MN_OK) {
         e->stats.pool_blocks = e->pool.n_blocks;

@@ -60,6 +60,9 @@ typedef enum RestorePlan {
     RESTORE_PLAN_KV = 0,  /* every layer as K/V (default) */
     RESTORE_PLAN_HIDDEN,  /* as the hidden states its K/V are projected from, where those are smaller
                              than K/V; restored by projecting them */
+    RESTORE_PLAN_AUTO,    /* per saved run, its first layers as hidden states and the rest as K/V, as
+                             many as make the projections and the reads of a restore end together
+                             (measured projection time, the slowest tier's read bandwidth) */
 } RestorePlan;
 
 /* What a reading of the engine's clock decides (EngineTestHooks). */
@@ -68,6 +71,7 @@ typedef enum EngineClockUse {
     ENGINE_CLOCK_WAIT,   /* the start and end of a wait for restored layers in a pass */
     ENGINE_CLOCK_EXPIRY, /* what the cache TTL expires, and when the tiers are asked next */
     ENGINE_CLOCK_BACKOFF, /* when saving resumes after saves no tier took */
+    ENGINE_CLOCK_PROJECT, /* the start and end of a projection of restored hidden states */
 } EngineClockUse;
 
 /* What a step is about to compute (EngineTestHooks.step_fn). */
@@ -137,8 +141,9 @@ typedef struct EngineOptions {
     int redis_ttl_s;           /* its keys expire this long after their last use; 0 = never (default) */
     int redis_timeout_ms;      /* its connection's timeout; 0 = the tier's default */
     RestorePlan restore_plan;  /* how saves store layers (default kv) */
-    uint64_t test_hidden_layers; /* tests only: with restore_plan hidden, exactly these layers (bit l:
-                                    layer l) are stored as hidden states, whatever their size; 0: the plan's */
+    uint64_t test_hidden_layers; /* tests only: with restore_plan hidden (auto), exactly these layers (bit l:
+                                    layer l) are (may be) stored as hidden states, whatever their size;
+                                    0: the plan's */
     const MoverTestHooks *mover_hooks; /* tests only: MoverConfig.hooks; NULL normally */
     const EngineTestHooks *test_hooks; /* tests only (borrowed, outlives the engine); NULL normally */
     int test_table_faults;             /* tests only: the next N block-table growths fail

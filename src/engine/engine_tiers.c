@@ -118,6 +118,9 @@ struct EngineTiers {
     void (*on_lost_fn)(void *ctx, int32_t slot);
     void *lost_ctx;
     uint64_t hidden_layers;  /* TiersConfig.hidden_layers */
+    bool is_auto;            /* TiersConfig.is_auto */
+    double proj_s;           /* seconds per token and layer a projection takes
+                                (a moving average); 0: not measured */
     int (*project_fn)(void *ctx, int layer, const int32_t *slots, const int32_t *pos0, int n);
     uint64_t n_restored_kv;     /* blocks restored with every layer loaded as KV */
     uint64_t n_restored_hidden; /* blocks restored with layers projected */
@@ -144,6 +147,8 @@ static void on_mover_event(void *ctx, MoverEvent *ev) {
 }
 
 static void save_done(EngineTiers *t, MoverJob *j);
+static uint64_t hidden_plan(const EngineTiers *t);
+static double tier_read_bw(const EngineTiers *t, int i);
 
 static void load_free(Load *ld) {
     if (ld == NULL) return;
@@ -168,10 +173,13 @@ static void project_layer(EngineTiers *t, Load *ld, int layer) {
             ld->proj_pos[n++] = ld->pos[k];
         }
     if (n == 0 || ld->is_bad || t->project_fn == NULL) return;
+    double t0 = tiers_now(t, ENGINE_CLOCK_PROJECT);
     if (t->project_fn(t->lost_ctx, layer, ld->proj, ld->proj_pos, n) != MN_OK) {
         LOG_ERROR("projecting layer %d of %d restored blocks failed: they are recomputed", layer, n);
         ld->is_bad = true;
+        return;
     }
+    tiers_note_projection(t, tiers_now(t, ENGINE_CLOCK_PROJECT) - t0, (int64_t)n * t->pool->block_tokens);
 }
 
 static void handle_event(EngineTiers *t, MoverEvent *ev) {
@@ -246,7 +254,7 @@ static void save_blocks(EngineTiers *t, const Hash128 *hashes, const int32_t *sl
     memcpy(j->slots, slots, (size_t)n * sizeof *slots);
     j->pos = pos;
     j->ns_id = *slotpol_ns(t->slots, slots[0]);
-    j->hidden = t->hidden_layers; /* the layers every block holds hidden rows of */
+    j->hidden = hidden_plan(t); /* of those, the layers every block holds hidden rows of */
     for (int i = 0; i < n; i++) j->hidden &= kvpool_hidden_layers(t->pool, slots[i]);
     for (int i = 0; i < n; i++) {
         kvpool_retain(t->pool, slots[i]);
@@ -479,6 +487,52 @@ CacheSource tiers_block_source(const EngineTiers *t, const Hash128 *h) {
     for (int k = 0; k < ld->job->n; k++)
         if (ld->job->slots[k] == slot) return t->tier_src[ld->job->tier[k]];
     return SRC_POOL;
+}
+
+/* ---- the restore plan ---------------------------------------------------------------- */
+
+void tiers_note_projection(EngineTiers *t, double seconds, int64_t n_token_layers) {
+    if (n_token_layers <= 0 || !(seconds >= 0)) return;
+    double s = seconds / (double)n_token_layers;
+    t->proj_s = t->proj_s > 0 ? 0.8 * t->proj_s + 0.2 * s : s;
+}
+
+/* HCache's split: with the first h of the L eligible layers stored as
+ * hidden states, a restore reads (L - h) KV blocks and h hidden ones per
+ * block, and projects h layers while the rest arrive: it takes about
+ * max(read, project). The h with the least (the most hidden layers of
+ * equals: the smaller run) is where the two meet; h = 0 is reading K/V
+ * alone, so the choice is never slower than that by this estimate. */
+static int auto_hidden_count(const EngineTiers *t, int n_eligible) {
+    const KvPool *p = t->pool;
+    if (n_eligible == 0 || t->proj_s <= 0 || p->hidden_bytes >= p->block_bytes) return 0;
+    double bw = tier_read_bw(t, t->n_tiers - 1); /* the chain is inclusive: the slowest holds it all */
+    double kv = (double)p->block_bytes / p->block_tokens / bw, hid = (double)p->hidden_bytes / p->block_tokens / bw;
+    int best = 0;
+    double best_s = (double)n_eligible * kv;
+    for (int h = 1; h <= n_eligible; h++) {
+        double read = (double)(n_eligible - h) * kv + (double)h * hid, proj = (double)h * t->proj_s;
+        double s = read > proj ? read : proj;
+        if (s <= best_s) {
+            best = h;
+            best_s = s;
+        }
+    }
+    return best;
+}
+
+/* The layers a save stores as hidden states now (blocks that hold their
+ * rows permitting). The split is per token: a run's size cancels out. */
+static uint64_t hidden_plan(const EngineTiers *t) {
+    if (!t->is_auto || t->hidden_layers == 0) return t->hidden_layers;
+    int h = auto_hidden_count(t, __builtin_popcountll(t->hidden_layers));
+    uint64_t mask = 0, left = t->hidden_layers;
+    for (int i = 0; i < h; i++) { /* the first h eligible layers: projected while later layers are read */
+        uint64_t low = left & (~left + 1);
+        mask |= low;
+        left &= ~low;
+    }
+    return mask;
 }
 
 /* ---- a step ---------------------------------------------------------------------- */
@@ -894,6 +948,7 @@ int tiers_new(const TiersConfig *cfg, EngineTiers **out, MnErr *err) {
     t->on_lost_fn = cfg->on_lost_fn;
     t->lost_ctx = cfg->ctx;
     t->hidden_layers = cfg->hidden_layers;
+    t->is_auto = cfg->is_auto;
     t->project_fn = cfg->project_fn;
     t->step_s = 0.05;
     t->shared = -1;
