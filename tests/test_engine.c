@@ -259,6 +259,7 @@ typedef struct VirtualPasses {
 typedef struct Drive {
     Gate steps;
     double shift_s, wait_jump_s, backoff_at;
+    double proj_step_s, proj_shift_s; /* each projection's reading proj_step_s later than the last */
     int n_held_steps;
     bool is_stepping;
     VirtualPasses vp;
@@ -274,6 +275,7 @@ static double drive_clock(void *ctx, EngineClockUse use) {
         shift = d->vp.now - mn_now();
     }
     if (use == ENGINE_CLOCK_BACKOFF && d->backoff_at > 0) shift = d->backoff_at - mn_now();
+    if (use == ENGINE_CLOCK_PROJECT) shift = d->proj_shift_s += d->proj_step_s;
     if (use == ENGINE_CLOCK_WAIT && d->wait_jump_s > 0) {
         d->shift_s += d->wait_jump_s;
         d->wait_jump_s = 0;
@@ -2185,6 +2187,11 @@ static void gate_layer(void *ctx, int layer) {
 }
 static double slow_reads(void *ctx, int tier) { return SLOW_READ_S; }
 
+/* MoverTestHooks.layer_gate that lets every layer 0 through. */
+static void gate_layer_after_first(void *ctx, int layer) {
+    if (layer > 0) gate_layer(ctx, layer);
+}
+
 /* A slow restore sits out the steps it would stall (tiers_hold_back), and
  * the step time it is compared with leaves out what a pass waited for
  * restored layers. Time is the test's, not the machine's: the disk tier
@@ -2198,8 +2205,14 @@ static double slow_reads(void *ctx, int tier) { return SLOW_READ_S; }
  * with y sitting out each step, and once the gate opens y's first logits
  * are a full recompute's, bit for bit. Had y joined a batch, that pass
  * would wait at the closed gate and d could not finish before the gate's
- * hang guard gave up. */
-static void test_hold_back_slow_restore(void **s) {
+ * hang guard gave up.
+ * by_projection: the same for the projections of hidden states. The runs
+ * of x and y are stored as hidden states, the disk reads at its own
+ * speed, and each projection lasts 1e5 s by the engine's clock; once x's
+ * restore has measured that, y's load (held at the gate after its first
+ * layer) is expected to take its other layers' projections, and y sits
+ * out d's steps; counting only bytes, it would have joined a batch. */
+static void check_hold_back(bool by_projection) {
     Model *m = load("stories260K");
     if (!m) return;
     char *dir = test_tmpdir_new("tier");
@@ -2208,18 +2221,25 @@ static void test_hold_back_slow_restore(void **s) {
     make_prompt(x, 65, nv, 81, 1);
     make_prompt(y, 9, nv, 82, 1);
     make_prompt(d, 9, nv, 83, 1);
-    put_on_disk(m, dir, (const int32_t *[]){x, y}, (int[]){65, 9}, 2); /* x's 8 blocks, y's first */
+    const uint64_t hidden = by_projection ? 0x1f : 0; /* every layer of 5 */
+    /* x's 8 blocks, y's first */
+    put_on_disk_plan(m, dir, (const int32_t *[]){x, y}, (int[]){65, 9}, 2,
+                     by_projection ? RESTORE_PLAN_HIDDEN : RESTORE_PLAN_KV, hidden);
     Gate layers;
     gate_init(&layers);
     Drive dr;
     drive_init(&dr);
-    MoverTestHooks mh = {.layer_gate = gate_layer, .read_delay_fn = slow_reads, .ctx = &layers};
+    MoverTestHooks mh = {.layer_gate = by_projection ? gate_layer_after_first : gate_layer,
+                         .read_delay_fn = by_projection ? NULL : slow_reads,
+                         .ctx = &layers};
     EngineOptions o;
     engine_options_default(&o);
     o.block_tokens = 8;
     o.pool_blocks = 32;
     o.parallel = 2;
     o.disk_tier_dir = dir;
+    o.restore_plan = by_projection ? RESTORE_PLAN_HIDDEN : RESTORE_PLAN_KV;
+    o.test_hidden_layers = hidden;
     o.mover_hooks = &mh;
     o.test_hooks = &dr.hooks;
     Engine *e;
@@ -2228,7 +2248,8 @@ static void test_hold_back_slow_restore(void **s) {
     ReqResult res;
 
     pthread_mutex_lock(&dr.steps.lock);
-    dr.wait_jump_s = 1e5;
+    if (by_projection) dr.proj_step_s = 1e5;
+    else dr.wait_jump_s = 1e5;
     pthread_mutex_unlock(&dr.steps.lock);
     float *ref = reference_logits(m, x, 65), *got = calloc((size_t)nv, sizeof(float));
     free(run_one(e, x, 65, 1, got, &res));
@@ -2238,10 +2259,11 @@ static void test_hold_back_slow_restore(void **s) {
     pthread_mutex_lock(&dr.steps.lock);
     assert_true(dr.wait_jump_s == 0); /* x's pass waited for its layers */
     pthread_mutex_unlock(&dr.steps.lock);
-    settle(e); /* x's load is done: its read is in the stats the engine estimates with */
+    settle(e); /* x's load is done: its read (its projections) in what the engine estimates with */
     EngineStats st;
     engine_stats(e, &st);
-    if (!(st.tiers[0].tier.bytes_read > 0 && st.tiers[0].tier.read_seconds >= SLOW_READ_S))
+    if (by_projection) assert_int_equal(st.restored_hidden_tokens, 64);
+    else if (!(st.tiers[0].tier.bytes_read > 0 && st.tiers[0].tier.read_seconds >= SLOW_READ_S))
         fail_msg("the disk tier read %llu bytes in %.3f s", (unsigned long long)st.tiers[0].tier.bytes_read,
                  st.tiers[0].tier.read_seconds);
 
@@ -2260,7 +2282,8 @@ static void test_hold_back_slow_restore(void **s) {
     free(drain(ry, &res));
     request_unref(ry);
     assert_int_equal(res.n_cached_by[SRC_DISK], 8);
-    assert_int_equal(layers.n_calls, 2 * m->cfg.n_layer); /* x's and y's layers came through the gate */
+    /* x's and y's layers came through the gate (by_projection: but layer 0) */
+    assert_int_equal(layers.n_calls, 2 * (m->cfg.n_layer - by_projection));
     ref = reference_logits(m, y, 9);
     assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
     free(ref);
@@ -2271,6 +2294,9 @@ static void test_hold_back_slow_restore(void **s) {
     test_tmpdir_free(dir);
     model_free(m);
 }
+
+static void test_hold_back_slow_restore(void **s) { check_hold_back(false); }
+static void test_hold_back_slow_projection(void **s) { check_hold_back(true); }
 
 /* MoverTestHooks.disk_tier for test_disk_full: every operation of the
  * kinds in *ctx fails with ENOSPC. */
@@ -2856,6 +2882,7 @@ int main(void) {
         cmocka_unit_test(test_pool_fifo_vs_lru),
         cmocka_unit_test(test_turn_touches_disk_runs),
         cmocka_unit_test(test_hold_back_slow_restore),
+        cmocka_unit_test(test_hold_back_slow_projection),
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_writebehind_namespaces),
         cmocka_unit_test(test_restore_out_of_memory),

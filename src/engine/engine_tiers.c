@@ -555,15 +555,33 @@ static double tier_read_bw(const EngineTiers *t, int i) {
     return t->tier_src[i] == SRC_RAM ? 4e9 : 1e9;
 }
 
+/* Seconds a load has left: its remaining layers' bytes at its tier's read
+ * bandwidth, and the projections of the layers that arrive as hidden
+ * states, which the engine thread does as they come. Which those are is
+ * known once its first layer came (MoverJob.block_hidden); until then
+ * the layers the plan stores as hidden now are the guess. */
+static double load_left_s(const EngineTiers *t, const Load *ld) {
+    const KvPool *p = t->pool;
+    const MoverJob *j = ld->job;
+    const uint64_t guess = hidden_plan(t);
+    double bytes = 0, proj = 0;
+    for (int l = ld->layers_done; l < p->n_layer; l++)
+        for (int k = 0; k < j->n; k++) {
+            uint64_t mask = ld->layers_done > 0 ? j->block_hidden[k] : guess;
+            bool is_hidden = l < 64 && (mask >> l & 1);
+            bytes += (double)(is_hidden ? p->hidden_bytes : p->block_bytes);
+            if (is_hidden) proj += t->proj_s * p->block_tokens;
+        }
+    return bytes / tier_read_bw(t, j->tier[0]) + proj;
+}
+
 /* Seconds until the restores of table s are expected to be done: the
  * loads ahead of them in the mover's queue count too (it serves them in
  * order). */
 static double restore_eta(const EngineTiers *t, const AttnSeq *s) {
-    const KvPool *p = t->pool;
     double eta = 0, last = 0;
     for (const Load *ld = t->loads; ld; ld = ld->next) {
-        double bytes = (double)(p->n_layer - ld->layers_done) * (double)ld->job->n * (double)p->block_bytes;
-        eta += bytes / tier_read_bw(t, ld->job->tier[0]);
+        eta += load_left_s(t, ld);
         for (int b = 0; b < s->n_blocks; b++)
             if (t->slot_load[s->blocks[b]] == ld) last = eta;
     }
