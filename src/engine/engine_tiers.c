@@ -116,7 +116,7 @@ struct EngineTiers {
     pthread_cond_t *cond;
     MoverEvent *ev_head, *ev_tail; /* events from the mover */
     void (*on_lost_fn)(void *ctx, int32_t slot);
-    void *lost_ctx;
+    void *ctx;               /* TiersConfig.ctx, of on_lost_fn and project_fn */
     uint64_t hidden_layers;  /* TiersConfig.hidden_layers */
     bool is_auto;            /* TiersConfig.is_auto */
     double proj_s;           /* seconds per token and layer a projection takes
@@ -149,14 +149,7 @@ static void on_mover_event(void *ctx, MoverEvent *ev) {
 static void save_done(EngineTiers *t, MoverJob *j);
 static uint64_t hidden_plan(const EngineTiers *t);
 static double tier_read_bw(const EngineTiers *t, int i);
-
-static void load_free(Load *ld) {
-    if (ld == NULL) return;
-    mn_free(ld->pos);
-    mn_free(ld->proj);
-    mn_free(ld->proj_pos);
-    mn_free(ld);
-}
+static void load_free(Load *ld);
 static void load_done(EngineTiers *t, Load *ld, MoverJob *j);
 static void promote_done(EngineTiers *t, const MoverJob *j);
 static void probe_done(EngineTiers *t, MoverJob *j);
@@ -174,7 +167,7 @@ static void project_layer(EngineTiers *t, Load *ld, int layer) {
         }
     if (n == 0 || ld->is_bad || t->project_fn == NULL) return;
     double t0 = tiers_now(t, ENGINE_CLOCK_PROJECT);
-    if (t->project_fn(t->lost_ctx, layer, ld->proj, ld->proj_pos, n) != MN_OK) {
+    if (t->project_fn(t->ctx, layer, ld->proj, ld->proj_pos, n) != MN_OK) {
         LOG_ERROR("projecting layer %d of %d restored blocks failed: they are recomputed", layer, n);
         ld->is_bad = true;
         return;
@@ -446,6 +439,14 @@ int tiers_start_load(EngineTiers *t, const TierSeq *ts, const int *at, int n) {
     return start_load(t, ts, at, n, false);
 }
 
+static void load_free(Load *ld) {
+    if (ld == NULL) return;
+    mn_free(ld->pos);
+    mn_free(ld->proj);
+    mn_free(ld->proj_pos);
+    mn_free(ld);
+}
+
 static void load_done(EngineTiers *t, Load *ld, MoverJob *j) {
     bool is_failed = j->rc != MN_OK || ld->is_bad;
     for (int k = 0; k < j->n; k++) {
@@ -457,7 +458,7 @@ static void load_done(EngineTiers *t, Load *ld, MoverJob *j) {
             else t->n_restored_kv++;
         }
         if (is_failed) {
-            t->on_lost_fn(t->lost_ctx, slot);
+            t->on_lost_fn(t->ctx, slot);
             index_remove_slot(t->index, slot);
             /* a block the failing tier could not give may not be in it any
              * more; a checksum failure names what it dropped (DROPPED,
@@ -964,7 +965,7 @@ int tiers_new(const TiersConfig *cfg, EngineTiers **out, MnErr *err) {
     t->lock = cfg->lock;
     t->cond = cfg->cond;
     t->on_lost_fn = cfg->on_lost_fn;
-    t->lost_ctx = cfg->ctx;
+    t->ctx = cfg->ctx;
     t->hidden_layers = cfg->hidden_layers;
     t->is_auto = cfg->is_auto;
     t->project_fn = cfg->project_fn;

@@ -64,7 +64,7 @@ typedef struct TiersConfig {
      * planned again, its KV there never used. Called on the engine thread
      * from tiers_take_events (so also from within tiers_wait_layer). */
     void (*on_lost_fn)(void *ctx, int32_t slot);
-    void *ctx;
+    void *ctx;               /* of on_lost_fn and project_fn */
     /* Hidden-state restore (docs/DESIGN.md, "Hidden-state restore"): the
      * layers a save stores as the pool's hidden states (the pool has
      * hidden arenas; 0: every layer as KV), and how a restored layer that
