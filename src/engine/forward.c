@@ -131,7 +131,7 @@ int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, 
 void fwd_free(Forward *f) {
     if (f == NULL) return;
     tpool_free(f->tp);
-    float *bufs[] = {f->x,  f->xb,     f->q,      f->k,           f->v,      f->att,   f->hb,
+    float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb,
                      f->hb2, f->xl, f->logits, f->attn_scratch, f->proj_k, f->proj_v};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mn_free_aligned(bufs[i]);
     mn_free_aligned(f->proj_in);
