@@ -1786,15 +1786,15 @@ static void test_hidden_mixed(void **s) {
     int32_t a[80], b[80], c[80];
     make_prompt(a, 65, nv, 51, 1);
     make_prompt(b, 65, nv, 52, 1);
-    make_prompt(c, 41, nv, 53, 1);
+    make_prompt(c, 33, nv, 53, 1);
     ReqResult res;
-    free(run_one(e, a, 33, 4, NULL, &res)); /* blocks 0..3 */
+    free(run_one(e, a, 33, 4, NULL, &res)); /* blocks 0..3, and a[32] + 4 replied in block 4 */
     settle(e);
-    free(run_one(e, a, 65, 4, NULL, &res)); /* 4..7 */
+    free(run_one(e, a, 65, 4, NULL, &res)); /* 4..7 (a[32]'s row and its hidden rows are turn 1's) */
     settle(e);
     free(run_one(e, b, 65, 4, NULL, &res));
     settle(e);
-    free(run_one(e, c, 41, 4, NULL, &res)); /* a's 0..5 leave the pool */
+    free(run_one(e, c, 33, 4, NULL, &res)); /* a's 0..5 leave the pool */
     settle(e);
     assert_true(test_corrupt_slabs(dir, 1) > 0); /* the first run's layer 0 */
     Recomputed want = recompute(m, a, 65, 4);

@@ -507,6 +507,9 @@ static void check_projection(const char *model_name, MnType kv_type, bool packed
 
 static void test_project_mha_f16(void **s) { check_projection("tiny-mha-spm-f16", MN_TYPE_F16, false); }
 static void test_project_q8_0_f32kv(void **s) { check_projection("tiny-llama-spm-q8_0", MN_TYPE_F32, false); }
+/* Q4_0 multiplies int8 activations (compute/q32.c), but not kquant's: its
+ * hidden rows stay f32, exact for any quantization the kernel makes of them. */
+static void test_project_q4_0(void **s) { check_projection("tiny-llama-spm-q4_0", MN_TYPE_F16, false); }
 static void test_project_qwen2(void **s) { check_projection("tiny-qwen2-gpt2-f32", MN_TYPE_F16, false); }
 static void test_project_qwen3_q4_k_m(void **s) { check_projection("qwen3-q4_k_m", MN_TYPE_F16, true); }
 static void test_project_q4_k_m(void **s) { check_projection("k-llama-q4_k_m", MN_TYPE_F32, true); }
@@ -714,6 +717,7 @@ int main(void) {
         cmocka_unit_test(test_invariance_q6_k),
         cmocka_unit_test(test_project_mha_f16),
         cmocka_unit_test(test_project_q8_0_f32kv),
+        cmocka_unit_test(test_project_q4_0),
         cmocka_unit_test(test_project_qwen2),
         cmocka_unit_test(test_project_qwen3_q4_k_m),
         cmocka_unit_test(test_project_q4_k_m),

@@ -240,6 +240,14 @@ void kvpool_copy_rows(KvPool *p, int32_t dst, int32_t src, int n_rows) {
         memcpy(kvpool_k(p, l, dst), kvpool_k(p, l, src), n);
         memcpy(kvpool_v(p, l, dst), kvpool_v(p, l, src), n);
     }
+    if (p->hid_rows == NULL) return;
+    /* the rows' hidden states go with them (same tokens, same positions),
+     * where the pass wrote them */
+    const uint8_t *from = p->hid_rows + (size_t)src * (size_t)p->block_tokens;
+    uint8_t *to = p->hid_rows + (size_t)dst * (size_t)p->block_tokens;
+    for (int l = 0; l < p->n_layer; l++)
+        memcpy(kvpool_h(p, l, dst), kvpool_h(p, l, src), p->hidden_row_bytes * (size_t)n_rows);
+    memcpy(to, from, (size_t)n_rows);
 }
 
 void kvpool_clear_cacheable(KvPool *p, int32_t slot) {

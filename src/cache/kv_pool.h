@@ -137,8 +137,9 @@ static inline void *kvpool_v(const KvPool *p, int layer, int32_t slot) {
 }
 
 /* Copy the K and V rows of the first n_rows tokens (0 <= n_rows <=
- * block_tokens) of slot src into slot dst, in every layer; the rest of
- * dst is left as it was. dst != src. */
+ * block_tokens) of slot src into slot dst, in every layer, and their
+ * hidden rows with the pass's marks; the rest of dst is left as it was.
+ * dst != src. */
 void kvpool_copy_rows(KvPool *p, int32_t dst, int32_t src, int n_rows);
 /* Hidden rows (block_tokens * hidden_row_bytes) of slot in layer l. */
 static inline void *kvpool_h(const KvPool *p, int layer, int32_t slot) {

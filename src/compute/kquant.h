@@ -60,10 +60,11 @@ void kq_quantize_ref(MnType type, const float *x, int64_t n_in, int n_tok, uint8
  * activations: exactly kq_quantize's d and codes (whatever the SIMD
  * path), so kq_unpack gives back kq_quantize's blocks bit for bit. */
 void kq_pack(const float *x, int64_t n_in, uint8_t *dst);
-/* dst (n_in / 256 * KQ_BLOCK_BYTES bytes, 64-byte aligned) = the blocks
- * kq_quantize(type, x) writes, from the packed form src of x (kq_pack):
- * the same codes, code sums and d; the padding is zero. */
-void kq_unpack(MnType type, const uint8_t *src, int64_t n_in, uint8_t *dst);
+/* dst (kq_acts_bytes(n_in, n_tok) bytes, 64-byte aligned) = what
+ * kq_quantize(type, x, n_in, n_tok) writes, from the packed rows src of
+ * the n_tok tokens x (kq_pack, one after another): the same codes, code
+ * sums and d in the same layout. */
+void kq_unpack(MnType type, const uint8_t *src, int64_t n_in, int n_tok, uint8_t *dst);
 
 /* out[t * n_out + r] for rows [r0, r1) of w (row_bytes apart) and the
  * n_tok tokens that kq_quantize wrote at acts. Never allocates. */
