@@ -362,8 +362,8 @@ static int pick_chat_format(const Model *m, const ChatFormatOptions *co, ChatFor
 
 static int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *alias = NULL, *tmpl_name = NULL, *kv_type_name = "f16",
-               *schedule = "fcfs", *evict = NULL, *profile_file = NULL, *overflow = "shift", *tmpl_file = NULL,
-               *tmpl_date = NULL;
+               *schedule = "fcfs", *evict = NULL, *profile_file = NULL, *overflow = "shift", *restore_plan = "kv",
+               *tmpl_file = NULL, *tmpl_date = NULL;
     int port = 8080, max_body_kb = 1024, n_predict = -1;
     const char *gpu_layers = NULL, *flash_attn = NULL; /* llama.cpp's, ignored */
     uint64_t pool_mb = 0;
@@ -417,6 +417,10 @@ static int cmd_serve(int argc, char **argv) {
         {"max-queue", 0, CLI_INT, &eo.max_queue, "N", "waiting requests at most, then 503 (default 64)"},
         {"max-body", 0, CLI_INT, &max_body_kb, "KB", "largest request body in KiB, then 413 (default 1024)"},
         {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache precision (default f16)"},
+        {"restore-plan", 0, CLI_STR, &restore_plan, "kv|hidden|auto",
+         "how the cache tiers store a conversation's layers: as KV (default), as the hidden states KV is "
+         "projected from where those are smaller (restored by projecting them: the same KV, bit for bit), or "
+         "each run split between the two so a restore's projections and reads end together (auto)"},
         {"no-prefix-cache", 0, CLI_FLAG, &no_prefix_cache, NULL, "compute every prompt from scratch"},
         {"drain-timeout", 0, CLI_FLOAT, &drain_timeout, "S", "on SIGTERM, let running requests finish this long (30)"},
         {"cache-ttl", 0, CLI_FLOAT, &cache_ttl, "S", "drop cached blocks idle longer than S seconds (0: never)"},
@@ -462,6 +466,13 @@ static int cmd_serve(int argc, char **argv) {
     else if (strcmp(schedule, "relaxed-fpf") == 0) eo.schedule = SCHED_RELAXED_FPF;
     else {
         fprintf(stderr, "mnemo serve: --schedule must be fcfs, fpf or relaxed-fpf, got '%s'\n", schedule);
+        goto out;
+    }
+    if (strcmp(restore_plan, "kv") == 0) eo.restore_plan = RESTORE_PLAN_KV;
+    else if (strcmp(restore_plan, "hidden") == 0) eo.restore_plan = RESTORE_PLAN_HIDDEN;
+    else if (strcmp(restore_plan, "auto") == 0) eo.restore_plan = RESTORE_PLAN_AUTO;
+    else {
+        fprintf(stderr, "mnemo serve: --restore-plan must be kv, hidden or auto, got '%s'\n", restore_plan);
         goto out;
     }
     if (strcmp(overflow, "shift") == 0) eo.context_overflow = OVERFLOW_SHIFT;

@@ -260,6 +260,7 @@ typedef struct VirtualPasses {
 typedef struct Drive {
     Gate steps;
     double shift_s, wait_jump_s, backoff_at;
+    double proj_step_s, proj_shift_s; /* each projection's reading proj_step_s later than the last */
     int n_held_steps;
     bool is_stepping;
     VirtualPasses vp;
@@ -275,6 +276,7 @@ static double drive_clock(void *ctx, EngineClockUse use) {
         shift = d->vp.now - mn_now();
     }
     if (use == ENGINE_CLOCK_BACKOFF && d->backoff_at > 0) shift = d->backoff_at - mn_now();
+    if (use == ENGINE_CLOCK_PROJECT) shift = d->proj_shift_s += d->proj_step_s;
     if (use == ENGINE_CLOCK_WAIT && d->wait_jump_s > 0) {
         d->shift_s += d->wait_jump_s;
         d->wait_jump_s = 0;
@@ -1684,14 +1686,277 @@ static void test_restore_mixed(void **s) {
     model_free(m);
 }
 
+/* ---- hidden-state restore (restore path 3) ---------------------------------------- */
+
+/* A tier engine (tier_engine's) that saves the layers `layers` as hidden
+ * states (0: the plan's choice, those smaller than KV); kv_type its pool's. */
+static Engine *hidden_engine_hooked(Model *m, int pool_blocks, uint64_t ram_mb, const char *dir, EvictPolicy evict,
+                                    MnType kv_type, RestorePlan plan, uint64_t layers, const EngineTestHooks *hooks) {
+    EngineOptions o;
+    tier_options(&o, pool_blocks, NULL);
+    o.test_hooks = hooks;
+    o.ram_tier_mb = ram_mb;
+    o.disk_tier_dir = dir;
+    o.evict = evict;
+    o.kv_type = kv_type;
+    o.restore_plan = plan;
+    o.test_hidden_layers = layers;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    return e;
+}
+
+static Engine *hidden_engine(Model *m, int pool_blocks, uint64_t ram_mb, const char *dir, EvictPolicy evict,
+                             MnType kv_type, RestorePlan plan, uint64_t layers) {
+    return hidden_engine_hooked(m, pool_blocks, ram_mb, dir, evict, kv_type, plan, layers, NULL);
+}
+
+/* check_restore with layers stored as hidden states: a conversation's
+ * blocks leave the pool and come back from the RAM tier or the disk,
+ * their hidden layers projected into K/V; its first logits and text are a
+ * full recompute's, bit for bit, and the restored tokens are counted as
+ * hidden. With corrupt, the disk's extents (hidden ones among them) are
+ * damaged: the restore fails its checksum, is counted, and the blocks are
+ * recomputed with the same results. */
+static void check_hidden_restore(const char *model, MnType kv_type, uint64_t ram_mb, bool has_disk, uint64_t layers,
+                                 bool corrupt) {
+    Model *m = load(model);
+    if (!m) return;
+    char *dir = has_disk ? test_tmpdir_new("tier") : NULL;
+    Engine *e = hidden_engine(m, 16, ram_mb, dir, EVICT_DEFAULT, kv_type, RESTORE_PLAN_HIDDEN, layers);
+    const int nv = m->cfg.n_vocab;
+    int32_t p[3][80], *a = p[0], *b = p[1], *c = p[2];
+    make_prompts(p, 3, 65, nv, 43);
+    Recomputed full = recompute(m, a, 65, 4);
+    ReqResult res;
+    expect_recomputed(e, &full, a, 65, &res);
+    settle(e);
+    free(run_one(e, b, 65, 4, NULL, &res));
+    settle(e);
+    free(run_one(e, c, 65, 4, NULL, &res));
+    settle(e);
+    if (corrupt) assert_true(test_corrupt_slabs(dir, 64) > 0);
+    expect_recomputed(e, &full, a, 65, &res);
+    EngineStats st;
+    engine_stats(e, &st);
+    if (corrupt) {
+        assert_true(st.restore_failures >= 1);
+        assert_true(st.tiers[st.n_tiers - 1].tier.n_checksum_failures >= 1);
+    } else {
+        assert_int_equal(res.n_cached, 64);
+        uint64_t from_tiers = res.n_cached_by[SRC_RAM] + res.n_cached_by[SRC_DISK];
+        assert_true(from_tiers > 0);
+        assert_int_equal(st.restored_hidden_tokens, from_tiers); /* every run saved with hidden layers */
+        assert_int_equal(st.restored_kv_tokens, 0);
+        assert_int_equal(st.restore_failures, 0);
+    }
+    recomputed_free(&full);
+    engine_free(e);
+    if (dir) test_tmpdir_free(dir);
+    model_free(m);
+}
+
+/* qwen3 Q4_K_M: its K/V weights take int8 activations, so the hidden rows
+ * are packed (260 bytes a token against 512 of f16 K/V): the plan stores
+ * every layer so by itself. */
+static void test_hidden_ram_qwen3(void **s) { check_hidden_restore("qwen3-q4_k_m", MN_TYPE_F16, 64, false, 0, false); }
+static void test_hidden_disk_qwen3(void **s) { check_hidden_restore("qwen3-q4_k_m", MN_TYPE_F16, 0, true, 0, false); }
+/* Multi-head attention with F16 weights: f32 hidden rows, as large as f16
+ * K/V, so the test asks for every layer. */
+static void test_hidden_ram_mha(void **s) { check_hidden_restore("tiny-mha-spm-f16", MN_TYPE_F16, 64, false, 7, false); }
+static void test_hidden_disk_mha(void **s) { check_hidden_restore("tiny-mha-spm-f16", MN_TYPE_F16, 0, true, 7, false); }
+/* Q8_0 weights keep f32 activations: f32 hidden rows, twice the size of
+ * this GQA model's f16 K/V; layer 0 of its 2 hidden, layer 1 KV, from a
+ * 1 MiB RAM tier and the disk under it. */
+static void test_hidden_ram_disk_q8_0(void **s) {
+    check_hidden_restore("tiny-llama-spm-q8_0", MN_TYPE_F16, 1, true, 1, false);
+}
+static void test_hidden_corrupt_disk(void **s) { check_hidden_restore("qwen3-q4_k_m", MN_TYPE_F16, 0, true, 0, true); }
+
+/* test_restore_mixed with layers 1 and 3 of stories260K's 5 stored as
+ * hidden states: leading blocks recomputed (their run damaged), the middle
+ * loaded from disk (KV layers loaded, hidden ones projected), the tail in
+ * the pool, in one pass; first logits bit-identical to a full recompute. */
+static void test_hidden_mixed(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = test_tmpdir_new("tier");
+    Engine *e = hidden_engine(m, 16, 0, dir, EVICT_LRU, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, 0xa);
+    const int nv = m->cfg.n_vocab;
+    int32_t a[80], b[80], c[80];
+    make_prompt(a, 65, nv, 51, 1);
+    make_prompt(b, 65, nv, 52, 1);
+    make_prompt(c, 33, nv, 53, 1);
+    ReqResult res;
+    free(run_one(e, a, 33, 4, NULL, &res)); /* blocks 0..3, and a[32] + 4 replied in block 4 */
+    settle(e);
+    free(run_one(e, a, 65, 4, NULL, &res)); /* 4..7 (a[32]'s row and its hidden rows are turn 1's) */
+    settle(e);
+    free(run_one(e, b, 65, 4, NULL, &res));
+    settle(e);
+    free(run_one(e, c, 33, 4, NULL, &res)); /* a's 0..5 leave the pool */
+    settle(e);
+    assert_true(test_corrupt_slabs(dir, 1) > 0); /* the first run's layer 0 */
+    Recomputed want = recompute(m, a, 65, 4);
+    expect_recomputed(e, &want, a, 65, &res);
+    assert_int_equal(res.n_cached_by[SRC_DISK], 16); /* blocks 4, 5 */
+    assert_int_equal(res.n_cached_by[SRC_POOL], 16); /* 6, 7 */
+    assert_int_equal(res.n_cached, 32);              /* 0..3 recomputed */
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.restore_failures, 1);
+    assert_int_equal(st.restored_hidden_tokens, 16);
+    assert_int_equal(st.restored_recompute_tokens, 32);
+    recomputed_free(&want);
+    engine_free(e);
+    test_tmpdir_free(dir);
+    model_free(m);
+}
+
+/* The auto plan's clocks: every reading for a projection is proj_step_s
+ * later than the one before, so each projection lasts about that long by
+ * the engine's clock, whatever the machine does; the disk reports its
+ * reads read_delay_s slower (MoverTestHooks.read_delay_fn). */
+typedef struct PlanClock {
+    pthread_mutex_t lock;
+    double proj_step_s, shift_s, read_delay_s;
+    EngineTestHooks hooks;
+    MoverTestHooks mover;
+} PlanClock;
+
+static double plan_clock(void *ctx, EngineClockUse use) {
+    PlanClock *c = ctx;
+    if (use != ENGINE_CLOCK_PROJECT) return 0;
+    pthread_mutex_lock(&c->lock);
+    double v = c->shift_s += c->proj_step_s;
+    pthread_mutex_unlock(&c->lock);
+    return v;
+}
+
+static double plan_read_delay(void *ctx, int tier) { return ((PlanClock *)ctx)->read_delay_s; }
+
+/* An auto-plan engine over a disk tier in dir, on c's clocks. */
+static Engine *auto_engine(Model *m, const char *dir, PlanClock *c) {
+    pthread_mutex_init(&c->lock, NULL);
+    c->hooks = (EngineTestHooks){.clock_shift_fn = plan_clock, .ctx = c};
+    c->mover = (MoverTestHooks){.read_delay_fn = plan_read_delay, .ctx = c};
+    EngineOptions o;
+    tier_options(&o, 16, &c->mover);
+    o.disk_tier_dir = dir;
+    o.restore_plan = RESTORE_PLAN_AUTO;
+    o.test_hooks = &c->hooks;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    return e;
+}
+
+/* One conversation's blocks leave the pool (two others push them out) and
+ * come back from disk: first logits bit for bit a full recompute's.
+ * Returns the tokens that came from disk. */
+static uint64_t expect_round_trip(Engine *e, Model *m, uint64_t seed) {
+    ReqResult r, *res = &r;
+    int32_t p[3][80];
+    make_prompts(p, 3, 65, m->cfg.n_vocab, seed);
+    Recomputed want = recompute(m, p[0], 65, 4);
+    expect_recomputed(e, &want, p[0], 65, res);
+    settle(e);
+    for (int i = 1; i < 3; i++) {
+        free(run_one(e, p[i], 65, 4, NULL, res));
+        settle(e);
+    }
+    expect_recomputed(e, &want, p[0], 65, res);
+    assert_int_equal(res->n_cached, 64);
+    assert_true(res->n_cached_by[SRC_DISK] > 0);
+    recomputed_free(&want);
+    return res->n_cached_by[SRC_DISK];
+}
+
+/* --restore-plan auto splits each saved run between hidden states and
+ * K/V by the measured figures (HCache's bubble-free split): projections
+ * that take 1 ms per 32 tokens against a disk that reads ~1 GB/s (the
+ * guess before any read) keep K/V; once the disk is measured slow (its
+ * reads reported 1000 s slower), the next runs are stored as hidden
+ * states and restored by projection; with projections 1000 s long, K/V
+ * again. Every restore is bit for bit a full recompute. */
+static void test_auto_plan(void **s) {
+    Model *m = load("qwen3-q4_k_m");
+    if (!m) return;
+    char *dir = test_tmpdir_new("tier");
+    PlanClock c = {.proj_step_s = 1e-3, .read_delay_s = 1e3};
+    Engine *e = auto_engine(m, dir, &c);
+    EngineStats st;
+    uint64_t n = expect_round_trip(e, m, 710); /* saved while the disk is a guess: K/V */
+    engine_stats(e, &st);
+    assert_int_equal(st.restored_kv_tokens, n);
+    assert_int_equal(st.restored_hidden_tokens, 0);
+    n = expect_round_trip(e, m, 720); /* saved after a slow read: hidden */
+    engine_stats(e, &st);
+    assert_int_equal(st.restored_hidden_tokens, n);
+    engine_free(e);
+    test_tmpdir_free(dir);
+    dir = test_tmpdir_new("tier");
+    PlanClock slow = {.proj_step_s = 1e3, .read_delay_s = 1e3};
+    e = auto_engine(m, dir, &slow);
+    n = expect_round_trip(e, m, 730);
+    n += expect_round_trip(e, m, 740); /* the disk is slow, projections slower */
+    engine_stats(e, &st);
+    assert_int_equal(st.restored_kv_tokens, n);
+    assert_int_equal(st.restored_hidden_tokens, 0);
+    engine_free(e);
+    pthread_mutex_destroy(&c.lock);
+    pthread_mutex_destroy(&slow.lock);
+    test_tmpdir_free(dir);
+    model_free(m);
+}
+
 /* Run each prompt (4 tokens generated) on a tier engine over dir, then
  * stop it: their full blocks are on disk only, for the next engine there. */
-static void put_on_disk(Model *m, const char *dir, const int32_t *const *prompts, const int *lens, int n) {
-    Engine *e = tier_engine(m, 32, 0, dir, EVICT_DEFAULT);
+static void put_on_disk_plan(Model *m, const char *dir, const int32_t *const *prompts, const int *lens, int n,
+                             RestorePlan plan, uint64_t layers) {
+    Engine *e = hidden_engine(m, 32, 0, dir, EVICT_DEFAULT, MN_TYPE_F16, plan, layers);
     ReqResult res;
     for (int i = 0; i < n; i++) free(run_one(e, prompts[i], lens[i], 4, NULL, &res));
     settle(e);
     engine_free(e);
+}
+
+static void put_on_disk(Model *m, const char *dir, const int32_t *const *prompts, const int *lens, int n) {
+    put_on_disk_plan(m, dir, prompts, lens, n, RESTORE_PLAN_KV, 0);
+}
+
+/* A restarted server finds a conversation's runs on disk with their hidden
+ * layers (record version 2) and restores them by projection, bit for bit
+ * as a full recompute; one started with the kv plan does not restore
+ * hidden states, so it drops those runs as misses and recomputes, with
+ * the same answer. */
+static void test_hidden_restart(void **s) {
+    Model *m = load("qwen3-q4_k_m");
+    if (!m) return;
+    char *dir = test_tmpdir_new("tier");
+    int32_t a[80];
+    make_prompt(a, 65, m->cfg.n_vocab, 63, 1);
+    put_on_disk_plan(m, dir, (const int32_t *[]){a}, (int[]){65}, 1, RESTORE_PLAN_HIDDEN, 0);
+    Recomputed want = recompute(m, a, 65, 4);
+    ReqResult res;
+    EngineStats st;
+    Engine *e = hidden_engine(m, 32, 0, dir, EVICT_DEFAULT, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, 0);
+    expect_recomputed(e, &want, a, 65, &res);
+    assert_int_equal(res.n_cached_by[SRC_DISK], 64);
+    engine_stats(e, &st);
+    assert_int_equal(st.restored_hidden_tokens, 64);
+    settle(e);
+    engine_free(e);
+    e = hidden_engine(m, 32, 0, dir, EVICT_DEFAULT, MN_TYPE_F16, RESTORE_PLAN_KV, 0);
+    expect_recomputed(e, &want, a, 65, &res);
+    assert_int_equal(res.n_cached, 0);
+    engine_stats(e, &st);
+    assert_int_equal(st.restored_hidden_tokens + st.restored_kv_tokens, 0);
+    recomputed_free(&want);
+    engine_free(e);
+    test_tmpdir_free(dir);
+    model_free(m);
 }
 
 /* Prefetch: a restarted server knows a conversation only from disk; it
@@ -1736,7 +2001,7 @@ static void test_prefetch_waiting(void **s) {
  * blocks are copied from disk into the RAM tier while it waits, and its
  * admission waits for that copy. They are restored from RAM, and its
  * answer is the full recompute's, bit for bit. */
-static void test_promote_waiting(void **s) {
+static void check_promote_waiting(RestorePlan plan, uint64_t layers) {
     Model *m = load("stories260K");
     if (!m) return;
     char *dir = test_tmpdir_new("tier");
@@ -1745,10 +2010,11 @@ static void test_promote_waiting(void **s) {
     make_prompt(a, 65, nv, 81, 1);
     make_prompts(fill, 3, 65, nv, 82);
     make_prompt(d, 9, nv, 85, 1);
-    put_on_disk(m, dir, (const int32_t *[]){a}, (int[]){65}, 1);
+    put_on_disk_plan(m, dir, (const int32_t *[]){a}, (int[]){65}, 1, plan, layers);
     Drive dr;
     drive_init(&dr);
-    Engine *e = tier_engine_hooked(m, 24, 1, dir, EVICT_DEFAULT, NULL, &dr.hooks); /* a's 8 blocks are on disk only */
+    /* a's 8 blocks are on disk only */
+    Engine *e = hidden_engine_hooked(m, 24, 1, dir, EVICT_DEFAULT, MN_TYPE_F16, plan, layers, &dr.hooks);
     ReqResult res;
     for (int i = 0; i < 3; i++) free(run_one(e, fill[i], 65, 4, NULL, &res)); /* the pool fills with cached blocks */
     settle(e);
@@ -1768,6 +2034,7 @@ static void test_promote_waiting(void **s) {
     assert_int_equal(st.promoted_blocks, 8);
     assert_int_equal(st.prefetched_blocks, 0);
     assert_int_equal(st.restore_failures, 0);
+    assert_int_equal(st.restored_hidden_tokens, layers ? 64 : 0);
     request_unref(rd);
     recomputed_free(&want);
     engine_free(e);
@@ -1775,6 +2042,12 @@ static void test_promote_waiting(void **s) {
     test_tmpdir_free(dir);
     model_free(m);
 }
+
+static void test_promote_waiting(void **s) { check_promote_waiting(RESTORE_PLAN_KV, 0); }
+/* The same with layers 0, 2 and 4 of the runs stored as hidden states:
+ * the promote copies them into RAM as they are, and they are projected
+ * when restored from there. */
+static void test_hidden_promote(void **s) { check_promote_waiting(RESTORE_PLAN_HIDDEN, 0x15); }
 
 /* Look-ahead in the pool: a conversation waiting behind a long request
  * keeps its cached blocks while that request's growth evicts others (the
@@ -1915,6 +2188,11 @@ static void gate_layer(void *ctx, int layer) {
 }
 static double slow_reads(void *ctx, int tier) { return SLOW_READ_S; }
 
+/* MoverTestHooks.layer_gate that lets every layer 0 through. */
+static void gate_layer_after_first(void *ctx, int layer) {
+    if (layer > 0) gate_layer(ctx, layer);
+}
+
 /* A slow restore sits out the steps it would stall (tiers_hold_back), and
  * the step time it is compared with leaves out what a pass waited for
  * restored layers. Time is the test's, not the machine's: the disk tier
@@ -1928,8 +2206,14 @@ static double slow_reads(void *ctx, int tier) { return SLOW_READ_S; }
  * with y sitting out each step, and once the gate opens y's first logits
  * are a full recompute's, bit for bit. Had y joined a batch, that pass
  * would wait at the closed gate and d could not finish before the gate's
- * hang guard gave up. */
-static void test_hold_back_slow_restore(void **s) {
+ * hang guard gave up.
+ * by_projection: the same for the projections of hidden states. The runs
+ * of x and y are stored as hidden states, the disk reads at its own
+ * speed, and each projection lasts 1e5 s by the engine's clock; once x's
+ * restore has measured that, y's load (held at the gate after its first
+ * layer) is expected to take its other layers' projections, and y sits
+ * out d's steps; counting only bytes, it would have joined a batch. */
+static void check_hold_back(bool by_projection) {
     Model *m = load("stories260K");
     if (!m) return;
     char *dir = test_tmpdir_new("tier");
@@ -1938,18 +2222,25 @@ static void test_hold_back_slow_restore(void **s) {
     make_prompt(x, 65, nv, 81, 1);
     make_prompt(y, 9, nv, 82, 1);
     make_prompt(d, 9, nv, 83, 1);
-    put_on_disk(m, dir, (const int32_t *[]){x, y}, (int[]){65, 9}, 2); /* x's 8 blocks, y's first */
+    const uint64_t hidden = by_projection ? 0x1f : 0; /* every layer of 5 */
+    /* x's 8 blocks, y's first */
+    put_on_disk_plan(m, dir, (const int32_t *[]){x, y}, (int[]){65, 9}, 2,
+                     by_projection ? RESTORE_PLAN_HIDDEN : RESTORE_PLAN_KV, hidden);
     Gate layers;
     gate_init(&layers);
     Drive dr;
     drive_init(&dr);
-    MoverTestHooks mh = {.layer_gate = gate_layer, .read_delay_fn = slow_reads, .ctx = &layers};
+    MoverTestHooks mh = {.layer_gate = by_projection ? gate_layer_after_first : gate_layer,
+                         .read_delay_fn = by_projection ? NULL : slow_reads,
+                         .ctx = &layers};
     EngineOptions o;
     engine_options_default(&o);
     o.block_tokens = 8;
     o.pool_blocks = 32;
     o.parallel = 2;
     o.disk_tier_dir = dir;
+    o.restore_plan = by_projection ? RESTORE_PLAN_HIDDEN : RESTORE_PLAN_KV;
+    o.test_hidden_layers = hidden;
     o.mover_hooks = &mh;
     o.test_hooks = &dr.hooks;
     Engine *e;
@@ -1958,7 +2249,8 @@ static void test_hold_back_slow_restore(void **s) {
     ReqResult res;
 
     pthread_mutex_lock(&dr.steps.lock);
-    dr.wait_jump_s = 1e5;
+    if (by_projection) dr.proj_step_s = 1e5;
+    else dr.wait_jump_s = 1e5;
     pthread_mutex_unlock(&dr.steps.lock);
     float *ref = reference_logits(m, x, 65), *got = calloc((size_t)nv, sizeof(float));
     free(run_one(e, x, 65, 1, got, &res));
@@ -1968,10 +2260,11 @@ static void test_hold_back_slow_restore(void **s) {
     pthread_mutex_lock(&dr.steps.lock);
     assert_true(dr.wait_jump_s == 0); /* x's pass waited for its layers */
     pthread_mutex_unlock(&dr.steps.lock);
-    settle(e); /* x's load is done: its read is in the stats the engine estimates with */
+    settle(e); /* x's load is done: its read (its projections) in what the engine estimates with */
     EngineStats st;
     engine_stats(e, &st);
-    if (!(st.tiers[0].tier.bytes_read > 0 && st.tiers[0].tier.read_seconds >= SLOW_READ_S))
+    if (by_projection) assert_int_equal(st.restored_hidden_tokens, 64);
+    else if (!(st.tiers[0].tier.bytes_read > 0 && st.tiers[0].tier.read_seconds >= SLOW_READ_S))
         fail_msg("the disk tier read %llu bytes in %.3f s", (unsigned long long)st.tiers[0].tier.bytes_read,
                  st.tiers[0].tier.read_seconds);
 
@@ -1990,7 +2283,8 @@ static void test_hold_back_slow_restore(void **s) {
     free(drain(ry, &res));
     request_unref(ry);
     assert_int_equal(res.n_cached_by[SRC_DISK], 8);
-    assert_int_equal(layers.n_calls, 2 * m->cfg.n_layer); /* x's and y's layers came through the gate */
+    /* x's and y's layers came through the gate (by_projection: but layer 0) */
+    assert_int_equal(layers.n_calls, 2 * (m->cfg.n_layer - by_projection));
     ref = reference_logits(m, y, 9);
     assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
     free(ref);
@@ -2001,6 +2295,9 @@ static void test_hold_back_slow_restore(void **s) {
     test_tmpdir_free(dir);
     model_free(m);
 }
+
+static void test_hold_back_slow_restore(void **s) { check_hold_back(false); }
+static void test_hold_back_slow_projection(void **s) { check_hold_back(true); }
 
 /* MoverTestHooks.disk_tier for test_disk_full: every operation of the
  * kinds in *ctx fails with ENOSPC. */
@@ -2737,12 +3034,23 @@ int main(void) {
         cmocka_unit_test(test_restore_mixed),
         cmocka_unit_test(test_partial_tail_reuse),
         cmocka_unit_test(test_partial_tail_evicted),
+        cmocka_unit_test(test_hidden_ram_qwen3),
+        cmocka_unit_test(test_hidden_disk_qwen3),
+        cmocka_unit_test(test_hidden_ram_mha),
+        cmocka_unit_test(test_hidden_disk_mha),
+        cmocka_unit_test(test_hidden_ram_disk_q8_0),
+        cmocka_unit_test(test_hidden_corrupt_disk),
+        cmocka_unit_test(test_hidden_mixed),
+        cmocka_unit_test(test_hidden_restart),
+        cmocka_unit_test(test_hidden_promote),
+        cmocka_unit_test(test_auto_plan),
         cmocka_unit_test(test_prefetch_waiting),
         cmocka_unit_test(test_promote_waiting),
         cmocka_unit_test(test_window_keeps_waiting),
         cmocka_unit_test(test_pool_fifo_vs_lru),
         cmocka_unit_test(test_turn_touches_disk_runs),
         cmocka_unit_test(test_hold_back_slow_restore),
+        cmocka_unit_test(test_hold_back_slow_projection),
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_writebehind_namespaces),
         cmocka_unit_test(test_restore_out_of_memory),

@@ -455,6 +455,64 @@ static void check_invariance(const char *model_name, MnType kv_type) {
 }
 
 static void test_invariance_llama_q8_0_f16kv(void **s) { check_invariance("tiny-llama-spm-q8_0", MN_TYPE_F16); }
+
+/* ---- hidden-state projection ---------------------------------------------------- */
+
+/* A pass over 3 blocks (in shuffled slots, chunked, two threads) keeps
+ * each layer's K/V operand in the pool's hidden arenas; projecting them
+ * back (fwd_project) into wiped slots gives the pass's K and V bit for
+ * bit, in every layer — with each model's biases, K norm and RoPE.
+ * packed: the model's hidden rows are the int8 form (K-quants). */
+static void check_projection(const char *model_name, MnType kv_type, bool packed) {
+    char path[512];
+    model_file(path, sizeof path, model_name);
+    if (!test_require_file(path)) return;
+    const int bt = 8, n = 3 * bt + 5;
+    Bench b;
+    MnErr err = {0};
+    assert_int_equal(model_load(path, &b.m, &err), MN_OK);
+    const ModelConfig *c = &b.m->cfg;
+    assert_int_equal(kvpool_init(&b.pool, c->n_layer, c->kv_dim, bt, 64, kv_type), MN_OK);
+    size_t row = fwd_hidden_row_bytes(b.m);
+    assert_int_equal(row, packed ? (size_t)c->n_embd / 256 * 260 : (size_t)c->n_embd * sizeof(float));
+    assert_int_equal(kvpool_init_hidden(&b.pool, row), MN_OK);
+    FwdOptions fo = {128, 128, 512, 2};
+    if (fwd_new(b.m, &b.pool, &fo, &b.fwd, &err)) fail_msg("%s", err.msg);
+    b.n_vocab = c->n_vocab;
+    int32_t tokens[64], table[4] = {9, 2, 31, 17};
+    make_tokens(tokens, n, b.n_vocab, 7);
+    free(seq_logits_chunked(&b, tokens, n, table, 4, 5));
+    for (int i = 0; i < 3; i++) assert_true(kvpool_hidden_layers(&b.pool, table[i]) == UINT64_MAX);
+    assert_true(kvpool_hidden_layers(&b.pool, table[3]) == 0); /* 5 of its 8 rows */
+    size_t bytes = b.pool.block_bytes;
+    uint8_t *want = malloc(bytes * 3 * (size_t)c->n_layer);
+    for (int l = 0; l < c->n_layer; l++)
+        for (int i = 0; i < 3; i++) {
+            memcpy(want + ((size_t)l * 3 + (size_t)i) * bytes, kvpool_k(&b.pool, l, table[i]), bytes);
+            memset(kvpool_k(&b.pool, l, table[i]), 0x5a, bytes);
+        }
+    int32_t pos0[3] = {0, bt, 2 * bt};
+    for (int l = 0; l < c->n_layer; l++) {
+        /* one block alone, then two together: the group size does not matter */
+        assert_int_equal(fwd_project(b.fwd, l, table, pos0, 1, &err), MN_OK);
+        assert_int_equal(fwd_project(b.fwd, l, table + 1, pos0 + 1, 2, &err), MN_OK);
+        for (int i = 0; i < 3; i++)
+            assert_memory_equal(kvpool_k(&b.pool, l, table[i]), want + ((size_t)l * 3 + (size_t)i) * bytes, bytes);
+    }
+    int32_t bad_pos = 3;
+    assert_int_equal(fwd_project(b.fwd, 0, table, &bad_pos, 1, &err), MN_EINVAL);
+    free(want);
+    bench_free(&b);
+}
+
+static void test_project_mha_f16(void **s) { check_projection("tiny-mha-spm-f16", MN_TYPE_F16, false); }
+static void test_project_q8_0_f32kv(void **s) { check_projection("tiny-llama-spm-q8_0", MN_TYPE_F32, false); }
+/* Q4_0 multiplies int8 activations (compute/q32.c), but not kquant's: its
+ * hidden rows stay f32, exact for any quantization the kernel makes of them. */
+static void test_project_q4_0(void **s) { check_projection("tiny-llama-spm-q4_0", MN_TYPE_F16, false); }
+static void test_project_qwen2(void **s) { check_projection("tiny-qwen2-gpt2-f32", MN_TYPE_F16, false); }
+static void test_project_qwen3_q4_k_m(void **s) { check_projection("qwen3-q4_k_m", MN_TYPE_F16, true); }
+static void test_project_q4_k_m(void **s) { check_projection("k-llama-q4_k_m", MN_TYPE_F32, true); }
 static void test_invariance_llama_f32_f32kv(void **s) { check_invariance("tiny-llama-spm-f32", MN_TYPE_F32); }
 static void test_invariance_qwen2_f16kv(void **s) { check_invariance("tiny-qwen2-gpt2-f32", MN_TYPE_F16); }
 static void test_invariance_mha_f16(void **s) { check_invariance("tiny-mha-spm-f16", MN_TYPE_F16); }
@@ -657,6 +715,12 @@ int main(void) {
         cmocka_unit_test(test_invariance_q3_k_m),
         cmocka_unit_test(test_invariance_q4_k_m),
         cmocka_unit_test(test_invariance_q6_k),
+        cmocka_unit_test(test_project_mha_f16),
+        cmocka_unit_test(test_project_q8_0_f32kv),
+        cmocka_unit_test(test_project_q4_0),
+        cmocka_unit_test(test_project_qwen2),
+        cmocka_unit_test(test_project_qwen3_q4_k_m),
+        cmocka_unit_test(test_project_q4_k_m),
         cmocka_unit_test(test_exact_by_dequantization),
         cmocka_unit_test(test_bad_batches),
         cmocka_unit_test(test_unknown_arch),

@@ -121,6 +121,120 @@ static void test_tier_layers_and_spans(void **state) {
     kvpool_deinit(&p);
 }
 
+/* ---- tiers: hidden states --------------------------------------------------------- */
+
+/* The hidden rows of block `id` in layer l (a pure function, as content_of). */
+static void hidden_of(uint32_t id, int layer, uint8_t *out, size_t n) { content_of(id ^ 0x40000u, layer, out, n); }
+
+static void fill_hidden(KvPool *p, int32_t slot, uint32_t id) {
+    for (int l = 0; l < p->n_layer; l++) hidden_of(id, l, kvpool_h(p, l, slot), p->hidden_bytes);
+}
+
+static bool hidden_is(const KvPool *p, int layer, int32_t slot, uint32_t id) {
+    uint8_t want[8192];
+    assert_true(p->hidden_bytes <= sizeof want);
+    hidden_of(id, layer, want, p->hidden_bytes);
+    return memcmp(want, kvpool_h(p, layer, slot), p->hidden_bytes) == 0;
+}
+
+/* Which of the read's blocks (the first n_hidden, in layers of mask) come
+ * as hidden rows; checked as each layer arrives. */
+typedef struct HiddenRead {
+    const KvPool *p;
+    const uint32_t *ids;
+    const int32_t *slots;
+    int n, n_hidden, n_calls;
+    uint64_t mask;
+} HiddenRead;
+
+static void expect_hidden_read(const HiddenRead *r, int l) {
+    for (int i = 0; i < r->n; i++) {
+        bool is_hidden = i < r->n_hidden && (r->mask >> l & 1);
+        assert_true(is_hidden ? hidden_is(r->p, l, r->slots[i], r->ids[i]) : slot_is(r->p, l, r->slots[i], r->ids[i]));
+        assert_false(is_hidden ? slot_is(r->p, l, r->slots[i], r->ids[i]) : hidden_is(r->p, l, r->slots[i], r->ids[i]));
+    }
+}
+
+static void on_hidden_layer(void *ctx, int layer) {
+    HiddenRead *r = ctx;
+    assert_int_equal(layer, r->n_calls++);
+    expect_hidden_read(r, layer);
+}
+
+/* Runs whose layers are stored as K/V or as hidden states (smaller and
+ * larger than K/V, in one run), mixed with all-KV runs: a read brings
+ * each layer back where it was stored from — the hidden rows or the K/V
+ * of the slots — bit for bit, and nothing else; tier_block_hidden tells
+ * which; the occupancy counts each layer at its size. A tier without
+ * hidden states stores the same run as K/V, and a pool without hidden
+ * arenas cannot take a run with hidden layers. */
+static void test_tier_hidden_layers(void **state) {
+    const Param *pa = *state;
+    static const size_t rows[] = {40, 400}; /* hidden block of 160 and 1600 bytes, KV of 256 */
+    for (size_t g = 0; g < 2; g++) {
+        KvPool p;
+        assert_int_equal(kvpool_init(&p, 3, 16, 4, 40, MN_TYPE_F16), MN_OK);
+        assert_int_equal(kvpool_init_hidden(&p, rows[g]), MN_OK);
+        Fixture fx;
+        fx_open(&fx, pa, &p, 1 << 20, 0, false);
+        Tier *t = fx.tier;
+        for (int32_t s = 0; s < 8; s++) {
+            fill_slot(&p, s, 100 + (uint32_t)s);
+            fill_hidden(&p, s, 100 + (uint32_t)s);
+        }
+        Hash128 hs[8];
+        int32_t src[8];
+        for (int i = 0; i < 8; i++) {
+            hs[i] = h_of(100 + (uint32_t)i);
+            src[i] = i;
+        }
+        TierRunInfo mixed = {.hidden = 0x5}, kv = {0};
+        assert_int_equal(tier_put_run(t, hs, 5, &p, src, &mixed), MN_OK); /* 100..104: layers 0, 2 hidden */
+        assert_int_equal(tier_put_run(t, hs + 5, 3, &p, src + 5, &kv), MN_OK); /* 105..107 */
+        assert_int_equal(tier_block_hidden(t, &hs[2]), 0x5);
+        assert_int_equal(tier_block_hidden(t, &hs[6]), 0);
+        TierStats st;
+        tier_stats(t, &st);
+        uint64_t a = 5 * p.block_bytes, b = 5 * p.hidden_bytes, c = 3 * p.block_bytes;
+        if (pa->kind == KIND_DISK) {
+            a = (a + 4095) & ~(uint64_t)4095;
+            b = (b + 4095) & ~(uint64_t)4095;
+            c = (c + 4095) & ~(uint64_t)4095;
+        }
+        assert_int_equal(st.occupancy_bytes, a + 2 * b + 3 * c);
+        /* read both runs into other slots: K/V and hidden rows scrambled first */
+        scramble_pool(&p, 7);
+        for (int l = 0; l < p.n_layer; l++) memset(p.hid_arenas[l], 0xee, (size_t)p.n_blocks * p.hidden_bytes);
+        int32_t dst[8] = {30, 12, 25, 9, 18, 33, 21, 14};
+        uint32_t ids[8];
+        for (int i = 0; i < 8; i++) ids[i] = 100 + (uint32_t)i;
+        HiddenRead r = {&p, ids, dst, 8, 5, 0, 0x5};
+        assert_int_equal(tier_read_layers(t, hs, 8, &p, dst, on_hidden_layer, &r), MN_OK);
+        assert_int_equal(r.n_calls, p.n_layer);
+        for (int l = 0; l < p.n_layer; l++) expect_hidden_read(&r, l);
+        /* one layer at a time too */
+        assert_int_equal(read_ids(t, &p, ids, dst, 8, 2), MN_OK);
+        assert_true(hidden_is(&p, 2, dst[4], ids[4]) && slot_is(&p, 2, dst[5], ids[5]));
+        /* a pool without hidden arenas takes the KV run, not the mixed one */
+        KvPool plain;
+        assert_int_equal(kvpool_init(&plain, 3, 16, 4, 40, MN_TYPE_F16), MN_OK);
+        assert_int_equal(read_ids(t, &plain, ids + 5, dst, 3, 0), MN_OK);
+        assert_int_equal(read_ids(t, &plain, ids, dst, 1, 0), MN_EINVAL);
+        assert_int_equal(tier_put_run(t, hs, 1, &plain, src, &mixed), MN_EINVAL);
+        tier_check(t);
+        fx_close(&fx);
+        /* a tier without hidden states stores the run as K/V */
+        fx_open(&fx, pa, &plain, 1 << 20, 0, false);
+        for (int32_t s = 0; s < 5; s++) fill_slot(&plain, s, 100 + (uint32_t)s);
+        assert_int_equal(tier_put_run(fx.tier, hs, 5, &plain, src, &mixed), MN_OK);
+        assert_int_equal(tier_block_hidden(fx.tier, &hs[0]), 0);
+        expect_range(fx.tier, &plain, 100, 5, 20);
+        fx_close(&fx);
+        kvpool_deinit(&plain);
+        kvpool_deinit(&p);
+    }
+}
+
 /* ---- tiers: eviction, drop ----------------------------------------------------- */
 
 static void test_tier_lru(void **state) {
@@ -478,6 +592,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         TIER_TESTS(test_tier_roundtrip),
         TIER_TESTS(test_tier_layers_and_spans),
+        TIER_TESTS(test_tier_hidden_layers),
         TIER_TESTS(test_tier_lru),
         TIER_TESTS(test_tier_policy),
         TIER_TESTS(test_tier_has_drop),

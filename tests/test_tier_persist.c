@@ -430,6 +430,37 @@ static void test_persist_bad_rows(void **state) {
     kvpool_deinit(&p);
 }
 
+/* A run record of format version 1 (before hidden states: no hidden mask
+ * after the layer checksums) is adopted and read as before, every layer
+ * K/V; the next put writes version 2. */
+static void test_persist_record_v1(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 2, 8, 4, 32, MN_TYPE_F16), MN_OK);
+    PFix fx;
+    pfx_new(&fx, pa, &p, 1 << 20, 0);
+    assert_int_equal(put_range(fx.tier, &p, 0, 3, 0), MN_OK);
+    tier_free(fx.tier);
+    fx.tier = NULL;
+    Rows rows = {0};
+    assert_int_equal(store_run_foreach(fx.store, on_row, &rows), MN_OK);
+    assert_int_equal(rows.n, 1);
+    uint8_t *rec = rows.recs[0];
+    assert_int_equal(rec[8], 2); /* written as version 2 */
+    size_t len = rows.lens[0] - 16; /* without the mask and H */
+    rec[8] = 1;
+    record_reseal(rec, len);
+    assert_int_equal(store_run_put(fx.store, rows.ids[0], rec, len, mn_wall_now(), NULL), MN_OK);
+    TierDiskConfig cfg = pfx_config(&fx, &p);
+    MnErr err = {0};
+    assert_int_equal(tier_disk_new(&cfg, &fx.tier, &err), MN_OK);
+    expect_range(fx.tier, &p, 0, 3, 10);
+    tier_check(fx.tier);
+    pfx_close(&fx);
+    test_rm_dir(fx.dir);
+    kvpool_deinit(&p);
+}
+
 static void test_persist_truncated_slab(void **state) {
     const Param *pa = *state;
     KvPool p; /* 2 layers of 128-byte blocks: a run of up to 32 blocks takes 8 KiB */
@@ -873,6 +904,7 @@ int main(void) {
         DISK_TESTS(test_persist_reopen_out_of_memory),
         DISK_TESTS(test_persist_corrupt_extent),
         DISK_TESTS(test_persist_bad_rows),
+        DISK_TESTS(test_persist_record_v1),
         DISK_TESTS(test_persist_truncated_slab),
         DISK_TESTS(test_persist_other_format),
         DISK_TESTS(test_persist_policy),

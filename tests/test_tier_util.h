@@ -113,7 +113,7 @@ static inline void fx_open_window(Fixture *fx, const Param *pa, const KvPool *p,
                            bool is_durable, uint64_t read_window) {
     memset(fx, 0, sizeof *fx);
     if (pa->kind == KIND_RAM) {
-        assert_int_equal(tier_ram_new(p->n_layer, p->block_bytes, capacity, &fx->tier), MN_OK);
+        assert_int_equal(tier_ram_new_hidden(p->n_layer, p->block_bytes, p->hidden_bytes, capacity, &fx->tier), MN_OK);
         return;
     }
     strcpy(fx->dir, "/tmp/mnemo-tier-XXXXXX");
@@ -124,6 +124,7 @@ static inline void fx_open_window(Fixture *fx, const Param *pa, const KvPool *p,
         .capacity_bytes = capacity,
         .n_layer = p->n_layer,
         .block_bytes = p->block_bytes,
+        .hidden_bytes = p->hidden_bytes,
         .kv_format = 1 | (uint32_t)p->block_tokens << 8,
         .slab_bytes = slab_bytes,
         .aio_backend = pa->backend,

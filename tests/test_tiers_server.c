@@ -470,16 +470,13 @@ static void wait_writes_settle(const Srv *s, const char *tier, double timeout_s)
  * The turns go in rounds, every conversation's turn at once: a round's
  * turns do not fit the pool together, whatever order a loaded machine
  * runs the threads in. */
-static void test_tiers_many_conversations(void **state) {
-    Fix *f = *state;
-    fix_mkdir(f);
-    Srv *s = fix_start_tiered(f, POOL3_FLAGS, "--disk-tier-mb 8 --ram-tier-mb 1");
-    Srv *ref = fix_start(f, 1, REF_FLAGS);
-    int n = env_is("MNEMO_SANITIZED", "1") ? 8 : 12;
+/* n conversations (f->cs, tagged tag) on s, three turns each, every turn
+ * of all of them at once from threads. */
+static void run_concurrent(Fix *f, Srv *s, const char *tag, int n) {
     Conv *cs = f->cs;
     pthread_t th[MAX_CONVS];
     for (int i = 0; i < n; i++) {
-        conv_init(&cs[i], "many", i);
+        conv_init(&cs[i], tag, i);
         cs[i].s = s;
         cs[i].n_turns = 1;
     }
@@ -489,6 +486,16 @@ static void test_tiers_many_conversations(void **state) {
         for (int i = 0; i < n; i++)
             if (cs[i].failure[0]) fail_msg("%s", cs[i].failure);
     }
+}
+
+static void test_tiers_many_conversations(void **state) {
+    Fix *f = *state;
+    fix_mkdir(f);
+    Srv *s = fix_start_tiered(f, POOL3_FLAGS, "--disk-tier-mb 8 --ram-tier-mb 1");
+    Srv *ref = fix_start(f, 1, REF_FLAGS);
+    int n = env_is("MNEMO_SANITIZED", "1") ? 8 : 12;
+    Conv *cs = f->cs;
+    run_concurrent(f, s, "many", n);
     long by_tier[T_COUNT] = {0};
     for (int i = 0; i < n; i++) {
         expect_reference(ref, &cs[i]);
@@ -516,6 +523,35 @@ static void test_tiers_many_conversations(void **state) {
     double pool_ev = tier_metric(s, "mnemo_tier_evictions_total", "pool");
     if (!(pool_occ > 0 && pool_ev > 0))
         fail_msg("pool: occupancy %.0f bytes, %.0f evictions; both must be > 0", pool_occ, pool_ev);
+    expect_health(s);
+    fix_term(f, 0);
+    fix_term(f, 1);
+}
+
+/* --restore-plan hidden on qwen3 Q4_K_M (its hidden states, int8-packed,
+ * take half the bytes of its f16 KV, so every layer is stored so): many
+ * conversations through RAM and disk come back by projection, every
+ * answer the no-cache server's, and /metrics counts the restored tokens
+ * as hidden, none as KV. */
+static void test_tiers_hidden_plan(void **state) {
+    Fix *f = *state;
+    fix_mkdir(f);
+    char flags[512];
+    snprintf(flags, sizeof flags, "%s --disk-tier %s --disk-tier-mb 8 --ram-tier-mb 1 --restore-plan hidden",
+             POOL3_FLAGS, f->dir);
+    Srv *s = &f->srv[0], *ref = &f->srv[1];
+    memset(s, 0, sizeof *s);
+    memset(ref, 0, sizeof *ref);
+    srv_start(s, "qwen3-q4_k_m", flags);
+    srv_start(ref, "qwen3-q4_k_m", REF_FLAGS);
+    const int n = 8;
+    run_concurrent(f, s, "hidden", n);
+    for (int i = 0; i < n; i++) expect_reference(ref, &f->cs[i]);
+    double hidden = srv_metric(s, "mnemo_restored_tokens_total{path=\"hidden\"}");
+    double kv = srv_metric(s, "mnemo_restored_tokens_total{path=\"kv\"}");
+    double recompute = srv_metric(s, "mnemo_restored_tokens_total{path=\"recompute\"}");
+    if (!(hidden > 0 && kv == 0 && recompute >= 0))
+        fail_msg("restored tokens: hidden %.0f, kv %.0f, recompute %.0f; want hidden > 0, kv 0", hidden, kv, recompute);
     expect_health(s);
     fix_term(f, 0);
     fix_term(f, 1);
@@ -1129,6 +1165,7 @@ int main(void) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_tiers_many_conversations, fix_setup, fix_teardown),
+        cmocka_unit_test_setup_teardown(test_tiers_hidden_plan, fix_setup, fix_teardown),
         cmocka_unit_test_setup_teardown(test_tiers_restart_after_sigkill, fix_setup, fix_teardown),
         cmocka_unit_test_setup_teardown(test_tiers_corrupt_data_file, fix_setup, fix_teardown),
         cmocka_unit_test_setup_teardown(test_tiers_disk_full, fix_setup, fix_teardown),

@@ -68,7 +68,45 @@ nomem:
     return MN_ENOMEM;
 }
 
+static void free_hidden(KvPool *p) {
+    if (p->hid_arenas != NULL)
+        for (int l = 0; l < p->n_layer; l++) mn_free_aligned(p->hid_arenas[l]);
+    mn_free(p->hid_arenas);
+    mn_free(p->hid_rows);
+    mn_free(p->hid_loaded);
+    p->hid_arenas = NULL;
+    p->hid_rows = NULL;
+    p->hid_loaded = NULL;
+    p->hidden_row_bytes = p->hidden_bytes = 0;
+}
+
+int kvpool_init_hidden(KvPool *p, size_t row_bytes) {
+    if (row_bytes == 0 || p->hid_arenas != NULL || p->n_blocks <= 0) return MN_EINVAL;
+    size_t nb = (size_t)p->n_blocks;
+    p->hidden_row_bytes = row_bytes;
+    p->hidden_bytes = row_bytes * (size_t)p->block_tokens;
+    p->hid_arenas = mn_calloc((size_t)p->n_layer, sizeof *p->hid_arenas);
+    p->hid_rows = mn_calloc(nb * (size_t)p->block_tokens, 1);
+    p->hid_loaded = mn_calloc(nb, sizeof *p->hid_loaded);
+    bool ok = p->hid_arenas && p->hid_rows && p->hid_loaded;
+    for (int l = 0; ok && l < p->n_layer; l++) ok = (p->hid_arenas[l] = mn_alloc_aligned(nb * p->hidden_bytes, 64));
+    if (!ok) {
+        free_hidden(p);
+        return MN_ENOMEM;
+    }
+    return MN_OK;
+}
+
+uint64_t kvpool_hidden_layers(const KvPool *p, int32_t slot) {
+    if (p->hid_rows == NULL) return 0;
+    const uint8_t *rows = p->hid_rows + (size_t)slot * (size_t)p->block_tokens;
+    bool full = true;
+    for (int i = 0; i < p->block_tokens && full; i++) full = rows[i] != 0;
+    return full ? UINT64_MAX : p->hid_loaded[slot];
+}
+
 void kvpool_deinit(KvPool *p) {
+    free_hidden(p);
     if (p->arenas != NULL)
         for (int l = 0; l < p->n_layer; l++) mn_free_aligned(p->arenas[l]);
     mn_free(p->arenas);
@@ -134,6 +172,10 @@ int kvpool_alloc(KvPool *p, int32_t *out) {
     p->refcount[slot] = 1;
     p->state[slot] = SLOT_IN_USE;
     p->is_cacheable[slot] = false;
+    if (p->hid_rows) { /* what the slot held is not this block's */
+        memset(p->hid_rows + (size_t)slot * (size_t)p->block_tokens, 0, (size_t)p->block_tokens);
+        p->hid_loaded[slot] = 0;
+    }
     *out = slot;
     return MN_OK;
 }
@@ -198,6 +240,14 @@ void kvpool_copy_rows(KvPool *p, int32_t dst, int32_t src, int n_rows) {
         memcpy(kvpool_k(p, l, dst), kvpool_k(p, l, src), n);
         memcpy(kvpool_v(p, l, dst), kvpool_v(p, l, src), n);
     }
+    if (p->hid_rows == NULL) return;
+    /* the rows' hidden states go with them (same tokens, same positions),
+     * where the pass wrote them */
+    const uint8_t *from = p->hid_rows + (size_t)src * (size_t)p->block_tokens;
+    uint8_t *to = p->hid_rows + (size_t)dst * (size_t)p->block_tokens;
+    for (int l = 0; l < p->n_layer; l++)
+        memcpy(kvpool_h(p, l, dst), kvpool_h(p, l, src), p->hidden_row_bytes * (size_t)n_rows);
+    memcpy(to, from, (size_t)n_rows);
 }
 
 void kvpool_clear_cacheable(KvPool *p, int32_t slot) {

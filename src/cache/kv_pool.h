@@ -22,6 +22,15 @@
  *        kvpool_drop frees a CACHED slot its owner no longer wants (no
  *        callback: the owner asked).
  *
+ * Hidden states (optional, kvpool_init_hidden): a second arena per layer
+ * holds, per slot, the operand the K and V projections of that layer
+ * consumed for each of the block's tokens (docs/DESIGN.md, "Hidden-state
+ * restore"), so a tier can store a layer as hidden states instead of KV.
+ * A slot's hidden rows are usable for a layer when the forward pass wrote
+ * every row of the block (it writes all layers of a token at once), or a
+ * restore brought that layer's hidden rows (kvpool_note_hidden); a fresh
+ * allocation forgets both.
+ *
  * kvpool_set_cacheable marks an IN USE slot whose content is final (a full
  * block registered in the index): when its last reference goes it is kept
  * as CACHED instead of freed. The pool is owned by the engine thread;
@@ -68,12 +77,22 @@ struct KvPool {
     KvChooseFn choose_fn;
     void *choose_ctx;
     uint64_t n_evictions;
+    /* hidden states: all 0/NULL without kvpool_init_hidden */
+    size_t hidden_row_bytes; /* one token's operand in one layer */
+    size_t hidden_bytes;     /* one block in one layer: block_tokens rows */
+    uint8_t **hid_arenas;    /* (n_layer) each (n_blocks * hidden_bytes), 64-byte aligned */
+    uint8_t *hid_rows;       /* (n_blocks * block_tokens) 1: the forward pass wrote the
+                                token's rows (of every layer) since the slot's allocation */
+    uint64_t *hid_loaded;    /* (n_blocks) layers whose rows a restore brought */
 };
 
 /* Build a pool of n_blocks blocks. MN_EINVAL for bad sizes or a kv_type other
  * than f16/f32, MN_ENOMEM. On failure the pool is left zeroed. */
 int kvpool_init(KvPool *p, int n_layer, int kv_dim, int block_tokens, int n_blocks, MnType kv_type);
 void kvpool_deinit(KvPool *p);
+/* Add the hidden-state arenas, row_bytes per token per layer. MN_EINVAL
+ * (row_bytes 0, or already added), MN_ENOMEM (the pool is unchanged). */
+int kvpool_init_hidden(KvPool *p, size_t row_bytes);
 void kvpool_set_evict_fn(KvPool *p, KvEvictFn fn, void *ctx);
 void kvpool_set_choose_fn(KvPool *p, KvChooseFn fn, void *ctx);
 
@@ -118,9 +137,21 @@ static inline void *kvpool_v(const KvPool *p, int layer, int32_t slot) {
 }
 
 /* Copy the K and V rows of the first n_rows tokens (0 <= n_rows <=
- * block_tokens) of slot src into slot dst, in every layer; the rest of
- * dst is left as it was. dst != src. */
+ * block_tokens) of slot src into slot dst, in every layer, and their
+ * hidden rows with the pass's marks; the rest of dst is left as it was.
+ * dst != src. */
 void kvpool_copy_rows(KvPool *p, int32_t dst, int32_t src, int n_rows);
+/* Hidden rows (block_tokens * hidden_row_bytes) of slot in layer l. */
+static inline void *kvpool_h(const KvPool *p, int layer, int32_t slot) {
+    return p->hid_arenas[layer] + (size_t)slot * p->hidden_bytes;
+}
+/* The layers (bit l: layer l; layers past 63 never) whose hidden rows the
+ * slot holds in full; 0 without hidden arenas. */
+uint64_t kvpool_hidden_layers(const KvPool *p, int32_t slot);
+/* A restore brought the hidden rows of these layers into the slot. */
+static inline void kvpool_note_hidden(KvPool *p, int32_t slot, uint64_t layers) {
+    if (p->hid_loaded) p->hid_loaded[slot] |= layers;
+}
 
 /* Check every invariant (states, counts, lists); aborts with a dump on a
  * broken one. For tests and debug builds. */

@@ -91,7 +91,8 @@ MoverJob *mover_job_new(MoverJobKind kind, int n, int n_layer) {
         j->hashes = mn_calloc((size_t)n, sizeof *j->hashes);
         j->slots = mn_calloc((size_t)n, sizeof *j->slots);
         j->tier = mn_calloc((size_t)n, 1);
-        ok = ok && j->hashes && j->slots && j->tier;
+        j->block_hidden = mn_calloc((size_t)n, sizeof *j->block_hidden);
+        ok = ok && j->hashes && j->slots && j->tier && j->block_hidden;
     }
     if (!ok) {
         mover_job_free(j);
@@ -109,6 +110,7 @@ MoverJob *mover_job_new(MoverJobKind kind, int n, int n_layer) {
 void mover_job_free(MoverJob *j) {
     if (j == NULL) return;
     mn_free(j->hashes);
+    mn_free(j->block_hidden);
     mn_free(j->slots);
     mn_free(j->tier);
     mn_free(j->events);
@@ -185,7 +187,7 @@ static void run_save(Mover *m, MoverJob *j) {
     j->rc = m->n_tiers > 0 ? MN_EFULL : MN_OK;
     for (int i = 0; i < m->n_tiers; i++) {
         double t0 = mn_now();
-        TierRunInfo info = {.pos = j->pos, .ns_id = &j->ns_id};
+        TierRunInfo info = {.pos = j->pos, .ns_id = &j->ns_id, .hidden = j->hidden};
         int rc = tier_put_run(m->tiers[i], j->hashes, j->n, m->cfg.pool, j->slots, &info);
         if (rc == MN_OK) {
             j->saved_tiers |= 1u << i;
@@ -243,6 +245,7 @@ static void check_read(Mover *m, MoverJob *j) {
         int t = j->tier[k];
         if (t >= m->n_tiers || (j->kind == MOVER_PROMOTE && t == 0)) j->rc = MN_EINVAL;
         else if (!tier_has(m->tiers[t], &j->hashes[k])) j->rc = MN_ENOTFOUND;
+        else j->block_hidden[k] = tier_block_hidden(m->tiers[t], &j->hashes[k]);
         if (j->rc != MN_OK) j->failed_tier = t < m->n_tiers ? t : -1;
     }
 }
@@ -291,8 +294,22 @@ static void read_batch(Mover *m, JobBatch *b, KvPool *pool, TierLayerFn layer_fn
         }
 }
 
+/* Put a promote's blocks, in the staging pool, into tier 0: one run per
+ * stretch of blocks whose layers arrived alike (as KV or as hidden
+ * states: the blocks may come from runs stored differently). */
+static int put_promote(Mover *m, MoverJob *j) {
+    int rc = MN_OK;
+    for (int a = 0, b; a < j->n && rc == MN_OK; a = b) {
+        for (b = a + 1; b < j->n && j->block_hidden[b] == j->block_hidden[a];) b++;
+        TierRunInfo info = {.pos = j->pos + a * m->cfg.pool->block_tokens, .ns_id = &j->ns_id,
+                            .hidden = j->block_hidden[a]};
+        rc = tier_put_run(m->tiers[0], j->hashes + a, b - a, &m->staging, j->slots + a, &info);
+    }
+    return rc;
+}
+
 /* Read the promotes' blocks into the staging pool together, then put
- * each job's blocks into tier 0 as one run. Each job is DONE as soon as
+ * each job's blocks into tier 0 (put_promote). Each job is DONE as soon as
  * its put returns: a later job's put may evict its run, and the receiver
  * must hear that the run was held before it hears that it was dropped. */
 static void run_promotes(Mover *m, JobBatch *b) {
@@ -304,8 +321,7 @@ static void run_promotes(Mover *m, JobBatch *b) {
         MoverJob *j = b->jobs[b->n_done];
         if (j->rc == MN_OK) {
             double t0 = mn_now();
-            TierRunInfo info = {.pos = j->pos, .ns_id = &j->ns_id};
-            j->rc = tier_put_run(m->tiers[0], j->hashes, j->n, &m->staging, j->slots, &info);
+            j->rc = put_promote(m, j);
             if (j->rc == MN_OK) {
                 j->saved_tiers = 1u;
                 observe(&m->writes[0], mn_now() - t0);
@@ -549,8 +565,12 @@ static int make_staging(Mover *m, MnErr *err) {
     int n = (int)(bytes / ((uint64_t)p->n_layer * p->block_bytes));
     if (n == 0) return MN_OK; /* not one block fits tier 0: no promotes */
     int rc = kvpool_init(&m->staging, p->n_layer, p->kv_dim, p->block_tokens, n, p->kv_type);
+    if (rc == MN_OK && p->hid_arenas != NULL && (rc = kvpool_init_hidden(&m->staging, p->hidden_row_bytes)) != MN_OK)
+        kvpool_deinit(&m->staging);
     if (rc != MN_OK) return mn_err_set(err, rc, "cannot allocate the mover's staging pool (%d blocks)", n);
     for (int l = 0; l < p->n_layer; l++) memset(m->staging.arenas[l], 0, (size_t)n * p->block_bytes);
+    for (int l = 0; p->hid_arenas != NULL && l < p->n_layer; l++)
+        memset(m->staging.hid_arenas[l], 0, (size_t)n * p->hidden_bytes);
     m->promote_max = n;
     return MN_OK;
 }
@@ -602,7 +622,7 @@ int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err) {
     int rc = (m->stop_job = mover_job_new(MOVER_STOP, 0, 0)) ? MN_OK : mn_err_set(err, MN_ENOMEM, "out of memory");
     if (rc == MN_OK && cfg->ram_bytes > 0) {
         Tier *t;
-        if ((rc = tier_ram_new(p->n_layer, p->block_bytes, cfg->ram_bytes, &t)) != MN_OK)
+        if ((rc = tier_ram_new_hidden(p->n_layer, p->block_bytes, p->hidden_bytes, cfg->ram_bytes, &t)) != MN_OK)
             mn_err_set(err, rc, "cannot create the RAM tier (%llu bytes)", (unsigned long long)cfg->ram_bytes);
         else add_tier(m, t);
     }
@@ -613,6 +633,7 @@ int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err) {
                              .capacity_bytes = cfg->disk_bytes,
                              .n_layer = p->n_layer,
                              .block_bytes = p->block_bytes,
+                             .hidden_bytes = p->hidden_bytes,
                              .model_fingerprint = cfg->model_fingerprint,
                              .kv_format = cfg->kv_format,
                              .aio_backend = AIO_BACKEND_AUTO,

@@ -132,6 +132,9 @@ struct MoverJob {
                             from (PROMOTE: not tier 0). PROBE: (n) in, 1 =
                             look block k up; out, 1 = the shared tier holds
                             block k (hashes: one sequence's blocks in order) */
+    uint64_t hidden;     /* SAVE: TierRunInfo.hidden, the layers to store as
+                            the slots' hidden states (a tier without them
+                            stores K/V) */
     double cutoff;       /* EXPIRE: wall-clock seconds (mn_wall_now) */
     /* REPLY: key -> (text, ids); CONV: conv, n_tokens; both at `when`.
        SAVE, PROMOTE, REPLY, CONV, PROBE: ns_id, the namespace of the
@@ -154,6 +157,9 @@ struct MoverJob {
     uint32_t saved_tiers;/* SAVE, PROMOTE: tiers now holding the run (bit mask) */
     int failed_tier;     /* LOAD, PROMOTE: the tier whose read failed, or -1 */
     int n_layers_done;   /* LOAD */
+    uint64_t *block_hidden; /* LOAD, PROMOTE: (n) the layers of block k that
+                            arrive as hidden states (kvpool_h, to be
+                            projected), set before the first LAYER event */
     /* embedded events: LOAD has n_layer LAYER events, then DONE */
     MoverEvent *events;  /* (n_events) */
     int n_events;

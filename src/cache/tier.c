@@ -47,6 +47,7 @@ struct Tier {
     void *kind;
     int n_layer;
     size_t block_bytes;
+    size_t hidden_bytes; /* tier_set_hidden_bytes; 0: runs are stored as KV */
     uint64_t capacity_bytes;
     uint64_t occupancy_bytes;
     uint64_t n_runs;
@@ -280,9 +281,17 @@ static int scratch_reserve(Tier *t, int n) {
     return MN_OK;
 }
 
-static bool pool_fits(const Tier *t, const KvPool *pool, const int32_t *slots, int n) {
+/* The layers of a run stored as hidden states: what was asked, where the
+ * tier stores them and the model has such a layer. */
+static uint64_t hidden_mask(const Tier *t, uint64_t asked) {
+    if (t->hidden_bytes == 0) return 0;
+    return t->n_layer >= 64 ? asked : asked & ((1ull << t->n_layer) - 1);
+}
+
+static bool pool_fits(const Tier *t, const KvPool *pool, const int32_t *slots, int n, uint64_t hidden) {
     if (pool == NULL || slots == NULL || pool->n_layer != t->n_layer || pool->block_bytes != t->block_bytes)
         return false;
+    if (hidden != 0 && (pool->hid_arenas == NULL || pool->hidden_bytes != t->hidden_bytes)) return false;
     for (int i = 0; i < n; i++)
         if (slots[i] < 0 || slots[i] >= pool->n_blocks) return false;
     return true;
@@ -320,6 +329,8 @@ int tier_new_kind(const TierKindOps *ops, void *kind, int n_layer, size_t block_
 }
 
 void tier_share_faults(Tier *t, AllocFaults *f) { t->faults.shared = f; }
+
+void tier_set_hidden_bytes(Tier *t, size_t hidden_bytes) { t->hidden_bytes = hidden_bytes; }
 
 void tier_free(Tier *t) {
     if (t == NULL) return;
@@ -384,8 +395,9 @@ TierRun *tier_find_run(const Tier *t, const Hash128 *hash, int *index) {
 
 /* ---- put ----------------------------------------------------------------- */
 
-static void run_set_info(TierRun *r, const TierRunInfo *info) {
+static void run_set_info(const Tier *t, TierRun *r, const TierRunInfo *info) {
     r->pos = info != NULL && info->pos > 0 ? info->pos : 0;
+    r->hidden = info != NULL ? hidden_mask(t, info->hidden) : 0;
     r->has_ns = info != NULL && info->ns_id != NULL;
     if (r->has_ns) r->ns_id = *info->ns_id;
 }
@@ -393,8 +405,9 @@ static void run_set_info(TierRun *r, const TierRunInfo *info) {
 int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *pool, const int32_t *slots,
                  const TierRunInfo *info) {
     if (t->is_failed) return MN_EIO;
-    if (n_blocks < 1 || hashes == NULL || !pool_fits(t, pool, slots, n_blocks)) return MN_EINVAL;
-    uint64_t need = t->ops->run_bytes(t->kind, n_blocks);
+    uint64_t hidden = info != NULL ? hidden_mask(t, info->hidden) : 0;
+    if (n_blocks < 1 || hashes == NULL || !pool_fits(t, pool, slots, n_blocks, hidden)) return MN_EINVAL;
+    uint64_t need = t->ops->run_bytes(t->kind, n_blocks, hidden);
     if (need > t->capacity_bytes) {
         t->st.n_puts_full++;
         return MN_EFULL;
@@ -408,7 +421,7 @@ int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *poo
     r->id = t->next_run_id++;
     r->n_blocks = n_blocks;
     r->n_bytes = need;
-    run_set_info(r, info);
+    run_set_info(t, r, info);
     memcpy(r->hashes, hashes, (size_t)n_blocks * sizeof(Hash128));
 
     /* room: first the budget, then the medium */
@@ -462,7 +475,7 @@ int tier_adopt_run(Tier *t, uint64_t run_id, const Hash128 *hashes, int n_blocks
     r->n_blocks = n_blocks;
     r->n_bytes = n_bytes;
     r->last_used = r->inserted = last_used;
-    run_set_info(r, info);
+    run_set_info(t, r, info);
     r->data = data;
     memcpy(r->hashes, hashes, (size_t)n_blocks * sizeof(Hash128));
     if (run_id >= t->next_run_id) t->next_run_id = run_id + 1;
@@ -486,6 +499,11 @@ uint64_t tier_new_run_id(Tier *t) { return t->next_run_id++; }
 
 bool tier_has(const Tier *t, const Hash128 *hash) { return map_get(t, hash) != NULL; }
 
+uint64_t tier_block_hidden(const Tier *t, const Hash128 *hash) {
+    MapSlot *s = map_get(t, hash);
+    return s != NULL ? s->run->hidden : 0;
+}
+
 int tier_locate(const Tier *t, const Hash128 *hash, TierLoc *out) {
     MapSlot *s = map_get(t, hash);
     if (s == NULL) return MN_ENOTFOUND;
@@ -504,12 +522,13 @@ static int group_by_run(Tier *t, const Hash128 *hashes, int n_blocks, KvPool *po
                         int *n_groups) {
     *n_groups = 0;
     if (t->is_failed) return MN_EIO;
-    if (n_blocks < 1 || hashes == NULL || !pool_fits(t, pool, slots, n_blocks)) return MN_EINVAL;
+    if (n_blocks < 1 || hashes == NULL || !pool_fits(t, pool, slots, n_blocks, 0)) return MN_EINVAL;
     int rc = scratch_reserve(t, n_blocks);
     if (rc != MN_OK) return rc;
     for (int i = 0; i < n_blocks; i++) {
         MapSlot *s = map_get(t, &hashes[i]);
         if (s == NULL) return MN_ENOTFOUND;
+        if (s->run->hidden != 0 && !pool_fits(t, pool, slots, n_blocks, s->run->hidden)) return MN_EINVAL;
         t->read_run[i] = s->run;
         t->read_idx[i] = s->index;
     }

@@ -102,6 +102,10 @@ typedef void (*TierDropFn)(void *ctx, const Hash128 *hashes, int n_hashes, TierD
 typedef struct TierRunInfo {
     int32_t pos;
     const Hash128 *ns_id; /* index_namespace_id; NULL: not known */
+    uint64_t hidden;      /* layers (bit l: layer l < 64) to store as the
+                             hidden states of the pool's hidden arenas
+                             (kvpool_h) rather than as K/V; a tier that does
+                             not store hidden states (redis) stores K/V */
 } TierRunInfo;
 
 /* Where a held block lives. */
@@ -139,12 +143,19 @@ typedef struct TierStats {
  * (evicting by tier_set_policy). The tier stores blocks of pools with
  * these n_layer and block_bytes only. MN_EINVAL, MN_ENOMEM; *out NULL on failure. */
 int tier_ram_new(int n_layer, size_t block_bytes, uint64_t capacity_bytes, Tier **out);
+/* The same, storing the layers a put asks for as hidden states of
+ * hidden_bytes a block (the pool's; 0: none). */
+int tier_ram_new_hidden(int n_layer, size_t block_bytes, size_t hidden_bytes, uint64_t capacity_bytes, Tier **out);
 
 typedef struct TierDiskConfig {
     const char *dir;           /* created (one level) if missing */
     uint64_t capacity_bytes;   /* data bytes budget (slab headers extra) */
     int n_layer;
     size_t block_bytes;
+    size_t hidden_bytes;       /* a block of a layer stored as hidden states
+                                  (the pool's); 0: every run is stored as
+                                  KV, and stored runs with hidden layers are
+                                  not adopted */
     Hash128 model_fingerprint; /* stamped in slab headers and run records */
     uint32_t kv_format;        /* index_kv_format() */
     uint64_t slab_bytes;       /* data bytes per slab file; 0 = 256 MiB */
@@ -228,6 +239,12 @@ int tier_read_layer(Tier *t, const Hash128 *hashes, int n_blocks, int layer, KvP
 /* Called by tier_read_layers once layer `layer` of every requested block
  * is verified and in the pool, for layer 0, 1, ... in order. */
 typedef void (*TierLayerFn)(void *ctx, int layer);
+
+/* The layers of held block `hash` that its run stores as hidden states
+ * (TierRunInfo.hidden as stored); 0 when not held. A read brings those
+ * layers into the slots' hidden rows (kvpool_h) instead of their K/V: the
+ * reader projects them (fwd_project). */
+uint64_t tier_block_hidden(const Tier *t, const Hash128 *hash);
 
 /* Restore every layer of the blocks hashes[0..n_blocks) into pool slots
  * slots[i], layer 0 first, calling layer_fn (may be NULL) as each layer is

@@ -15,7 +15,9 @@
  * staging buffer, the request array and the borrowed CacheStore are used
  * by one call at a time.
  *
- * ON-DISK FORMAT, version 1. All integers little-endian.
+ * ON-DISK FORMAT: slabs of version 1, run records of version 2 (version
+ * 1 records are read as before: every layer KV). All integers
+ * little-endian.
  *
  * Directory DIR:
  *     slab-NNNNN.dat   data slab N (5 decimal digits, from 00000)
@@ -41,13 +43,18 @@
  *         64 4032  zero
  *
  * A run of n blocks, with run id R, at file offset O of slab N (O a
- * multiple of 4096, inside the data area) occupies n_layer * S bytes, where
- * S = round_up(n * block_bytes, 4096) is the layer stride:
- *     layer l extent   [O + l*S, O + (l+1)*S)
- *     block i of it    at O + l*S + i*block_bytes, block_bytes bytes, the
- *                      bytes of pool arena l's slot (kvpool_k) verbatim
- *     padding          [n*block_bytes, S) of each extent, zero
- *     checksum of l    XXH3-64 over the S bytes of the extent, seed
+ * multiple of 4096, inside the data area) holds its layers one after
+ * another. Layer l is stored as KV or, when bit l of the run's hidden
+ * mask is set, as hidden states (docs/DESIGN.md, "Hidden-state restore");
+ * its block bytes B_l are block_bytes or H (the pool's hidden_bytes), its
+ * extent's length S_l = round_up(n * B_l, 4096): S for KV layers, S_H for
+ * hidden ones, and the run occupies the sum of the S_l:
+ *     layer l extent   [O + E_l, O + E_l + S_l), E_l = the sum of S_j, j < l
+ *     block i of it    at O + E_l + i*B_l, B_l bytes, the bytes of pool
+ *                      arena l's slot (kvpool_k) or of its hidden arena
+ *                      (kvpool_h) verbatim
+ *     padding          [n*B_l, S_l) of each extent, zero
+ *     checksum of l    XXH3-64 over the S_l bytes of the extent, seed
  *                      (R << 16) | l. The seed binds an extent to its run
  *                      and layer: stale bytes of an earlier run on the
  *                      same pages, or the wrong layer, fail the check.
@@ -71,6 +78,11 @@
  *         64   16  model fingerprint
  *         80 16*n  block hashes in run order (canonical bytes)
  *     80+16n 8*n_layer  layer checksums, layer 0 first
+ *     version 2 only, after the checksums:
+ *              8   hidden mask (bit l: layer l, l < min(n_layer, 64), is
+ *                  stored as hidden states)
+ *              8   H, bytes of one block of a hidden layer (0 when the
+ *                  mask is 0)
  *        end    8  XXH3-64, seed 0, of all the record's earlier bytes
  *
  * Validity: a slab is usable when its header's magic, version, checksum,
@@ -78,8 +90,12 @@
  * and D matches the file size. A run record is valid when its magic,
  * version and checksum match, its length is that of n blocks and n_layer
  * layers, R is its row's id, its fingerprint, KV format, n_layer and
- * block_bytes are the tier's, S == round_up(n * block_bytes, 4096), its
- * slab is usable and [O, O + n_layer*S) lies inside that slab's data area
+ * block_bytes are the tier's, S == round_up(n * block_bytes, 4096), a
+ * nonzero hidden mask names layers the run has and H is the tier's
+ * hidden_bytes (a tier opened without hidden states — a server serving
+ * --restore-plan kv — does not adopt such runs: they are dropped, as
+ * misses), its slab is usable and [O, O + the sum of S_l) lies inside
+ * that slab's data area
  * and overlaps no other adopted run (of two that overlap, the larger R
  * wins: its bytes were written last). A layer of a valid run is used only
  * when its extent's checksum matches; otherwise the whole run is dropped.
@@ -154,7 +170,8 @@
 
 /* ---- types --------------------------------------------------------------- */
 
-#define DISK_FORMAT_VERSION 1u
+#define DISK_FORMAT_VERSION 1u /* slabs' */
+#define DISK_RECORD_VERSION 2u /* run records' (1 is still read) */
 #define DISK_PAGE 4096u
 #define DISK_SLAB_HEADER 4096u
 #define DISK_DEFAULT_SLAB (256ull << 20)
@@ -198,7 +215,9 @@ typedef struct DiskRun {
     int slab;
     bool is_stored;       /* its row is committed (deleted on release) */
     uint64_t offset;      /* O: file offset of layer 0's extent */
-    uint64_t stride;      /* S */
+    uint64_t stride;      /* S, a KV layer's extent */
+    uint64_t hstride;     /* S_H, a hidden layer's (0 without hidden layers) */
+    uint64_t hidden;      /* the run's hidden mask (TierRun.hidden) */
     uint64_t checksums[]; /* (n_layer) */
 } DiskRun;
 
@@ -206,6 +225,7 @@ typedef struct DiskTier {
     char *dir;
     int n_layer;
     size_t block_bytes;
+    size_t hidden_bytes;  /* H; 0: no hidden layers stored or adopted */
     Hash128 fingerprint;
     uint32_t kv_format;
     bool is_durable;
@@ -249,8 +269,25 @@ static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | (uint6
 static uint64_t layer_seed(uint64_t run_id, int layer) { return (run_id << 16) | (uint64_t)layer; }
 
 /* Bytes of the record of a run of n blocks (n <= INT_MAX: fits). */
-static size_t record_len(int n_blocks, int n_layer) {
-    return DISK_RECORD_HEAD + 16 * (size_t)n_blocks + 8 * (size_t)n_layer + 8;
+static size_t record_len(int n_blocks, int n_layer, uint32_t version) {
+    return DISK_RECORD_HEAD + 16 * (size_t)n_blocks + 8 * (size_t)n_layer + (version >= 2 ? 16 : 0) + 8;
+}
+
+static bool is_hidden(uint64_t hidden, int l) { return l < 64 && (hidden >> l & 1); }
+
+/* S_l, the extent of layer l of dr. */
+static uint64_t ext_len(const DiskRun *dr, int l) { return is_hidden(dr->hidden, l) ? dr->hstride : dr->stride; }
+
+/* E_l, where layer l's extent begins, from O. */
+static uint64_t ext_at(const DiskRun *dr, int l) {
+    uint64_t h = l >= 64 ? (uint64_t)__builtin_popcountll(dr->hidden)
+                         : (uint64_t)__builtin_popcountll(dr->hidden & ((1ull << l) - 1));
+    return ((uint64_t)l - h) * dr->stride + h * dr->hstride;
+}
+
+/* The longest extent of dr's layers. */
+static uint64_t ext_max(const DiskRun *dr) {
+    return dr->hidden != 0 && dr->hstride > dr->stride ? dr->hstride : dr->stride;
 }
 
 /* Whether this allocation fails by injection (tests): every allocation
@@ -638,7 +675,7 @@ static void slabs_shrink(DiskTier *d) {
 
 /* The record of run (format above) into d->record; *len its bytes. */
 static int record_encode(DiskTier *d, const TierRun *run, const DiskRun *dr, size_t *len) {
-    size_t n = record_len(run->n_blocks, d->n_layer);
+    size_t n = record_len(run->n_blocks, d->n_layer, DISK_RECORD_VERSION);
     if (n > d->record_cap) {
         uint8_t *b = alloc_fault(d) ? NULL : mn_realloc(d->record, n);
         if (b == NULL) return MN_ENOMEM;
@@ -648,7 +685,7 @@ static int record_encode(DiskTier *d, const TierRun *run, const DiskRun *dr, siz
     uint8_t *p = d->record;
     memset(p, 0, DISK_RECORD_HEAD);
     memcpy(p, "MNEMORUN", 8);
-    put_u32(p + 8, DISK_FORMAT_VERSION);
+    put_u32(p + 8, DISK_RECORD_VERSION);
     put_u32(p + 12, (uint32_t)run->n_blocks);
     put_u64(p + 16, run->id);
     put_u32(p + 24, (uint32_t)dr->slab);
@@ -662,6 +699,8 @@ static int record_encode(DiskTier *d, const TierRun *run, const DiskRun *dr, siz
     memcpy(p + DISK_RECORD_HEAD, run->hashes, 16 * (size_t)run->n_blocks);
     uint8_t *c = p + DISK_RECORD_HEAD + 16 * (size_t)run->n_blocks;
     for (int l = 0; l < d->n_layer; l++) put_u64(c + 8 * l, dr->checksums[l]);
+    put_u64(c + 8 * (size_t)d->n_layer, dr->hidden);
+    put_u64(c + 8 * (size_t)d->n_layer + 8, dr->hidden != 0 ? (uint64_t)d->hidden_bytes : 0);
     put_u64(p + n - 8, XXH3_64bits_withSeed(p, n - 8, 0));
     *len = n;
     return MN_OK;
@@ -677,7 +716,7 @@ typedef struct Found {
     size_t len;
     const char *why;    /* NULL while it may be adopted */
     int n_blocks, slab; /* decoded, once valid */
-    uint64_t offset, stride, n_bytes;
+    uint64_t offset, stride, hstride, hidden, n_bytes;
     int32_t pos;
 } Found;
 
@@ -714,12 +753,13 @@ static int found_collect(void *ctx, uint64_t run_id, const void *record, size_t 
  * NULL; fills f's decoded fields. */
 static const char *record_check(const DiskTier *d, Found *f) {
     const uint8_t *p = f->record;
-    if (f->len < record_len(1, 1)) return "shorter than a run record";
+    if (f->len < record_len(1, 1, 1)) return "shorter than a run record";
     if (memcmp(p, "MNEMORUN", 8) != 0) return "not a run record (bad magic)";
-    if (get_u32(p + 8) != DISK_FORMAT_VERSION) return "another format version";
+    uint32_t version = get_u32(p + 8);
+    if (version != 1 && version != DISK_RECORD_VERSION) return "another format version";
     uint32_t n = get_u32(p + 12), n_layer = get_u32(p + 28);
     if (n < 1 || n > (uint32_t)INT32_MAX / 32 || n_layer < 1 || n_layer > 65536 ||
-        f->len != record_len((int)n, (int)n_layer))
+        f->len != record_len((int)n, (int)n_layer, version))
         return "its length does not match its block and layer counts";
     if (get_u64(p + f->len - 8) != XXH3_64bits_withSeed(p, f->len - 8, 0)) return "record checksum mismatch";
     uint64_t run_id = get_u64(p + 16);
@@ -733,16 +773,28 @@ static const char *record_check(const DiskTier *d, Found *f) {
     if (slab >= (uint32_t)d->n_slabs) return "its slab file is missing or unusable";
     uint64_t offset = get_u64(p + 32), stride = get_u64(p + 40);
     if (stride != round_page((uint64_t)n * d->block_bytes)) return "wrong layer stride";
-    uint64_t end = DISK_SLAB_HEADER + d->slabs[slab].data_bytes;
-    /* [O, O + n_layer*S) inside [4096, end), without overflowing */
-    if (offset % DISK_PAGE != 0 || offset < DISK_SLAB_HEADER || offset >= end || stride > end - offset ||
-        (uint64_t)n_layer > (end - offset) / stride)
+    DiskRun dr = {.stride = stride};
+    if (version >= 2) {
+        const uint8_t *h = p + DISK_RECORD_HEAD + 16 * (size_t)n + 8 * (size_t)n_layer;
+        dr.hidden = get_u64(h);
+        uint64_t hb = get_u64(h + 8);
+        if (n_layer < 64 && dr.hidden >> n_layer != 0) return "its hidden mask names layers it does not have";
+        if (dr.hidden != 0 && d->hidden_bytes == 0) return "stored as hidden states, which this server does not restore";
+        if (dr.hidden != 0 && hb != (uint64_t)d->hidden_bytes) return "made for another hidden-state layout";
+        dr.hstride = dr.hidden != 0 ? round_page((uint64_t)n * hb) : 0;
+    }
+    uint64_t end = DISK_SLAB_HEADER + d->slabs[slab].data_bytes, span = ext_at(&dr, (int)n_layer);
+    /* [O, O + the extents) inside [4096, end), without overflowing (each
+     * extent is below 2^40: n < 2^26 blocks of a pool's block) */
+    if (offset % DISK_PAGE != 0 || offset < DISK_SLAB_HEADER || offset >= end || span > end - offset)
         return "its extent lies outside its slab's data area";
     f->n_blocks = (int)n;
     f->slab = (int)slab;
     f->offset = offset;
     f->stride = stride;
-    f->n_bytes = (uint64_t)n_layer * stride;
+    f->hstride = dr.hstride;
+    f->hidden = dr.hidden;
+    f->n_bytes = span;
     f->pos = (int32_t)get_u32(p + 60);
     return NULL;
 }
@@ -800,10 +852,12 @@ static int runs_adopt(DiskTier *d, Tier *t) {
             dr->is_stored = true;
             dr->offset = f->offset;
             dr->stride = f->stride;
+            dr->hstride = f->hstride;
+            dr->hidden = f->hidden;
             const uint8_t *c = f->record + DISK_RECORD_HEAD + 16 * (size_t)f->n_blocks;
             for (int l = 0; l < d->n_layer; l++) dr->checksums[l] = get_u64(c + 8 * l);
             /* Hash128 is 16 bytes with alignment 1: the record's bytes are hashes */
-            TierRunInfo info = {.pos = f->pos, .ns_id = f->has_ns ? &f->ns_id : NULL};
+            TierRunInfo info = {.pos = f->pos, .ns_id = f->has_ns ? &f->ns_id : NULL, .hidden = f->hidden};
             rc = tier_adopt_run(t, f->run_id, (const Hash128 *)(const void *)(f->record + DISK_RECORD_HEAD),
                                 f->n_blocks, dr, f->n_bytes, f->last_used, &info);
             if (rc == MN_OK) continue;
@@ -834,10 +888,20 @@ done:
 
 /* ---- kind operations ----------------------------------------------------- */
 
-static uint64_t disk_run_bytes(void *kind, int n_blocks) {
-    const DiskTier *d = kind;
+/* The extents of a run of n_blocks with that hidden mask into dr (no
+ * room taken). */
+static void run_shape(const DiskTier *d, int n_blocks, uint64_t hidden, DiskRun *dr) {
     /* n_blocks * block_bytes is bounded by the pool's size: fits 64 bits */
-    uint64_t bytes = (uint64_t)d->n_layer * round_page((uint64_t)n_blocks * d->block_bytes);
+    dr->stride = round_page((uint64_t)n_blocks * d->block_bytes);
+    dr->hstride = hidden != 0 ? round_page((uint64_t)n_blocks * d->hidden_bytes) : 0;
+    dr->hidden = hidden;
+}
+
+static uint64_t disk_run_bytes(void *kind, int n_blocks, uint64_t hidden) {
+    const DiskTier *d = kind;
+    DiskRun shape;
+    run_shape(d, n_blocks, hidden, &shape);
+    uint64_t bytes = ext_at(&shape, d->n_layer);
     return bytes <= d->slab_bytes ? bytes : UINT64_MAX;
 }
 
@@ -845,7 +909,7 @@ static int disk_reserve(void *kind, TierRun *run) {
     DiskTier *d = kind;
     DiskRun *dr = alloc_fault(d) ? NULL : mn_malloc(sizeof *dr + (size_t)d->n_layer * sizeof(uint64_t));
     if (dr == NULL) return MN_ENOMEM;
-    dr->stride = round_page((uint64_t)run->n_blocks * d->block_bytes);
+    run_shape(d, run->n_blocks, run->hidden, dr);
     dr->is_stored = false;
     int found = -1;
     for (int i = 0; i < d->n_slabs && found < 0; i++)
@@ -879,13 +943,12 @@ static int disk_write(void *kind, TierRun *run, const KvPool *pool, const int32_
     DiskRun *dr = run->data;
     int rc = staging_reserve(d, run->n_bytes);
     if (rc != MN_OK) return rc;
-    size_t payload = (size_t)run->n_blocks * d->block_bytes;
     for (int l = 0; l < d->n_layer; l++) {
-        uint8_t *ext = d->staging + (size_t)l * dr->stride;
-        for (int i = 0; i < run->n_blocks; i++)
-            memcpy(ext + (size_t)i * d->block_bytes, kvpool_k(pool, l, slots[i]), d->block_bytes);
-        memset(ext + payload, 0, (size_t)dr->stride - payload);
-        dr->checksums[l] = XXH3_64bits_withSeed(ext, (size_t)dr->stride, layer_seed(run->id, l));
+        uint8_t *ext = d->staging + ext_at(dr, l);
+        size_t bb = tier_layer_bytes(d->block_bytes, d->hidden_bytes, dr->hidden, l), payload = (size_t)run->n_blocks * bb;
+        for (int i = 0; i < run->n_blocks; i++) memcpy(ext + (size_t)i * bb, tier_pool_layer(pool, dr->hidden, l, slots[i]), bb);
+        memset(ext + payload, 0, (size_t)ext_len(dr, l) - payload);
+        dr->checksums[l] = XXH3_64bits_withSeed(ext, (size_t)ext_len(dr, l), layer_seed(run->id, l));
     }
     const AioFile *f = &d->slabs[dr->slab].file;
     rc = transfer(d, AIO_OP_WRITE, f, d->staging, dr->offset, run->n_bytes);
@@ -915,12 +978,12 @@ static int extent_place(const DiskTier *d, const TierRun *run, int layer, const 
                         const int32_t *slots, int n, KvPool *pool) {
     const DiskRun *dr = run->data;
     uint64_t seed = layer_seed(run->id, layer);
+    const size_t len = (size_t)ext_len(dr, layer), bb = tier_layer_bytes(d->block_bytes, d->hidden_bytes, dr->hidden, layer);
     bool rises = true;
     for (int k = 1; k < n && rises; k++) rises = idx[k] > idx[k - 1];
     if (!rises) {
-        if (XXH3_64bits_withSeed(ext, (size_t)dr->stride, seed) != dr->checksums[layer]) return MN_ECHECKSUM;
-        for (int k = 0; k < n; k++)
-            memcpy(kvpool_k(pool, layer, slots[k]), ext + (size_t)idx[k] * d->block_bytes, d->block_bytes);
+        if (XXH3_64bits_withSeed(ext, len, seed) != dr->checksums[layer]) return MN_ECHECKSUM;
+        for (int k = 0; k < n; k++) memcpy(tier_pool_layer(pool, dr->hidden, layer, slots[k]), ext + (size_t)idx[k] * bb, bb);
         return MN_OK;
     }
     XXH3_state_t h;
@@ -928,12 +991,12 @@ static int extent_place(const DiskTier *d, const TierRun *run, int layer, const 
     XXH3_64bits_reset_withSeed(&h, seed);
     size_t at = 0; /* bytes hashed */
     for (int k = 0; k < n; k++) {
-        size_t from = (size_t)idx[k] * d->block_bytes;
-        XXH3_64bits_update(&h, ext + at, from + d->block_bytes - at);
-        memcpy(kvpool_k(pool, layer, slots[k]), ext + from, d->block_bytes);
-        at = from + d->block_bytes;
+        size_t from = (size_t)idx[k] * bb;
+        XXH3_64bits_update(&h, ext + at, from + bb - at);
+        memcpy(tier_pool_layer(pool, dr->hidden, layer, slots[k]), ext + from, bb);
+        at = from + bb;
     }
-    XXH3_64bits_update(&h, ext + at, (size_t)dr->stride - at);
+    XXH3_64bits_update(&h, ext + at, len - at);
     return XXH3_64bits_digest(&h) == dr->checksums[layer] ? MN_OK : MN_ECHECKSUM;
 }
 
@@ -941,13 +1004,13 @@ static int disk_read_layer(void *kind, TierRun *run, int layer, const int32_t *i
                            KvPool *pool, uint64_t *io_bytes) {
     DiskTier *d = kind;
     DiskRun *dr = run->data;
-    int rc = staging_reserve(d, dr->stride);
+    int rc = staging_reserve(d, ext_len(dr, layer));
     if (rc != MN_OK) return rc;
-    rc = transfer(d, AIO_OP_READ, &d->slabs[dr->slab].file, d->staging, dr->offset + (uint64_t)layer * dr->stride,
-                  dr->stride);
+    rc = transfer(d, AIO_OP_READ, &d->slabs[dr->slab].file, d->staging, dr->offset + ext_at(dr, layer),
+                  ext_len(dr, layer));
     if (rc == MN_EFORMAT) return MN_ECHECKSUM; /* the file is shorter than the extent */
     if (rc != MN_OK) return medium_code(rc);
-    *io_bytes = dr->stride;
+    *io_bytes = ext_len(dr, layer);
     return extent_place(d, run, layer, d->staging, idx, slots, n, pool);
 }
 
@@ -964,7 +1027,8 @@ static int disk_read_layer(void *kind, TierRun *run, int layer, const int32_t *i
  *
  * Span j (layers [j*span, (j+1)*span)) is read into staging slot
  * j % depth: the groups' pieces side by side in group order, each
- * span * stride bytes; its requests are reqs[slot * per_slot ...], each
+ * span * (the group's longest extent) bytes, the span's extents one after
+ * another in it as on disk; its requests are reqs[slot * per_slot ...], each
  * tagged with its group. When the span whose turn it is has fully arrived,
  * its layers are checked, copied into the pool and reported one by one,
  * and its slot takes span j + depth. A failed request stops the read when
@@ -984,7 +1048,8 @@ typedef struct Stream {
     int bad_group[DISK_STREAM_MAX_DEPTH]; /* whose request that was */
 } Stream;
 
-static uint64_t group_stride(const TierReadGroup *g) { return ((const DiskRun *)g->run->data)->stride; }
+/* Room of one layer of g in a staging slot: its run's longest extent. */
+static uint64_t group_stride(const TierReadGroup *g) { return ext_max(g->run->data); }
 
 /* Layers of span j (the last may be short). */
 static int span_layers(const Stream *st, int j) {
@@ -1032,10 +1097,10 @@ static int stream_submit(Stream *st, int j) {
     uint8_t *buf = slot_base(st, slot);
     for (int g = 0; g < st->n_groups; g++) {
         const DiskRun *dr = st->groups[g].run->data;
-        k += chunk_reqs(&d->reqs[k], AIO_OP_READ, &d->slabs[dr->slab].file, buf,
-                        dr->offset + (uint64_t)j * (uint64_t)st->span * dr->stride, (uint64_t)n * dr->stride,
+        uint64_t from = ext_at(dr, j * st->span), to = ext_at(dr, j * st->span + n);
+        k += chunk_reqs(&d->reqs[k], AIO_OP_READ, &d->slabs[dr->slab].file, buf, dr->offset + from, to - from,
                         (void *)(intptr_t)g);
-        buf += (uint64_t)st->span * dr->stride;
+        buf += (uint64_t)st->span * group_stride(&st->groups[g]);
     }
     st->left[slot] = k - slot * st->per_slot;
     st->rc[slot] = MN_OK;
@@ -1068,10 +1133,12 @@ static int stream_reap(Stream *st, int slot) {
  * copy its blocks into the pool; on a bad extent *bad_group says whose. */
 static int stream_place(Stream *st, int layer, KvPool *pool, int *bad_group) {
     const uint8_t *piece = slot_base(st, layer / st->span % st->depth);
+    const int first = layer - layer % st->span; /* the span's first layer */
     for (int g = 0; g < st->n_groups; g++) {
         const TierReadGroup *gr = &st->groups[g];
+        const DiskRun *dr = gr->run->data;
         uint64_t stride = group_stride(gr);
-        if (extent_place(st->d, gr->run, layer, piece + (uint64_t)(layer % st->span) * stride, gr->idx, gr->slots,
+        if (extent_place(st->d, gr->run, layer, piece + (ext_at(dr, layer) - ext_at(dr, first)), gr->idx, gr->slots,
                          gr->n, pool) != MN_OK) {
             *bad_group = g;
             return MN_ECHECKSUM;
@@ -1270,6 +1337,7 @@ int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err) {
     d->dir = alloc_fault(d) ? NULL : mn_strdup(cfg->dir);
     d->n_layer = cfg->n_layer;
     d->block_bytes = cfg->block_bytes;
+    d->hidden_bytes = cfg->hidden_bytes;
     d->fingerprint = cfg->model_fingerprint;
     d->kv_format = cfg->kv_format;
     d->is_durable = cfg->is_durable;
@@ -1319,6 +1387,7 @@ int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err) {
     Tier *t;
     rc = tier_new_kind(&disk_ops, d, cfg->n_layer, cfg->block_bytes, capacity, &d->faults, &t);
     if (rc != MN_OK) return mn_err_set(err, rc, "disk tier: %s", mn_strerror(rc));
+    tier_set_hidden_bytes(t, d->hidden_bytes);
     if (d->store != NULL) {
         rc = runs_adopt(d, t);
         if (rc != MN_OK) {
@@ -1395,7 +1464,7 @@ int tier_disk_extent(const Tier *t, const Hash128 *hash, int layer, char *path, 
     if (run == NULL) return MN_ENOTFOUND;
     const DiskRun *dr = run->data;
     slab_path(d, dr->slab, path, cap);
-    *offset = dr->offset + (uint64_t)layer * dr->stride;
-    *len = dr->stride;
+    *offset = dr->offset + ext_at(dr, layer);
+    *len = ext_len(dr, layer);
     return MN_OK;
 }

@@ -31,6 +31,7 @@ typedef struct TierRun {
     double last_used;                   /* unix seconds: put, or a read of layer 0 */
     double inserted;                    /* unix seconds: put (adopted: last_used) */
     int32_t pos;                        /* TierRunInfo.pos */
+    uint64_t hidden;                    /* TierRunInfo.hidden, as stored */
     bool has_ns;                        /* TierRunInfo.ns_id was given: */
     Hash128 ns_id;                      /* its namespace */
     int32_t window_idx;                 /* scratch of choose_victim: -1 = not in the window */
@@ -58,9 +59,10 @@ typedef struct TierKindOps {
     /* After an I/O error its owner resets the tier with a back-off (a
      * remote store that may come back): tier_is_retried. */
     bool is_retried;
-    /* Bytes a run of n_blocks takes on the medium (counted against the
-     * budget); UINT64_MAX when such a run can never fit. */
-    uint64_t (*run_bytes)(void *kind, int n_blocks);
+    /* Bytes a run of n_blocks whose layers `hidden` are hidden states
+     * (tier_layer_bytes) takes on the medium (counted against the budget);
+     * UINT64_MAX when such a run can never fit. */
+    uint64_t (*run_bytes)(void *kind, int n_blocks, uint64_t hidden);
     /* Claim run->n_bytes of room and set run->data. MN_EFULL when the
      * medium has no room now (the core evicts and asks again), MN_ENOMEM,
      * MN_EIO. */
@@ -127,6 +129,18 @@ static inline bool alloc_faults_take(AllocFaults *f) {
     return true;
 }
 
+/* Bytes of one block in layer l of a run whose layers `hidden` (bit l:
+ * layer l) are stored as hidden states: hidden_bytes, else the pool's
+ * block_bytes (K then V). */
+static inline size_t tier_layer_bytes(size_t block_bytes, size_t hidden_bytes, uint64_t hidden, int l) {
+    return l < 64 && (hidden >> l & 1) ? hidden_bytes : block_bytes;
+}
+/* Where block `slot`'s bytes of layer l are in the pool for such a run:
+ * its hidden rows (kvpool_h) or its K/V (kvpool_k). */
+static inline uint8_t *tier_pool_layer(const KvPool *pool, uint64_t hidden, int l, int32_t slot) {
+    return l < 64 && (hidden >> l & 1) ? (uint8_t *)kvpool_h(pool, l, slot) : (uint8_t *)kvpool_k(pool, l, slot);
+}
+
 /* A tier over kind (owned from now on: freed with the tier, also when this
  * fails). faults, when not NULL, is the kind's counter: the allocations
  * made here, and the core's later ones until tier_share_faults(t, NULL),
@@ -134,6 +148,10 @@ static inline bool alloc_faults_take(AllocFaults *f) {
  * MN_EINVAL, MN_ENOMEM; *out NULL on failure. */
 int tier_new_kind(const TierKindOps *ops, void *kind, int n_layer, size_t block_bytes, uint64_t capacity_bytes,
                   AllocFaults *faults, Tier **out);
+/* The kind stores layers as hidden states of hidden_bytes a block (the
+ * pool's hidden_bytes); without this call (0) every run is stored as KV,
+ * whatever TierRunInfo.hidden asks. Call before the first put or adopt. */
+void tier_set_hidden_bytes(Tier *t, size_t hidden_bytes);
 /* The core's allocations ask f from now on (NULL: its own counter again). */
 void tier_share_faults(Tier *t, AllocFaults *f);
 const TierKindOps *tier_kind_ops(const Tier *t);

@@ -2,7 +2,9 @@
  *
  * The first tier below the pool: cheaper than disk, dearer than the pool,
  * sized by --ram-tier-mb. Each run is one heap buffer laid out [layer][block]:
- *     run->data : (n_layer, n_blocks, block_bytes) bytes
+ *     run->data : layer 0's n_blocks blocks, then layer 1's, ...
+ * a block of layer l being block_bytes of K/V, or hidden_bytes of hidden
+ * states when the run stores layer l so (run->hidden, tier_layer_bytes),
  * so a layer of a run is one contiguous piece, as in every tier. The
  * budget counts exactly those bytes; eviction (least recently used run
  * first) is the core's (tier.c). Memory does not corrupt itself, so no
@@ -22,14 +24,21 @@
 typedef struct RamTier {
     int n_layer;
     size_t block_bytes;
+    size_t hidden_bytes;
 } RamTier;
+
+static size_t layer_bytes(const RamTier *rt, uint64_t hidden, int l) {
+    return tier_layer_bytes(rt->block_bytes, rt->hidden_bytes, hidden, l);
+}
 
 /* ---- kind operations ----------------------------------------------------- */
 
-static uint64_t ram_run_bytes(void *kind, int n_blocks) {
+static uint64_t ram_run_bytes(void *kind, int n_blocks, uint64_t hidden) {
     const RamTier *rt = kind;
-    /* n_layer * n_blocks * block_bytes: bounded by the pool's own size */
-    return (uint64_t)rt->n_layer * (uint64_t)n_blocks * (uint64_t)rt->block_bytes;
+    /* n_layer * n_blocks * block bytes: bounded by the pool's own size */
+    uint64_t n = 0;
+    for (int l = 0; l < rt->n_layer; l++) n += (uint64_t)n_blocks * (uint64_t)layer_bytes(rt, hidden, l);
+    return n;
 }
 
 static int ram_reserve(void *kind, TierRun *run) {
@@ -41,11 +50,13 @@ static int ram_reserve(void *kind, TierRun *run) {
 static int ram_write(void *kind, TierRun *run, const KvPool *pool, const int32_t *slots, uint64_t *io_bytes) {
     const RamTier *rt = kind;
     uint8_t *dst = run->data;
-    for (int l = 0; l < rt->n_layer; l++)
+    for (int l = 0; l < rt->n_layer; l++) {
+        size_t bb = layer_bytes(rt, run->hidden, l);
         for (int i = 0; i < run->n_blocks; i++) {
-            memcpy(dst, kvpool_k(pool, l, slots[i]), rt->block_bytes);
-            dst += rt->block_bytes;
+            memcpy(dst, tier_pool_layer(pool, run->hidden, l, slots[i]), bb);
+            dst += bb;
         }
+    }
     *io_bytes = run->n_bytes;
     return MN_OK;
 }
@@ -53,10 +64,11 @@ static int ram_write(void *kind, TierRun *run, const KvPool *pool, const int32_t
 static int ram_read_layer(void *kind, TierRun *run, int layer, const int32_t *idx, const int32_t *slots, int n,
                           KvPool *pool, uint64_t *io_bytes) {
     const RamTier *rt = kind;
-    const uint8_t *base = (const uint8_t *)run->data + (size_t)layer * (size_t)run->n_blocks * rt->block_bytes;
-    for (int k = 0; k < n; k++)
-        memcpy(kvpool_k(pool, layer, slots[k]), base + (size_t)idx[k] * rt->block_bytes, rt->block_bytes);
-    *io_bytes = (uint64_t)n * rt->block_bytes;
+    const uint8_t *base = run->data;
+    for (int l = 0; l < layer; l++) base += (size_t)run->n_blocks * layer_bytes(rt, run->hidden, l);
+    size_t bb = layer_bytes(rt, run->hidden, layer);
+    for (int k = 0; k < n; k++) memcpy(tier_pool_layer(pool, run->hidden, layer, slots[k]), base + (size_t)idx[k] * bb, bb);
+    *io_bytes = (uint64_t)n * bb;
     return MN_OK;
 }
 
@@ -79,11 +91,18 @@ static const TierKindOps ram_ops = {
 
 /* ---- API ----------------------------------------------------------------- */
 
-int tier_ram_new(int n_layer, size_t block_bytes, uint64_t capacity_bytes, Tier **out) {
+int tier_ram_new_hidden(int n_layer, size_t block_bytes, size_t hidden_bytes, uint64_t capacity_bytes, Tier **out) {
     *out = NULL;
     RamTier *rt = mn_calloc(1, sizeof *rt);
     if (rt == NULL) return MN_ENOMEM;
     rt->n_layer = n_layer;
     rt->block_bytes = block_bytes;
-    return tier_new_kind(&ram_ops, rt, n_layer, block_bytes, capacity_bytes, NULL, out);
+    rt->hidden_bytes = hidden_bytes;
+    int rc = tier_new_kind(&ram_ops, rt, n_layer, block_bytes, capacity_bytes, NULL, out);
+    if (rc == MN_OK) tier_set_hidden_bytes(*out, hidden_bytes);
+    return rc;
+}
+
+int tier_ram_new(int n_layer, size_t block_bytes, uint64_t capacity_bytes, Tier **out) {
+    return tier_ram_new_hidden(n_layer, block_bytes, 0, capacity_bytes, out);
 }

@@ -336,7 +336,9 @@ static int conn_ready(RedisTier *r) { return rcluster_is_connected(r->cl) ? MN_O
 
 /* ---- kind operations: put ------------------------------------------------------- */
 
-static uint64_t redis_run_bytes(void *kind, int n_blocks) {
+/* (hidden is always 0: this kind never calls tier_set_hidden_bytes, so
+ * the core stores every run here as KV) */
+static uint64_t redis_run_bytes(void *kind, int n_blocks, uint64_t hidden) {
     const RedisTier *r = kind;
     if (n_blocks > REDIS_MAX_RUN) return UINT64_MAX;
     return (uint64_t)r->n_layer * value_len(r, n_blocks) + REDIS_PTR_BYTES * (uint64_t)n_blocks;
@@ -696,7 +698,7 @@ int tier_redis_probe(Tier *t, const Hash128 *hashes, const uint8_t *want, int n,
         *rr = pc->run;
         TierRunInfo info = {.pos = pc->start * block_tokens, .ns_id = ns_id};
         rc = tier_adopt_run(t, tier_new_run_id(t), &hashes[pc->start], pc->end - pc->start, rr,
-                            redis_run_bytes(r, pc->run.n_stored), mn_wall_now(), &info);
+                            redis_run_bytes(r, pc->run.n_stored, 0), mn_wall_now(), &info);
         if (rc != MN_OK) mn_free(rr); /* MN_EFULL (bigger than the budget), MN_ENOMEM: not adopted */
         else n_adopted++;
     }

@@ -1013,6 +1013,57 @@ void kq_quantize_ref(MnType type, const float *x, int64_t n_in, int n_tok, uint8
     quantize_group(type, x, n_in, n_tok, dst, quantize_ref);
 }
 
+/* The packed form is d and the natural codes, as kq_quantize made them
+ * (for Q2_K: natural order), so it is a function of x alone; unpacking
+ * recomputes the sums, exact integers, as quantize_ref does. */
+void kq_pack(const float *x, int64_t n_in, uint8_t *dst) {
+    assert(n_in % MN_QK_K == 0);
+    _Alignas(64) KqBlock y;
+    for (int64_t b = 0; b < n_in / MN_QK_K; b++, x += MN_QK_K, dst += KQ_PACKED_BYTES) {
+        kq_quantize(MN_TYPE_Q2_K, x, MN_QK_K, 1, (uint8_t *)&y); /* one token: a KqBlock */
+        memcpy(dst, &y.d, sizeof y.d);
+        memcpy(dst + sizeof y.d, y.qs, MN_QK_K);
+    }
+}
+
+/* The KqBlock of type that quantizing made, from one packed block. */
+static void unpack_block(MnType type, const uint8_t *src, KqBlock *y) {
+    const uint8_t *pos = ORDER_POS[kind_of(type).order];
+    memset(y, 0, sizeof *y);
+    memcpy(&y->d, src, sizeof y->d);
+    const int8_t *q = (const int8_t *)src + sizeof y->d;
+    for (int c = 0; c < 16; c++) {
+        memcpy(y->qs + 16 * pos[c], q + 16 * c, 16);
+        int sum = 0;
+        for (int i = 0; i < 16; i++) sum += q[16 * c + i];
+        y->sum16[c] = (int16_t)sum;
+        y->sum16x2[2 * c] = y->sum16x2[2 * c + 1] = (int16_t)sum;
+        y->sum32[c / 2] = (int16_t)(y->sum32[c / 2] + sum);
+    }
+}
+
+/* As quantize_group lays the blocks out for n_tok tokens. */
+void kq_unpack(MnType type, const uint8_t *src, int64_t n_in, int n_tok, uint8_t *dst) {
+    assert(kq_has_type(type) && n_in % MN_QK_K == 0 && ((uintptr_t)dst & 63) == 0);
+    const int64_t nb = n_in / MN_QK_K;
+    if (!is_tiled(n_tok)) {
+        for (int t = 0; t < n_tok; t++)
+            for (int64_t b = 0; b < nb; b++)
+                unpack_block(type, src + (size_t)(t * nb + b) * KQ_PACKED_BYTES,
+                             (KqBlock *)(dst + (size_t)t * tok_bytes(n_in)) + b);
+        return;
+    }
+#if defined(KQ_AVX512)
+    memset(dst, 0, kq_acts_bytes(n_in, n_tok));
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t b = 0; b < nb; b++) {
+            KqBlock y;
+            unpack_block(type, src + (size_t)(t * nb + b) * KQ_PACKED_BYTES, &y);
+            tile_put(type, &y, dst + (size_t)(t / KT_LANES) * tile_bytes(n_in) + (size_t)b * KT_BLOCK, t % KT_LANES);
+        }
+#endif
+}
+
 void kq_rows(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in, const uint8_t *acts,
              int n_tok, float *out, int64_t n_out) {
     assert(kq_has_type(type) && n_in % MN_QK_K == 0);

@@ -49,6 +49,23 @@ void kq_quantize(MnType type, const float *x, int64_t n_in, int n_tok, uint8_t *
 /* kq_quantize in plain C: the same bytes (the oracle of the others). */
 void kq_quantize_ref(MnType type, const float *x, int64_t n_in, int n_tok, uint8_t *dst);
 
+/* Bytes of one 256-element block of quantized activations in the packed
+ * form (kq_pack): the scale d (f32) then the 256 codes in natural order.
+ * What the codes of one token are does not depend on the weight type —
+ * only their order inside a KqBlock does — so one packed row serves the
+ * products with weights of any of these types. */
+#define KQ_PACKED_BYTES 260
+
+/* dst (n_in / 256 * KQ_PACKED_BYTES bytes) = the packed form of x's
+ * activations: exactly kq_quantize's d and codes (whatever the SIMD
+ * path), so kq_unpack gives back kq_quantize's blocks bit for bit. */
+void kq_pack(const float *x, int64_t n_in, uint8_t *dst);
+/* dst (kq_acts_bytes(n_in, n_tok) bytes, 64-byte aligned) = what
+ * kq_quantize(type, x, n_in, n_tok) writes, from the packed rows src of
+ * the n_tok tokens x (kq_pack, one after another): the same codes, code
+ * sums and d in the same layout. */
+void kq_unpack(MnType type, const uint8_t *src, int64_t n_in, int n_tok, uint8_t *dst);
+
 /* out[t * n_out + r] for rows [r0, r1) of w (row_bytes apart) and the
  * n_tok tokens that kq_quantize wrote at acts. Never allocates. */
 void kq_rows(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in, const uint8_t *acts,

@@ -881,6 +881,40 @@ static void i8_plan(MmJob *job, int nth) {
     job->n_groups = (job->n_tok + job->group_tok - 1) / job->group_tok;
 }
 
+bool mm_int8_acts(const MatW *w) { return kq_has_type(w->type) && i8_takes(w); }
+
+size_t mm_packed_scratch_bytes(const MatW *w, int n_tok) { return kq_acts_bytes(w->n_in, n_tok); }
+
+/* Rows of a product whose tokens are quantized already (job->x is their
+ * KqBlocks): chunks of rows for all the tokens at once. */
+static void kq_worker_packed(void *ctx, int ith, int nth) {
+    MmJob *job = ctx;
+    const MatW *w = job->w;
+    for (;;) {
+        long c = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed);
+        if (c >= job->n_chunks) break;
+        long r0 = c * job->chunk_rows, r1 = MM_MIN((long)w->n_out, r0 + job->chunk_rows);
+        kq_rows(w->type, w->data, job->row_bytes, r0, r1, w->n_in, (const uint8_t *)job->x, job->n_tok, job->out,
+                w->n_out);
+    }
+}
+
+void mm_matmul_packed(ThreadPool *tp, float *out, const MatW *w, const uint8_t *packed, int n_tok,
+                      uint8_t *scratch) {
+    assert(mm_int8_acts(w) && ((uintptr_t)scratch & 63) == 0);
+    if (n_tok <= 0 || w->n_out <= 0) return;
+    kq_unpack(w->type, packed, w->n_in, n_tok, scratch);
+    uint64_t row_bytes = 0;
+    if (ttype_row_bytes(w->type, (uint64_t)w->n_in, &row_bytes) != MN_OK) assert(!"bad weight shape");
+    int nth = tp != NULL ? tpool_size(tp) : 1;
+    MmJob job = {.w = w, .x = (const float *)(const void *)scratch, .out = out, .n_tok = n_tok,
+                 .row_bytes = (size_t)row_bytes};
+    atomic_init(&job.next_chunk, 0);
+    i8_plan(&job, nth); /* (its token groups are not used: every chunk takes all the tokens) */
+    if (tp != NULL && nth > 1 && job.n_chunks > 1) tpool_run(tp, kq_worker_packed, &job);
+    else kq_worker_packed(&job, 0, 1);
+}
+
 void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_tok) {
     assert(w != NULL && out != NULL && (x != NULL || n_tok == 0));
     assert(ttype_traits(w->type) != NULL);

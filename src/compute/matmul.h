@@ -27,6 +27,7 @@
 #ifndef MN_MATMUL_H
 #define MN_MATMUL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,6 +40,21 @@
 /* out (n_tok, n_out) = x (n_tok, n_in) * W^T, parallel over tp (may be NULL
  * for single-threaded). Never allocates. */
 void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_tok);
+
+/* Whether mm_matmul quantizes the activations for W (kquant.h: the
+ * K-quants and IQ4_XS) rather than multiplying them in f32. */
+bool mm_int8_acts(const MatW *w);
+
+/* Bytes of the scratch mm_matmul_packed needs for n_tok tokens. */
+size_t mm_packed_scratch_bytes(const MatW *w, int n_tok);
+
+/* mm_matmul for a W with mm_int8_acts, from activations already
+ * quantized: packed holds n_tok rows of kq_pack(x) (n_in / 256 *
+ * KQ_PACKED_BYTES bytes each). out is bit-identical to mm_matmul(w, x)
+ * for the x those rows were packed from. scratch: mm_packed_scratch_bytes,
+ * 64-byte aligned. */
+void mm_matmul_packed(ThreadPool *tp, float *out, const MatW *w, const uint8_t *packed, int n_tok,
+                      uint8_t *scratch);
 
 /* Scalar reference for tests; same contract, single-threaded. */
 void mm_matmul_ref(float *out, const MatW *w, const float *x, int n_tok);

@@ -1133,6 +1133,7 @@ static bool try_admit(Engine *e, Active *a) {
     const int bt = e->opt.block_tokens;
     a->lead_end = first * bt;
     a->lead_done = 0;
+    if (!has_move && n_hit > 0) e->stats.restored_recompute_tokens += (uint64_t)(first * bt);
     a->n_done = (n_hit > 0 ? end * bt : 0) + n_rows;
     a->n_registered = n_hit > 0 ? end : 0;
     if (has_move) { /* the leading range is what lies between the run and the move */
@@ -1348,6 +1349,53 @@ static void register_blocks(Engine *e, Active *a) {
 
 static void fail_all_running(Engine *e, const char *msg) {
     while (e->n_running > 0) active_finish(e, e->running[--e->n_running], FINISH_ERROR, msg);
+}
+
+/* The layers saves may store as hidden states: with the hidden or the
+ * auto plan, those whose hidden rows take fewer bytes than their K/V (one
+ * size for every layer: all or none), of the first 64; a test's own
+ * choice instead. */
+static uint64_t hidden_layers_of(const Model *m, const EngineOptions *op) {
+    if (op->restore_plan == RESTORE_PLAN_KV) return 0;
+    const int n = m->cfg.n_layer < 64 ? m->cfg.n_layer : 64;
+    const uint64_t all = n == 64 ? UINT64_MAX : (1ull << n) - 1;
+    if (op->test_hidden_layers != 0) return op->test_hidden_layers & all;
+    uint64_t kv = kvpool_bytes_for(1, m->cfg.kv_dim, op->block_tokens, 1, op->kv_type);
+    return (uint64_t)fwd_hidden_row_bytes(m) * (uint64_t)op->block_tokens < kv ? all : 0;
+}
+
+/* Whether the pool keeps hidden states: a plan may store some. */
+static bool plan_has_hidden(const Model *m, const EngineOptions *op) { return hidden_layers_of(m, op) != 0; }
+
+/* The auto plan's first figure, before any restore: how long projecting
+ * a few blocks of layer 0 takes (into free slots, whose contents nothing
+ * reads; their hidden rows zeroed first). */
+static void measure_projection(Engine *e) {
+    KvPool *p = &e->pool;
+    int32_t slots[4], pos0[4];
+    int n = 0;
+    for (int i = 0; i < p->n_free && n < 4; i++) {
+        slots[n] = p->free_list[i];
+        pos0[n] = n * p->block_tokens;
+        if (pos0[n] + p->block_tokens > e->opt.n_ctx) break;
+        memset(kvpool_h(p, 0, slots[n]), 0, p->hidden_bytes);
+        n++;
+    }
+    if (n == 0) return;
+    MnErr err = {0};
+    double t0 = mn_now() + engine_clock_shift(e->opt.test_hooks, ENGINE_CLOCK_PROJECT);
+    if (fwd_project(e->fwd, 0, slots, pos0, n, &err) != MN_OK) return;
+    double t1 = mn_now() + engine_clock_shift(e->opt.test_hooks, ENGINE_CLOCK_PROJECT);
+    tiers_note_projection(e->tiers, t1 - t0, (int64_t)n * p->block_tokens);
+}
+
+/* TiersConfig.project_fn: restored hidden states into K/V (fwd_project). */
+static int project_restored(void *ctx, int layer, const int32_t *slots, const int32_t *pos0, int n) {
+    Engine *e = ctx;
+    MnErr err = {0};
+    int rc = fwd_project(e->fwd, layer, slots, pos0, n, &err);
+    if (rc != MN_OK) LOG_ERROR("%s", err.msg);
+    return rc;
 }
 
 /* TiersConfig.on_lost_fn: every running sequence holding slot must be
@@ -1819,7 +1867,15 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         !(op->decode_reserve >= 0 && op->decode_reserve < 1) ||
         !(op->cache_ttl_s >= 0))
         rc = mn_err_set(err, MN_EINVAL, "engine options out of range");
-    uint64_t per_block = kvpool_bytes_for(m->cfg.n_layer, m->cfg.kv_dim, op->block_tokens, 1, op->kv_type);
+    if (op->restore_plan != RESTORE_PLAN_KV && op->restore_plan != RESTORE_PLAN_HIDDEN &&
+        op->restore_plan != RESTORE_PLAN_AUTO)
+        rc = mn_err_set(err, MN_EINVAL, "engine options out of range");
+    /* hidden states are captured into arenas of their own, counted in the
+     * pool's size, when a plan may store them */
+    const bool has_hidden = plan_has_hidden(m, op);
+    const size_t hid_row = has_hidden ? fwd_hidden_row_bytes(m) : 0;
+    uint64_t per_block = kvpool_bytes_for(m->cfg.n_layer, m->cfg.kv_dim, op->block_tokens, 1, op->kv_type) +
+                         (uint64_t)m->cfg.n_layer * (uint64_t)op->block_tokens * hid_row;
     uint64_t pool_bytes = op->pool_mb * 1024 * 1024;
     if (rc == MN_OK && pool_bytes == 0) {
         uint64_t avail = mem_available();
@@ -1836,6 +1892,8 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
     if (rc == MN_OK && (rc = kvpool_init(&e->pool, m->cfg.n_layer, m->cfg.kv_dim, op->block_tokens, (int)n_blocks,
                                          op->kv_type)))
         mn_err_set(err, rc, "cannot allocate a KV pool of %llu blocks", (unsigned long long)n_blocks);
+    if (rc == MN_OK && has_hidden && (rc = kvpool_init_hidden(&e->pool, hid_row)) != MN_OK)
+        mn_err_set(err, rc, "cannot allocate the hidden states of %llu blocks", (unsigned long long)n_blocks);
     int max_replies = ENGINE_MAX_REPLIES * (op->context_overflow == OVERFLOW_SHIFT ? 2 : 1);
     if (rc == MN_OK) {
         e->reserve_blocks = (int)(op->decode_reserve * (float)n_blocks);
@@ -1885,9 +1943,13 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
                           .lock = &e->inbox_lock,
                           .cond = &e->inbox_cond,
                           .on_lost_fn = mark_holders_failed,
-                          .ctx = e};
+                          .ctx = e,
+                          .hidden_layers = hidden_layers_of(m, op),
+                          .is_auto = op->restore_plan == RESTORE_PLAN_AUTO,
+                          .project_fn = project_restored};
         rc = tiers_new(&tc, &e->tiers, err);
         op->disk_tier_dir = NULL; /* borrowed for engine_new only */
+        if (rc == MN_OK && tc.is_auto && tc.hidden_layers != 0 && tiers_is_on(e->tiers)) measure_projection(e);
     }
     if (rc == MN_OK) {
         e->stats.pool_blocks = e->pool.n_blocks;

@@ -54,12 +54,24 @@ typedef enum ContextOverflow {
     OVERFLOW_ERROR,         /* refused, as any prompt too long (MN_ERANGE) */
 } ContextOverflow;
 
+/* How the tiers store a run's layers (docs/DESIGN.md, "Hidden-state
+ * restore"). */
+typedef enum RestorePlan {
+    RESTORE_PLAN_KV = 0,  /* every layer as K/V (default) */
+    RESTORE_PLAN_HIDDEN,  /* as the hidden states its K/V are projected from, where those are smaller
+                             than K/V; restored by projecting them */
+    RESTORE_PLAN_AUTO,    /* per saved run, its first layers as hidden states and the rest as K/V, as
+                             many as make the projections and the reads of a restore end together
+                             (measured projection time, the slowest tier's read bandwidth) */
+} RestorePlan;
+
 /* What a reading of the engine's clock decides (EngineTestHooks). */
 typedef enum EngineClockUse {
     ENGINE_CLOCK_STEP,   /* the start and end of a forward pass: its compute time */
     ENGINE_CLOCK_WAIT,   /* the start and end of a wait for restored layers in a pass */
     ENGINE_CLOCK_EXPIRY, /* what the cache TTL expires, and when the tiers are asked next */
     ENGINE_CLOCK_BACKOFF, /* when saving resumes after saves no tier took */
+    ENGINE_CLOCK_PROJECT, /* the start and end of a projection of restored hidden states */
 } EngineClockUse;
 
 /* What a step is about to compute (EngineTestHooks.step_fn). */
@@ -131,6 +143,10 @@ typedef struct EngineOptions {
     bool redis_cluster;        /* the URLs are seeds of a Redis Cluster */
     int redis_ttl_s;           /* its keys expire this long after their last use; 0 = never (default) */
     int redis_timeout_ms;      /* its connection's timeout; 0 = the tier's default */
+    RestorePlan restore_plan;  /* how saves store layers (default kv) */
+    uint64_t test_hidden_layers; /* tests only: with restore_plan hidden (auto), exactly these layers (bit l:
+                                    layer l) are (may be) stored as hidden states, whatever their size;
+                                    0: the plan's */
     const MoverTestHooks *mover_hooks; /* tests only: MoverConfig.hooks; NULL normally */
     const EngineTestHooks *test_hooks; /* tests only (borrowed, outlives the engine); NULL normally */
     int test_table_faults;             /* tests only: the next N block-table growths fail
@@ -308,6 +324,9 @@ typedef struct EngineStats {
     uint64_t cached_partial_tokens; /* of cached_tokens, rows of blocks that matched in part */
     uint64_t dropped_blocks;   /* blocks gone from every tier (recomputed if needed again) */
     uint64_t restore_failures; /* restores that failed (checksum, I/O) and were recomputed */
+    /* tokens of cached blocks restored: loaded from a tier with every layer as K/V; loaded with
+     * layers projected from hidden states; recomputed as a dropped leading run before a cached one */
+    uint64_t restored_kv_tokens, restored_hidden_tokens, restored_recompute_tokens;
     uint64_t writebehind_blocks; /* cold cached blocks copied down under the swap watermark */
     uint64_t prefetched_blocks;  /* blocks of waiting requests restored before admission */
     uint64_t promoted_blocks;    /* blocks of waiting requests copied from disk into RAM */

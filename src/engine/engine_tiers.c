@@ -47,7 +47,12 @@
  * load holds one reference on each slot until its DONE event. */
 typedef struct Load {
     MoverJob *job;           /* the mover's until DONE: only its immutable
-                                request fields (n, hashes, slots, tier) are read */
+                                request fields (n, hashes, slots, tier) are
+                                read, and block_hidden once a LAYER came */
+    int32_t *pos;            /* (job->n) position of each block's first token */
+    int32_t *proj;           /* (job->n) scratch: the slots a layer projects */
+    int32_t *proj_pos;       /* (job->n) and their positions */
+    bool is_bad;             /* a projection failed: the load counts as failed */
     int layers_done;         /* from LAYER events */
     struct Load *next;       /* in submission order */
 } Load;
@@ -111,7 +116,14 @@ struct EngineTiers {
     pthread_cond_t *cond;
     MoverEvent *ev_head, *ev_tail; /* events from the mover */
     void (*on_lost_fn)(void *ctx, int32_t slot);
-    void *lost_ctx;
+    void *ctx;               /* TiersConfig.ctx, of on_lost_fn and project_fn */
+    uint64_t hidden_layers;  /* TiersConfig.hidden_layers */
+    bool is_auto;            /* TiersConfig.is_auto */
+    double proj_s;           /* seconds per token and layer a projection takes
+                                (a moving average); 0: not measured */
+    int (*project_fn)(void *ctx, int layer, const int32_t *slots, const int32_t *pos0, int n);
+    uint64_t n_restored_kv;     /* blocks restored with every layer loaded as KV */
+    uint64_t n_restored_hidden; /* blocks restored with layers projected */
 };
 
 /* mn_now() as the tiers read it for this use (the tests' hooks shift it). */
@@ -135,14 +147,41 @@ static void on_mover_event(void *ctx, MoverEvent *ev) {
 }
 
 static void save_done(EngineTiers *t, MoverJob *j);
+static uint64_t hidden_plan(const EngineTiers *t);
+static double tier_read_bw(const EngineTiers *t, int i);
+static void load_free(Load *ld);
 static void load_done(EngineTiers *t, Load *ld, MoverJob *j);
 static void promote_done(EngineTiers *t, const MoverJob *j);
 static void probe_done(EngineTiers *t, MoverJob *j);
 
+/* Layer `layer` of load ld is in the pool: project the blocks whose layer
+ * came as hidden states into their K/V, before the layer counts as done
+ * (a pass waits for layers_done), so nothing reads those slots before. */
+static void project_layer(EngineTiers *t, Load *ld, int layer) {
+    const MoverJob *j = ld->job;
+    int n = 0;
+    for (int k = 0; k < j->n && layer < 64; k++)
+        if (j->block_hidden[k] >> layer & 1) {
+            ld->proj[n] = j->slots[k];
+            ld->proj_pos[n++] = ld->pos[k];
+        }
+    if (n == 0 || ld->is_bad || t->project_fn == NULL) return;
+    double t0 = tiers_now(t, ENGINE_CLOCK_PROJECT);
+    if (t->project_fn(t->ctx, layer, ld->proj, ld->proj_pos, n) != MN_OK) {
+        LOG_ERROR("projecting layer %d of %d restored blocks failed: they are recomputed", layer, n);
+        ld->is_bad = true;
+        return;
+    }
+    tiers_note_projection(t, tiers_now(t, ENGINE_CLOCK_PROJECT) - t0, (int64_t)n * t->pool->block_tokens);
+}
+
 static void handle_event(EngineTiers *t, MoverEvent *ev) {
     MoverJob *j = ev->job;
     switch (ev->kind) {
-    case MOVER_EV_LAYER: ((Load *)j->owner)->layers_done = ev->layer + 1; break;
+    case MOVER_EV_LAYER:
+        project_layer(t, j->owner, ev->layer);
+        ((Load *)j->owner)->layers_done = ev->layer + 1;
+        break;
     case MOVER_EV_DROPPED:
         for (int i = 0; i < ev->n; i++) index_set_tiers(t->index, &ev->hashes[i], 0, 1u << ev->tier);
         mover_event_free(ev);
@@ -185,6 +224,8 @@ void tiers_stats(const EngineTiers *t, EngineStats *st) {
     st->n_tiers = t->n_tiers;
     tiers_snapshot(t, st);
     st->restore_failures = t->restore_failures;
+    st->restored_kv_tokens = t->n_restored_kv * (uint64_t)t->pool->block_tokens;
+    st->restored_hidden_tokens = t->n_restored_hidden * (uint64_t)t->pool->block_tokens;
     st->writebehind_blocks = t->n_writebehind;
     st->prefetched_blocks = t->n_prefetched;
     st->promoted_blocks = t->n_promoted;
@@ -206,6 +247,8 @@ static void save_blocks(EngineTiers *t, const Hash128 *hashes, const int32_t *sl
     memcpy(j->slots, slots, (size_t)n * sizeof *slots);
     j->pos = pos;
     j->ns_id = *slotpol_ns(t->slots, slots[0]);
+    j->hidden = hidden_plan(t); /* of those, the layers every block holds hidden rows of */
+    for (int i = 0; i < n; i++) j->hidden &= kvpool_hidden_layers(t->pool, slots[i]);
     for (int i = 0; i < n; i++) {
         kvpool_retain(t->pool, slots[i]);
         t->slot_saving[slots[i]] = 1;
@@ -342,11 +385,17 @@ static int start_load(EngineTiers *t, const TierSeq *ts, const int *at, int n, b
     if ((free_only ? kvpool_n_free(t->pool) : kvpool_n_available(t->pool)) < n) return MN_EFULL;
     Load *ld = mn_calloc(1, sizeof *ld);
     MoverJob *j = mover_job_new(MOVER_LOAD, n, t->pool->n_layer);
-    if (ld == NULL || j == NULL) {
-        mn_free(ld);
+    if (ld) {
+        ld->pos = mn_malloc((size_t)n * sizeof *ld->pos);
+        ld->proj = mn_malloc((size_t)n * sizeof *ld->proj);
+        ld->proj_pos = mn_malloc((size_t)n * sizeof *ld->proj_pos);
+    }
+    if (ld == NULL || j == NULL || !ld->pos || !ld->proj || !ld->proj_pos) {
+        load_free(ld);
         mover_job_free(j);
         return MN_ENOMEM;
     }
+    for (int i = 0; i < n; i++) ld->pos[i] = at[i] * t->pool->block_tokens;
     int k = 0, rc = MN_OK;
     for (; k < n && rc == MN_OK; k++) {
         const Hash128 *h = &ts->hashes[at[k]];
@@ -371,7 +420,7 @@ static int start_load(EngineTiers *t, const TierSeq *ts, const int *at, int n, b
             index_remove_slot(t->index, j->slots[i]);
             kvpool_release(t->pool, j->slots[i]);
         }
-        mn_free(ld);
+        load_free(ld);
         mover_job_free(j);
         return rc;
     }
@@ -390,13 +439,26 @@ int tiers_start_load(EngineTiers *t, const TierSeq *ts, const int *at, int n) {
     return start_load(t, ts, at, n, false);
 }
 
+static void load_free(Load *ld) {
+    if (ld == NULL) return;
+    mn_free(ld->pos);
+    mn_free(ld->proj);
+    mn_free(ld->proj_pos);
+    mn_free(ld);
+}
+
 static void load_done(EngineTiers *t, Load *ld, MoverJob *j) {
-    bool is_failed = j->rc != MN_OK;
+    bool is_failed = j->rc != MN_OK || ld->is_bad;
     for (int k = 0; k < j->n; k++) {
         int32_t slot = j->slots[k];
         t->slot_load[slot] = NULL;
+        if (!is_failed) { /* its hidden rows of those layers may be saved again */
+            kvpool_note_hidden(t->pool, slot, j->block_hidden[k]);
+            if (j->block_hidden[k] != 0) t->n_restored_hidden++;
+            else t->n_restored_kv++;
+        }
         if (is_failed) {
-            t->on_lost_fn(t->lost_ctx, slot);
+            t->on_lost_fn(t->ctx, slot);
             index_remove_slot(t->index, slot);
             /* a block the failing tier could not give may not be in it any
              * more; a checksum failure names what it dropped (DROPPED,
@@ -415,7 +477,7 @@ static void load_done(EngineTiers *t, Load *ld, MoverJob *j) {
         for (Load *l = t->loads; l; l = l->next) t->loads_tail = l;
     }
     t->n_load_blocks -= j->n;
-    mn_free(ld);
+    load_free(ld);
 }
 
 CacheSource tiers_block_source(const EngineTiers *t, const Hash128 *h) {
@@ -426,6 +488,52 @@ CacheSource tiers_block_source(const EngineTiers *t, const Hash128 *h) {
     for (int k = 0; k < ld->job->n; k++)
         if (ld->job->slots[k] == slot) return t->tier_src[ld->job->tier[k]];
     return SRC_POOL;
+}
+
+/* ---- the restore plan ---------------------------------------------------------------- */
+
+void tiers_note_projection(EngineTiers *t, double seconds, int64_t n_token_layers) {
+    if (n_token_layers <= 0 || !(seconds >= 0)) return;
+    double s = seconds / (double)n_token_layers;
+    t->proj_s = t->proj_s > 0 ? 0.8 * t->proj_s + 0.2 * s : s;
+}
+
+/* HCache's split: with the first h of the L eligible layers stored as
+ * hidden states, a restore reads (L - h) KV blocks and h hidden ones per
+ * block, and projects h layers while the rest arrive: it takes about
+ * max(read, project). The h with the least (the most hidden layers of
+ * equals: the smaller run) is where the two meet; h = 0 is reading K/V
+ * alone, so the choice is never slower than that by this estimate. */
+static int auto_hidden_count(const EngineTiers *t, int n_eligible) {
+    const KvPool *p = t->pool;
+    if (n_eligible == 0 || t->proj_s <= 0 || p->hidden_bytes >= p->block_bytes) return 0;
+    double bw = tier_read_bw(t, t->n_tiers - 1); /* the chain is inclusive: the slowest holds it all */
+    double kv = (double)p->block_bytes / p->block_tokens / bw, hid = (double)p->hidden_bytes / p->block_tokens / bw;
+    int best = 0;
+    double best_s = (double)n_eligible * kv;
+    for (int h = 1; h <= n_eligible; h++) {
+        double read = (double)(n_eligible - h) * kv + (double)h * hid, proj = (double)h * t->proj_s;
+        double s = read > proj ? read : proj;
+        if (s <= best_s) {
+            best = h;
+            best_s = s;
+        }
+    }
+    return best;
+}
+
+/* The layers a save stores as hidden states now (blocks that hold their
+ * rows permitting). The split is per token: a run's size cancels out. */
+static uint64_t hidden_plan(const EngineTiers *t) {
+    if (!t->is_auto || t->hidden_layers == 0) return t->hidden_layers;
+    int h = auto_hidden_count(t, __builtin_popcountll(t->hidden_layers));
+    uint64_t mask = 0, left = t->hidden_layers;
+    for (int i = 0; i < h; i++) { /* the first h eligible layers: projected while later layers are read */
+        uint64_t low = left & (~left + 1);
+        mask |= low;
+        left &= ~low;
+    }
+    return mask;
 }
 
 /* ---- a step ---------------------------------------------------------------------- */
@@ -448,15 +556,33 @@ static double tier_read_bw(const EngineTiers *t, int i) {
     return t->tier_src[i] == SRC_RAM ? 4e9 : 1e9;
 }
 
+/* Seconds a load has left: its remaining layers' bytes at its tier's read
+ * bandwidth, and the projections of the layers that arrive as hidden
+ * states, which the engine thread does as they come. Which those are is
+ * known once its first layer came (MoverJob.block_hidden); until then
+ * the layers the plan stores as hidden now are the guess. */
+static double load_left_s(const EngineTiers *t, const Load *ld) {
+    const KvPool *p = t->pool;
+    const MoverJob *j = ld->job;
+    const uint64_t guess = hidden_plan(t);
+    double bytes = 0, proj = 0;
+    for (int l = ld->layers_done; l < p->n_layer; l++)
+        for (int k = 0; k < j->n; k++) {
+            uint64_t mask = ld->layers_done > 0 ? j->block_hidden[k] : guess;
+            bool is_hidden = l < 64 && (mask >> l & 1);
+            bytes += (double)(is_hidden ? p->hidden_bytes : p->block_bytes);
+            if (is_hidden) proj += t->proj_s * p->block_tokens;
+        }
+    return bytes / tier_read_bw(t, j->tier[0]) + proj;
+}
+
 /* Seconds until the restores of table s are expected to be done: the
  * loads ahead of them in the mover's queue count too (it serves them in
  * order). */
 static double restore_eta(const EngineTiers *t, const AttnSeq *s) {
-    const KvPool *p = t->pool;
     double eta = 0, last = 0;
     for (const Load *ld = t->loads; ld; ld = ld->next) {
-        double bytes = (double)(p->n_layer - ld->layers_done) * (double)ld->job->n * (double)p->block_bytes;
-        eta += bytes / tier_read_bw(t, ld->job->tier[0]);
+        eta += load_left_s(t, ld);
         for (int b = 0; b < s->n_blocks; b++)
             if (t->slot_load[s->blocks[b]] == ld) last = eta;
     }
@@ -841,7 +967,10 @@ int tiers_new(const TiersConfig *cfg, EngineTiers **out, MnErr *err) {
     t->lock = cfg->lock;
     t->cond = cfg->cond;
     t->on_lost_fn = cfg->on_lost_fn;
-    t->lost_ctx = cfg->ctx;
+    t->ctx = cfg->ctx;
+    t->hidden_layers = cfg->hidden_layers;
+    t->is_auto = cfg->is_auto;
+    t->project_fn = cfg->project_fn;
     t->step_s = 0.05;
     t->shared = -1;
     t->swap_watermark = op->swap_watermark;
@@ -870,6 +999,7 @@ void tiers_free(EngineTiers *t) {
     if (t->mover) {
         mover_free(t->mover);
         t->mover = NULL;
+        t->project_fn = NULL; /* the restores left are dropped with the engine */
         tiers_take_events(t, false);
     }
     mn_free(t->slot_load);

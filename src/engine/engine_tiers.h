@@ -64,7 +64,24 @@ typedef struct TiersConfig {
      * planned again, its KV there never used. Called on the engine thread
      * from tiers_take_events (so also from within tiers_wait_layer). */
     void (*on_lost_fn)(void *ctx, int32_t slot);
-    void *ctx;
+    void *ctx;               /* of on_lost_fn and project_fn */
+    /* Hidden-state restore (docs/DESIGN.md, "Hidden-state restore"): the
+     * layers a save stores as the pool's hidden states (the pool has
+     * hidden arenas; 0: every layer as KV), and how a restored layer that
+     * arrives as hidden states is projected into its blocks' K/V (block i
+     * in slots[i], its first token at pos0[i]; fwd_project), on the engine
+     * thread as the layer's LAYER event is taken, before any pass may read
+     * it. A save stores a layer as hidden only when every block of the run
+     * holds that layer's hidden rows (kvpool_hidden_layers). */
+    uint64_t hidden_layers;
+    /* With is_auto, a save stores only the first of hidden_layers as
+     * hidden states, as many as make a restore's projections (at the
+     * measured time per token and layer, tiers_note_projection) and its
+     * reads (at the slowest tier's read bandwidth) end together: HCache's
+     * bubble-free split, never slower than reading K/V alone by this
+     * estimate. */
+    bool is_auto;
+    int (*project_fn)(void *ctx, int layer, const int32_t *slots, const int32_t *pos0, int n);
 } TiersConfig;
 
 /* ---- life cycle ---------------------------------------------------------------- */
@@ -205,5 +222,9 @@ double tiers_step_done(EngineTiers *t, double pass_s);
 /* --cache-ttl in the tiers: at most once a second, ask the mover to drop
  * what is older. */
 void tiers_expire(EngineTiers *t);
+/* A projection of hidden states took `seconds` for n_token_layers tokens
+ * times layers (the engine's measurement at start-up; the tiers time the
+ * projections of restores themselves): the auto plan's figure. */
+void tiers_note_projection(EngineTiers *t, double seconds, int64_t n_token_layers);
 
 #endif

@@ -25,8 +25,12 @@
 #include <string.h>
 
 #include "base/mem.h"
+#include "compute/kquant.h"
 #include "compute/matmul.h"
 #include "compute/ops.h"
+
+/* Blocks one projection of hidden states multiplies at once. */
+#define PROJ_BLOCKS 4
 
 struct Forward {
     const Model *m;
@@ -38,7 +42,25 @@ struct Forward {
     size_t attn_scratch_per_thread;
     double *inv_freq;     /* (n_rot / 2) RoPE's inverse frequencies, global layers */
     double *inv_freq_swa; /* (n_rot / 2) sliding layers' */
+    bool is_packed;       /* hidden rows are kq_pack'ed (fwd_hidden_row_bytes) */
+    size_t hid_row;       /* bytes of one token's hidden row */
+    uint8_t *proj_in;     /* (PROJ_BLOCKS * block_tokens) hidden rows, gathered */
+    float *proj_k, *proj_v; /* (PROJ_BLOCKS * block_tokens, kv_dim) */
+    uint8_t *proj_scratch;  /* mm_matmul_packed's */
 };
+
+/* The layers' K and V projections both take int8 activations: only then
+ * is the packed form their whole operand. */
+static bool hidden_is_packed(const Model *m) {
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        if (!mm_int8_acts(&m->layers[l].wk) || !mm_int8_acts(&m->layers[l].wv)) return false;
+    return true;
+}
+
+size_t fwd_hidden_row_bytes(const Model *m) {
+    const int64_t d = m->cfg.n_embd;
+    return hidden_is_packed(m) ? (size_t)(d / MN_QK_K) * KQ_PACKED_BYTES : (size_t)d * sizeof(float);
+}
 
 static float *alloc_rows(int rows, int width) {
     return mn_alloc_aligned((size_t)rows * (size_t)width * sizeof(float), 64);
@@ -77,6 +99,29 @@ int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, 
         fwd_free(f);
         return mn_err_set(err, MN_ENOMEM, "forward: out of memory for %d-token batches", T);
     }
+    f->is_packed = hidden_is_packed(m);
+    f->hid_row = fwd_hidden_row_bytes(m);
+    if (pool->hid_arenas != NULL) {
+        const int P = PROJ_BLOCKS * pool->block_tokens;
+        if (pool->hidden_row_bytes != f->hid_row) {
+            fwd_free(f);
+            return mn_err_set(err, MN_EINVAL, "forward: the pool's hidden rows are not the model's");
+        }
+        size_t scratch = 0;
+        for (int l = 0; f->is_packed && l < c->n_layer; l++) {
+            size_t sk = mm_packed_scratch_bytes(&m->layers[l].wk, P), sv = mm_packed_scratch_bytes(&m->layers[l].wv, P);
+            scratch = sk > scratch ? sk : scratch;
+            scratch = sv > scratch ? sv : scratch;
+        }
+        f->proj_in = mn_alloc_aligned((size_t)P * f->hid_row, 64);
+        f->proj_k = alloc_rows(P, c->kv_dim);
+        f->proj_v = alloc_rows(P, c->kv_dim);
+        f->proj_scratch = mn_alloc_aligned(scratch > 0 ? scratch : 64, 64);
+        if (!f->proj_in || !f->proj_k || !f->proj_v || !f->proj_scratch) {
+            fwd_free(f);
+            return mn_err_set(err, MN_ENOMEM, "forward: out of memory for projections");
+        }
+    }
     model_rope_inv_freq(m, false, opt->max_ctx, f->inv_freq);
     model_rope_inv_freq(m, true, opt->max_ctx, f->inv_freq_swa);
     *out = f;
@@ -86,8 +131,11 @@ int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, 
 void fwd_free(Forward *f) {
     if (f == NULL) return;
     tpool_free(f->tp);
-    float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->xl, f->logits, f->attn_scratch};
+    float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb,
+                     f->hb2, f->xl, f->logits, f->attn_scratch, f->proj_k, f->proj_v};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mn_free_aligned(bufs[i]);
+    mn_free_aligned(f->proj_in);
+    mn_free_aligned(f->proj_scratch);
     mn_free(f->inv_freq);
     mn_free(f->inv_freq_swa);
     mn_free(f);
@@ -144,21 +192,51 @@ typedef struct StageJob {
     Stage stage;
 } StageJob;
 
-/* Write token t's K and V rows of layer il into its block. */
+/* Write one token's K and V rows of layer il into row `row` of slot. */
+static void store_kv_row(const KvPool *p, int il, int32_t slot, int row, const float *k, const float *v) {
+    const int kvd = p->kv_dim;
+    size_t at = (size_t)row * (size_t)kvd;
+    if (p->kv_type == MN_TYPE_F16) {
+        ops_f32_to_f16((uint16_t *)kvpool_k(p, il, slot) + at, k, kvd);
+        ops_f32_to_f16((uint16_t *)kvpool_v(p, il, slot) + at, v, kvd);
+    } else {
+        memcpy((float *)kvpool_k(p, il, slot) + at, k, (size_t)kvd * sizeof(float));
+        memcpy((float *)kvpool_v(p, il, slot) + at, v, (size_t)kvd * sizeof(float));
+    }
+}
+
+/* Write token t's K and V rows of layer il into its block, and with
+ * hidden arenas the operand the K and V projections took: xb's row, or
+ * its int8 quantization (the same bits the matmul made of it). */
 static void store_kv(Forward *f, const FwdBatch *b, int il, int t) {
     const KvPool *p = f->pool;
-    const int kvd = p->kv_dim;
     const AttnSeq *s = &b->seqs[b->seq[t]];
     int32_t slot = s->blocks[b->pos[t] / p->block_tokens];
-    size_t row = (size_t)(b->pos[t] % p->block_tokens) * (size_t)kvd;
-    const float *k = f->k + (size_t)t * kvd, *v = f->v + (size_t)t * kvd;
-    if (p->kv_type == MN_TYPE_F16) {
-        ops_f32_to_f16((uint16_t *)kvpool_k(p, il, slot) + row, k, kvd);
-        ops_f32_to_f16((uint16_t *)kvpool_v(p, il, slot) + row, v, kvd);
-    } else {
-        memcpy((float *)kvpool_k(p, il, slot) + row, k, (size_t)kvd * sizeof(float));
-        memcpy((float *)kvpool_v(p, il, slot) + row, v, (size_t)kvd * sizeof(float));
-    }
+    int row = b->pos[t] % p->block_tokens;
+    store_kv_row(p, il, slot, row, f->k + (size_t)t * p->kv_dim, f->v + (size_t)t * p->kv_dim);
+    if (p->hid_arenas == NULL) return;
+    const int64_t D = f->m->cfg.n_embd;
+    uint8_t *h = (uint8_t *)kvpool_h(p, il, slot) + (size_t)row * p->hidden_row_bytes;
+    if (f->is_packed) kq_pack(f->xb + t * D, D, h);
+    else memcpy(h, f->xb + t * D, (size_t)D * sizeof(float));
+    p->hid_rows[(size_t)slot * (size_t)p->block_tokens + (size_t)row] = 1;
+}
+
+/* What the pass does to a token's K and V after their projections, before
+ * they are stored: biases, qwen3's K norm, RoPE at pos. One function for
+ * the forward pass and for projections of hidden states, so both give the
+ * same bits. */
+static void kv_post(const Forward *f, int il, float *k, float *v, int32_t pos) {
+    const ModelConfig *c = &f->m->cfg;
+    const LayerWeights *lw = &f->m->layers[il];
+    if (lw->bk) ops_add(k, lw->bk, c->kv_dim);
+    if (lw->bv) ops_add(v, lw->bv, c->kv_dim);
+    const int hd = c->head_dim;
+    for (int h = 0; lw->k_norm && h < c->n_head_kv; h++)
+        ops_rmsnorm(k + h * hd, k + h * hd, lw->k_norm, hd, c->rms_eps);
+    const double *inv_freq = lw->window > 0 ? f->inv_freq_swa : f->inv_freq;
+    ops_rope(k, c->n_head_kv, c->head_dim, c->n_rot, inv_freq, pos, c->rope_attn_factor,
+             c->rope_style == ROPE_ADJACENT);
 }
 
 static void stage_token(const StageJob *j, int t) {
@@ -170,20 +248,15 @@ static void stage_token(const StageJob *j, int t) {
     switch (j->stage) {
     case STAGE_ATTN_NORM: ops_rmsnorm(xb, x, lw->attn_norm, (int)D, c->rms_eps); break;
     case STAGE_QKV_POST: {
-        float *q = f->q + t * QD, *k = f->k + t * KV, *v = f->v + t * KV;
+        float *q = f->q + t * QD;
         if (lw->bq) ops_add(q, lw->bq, (int)QD);
-        if (lw->bk) ops_add(k, lw->bk, (int)KV);
-        if (lw->bv) ops_add(v, lw->bv, (int)KV);
         const int hd = c->head_dim;
         for (int h = 0; lw->q_norm && h < c->n_head; h++) /* in place: x is read whole first */
             ops_rmsnorm(q + h * hd, q + h * hd, lw->q_norm, hd, c->rms_eps);
-        for (int h = 0; lw->k_norm && h < c->n_head_kv; h++)
-            ops_rmsnorm(k + h * hd, k + h * hd, lw->k_norm, hd, c->rms_eps);
-        const int adjacent = c->rope_style == ROPE_ADJACENT;
         const double *inv_freq = lw->window > 0 ? f->inv_freq_swa : f->inv_freq;
-        const float ms = c->rope_attn_factor;
-        ops_rope(q, c->n_head, c->head_dim, c->n_rot, inv_freq, j->b->pos[t], ms, adjacent);
-        ops_rope(k, c->n_head_kv, c->head_dim, c->n_rot, inv_freq, j->b->pos[t], ms, adjacent);
+        ops_rope(q, c->n_head, c->head_dim, c->n_rot, inv_freq, j->b->pos[t], c->rope_attn_factor,
+                 c->rope_style == ROPE_ADJACENT);
+        kv_post(f, j->il, f->k + t * KV, f->v + t * KV, j->b->pos[t]);
         store_kv(f, j->b, j->il, t);
         break;
     }
@@ -239,6 +312,44 @@ static void layer_forward(Forward *f, const FwdBatch *b, int il) {
     run_stage(f, b, il, STAGE_GATE);
     mm_matmul(f->tp, f->xb, &lw->w_down, f->hb, T);
     run_stage(f, b, il, STAGE_FFN_RESID);
+}
+
+/* ---- projections of hidden states ------------------------------------------ */
+
+/* K and V of blocks [0, n) (at most PROJ_BLOCKS) of layer il from their
+ * hidden rows, into their slots. */
+static void project_group(Forward *f, int il, const int32_t *slots, const int32_t *pos0, int n) {
+    const KvPool *p = f->pool;
+    const LayerWeights *lw = &f->m->layers[il];
+    const int bt = p->block_tokens, T = n * bt, KV = f->m->cfg.kv_dim;
+    for (int i = 0; i < n; i++) memcpy(f->proj_in + (size_t)i * p->hidden_bytes, kvpool_h(p, il, slots[i]), p->hidden_bytes);
+    if (f->is_packed) {
+        mm_matmul_packed(f->tp, f->proj_k, &lw->wk, f->proj_in, T, f->proj_scratch);
+        mm_matmul_packed(f->tp, f->proj_v, &lw->wv, f->proj_in, T, f->proj_scratch);
+    } else {
+        mm_matmul(f->tp, f->proj_k, &lw->wk, (const float *)(const void *)f->proj_in, T);
+        mm_matmul(f->tp, f->proj_v, &lw->wv, (const float *)(const void *)f->proj_in, T);
+    }
+    for (int i = 0; i < n; i++)
+        for (int r = 0; r < bt; r++) {
+            float *k = f->proj_k + (size_t)(i * bt + r) * KV, *v = f->proj_v + (size_t)(i * bt + r) * KV;
+            kv_post(f, il, k, v, pos0[i] + r);
+            store_kv_row(p, il, slots[i], r, k, v);
+        }
+}
+
+int fwd_project(Forward *f, int layer, const int32_t *slots, const int32_t *pos0, int n, MnErr *err) {
+    const KvPool *p = f->pool;
+    if (p->hid_arenas == NULL || layer < 0 || layer >= p->n_layer)
+        return mn_err_set(err, MN_EINVAL, "forward: no hidden states to project in layer %d", layer);
+    for (int i = 0; i < n; i++)
+        if (slots[i] < 0 || slots[i] >= p->n_blocks || pos0[i] < 0 || pos0[i] % p->block_tokens != 0 ||
+            pos0[i] + p->block_tokens > f->opt.max_ctx)
+            return mn_err_set(err, MN_EINVAL, "forward: block %d (slot %d, position %d) cannot be projected", i,
+                              slots[i], pos0[i]);
+    for (int i = 0; i < n; i += PROJ_BLOCKS)
+        project_group(f, layer, slots + i, pos0 + i, n - i < PROJ_BLOCKS ? n - i : PROJ_BLOCKS);
+    return MN_OK;
 }
 
 /* ---- API ------------------------------------------------------------------ */

@@ -57,7 +57,7 @@ struct Server {
     Metrics *metrics;
     RespService *resp;          /* the Responses API's routes */
     MetricFamily *f_tier_read, *f_tier_written, *f_tier_read_s, *f_tier_write_s, *f_tier_occupancy, *f_tier_evictions,
-        *f_tier_checksum, *f_dropped, *f_prefetched, *f_tier_missing, *f_tier_io_errors, *f_tier_up,
+        *f_tier_checksum, *f_dropped, *f_prefetched, *f_restored, *f_tier_missing, *f_tier_io_errors, *f_tier_up,
         *f_tier_resets, *f_shared_lookups;
     MetricFamily *f_build_info, *f_requests, *f_prompt, *f_generated, *f_cached, *f_cached_partial, *f_recomputed,
         *f_shifted, *f_ttft, *f_tpot, *f_pool,
@@ -223,6 +223,10 @@ static int metrics_setup(Server *s) {
         {"mnemo_dropped_blocks_total", "Cached blocks gone from every tier", METRIC_COUNTER, NULL, 0, &s->f_dropped},
         {"mnemo_prefetched_blocks_total", "Blocks of waiting requests brought into the pool or the RAM tier",
          METRIC_COUNTER, NULL, 0, &s->f_prefetched},
+        {"mnemo_restored_tokens_total",
+         "Tokens of cached blocks brought back into the pool, by path: loaded as KV, projected from hidden "
+         "states, recomputed (dropped leading blocks)",
+         METRIC_COUNTER, NULL, 0, &s->f_restored},
     };
     for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++)
         if ((rc = metrics_register(s->metrics, fams[i].name, fams[i].help, fams[i].type, fams[i].b, fams[i].nb,
@@ -238,6 +242,9 @@ static int metrics_setup(Server *s) {
     metrics_counter_add(s->f_dropped, "", 0);
     metrics_counter_add(s->f_prefetched, "into=\"pool\"", 0);
     metrics_counter_add(s->f_prefetched, "into=\"ram\"", 0);
+    metrics_counter_add(s->f_restored, "path=\"kv\"", 0);
+    metrics_counter_add(s->f_restored, "path=\"hidden\"", 0);
+    metrics_counter_add(s->f_restored, "path=\"recompute\"", 0);
     metrics_counter_add(s->f_prompt, "", 0);
     metrics_counter_add(s->f_generated, "", 0);
     metrics_counter_add(s->f_recomputed, "", 0);
@@ -269,6 +276,9 @@ static enum MHD_Result handle_metrics(Server *s, struct MHD_Connection *c) {
     metrics_counter_set(s->f_dropped, "", (double)st.dropped_blocks);
     metrics_counter_set(s->f_prefetched, "into=\"pool\"", (double)st.prefetched_blocks);
     metrics_counter_set(s->f_prefetched, "into=\"ram\"", (double)st.promoted_blocks);
+    metrics_counter_set(s->f_restored, "path=\"kv\"", (double)st.restored_kv_tokens);
+    metrics_counter_set(s->f_restored, "path=\"hidden\"", (double)st.restored_hidden_tokens);
+    metrics_counter_set(s->f_restored, "path=\"recompute\"", (double)st.restored_recompute_tokens);
     /* the pool as a tier: the bytes of its used and cached blocks */
     double block_bytes = st.pool_blocks > 0 ? (double)st.pool_bytes / st.pool_blocks : 0;
     metrics_gauge_set(s->f_tier_occupancy, "tier=\"pool\"", block_bytes * (st.pool_used + st.pool_cached));
