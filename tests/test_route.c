@@ -120,6 +120,9 @@ static void test_load_cap(void **state) {
     assert_int_equal(ring_load_cap(8, 4, 1.0), 3);   /* ceil(2.25) */
     assert_int_equal(ring_load_cap(5, 2, 0), INT32_MAX);
     assert_int_equal(ring_load_cap(5, 0, 1.25), INT32_MAX);
+    /* a huge factor (--load-factor 1e30) never bounds: no wrap to a cap of 1 */
+    assert_int_equal(ring_load_cap(0, 1, 1e30), INT32_MAX);
+    assert_int_equal(ring_load_cap(3, 2, 3e9), INT32_MAX);
 }
 
 static void test_plan(void **state) {
