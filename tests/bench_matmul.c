@@ -4,7 +4,7 @@
  * builds tests/test_*.c). Build and run:
  *
  *   gcc -std=c17 -D_GNU_SOURCE -Isrc -O3 -march=native -pthread \
- *       tests/bench_matmul.c src/compute/*.c \
+ *       tests/bench_matmul.c src/compute/[a-z]*.c \
  *       src/base/[a-z]*.c -lm \
  *       -o /tmp/bench_matmul
  *   /tmp/bench_matmul [n_threads] [types: q8_0,q4_0,f16,...] [reps] [all|pp|tg|batch]

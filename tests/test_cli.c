@@ -213,6 +213,15 @@ static void test_errors_one_line(void **s) {
         {"serve -m %s --redis-tier redis://a:1 --redis-tier redis://b:2",
          "mnemo serve: --redis-tier is given 2 times: several URLs are a cluster's seeds (--redis-cluster)\n"},
         {"serve -m %s --redis-cluster", "mnemo serve: --redis-cluster needs --redis-tier URL (a seed)\n"},
+        {"serve -m %s --step-ms -5", "mnemo serve: --step-ms must be 0 or more, got -5\n"},
+        {"route", "mnemo route: needs at least one --backend URL\n"},
+        {"route --backend localhost:8080", "mnemo route: --backend must be http://HOST:PORT, got 'localhost:8080'\n"},
+        {"route --backend http://127.0.0.1:1 --policy random",
+         "mnemo route: --policy must be hash or round-robin, got 'random'\n"},
+        {"route --backend http://127.0.0.1:1 --load-factor 0.5",
+         "mnemo route: --load-factor must be 0 (off) or at least 1, got 0.5\n"},
+        {"route --backend http://127.0.0.1:1 --probe-min 2 --probe-max 1",
+         "mnemo route: timeouts must be > 0 and --probe-max >= --probe-min\n"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[1024];

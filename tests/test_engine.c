@@ -1641,6 +1641,94 @@ static void test_partial_tail_evicted(void **s) {
     model_free(m);
 }
 
+/* A cut of s (32 tokens, its 4 full blocks cached) that drops s[20, 20 +
+ * cut): the request's shift start is 20, its source s (suffix-aligned),
+ * so its blocks 0, 1 are cached exactly and the rest of s's block 3 can
+ * be moved to where the cut puts it. Submitted (greedy, 2 tokens); the
+ * caller reads and unrefs it. */
+static Request *submit_cut(Engine *e, const int32_t *s, int cut) {
+    int32_t c[32];
+    const int n = 32 - cut;
+    memcpy(c, s, 20 * sizeof *c);
+    memcpy(c + 20, s + 20 + cut, (size_t)(n - 20) * sizeof *c);
+    ReqParams p;
+    greedy_params(&p, 2);
+    Request *r = request_new(c, (size_t)n, &p, "", NULL);
+    ReqShift rs = {.shift_start = 20, .domain = {.b = {7}}, .n_sources = 1};
+    rs.sources[0] = (ShiftSource){.ids = s, .n = 32, .shift_start = -1, .dest_start = 20};
+    assert_int_equal(request_set_shift(r, &rs), MN_OK);
+    MnErr err = {0};
+    assert_int_equal(engine_submit(e, r, &err, NULL), MN_OK);
+    return r;
+}
+
+/* keep_tail keeps nothing of a request whose last block has rows without
+ * KV when it ends: cancelled while its shift move is still pending
+ * (is_move_pending: a decoding request x fills each one-token batch, so
+ * the cut's move waits; the cut of 4 moves s's rows 24..30 into its rows
+ * 20..26, its last block's rows 24..26 not there yet), or right after the
+ * pass that did its move, while the stretch before the move still reaches
+ * into its last block (the cut of 9 moves s's rows 29, 30 into rows 20,
+ * 21 of block 2, and the one-token batches leave rows 17..19 of that block
+ * to compute). Either way the pool keeps no partial block of it. */
+static void expect_cut_keeps_nothing(bool is_move_pending) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    Drive *dr = calloc(1, sizeof *dr);
+    drive_init(dr);
+    drive_virtual(dr, 0.01, 0.001, 0); /* each pass's batch logged */
+    EngineOptions o;
+    engine_options_default(&o);
+    o.block_tokens = 8;
+    o.batch_tokens = 1;
+    o.parallel = 2;
+    o.test_hooks = &dr->hooks;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    int32_t s[32], x[3];
+    make_prompt(s, 32, m->cfg.n_vocab, 71, 1);
+    make_prompt(x, 3, m->cfg.n_vocab, 72, 1);
+    ReqResult res;
+    free(run_one(e, s, 32, 2, NULL, &res));
+    const int n_before = settled_partials(e); /* s's last block */
+    Request *rx = NULL, *rc;
+    if (is_move_pending) {
+        rx = submit_held(e, dr, x, 3, 8);
+        pthread_mutex_lock(&dr->steps.lock);
+        dr->is_stepping = true;
+        pthread_mutex_unlock(&dr->steps.lock);
+        rc = submit_cut(e, s, 4);
+        drive_one_step(dr); /* x's first prompt token; then the cut is admitted, x's second one goes first */
+        pthread_mutex_lock(&dr->steps.lock);
+        const EngineStepInfo last = dr->vp.log[dr->vp.n_log - 1];
+        dr->is_stepping = false;
+        pthread_mutex_unlock(&dr->steps.lock);
+        assert_int_equal(last.n_running, 2);
+    } else {
+        gate_close(&dr->steps);
+        rc = submit_cut(e, s, 9);
+        gate_wait_holding(&dr->steps); /* its first pass: the move and row 16 */
+    }
+    engine_cancel(e, rc);
+    drive_run(dr);
+    free(drain(rc, &res));
+    assert_int_equal(res.finish, FINISH_CANCELLED);
+    assert_int_equal(res.n_shifted, is_move_pending ? 7 : 2);
+    if (rx) free(drain(rx, &res));
+    request_unref(rc);
+    request_unref(rx);
+    /* x's last block (11 tokens) is kept; nothing of the cut */
+    assert_int_equal(settled_partials(e), n_before + (is_move_pending ? 1 : 0));
+    engine_free(e);
+    gate_deinit(&dr->steps);
+    free(dr);
+    model_free(m);
+}
+
+static void test_partial_tail_move_pending(void **s) { expect_cut_keeps_nothing(true); }
+static void test_partial_tail_lead_unfinished(void **s) { expect_cut_keeps_nothing(false); }
+
 /* The mixed restore, planned by the engine: a conversation's leading
  * blocks are in no tier, its middle only on disk, its tail in the pool. It
  * is recomputed / loaded / used in one pass, with first logits
@@ -3034,6 +3122,8 @@ int main(void) {
         cmocka_unit_test(test_restore_mixed),
         cmocka_unit_test(test_partial_tail_reuse),
         cmocka_unit_test(test_partial_tail_evicted),
+        cmocka_unit_test(test_partial_tail_move_pending),
+        cmocka_unit_test(test_partial_tail_lead_unfinished),
         cmocka_unit_test(test_hidden_ram_qwen3),
         cmocka_unit_test(test_hidden_disk_qwen3),
         cmocka_unit_test(test_hidden_ram_mha),

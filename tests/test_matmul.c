@@ -616,6 +616,59 @@ static void test_quantize_accuracy(void **state) {
     mn_free(x);
 }
 
+/* mm_matmul_packed on kq_pack'ed rows equals mm_matmul on the rows they
+ * were packed from, bit for bit, for every type mm_int8_acts takes (each
+ * orders its codes and sums its own way, and the packed form is one for
+ * all), at token counts of both activation layouts (rows, and tiles with
+ * a last one part empty) and on one thread and two; and mm_int8_acts is
+ * exactly kquant.c's types. */
+static void test_packed_equals_matmul(void **state) {
+    (void)state;
+    enum { N_OUT = 37, N_IN = 768, MAXT = 33 };
+    ThreadPool *tp2 = tpool_new(2);
+    assert_non_null(tp2);
+    float *x = acts_make(MAXT, N_IN, 9191);
+    const size_t row = (size_t)N_IN / 256 * KQ_PACKED_BYTES;
+    uint8_t *packed = mn_malloc(row * MAXT);
+    float *got = mn_malloc((size_t)MAXT * N_OUT * sizeof(float)), *want = mn_malloc((size_t)MAXT * N_OUT * sizeof(float));
+    assert_non_null(packed);
+    assert_non_null(got);
+    assert_non_null(want);
+    for (int t = 0; t < MAXT; t++) kq_pack(x + (size_t)t * N_IN, N_IN, packed + (size_t)t * row);
+    static const int toks[] = {1, 3, 9, 10, 16, 17, 33};
+    uint64_t seed = 9300;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        TestMat m;
+        mat_make(&m, all_types[ti], N_OUT, N_IN, seed++);
+        assert_int_equal(mm_int8_acts(&m.w), kq_has_type(all_types[ti]));
+        if (!mm_int8_acts(&m.w)) {
+            mat_free(&m);
+            continue;
+        }
+        uint8_t *scratch = mn_alloc_aligned(mm_packed_scratch_bytes(&m.w, MAXT), 64);
+        assert_non_null(scratch);
+        for (size_t i = 0; i < sizeof toks / sizeof toks[0]; i++)
+            for (int th = 0; th < 2; th++) {
+                const int n = toks[i];
+                assert_true(mm_packed_scratch_bytes(&m.w, n) <= mm_packed_scratch_bytes(&m.w, MAXT));
+                mm_matmul(th ? tp2 : NULL, want, &m.w, x, n);
+                memset(got, 0xa5, (size_t)n * N_OUT * sizeof(float));
+                mm_matmul_packed(th ? tp2 : NULL, got, &m.w, packed, n, scratch);
+                for (int k = 0; k < n * N_OUT; k++)
+                    if (memcmp(&got[k], &want[k], sizeof(float)) != 0)
+                        fail_msg("%s, %d tokens, %d threads: out[%d][%d] = %.9g from packed rows, %.9g from x",
+                                 ttype_traits(all_types[ti])->name, n, th + 1, k / N_OUT, k % N_OUT, got[k], want[k]);
+            }
+        mn_free_aligned(scratch);
+        mat_free(&m);
+    }
+    mn_free(want);
+    mn_free(got);
+    mn_free(packed);
+    mn_free(x);
+    tpool_free(tp2);
+}
+
 /* NULL pool, zero tokens, a one-row matrix. */
 static void test_edges(void **state) {
     (void)state;
@@ -645,6 +698,7 @@ int main(void) {
         cmocka_unit_test(test_i8_quantize_exact),
         cmocka_unit_test(test_kq_equals_reference),
         cmocka_unit_test(test_kq_random_blocks),
+        cmocka_unit_test(test_packed_equals_matmul),
         cmocka_unit_test(test_matches_reference),
         cmocka_unit_test(test_float_odd_n_in),
         cmocka_unit_test(test_matches_reference_large),

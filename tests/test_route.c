@@ -6,7 +6,7 @@
  * (the others keep their backend); the order does not depend on the
  * order the names were given in. Plan: the ring's choice while it fits
  * the bound, the next one when it does not, down backends last, and
- * ring_load_cap's arithmetic. Keys: every turn of a chat (and of a
+ * ring_load_cap's arithmetic; the waits' far times (base/clock). Keys: every turn of a chat (and of a
  * completion, a Responses chain, a session) has its first turn's key;
  * other conversations, namespaces and sessions differ; stored-response
  * requests name their id; bodies that are not JSON fall back to the
@@ -17,6 +17,7 @@
 
 #include <stdbool.h>
 
+#include "base/clock.h"
 #include "base/rng.h"
 #include "route/convkey.h"
 #include "route/idmap.h"
@@ -110,6 +111,27 @@ static void test_ring_ignores_name_order(void **state) {
     ring_free(r2);
 }
 
+/* ---- the waits ---------------------------------------------------------------------------------- */
+
+/* The health thread waits until the next probe and the drain until its
+ * timeout, both as a struct timespec: a time past time_t's range (--probe-max
+ * 1e30, a backend down) is the far future, not a past time that ends the
+ * wait at once (the health thread spun on a core). */
+static void test_timespec_of(void **state) {
+    struct timespec ts = mn_timespec_of(1.5);
+    assert_int_equal(ts.tv_sec, 1);
+    assert_int_equal(ts.tv_nsec, 500000000L);
+    ts = mn_timespec_of(1e30);
+    assert_true((double)ts.tv_sec >= MN_TIME_FAR_S - 1);
+    assert_true(ts.tv_nsec >= 0 && ts.tv_nsec < 1000000000L);
+    ts = mn_timespec_of(-2.5);
+    assert_true(ts.tv_sec == 0 && ts.tv_nsec == 0);
+    ts = mn_timespec_of(0.0 / 0.0);
+    assert_true(ts.tv_sec == 0 && ts.tv_nsec == 0);
+    ts = mn_timespec_of(2.9999999999999996); /* a fraction that rounds to a whole second */
+    assert_true(ts.tv_nsec >= 0 && ts.tv_nsec < 1000000000L);
+}
+
 /* ---- the plan -------------------------------------------------------------------------------- */
 
 static void test_load_cap(void **state) {
@@ -120,6 +142,9 @@ static void test_load_cap(void **state) {
     assert_int_equal(ring_load_cap(8, 4, 1.0), 3);   /* ceil(2.25) */
     assert_int_equal(ring_load_cap(5, 2, 0), INT32_MAX);
     assert_int_equal(ring_load_cap(5, 0, 1.25), INT32_MAX);
+    /* a huge factor (--load-factor 1e30) never bounds: no wrap to a cap of 1 */
+    assert_int_equal(ring_load_cap(0, 1, 1e30), INT32_MAX);
+    assert_int_equal(ring_load_cap(3, 2, 3e9), INT32_MAX);
 }
 
 static void test_plan(void **state) {
@@ -364,6 +389,7 @@ int main(void) {
         cmocka_unit_test(test_ring_shares_are_even),
         cmocka_unit_test(test_ring_removal_moves_only_its_keys),
         cmocka_unit_test(test_ring_ignores_name_order),
+        cmocka_unit_test(test_timespec_of),
         cmocka_unit_test(test_load_cap),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_chat_turns_share_a_key),

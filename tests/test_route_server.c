@@ -481,15 +481,6 @@ typedef struct FakeConn {
     int fd;
 } FakeConn;
 
-static void send_all(int fd, const char *p, size_t n) {
-    while (n > 0) {
-        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-        if (k <= 0) return;
-        p += k;
-        n -= (size_t)k;
-    }
-}
-
 /* Read a request's head and its Content-Length body; false at EOF. */
 static bool read_request(int fd, char *head, size_t cap) {
     size_t n = 0;
@@ -536,7 +527,7 @@ static void *fake_conn_main(void *arg) {
         if (strncmp(head, "GET /health ", 12) == 0) {
             static const char ok[] = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 15\r\n"
                                      "Connection: close\r\n\r\n{\"status\":\"ok\"}";
-            send_all(fc->fd, ok, sizeof ok - 1);
+            srv_send_all(fc->fd, ok, sizeof ok - 1);
         } else {
             pthread_mutex_lock(&f->mu);
             int me = ++f->n_arrived, status = f->status;
@@ -545,12 +536,12 @@ static void *fake_conn_main(void *arg) {
             if (is_stream) {
                 static const char h[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                                         "Connection: close\r\n\r\ndata: first\n\n";
-                send_all(fc->fd, h, sizeof h - 1);
+                srv_send_all(fc->fd, h, sizeof h - 1);
             }
             while (f->n_released < me && !f->is_stopping) pthread_cond_wait(&f->cv, &f->mu);
             if (is_stream) { /* a second chunk, and the rest at the next release */
                 pthread_mutex_unlock(&f->mu);
-                send_all(fc->fd, "data: second\n\n", 14);
+                srv_send_all(fc->fd, "data: second\n\n", 14);
                 pthread_mutex_lock(&f->mu);
                 while (f->n_released < me + 1 && !f->is_stopping) pthread_cond_wait(&f->cv, &f->mu);
             }
@@ -558,7 +549,7 @@ static void *fake_conn_main(void *arg) {
             if (is_stream) {
                 size_t n;
                 char *rest = stream_rest(&n);
-                send_all(fc->fd, rest, n);
+                srv_send_all(fc->fd, rest, n);
                 free(rest);
             } else {
                 char body[64];
@@ -567,7 +558,7 @@ static void *fake_conn_main(void *arg) {
                                  "HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
                                  "Connection: close\r\n\r\n%s",
                                  status, len, body);
-                send_all(fc->fd, out, (size_t)n);
+                srv_send_all(fc->fd, out, (size_t)n);
             }
         }
     }

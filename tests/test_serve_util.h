@@ -8,6 +8,7 @@
 #include <curl/curl.h>
 #include <jansson.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -146,6 +147,20 @@ static inline long srv_http(const Srv *s, const char *method, const char *path, 
     if (head_out) *head_out = h.data;
     else free(h.data);
     return status;
+}
+
+/* ---- raw sockets ------------------------------------------------------------ */
+
+/* Send p[0..n) on a socket, giving up quietly when the peer has closed (a
+ * server may answer and close before a request's end; a fake backend's
+ * client may go away). */
+static inline void srv_send_all(int fd, const char *p, size_t n) {
+    while (n > 0) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k <= 0) return;
+        p += k;
+        n -= (size_t)k;
+    }
 }
 
 /* ---- answers ---------------------------------------------------------------- */

@@ -123,20 +123,6 @@ static void test_tier_layers_and_spans(void **state) {
 
 /* ---- tiers: hidden states --------------------------------------------------------- */
 
-/* The hidden rows of block `id` in layer l (a pure function, as content_of). */
-static void hidden_of(uint32_t id, int layer, uint8_t *out, size_t n) { content_of(id ^ 0x40000u, layer, out, n); }
-
-static void fill_hidden(KvPool *p, int32_t slot, uint32_t id) {
-    for (int l = 0; l < p->n_layer; l++) hidden_of(id, l, kvpool_h(p, l, slot), p->hidden_bytes);
-}
-
-static bool hidden_is(const KvPool *p, int layer, int32_t slot, uint32_t id) {
-    uint8_t want[8192];
-    assert_true(p->hidden_bytes <= sizeof want);
-    hidden_of(id, layer, want, p->hidden_bytes);
-    return memcmp(want, kvpool_h(p, layer, slot), p->hidden_bytes) == 0;
-}
-
 /* Which of the read's blocks (the first n_hidden, in layers of mask) come
  * as hidden rows; checked as each layer arrives. */
 typedef struct HiddenRead {

@@ -5,7 +5,10 @@
  * fails its checksum when read and its row goes; rows that are damaged,
  * misfiled, of another model, outside their slab or overlapping a later
  * run are dropped at open; a truncated slab file loses its runs (never
- * served); another format version is refused; a smaller budget drops the
+ * served); version 1 run records are read as all-KV runs; version 2
+ * records with hidden layers are adopted and read back when the tier
+ * stores hidden states of their size, dropped otherwise; another format
+ * version is refused; a smaller budget drops the
  * least recently used runs and removes empty slab files past it; a failed
  * row commit stores nothing (SQLITE_FULL not sticky, an I/O error
  * sticky); allocation faults in puts and at reopen leave every other run
@@ -461,6 +464,84 @@ static void test_persist_record_v1(void **state) {
     kvpool_deinit(&p);
 }
 
+/* Put runs A, B, C of 3 blocks with layers 0 and 2 stored as hidden
+ * states (mask 0x5); returns their rows in id order. */
+static void put_hidden_runs(PFix *fx, KvPool *p, Rows *rows) {
+    for (int r = 0; r < 3; r++) {
+        Hash128 hs[3];
+        int32_t slots[3];
+        for (int i = 0; i < 3; i++) {
+            uint32_t id = 10 * (uint32_t)r + (uint32_t)i;
+            slots[i] = 3 * r + i;
+            fill_slot(p, slots[i], id);
+            fill_hidden(p, slots[i], id);
+            hs[i] = h_of(id);
+        }
+        TierRunInfo info = {.hidden = 0x5};
+        assert_int_equal(tier_put_run(fx->tier, hs, 3, p, slots, &info), MN_OK);
+    }
+    tier_free(fx->tier);
+    fx->tier = NULL;
+    assert_int_equal(store_run_foreach(fx->store, on_row, rows), MN_OK);
+    assert_int_equal(rows->n, 3);
+}
+
+/* Run records of version 2 with hidden layers: adopted across a restart
+ * and read back into the slots' hidden rows (layers 0, 2) and K/V (layer
+ * 1) bit for bit; a record whose mask names a layer the model does not
+ * have, or whose hidden block size is not the tier's, is dropped at open
+ * with its row; and a tier opened without hidden states (a server under
+ * --restore-plan kv) drops every hidden run. */
+static void test_persist_record_hidden(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 3, 8, 4, 32, MN_TYPE_F16), MN_OK);
+    assert_int_equal(kvpool_init_hidden(&p, 20), MN_OK); /* hidden blocks of 80 bytes, KV of 128 */
+    PFix fx;
+    pfx_new(&fx, pa, &p, 1 << 20, 0);
+    Rows rows = {0};
+    put_hidden_runs(&fx, &p, &rows);
+    /* the mask and H follow the hashes and the layer checksums */
+    const size_t mask_at = 80 + 16 * 3 + 8 * (size_t)p.n_layer, h_at = mask_at + 8;
+    assert_int_equal(rows.recs[0][mask_at], 0x5);
+    assert_int_equal(rows.recs[0][h_at], p.hidden_bytes);
+    rows.recs[1][mask_at] |= 0x8; /* B: layer 3 of a 3-layer model */
+    record_reseal(rows.recs[1], rows.lens[1]);
+    rec_put_u64(rows.recs[2] + h_at, 2 * p.hidden_bytes); /* C: another hidden layout */
+    record_reseal(rows.recs[2], rows.lens[2]);
+    double now = mn_wall_now();
+    for (int r = 1; r < 3; r++)
+        assert_int_equal(store_run_put(fx.store, rows.ids[r], rows.recs[r], rows.lens[r], now, NULL), MN_OK);
+    TierDiskConfig cfg = pfx_config(&fx, &p);
+    MnErr err = {0};
+    assert_int_equal(tier_disk_new(&cfg, &fx.tier, &err), MN_OK);
+    expect_held(fx.tier, 0, 3, true);
+    expect_held(fx.tier, 10, 3, false);
+    expect_held(fx.tier, 20, 3, false);
+    assert_int_equal(pfx_rows(&fx), 1);
+    Hash128 h = h_of(1);
+    assert_int_equal(tier_block_hidden(fx.tier, &h), 0x5);
+    scramble_pool(&p, 3);
+    for (int l = 0; l < p.n_layer; l++) memset(p.hid_arenas[l], 0xee, (size_t)p.n_blocks * p.hidden_bytes);
+    Hash128 hs[3] = {h_of(0), h_of(1), h_of(2)};
+    int32_t dst[3] = {20, 11, 27};
+    assert_int_equal(tier_read_layers(fx.tier, hs, 3, &p, dst, NULL, NULL), MN_OK);
+    for (int i = 0; i < 3; i++)
+        assert_true(hidden_is(&p, 0, dst[i], (uint32_t)i) && slot_is(&p, 1, dst[i], (uint32_t)i) &&
+                    hidden_is(&p, 2, dst[i], (uint32_t)i));
+    tier_check(fx.tier);
+    /* without hidden states A goes too */
+    tier_free(fx.tier);
+    cfg.hidden_bytes = 0;
+    assert_int_equal(tier_disk_new(&cfg, &fx.tier, &err), MN_OK);
+    expect_held(fx.tier, 0, 3, false);
+    assert_int_equal(pfx_rows(&fx), 0);
+    tier_check(fx.tier);
+    pfx_close(&fx);
+    test_rm_dir(fx.dir);
+    kvpool_deinit(&p);
+}
+
 static void test_persist_truncated_slab(void **state) {
     const Param *pa = *state;
     KvPool p; /* 2 layers of 128-byte blocks: a run of up to 32 blocks takes 8 KiB */
@@ -905,6 +986,7 @@ int main(void) {
         DISK_TESTS(test_persist_corrupt_extent),
         DISK_TESTS(test_persist_bad_rows),
         DISK_TESTS(test_persist_record_v1),
+        DISK_TESTS(test_persist_record_hidden),
         DISK_TESTS(test_persist_truncated_slab),
         DISK_TESTS(test_persist_other_format),
         DISK_TESTS(test_persist_policy),

@@ -74,6 +74,20 @@ static inline bool slot_is(const KvPool *p, int layer, int32_t slot, uint32_t id
     return memcmp(want, kvpool_k(p, layer, slot), p->block_bytes) == 0;
 }
 
+/* The hidden rows of block `id` in layer l (a pure function, as content_of). */
+static inline void hidden_of(uint32_t id, int layer, uint8_t *out, size_t n) { content_of(id ^ 0x40000u, layer, out, n); }
+
+static inline void fill_hidden(KvPool *p, int32_t slot, uint32_t id) {
+    for (int l = 0; l < p->n_layer; l++) hidden_of(id, l, kvpool_h(p, l, slot), p->hidden_bytes);
+}
+
+static inline bool hidden_is(const KvPool *p, int layer, int32_t slot, uint32_t id) {
+    uint8_t want[8192];
+    assert_true(p->hidden_bytes <= sizeof want);
+    hidden_of(id, layer, want, p->hidden_bytes);
+    return memcmp(want, kvpool_h(p, layer, slot), p->hidden_bytes) == 0;
+}
+
 static inline void scramble_pool(KvPool *p, uint64_t seed) {
     for (int l = 0; l < p->n_layer; l++)
         for (size_t i = 0; i < (size_t)p->n_blocks * p->block_bytes; i++) p->arenas[l][i] = (uint8_t)rng_splitmix64(&seed);
@@ -359,6 +373,7 @@ static inline TierDiskConfig pfx_config(const PFix *fx, const KvPool *p) {
         .capacity_bytes = fx->capacity,
         .n_layer = p->n_layer,
         .block_bytes = p->block_bytes,
+        .hidden_bytes = p->hidden_bytes,
         .kv_format = 1 | (uint32_t)p->block_tokens << 8,
         .slab_bytes = fx->slab_bytes,
         .aio_backend = fx->backend,

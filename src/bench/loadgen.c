@@ -63,19 +63,6 @@ typedef struct Run {
     BenchRecord *records; /* (plan->n_requests) */
 } Run;
 
-/* ---- clock -------------------------------------------------------------------------- */
-
-static struct timespec abs_time(double t) {
-    struct timespec ts;
-    ts.tv_sec = (time_t)t;
-    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
-}
-
 /* ---- ready heap ---------------------------------------------------------------------- */
 
 static bool heap_less(const Run *r, int a, int b) {
@@ -455,7 +442,7 @@ static void *worker_main(void *arg) {
         double now = mn_now() - r->t0;
         bool is_late = o->duration_s > 0 && cs->next_turn == 0 && cs->ready_s >= o->duration_s;
         if (cs->ready_s > now && !is_late) {
-            struct timespec ts = abs_time(r->t0 + cs->ready_s);
+            struct timespec ts = mn_timespec_of(r->t0 + cs->ready_s);
             pthread_cond_timedwait(&r->cv, &r->mu, &ts);
             continue;
         }
@@ -607,7 +594,7 @@ int bench_run(const BenchPlan *plan, const BenchRunOpts *o, BenchResults **out, 
     double next_print = mn_now() + (is_tty ? 0.25 : 10.0);
     pthread_mutex_lock(&r.mu);
     while (r.n_active > 0) {
-        struct timespec ts = abs_time(mn_now() + 0.1);
+        struct timespec ts = mn_timespec_of(mn_now() + 0.1);
         pthread_cond_timedwait(&r.cv, &r.mu, &ts);
         pthread_mutex_unlock(&r.mu);
         if (o->handle_signals) {

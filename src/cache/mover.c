@@ -448,7 +448,7 @@ static void wait_for_work(Mover *m) {
         double wait = at - mn_now();
         if (wait <= 0) return;
         double until = mn_wall_now() + wait; /* the condition's clock is CLOCK_REALTIME */
-        struct timespec ts = {(time_t)until, (long)((until - floor(until)) * 1e9)};
+        struct timespec ts = mn_timespec_of(until);
         pthread_cond_timedwait(&m->cond, &m->lock, &ts);
     }
 }

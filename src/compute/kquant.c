@@ -207,6 +207,34 @@ static void tile_put(MnType type, const KqBlock *y, uint8_t *blk, int l) {
 }
 #endif
 
+/* The code sums of y from its codes (chunk c at 16 * pos[c]): exact
+ * integers, so the same however and wherever the codes were made. */
+static void block_sums(const uint8_t *pos, KqBlock *y) {
+    for (int c = 0; c < 16; c++) {
+        int sum = 0;
+        for (int j = 0; j < 16; j++) sum += y->qs[16 * pos[c] + j];
+        y->sum16[c] = y->sum16x2[2 * c] = y->sum16x2[2 * c + 1] = (int16_t)sum;
+        y->sum32[c / 2] = (int16_t)((c % 2 ? y->sum32[c / 2] : 0) + sum);
+    }
+}
+
+/* Where token t's super-block b sits in a tiles layout. */
+static size_t tile_block_at(int64_t n_in, int t, int64_t b) {
+    return (size_t)(t / KT_LANES) * tile_bytes(n_in) + (size_t)b * KT_BLOCK;
+}
+
+/* Token t's super-block b into either layout (a tiles layout zeroed
+ * before: tokens past n_tok, fields a type has no use for). */
+static void act_put(MnType type, uint8_t *acts, int64_t n_in, int n_tok, int t, int64_t b, const KqBlock *y) {
+    if (!is_tiled(n_tok)) {
+        memcpy(acts + (size_t)t * tok_bytes(n_in) + (size_t)b * KQ_BLOCK_BYTES, y, sizeof *y);
+        return;
+    }
+#if defined(KQ_AVX512)
+    tile_put(type, y, acts + tile_block_at(n_in, t, b), t % KT_LANES);
+#endif
+}
+
 /* Token t's super-block b, from either layout (the sums of a tile's codes
  * computed again: they are functions of the codes). */
 static void act_get(MnType type, const uint8_t *acts, int64_t n_in, int n_tok, int t, int64_t b, KqBlock *y) {
@@ -214,17 +242,12 @@ static void act_get(MnType type, const uint8_t *acts, int64_t n_in, int n_tok, i
         memcpy(y, acts + (size_t)t * tok_bytes(n_in) + (size_t)b * KQ_BLOCK_BYTES, sizeof *y);
         return;
     }
-    const uint8_t *blk = acts + (size_t)(t / KT_LANES) * tile_bytes(n_in) + (size_t)b * KT_BLOCK;
-    const uint8_t *pos = ORDER_POS[kind_of(type).order];
+    const uint8_t *blk = acts + tile_block_at(n_in, t, b);
     int l = t % KT_LANES;
     memset(y, 0, sizeof *y);
     for (int w = 0; w < 64; w++) memcpy(y->qs + 4 * w, blk + 4 * (w * KT_LANES + l), 4);
     memcpy(&y->d, blk + KT_D + 4 * l, 4);
-    for (int c = 0; c < 16; c++) {
-        for (int j = 0; j < 16; j++) y->sum16[c] = (int16_t)(y->sum16[c] + y->qs[16 * pos[c] + j]);
-        y->sum16x2[2 * c] = y->sum16x2[2 * c + 1] = y->sum16[c];
-        y->sum32[c / 2] = (int16_t)(y->sum32[c / 2] + y->sum16[c]);
-    }
+    block_sums(ORDER_POS[kind_of(type).order], y);
 }
 
 /* ========================================================================
@@ -236,15 +259,8 @@ static void quantize_ref(MnType type, const float *x, int64_t n_in, KqBlock *y) 
     for (int64_t b = 0; b < n_in / MN_QK_K; b++, x += MN_QK_K, y++) {
         float iscale = act8_iscale(act8_amax(x, MN_QK_K));
         memset(y, 0, sizeof *y);
-        for (int j = 0; j < MN_QK_K; j++) {
-            int8_t q = act8_code(iscale, x[j]);
-            y->qs[16 * pos[j / 16] + j % 16] = q;
-            y->sum16[j / 16] = (int16_t)(y->sum16[j / 16] + q);
-        }
-        for (int c = 0; c < 16; c++) {
-            y->sum16x2[2 * c] = y->sum16x2[2 * c + 1] = y->sum16[c];
-            y->sum32[c / 2] = (int16_t)(y->sum32[c / 2] + y->sum16[c]);
-        }
+        for (int j = 0; j < MN_QK_K; j++) y->qs[16 * pos[j / 16] + j % 16] = act8_code(iscale, x[j]);
+        block_sums(pos, y);
         y->d = act8_step(iscale);
     }
 }
@@ -988,15 +1004,13 @@ static void quantize_group(MnType type, const float *x, int64_t n_in, int n_tok,
         for (int t = 0; t < n_tok; t++) fn(type, x + (int64_t)t * n_in, n_in, (KqBlock *)(dst + (size_t)t * tok_bytes(n_in)));
         return;
     }
-#if defined(KQ_AVX512)
-    memset(dst, 0, kq_acts_bytes(n_in, n_tok)); /* tokens past n_tok, unused sums */
+    memset(dst, 0, kq_acts_bytes(n_in, n_tok));
     for (int t = 0; t < n_tok; t++)
         for (int64_t b = 0; b < n_in / MN_QK_K; b++) {
             KqBlock y;
             fn(type, x + (int64_t)t * n_in + MN_QK_K * b, MN_QK_K, &y);
-            tile_put(type, &y, dst + (size_t)(t / KT_LANES) * tile_bytes(n_in) + (size_t)b * KT_BLOCK, t % KT_LANES);
+            act_put(type, dst, n_in, n_tok, t, b, &y);
         }
-#endif
 }
 
 void kq_quantize(MnType type, const float *x, int64_t n_in, int n_tok, uint8_t *dst) {
@@ -1031,37 +1045,21 @@ static void unpack_block(MnType type, const uint8_t *src, KqBlock *y) {
     const uint8_t *pos = ORDER_POS[kind_of(type).order];
     memset(y, 0, sizeof *y);
     memcpy(&y->d, src, sizeof y->d);
-    const int8_t *q = (const int8_t *)src + sizeof y->d;
-    for (int c = 0; c < 16; c++) {
-        memcpy(y->qs + 16 * pos[c], q + 16 * c, 16);
-        int sum = 0;
-        for (int i = 0; i < 16; i++) sum += q[16 * c + i];
-        y->sum16[c] = (int16_t)sum;
-        y->sum16x2[2 * c] = y->sum16x2[2 * c + 1] = (int16_t)sum;
-        y->sum32[c / 2] = (int16_t)(y->sum32[c / 2] + sum);
-    }
+    for (int c = 0; c < 16; c++) memcpy(y->qs + 16 * pos[c], src + sizeof y->d + 16 * c, 16);
+    block_sums(pos, y);
 }
 
 /* As quantize_group lays the blocks out for n_tok tokens. */
 void kq_unpack(MnType type, const uint8_t *src, int64_t n_in, int n_tok, uint8_t *dst) {
     assert(kq_has_type(type) && n_in % MN_QK_K == 0 && ((uintptr_t)dst & 63) == 0);
     const int64_t nb = n_in / MN_QK_K;
-    if (!is_tiled(n_tok)) {
-        for (int t = 0; t < n_tok; t++)
-            for (int64_t b = 0; b < nb; b++)
-                unpack_block(type, src + (size_t)(t * nb + b) * KQ_PACKED_BYTES,
-                             (KqBlock *)(dst + (size_t)t * tok_bytes(n_in)) + b);
-        return;
-    }
-#if defined(KQ_AVX512)
-    memset(dst, 0, kq_acts_bytes(n_in, n_tok));
+    if (is_tiled(n_tok)) memset(dst, 0, kq_acts_bytes(n_in, n_tok));
     for (int t = 0; t < n_tok; t++)
         for (int64_t b = 0; b < nb; b++) {
             KqBlock y;
             unpack_block(type, src + (size_t)(t * nb + b) * KQ_PACKED_BYTES, &y);
-            tile_put(type, &y, dst + (size_t)(t / KT_LANES) * tile_bytes(n_in) + (size_t)b * KT_BLOCK, t % KT_LANES);
+            act_put(type, dst, n_in, n_tok, t, b, &y);
         }
-#endif
 }
 
 void kq_rows(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in, const uint8_t *acts,

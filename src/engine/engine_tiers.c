@@ -565,15 +565,19 @@ static double load_left_s(const EngineTiers *t, const Load *ld) {
     const KvPool *p = t->pool;
     const MoverJob *j = ld->job;
     const uint64_t guess = hidden_plan(t);
-    double bytes = 0, proj = 0;
-    for (int l = ld->layers_done; l < p->n_layer; l++)
-        for (int k = 0; k < j->n; k++) {
-            uint64_t mask = ld->layers_done > 0 ? j->block_hidden[k] : guess;
-            bool is_hidden = l < 64 && (mask >> l & 1);
-            bytes += (double)(is_hidden ? p->hidden_bytes : p->block_bytes);
-            if (is_hidden) proj += t->proj_s * p->block_tokens;
-        }
-    return bytes / tier_read_bw(t, j->tier[0]) + proj;
+    const int from = ld->layers_done, n_left = p->n_layer - from;
+    /* the layers still to come that a mask can mark hidden: from up to
+     * n_layer and below 64 */
+    uint64_t left = from >= 64 ? 0 : ~0ull << from;
+    if (p->n_layer < 64) left &= (1ull << p->n_layer) - 1;
+    uint64_t n_hidden = 0;
+    for (int k = 0; k < j->n; k++) {
+        uint64_t mask = from > 0 ? j->block_hidden[k] : guess;
+        n_hidden += (uint64_t)__builtin_popcountll(mask & left);
+    }
+    uint64_t n_kv = (uint64_t)n_left * (uint64_t)j->n - n_hidden;
+    double bytes = (double)(n_hidden * p->hidden_bytes + n_kv * p->block_bytes);
+    return bytes / tier_read_bw(t, j->tier[0]) + (double)n_hidden * t->proj_s * p->block_tokens;
 }
 
 /* Seconds until the restores of table s are expected to be done: the

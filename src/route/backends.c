@@ -95,7 +95,7 @@ static void wait_until(Backends *bs, double when_s) {
         return;
     }
     /* mn_now is CLOCK_MONOTONIC, the condition's clock */
-    struct timespec ts = {.tv_sec = (time_t)when_s, .tv_nsec = (long)((when_s - floor(when_s)) * 1e9)};
+    struct timespec ts = mn_timespec_of(when_s);
     pthread_cond_timedwait(&bs->cv, &bs->lock, &ts);
 }
 

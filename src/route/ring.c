@@ -10,6 +10,7 @@
 #include "route/ring.h"
 
 #include <assert.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,10 +112,9 @@ void ring_order(const Ring *r, uint64_t key, int *order) {
 
 int ring_load_cap(int total, int n_up, double c) {
     if (c <= 0 || n_up <= 0) return INT32_MAX;
-    double cap = c * ((double)total + 1) / n_up;
-    long v = (long)cap;
-    if ((double)v < cap) v++; /* ceil */
-    return v < 1 ? 1 : v > INT32_MAX ? INT32_MAX : (int)v;
+    double cap = ceil(c * ((double)total + 1) / n_up);
+    /* compared before the conversion: a double past long's range converts to garbage */
+    return cap >= INT32_MAX ? INT32_MAX : cap < 1 ? 1 : (int)cap;
 }
 
 void ring_plan(const int *order, int n, const bool *is_up, const int *load, double c, int *plan, bool *is_load_skip) {

@@ -706,8 +706,7 @@ int router_port(const Router *r) { return http_front_port(r->front); }
 void router_quiesce(Router *r) { http_front_quiesce(r->front); }
 
 bool router_drain(Router *r, double timeout_s) {
-    double until = mn_now() + timeout_s;
-    struct timespec ts = {.tv_sec = (time_t)until, .tv_nsec = (long)((until - (double)(time_t)until) * 1e9)};
+    struct timespec ts = mn_timespec_of(mn_now() + timeout_s);
     pthread_mutex_lock(&r->drain_lock);
     int rc = 0;
     while (r->n_active > 0 && rc == 0) rc = pthread_cond_timedwait(&r->drain_cv, &r->drain_lock, &ts);
