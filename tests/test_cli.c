@@ -222,6 +222,16 @@ static void test_errors_one_line(void **s) {
          "mnemo route: --load-factor must be 0 (off) or at least 1, got 0.5\n"},
         {"route --backend http://127.0.0.1:1 --probe-min 2 --probe-max 1",
          "mnemo route: timeouts must be > 0 and --probe-max >= --probe-min\n"},
+        {"route --backend http://127.0.0.1:1 --idle-timeout 1e30",
+         "mnemo route: --idle-timeout must be in 5..86400 seconds, got 1e+30\n"},
+        {"route --backend http://127.0.0.1:1 --max-connections 5000",
+         "mnemo route: --max-connections must be in 1..900, got 5000\n"},
+        {"route --backend http://127.0.0.1:1 --max-connections 500",
+         "mnemo route: --max-connections must be in 1..450 for route, got 500\n"},
+        {"serve -m %s --idle-timeout 1", "mnemo serve: --idle-timeout must be in 5..86400 seconds, got 1\n"},
+        {"serve -m %s --max-connections 0", "mnemo serve: --max-connections must be in 1..900, got 0\n"},
+        {"serve -m %s --max-connections 8 --max-per-ip 9",
+         "mnemo serve: --max-per-ip must be in 0..8 (--max-connections; 0: no limit), got 9\n"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[1024];

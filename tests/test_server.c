@@ -838,6 +838,35 @@ static void test_http_chunked_limit(void **st) {
     srv_stop(&s);
 }
 
+/* Connections that never send a request are closed after --idle-timeout
+ * (it used to be a fixed 600 s, so a client holding the connection limit
+ * shut everyone else out for ten minutes), and then the server serves
+ * again. The idle connections fill the per-IP limit; each must see its
+ * close (EOF) within the hang guard, far above the 5 s timeout. A stream
+ * still ends whole under the short timeout. */
+static void test_http_idle_limit(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "--max-connections 8 --max-per-ip 4 --idle-timeout 5") != 0) return;
+    int fds[4];
+    for (int i = 0; i < 4; i++) fds[i] = raw_connect(&s);
+    for (int i = 0; i < 4; i++) {
+        size_t len;
+        char *got = raw_read_all(fds[i], &len); /* fails after 60 s without the close */
+        assert_int_equal(len, 0);
+        free(got);
+        close(fds[i]);
+    }
+    expect_serving(&s);
+    char *out;
+    assert_int_equal(http(&s, "/v1/completions",
+                          "{\"prompt\":\"Once\",\"max_tokens\":64,\"ignore_eos\":true,\"stream\":true}", NULL, &out,
+                          0),
+                     200);
+    assert_non_null(strstr(out, "data: [DONE]"));
+    free(out);
+    srv_stop(&s);
+}
+
 /* The Bearer scheme is case-insensitive; every 401 says which scheme. */
 static void test_http_auth_scheme(void **st) {
     Srv s;
@@ -1426,6 +1455,7 @@ int main(void) {
         cmocka_unit_test(test_sigterm_drain_timeout),
         cmocka_unit_test(test_http_framing),
         cmocka_unit_test(test_http_chunked_limit),
+        cmocka_unit_test(test_http_idle_limit),
         cmocka_unit_test(test_http_auth_scheme),
         cmocka_unit_test(test_http_cors),
         cmocka_unit_test(test_http_methods),

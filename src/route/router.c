@@ -634,6 +634,9 @@ void router_options_default(RouterOptions *o) {
     o->connect_timeout_s = 2;
     o->probe_min_s = 0.25;
     o->probe_max_s = 5;
+    http_limits_default(&o->limits);
+    o->limits.max_connections = 256;
+    o->limits.max_per_ip = 128;
 }
 
 static const char *const POLICY_NAMES[] = {"hash", "round-robin"};
@@ -655,6 +658,9 @@ int router_new(const RouterOptions *o, Router **out, MnErr *err) {
         return mn_err_set(err, MN_EINVAL, "--load-factor must be 0 (off) or at least 1, got %g", o->load_factor);
     if (!(o->connect_timeout_s > 0) || !(o->probe_min_s > 0) || !(o->probe_max_s >= o->probe_min_s))
         return mn_err_set(err, MN_EINVAL, "timeouts must be > 0 and --probe-max >= --probe-min");
+    if (o->limits.max_connections > ROUTER_MAX_CONNECTIONS)
+        return mn_err_set(err, MN_EINVAL, "--max-connections must be in 1..%d for route, got %d", ROUTER_MAX_CONNECTIONS,
+                          o->limits.max_connections);
     if (o->max_body < 1 || o->max_response_ids < 1)
         return mn_err_set(err, MN_EINVAL, "--max-body and --response-ids must be at least 1");
     Router *r = mn_calloc(1, sizeof *r);
@@ -688,6 +694,7 @@ int router_new(const RouterOptions *o, Router **out, MnErr *err) {
     }
     HttpFrontConfig fc = {.host = o->host,
                           .port = o->port,
+                          .limits = o->limits,
                           .handler_fn = handle,
                           .completed_fn = on_completed,
                           .uri_fn = on_uri,

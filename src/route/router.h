@@ -36,8 +36,13 @@
 #include <stddef.h>
 
 #include "base/err.h"
+#include "server/http.h"
 
 typedef enum RoutePolicy { ROUTE_POLICY_HASH, ROUTE_POLICY_ROUND_ROBIN } RoutePolicy;
+
+/* Client connections at most: each may hold a connection to a backend
+ * too, and both need descriptors below select()'s 1024. */
+#define ROUTER_MAX_CONNECTIONS (HTTP_MAX_CONNECTIONS / 2)
 
 typedef struct RouterOptions {
     const char *host;            /* default "127.0.0.1" */
@@ -51,6 +56,8 @@ typedef struct RouterOptions {
     double connect_timeout_s;    /* a backend's connection at most (default 2) */
     double probe_min_s;          /* first health probe after a failure (default 0.25) */
     double probe_max_s;          /* longest wait between probes (default 5) */
+    HttpLimits limits;           /* client connections: max_connections at most ROUTER_MAX_CONNECTIONS
+                                    (default 256, max_per_ip 128) */
 } RouterOptions;
 
 typedef struct Router Router;
