@@ -867,6 +867,26 @@ static void test_http_idle_limit(void **st) {
     srv_stop(&s);
 }
 
+/* SIGTERM shuts the server down promptly (exit status 0) while many
+ * connections are open and idle: more than the gate holds waiting for a
+ * head, so some are the library's and some the gate's. The hang guard is
+ * the only time bound. */
+static void test_sigterm_with_idle_connections(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "") != 0) return;
+    enum { N_IDLE = 200 };
+    int fds[N_IDLE];
+    for (int i = 0; i < N_IDLE; i++) fds[i] = raw_connect(&s);
+    expect_serving(&s); /* the idle ones do not shut it out */
+    kill(s.pid, SIGTERM);
+    int status = 0;
+    TEST_WAIT_UNTIL(waitpid(s.pid, &status, WNOHANG) == s.pid, "no exit within %d s of SIGTERM; see %s",
+                    TEST_HANG_GUARD_S, s.log);
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) fail_msg("exit status 0x%x; see %s", status, s.log);
+    for (int i = 0; i < N_IDLE; i++) close(fds[i]);
+    unlink(s.log);
+}
+
 /* The Bearer scheme is case-insensitive; every 401 says which scheme. */
 static void test_http_auth_scheme(void **st) {
     Srv s;
@@ -1456,6 +1476,7 @@ int main(void) {
         cmocka_unit_test(test_http_framing),
         cmocka_unit_test(test_http_chunked_limit),
         cmocka_unit_test(test_http_idle_limit),
+        cmocka_unit_test(test_sigterm_with_idle_connections),
         cmocka_unit_test(test_http_auth_scheme),
         cmocka_unit_test(test_http_cors),
         cmocka_unit_test(test_http_methods),
