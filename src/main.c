@@ -647,7 +647,7 @@ static int cmd_route(int argc, char **argv) {
     uint64_t n_ids = ro.max_response_ids;
     float load_factor = (float)ro.load_factor, connect_timeout = (float)ro.connect_timeout_s,
           probe_min = (float)ro.probe_min_s, probe_max = (float)ro.probe_max_s, drain_timeout = 30.0f,
-          idle_timeout = (float)ro.limits.idle_timeout_s;
+          idle_timeout = (float)ro.limits.idle_timeout_s, upstream_timeout = (float)ro.upstream_timeout_s;
     CliStrList backends = {0};
     CliOpt opts[] = {
         {"backend", 0, CLI_STR_LIST, &backends, "URL", "a mnemo server, http://HOST:PORT (repeatable; at least one)"},
@@ -661,6 +661,9 @@ static int cmd_route(int argc, char **argv) {
         {"response-ids", 0, CLI_U64, &n_ids, "N", "response ids remembered with their backend (default 65536)"},
         HTTP_LIMIT_OPTS(ro.limits, idle_timeout),
         {"connect-timeout", 0, CLI_FLOAT, &connect_timeout, "S", "give up connecting to a backend after S seconds (2)"},
+        {"upstream-timeout", 0, CLI_FLOAT, &upstream_timeout, "S",
+         "a backend that sends nothing for S seconds, before its answer or within it, has failed: the next one is "
+         "tried, or 504 (default 600; a non-streamed answer comes whole, so S must cover the longest generation)"},
         {"probe-min", 0, CLI_FLOAT, &probe_min, "S", "probe a failed backend's /health first after S seconds (0.25)"},
         {"probe-max", 0, CLI_FLOAT, &probe_max, "S", "then twice as long each time, up to S seconds (5)"},
         {"drain-timeout", 0, CLI_FLOAT, &drain_timeout, "S", "on SIGTERM, let requests in progress finish this long (30)"},
@@ -690,6 +693,7 @@ static int cmd_route(int argc, char **argv) {
     ro.max_response_ids = (size_t)n_ids;
     ro.load_factor = load_factor;
     ro.connect_timeout_s = connect_timeout;
+    ro.upstream_timeout_s = upstream_timeout;
     ro.probe_min_s = probe_min;
     ro.probe_max_s = probe_max;
     sigset_t sigs; /* taken by sigwait below; every thread inherits the mask */

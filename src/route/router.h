@@ -54,6 +54,8 @@ typedef struct RouterOptions {
     size_t max_body;             /* request body bytes at most (default 1 MiB, as serve's) */
     size_t max_response_ids;     /* response ids remembered (default 65536) */
     double connect_timeout_s;    /* a backend's connection at most (default 2) */
+    double upstream_timeout_s;   /* a backend silent this long, before its head or within its body, has
+                                    failed (default 600) */
     double probe_min_s;          /* first health probe after a failure (default 0.25) */
     double probe_max_s;          /* longest wait between probes (default 5) */
     HttpLimits limits;           /* client connections: max_connections at most ROUTER_MAX_CONNECTIONS
