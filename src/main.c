@@ -639,6 +639,18 @@ out:
 
 /* ---- route ------------------------------------------------------------------------ */
 
+/* The longest time a flag may give (a day): past it, seconds in a double
+ * turned into libcurl's milliseconds or a timespec would overflow. */
+#define MAX_FLAG_S 86400.0
+
+/* A time flag's value is in range: more than 0 (or 0 itself when
+ * may_be_zero) and at most MAX_FLAG_S; else false and a message. */
+static bool seconds_ok(const char *cmd, const char *flag, float v, bool may_be_zero) {
+    return cli_require((may_be_zero ? v >= 0 : v > 0) && v <= MAX_FLAG_S, cmd,
+                       "--%s must be %s 0 and at most %g (seconds), got %g", flag,
+                       may_be_zero ? "at least" : "more than", MAX_FLAG_S, (double)v);
+}
+
 static int cmd_route(int argc, char **argv) {
     RouterOptions ro;
     router_options_default(&ro);
@@ -682,7 +694,10 @@ static int cmd_route(int argc, char **argv) {
                      "--policy must be hash or round-robin, got '%s'", policy) ||
         !cli_require(ro.port >= 0 && ro.port <= 65535, "route", "--port must be in 0..65535, got %d", ro.port) ||
         !cli_require(max_body_kb >= 1, "route", "--max-body must be at least 1 (KiB), got %d", max_body_kb) ||
-        !limits_ok(&ro.limits, idle_timeout, "route") ||
+        !seconds_ok("route", "connect-timeout", connect_timeout, false) ||
+        !seconds_ok("route", "upstream-timeout", upstream_timeout, false) ||
+        !seconds_ok("route", "probe-min", probe_min, false) || !seconds_ok("route", "probe-max", probe_max, false) ||
+        !seconds_ok("route", "drain-timeout", drain_timeout, true) || !limits_ok(&ro.limits, idle_timeout, "route") ||
         !cli_require(ro.limits.max_connections <= ROUTER_MAX_CONNECTIONS, "route",
                      "--max-connections must be in 1..%d for route, got %d", ROUTER_MAX_CONNECTIONS,
                      ro.limits.max_connections))
