@@ -887,6 +887,32 @@ static void test_sigterm_with_idle_connections(void **st) {
     unlink(s.log);
 }
 
+/* --restore-plan hidden says at start-up when it will store nothing as
+ * hidden states: with no cache tier, and on a model whose hidden state is
+ * not smaller than its KV (stories260K, f32 activations); on qwen3 Q4_K_M,
+ * whose tiers do store hidden states, it says nothing. */
+static void test_restore_plan_fallback_is_logged(void **st) {
+    static const struct {
+        const char *model, *flags, *want; /* want NULL: no --restore-plan line */
+    } cases[] = {
+        {"stories260K", "--restore-plan hidden", "--restore-plan hidden does nothing: no cache tier is set"},
+        {"stories260K", "--restore-plan hidden --ram-tier-mb 4", "--restore-plan hidden: the tiers store KV"},
+        {"stories260K", "--restore-plan auto --ram-tier-mb 4", "--restore-plan auto: the tiers store KV"},
+        {"qwen3-q4_k_m", "--restore-plan hidden --ram-tier-mb 4", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        Srv s;
+        if (srv_start(&s, cases[i].model, cases[i].flags) != 0) return;
+        char *log = test_read_file(s.log, NULL);
+        assert_non_null(log);
+        if (cases[i].want ? strstr(log, cases[i].want) == NULL : strstr(log, "--restore-plan") != NULL)
+            fail_msg("%s %s: the log %s '%s':\n%s", cases[i].model, cases[i].flags,
+                     cases[i].want ? "lacks" : "has", cases[i].want ? cases[i].want : "--restore-plan", log);
+        free(log);
+        srv_stop(&s);
+    }
+}
+
 /* The Bearer scheme is case-insensitive; every 401 says which scheme. */
 static void test_http_auth_scheme(void **st) {
     Srv s;
@@ -1477,6 +1503,7 @@ int main(void) {
         cmocka_unit_test(test_http_chunked_limit),
         cmocka_unit_test(test_http_idle_limit),
         cmocka_unit_test(test_sigterm_with_idle_connections),
+        cmocka_unit_test(test_restore_plan_fallback_is_logged),
         cmocka_unit_test(test_http_auth_scheme),
         cmocka_unit_test(test_http_cors),
         cmocka_unit_test(test_http_methods),
