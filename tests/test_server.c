@@ -867,6 +867,46 @@ static void test_http_idle_limit(void **st) {
     srv_stop(&s);
 }
 
+/* --max-per-ip holds: with a limit of 2, three connections from 127.0.0.1
+ * that each send a whole head and then wait (the gate hands such a
+ * connection over at once, so nothing waits on time) leave one refused —
+ * closed unanswered, the log saying which limit — and a request on a new
+ * connection is refused too while the two are held; once one of them
+ * closes, requests are served again. The idle timeout is long: only the
+ * limit closes a connection here. */
+static void test_http_per_ip_limit(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "--max-connections 8 --max-per-ip 2 --idle-timeout 3600") != 0) return;
+    const char *head = "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       "Content-Length: 100\r\n\r\n";
+    int fds[3];
+    for (int i = 0; i < 3; i++) {
+        fds[i] = raw_connect(&s);
+        srv_send_all(fds[i], head, strlen(head));
+    }
+    int refused = -1;
+    struct pollfd p[3];
+    for (int i = 0; i < 3; i++) p[i] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+    TEST_WAIT_UNTIL(poll(p, 3, 0) > 0, "none of three connections was refused with --max-per-ip 2; see %s", s.log);
+    for (int i = 0; i < 3; i++)
+        if (p[i].revents) {
+            char c;
+            assert_true(recv(fds[i], &c, 1, 0) <= 0); /* closed unanswered (reset: the head was unread) */
+            assert_int_equal(refused, -1);
+            refused = i;
+        }
+    char *log = test_read_file(s.log, NULL);
+    assert_non_null(strstr(log, "cannot take a connection: --max-connections or --max-per-ip reached"));
+    free(log);
+    assert_int_equal(http(&s, "/health", NULL, NULL, NULL, 0), -1); /* the two held fill the limit */
+    close(fds[refused]);
+    close(fds[refused == 0 ? 1 : 0]); /* one of the held ones: its slot frees */
+    TEST_WAIT_UNTIL(http(&s, "/health", NULL, NULL, NULL, 0) == 200, "not served after a held connection closed");
+    for (int i = 0; i < 3; i++)
+        if (i != refused && i != (refused == 0 ? 1 : 0)) close(fds[i]);
+    srv_stop(&s);
+}
+
 /* SIGTERM shuts the server down promptly (exit status 0) while many
  * connections are open and idle: more than the gate holds waiting for a
  * head, so some are the library's and some the gate's. The hang guard is
@@ -1502,6 +1542,7 @@ int main(void) {
         cmocka_unit_test(test_http_framing),
         cmocka_unit_test(test_http_chunked_limit),
         cmocka_unit_test(test_http_idle_limit),
+        cmocka_unit_test(test_http_per_ip_limit),
         cmocka_unit_test(test_sigterm_with_idle_connections),
         cmocka_unit_test(test_restore_plan_fallback_is_logged),
         cmocka_unit_test(test_http_auth_scheme),
