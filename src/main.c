@@ -360,6 +360,26 @@ static int pick_chat_format(const Model *m, const ChatFormatOptions *co, ChatFor
     return rc;
 }
 
+/* The connection flags serve and route share (HttpLimits; the idle timeout
+ * parsed into a float first). */
+#define HTTP_LIMIT_OPTS(lim, idle)                                                                             \
+    {"max-connections", 0, CLI_INT, &(lim).max_connections, "N",                                               \
+     "open client connections at most; one more is closed at once (serve: default 512, at most 900; "         \
+     "route: 256, at most 450)"},                                                                              \
+        {"max-per-ip", 0, CLI_INT, &(lim).max_per_ip, "N",                                                     \
+         "open connections from one client address at most (serve: default 256, route: 128; 0: no limit)"},   \
+        {"idle-timeout", 0, CLI_FLOAT, &(idle), "S",                                                           \
+         "close a connection that has nothing in or out for S seconds, e.g. one that never sends its request " \
+         "(default 30; streams send a ping every second)"}
+
+/* Take the parsed idle timeout into *lim and check the limits: false (and
+ * a message naming the flag) when they are out of range. */
+static bool limits_ok(HttpLimits *lim, float idle, const char *cmd) {
+    lim->idle_timeout_s = idle;
+    MnErr err = {0};
+    return cli_require(http_limits_check(lim, &err) == MN_OK, cmd, "%s", err.msg);
+}
+
 static int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *alias = NULL, *tmpl_name = NULL, *kv_type_name = "f16",
                *schedule = "fcfs", *evict = NULL, *profile_file = NULL, *overflow = "shift", *restore_plan = "kv",
@@ -373,6 +393,9 @@ static int cmd_serve(int argc, char **argv) {
     EngineOptions eo;
     engine_options_default(&eo);
     float step_ms = (float)eo.step_ms;
+    ServerOptions so;
+    server_options_default(&so);
+    float idle_timeout = (float)so.limits.idle_timeout_s;
     CliOpt opts[] = {
         {"model", 'm', CLI_STR, &model_path, "FILE", "GGUF model"},
         {"host", 0, CLI_STR, &host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"},
@@ -416,6 +439,7 @@ static int cmd_serve(int argc, char **argv) {
         {"schedule", 0, CLI_STR, &schedule, "fcfs|fpf|relaxed-fpf", "admission order (default fcfs)"},
         {"max-queue", 0, CLI_INT, &eo.max_queue, "N", "waiting requests at most, then 503 (default 64)"},
         {"max-body", 0, CLI_INT, &max_body_kb, "KB", "largest request body in KiB, then 413 (default 1024)"},
+        HTTP_LIMIT_OPTS(so.limits, idle_timeout),
         {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache precision (default f16)"},
         {"restore-plan", 0, CLI_STR, &restore_plan, "kv|hidden|auto",
          "how the cache tiers store a conversation's layers: as KV (default), as the hidden states KV is "
@@ -498,7 +522,10 @@ static int cmd_serve(int argc, char **argv) {
                      "--kv-type must be f16 or f32, got '%s'", kv_type_name) ||
         !cli_require(port >= 0 && port <= 65535, "serve", "--port must be in 0..65535, got %d", port) ||
         !cli_require(max_body_kb >= 1, "serve", "--max-body must be at least 1 (KiB), got %d", max_body_kb) ||
+        !limits_ok(&so.limits, idle_timeout, "serve") ||
         !cli_require(response_ttl >= 0, "serve", "--response-ttl must be >= 0, got %g", response_ttl) ||
+        !cli_require(eo.disk_tier_mb <= (1ull << 40), "serve", "--disk-tier-mb must be at most %llu (1 EiB), got %llu",
+                     1ull << 40, (unsigned long long)eo.disk_tier_mb) ||
         !cli_require(eo.redis_ttl_s >= 0, "serve", "--redis-ttl must be >= 0, got %d", eo.redis_ttl_s) ||
         !cli_require(redis_urls.n <= 1 || eo.redis_cluster, "serve",
                      "--redis-tier is given %d times: several URLs are a cluster's seeds (--redis-cluster)",
@@ -526,8 +553,6 @@ static int cmd_serve(int argc, char **argv) {
         cli_fail(&err);
         goto out;
     }
-    ServerOptions so;
-    server_options_default(&so);
     so.host = host;
     so.port = port;
     so.api_keys = keys.items;
@@ -616,6 +641,18 @@ out:
 
 /* ---- route ------------------------------------------------------------------------ */
 
+/* The longest time a flag may give (a day): past it, seconds in a double
+ * turned into libcurl's milliseconds or a timespec would overflow. */
+#define MAX_FLAG_S 86400.0
+
+/* A time flag's value is in range: more than 0 (or 0 itself when
+ * may_be_zero) and at most MAX_FLAG_S; else false and a message. */
+static bool seconds_ok(const char *cmd, const char *flag, float v, bool may_be_zero) {
+    return cli_require((may_be_zero ? v >= 0 : v > 0) && v <= MAX_FLAG_S, cmd,
+                       "--%s must be %s 0 and at most %g (seconds), got %g", flag,
+                       may_be_zero ? "at least" : "more than", MAX_FLAG_S, (double)v);
+}
+
 static int cmd_route(int argc, char **argv) {
     RouterOptions ro;
     router_options_default(&ro);
@@ -623,7 +660,8 @@ static int cmd_route(int argc, char **argv) {
     int max_body_kb = (int)(ro.max_body / 1024);
     uint64_t n_ids = ro.max_response_ids;
     float load_factor = (float)ro.load_factor, connect_timeout = (float)ro.connect_timeout_s,
-          probe_min = (float)ro.probe_min_s, probe_max = (float)ro.probe_max_s, drain_timeout = 30.0f;
+          probe_min = (float)ro.probe_min_s, probe_max = (float)ro.probe_max_s, drain_timeout = 30.0f,
+          idle_timeout = (float)ro.limits.idle_timeout_s, upstream_timeout = (float)ro.upstream_timeout_s;
     CliStrList backends = {0};
     CliOpt opts[] = {
         {"backend", 0, CLI_STR_LIST, &backends, "URL", "a mnemo server, http://HOST:PORT (repeatable; at least one)"},
@@ -635,7 +673,11 @@ static int cmd_route(int argc, char **argv) {
          "a backend takes at most C x the mean requests in flight before the next on the ring does (1.25; 0: off)"},
         {"max-body", 0, CLI_INT, &max_body_kb, "KB", "largest request body in KiB, then 413 (default 1024)"},
         {"response-ids", 0, CLI_U64, &n_ids, "N", "response ids remembered with their backend (default 65536)"},
+        HTTP_LIMIT_OPTS(ro.limits, idle_timeout),
         {"connect-timeout", 0, CLI_FLOAT, &connect_timeout, "S", "give up connecting to a backend after S seconds (2)"},
+        {"upstream-timeout", 0, CLI_FLOAT, &upstream_timeout, "S",
+         "a backend that sends nothing for S seconds, before its answer or within it, has failed: the next one is "
+         "tried, or 504 (default 600; a non-streamed answer comes whole, so S must cover the longest generation)"},
         {"probe-min", 0, CLI_FLOAT, &probe_min, "S", "probe a failed backend's /health first after S seconds (0.25)"},
         {"probe-max", 0, CLI_FLOAT, &probe_max, "S", "then twice as long each time, up to S seconds (5)"},
         {"drain-timeout", 0, CLI_FLOAT, &drain_timeout, "S", "on SIGTERM, let requests in progress finish this long (30)"},
@@ -653,7 +695,14 @@ static int cmd_route(int argc, char **argv) {
         !cli_require(router_policy_parse(policy, &ro.policy) == MN_OK, "route",
                      "--policy must be hash or round-robin, got '%s'", policy) ||
         !cli_require(ro.port >= 0 && ro.port <= 65535, "route", "--port must be in 0..65535, got %d", ro.port) ||
-        !cli_require(max_body_kb >= 1, "route", "--max-body must be at least 1 (KiB), got %d", max_body_kb))
+        !cli_require(max_body_kb >= 1, "route", "--max-body must be at least 1 (KiB), got %d", max_body_kb) ||
+        !seconds_ok("route", "connect-timeout", connect_timeout, false) ||
+        !seconds_ok("route", "upstream-timeout", upstream_timeout, false) ||
+        !seconds_ok("route", "probe-min", probe_min, false) || !seconds_ok("route", "probe-max", probe_max, false) ||
+        !seconds_ok("route", "drain-timeout", drain_timeout, true) || !limits_ok(&ro.limits, idle_timeout, "route") ||
+        !cli_require(ro.limits.max_connections <= ROUTER_MAX_CONNECTIONS, "route",
+                     "--max-connections must be in 1..%d for route, got %d", ROUTER_MAX_CONNECTIONS,
+                     ro.limits.max_connections))
         goto out;
     ro.backends = backends.items;
     ro.n_backends = backends.n;
@@ -661,6 +710,7 @@ static int cmd_route(int argc, char **argv) {
     ro.max_response_ids = (size_t)n_ids;
     ro.load_factor = load_factor;
     ro.connect_timeout_s = connect_timeout;
+    ro.upstream_timeout_s = upstream_timeout;
     ro.probe_min_s = probe_min;
     ro.probe_max_s = probe_max;
     sigset_t sigs; /* taken by sigwait below; every thread inherits the mask */

@@ -721,6 +721,43 @@ static void test_bounded_load(void **st) {
     fake_stop(&f[1]);
 }
 
+/* A backend that takes the request and never answers holds a router
+ * thread no longer than --upstream-timeout: the request moves to the next
+ * backend (nothing was sent to the client yet), and with no other backend
+ * the client gets 504 with an OpenAI error object. The hang guard, far
+ * above the 1 s timeout, is the only time bound. */
+static void test_silent_backend(void **st) {
+    Fake f[2];
+    fake_start(&f[0], 200); /* never released: silent */
+    fake_start(&f[1], 200);
+    fake_release(&f[1], 1000);
+    Srv *rr = &procs.r;
+    fakes_route(rr, f, "--upstream-timeout 1");
+    int seq = 0;
+    Client c;
+    client_start(&c, rr, body_for(f, 0, &seq));
+    TEST_WAIT_UNTIL(fake_arrived(&f[1]) == 1, "the request did not move on from the silent backend");
+    client_join(&c, &f[1], 200);
+    assert_int_equal(fake_arrived(&f[0]), 1);
+    srv_stop(rr);
+    char args[256];
+    snprintf(args, sizeof args, "route " ROUTE_FLAGS " --upstream-timeout 1 --backend http://127.0.0.1:%d", f[0].port);
+    srv_start_cmd(rr, args);
+    client_start(&c, rr, body_for(f, 0, &seq));
+    TEST_WAIT_UNTIL(pthread_tryjoin_np(c.thread, NULL) == 0, "no answer while the only backend is silent");
+    assert_int_equal(fake_arrived(&f[0]), 2);
+    assert_int_equal(c.status, 504);
+    json_t *j = srv_json(c.out);
+    const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+    if (msg == NULL || strstr(msg, "--upstream-timeout") == NULL) fail_msg("504 without the reason: %s", c.out);
+    json_decref(j);
+    free(c.body);
+    free(c.out);
+    srv_stop(rr);
+    fake_stop(&f[0]);
+    fake_stop(&f[1]);
+}
+
 static void test_5xx_fails_over(void **st) {
     Fake f[2];
     fake_start(&f[0], 500);
@@ -845,6 +882,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_bench_through_router, teardown),
         cmocka_unit_test_teardown(test_bounded_load, teardown),
         cmocka_unit_test_teardown(test_5xx_fails_over, teardown),
+        cmocka_unit_test_teardown(test_silent_backend, teardown),
         cmocka_unit_test_teardown(test_stream_is_not_buffered, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -838,6 +838,121 @@ static void test_http_chunked_limit(void **st) {
     srv_stop(&s);
 }
 
+/* Connections that never send a request are closed after --idle-timeout
+ * (it used to be a fixed 600 s, so a client holding the connection limit
+ * shut everyone else out for ten minutes), and then the server serves
+ * again. The idle connections fill the per-IP limit; each must see its
+ * close (EOF) within the hang guard, far above the 5 s timeout. A stream
+ * still ends whole under the short timeout. */
+static void test_http_idle_limit(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "--max-connections 8 --max-per-ip 4 --idle-timeout 5") != 0) return;
+    int fds[4];
+    for (int i = 0; i < 4; i++) fds[i] = raw_connect(&s);
+    for (int i = 0; i < 4; i++) {
+        size_t len;
+        char *got = raw_read_all(fds[i], &len); /* fails after 60 s without the close */
+        assert_int_equal(len, 0);
+        free(got);
+        close(fds[i]);
+    }
+    expect_serving(&s);
+    char *out;
+    assert_int_equal(http(&s, "/v1/completions",
+                          "{\"prompt\":\"Once\",\"max_tokens\":64,\"ignore_eos\":true,\"stream\":true}", NULL, &out,
+                          0),
+                     200);
+    assert_non_null(strstr(out, "data: [DONE]"));
+    free(out);
+    srv_stop(&s);
+}
+
+/* --max-per-ip holds: with a limit of 2, three connections from 127.0.0.1
+ * that each send a whole head and then wait (the gate hands such a
+ * connection over at once, so nothing waits on time) leave one refused —
+ * closed unanswered, the log saying which limit — and a request on a new
+ * connection is refused too while the two are held; once one of them
+ * closes, requests are served again. The idle timeout is long: only the
+ * limit closes a connection here. */
+static void test_http_per_ip_limit(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "--max-connections 8 --max-per-ip 2 --idle-timeout 3600") != 0) return;
+    const char *head = "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       "Content-Length: 100\r\n\r\n";
+    int fds[3];
+    for (int i = 0; i < 3; i++) {
+        fds[i] = raw_connect(&s);
+        srv_send_all(fds[i], head, strlen(head));
+    }
+    int refused = -1;
+    struct pollfd p[3];
+    for (int i = 0; i < 3; i++) p[i] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+    TEST_WAIT_UNTIL(poll(p, 3, 0) > 0, "none of three connections was refused with --max-per-ip 2; see %s", s.log);
+    for (int i = 0; i < 3; i++)
+        if (p[i].revents) {
+            char c;
+            assert_true(recv(fds[i], &c, 1, 0) <= 0); /* closed unanswered (reset: the head was unread) */
+            assert_int_equal(refused, -1);
+            refused = i;
+        }
+    char *log = test_read_file(s.log, NULL);
+    assert_non_null(strstr(log, "cannot take a connection: --max-connections or --max-per-ip reached"));
+    free(log);
+    assert_int_equal(http(&s, "/health", NULL, NULL, NULL, 0), -1); /* the two held fill the limit */
+    close(fds[refused]);
+    close(fds[refused == 0 ? 1 : 0]); /* one of the held ones: its slot frees */
+    TEST_WAIT_UNTIL(http(&s, "/health", NULL, NULL, NULL, 0) == 200, "not served after a held connection closed");
+    for (int i = 0; i < 3; i++)
+        if (i != refused && i != (refused == 0 ? 1 : 0)) close(fds[i]);
+    srv_stop(&s);
+}
+
+/* SIGTERM shuts the server down promptly (exit status 0) while many
+ * connections are open and idle: more than the gate holds waiting for a
+ * head, so some are the library's and some the gate's. The hang guard is
+ * the only time bound. */
+static void test_sigterm_with_idle_connections(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "") != 0) return;
+    enum { N_IDLE = 200 };
+    int fds[N_IDLE];
+    for (int i = 0; i < N_IDLE; i++) fds[i] = raw_connect(&s);
+    expect_serving(&s); /* the idle ones do not shut it out */
+    kill(s.pid, SIGTERM);
+    int status = 0;
+    TEST_WAIT_UNTIL(waitpid(s.pid, &status, WNOHANG) == s.pid, "no exit within %d s of SIGTERM; see %s",
+                    TEST_HANG_GUARD_S, s.log);
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) fail_msg("exit status 0x%x; see %s", status, s.log);
+    for (int i = 0; i < N_IDLE; i++) close(fds[i]);
+    unlink(s.log);
+}
+
+/* --restore-plan hidden says at start-up when it will store nothing as
+ * hidden states: with no cache tier, and on a model whose hidden state is
+ * not smaller than its KV (stories260K, f32 activations); on qwen3 Q4_K_M,
+ * whose tiers do store hidden states, it says nothing. */
+static void test_restore_plan_fallback_is_logged(void **st) {
+    static const struct {
+        const char *model, *flags, *want; /* want NULL: no --restore-plan line */
+    } cases[] = {
+        {"stories260K", "--restore-plan hidden", "--restore-plan hidden does nothing: no cache tier is set"},
+        {"stories260K", "--restore-plan hidden --ram-tier-mb 4", "--restore-plan hidden: the tiers store KV"},
+        {"stories260K", "--restore-plan auto --ram-tier-mb 4", "--restore-plan auto: the tiers store KV"},
+        {"qwen3-q4_k_m", "--restore-plan hidden --ram-tier-mb 4", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        Srv s;
+        if (srv_start(&s, cases[i].model, cases[i].flags) != 0) return;
+        char *log = test_read_file(s.log, NULL);
+        assert_non_null(log);
+        if (cases[i].want ? strstr(log, cases[i].want) == NULL : strstr(log, "--restore-plan") != NULL)
+            fail_msg("%s %s: the log %s '%s':\n%s", cases[i].model, cases[i].flags,
+                     cases[i].want ? "lacks" : "has", cases[i].want ? cases[i].want : "--restore-plan", log);
+        free(log);
+        srv_stop(&s);
+    }
+}
+
 /* The Bearer scheme is case-insensitive; every 401 says which scheme. */
 static void test_http_auth_scheme(void **st) {
     Srv s;
@@ -1426,6 +1541,10 @@ int main(void) {
         cmocka_unit_test(test_sigterm_drain_timeout),
         cmocka_unit_test(test_http_framing),
         cmocka_unit_test(test_http_chunked_limit),
+        cmocka_unit_test(test_http_idle_limit),
+        cmocka_unit_test(test_http_per_ip_limit),
+        cmocka_unit_test(test_sigterm_with_idle_connections),
+        cmocka_unit_test(test_restore_plan_fallback_is_logged),
         cmocka_unit_test(test_http_auth_scheme),
         cmocka_unit_test(test_http_cors),
         cmocka_unit_test(test_http_methods),

@@ -8,6 +8,7 @@
  * back exact — and is refused while a server holds the directory. (Split
  * from test_tier.c.)
  */
+#include <sys/statvfs.h>
 #include "test_tier_util.h"
 
 /* ---- disk: data at rest -------------------------------------------------------- */
@@ -213,6 +214,39 @@ static void tenants_new(PFix *fx, KvPool *p) {
     assert_int_equal(store_conv_put(fx->store, 42, &b, 100, 64), MN_OK);
 }
 
+/* A budget larger than the directory's filesystem has room for is cut to
+ * fit (with a warning) when the tier opens, instead of failing writes
+ * once the slabs fill the disk: 2^60 bytes (1 EiB) is more than any
+ * filesystem here. A budget that fits is kept as given. */
+static void test_disk_budget_over_free_space(void **state) {
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 3, 8, 4, 16, MN_TYPE_F16), MN_OK);
+    char dir[64];
+    strcpy(dir, "/tmp/mnemo-space-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    TierDiskConfig cfg = {.dir = dir, .capacity_bytes = 1ull << 60, .n_layer = p.n_layer, .block_bytes = p.block_bytes,
+                          .kv_format = 1 | (uint32_t)p.block_tokens << 8, .is_clamped_to_room = true};
+    Tier *t = NULL;
+    MnErr err = {0};
+    assert_int_equal(tier_disk_new(&cfg, &t, &err), MN_OK);
+    TierStats st;
+    tier_stats(t, &st);
+    struct statvfs vfs;
+    assert_int_equal(statvfs(dir, &vfs), 0);
+    uint64_t total = (uint64_t)vfs.f_blocks * vfs.f_frsize;
+    if (!(st.capacity_bytes > 0 && st.capacity_bytes < total))
+        fail_msg("a 1 EiB budget became %llu bytes on a filesystem of %llu", (unsigned long long)st.capacity_bytes,
+                 (unsigned long long)total);
+    tier_free(t);
+    cfg.capacity_bytes = 1 << 20;
+    assert_int_equal(tier_disk_new(&cfg, &t, &err), MN_OK);
+    tier_stats(t, &st);
+    assert_int_equal(st.capacity_bytes, 1 << 20);
+    tier_free(t);
+    test_rm_dir(dir);
+    kvpool_deinit(&p);
+}
+
 /* mnemo cache purge, namespace A: afterwards A's runs are not held, and
  * neither their KV bytes (nor those of A's earlier, dropped run) nor A's
  * reply text are anywhere in the slab, database or WAL files; B's runs
@@ -327,6 +361,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_disk_dir_private),
         cmocka_unit_test(test_disk_dir_refused),
+        cmocka_unit_test(test_disk_budget_over_free_space),
         cmocka_unit_test(test_disk_purge),
         cmocka_unit_test(test_disk_purge_busy),
     };

@@ -631,6 +631,7 @@ int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err) {
         TierDiskConfig dc = {.dir = cfg->disk_dir,
                              .store = m->store,
                              .capacity_bytes = cfg->disk_bytes,
+                             .is_clamped_to_room = true,
                              .n_layer = p->n_layer,
                              .block_bytes = p->block_bytes,
                              .hidden_bytes = p->hidden_bytes,

@@ -167,6 +167,10 @@ typedef struct TierDiskConfig {
     int read_inflight;         /* of those, requests in the device at once
                                   (at most queue_depth); 0 = 4 */
     bool is_durable;           /* fdatasync each run before it is visible */
+    bool is_clamped_to_room;   /* cut a budget over the filesystem's free
+                                  space (plus the tier's slab files) to it,
+                                  with a warning (a server's; not a tool's
+                                  that only reads or drops runs) */
     CacheStore *store;         /* borrowed, outlives the tier: the run
                                   records' home; NULL = not persistent */
     int test_open_alloc_skip;  /* tests: of the allocations made while the */
@@ -183,7 +187,8 @@ typedef struct TierDiskConfig {
  * beyond the budget the least recently used go); no drop callback hears of
  * those, as none is set yet. tier_foreach_run then lists what is held.
  * MN_EINVAL (bad sizes, a store of another identity, with a message in
- * err), MN_EIO / MN_ENOTFOUND (directory), MN_ENOMEM, a store's code. */
+ * err), MN_EIO / MN_ENOTFOUND (directory),
+ * MN_ENOMEM, a store's code. */
 int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err);
 
 /* NULL is fine; no drop callbacks. A persistent disk tier keeps its runs

@@ -156,6 +156,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #define XXH_INLINE_ALL
@@ -455,8 +456,56 @@ static int slab_room(DiskTier *d, Slab *s) {
 
 /* ---- helpers: slab files --------------------------------------------------- */
 
-static void slab_path(const DiskTier *d, int id, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s/slab-%05d.dat", d->dir, id);
+static void slab_path_in(const char *dir, int id, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s/slab-%05d.dat", dir, id);
+}
+
+static void slab_path(const DiskTier *d, int id, char *buf, size_t cap) { slab_path_in(d->dir, id, buf, cap); }
+
+/* Bytes dir's filesystem has room for: its free space, plus the tier's
+ * slab files already there (they are reused or made again in place).
+ * UINT64_MAX when the filesystem cannot be asked. */
+static uint64_t disk_room(const char *dir) {
+    struct statvfs vfs;
+    if (statvfs(dir, &vfs) != 0) {
+        LOG_WARN("disk tier: statvfs %s: %s; its free space is not checked", dir, strerror(errno));
+        return UINT64_MAX;
+    }
+    uint64_t room = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
+    for (int id = 0; id < DISK_MAX_SLABS; id++) {
+        char path[4096];
+        struct stat st;
+        slab_path_in(dir, id, path, sizeof path);
+        if (stat(path, &st) != 0) break;
+        room += (uint64_t)st.st_blocks * 512;
+    }
+    return room;
+}
+
+/* Slab headers of a budget of capacity bytes in slabs of slab bytes. */
+static uint64_t slab_headers_for(uint64_t capacity, uint64_t slab) {
+    uint64_t n = (capacity + slab - 1) / slab;
+    return DISK_SLAB_HEADER * (n < DISK_MAX_SLABS ? n : DISK_MAX_SLABS);
+}
+
+/* The budget capacity (data bytes, in slabs of slab bytes) cut to what
+ * dir's filesystem has room for, with a warning when it is cut: the slab
+ * files are reserved only as runs need them, so a budget over the free
+ * space would otherwise show as failed writes while serving, where a
+ * budget that fits makes the tier evict its least recently used runs. At
+ * least one page, so a server restarted on a full disk still starts (its
+ * writes then fail, as on a disk that fills later). */
+static uint64_t clamp_to_room(const char *dir, uint64_t capacity, uint64_t slab) {
+    uint64_t room = disk_room(dir);
+    if (room == UINT64_MAX || capacity + slab_headers_for(capacity, slab) <= room) return capacity;
+    uint64_t keep = slab_headers_for(room, slab) + room / 32; /* and some room for the database's journal */
+    uint64_t fit = room > keep ? (room - keep) & ~(uint64_t)(DISK_PAGE - 1) : 0;
+    if (fit < DISK_PAGE) fit = DISK_PAGE;
+    LOG_WARN("disk tier: --disk-tier-mb %llu is more than %s's filesystem has room for (%llu MiB free, counting the "
+             "tier's slab files): the budget is cut to %llu KiB",
+             (unsigned long long)(capacity >> 20), dir, (unsigned long long)(room >> 20),
+             (unsigned long long)(fit >> 10));
+    return fit;
 }
 
 /* Data bytes of the next slab: what the budget has left, at most
@@ -1324,6 +1373,7 @@ int tier_disk_new(const TierDiskConfig *cfg, Tier **out, MnErr *err) {
 
     uint64_t slab = cfg->slab_bytes ? cfg->slab_bytes & ~(uint64_t)(DISK_PAGE - 1) : DISK_DEFAULT_SLAB;
     if (slab == 0) slab = DISK_PAGE;
+    if (cfg->is_clamped_to_room) capacity = clamp_to_room(cfg->dir, capacity, slab);
     if (slab > capacity) slab = capacity;
     if ((capacity + slab - 1) / slab > DISK_MAX_SLABS) /* keep the file count sane */
         slab = round_page((capacity + DISK_MAX_SLABS - 1) / DISK_MAX_SLABS);

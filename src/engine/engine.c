@@ -1364,6 +1364,24 @@ static uint64_t hidden_layers_of(const Model *m, const EngineOptions *op) {
     return (uint64_t)fwd_hidden_row_bytes(m) * (uint64_t)op->block_tokens < kv ? all : 0;
 }
 
+/* Say at start-up when --restore-plan hidden or auto will store nothing
+ * as hidden states, and why: the user asked for it, and the only other
+ * sign is a metric that stays at zero. Not a refusal: one command line
+ * may serve models of both kinds. */
+static void log_plan_fallback(const Model *m, const EngineOptions *op, bool has_tiers) {
+    if (op->restore_plan == RESTORE_PLAN_KV) return;
+    const char *plan = op->restore_plan == RESTORE_PLAN_HIDDEN ? "hidden" : "auto";
+    if (!has_tiers) {
+        LOG_WARN("--restore-plan %s does nothing: no cache tier is set (--ram-tier-mb, --disk-tier, --redis-tier)",
+                 plan);
+    } else if (hidden_layers_of(m, op) == 0) {
+        uint64_t kv = kvpool_bytes_for(1, m->cfg.kv_dim, op->block_tokens, 1, op->kv_type) / (uint64_t)op->block_tokens;
+        LOG_WARN("--restore-plan %s: the tiers store KV: this model's hidden state takes %zu bytes a token per layer, "
+                 "not fewer than its KV's %llu (--kv-type %s)",
+                 plan, fwd_hidden_row_bytes(m), (unsigned long long)kv, op->kv_type == MN_TYPE_F32 ? "f32" : "f16");
+    }
+}
+
 /* Whether the pool keeps hidden states: a plan may store some. */
 static bool plan_has_hidden(const Model *m, const EngineOptions *op) { return hidden_layers_of(m, op) != 0; }
 
@@ -1950,6 +1968,7 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         rc = tiers_new(&tc, &e->tiers, err);
         op->disk_tier_dir = NULL; /* borrowed for engine_new only */
         if (rc == MN_OK && tc.is_auto && tc.hidden_layers != 0 && tiers_is_on(e->tiers)) measure_projection(e);
+        if (rc == MN_OK) log_plan_fallback(m, op, tiers_is_on(e->tiers));
     }
     if (rc == MN_OK) {
         e->stats.pool_blocks = e->pool.n_blocks;

@@ -10,11 +10,15 @@
  *   route         the key (route/convkey), the plan (route/ring, and for a
  *                 stored response route/idmap first), then each backend of
  *                 the plan in turn until one gives an answer to pass on:
- *                   no head (refused, reset)   report it down, next
+ *                   no head (refused, reset,   report it down, next
+ *                   silent --upstream-timeout)
  *                   5xx                        keep the body, report it down, next
  *                   stored response not found  keep the body, next
  *                   anything else              pass it on: stream it
- *   proxy_read    the body, piece by piece, as the backend sends it
+ *                 and when none answered: 503, or 504 when the last one
+ *                 tried stayed silent
+ *   proxy_read    the body, piece by piece, as the backend sends it (a
+ *                 backend silent --upstream-timeout mid-body cuts it)
  *   proxy_free    the end (or the client went away): remember a new
  *                 response's id, release the backend, log the line
  *
@@ -453,10 +457,15 @@ static void fwd_free(FwdHeaders *h) {
 
 /* The answer when no backend gave one to pass on: the last one kept, or 503. */
 static enum MHD_Result answer_unavailable(Router *r, struct MHD_Connection *c, const RouteReq *q, Kept *k,
-                                          int n_tried) {
+                                          int n_tried, bool is_timed_out) {
     if (k->status == 0) {
         metrics_counter_add(r->f_unavailable, "", 1);
         char msg[160];
+        if (is_timed_out) { /* the last one tried accepted the request and then said nothing */
+            snprintf(msg, sizeof msg, "no backend answered within --upstream-timeout (%g s; %d backend%s tried)",
+                     r->opt.upstream_timeout_s, n_tried, n_tried == 1 ? "" : "s");
+            return send_error(r, c, q, 504, msg, NULL);
+        }
         snprintf(msg, sizeof msg, "no backend is up (%d backend%s tried, none answered)", n_tried,
                  n_tried == 1 ? "" : "s");
         return send_error(r, c, q, 503, msg, NULL);
@@ -495,9 +504,11 @@ static enum MHD_Result route(Router *r, struct MHD_Connection *c, RouteReq *q) {
                        .body_len = q->body.len,
                        .headers = (const char *const *)fwd.lines,
                        .connect_timeout_s = r->opt.connect_timeout_s,
+                       .silence_s = r->opt.upstream_timeout_s,
                        .stop = &r->stop};
     Kept kept = {0};
     int n_tried = 0;
+    bool is_timed_out = false; /* the last failure */
     for (int k = 0; k < n; k++) {
         int b = plan[k], status = 0;
         MnErr err = {0};
@@ -517,6 +528,7 @@ static enum MHD_Result route(Router *r, struct MHD_Connection *c, RouteReq *q) {
             break;
         }
         bool is_failure = rc != MN_OK || status >= 500;
+        is_timed_out = rc != MN_OK && upstream_is_timed_out(up);
         if (rc == MN_OK) { /* an answer to keep while the next backend is asked */
             kept_free(&kept);
             kept.status = status;
@@ -539,7 +551,7 @@ static enum MHD_Result route(Router *r, struct MHD_Connection *c, RouteReq *q) {
     }
     fwd_free(&fwd);
     give_upstream(r, up);
-    enum MHD_Result ok = answer_unavailable(r, c, q, &kept, n_tried);
+    enum MHD_Result ok = answer_unavailable(r, c, q, &kept, n_tried, is_timed_out);
     kept_free(&kept);
     active_add(r, -1);
     return ok;
@@ -632,8 +644,12 @@ void router_options_default(RouterOptions *o) {
     o->max_body = 1 << 20;
     o->max_response_ids = 65536;
     o->connect_timeout_s = 2;
+    o->upstream_timeout_s = 600;
     o->probe_min_s = 0.25;
     o->probe_max_s = 5;
+    http_limits_default(&o->limits);
+    o->limits.max_connections = 256;
+    o->limits.max_per_ip = 128;
 }
 
 static const char *const POLICY_NAMES[] = {"hash", "round-robin"};
@@ -653,8 +669,12 @@ int router_new(const RouterOptions *o, Router **out, MnErr *err) {
     *out = NULL;
     if (o->load_factor != 0 && !(o->load_factor >= 1))
         return mn_err_set(err, MN_EINVAL, "--load-factor must be 0 (off) or at least 1, got %g", o->load_factor);
-    if (!(o->connect_timeout_s > 0) || !(o->probe_min_s > 0) || !(o->probe_max_s >= o->probe_min_s))
+    if (!(o->connect_timeout_s > 0) || !(o->upstream_timeout_s > 0) || !(o->probe_min_s > 0) ||
+        !(o->probe_max_s >= o->probe_min_s))
         return mn_err_set(err, MN_EINVAL, "timeouts must be > 0 and --probe-max >= --probe-min");
+    if (o->limits.max_connections > ROUTER_MAX_CONNECTIONS)
+        return mn_err_set(err, MN_EINVAL, "--max-connections must be in 1..%d for route, got %d",
+                          ROUTER_MAX_CONNECTIONS, o->limits.max_connections);
     if (o->max_body < 1 || o->max_response_ids < 1)
         return mn_err_set(err, MN_EINVAL, "--max-body and --response-ids must be at least 1");
     Router *r = mn_calloc(1, sizeof *r);
@@ -688,6 +708,7 @@ int router_new(const RouterOptions *o, Router **out, MnErr *err) {
     }
     HttpFrontConfig fc = {.host = o->host,
                           .port = o->port,
+                          .limits = o->limits,
                           .handler_fn = handle,
                           .completed_fn = on_completed,
                           .uri_fn = on_uri,

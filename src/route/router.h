@@ -36,8 +36,13 @@
 #include <stddef.h>
 
 #include "base/err.h"
+#include "server/http.h"
 
 typedef enum RoutePolicy { ROUTE_POLICY_HASH, ROUTE_POLICY_ROUND_ROBIN } RoutePolicy;
+
+/* Client connections at most: each may hold a connection to a backend
+ * too, and both need descriptors below select()'s 1024. */
+#define ROUTER_MAX_CONNECTIONS (HTTP_MAX_CONNECTIONS / 2)
 
 typedef struct RouterOptions {
     const char *host;            /* default "127.0.0.1" */
@@ -49,8 +54,12 @@ typedef struct RouterOptions {
     size_t max_body;             /* request body bytes at most (default 1 MiB, as serve's) */
     size_t max_response_ids;     /* response ids remembered (default 65536) */
     double connect_timeout_s;    /* a backend's connection at most (default 2) */
+    double upstream_timeout_s;   /* a backend silent this long, before its head or within its body, has
+                                    failed (default 600) */
     double probe_min_s;          /* first health probe after a failure (default 0.25) */
     double probe_max_s;          /* longest wait between probes (default 5) */
+    HttpLimits limits;           /* client connections: max_connections at most ROUTER_MAX_CONNECTIONS
+                                    (default 256, max_per_ip 128) */
 } RouterOptions;
 
 typedef struct Router Router;

@@ -15,7 +15,9 @@
  * none (libcurl would add a form type to a POST). The multi handle keeps
  * its connections between exchanges: a finished exchange leaves its
  * connection for the next one to the same backend; one cut short closes
- * it.
+ * it. A backend that stays silent longer than the request's silence_s
+ * (it accepted the connection but never answers, or stopped mid-body)
+ * ends the exchange as timed out, so it cannot hold the router's thread.
  */
 #include "route/upstream.h"
 
@@ -24,6 +26,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "base/clock.h"
 #include "base/mem.h"
 
 /* How long one wait for the backend lasts before the stop flag is looked at. */
@@ -43,7 +46,8 @@ struct Upstream {
     size_t head_len;
     char *body;               /* received, not yet read: body[body_off..body_len) */
     size_t body_len, body_off, body_cap;
-    bool is_oom;
+    bool is_oom, is_timed_out;
+    double silence_s;         /* the exchange's UpstreamReq.silence_s */
     const atomic_bool *stop;
     char errbuf[CURL_ERROR_SIZE];
 };
@@ -87,16 +91,18 @@ static size_t on_body(char *p, size_t sz, size_t n, void *ctx) {
 static bool head_is_in(const Upstream *u) { return u->is_head_done; }
 static bool body_is_in(const Upstream *u) { return u->body_len > u->body_off; }
 
-/* Drive the transfer until ready(u) holds or it ended: MN_OK, or
- * MN_ECANCELED when the stop flag was set first. */
+/* Drive the transfer until ready(u) holds or it ended (or the backend was
+ * silent for u->silence_s: it ends as timed out): MN_OK, or MN_ECANCELED
+ * when the stop flag was set first. */
 static int pump(Upstream *u, bool (*ready)(const Upstream *u)) {
+    double give_up = u->silence_s > 0 ? mn_now() + u->silence_s : 0;
     for (;;) {
         int running = 0;
         CURLMcode mc = curl_multi_perform(u->multi, &running);
         int n_left;
         CURLMsg *msg;
         while ((msg = curl_multi_info_read(u->multi, &n_left)) != NULL)
-            if (msg->msg == CURLMSG_DONE) {
+            if (msg->msg == CURLMSG_DONE && !u->is_timed_out) {
                 u->is_done = true;
                 u->result = msg->data.result;
             }
@@ -107,7 +113,18 @@ static int pump(Upstream *u, bool (*ready)(const Upstream *u)) {
         }
         if (ready(u) || u->is_done) return MN_OK;
         if (u->stop && atomic_load(u->stop)) return MN_ECANCELED;
-        curl_multi_poll(u->multi, NULL, 0, UPSTREAM_POLL_MS, NULL);
+        int wait_ms = UPSTREAM_POLL_MS;
+        if (give_up > 0) {
+            double left = give_up - mn_now();
+            if (left <= 0) {
+                u->is_done = u->is_timed_out = true;
+                u->result = CURLE_OPERATION_TIMEDOUT;
+                snprintf(u->errbuf, sizeof u->errbuf, "the backend sent nothing for %g s", u->silence_s);
+                return MN_OK;
+            }
+            if (left * 1000 < wait_ms) wait_ms = (int)(left * 1000) + 1;
+        }
+        curl_multi_poll(u->multi, NULL, 0, wait_ms, NULL);
     }
 }
 
@@ -194,6 +211,7 @@ int upstream_begin(Upstream *u, const UpstreamReq *req, int *status, MnErr *err)
     *status = 0;
     curl_easy_reset(u->easy);
     u->stop = req->stop;
+    u->silence_s = req->silence_s;
     if (set_request(u, req) != MN_OK) {
         upstream_end(u);
         return mn_err_set(err, MN_ENOMEM, "out of memory");
@@ -210,6 +228,8 @@ int upstream_begin(Upstream *u, const UpstreamReq *req, int *status, MnErr *err)
     *status = (int)st;
     return MN_OK;
 }
+
+bool upstream_is_timed_out(const Upstream *u) { return u->is_timed_out; }
 
 const char *upstream_header(const Upstream *u, const char *name) {
     size_t n = strlen(name);
@@ -278,7 +298,7 @@ int upstream_read_all(Upstream *u, size_t max, char **out, size_t *len, MnErr *e
 
 void upstream_end(Upstream *u) {
     if (u->is_attached) curl_multi_remove_handle(u->multi, u->easy);
-    u->is_attached = u->is_head_done = u->is_done = u->is_oom = false;
+    u->is_attached = u->is_head_done = u->is_done = u->is_oom = u->is_timed_out = false;
     u->result = CURLE_OK;
     curl_slist_free_all(u->hs);
     u->hs = NULL;

@@ -32,6 +32,8 @@ typedef struct UpstreamReq {
     const char *const *headers;  /* "Name: value" lines to send, NULL-ended; may be NULL */
     double connect_timeout_s;    /* > 0 */
     double timeout_s;            /* the whole exchange at most (a probe); 0: no limit */
+    double silence_s;            /* the backend sends nothing this long (before its head, or within its
+                                    body): the exchange fails as timed out; 0: no limit */
     const atomic_bool *stop;     /* give up (within about a second) once set; may be NULL */
 } UpstreamReq;
 
@@ -48,6 +50,10 @@ void upstream_free(Upstream *u);
  * with the reason in err; MN_ECANCELED when req->stop was set; MN_ENOMEM.
  * req's strings are borrowed until upstream_end. */
 int upstream_begin(Upstream *u, const UpstreamReq *req, int *status, MnErr *err);
+
+/* Whether the exchange failed because the backend stayed silent longer
+ * than req->silence_s (until upstream_end). */
+bool upstream_is_timed_out(const Upstream *u);
 
 /* The value of the answer's header name (case-insensitive; the first
  * one), valid until upstream_end; NULL when absent. */

@@ -64,6 +64,7 @@ struct Gate {
     int listen_fd;         /* the gate thread closes it once quiesced */
     int wake_fd;           /* eventfd: quiesce or stop */
     int port;
+    double head_wait_s;    /* GATE_HEAD_WAIT_S, or the server's idle timeout when shorter */
     atomic_bool is_quiesced, is_stopping;
     pthread_t thread;
     bool has_thread;
@@ -335,7 +336,7 @@ static int poll_timeout_ms(const Gate *g, double now) {
     double first = g->pending[0].since;
     for (int i = 1; i < g->n_pending; i++)
         if (g->pending[i].since < first) first = g->pending[i].since;
-    double wait_s = first + GATE_HEAD_WAIT_S - now;
+    double wait_s = first + g->head_wait_s - now;
     return wait_s <= 0 ? 0 : (int)(wait_s * 1000) + 1;
 }
 
@@ -369,7 +370,7 @@ static void *gate_main(void *arg) {
         double now = mn_now();
         for (int i = g->n_pending - 1; i >= 0; i--) {
             if (pfd[first_pending + i].revents) pending_check(g, i, pfd[first_pending + i].revents);
-            else if (now - g->pending[i].since >= GATE_HEAD_WAIT_S) hand_over(g, i);
+            else if (now - g->pending[i].since >= g->head_wait_s) hand_over(g, i);
         }
         if (listen_at >= 0 && (pfd[listen_at].revents & POLLIN) && !atomic_load(&g->is_quiesced)) accept_one(g);
     }
@@ -379,11 +380,12 @@ static void *gate_main(void *arg) {
 
 /* ---- life cycle ----------------------------------------------------------------------- */
 
-int gate_new(const struct sockaddr_in *addr, const GateCallbacks *cb, Gate **out, MnErr *err) {
+int gate_new(const struct sockaddr_in *addr, double head_wait_s, const GateCallbacks *cb, Gate **out, MnErr *err) {
     *out = NULL;
     Gate *g = mn_calloc(1, sizeof *g);
     if (g == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
     g->cb = *cb;
+    g->head_wait_s = head_wait_s < GATE_HEAD_WAIT_S ? head_wait_s : GATE_HEAD_WAIT_S;
     g->wake_fd = -1;
     atomic_init(&g->is_quiesced, false);
     atomic_init(&g->is_stopping, false);

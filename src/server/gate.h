@@ -42,10 +42,12 @@ typedef struct GateCallbacks {
 
 typedef struct Gate Gate;
 
-/* Listen on addr (port 0: any free port) and start the gate thread.
+/* Listen on addr (port 0: any free port) and start the gate thread; a
+ * head is waited for at most head_wait_s (capped at the gate's own wait)
+ * before the connection goes to the server unchecked.
  * Returns MN_OK and *out, or MN_EIO (cannot listen) / MN_ENOMEM with err set;
  * cb must stay valid until gate_free. */
-int gate_new(const struct sockaddr_in *addr, const GateCallbacks *cb, Gate **out, MnErr *err);
+int gate_new(const struct sockaddr_in *addr, double head_wait_s, const GateCallbacks *cb, Gate **out, MnErr *err);
 /* The port bound. */
 int gate_port(const Gate *g);
 /* Stop accepting: on return new connections are refused. Connections

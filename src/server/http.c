@@ -25,9 +25,6 @@
 #include "base/mem.h"
 #include "server/gate.h"
 
-/* How long a connection may stay idle before the library closes it (s). */
-#define HTTP_IDLE_TIMEOUT_S 600
-
 struct HttpFront {
     HttpFrontConfig cfg;
     struct MHD_Daemon *daemon;
@@ -47,13 +44,34 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 
 static void front_hand_over(void *ctx, int fd, const struct sockaddr_in *addr) {
     HttpFront *f = ctx;
-    if (MHD_add_connection(f->daemon, fd, (const struct sockaddr *)addr, sizeof *addr) != MHD_YES)
-        LOG_WARN("cannot take a connection: %s", strerror(errno)); /* the library closed it */
+    if (MHD_add_connection(f->daemon, fd, (const struct sockaddr *)addr, sizeof *addr) == MHD_YES) return;
+    /* the library closed it; ENFILE is its word for a limit of ours */
+    if (errno == ENFILE) LOG_WARN("cannot take a connection: --max-connections or --max-per-ip reached");
+    else LOG_WARN("cannot take a connection: %s", strerror(errno));
 }
 
 static void front_rejected(void *ctx, const char *method, const char *path, int status, const char *msg) {
     HttpFront *f = ctx;
     if (f->cfg.rejected_fn) f->cfg.rejected_fn(f->cfg.ctx, method, path, status, msg);
+}
+
+void http_limits_default(HttpLimits *l) {
+    l->max_connections = 512;
+    l->max_per_ip = 256;
+    l->idle_timeout_s = 30;
+}
+
+int http_limits_check(const HttpLimits *l, MnErr *err) {
+    if (l->max_connections < 1 || l->max_connections > HTTP_MAX_CONNECTIONS)
+        return mn_err_set(err, MN_EINVAL, "--max-connections must be in 1..%d, got %d", HTTP_MAX_CONNECTIONS,
+                          l->max_connections);
+    if (l->max_per_ip < 0 || l->max_per_ip > l->max_connections)
+        return mn_err_set(err, MN_EINVAL, "--max-per-ip must be in 0..%d (--max-connections; 0: no limit), got %d",
+                          l->max_connections, l->max_per_ip);
+    if (!(l->idle_timeout_s >= HTTP_MIN_IDLE_TIMEOUT_S && l->idle_timeout_s <= HTTP_MAX_IDLE_TIMEOUT_S))
+        return mn_err_set(err, MN_EINVAL, "--idle-timeout must be in %g..%g seconds, got %g", HTTP_MIN_IDLE_TIMEOUT_S,
+                          HTTP_MAX_IDLE_TIMEOUT_S, l->idle_timeout_s);
+    return MN_OK;
 }
 
 int http_front_new(const HttpFrontConfig *cfg, HttpFront **out, MnErr *err) {
@@ -64,17 +82,25 @@ int http_front_new(const HttpFrontConfig *cfg, HttpFront **out, MnErr *err) {
     addr.sin_port = htons((uint16_t)cfg->port);
     if (inet_pton(AF_INET, cfg->host, &addr.sin_addr) != 1)
         return mn_err_set(err, MN_EINVAL, "--host %s is not an IPv4 address", cfg->host);
+    int rc = http_limits_check(&cfg->limits, err);
+    if (rc != MN_OK) return rc;
     HttpFront *f = mn_calloc(1, sizeof *f);
     if (f == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
     f->cfg = *cfg;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG |
                      MHD_USE_ITC | MHD_USE_NO_LISTEN_SOCKET;
     /* the optional callbacks are added only when given */
-    struct MHD_OptionItem opts[8];
+    struct MHD_OptionItem opts[10];
     size_t n = 0;
+    const HttpLimits *l = &cfg->limits;
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_EXTERNAL_LOGGER, (intptr_t)mhd_log, NULL};
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)(4 * GATE_HEAD_MAX), NULL};
-    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_TIMEOUT, HTTP_IDLE_TIMEOUT_S, NULL};
+    /* the library's timeout counts from a connection's last byte in or out:
+     * a handler blocked on the engine is not timed (the answer it queues
+     * restarts the count) and a stream sends a ping at least every second */
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_TIMEOUT, (intptr_t)(l->idle_timeout_s + 0.5), NULL};
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_LIMIT, l->max_connections, NULL};
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_PER_IP_CONNECTION_LIMIT, l->max_per_ip, NULL};
     if (cfg->completed_fn)
         opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)cfg->completed_fn, cfg->ctx};
     if (cfg->connection_fn)
@@ -88,7 +114,7 @@ int http_front_new(const HttpFrontConfig *cfg, HttpFront **out, MnErr *err) {
         return mn_err_set(err, MN_EIO, "cannot start the HTTP server");
     }
     GateCallbacks cb = {.hand_over_fn = front_hand_over, .rejected_fn = front_rejected, .ctx = f};
-    int rc = gate_new(&addr, &cb, &f->gate, err);
+    rc = gate_new(&addr, l->idle_timeout_s, &cb, &f->gate, err);
     if (rc != MN_OK) {
         http_front_free(f);
         return rc;

@@ -22,9 +22,32 @@
 
 /* ---- the front: gate + daemon ---------------------------------------------------- */
 
+/* How many connections the front holds and how long an idle one stays.
+ * Each connection holds a thread, so a client that opens many and sends
+ * nothing would otherwise shut everyone else out. */
+typedef struct HttpLimits {
+    int max_connections;  /* open connections at most (1..HTTP_MAX_CONNECTIONS; default 512) */
+    int max_per_ip;       /* from one client address at most (0: no limit; default 256) */
+    double idle_timeout_s; /* a connection that sends nothing this long is closed (default 30) */
+} HttpLimits;
+
+/* The daemon polls with select(), which takes descriptors below 1024 only:
+ * room is left for the gate's waiting connections and the process's files. */
+#define HTTP_MAX_CONNECTIONS 900
+/* The shortest --idle-timeout accepted: well above the streams' ping
+ * interval (a second), so a stream is never cut between two pings. */
+#define HTTP_MIN_IDLE_TIMEOUT_S 5.0
+/* The longest --idle-timeout accepted (a day). */
+#define HTTP_MAX_IDLE_TIMEOUT_S 86400.0
+
+void http_limits_default(HttpLimits *l);
+/* MN_OK, or MN_EINVAL with the offending flag named in err. */
+int http_limits_check(const HttpLimits *l, MnErr *err);
+
 typedef struct HttpFrontConfig {
     const char *host; /* IPv4 address to listen on */
     int port;         /* 0: any free port */
+    HttpLimits limits;
     /* libmicrohttpd's callbacks, each given ctx: the access handler, and
      * optionally the end of a request, a connection's start and end, and
      * the raw request target at a request's start (whose result becomes

@@ -83,6 +83,7 @@ void server_options_default(ServerOptions *o) {
     o->model_name = "mnemo";
     o->response_ttl_s = RESP_TTL_DEFAULT_S;
     o->max_body = 1 << 20;
+    http_limits_default(&o->limits);
 }
 
 /* ---- responses ------------------------------------------------------------------ */
@@ -962,6 +963,7 @@ int server_new(Engine *e, const ServerOptions *o, Server **out, MnErr *err) {
     }
     HttpFrontConfig fc = {.host = o->host,
                           .port = o->port,
+                          .limits = o->limits,
                           .handler_fn = handle_request,
                           .completed_fn = request_completed,
                           .connection_fn = conn_notify,

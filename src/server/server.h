@@ -32,6 +32,7 @@
 
 #include "base/err.h"
 #include "engine/engine.h"
+#include "server/http.h"
 
 typedef struct ServerOptions {
     const char *host;          /* default "127.0.0.1" */
@@ -40,6 +41,7 @@ typedef struct ServerOptions {
     const char **api_keys;     /* each key is its own cache namespace */
     int n_api_keys;
     size_t max_body;           /* bytes; default 1 MiB */
+    HttpLimits limits;         /* connections (http_limits_default) */
     const char **cors_origins; /* origins whose pages may call the API ("*": any) */
     int n_cors_origins;
     double response_ttl_s;     /* stored responses unused this long are deleted; 0 = never
