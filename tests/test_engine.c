@@ -1800,6 +1800,14 @@ static Engine *hidden_engine(Model *m, int pool_blocks, uint64_t ram_mb, const c
     return hidden_engine_hooked(m, pool_blocks, ram_mb, dir, evict, kv_type, plan, layers, NULL);
 }
 
+/* The request's restored_by (usage.prompt_tokens_details.restored_by):
+ * tokens of its cached run restored as K/V, by projection, recomputed. */
+static void expect_restored_by(const ReqResult *res, int kv, int hidden, int recompute) {
+    assert_int_equal(res->n_restored_by[RESTORE_KV], kv);
+    assert_int_equal(res->n_restored_by[RESTORE_HIDDEN], hidden);
+    assert_int_equal(res->n_restored_by[RESTORE_RECOMPUTE], recompute);
+}
+
 /* check_restore with layers stored as hidden states: a conversation's
  * blocks leave the pool and come back from the RAM tier or the disk,
  * their hidden layers projected into K/V; its first logits and text are a
@@ -1837,6 +1845,7 @@ static void check_hidden_restore(const char *model, MnType kv_type, uint64_t ram
         assert_true(from_tiers > 0);
         assert_int_equal(st.restored_hidden_tokens, from_tiers); /* every run saved with hidden layers */
         assert_int_equal(st.restored_kv_tokens, 0);
+        expect_restored_by(&res, 0, (int)from_tiers, 0);
         assert_int_equal(st.restore_failures, 0);
     }
     recomputed_free(&full);
@@ -1896,6 +1905,7 @@ static void test_hidden_mixed(void **s) {
     assert_int_equal(st.restore_failures, 1);
     assert_int_equal(st.restored_hidden_tokens, 16);
     assert_int_equal(st.restored_recompute_tokens, 32);
+    expect_restored_by(&res, 0, 16, 32);
     recomputed_free(&want);
     engine_free(e);
     test_tmpdir_free(dir);
@@ -1957,6 +1967,10 @@ static uint64_t expect_round_trip(Engine *e, Model *m, uint64_t seed) {
     expect_recomputed(e, &want, p[0], 65, res);
     assert_int_equal(res->n_cached, 64);
     assert_true(res->n_cached_by[SRC_DISK] > 0);
+    /* restored by one path: the plan stored each run alike */
+    int from_disk = res->n_cached_by[SRC_DISK], n_hidden = res->n_restored_by[RESTORE_HIDDEN];
+    expect_restored_by(res, from_disk - n_hidden, n_hidden, 0);
+    assert_true(n_hidden == 0 || n_hidden == from_disk);
     recomputed_free(&want);
     return res->n_cached_by[SRC_DISK];
 }
@@ -2032,6 +2046,7 @@ static void test_hidden_restart(void **s) {
     Engine *e = hidden_engine(m, 32, 0, dir, EVICT_DEFAULT, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, 0);
     expect_recomputed(e, &want, a, 65, &res);
     assert_int_equal(res.n_cached_by[SRC_DISK], 64);
+    expect_restored_by(&res, 0, 64, 0);
     engine_stats(e, &st);
     assert_int_equal(st.restored_hidden_tokens, 64);
     settle(e);
@@ -2117,6 +2132,7 @@ static void check_promote_waiting(RestorePlan plan, uint64_t layers) {
     expect_recomputed_read(ra, &want, got, &res);
     assert_int_equal(res.n_cached, 64);
     assert_int_equal(res.n_cached_by[SRC_RAM], 64);
+    expect_restored_by(&res, layers ? 0 : 64, layers ? 64 : 0, 0);
     free(drain(rd, &res));
     engine_stats(e, &st);
     assert_int_equal(st.promoted_blocks, 8);

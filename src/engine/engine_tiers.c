@@ -116,7 +116,8 @@ struct EngineTiers {
     pthread_cond_t *cond;
     MoverEvent *ev_head, *ev_tail; /* events from the mover */
     void (*on_lost_fn)(void *ctx, int32_t slot);
-    void *ctx;               /* TiersConfig.ctx, of on_lost_fn and project_fn */
+    void (*on_restored_fn)(void *ctx, int32_t slot, bool is_hidden);
+    void *ctx;               /* TiersConfig.ctx, of the three callbacks */
     uint64_t hidden_layers;  /* TiersConfig.hidden_layers */
     bool is_auto;            /* TiersConfig.is_auto */
     double proj_s;           /* seconds per token and layer a projection takes
@@ -179,6 +180,8 @@ static void handle_event(EngineTiers *t, MoverEvent *ev) {
     MoverJob *j = ev->job;
     switch (ev->kind) {
     case MOVER_EV_LAYER:
+        if (((Load *)j->owner)->layers_done == 0 && t->on_restored_fn) /* block_hidden is known now */
+            for (int k = 0; k < j->n; k++) t->on_restored_fn(t->ctx, j->slots[k], j->block_hidden[k] != 0);
         project_layer(t, j->owner, ev->layer);
         ((Load *)j->owner)->layers_done = ev->layer + 1;
         break;
@@ -488,6 +491,15 @@ CacheSource tiers_block_source(const EngineTiers *t, const Hash128 *h) {
     for (int k = 0; k < ld->job->n; k++)
         if (ld->job->slots[k] == slot) return t->tier_src[ld->job->tier[k]];
     return SRC_POOL;
+}
+
+RestorePath tiers_block_path(const EngineTiers *t, const Hash128 *h) {
+    int32_t slot = index_lookup(t->index, h);
+    const Load *ld = slot >= 0 ? t->slot_load[slot] : NULL;
+    if (ld == NULL || ld->layers_done == 0) return RESTORE_PATH_COUNT;
+    for (int k = 0; k < ld->job->n; k++)
+        if (ld->job->slots[k] == slot) return ld->job->block_hidden[k] != 0 ? RESTORE_HIDDEN : RESTORE_KV;
+    return RESTORE_PATH_COUNT;
 }
 
 /* ---- the restore plan ---------------------------------------------------------------- */
@@ -971,6 +983,7 @@ int tiers_new(const TiersConfig *cfg, EngineTiers **out, MnErr *err) {
     t->lock = cfg->lock;
     t->cond = cfg->cond;
     t->on_lost_fn = cfg->on_lost_fn;
+    t->on_restored_fn = cfg->on_restored_fn;
     t->ctx = cfg->ctx;
     t->hidden_layers = cfg->hidden_layers;
     t->is_auto = cfg->is_auto;
