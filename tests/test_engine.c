@@ -2316,8 +2316,11 @@ static void gate_layer_after_first(void *ctx, int layer) {
  * speed, and each projection lasts 1e5 s by the engine's clock; once x's
  * restore has measured that, y's load (held at the gate after its first
  * layer) is expected to take its other layers' projections, and y sits
- * out d's steps; counting only bytes, it would have joined a batch. */
-static void check_hold_back(bool by_projection) {
+ * out d's steps; counting only bytes, it would have joined a batch.
+ * is_first (with by_projection): x is not restored first; y's is the
+ * server's first restore, and it sits out d's steps all the same, by the
+ * projection time measured at start-up (1e5 s too). */
+static void check_hold_back(bool by_projection, bool is_first) {
     Model *m = load("stories260K");
     if (!m) return;
     char *dir = test_tmpdir_new("tier");
@@ -2349,29 +2352,30 @@ static void check_hold_back(bool by_projection) {
     o.test_hooks = &dr.hooks;
     Engine *e;
     MnErr err = {0};
+    if (by_projection) dr.proj_step_s = 1e5; /* (the engine thread is not there yet) */
     if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
     ReqResult res;
-
-    pthread_mutex_lock(&dr.steps.lock);
-    if (by_projection) dr.proj_step_s = 1e5;
-    else dr.wait_jump_s = 1e5;
-    pthread_mutex_unlock(&dr.steps.lock);
-    float *ref = reference_logits(m, x, 65), *got = calloc((size_t)nv, sizeof(float));
-    free(run_one(e, x, 65, 1, got, &res));
-    assert_int_equal(res.n_cached_by[SRC_DISK], 64);
-    assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
-    free(ref);
-    pthread_mutex_lock(&dr.steps.lock);
-    assert_true(dr.wait_jump_s == 0); /* x's pass waited for its layers */
-    pthread_mutex_unlock(&dr.steps.lock);
-    settle(e); /* x's load is done: its read (its projections) in what the engine estimates with */
-    EngineStats st;
-    engine_stats(e, &st);
-    if (by_projection) assert_int_equal(st.restored_hidden_tokens, 64);
-    else if (!(st.tiers[0].tier.bytes_read > 0 && st.tiers[0].tier.read_seconds >= SLOW_READ_S))
-        fail_msg("the disk tier read %llu bytes in %.3f s", (unsigned long long)st.tiers[0].tier.bytes_read,
-                 st.tiers[0].tier.read_seconds);
-
+    float *ref, *got = calloc((size_t)nv, sizeof(float));
+    if (!is_first) { /* x's restore first */
+        EngineStats st;
+        pthread_mutex_lock(&dr.steps.lock);
+        if (!by_projection) dr.wait_jump_s = 1e5;
+        pthread_mutex_unlock(&dr.steps.lock);
+        ref = reference_logits(m, x, 65);
+        free(run_one(e, x, 65, 1, got, &res));
+        assert_int_equal(res.n_cached_by[SRC_DISK], 64);
+        assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
+        free(ref);
+        pthread_mutex_lock(&dr.steps.lock);
+        assert_true(dr.wait_jump_s == 0); /* x's pass waited for its layers */
+        pthread_mutex_unlock(&dr.steps.lock);
+        settle(e); /* x's load is done: its read (its projections) in what the engine estimates with */
+        engine_stats(e, &st);
+        if (by_projection) assert_int_equal(st.restored_hidden_tokens, 64);
+        else if (!(st.tiers[0].tier.bytes_read > 0 && st.tiers[0].tier.read_seconds >= SLOW_READ_S))
+            fail_msg("the disk tier read %llu bytes in %.3f s", (unsigned long long)st.tiers[0].tier.bytes_read,
+                     st.tiers[0].tier.read_seconds);
+    }
     gate_close(&layers);
     Request *rd = submit_held(e, &dr, d, 9, 40);
     Request *ry = submit_one_logits(e, y, 9, 4, got);
@@ -2388,7 +2392,7 @@ static void check_hold_back(bool by_projection) {
     request_unref(ry);
     assert_int_equal(res.n_cached_by[SRC_DISK], 8);
     /* x's and y's layers came through the gate (by_projection: but layer 0) */
-    assert_int_equal(layers.n_calls, 2 * (m->cfg.n_layer - by_projection));
+    assert_int_equal(layers.n_calls, (is_first ? 1 : 2) * (m->cfg.n_layer - by_projection));
     ref = reference_logits(m, y, 9);
     assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
     free(ref);
@@ -2400,8 +2404,9 @@ static void check_hold_back(bool by_projection) {
     model_free(m);
 }
 
-static void test_hold_back_slow_restore(void **s) { check_hold_back(false); }
-static void test_hold_back_slow_projection(void **s) { check_hold_back(true); }
+static void test_hold_back_slow_restore(void **s) { check_hold_back(false, false); }
+static void test_hold_back_slow_projection(void **s) { check_hold_back(true, false); }
+static void test_hold_back_first_projection(void **s) { check_hold_back(true, true); }
 
 /* MoverTestHooks.disk_tier for test_disk_full: every operation of the
  * kinds in *ctx fails with ENOSPC. */
@@ -3157,6 +3162,7 @@ int main(void) {
         cmocka_unit_test(test_turn_touches_disk_runs),
         cmocka_unit_test(test_hold_back_slow_restore),
         cmocka_unit_test(test_hold_back_slow_projection),
+        cmocka_unit_test(test_hold_back_first_projection),
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_writebehind_namespaces),
         cmocka_unit_test(test_restore_out_of_memory),

@@ -1386,7 +1386,7 @@ static uint64_t hidden_layers_of(const Model *m, const EngineOptions *op) {
 /* Whether the pool keeps hidden states: a plan may store some. */
 static bool plan_has_hidden(const Model *m, const EngineOptions *op) { return hidden_layers_of(m, op) != 0; }
 
-/* The auto plan's first figure, before any restore: how long projecting
+/* The projection time's first figure, before any restore: how long projecting
  * a few blocks of layer 0 takes (into free slots, whose contents nothing
  * reads; their hidden rows zeroed first). */
 static void measure_projection(Engine *e) {
@@ -1985,7 +1985,9 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
                           .project_fn = project_restored};
         rc = tiers_new(&tc, &e->tiers, err);
         op->disk_tier_dir = NULL; /* borrowed for engine_new only */
-        if (rc == MN_OK && tc.is_auto && tc.hidden_layers != 0 && tiers_is_on(e->tiers)) measure_projection(e);
+        /* the projection time's first figure: the auto plan splits by it, and any plan's restores
+         * of hidden states are estimated with it (tiers_plan_step) before one is measured */
+        if (rc == MN_OK && tc.hidden_layers != 0 && tiers_is_on(e->tiers)) measure_projection(e);
     }
     if (rc == MN_OK) {
         e->stats.pool_blocks = e->pool.n_blocks;
