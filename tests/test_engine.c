@@ -1800,6 +1800,14 @@ static Engine *hidden_engine(Model *m, int pool_blocks, uint64_t ram_mb, const c
     return hidden_engine_hooked(m, pool_blocks, ram_mb, dir, evict, kv_type, plan, layers, NULL);
 }
 
+/* The request's restored_by (usage.prompt_tokens_details.restored_by):
+ * tokens of its cached run restored as K/V, by projection, recomputed. */
+static void expect_restored_by(const ReqResult *res, int kv, int hidden, int recompute) {
+    assert_int_equal(res->n_restored_by[RESTORE_KV], kv);
+    assert_int_equal(res->n_restored_by[RESTORE_HIDDEN], hidden);
+    assert_int_equal(res->n_restored_by[RESTORE_RECOMPUTE], recompute);
+}
+
 /* check_restore with layers stored as hidden states: a conversation's
  * blocks leave the pool and come back from the RAM tier or the disk,
  * their hidden layers projected into K/V; its first logits and text are a
@@ -1837,6 +1845,7 @@ static void check_hidden_restore(const char *model, MnType kv_type, uint64_t ram
         assert_true(from_tiers > 0);
         assert_int_equal(st.restored_hidden_tokens, from_tiers); /* every run saved with hidden layers */
         assert_int_equal(st.restored_kv_tokens, 0);
+        expect_restored_by(&res, 0, (int)from_tiers, 0);
         assert_int_equal(st.restore_failures, 0);
     }
     recomputed_free(&full);
@@ -1896,6 +1905,7 @@ static void test_hidden_mixed(void **s) {
     assert_int_equal(st.restore_failures, 1);
     assert_int_equal(st.restored_hidden_tokens, 16);
     assert_int_equal(st.restored_recompute_tokens, 32);
+    expect_restored_by(&res, 0, 16, 32);
     recomputed_free(&want);
     engine_free(e);
     test_tmpdir_free(dir);
@@ -1957,6 +1967,10 @@ static uint64_t expect_round_trip(Engine *e, Model *m, uint64_t seed) {
     expect_recomputed(e, &want, p[0], 65, res);
     assert_int_equal(res->n_cached, 64);
     assert_true(res->n_cached_by[SRC_DISK] > 0);
+    /* restored by one path: the plan stored each run alike */
+    int from_disk = res->n_cached_by[SRC_DISK], n_hidden = res->n_restored_by[RESTORE_HIDDEN];
+    expect_restored_by(res, from_disk - n_hidden, n_hidden, 0);
+    assert_true(n_hidden == 0 || n_hidden == from_disk);
     recomputed_free(&want);
     return res->n_cached_by[SRC_DISK];
 }
@@ -2032,6 +2046,7 @@ static void test_hidden_restart(void **s) {
     Engine *e = hidden_engine(m, 32, 0, dir, EVICT_DEFAULT, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, 0);
     expect_recomputed(e, &want, a, 65, &res);
     assert_int_equal(res.n_cached_by[SRC_DISK], 64);
+    expect_restored_by(&res, 0, 64, 0);
     engine_stats(e, &st);
     assert_int_equal(st.restored_hidden_tokens, 64);
     settle(e);
@@ -2117,6 +2132,7 @@ static void check_promote_waiting(RestorePlan plan, uint64_t layers) {
     expect_recomputed_read(ra, &want, got, &res);
     assert_int_equal(res.n_cached, 64);
     assert_int_equal(res.n_cached_by[SRC_RAM], 64);
+    expect_restored_by(&res, layers ? 0 : 64, layers ? 64 : 0, 0);
     free(drain(rd, &res));
     engine_stats(e, &st);
     assert_int_equal(st.promoted_blocks, 8);
@@ -2300,8 +2316,11 @@ static void gate_layer_after_first(void *ctx, int layer) {
  * speed, and each projection lasts 1e5 s by the engine's clock; once x's
  * restore has measured that, y's load (held at the gate after its first
  * layer) is expected to take its other layers' projections, and y sits
- * out d's steps; counting only bytes, it would have joined a batch. */
-static void check_hold_back(bool by_projection) {
+ * out d's steps; counting only bytes, it would have joined a batch.
+ * is_first (with by_projection): x is not restored first; y's is the
+ * server's first restore, and it sits out d's steps all the same, by the
+ * projection time measured at start-up (1e5 s too). */
+static void check_hold_back(bool by_projection, bool is_first) {
     Model *m = load("stories260K");
     if (!m) return;
     char *dir = test_tmpdir_new("tier");
@@ -2333,29 +2352,30 @@ static void check_hold_back(bool by_projection) {
     o.test_hooks = &dr.hooks;
     Engine *e;
     MnErr err = {0};
+    if (by_projection) dr.proj_step_s = 1e5; /* (the engine thread is not there yet) */
     if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
     ReqResult res;
-
-    pthread_mutex_lock(&dr.steps.lock);
-    if (by_projection) dr.proj_step_s = 1e5;
-    else dr.wait_jump_s = 1e5;
-    pthread_mutex_unlock(&dr.steps.lock);
-    float *ref = reference_logits(m, x, 65), *got = calloc((size_t)nv, sizeof(float));
-    free(run_one(e, x, 65, 1, got, &res));
-    assert_int_equal(res.n_cached_by[SRC_DISK], 64);
-    assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
-    free(ref);
-    pthread_mutex_lock(&dr.steps.lock);
-    assert_true(dr.wait_jump_s == 0); /* x's pass waited for its layers */
-    pthread_mutex_unlock(&dr.steps.lock);
-    settle(e); /* x's load is done: its read (its projections) in what the engine estimates with */
-    EngineStats st;
-    engine_stats(e, &st);
-    if (by_projection) assert_int_equal(st.restored_hidden_tokens, 64);
-    else if (!(st.tiers[0].tier.bytes_read > 0 && st.tiers[0].tier.read_seconds >= SLOW_READ_S))
-        fail_msg("the disk tier read %llu bytes in %.3f s", (unsigned long long)st.tiers[0].tier.bytes_read,
-                 st.tiers[0].tier.read_seconds);
-
+    float *ref, *got = calloc((size_t)nv, sizeof(float));
+    if (!is_first) { /* x's restore first */
+        EngineStats st;
+        pthread_mutex_lock(&dr.steps.lock);
+        if (!by_projection) dr.wait_jump_s = 1e5;
+        pthread_mutex_unlock(&dr.steps.lock);
+        ref = reference_logits(m, x, 65);
+        free(run_one(e, x, 65, 1, got, &res));
+        assert_int_equal(res.n_cached_by[SRC_DISK], 64);
+        assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
+        free(ref);
+        pthread_mutex_lock(&dr.steps.lock);
+        assert_true(dr.wait_jump_s == 0); /* x's pass waited for its layers */
+        pthread_mutex_unlock(&dr.steps.lock);
+        settle(e); /* x's load is done: its read (its projections) in what the engine estimates with */
+        engine_stats(e, &st);
+        if (by_projection) assert_int_equal(st.restored_hidden_tokens, 64);
+        else if (!(st.tiers[0].tier.bytes_read > 0 && st.tiers[0].tier.read_seconds >= SLOW_READ_S))
+            fail_msg("the disk tier read %llu bytes in %.3f s", (unsigned long long)st.tiers[0].tier.bytes_read,
+                     st.tiers[0].tier.read_seconds);
+    }
     gate_close(&layers);
     Request *rd = submit_held(e, &dr, d, 9, 40);
     Request *ry = submit_one_logits(e, y, 9, 4, got);
@@ -2372,7 +2392,7 @@ static void check_hold_back(bool by_projection) {
     request_unref(ry);
     assert_int_equal(res.n_cached_by[SRC_DISK], 8);
     /* x's and y's layers came through the gate (by_projection: but layer 0) */
-    assert_int_equal(layers.n_calls, 2 * (m->cfg.n_layer - by_projection));
+    assert_int_equal(layers.n_calls, (is_first ? 1 : 2) * (m->cfg.n_layer - by_projection));
     ref = reference_logits(m, y, 9);
     assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
     free(ref);
@@ -2384,8 +2404,9 @@ static void check_hold_back(bool by_projection) {
     model_free(m);
 }
 
-static void test_hold_back_slow_restore(void **s) { check_hold_back(false); }
-static void test_hold_back_slow_projection(void **s) { check_hold_back(true); }
+static void test_hold_back_slow_restore(void **s) { check_hold_back(false, false); }
+static void test_hold_back_slow_projection(void **s) { check_hold_back(true, false); }
+static void test_hold_back_first_projection(void **s) { check_hold_back(true, true); }
 
 /* MoverTestHooks.disk_tier for test_disk_full: every operation of the
  * kinds in *ctx fails with ENOSPC. */
@@ -3141,6 +3162,7 @@ int main(void) {
         cmocka_unit_test(test_turn_touches_disk_runs),
         cmocka_unit_test(test_hold_back_slow_restore),
         cmocka_unit_test(test_hold_back_slow_projection),
+        cmocka_unit_test(test_hold_back_first_projection),
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_writebehind_namespaces),
         cmocka_unit_test(test_restore_out_of_memory),

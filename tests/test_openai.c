@@ -814,7 +814,7 @@ static const ApiMeta META = {"chatcmpl-abc", "tiny", 1700000000, "fp_0123"};
 
 static ApiUsage sample_usage(void) {
     ApiUsage u = {.prompt_tokens = 30, .completion_tokens = 12, .cached_tokens = 20, .recomputed_tokens = 4,
-                  .truncated_tokens = 9, .shifted_tokens = 7};
+                  .truncated_tokens = 9, .shifted_tokens = 7, .restored_by = {3, 5, 2}};
     assert_int_equal(api_usage_add_tier(&u, "pool", 16), MN_OK);
     assert_int_equal(api_usage_add_tier(&u, "disk", 4), MN_OK);
     return u;
@@ -830,6 +830,11 @@ static void check_usage(const json_t *u, bool has_tiers) {
     assert_int_equal(int_at(d, "recomputed_tokens"), 4);
     assert_int_equal(int_at(d, "truncated_tokens"), 9);
     assert_int_equal(int_at(d, "shifted_tokens"), 7);
+    json_t *r = json_object_get(d, "restored_by");
+    assert_int_equal(json_object_size(r), 3);
+    assert_int_equal(int_at(r, "kv"), 3);
+    assert_int_equal(int_at(r, "hidden"), 5);
+    assert_int_equal(int_at(r, "recompute"), 2);
     json_t *t = json_object_get(d, "cached_tokens_by_tier");
     assert_true(json_is_object(t));
     if (has_tiers) {
@@ -873,7 +878,7 @@ static void test_chat_completion_object(void **state) {
     json_decref(o);
 
     ApiUsage plain = {.prompt_tokens = 30, .completion_tokens = 12, .cached_tokens = 20, .recomputed_tokens = 4,
-                      .truncated_tokens = 9, .shifted_tokens = 7};
+                      .truncated_tokens = 9, .shifted_tokens = 7, .restored_by = {3, 5, 2}};
     o = reparse(api_chat_completion_json(&META, "", API_FINISH_LENGTH, &plain, NULL));
     c = only_choice(o);
     assert_string_equal(str_at(json_object_get(c, "message"), "content"), "");

@@ -356,6 +356,11 @@ static void test_responses_restart(void **state) {
     long hist = jint(r2, "usage.input_tokens") + jint(r2, "usage.output_tokens");
     assert_true(jint(r3, "usage.input_tokens_details.cached_tokens") >= hist - 8);
     assert_true(jint(r3, "usage.input_tokens_details.cached_tokens_by_tier.disk") > 0);
+    /* restored from disk as K/V (the default plan): restored_by says so */
+    assert_int_equal(jint(r3, "usage.input_tokens_details.restored_by.kv"),
+                     jint(r3, "usage.input_tokens_details.cached_tokens_by_tier.disk") +
+                         jint(r3, "usage.input_tokens_details.cached_tokens_by_tier.ram"));
+    assert_int_equal(jint(r3, "usage.input_tokens_details.restored_by.hidden"), 0);
     json_decref(r3);
     json_decref(after);
     json_decref(before);

@@ -188,6 +188,8 @@ static void test_tier_hidden_layers(void **state) {
             c = (c + 4095) & ~(uint64_t)4095;
         }
         assert_int_equal(st.occupancy_bytes, a + 2 * b + 3 * c);
+        assert_int_equal(st.kv_bytes, (5 * 1 + 3 * 3) * p.block_bytes); /* payload, no padding */
+        assert_int_equal(st.hidden_bytes, 5 * 2 * p.hidden_bytes);
         /* read both runs into other slots: K/V and hidden rows scrambled first */
         scramble_pool(&p, 7);
         for (int l = 0; l < p.n_layer; l++) memset(p.hid_arenas[l], 0xee, (size_t)p.n_blocks * p.hidden_bytes);
@@ -214,6 +216,9 @@ static void test_tier_hidden_layers(void **state) {
         for (int32_t s = 0; s < 5; s++) fill_slot(&plain, s, 100 + (uint32_t)s);
         assert_int_equal(tier_put_run(fx.tier, hs, 5, &plain, src, &mixed), MN_OK);
         assert_int_equal(tier_block_hidden(fx.tier, &hs[0]), 0);
+        tier_stats(fx.tier, &st);
+        assert_int_equal(st.kv_bytes, 5 * 3 * plain.block_bytes);
+        assert_int_equal(st.hidden_bytes, 0);
         expect_range(fx.tier, &plain, 100, 5, 20);
         fx_close(&fx);
         kvpool_deinit(&plain);

@@ -521,6 +521,10 @@ static void test_persist_record_hidden(void **state) {
     assert_int_equal(pfx_rows(&fx), 1);
     Hash128 h = h_of(1);
     assert_int_equal(tier_block_hidden(fx.tier, &h), 0x5);
+    TierStats st; /* A, adopted: 2 hidden layers and 1 KV layer of 3 blocks */
+    tier_stats(fx.tier, &st);
+    assert_int_equal(st.hidden_bytes, 3 * 2 * p.hidden_bytes);
+    assert_int_equal(st.kv_bytes, 3 * p.block_bytes);
     scramble_pool(&p, 3);
     for (int l = 0; l < p.n_layer; l++) memset(p.hid_arenas[l], 0xee, (size_t)p.n_blocks * p.hidden_bytes);
     Hash128 hs[3] = {h_of(0), h_of(1), h_of(2)};

@@ -109,6 +109,8 @@ typedef struct Answer {
     char *reply; /* choices[0].message.content (malloc'd); NULL unless it parsed */
     long prompt_tokens, completion_tokens, cached_tokens, recomputed_tokens;
     long by_tier[T_COUNT]; /* cached_tokens_by_tier; -1 when missing */
+    long shifted_tokens;
+    long restored_by[3];   /* restored_by's kv, hidden, recompute; -1 when missing */
 } Answer;
 
 static void answer_free(Answer *a) {
@@ -143,8 +145,8 @@ static int ask(const Srv *s, const char *req, const char *key, Answer *a, char *
     const char *content = json_string_value(json_object_get(msg, "content"));
     json_t *u = json_object_get(j, "usage");
     json_t *d = json_object_get(u, "prompt_tokens_details");
-    json_t *bt = json_object_get(d, "cached_tokens_by_tier");
-    if (content == NULL || !json_is_object(bt)) {
+    json_t *bt = json_object_get(d, "cached_tokens_by_tier"), *rb = json_object_get(d, "restored_by");
+    if (content == NULL || !json_is_object(bt) || !json_is_object(rb)) {
         snprintf(err, cap, "malformed completion: %.300s", a->text);
         json_decref(j);
         return -1;
@@ -154,6 +156,9 @@ static int ask(const Srv *s, const char *req, const char *key, Answer *a, char *
     a->completion_tokens = jint(u, "completion_tokens");
     a->cached_tokens = jint(d, "cached_tokens");
     a->recomputed_tokens = jint(d, "recomputed_tokens");
+    a->shifted_tokens = jint(d, "shifted_tokens");
+    static const char *const paths[3] = {"kv", "hidden", "recompute"};
+    for (int k = 0; k < 3; k++) a->restored_by[k] = jint(rb, paths[k]);
     long sum = 0;
     bool has_all = true;
     for (int t = 0; t < T_COUNT; t++) {
@@ -167,6 +172,14 @@ static int ask(const Srv *s, const char *req, const char *key, Answer *a, char *
         snprintf(err, cap,
                  "usage does not add up (pool + ram + disk + redis = cached_tokens, recomputed = prompt - cached, "
                  "%d completion tokens): %s", REPLY_TOKENS, usage_of(a));
+        return -1;
+    }
+    /* what came from a tier came back as K/V or by projection (tokens
+     * moved for context overflow are shifted_tokens, not restored_by) */
+    long from_tiers = a->by_tier[T_RAM] + a->by_tier[T_DISK] + a->by_tier[T_REDIS];
+    if (a->restored_by[0] < 0 || a->restored_by[1] < 0 || a->restored_by[2] < 0 ||
+        (a->shifted_tokens == 0 && a->restored_by[0] + a->restored_by[1] != from_tiers)) {
+        snprintf(err, cap, "restored_by does not add up (kv + hidden = ram + disk + redis): %s", usage_of(a));
         return -1;
     }
     return 0;
@@ -552,6 +565,18 @@ static void test_tiers_hidden_plan(void **state) {
     double recompute = srv_metric(s, "mnemo_restored_tokens_total{path=\"recompute\"}");
     if (!(hidden > 0 && kv == 0 && recompute >= 0))
         fail_msg("restored tokens: hidden %.0f, kv %.0f, recompute %.0f; want hidden > 0, kv 0", hidden, kv, recompute);
+    long by[3] = {0};
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < f->cs[i].n_done; t++)
+            for (int k = 0; k < 3; k++) by[k] += f->cs[i].ans[t].restored_by[k];
+    if (!(by[1] > 0 && by[0] == 0))
+        fail_msg("usage's restored_by over the answers: kv %ld, hidden %ld; want hidden > 0, kv 0", by[0], by[1]);
+    /* the disk holds the runs as hidden states (every block of a run was computed here, so every
+     * layer of it has its hidden rows) */
+    double d_hidden = srv_metric(s, "mnemo_tier_stored_bytes{tier=\"disk\",repr=\"hidden\"}");
+    double d_kv = srv_metric(s, "mnemo_tier_stored_bytes{tier=\"disk\",repr=\"kv\"}");
+    if (!(d_hidden > 0 && d_kv == 0))
+        fail_msg("disk tier stored bytes: hidden %.0f, kv %.0f; want hidden > 0, kv 0", d_hidden, d_kv);
     expect_health(s);
     fix_term(f, 0);
     fix_term(f, 1);

@@ -16,6 +16,8 @@
  *     once);
  *   - occupancy_bytes is the sum of the listed runs' n_bytes and never
  *     exceeds capacity_bytes;
+ *   - kv_stored and hidden_stored are the sums of the listed runs'
+ *     run_payload in each form;
  *   - in the error state (is_failed) no call touches the medium;
  *   - next_run_id is above every id the tier has used or adopted.
  * The map is open addressing with linear probing and backward-shift
@@ -50,6 +52,7 @@ struct Tier {
     size_t hidden_bytes; /* tier_set_hidden_bytes; 0: runs are stored as KV */
     uint64_t capacity_bytes;
     uint64_t occupancy_bytes;
+    uint64_t kv_stored, hidden_stored; /* the listed runs' layers by representation (run_payload) */
     uint64_t n_runs;
     uint64_t next_run_id;
     TierRun *lru_head, *lru_tail;
@@ -162,11 +165,32 @@ static void lru_push_mru(Tier *t, TierRun *r) {
     t->lru_tail = r;
 }
 
+/* The payload of run r's layers stored as hidden states (is_hidden) or
+ * as K/V: blocks times layers times the block's size in that form. */
+static uint64_t run_payload(const Tier *t, const TierRun *r, bool is_hidden) {
+    int n_hidden = __builtin_popcountll(r->hidden);
+    return (uint64_t)r->n_blocks * (is_hidden ? (uint64_t)n_hidden * t->hidden_bytes
+                                              : (uint64_t)(t->n_layer - n_hidden) * t->block_bytes);
+}
+
+/* Count a run being listed in the occupancy (is_in), or one leaving it. */
+static void run_account(Tier *t, const TierRun *r, bool is_in) {
+    if (is_in) {
+        t->occupancy_bytes += r->n_bytes;
+        t->kv_stored += run_payload(t, r, false);
+        t->hidden_stored += run_payload(t, r, true);
+    } else {
+        t->occupancy_bytes -= r->n_bytes;
+        t->kv_stored -= run_payload(t, r, false);
+        t->hidden_stored -= run_payload(t, r, true);
+    }
+}
+
 /* Unlink a listed run, free its room and the struct. */
 static void run_destroy(Tier *t, TierRun *r) {
     lru_unlink(t, r);
     t->ops->release(t->kind, r);
-    t->occupancy_bytes -= r->n_bytes;
+    run_account(t, r, false);
     t->n_runs--;
     mn_free(r);
 }
@@ -453,7 +477,7 @@ int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *poo
     t->st.n_puts++;
 
     lru_push_mru(t, r);
-    t->occupancy_bytes += need;
+    run_account(t, r, true); /* r->n_bytes == need */
     t->n_runs++;
     map_run(t, r);
     return MN_OK;
@@ -481,7 +505,7 @@ int tier_adopt_run(Tier *t, uint64_t run_id, const Hash128 *hashes, int n_blocks
     if (run_id >= t->next_run_id) t->next_run_id = run_id + 1;
     while (t->occupancy_bytes + n_bytes > t->capacity_bytes) evict_one(t); /* n_bytes <= capacity: ends */
     lru_push_mru(t, r);
-    t->occupancy_bytes += n_bytes;
+    run_account(t, r, true);
     t->n_runs++;
     t->st.n_adopted_runs++;
     map_run(t, r);
@@ -732,6 +756,8 @@ void tier_stats(const Tier *t, TierStats *out) {
     *out = t->st;
     out->capacity_bytes = t->capacity_bytes;
     out->occupancy_bytes = t->occupancy_bytes;
+    out->kv_bytes = t->kv_stored;
+    out->hidden_bytes = t->hidden_stored;
     out->n_runs = t->n_runs;
     out->n_blocks = t->map_count;
     out->is_failed = t->is_failed;
@@ -784,6 +810,12 @@ void tier_check(const Tier *t) {
     }
     if (n_runs != t->n_runs) check_fail(t, "run count");
     if (bytes != t->occupancy_bytes) check_fail(t, "occupancy is not the sum of the runs");
+    uint64_t kv = 0, hid = 0;
+    for (TierRun *r = t->lru_head; r != NULL; r = r->lru_next) {
+        kv += run_payload(t, r, false);
+        hid += run_payload(t, r, true);
+    }
+    if (kv != t->kv_stored || hid != t->hidden_stored) check_fail(t, "stored bytes by representation");
     if (t->occupancy_bytes > t->capacity_bytes) check_fail(t, "occupancy over the budget");
     uint64_t n_map = 0;
     for (uint64_t i = 0; i < t->map_cap; i++) {

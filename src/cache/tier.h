@@ -121,6 +121,8 @@ typedef struct TierStats {
     const char *name;          /* "ram", "disk" */
     uint64_t capacity_bytes;   /* the byte budget */
     uint64_t occupancy_bytes;  /* bytes of stored runs, padding included */
+    uint64_t kv_bytes, hidden_bytes; /* of those, the layers stored as K/V and as hidden states
+                                        (their payload: padding and headers not counted) */
     uint64_t n_runs;           /* runs stored now */
     uint64_t n_blocks;         /* live blocks stored now */
     uint64_t bytes_written, bytes_read;  /* moved to / from the medium */

@@ -146,6 +146,9 @@ typedef struct Active {
     bool is_restore_failed;  /* a block it holds failed to restore: requeue it */
     int n_cached_by[SRC_COUNT]; /* n_cached split by source */
     int n_shifted;           /* ... of which moved from other positions */
+    int n_restored_by[RESTORE_PATH_COUNT]; /* ReqResult.n_restored_by: a block of its cached run
+                                whose restore is not known yet counts as kv until on_restored
+                                says otherwise */
     /* context overflow, shift (the request's ReqShift): blocks from
      * shift_block on are hashed in its shifted domain (-1: none), and each
      * source's full blocks have their chain hashes */
@@ -441,6 +444,11 @@ void engine_options_default(EngineOptions *o) {
 const char *engine_source_name(CacheSource s) {
     static const char *const names[SRC_COUNT] = {"pool", "ram", "disk", "redis"};
     return s >= 0 && s < SRC_COUNT ? names[s] : "?";
+}
+
+const char *engine_restore_path_name(RestorePath p) {
+    static const char *const names[RESTORE_PATH_COUNT] = {"kv", "hidden", "recompute"};
+    return p >= 0 && p < RESTORE_PATH_COUNT ? names[p] : "?";
 }
 
 Hash128 engine_namespace_id(const char *ns) { return index_namespace_id(ns); }
@@ -755,6 +763,7 @@ static void active_complete(Engine *e, Active *a, FinishReason why, const char *
     res.n_cached = a->n_cached;
     res.n_cached_partial = a->n_cached_partial;
     memcpy(res.n_cached_by, a->n_cached_by, sizeof res.n_cached_by);
+    memcpy(res.n_restored_by, a->n_restored_by, sizeof res.n_restored_by);
     res.n_shifted = a->n_shifted;
     res.n_generated = a->n_generated;
     res.ttft_s = a->t_first > 0 ? a->t_first - a->t_submit : 0;
@@ -909,7 +918,14 @@ static void count_admission(Engine *e, Active *a, int first, int end, const Shif
     a->n_cached_partial = n_rows;
     a->n_shifted = 0;
     memset(a->n_cached_by, 0, sizeof a->n_cached_by);
-    for (int i = first; i < end; i++) a->n_cached_by[tiers_block_source(e->tiers, &a->hashes[i])] += bt;
+    memset(a->n_restored_by, 0, sizeof a->n_restored_by);
+    for (int i = first; i < end; i++) {
+        CacheSource src = tiers_block_source(e->tiers, &a->hashes[i]);
+        a->n_cached_by[src] += bt;
+        if (src == SRC_POOL) continue;
+        RestorePath path = tiers_block_path(e->tiers, &a->hashes[i]);
+        a->n_restored_by[path == RESTORE_HIDDEN ? RESTORE_HIDDEN : RESTORE_KV] += bt;
+    }
     a->n_cached_by[SRC_POOL] += n_rows;
     if (mv) { /* the moved tokens count where their source blocks are */
         int b0, b1;
@@ -1133,7 +1149,10 @@ static bool try_admit(Engine *e, Active *a) {
     const int bt = e->opt.block_tokens;
     a->lead_end = first * bt;
     a->lead_done = 0;
-    if (!has_move && n_hit > 0) e->stats.restored_recompute_tokens += (uint64_t)(first * bt);
+    if (!has_move && n_hit > 0) {
+        e->stats.restored_recompute_tokens += (uint64_t)(first * bt);
+        a->n_restored_by[RESTORE_RECOMPUTE] = first * bt;
+    }
     a->n_done = (n_hit > 0 ? end * bt : 0) + n_rows;
     a->n_registered = n_hit > 0 ? end : 0;
     if (has_move) { /* the leading range is what lies between the run and the move */
@@ -1385,7 +1404,7 @@ static void log_plan_fallback(const Model *m, const EngineOptions *op, bool has_
 /* Whether the pool keeps hidden states: a plan may store some. */
 static bool plan_has_hidden(const Model *m, const EngineOptions *op) { return hidden_layers_of(m, op) != 0; }
 
-/* The auto plan's first figure, before any restore: how long projecting
+/* The projection time's first figure, before any restore: how long projecting
  * a few blocks of layer 0 takes (into free slots, whose contents nothing
  * reads; their hidden rows zeroed first). */
 static void measure_projection(Engine *e) {
@@ -1426,6 +1445,22 @@ static void mark_holders_failed(void *ctx, int32_t slot) {
             if (a->seq.blocks[b] == slot) a->is_restore_failed = true;
         for (int b = 0; a->mv.is_pending && b < a->mv.src_seq.n_blocks; b++)
             if (a->mv.src_seq.blocks[b] == slot) a->is_restore_failed = true;
+    }
+}
+
+/* TiersConfig.on_restored_fn: a running sequence holding slot counted its
+ * block as restored as K/V (count_admission) until this said how. */
+static void note_restored(void *ctx, int32_t slot, bool is_hidden) {
+    Engine *e = ctx;
+    if (!is_hidden) return;
+    const int bt = e->opt.block_tokens;
+    for (int i = 0; i < e->n_running; i++) {
+        Active *a = e->running[i];
+        for (int b = 0; b < a->seq.n_blocks; b++)
+            if (a->seq.blocks[b] == slot && a->n_restored_by[RESTORE_KV] >= bt) {
+                a->n_restored_by[RESTORE_KV] -= bt;
+                a->n_restored_by[RESTORE_HIDDEN] += bt;
+            }
     }
 }
 
@@ -1961,13 +1996,16 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
                           .lock = &e->inbox_lock,
                           .cond = &e->inbox_cond,
                           .on_lost_fn = mark_holders_failed,
+                          .on_restored_fn = note_restored,
                           .ctx = e,
                           .hidden_layers = hidden_layers_of(m, op),
                           .is_auto = op->restore_plan == RESTORE_PLAN_AUTO,
                           .project_fn = project_restored};
         rc = tiers_new(&tc, &e->tiers, err);
         op->disk_tier_dir = NULL; /* borrowed for engine_new only */
-        if (rc == MN_OK && tc.is_auto && tc.hidden_layers != 0 && tiers_is_on(e->tiers)) measure_projection(e);
+        /* the projection time's first figure: the auto plan splits by it, and any plan's restores
+         * of hidden states are estimated with it (tiers_plan_step) before one is measured */
+        if (rc == MN_OK && tc.hidden_layers != 0 && tiers_is_on(e->tiers)) measure_projection(e);
         if (rc == MN_OK) log_plan_fallback(m, op, tiers_is_on(e->tiers));
     }
     if (rc == MN_OK) {

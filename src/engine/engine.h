@@ -157,6 +157,15 @@ typedef struct EngineOptions {
 typedef enum CacheSource { SRC_POOL = 0, SRC_RAM, SRC_DISK, SRC_REDIS, SRC_COUNT } CacheSource;
 const char *engine_source_name(CacheSource s); /* "pool", "ram", "disk", "redis" */
 
+/* How the prompt tokens of a request's cached run that were not in the
+ * pool came back (ReqResult.n_restored_by; docs/API.md, restored_by):
+ * read from a tier with every layer as K/V; read with some layers as
+ * hidden states and projected; or recomputed — the leading blocks of a
+ * cached run that every tier had dropped, computed again so that the
+ * cached blocks after them could be used. */
+typedef enum RestorePath { RESTORE_KV = 0, RESTORE_HIDDEN, RESTORE_RECOMPUTE, RESTORE_PATH_COUNT } RestorePath;
+const char *engine_restore_path_name(RestorePath p); /* "kv", "hidden", "recompute" */
+
 #define ENGINE_MAX_STOP 4
 
 typedef struct ReqParams {
@@ -200,6 +209,9 @@ typedef struct ReqResult {
     int n_cached;      /* prompt tokens found cached at admission (all sources) */
     int n_cached_by[SRC_COUNT]; /* ... split by where they were */
     int n_shifted;     /* ... of which KV moved from other positions (context overflow, shift) */
+    int n_restored_by[RESTORE_PATH_COUNT]; /* tokens of the cached run restored by each path: kv +
+                          hidden are its tokens found in a tier (not the shifted ones), recompute
+                          the dropped leading blocks computed again (not in n_cached) */
     int n_cached_partial; /* ... of them rows copied from a pool block that matched in part
                              (the filled part of a turn's last block; counted in SRC_POOL) */
     int n_generated;

@@ -36,6 +36,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "cache/restplan.h"
 #include "engine/engine_tiers.h"
 
 #define SAVE_MAX_RUN 32 /* blocks per SAVE job */
@@ -116,7 +117,8 @@ struct EngineTiers {
     pthread_cond_t *cond;
     MoverEvent *ev_head, *ev_tail; /* events from the mover */
     void (*on_lost_fn)(void *ctx, int32_t slot);
-    void *ctx;               /* TiersConfig.ctx, of on_lost_fn and project_fn */
+    void (*on_restored_fn)(void *ctx, int32_t slot, bool is_hidden);
+    void *ctx;               /* TiersConfig.ctx, of the three callbacks */
     uint64_t hidden_layers;  /* TiersConfig.hidden_layers */
     bool is_auto;            /* TiersConfig.is_auto */
     double proj_s;           /* seconds per token and layer a projection takes
@@ -179,6 +181,8 @@ static void handle_event(EngineTiers *t, MoverEvent *ev) {
     MoverJob *j = ev->job;
     switch (ev->kind) {
     case MOVER_EV_LAYER:
+        if (((Load *)j->owner)->layers_done == 0 && t->on_restored_fn) /* block_hidden is known now */
+            for (int k = 0; k < j->n; k++) t->on_restored_fn(t->ctx, j->slots[k], j->block_hidden[k] != 0);
         project_layer(t, j->owner, ev->layer);
         ((Load *)j->owner)->layers_done = ev->layer + 1;
         break;
@@ -490,6 +494,15 @@ CacheSource tiers_block_source(const EngineTiers *t, const Hash128 *h) {
     return SRC_POOL;
 }
 
+RestorePath tiers_block_path(const EngineTiers *t, const Hash128 *h) {
+    int32_t slot = index_lookup(t->index, h);
+    const Load *ld = slot >= 0 ? t->slot_load[slot] : NULL;
+    if (ld == NULL || ld->layers_done == 0) return RESTORE_PATH_COUNT;
+    for (int k = 0; k < ld->job->n; k++)
+        if (ld->job->slots[k] == slot) return ld->job->block_hidden[k] != 0 ? RESTORE_HIDDEN : RESTORE_KV;
+    return RESTORE_PATH_COUNT;
+}
+
 /* ---- the restore plan ---------------------------------------------------------------- */
 
 void tiers_note_projection(EngineTiers *t, double seconds, int64_t n_token_layers) {
@@ -498,42 +511,20 @@ void tiers_note_projection(EngineTiers *t, double seconds, int64_t n_token_layer
     t->proj_s = t->proj_s > 0 ? 0.8 * t->proj_s + 0.2 * s : s;
 }
 
-/* HCache's split: with the first h of the L eligible layers stored as
- * hidden states, a restore reads (L - h) KV blocks and h hidden ones per
- * block, and projects h layers while the rest arrive: it takes about
- * max(read, project). The h with the least (the most hidden layers of
- * equals: the smaller run) is where the two meet; h = 0 is reading K/V
- * alone, so the choice is never slower than that by this estimate. */
-static int auto_hidden_count(const EngineTiers *t, int n_eligible) {
-    const KvPool *p = t->pool;
-    if (n_eligible == 0 || t->proj_s <= 0 || p->hidden_bytes >= p->block_bytes) return 0;
-    double bw = tier_read_bw(t, t->n_tiers - 1); /* the chain is inclusive: the slowest holds it all */
-    double kv = (double)p->block_bytes / p->block_tokens / bw, hid = (double)p->hidden_bytes / p->block_tokens / bw;
-    int best = 0;
-    double best_s = (double)n_eligible * kv;
-    for (int h = 1; h <= n_eligible; h++) {
-        double read = (double)(n_eligible - h) * kv + (double)h * hid, proj = (double)h * t->proj_s;
-        double s = read > proj ? read : proj;
-        if (s <= best_s) {
-            best = h;
-            best_s = s;
-        }
-    }
-    return best;
-}
-
 /* The layers a save stores as hidden states now (blocks that hold their
- * rows permitting). The split is per token: a run's size cancels out. */
+ * rows permitting): all eligible ones, or with the auto plan HCache's
+ * split (restplan_split) at the live figures — the slowest tier's read
+ * bandwidth (the chain is inclusive: it holds every run) and the measured
+ * projection time. Per token: a run's size cancels out. */
 static uint64_t hidden_plan(const EngineTiers *t) {
     if (!t->is_auto || t->hidden_layers == 0) return t->hidden_layers;
-    int h = auto_hidden_count(t, __builtin_popcountll(t->hidden_layers));
-    uint64_t mask = 0, left = t->hidden_layers;
-    for (int i = 0; i < h; i++) { /* the first h eligible layers: projected while later layers are read */
-        uint64_t low = left & (~left + 1);
-        mask |= low;
-        left &= ~low;
-    }
-    return mask;
+    const KvPool *p = t->pool;
+    if (t->proj_s <= 0 || p->hidden_bytes >= p->block_bytes) return 0;
+    double bw = tier_read_bw(t, t->n_tiers - 1);
+    RestFigures f = {.kv_read_s = (double)p->block_bytes / p->block_tokens / bw,
+                     .hidden_read_s = (double)p->hidden_bytes / p->block_tokens / bw,
+                     .project_s = t->proj_s};
+    return restplan_split(&f, p->n_layer, t->hidden_layers);
 }
 
 /* ---- a step ---------------------------------------------------------------------- */
@@ -556,28 +547,27 @@ static double tier_read_bw(const EngineTiers *t, int i) {
     return t->tier_src[i] == SRC_RAM ? 4e9 : 1e9;
 }
 
-/* Seconds a load has left: its remaining layers' bytes at its tier's read
- * bandwidth, and the projections of the layers that arrive as hidden
- * states, which the engine thread does as they come. Which those are is
- * known once its first layer came (MoverJob.block_hidden); until then
- * the layers the plan stores as hidden now are the guess. */
+/* Seconds a load has left: its remaining layers read at its tier's
+ * measured bandwidth, each at its size (K/V or hidden), and the layers
+ * that arrive as hidden states projected at the measured time per token
+ * and layer as they come, overlapping the later reads (restplan.h). Which
+ * layers those are is known once its first layer came
+ * (MoverJob.block_hidden); until then the layers the plan stores as
+ * hidden now are the guess. */
 static double load_left_s(const EngineTiers *t, const Load *ld) {
     const KvPool *p = t->pool;
     const MoverJob *j = ld->job;
     const uint64_t guess = hidden_plan(t);
-    const int from = ld->layers_done, n_left = p->n_layer - from;
-    /* the layers still to come that a mask can mark hidden: from up to
-     * n_layer and below 64 */
-    uint64_t left = from >= 64 ? 0 : ~0ull << from;
-    if (p->n_layer < 64) left &= (1ull << p->n_layer) - 1;
-    uint64_t n_hidden = 0;
-    for (int k = 0; k < j->n; k++) {
-        uint64_t mask = from > 0 ? j->block_hidden[k] : guess;
-        n_hidden += (uint64_t)__builtin_popcountll(mask & left);
+    const double bw = tier_read_bw(t, j->tier[0]);
+    RestPipe pipe = {0};
+    for (int l = ld->layers_done; l < p->n_layer; l++) {
+        int n_hidden = 0;
+        for (int k = 0; k < j->n && l < 64; k++)
+            n_hidden += (int)((ld->layers_done > 0 ? j->block_hidden[k] : guess) >> l & 1);
+        double bytes = (double)n_hidden * p->hidden_bytes + (double)(j->n - n_hidden) * p->block_bytes;
+        restplan_layer(&pipe, bytes / bw, (double)n_hidden * p->block_tokens * t->proj_s);
     }
-    uint64_t n_kv = (uint64_t)n_left * (uint64_t)j->n - n_hidden;
-    double bytes = (double)(n_hidden * p->hidden_bytes + n_kv * p->block_bytes);
-    return bytes / tier_read_bw(t, j->tier[0]) + (double)n_hidden * t->proj_s * p->block_tokens;
+    return restplan_end(&pipe);
 }
 
 /* Seconds until the restores of table s are expected to be done: the
@@ -971,6 +961,7 @@ int tiers_new(const TiersConfig *cfg, EngineTiers **out, MnErr *err) {
     t->lock = cfg->lock;
     t->cond = cfg->cond;
     t->on_lost_fn = cfg->on_lost_fn;
+    t->on_restored_fn = cfg->on_restored_fn;
     t->ctx = cfg->ctx;
     t->hidden_layers = cfg->hidden_layers;
     t->is_auto = cfg->is_auto;

@@ -64,7 +64,13 @@ typedef struct TiersConfig {
      * planned again, its KV there never used. Called on the engine thread
      * from tiers_take_events (so also from within tiers_wait_layer). */
     void (*on_lost_fn)(void *ctx, int32_t slot);
-    void *ctx;               /* of on_lost_fn and project_fn */
+    /* A restore into slot is known to bring it as K/V only, or with
+     * layers as hidden states (is_hidden): once per restored slot, as its
+     * load's first layer is taken (before any pass reads it), for the
+     * scheduler's per-request count (ReqResult.n_restored_by). May be
+     * NULL. */
+    void (*on_restored_fn)(void *ctx, int32_t slot, bool is_hidden);
+    void *ctx;               /* of on_lost_fn, on_restored_fn and project_fn */
     /* Hidden-state restore (docs/DESIGN.md, "Hidden-state restore"): the
      * layers a save stores as the pool's hidden states (the pool has
      * hidden arenas; 0: every layer as KV), and how a restored layer that
@@ -169,6 +175,10 @@ int tiers_start_load(EngineTiers *t, const TierSeq *ts, const int *at, int n);
 /* Where indexed block h comes from: the pool, or the tier restoring it or
  * to restore it from. */
 CacheSource tiers_block_source(const EngineTiers *t, const Hash128 *h);
+/* How indexed block h, being restored, comes back: RESTORE_KV or
+ * RESTORE_HIDDEN once its load's first layer came; RESTORE_PATH_COUNT
+ * before (on_restored_fn says it later) or when no restore writes it. */
+RestorePath tiers_block_path(const EngineTiers *t, const Hash128 *h);
 /* Whether waiting request ts, its cached run [first, end), is to wait for
  * promotes in flight before admission (rather than read the same blocks
  * from disk twice). */

@@ -836,8 +836,10 @@ static json_t *finish_reason(ApiFinish f) {
 }
 
 static json_t *usage_object(const ApiUsage *u) {
-    json_t *o = json_object(), *details = json_object(), *tiers = json_object();
-    bool is_ok = o && details && tiers;
+    json_t *o = json_object(), *details = json_object(), *tiers = json_object(), *paths = json_object();
+    bool is_ok = o && details && tiers && paths;
+    for (int i = 0; is_ok && i < RESTORE_PATH_COUNT; i++)
+        is_ok = put(paths, engine_restore_path_name(i), json_integer(u->restored_by[i]));
     for (int i = 0; is_ok && i < u->n_tiers && i < API_USAGE_MAX_TIERS; i++) {
         const char *name = u->tiers[i].name ? u->tiers[i].name : "";
         /* object keys must be valid UTF-8 too */
@@ -847,6 +849,7 @@ static json_t *usage_object(const ApiUsage *u) {
     }
     is_ok = is_ok && put(details, "cached_tokens", json_integer(u->cached_tokens));
     is_ok = is_ok && put(details, "cached_tokens_by_tier", json_incref(tiers));
+    is_ok = is_ok && put(details, "restored_by", json_incref(paths));
     is_ok = is_ok && put(details, "recomputed_tokens", json_integer(u->recomputed_tokens));
     is_ok = is_ok && put(details, "truncated_tokens", json_integer(u->truncated_tokens));
     is_ok = is_ok && put(details, "shifted_tokens", json_integer(u->shifted_tokens));
@@ -855,6 +858,7 @@ static json_t *usage_object(const ApiUsage *u) {
     is_ok = is_ok && put(o, "total_tokens", json_integer(u->prompt_tokens + u->completion_tokens));
     is_ok = is_ok && put(o, "prompt_tokens_details", json_incref(details));
     json_decref(tiers);
+    json_decref(paths);
     json_decref(details);
     if (!is_ok) {
         json_decref(o);

@@ -207,6 +207,7 @@ typedef struct ApiUsageTier {
  *   {"prompt_tokens","completion_tokens","total_tokens",
  *    "prompt_tokens_details":{"cached_tokens",
  *        "cached_tokens_by_tier":{NAME:n,...},   (only the tiers given)
+ *        "restored_by":{"kv","hidden","recompute"},
  *        "recomputed_tokens","truncated_tokens","shifted_tokens"}} */
 typedef struct ApiUsage {
     int64_t prompt_tokens;
@@ -215,6 +216,7 @@ typedef struct ApiUsage {
     int64_t recomputed_tokens; /* prompt tokens computed again after eviction */
     int64_t truncated_tokens;  /* prompt tokens dropped to fit the context (chat only; else 0) */
     int64_t shifted_tokens;    /* cached tokens whose KV was moved to new positions (context overflow, shift) */
+    int64_t restored_by[RESTORE_PATH_COUNT]; /* ReqResult.n_restored_by */
     ApiUsageTier tiers[API_USAGE_MAX_TIERS];
     int n_tiers;
 } ApiUsage;

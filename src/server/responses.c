@@ -148,11 +148,15 @@ static json_t *message_item(const Turn *t, const char *status, bool with_text) {
 /* usage: OpenAI's, with mnemo's tier split and recomputed tokens beside
  * cached_tokens (as chat completions' prompt_tokens_details has them). */
 static json_t *usage_object(const ReqResult *res, int n_truncated) {
-    json_t *u = json_object(), *in = json_object(), *tiers = json_object(), *out = json_object();
-    bool ok = u && in && tiers && out;
+    json_t *u = json_object(), *in = json_object(), *tiers = json_object(), *out = json_object(),
+           *paths = json_object();
+    bool ok = u && in && tiers && out && paths;
     for (int i = 0; ok && i < SRC_COUNT; i++) ok = put(tiers, engine_source_name(i), json_integer(res->n_cached_by[i]));
+    for (int i = 0; ok && i < RESTORE_PATH_COUNT; i++)
+        ok = put(paths, engine_restore_path_name(i), json_integer(res->n_restored_by[i]));
     ok = ok && put(in, "cached_tokens", json_integer(res->n_cached)) &&
          put(in, "cached_tokens_by_tier", json_incref(tiers)) &&
+         put(in, "restored_by", json_incref(paths)) &&
          put(in, "recomputed_tokens", json_integer(res->n_prompt - res->n_cached)) &&
          put(in, "truncated_tokens", json_integer(n_truncated)) &&
          put(in, "shifted_tokens", json_integer(res->n_shifted)) &&
@@ -161,6 +165,7 @@ static json_t *usage_object(const ReqResult *res, int n_truncated) {
          put(u, "output_tokens_details", json_incref(out)) &&
          put(u, "total_tokens", json_integer(res->n_prompt + res->n_generated));
     json_decref(tiers);
+    json_decref(paths);
     json_decref(in);
     json_decref(out);
     if (!ok) json_decref(u);

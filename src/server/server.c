@@ -56,7 +56,7 @@ struct Server {
     HttpFront *front;           /* the gate and libmicrohttpd */
     Metrics *metrics;
     RespService *resp;          /* the Responses API's routes */
-    MetricFamily *f_tier_read, *f_tier_written, *f_tier_read_s, *f_tier_write_s, *f_tier_occupancy, *f_tier_evictions,
+    MetricFamily *f_tier_read, *f_tier_written, *f_tier_read_s, *f_tier_write_s, *f_tier_occupancy, *f_tier_stored, *f_tier_evictions,
         *f_tier_checksum, *f_dropped, *f_prefetched, *f_restored, *f_tier_missing, *f_tier_io_errors, *f_tier_up,
         *f_tier_resets, *f_shared_lookups;
     MetricFamily *f_build_info, *f_requests, *f_prompt, *f_generated, *f_cached, *f_cached_partial, *f_recomputed,
@@ -207,6 +207,10 @@ static int metrics_setup(Server *s) {
         {"mnemo_tier_write_seconds", "Time of one run written to a cache tier", METRIC_HISTOGRAM, mover_io_bounds,
          MOVER_IO_BUCKETS, &s->f_tier_write_s},
         {"mnemo_tier_occupancy_bytes", "Bytes held by a cache tier", METRIC_GAUGE, NULL, 0, &s->f_tier_occupancy},
+        {"mnemo_tier_stored_bytes",
+         "Bytes of the layers a cache tier stores, by representation: K/V or hidden states (payload, without "
+         "padding and headers)",
+         METRIC_GAUGE, NULL, 0, &s->f_tier_stored},
         {"mnemo_tier_evictions_total", "Blocks evicted from a cache tier", METRIC_COUNTER, NULL, 0,
          &s->f_tier_evictions},
         {"mnemo_tier_checksum_failures_total", "Stored extents that failed their checksum (recomputed)",
@@ -293,6 +297,11 @@ static enum MHD_Result handle_metrics(Server *s, struct MHD_Connection *c) {
         metrics_histogram_set(s->f_tier_read_s, label, t->reads.counts, MOVER_IO_BUCKETS + 1, t->reads.sum);
         metrics_histogram_set(s->f_tier_write_s, label, t->writes.counts, MOVER_IO_BUCKETS + 1, t->writes.sum);
         metrics_gauge_set(s->f_tier_occupancy, label, (double)t->tier.occupancy_bytes);
+        char repr[96];
+        snprintf(repr, sizeof repr, "tier=\"%s\",repr=\"kv\"", t->tier.name);
+        metrics_gauge_set(s->f_tier_stored, repr, (double)t->tier.kv_bytes);
+        snprintf(repr, sizeof repr, "tier=\"%s\",repr=\"hidden\"", t->tier.name);
+        metrics_gauge_set(s->f_tier_stored, repr, (double)t->tier.hidden_bytes);
         metrics_counter_set(s->f_tier_evictions, label, (double)t->tier.n_evicted_blocks);
         metrics_counter_set(s->f_tier_checksum, label, (double)t->tier.n_checksum_failures);
         metrics_counter_set(s->f_tier_missing, label, (double)t->tier.n_missing_runs);
@@ -358,6 +367,7 @@ static void fill_usage(const Gen *g, ApiUsage *u) {
     u->cached_tokens = res->n_cached;
     u->recomputed_tokens = res->n_prompt - res->n_cached;
     for (int i = 0; i < SRC_COUNT; i++) api_usage_add_tier(u, engine_source_name(i), res->n_cached_by[i]);
+    for (int i = 0; i < RESTORE_PATH_COUNT; i++) u->restored_by[i] = res->n_restored_by[i];
 }
 
 /* The log line of a finished generation, with the id its answer carries. */
