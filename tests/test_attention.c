@@ -251,6 +251,66 @@ static void test_invariance(void **state) {
     }
 }
 
+/* The kernel scores positions in blocks of 16 starting at multiples of 16
+ * and sums the softmax in lanes keyed by position, so a tile's first
+ * block depends on which tokens share it. Bit-identical outputs whatever
+ * the tile: batches of 1, 3, 16 and 17 tokens (a tile of 16 and one of 1)
+ * starting on and off those block boundaries, with windows whose starts
+ * fall inside a block, KV blocks of 5 positions, head sizes that take the
+ * register paths (64, 128) and one that does not (24), and query groups of
+ * 8, 6 and 3 heads per KV head. */
+static void test_invariance_tiles(void **state) {
+    static const struct {
+        int n_head, n_head_kv, head_dim, window;
+        MnType kv_type;
+        float softcap;
+    } cfg[] = {
+        {16, 2, 64, 0, MN_TYPE_F16, 0.0f},
+        {16, 2, 64, 23, MN_TYPE_F16, 0.0f},
+        {12, 2, 128, 21, MN_TYPE_F32, 0.0f},
+        {6, 2, 24, 19, MN_TYPE_F16, 2.0f},
+    };
+    static const int sizes[] = {1, 3, 16, 17};
+    static const int starts[] = {0, 5, 15, 16, 31, 40, 53};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        Fixture f;
+        int bt = 5, n_ctx = 70;
+        fixture_init(&f, cfg[c].n_head, cfg[c].n_head_kv, cfg[c].head_dim, bt, n_ctx);
+        f.window = cfg[c].window;
+        f.softcap = cfg[c].softcap;
+        int n_blocks = (n_ctx + bt - 1) / bt, dim = f.n_head * f.head_dim;
+        KvPool p;
+        assert_int_equal(kvpool_init(&p, 1, f.kv_dim, bt, n_blocks + 2, cfg[c].kv_type), MN_OK);
+        int32_t *table = malloc(sizeof(int32_t) * n_blocks), *all = malloc(sizeof(int32_t) * n_ctx);
+        shuffled_table(table, n_blocks, n_blocks + 2, 5);
+        fill_pool(&f, &p, table);
+        for (int i = 0; i < n_ctx; i++) all[i] = i;
+        ThreadPool *tp2 = tpool_new(2);
+        float *alone = malloc(sizeof(float) * (size_t)n_ctx * dim);
+        for (int t = 0; t < n_ctx; t++) {
+            float *one = run_kernel(&f, &p, table, n_blocks, &all[t], 1, NULL);
+            memcpy(alone + (size_t)t * dim, one, sizeof(float) * dim);
+            free(one);
+        }
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+            for (size_t st = 0; st < sizeof starts / sizeof starts[0]; st++) {
+                int n = sizes[si], t0 = starts[st];
+                if (t0 + n > n_ctx) continue;
+                float *out = run_kernel(&f, &p, table, n_blocks, &all[t0], n, st % 2 ? tp2 : NULL);
+                for (int i = 0; i < n; i++)
+                    if (memcmp(out + (size_t)i * dim, alone + (size_t)(t0 + i) * dim, sizeof(float) * dim) != 0)
+                        fail_msg("config %zu: position %d differs in a batch of %d from %d", c, t0 + i, n, t0);
+                free(out);
+            }
+        free(alone);
+        tpool_free(tp2);
+        free(all);
+        free(table);
+        kvpool_deinit(&p);
+        fixture_free(&f);
+    }
+}
+
 /* Two sequences in one batch each get what they get alone. */
 static void test_two_sequences(void **state) {
     Fixture a, b;
@@ -389,6 +449,7 @@ int main(void) {
         cmocka_unit_test(test_head_sizes),
         cmocka_unit_test(test_window_softcap),
         cmocka_unit_test(test_invariance),
+        cmocka_unit_test(test_invariance_tiles),
         cmocka_unit_test(test_two_sequences),
         cmocka_unit_test(test_pool_model),
     };

@@ -1,19 +1,37 @@
 /* attention.c — paged multi-token causal attention (see attention.h).
  *
  * A work unit is a tile of up to 16 consecutive query tokens of one
- * sequence and one KV head: the K row of each position is converted to f32
- * once and dotted with every query of the tile and every query head of the
- * group (GQA), scores are soft-maxed per query and head, and V rows are
- * converted a block of positions at a time (kept in L1) and accumulated
- * into every output row of the unit, in ascending position order. Units
- * are dealt to threads round-robin, so a prefill's long-context tokens
- * spread over all workers.
+ * sequence and one KV head, done in three passes:
+ *  - scores: the K rows are taken a block of 16 positions at a time, the
+ *    block starting at a multiple of 16, converted to f32 and transposed
+ *    once (lane l holds position P0 + l), and every query row of the tile
+ *    and of the head's query group (GQA) attending to the block gets its 16
+ *    scores from head_dim broadcast multiply-adds, no reduction per score;
+ *  - softmax per row over its window, exp vectorized;
+ *  - V rows converted a block of positions at a time (kept in L1) and
+ *    accumulated into every output row of the unit, several rows side by
+ *    side.
+ * Units are dealt to threads round-robin, so a prefill's long-context
+ * tokens spread over all workers.
  *
- * The arithmetic of one output element is fixed whatever the tile: the
- * score is the dot product in dot_row's order times the scale, and the
- * output is acc = acc + w[p] * v[p] (a product, then a sum: no fused
- * multiply-add) over ascending p from 0, so blocking the positions changes
- * nothing.
+ * The arithmetic of one output element depends only on its query, its
+ * position and its window, never on the tile:
+ *  - score(p) = (q . k_p) * scale, q . k_p a chain over d = 0..head_dim-1
+ *    of fused multiply-adds with AVX-512 (products then sums elsewhere),
+ *    then soft-capped: each score alone;
+ *  - max over the window (the same in any order); e(p) = exp(score(p) -
+ *    max) (exp16 with AVX-512, expf elsewhere);
+ *  - sum = 16 lanes, lane l adding e(p) for the window's p = l (mod 16) in
+ *    ascending p (positions outside the window add nothing), then the
+ *    lanes summed in a fixed tree; w(p) = e(p) * (1 / sum) (normalized
+ *    before V, as llama.cpp does: the K-quant reference tests follow its
+ *    activation roundings, which normalizing afterwards can flip);
+ *  - out = acc over ascending p from the window's first position of
+ *    acc + w(p) * v_p, a fused multiply-add per element with AVX-512 and
+ *    head_dim 64 or 128, a product then a sum otherwise.
+ * Blocks of positions only group this work: every sum is in absolute
+ * positions, so a row gets the same bits in any tile, alone as a decode
+ * token, or with any thread count.
  */
 #include "compute/attention.h"
 
@@ -34,12 +52,15 @@
 enum {
     ATTN_TILE_MAX = 16, /* = ATTN_TILE below */
     ATTN_VB = 32,       /* V rows converted at a time */
+    ATTN_PB = 16,       /* positions per block of scores (one register of lanes) */
 };
 
 size_t attn_scratch_floats(int max_ctx, int n_head, int n_head_kv, int head_dim) {
     size_t group = (size_t)(n_head / n_head_kv);
-    /* scores (tile, group, ctx) + a K row + a block of V rows as f32 */
-    return ATTN_TILE_MAX * group * (size_t)max_ctx + (ATTN_VB + 1) * (size_t)head_dim + 16;
+    /* scores (tile, group, ctx rounded out to whole blocks of 16
+     * positions), their 1/sums, a transposed block of K rows and a block
+     * of V rows as f32 */
+    return ATTN_TILE_MAX * group * ((size_t)max_ctx + 2 * ATTN_PB) + (ATTN_PB + ATTN_VB) * (size_t)head_dim + 16;
 }
 
 typedef struct AttnJob {
@@ -89,85 +110,226 @@ ATTN_INLINE const float *kv_row(const AttnKv *kv, const AttnSeq *s, int32_t p, i
     return buf;
 }
 
-/* sum_i a[i] * b[i] over a head's n elements in a fixed order of 16
- * lanes: lane l takes the elements l, l + 16, ..., then the lanes are
- * summed pairwise (l, l + 8), (l, l + 4), (l, l + 2), (l, l + 1), the order
- * of AVX-512's reduction. With AVX-512 and n a multiple of 16 the lanes
- * are one register of fused multiply-adds. Inline: decode calls it group
- * times per cached position. */
-enum { DOT_LANES = 16 };
-ATTN_INLINE float dot_row(const float *a, const float *b, int n) {
+/* Scores are computed for blocks of ATTN_PB positions starting at a
+ * multiple of ATTN_PB: lane l of a block holds position P0 + l, so a lane
+ * stands for the same absolute positions in every tile. */
 #if defined(ATTN_AVX512)
-    if (n % DOT_LANES == 0) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int i = 0; i < n; i += DOT_LANES)
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-        return _mm512_reduce_add_ps(acc);
+/* r[j] = column j of the 16 x 16 matrix whose rows are r[0..16). */
+ATTN_INLINE void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+#endif
+
+/* kT (head_dim, ATTN_PB) = the K rows of head kvh at positions P0 + l,
+ * lane l; lanes whose position is outside [lo, hi] are zero (their rows
+ * may not exist). Converted and transposed once per tile and block. */
+static void load_k_block(float *restrict kT, const AttnKv *kv, const AttnSeq *s, int32_t P0, int32_t lo,
+                         int32_t hi, int kvh, int hd, float *restrict rowbuf) {
+    for (int l = 0; l < ATTN_PB; l++) kv_prefetch(kv, s, P0 + ATTN_PB + l, hi + 1, kvh, hd, 0);
+#if defined(ATTN_AVX512)
+    if (hd % 16 == 0) {
+        const uint8_t *rows[ATTN_PB];
+        for (int l = 0; l < ATTN_PB; l++)
+            rows[l] = P0 + l >= lo && P0 + l <= hi ? kv_addr(kv, s, P0 + l, kvh, hd, 0) : NULL;
+        for (int c = 0; c < hd; c += 16) {
+            __m512 r[16];
+            for (int l = 0; l < ATTN_PB; l++) {
+                if (rows[l] == NULL)
+                    r[l] = _mm512_setzero_ps();
+                else if (kv->kv_type == MN_TYPE_F32)
+                    r[l] = _mm512_loadu_ps((const float *)rows[l] + c);
+                else
+                    r[l] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rows[l] + 2 * (size_t)c)));
+            }
+            transpose16(r);
+            for (int j = 0; j < 16; j++) _mm512_storeu_ps(kT + (size_t)(c + j) * ATTN_PB, r[j]);
+        }
+        return;
     }
 #endif
-    float acc[DOT_LANES] = {0};
-    int i = 0;
-    for (; i + DOT_LANES <= n; i += DOT_LANES)
-        for (int j = 0; j < DOT_LANES; j++) acc[j] += a[i + j] * b[i + j];
-    for (int j = 0; i + j < n; j++) acc[j] += a[i + j] * b[i + j];
-    for (int w = DOT_LANES / 2; w > 0; w /= 2)
-        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
-    return acc[0];
+    for (int l = 0; l < ATTN_PB; l++) {
+        if (P0 + l < lo || P0 + l > hi) {
+            for (int d = 0; d < hd; d++) kT[(size_t)d * ATTN_PB + l] = 0.0f;
+            continue;
+        }
+        const float *k = kv_row(kv, s, P0 + l, kvh, hd, 0, rowbuf);
+        for (int d = 0; d < hd; d++) kT[(size_t)d * ATTN_PB + l] = k[d];
+    }
 }
 
-/* o[d] += w[p] * v[p][d] for p in [p0, p1), rows of hd from vb (row p at
- * vb + (p - pb) * hd): a product, then a sum, in ascending p. */
+/* Raw scores q . k of R query rows (q + r*hd) for the block kT, into
+ * s + r*s_stride: per lane, a chain over d = 0, 1, ... of fused
+ * multiply-adds (AVX-512) or of products then sums (other builds). R rows
+ * at a time only so the chains run side by side. */
+ATTN_INLINE void block_scores_r(float *s, size_t s_stride, const float *q, const float *restrict kT, int hd,
+                                float scale, int R) {
+#if defined(ATTN_AVX512)
+    __m512 acc[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+        const __m512 k = _mm512_loadu_ps(kT + (size_t)d * ATTN_PB);
+        for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)r * hd + d]), k, acc[r]);
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(s + (size_t)r * s_stride, _mm512_mul_ps(acc[r], _mm512_set1_ps(scale)));
+#else
+    for (int r = 0; r < R; r++) {
+        float acc[ATTN_PB] = {0};
+        const float *qr = q + (size_t)r * hd;
+        for (int d = 0; d < hd; d++)
+            for (int l = 0; l < ATTN_PB; l++) acc[l] += qr[d] * kT[(size_t)d * ATTN_PB + l];
+        for (int l = 0; l < ATTN_PB; l++) s[(size_t)r * s_stride + l] = acc[l] * scale;
+    }
+#endif
+}
+
+/* block_scores_r for n rows: by 8, then 4, then one at a time. */
+static void block_scores(float *s, size_t s_stride, const float *q, const float *restrict kT, int hd, float scale,
+                         int n) {
+    int r = 0;
+    for (; r + 8 <= n; r += 8)
+        block_scores_r(s + (size_t)r * s_stride, s_stride, q + (size_t)r * hd, kT, hd, scale, 8);
+    for (; r + 4 <= n; r += 4)
+        block_scores_r(s + (size_t)r * s_stride, s_stride, q + (size_t)r * hd, kT, hd, scale, 4);
+    for (; r < n; r++) block_scores_r(s + (size_t)r * s_stride, s_stride, q + (size_t)r * hd, kT, hd, scale, 1);
+}
+
+#if defined(ATTN_AVX512)
+/* e^x per lane for x <= 0 (lanes below -104 give 0): x = n ln2 + r with
+ * n = round(x / ln2) and ln2 in two parts, e^r by its degree-7 Taylor
+ * polynomial (|r| <= ln2 / 2), times 2^n. Within a few ulp of expf. */
+ATTN_INLINE __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* Lanes of the block at P0 whose position is in [lo, hi]. */
+ATTN_INLINE __mmask16 lanes_in(int32_t P0, int32_t lo, int32_t hi) {
+    const __m512i p = _mm512_add_epi32(_mm512_set1_epi32(P0), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                                                                 12, 13, 14, 15));
+    return _mm512_cmpge_epi32_mask(p, _mm512_set1_epi32(lo)) & _mm512_cmple_epi32_mask(p, _mm512_set1_epi32(hi));
+}
+#endif
+
+/* The softmax of one row's scores over [lo, hi] (sc[p - base] holds
+ * position p, base a multiple of ATTN_PB): replaces each score by
+ * e^(score - max) * (1 / sum); the row's other entries are left for no
+ * one to read. The sum is taken in ATTN_PB lanes, lane l adding the
+ * positions p = l (mod ATTN_PB) in ascending order, then the lanes are
+ * summed in a fixed tree; the max is the same in any order. */
+static void softmax_row(float *sc, int32_t base, int32_t lo, int32_t hi) {
+#if defined(ATTN_AVX512)
+    const int32_t b0 = lo - lo % ATTN_PB, b1 = hi - hi % ATTN_PB;
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int32_t P0 = b0; P0 <= b1; P0 += ATTN_PB)
+        m = _mm512_mask_max_ps(m, lanes_in(P0, lo, hi), m, _mm512_loadu_ps(sc + (P0 - base)));
+    const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+    __m512 sum = _mm512_setzero_ps();
+    for (int32_t P0 = b0; P0 <= b1; P0 += ATTN_PB) {
+        float *x = sc + (P0 - base);
+        const __m512 e = _mm512_maskz_mov_ps(lanes_in(P0, lo, hi), exp16(_mm512_sub_ps(_mm512_loadu_ps(x), max)));
+        sum = _mm512_add_ps(sum, e);
+        _mm512_storeu_ps(x, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    for (int32_t P0 = b0; P0 <= b1; P0 += ATTN_PB)
+        _mm512_storeu_ps(sc + (P0 - base), _mm512_mul_ps(_mm512_loadu_ps(sc + (P0 - base)), inv));
+#else
+    float max = sc[lo - base];
+    for (int32_t p = lo; p <= hi; p++) max = sc[p - base] > max ? sc[p - base] : max;
+    float lane[ATTN_PB] = {0};
+    for (int32_t p = lo; p <= hi; p++) {
+        sc[p - base] = expf(sc[p - base] - max);
+        lane[p % ATTN_PB] += sc[p - base];
+    }
+    for (int w = ATTN_PB / 2; w > 0; w /= 2)
+        for (int j = 0; j < w; j++) lane[j] += lane[j + w];
+    const float inv = 1.0f / lane[0];
+    for (int32_t p = lo; p <= hi; p++) sc[p - base] *= inv;
+#endif
+}
+
+/* o[d] += w[p - pb] * v[p][d] for p in [p0, p1), rows of hd from vb (row
+ * p at vb + (p - pb) * hd): a product, then a sum, in ascending p. */
 static inline void accum_v(float *restrict o, const float *restrict w, const float *restrict vb, int pb, int p0,
                            int p1, int hd) {
     for (int p = p0; p < p1; p++) {
-        const float wp = w[p];
+        const float wp = w[p - pb];
         const float *vp = vb + (size_t)(p - pb) * (size_t)hd;
         for (int d = 0; d < hd; d++) o[d] += wp * vp[d];
     }
 }
 
 #if defined(ATTN_AVX512)
-/* accum_v for hd = 16 * NC, the row kept in NC registers across the block. */
-ATTN_INLINE void accum_v16(float *restrict o, const float *restrict w, const float *restrict vb, int pb, int p0,
-                           int p1, int NC) {
-    __m512 acc[8];
-    for (int c = 0; c < NC; c++) acc[c] = _mm512_loadu_ps(o + 16 * c);
+/* accum_v for R rows at once (o + r*hd, weights w + r*w_stride), hd =
+ * 16 * NC, the rows kept in R*NC registers across the block; a fused
+ * multiply-add per position. Each row's chain is its own, in ascending p:
+ * the rows run side by side only to hide the adds' latency. */
+ATTN_INLINE void accum_v16(float *restrict o, const float *restrict w, size_t w_stride, const float *restrict vb,
+                           int pb, int p0, int p1, int NC, int R) {
+    __m512 acc[16];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < NC; c++) acc[r * NC + c] = _mm512_loadu_ps(o + (size_t)r * 16 * NC + 16 * c);
     for (int p = p0; p < p1; p++) {
-        const __m512 wp = _mm512_set1_ps(w[p]);
         const float *vp = vb + (size_t)(p - pb) * (size_t)(16 * NC);
-        for (int c = 0; c < NC; c++) acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(wp, _mm512_loadu_ps(vp + 16 * c)));
+        for (int c = 0; c < NC; c++) {
+            const __m512 v = _mm512_loadu_ps(vp + 16 * c);
+            for (int r = 0; r < R; r++)
+                acc[r * NC + c] = _mm512_fmadd_ps(_mm512_set1_ps(w[(size_t)r * w_stride + (size_t)(p - pb)]), v,
+                                                  acc[r * NC + c]);
+        }
     }
-    for (int c = 0; c < NC; c++) _mm512_storeu_ps(o + 16 * c, acc[c]);
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < NC; c++) _mm512_storeu_ps(o + (size_t)r * 16 * NC + 16 * c, acc[r * NC + c]);
 }
 #endif
 
-/* accum_v by head size: the usual ones with the row in registers. */
-static void accum_v_any(float *restrict o, const float *restrict w, const float *restrict vb, int pb, int p0, int p1,
-                        int hd) {
+/* accum_v for n rows (o + r*hd, weights w + r*w_stride), the usual head
+ * sizes with the rows in registers, several at a time. */
+static void accum_v_rows(float *restrict o, const float *restrict w, size_t w_stride, const float *restrict vb,
+                         int pb, int p0, int p1, int hd, int n) {
+    int r = 0;
 #if defined(ATTN_AVX512)
-    switch (hd) {
-    case 64: accum_v16(o, w, vb, pb, p0, p1, 4); return;
-    case 128: accum_v16(o, w, vb, pb, p0, p1, 8); return;
-    default: break;
+    if (hd == 64) {
+        for (; r + 4 <= n; r += 4) accum_v16(o + (size_t)r * hd, w + r * w_stride, w_stride, vb, pb, p0, p1, 4, 4);
+        for (; r < n; r++) accum_v16(o + (size_t)r * hd, w + r * w_stride, w_stride, vb, pb, p0, p1, 4, 1);
+    } else if (hd == 128) {
+        for (; r + 2 <= n; r += 2) accum_v16(o + (size_t)r * hd, w + r * w_stride, w_stride, vb, pb, p0, p1, 8, 2);
+        for (; r < n; r++) accum_v16(o + (size_t)r * hd, w + r * w_stride, w_stride, vb, pb, p0, p1, 8, 1);
     }
 #endif
-    accum_v(o, w, vb, pb, p0, p1, hd);
-}
-
-/* The largest of x[0..n), n >= 1: the same value in any order (no NaN
- * scores: they come from finite rows). */
-static float max_of(const float *x, int n) {
-    int i = 0;
-    float max = x[0];
-#if defined(ATTN_AVX512)
-    if (n >= 16) {
-        __m512 m = _mm512_loadu_ps(x);
-        for (i = 16; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
-        max = _mm512_reduce_max_ps(m);
-    }
-#endif
-    for (; i < n; i++) max = x[i] > max ? x[i] : max;
-    return max;
+    for (; r < n; r++) accum_v(o + (size_t)r * hd, w + r * w_stride, vb, pb, p0, p1, hd);
 }
 
 /* Queries of one sequence taken together: each K and V row is converted
@@ -181,9 +343,9 @@ static inline int32_t window_lo(const AttnBatch *b, int t) {
 }
 
 /* One (tile of query tokens, KV head) unit. Each query's arithmetic is the
- * same whatever tile it is in: scores as dot * scale (soft-capped), the
- * softmax over its window in ascending positions (sum in double), V
- * accumulated in ascending positions. */
+ * same whatever tile it is in (see the top of the file): scores by blocks
+ * of ATTN_PB absolute positions, the softmax's sum in lanes keyed by
+ * position, V accumulated in ascending positions, then normalized. */
 static void attn_tile(const AttnJob *job, int t0, int n_q, int kvh, float *scratch) {
     const AttnBatch *b = job->b;
     const AttnKv *kv = job->kv;
@@ -195,39 +357,32 @@ static void attn_tile(const AttnJob *job, int t0, int n_q, int kvh, float *scrat
         max_pos = b->pos[t0 + i] > max_pos ? b->pos[t0 + i] : max_pos;
         min_lo = window_lo(b, t0 + i) < min_lo ? window_lo(b, t0 + i) : min_lo;
     }
-    const size_t stride = (size_t)max_pos + 1;
-    float *scores = scratch;                                  /* (n_q, group, stride) */
-    float *kbuf = scratch + (size_t)n_q * (size_t)group * stride; /* (head_dim) */
-    float *vbuf = kbuf + hd;                                      /* (ATTN_VB, head_dim) */
+    /* scores of positions [base, base + stride): whole blocks */
+    const int32_t base = min_lo - min_lo % ATTN_PB;
+    const size_t stride = (size_t)(max_pos - max_pos % ATTN_PB + ATTN_PB - base);
+    float *scores = scratch;                                      /* (n_q, group, stride) */
+    float *kT = scores + (size_t)n_q * (size_t)group * stride;    /* (head_dim, ATTN_PB) */
+    float *vbuf = kT + (size_t)hd * ATTN_PB;                      /* (ATTN_VB, head_dim) */
     const float scale = b->scale > 0.0f ? b->scale : 1.0f / sqrtf((float)hd);
 #define Q_OF(i) (b->q + ((size_t)(t0 + (i)) * (size_t)b->n_head + (size_t)kvh * (size_t)group) * (size_t)hd)
 #define S_OF(i, g) (scores + ((size_t)(i) * (size_t)group + (size_t)(g)) * stride)
 
     const float cap = b->softcap;
-    for (int32_t p = min_lo; p <= max_pos; p++) {
-        kv_prefetch(kv, s, p + ATTN_PF_AHEAD, max_pos + 1, kvh, hd, 0);
-        const float *k = kv_row(kv, s, p, kvh, hd, 0, kbuf);
+    for (int32_t P0 = base; P0 <= max_pos; P0 += ATTN_PB) {
+        load_k_block(kT, kv, s, P0, min_lo, max_pos, kvh, hd, vbuf);
         for (int i = 0; i < n_q; i++) {
-            if (p > b->pos[t0 + i] || p < window_lo(b, t0 + i)) continue;
-            const float *q0 = Q_OF(i);
-            for (int g = 0; g < group; g++) {
-                float sc = dot_row(q0 + (size_t)g * hd, k, hd) * scale;
-                S_OF(i, g)[p] = cap > 0.0f ? cap * tanhf(sc / cap) : sc;
-            }
+            if (P0 > b->pos[t0 + i] || P0 + ATTN_PB <= window_lo(b, t0 + i)) continue;
+            float *sb = S_OF(i, 0) + (P0 - base);
+            block_scores(sb, stride, Q_OF(i), kT, hd, scale, group);
+            if (cap > 0.0f)
+                for (int g = 0; g < group; g++)
+                    for (int l = 0; l < ATTN_PB; l++)
+                        sb[(size_t)g * stride + l] = cap * tanhf(sb[(size_t)g * stride + l] / cap);
         }
     }
-    for (int i = 0; i < n_q; i++) {
-        const int lo = window_lo(b, t0 + i), n_ctx = b->pos[t0 + i] + 1;
-        for (int g = 0; g < group; g++) {
-            float *sg = S_OF(i, g);
-            const float max = max_of(sg + lo, n_ctx - lo);
-            for (int p = lo; p < n_ctx; p++) sg[p] = expf(sg[p] - max);
-            double sum = 0.0; /* in ascending positions, apart from the exps so they pipeline */
-            for (int p = lo; p < n_ctx; p++) sum += (double)sg[p];
-            float inv = (float)(1.0 / sum);
-            for (int p = lo; p < n_ctx; p++) sg[p] *= inv;
-        }
-    }
+    for (int i = 0; i < n_q; i++)
+        for (int g = 0; g < group; g++)
+            softmax_row(S_OF(i, g), base, window_lo(b, t0 + i), b->pos[t0 + i]);
     /* V rows converted a block at a time, then added into every output row
      * of the unit that attends to them */
 #define O_OF(i, g) (job->out + ((size_t)(t0 + (i)) * (size_t)b->n_head + (size_t)kvh * (size_t)group + (size_t)(g)) * (size_t)hd)
@@ -244,7 +399,7 @@ static void attn_tile(const AttnJob *job, int t0, int n_q, int kvh, float *scrat
             const int32_t lo = window_lo(b, t0 + i), hi = b->pos[t0 + i] + 1;
             const int32_t p0 = lo > pb ? lo : pb, p1 = hi < pe ? hi : pe;
             if (p0 >= p1) continue;
-            for (int g = 0; g < group; g++) accum_v_any(O_OF(i, g), S_OF(i, g), vbuf, pb, p0, p1, hd);
+            accum_v_rows(O_OF(i, 0), S_OF(i, 0) + (pb - base), stride, vbuf, pb, p0, p1, hd, group);
         }
     }
 #undef O_OF

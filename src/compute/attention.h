@@ -12,9 +12,14 @@
  * position <= pos of each query token is in place.
  *
  * Batch invariance: each (token, head) output is computed from its query,
- * its position and the KV of its sequence only, with every sum taken in
- * ascending position order and in a fixed lane order over head_dim. Work is
- * split over (token, kv head) units, never along positions.
+ * its position, its window and the KV of its sequence only, in an order
+ * fixed by absolute positions: each score is a chain over head_dim, the
+ * softmax sum is taken in 16 lanes (lane = position mod 16, ascending
+ * positions in each lane) then summed in a fixed tree, and the output is
+ * accumulated over ascending positions of the normalized weights (see
+ * attention.c for the exact operations). Work is split over (token, kv
+ * head) units, never along positions, and no arithmetic depends on which
+ * tokens share a unit.
  */
 #ifndef MN_ATTENTION_H
 #define MN_ATTENTION_H
