@@ -1355,7 +1355,7 @@ static void test_preempt_returning_turn(void **s) {
 
 /* One slot, a long prompt running, and n_shorts requests (fresh prompts of
  * n_short tokens) arriving during its first pass: each answer is a lone
- * run's. Returns how many times the long prompt was preempted (the
+ * run's, and between two preemptions the long prompt ran a pass. Returns how many times the long prompt was preempted (the
  * engine's count must agree). */
 static int preempt_shorts(Model *m, int n_shorts, int n_short) {
     Drive *dr = calloc(1, sizeof *dr);
@@ -1388,7 +1388,17 @@ static int preempt_shorts(Model *m, int n_shorts, int n_short) {
     EngineStats st;
     engine_stats(e, &st);
     assert_int_equal(st.preemptions, (uint64_t)res.n_preempted);
-    pace_engine_free(e, dr);
+    engine_free(e);
+    gate_deinit(&dr->steps);
+    /* after a preemption the long prompt runs a pass before it can be
+     * preempted again: one of its chunks between the shorts' prompts */
+    const VirtualPasses *vp = &dr->vp;
+    int shorts[2], n_found = 0, n_between = 0;
+    for (int i = 0; i < vp->n_log && n_found < 2; i++)
+        if (vp->log[i].n_prefill == n_short) shorts[n_found++] = i;
+    for (int i = n_found == 2 ? shorts[0] : 0; n_found == 2 && i < shorts[1]; i++) n_between += vp->log[i].n_prefill > n_short;
+    free(dr);
+    if (res.n_preempted >= 2 && n_between == 0) fail_msg("the long prompt was preempted again before it ran a pass");
     return res.n_preempted;
 }
 
