@@ -1017,14 +1017,15 @@ static float *reference_logits(Model *m, const int32_t *prompt, int n_prompt);
 #define PACE_PER_KEY_S 2e-6
 
 /* An engine on stories260K whose passes take virtual time (drive_virtual:
- * PACE_PER_* seconds) and whose steps aim at target_ms. */
-static Engine *pace_engine(Model *m, Drive *dr, double target_ms) {
+ * PACE_PER_* seconds), whose steps aim at target_ms and which runs up to
+ * parallel sequences. */
+static Engine *pace_engine_n(Model *m, Drive *dr, double target_ms, int parallel) {
     drive_init(dr);
     drive_virtual(dr, PACE_PER_PASS_S, PACE_PER_TOKEN_S, PACE_PER_KEY_S);
     EngineOptions o;
     engine_options_default(&o);
     o.block_tokens = 8;
-    o.parallel = 2;
+    o.parallel = parallel;
     o.step_ms = target_ms;
     o.test_hooks = &dr->hooks;
     Engine *e;
@@ -1032,6 +1033,33 @@ static Engine *pace_engine(Model *m, Drive *dr, double target_ms) {
     if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
     return e;
 }
+
+static Engine *pace_engine(Model *m, Drive *dr, double target_ms) { return pace_engine_n(m, dr, target_ms, 2); }
+
+/* Free a pace_engine and its Drive (dr, calloc'd). */
+static void pace_engine_free(Engine *e, Drive *dr) {
+    engine_free(e);
+    gate_deinit(&dr->steps);
+    free(dr);
+}
+
+/* The engine is let on one step at a time (drive_one_step) or not. */
+static void drive_stepping(Drive *d, bool is_stepping) {
+    pthread_mutex_lock(&d->steps.lock);
+    d->is_stepping = is_stepping;
+    pthread_mutex_unlock(&d->steps.lock);
+}
+
+/* Whether r has finished, read without waiting (its output is dropped). */
+static bool is_finished(Request *r, ReqResult *res) {
+    ReqOutput out;
+    assert_int_equal(request_read(r, &out, 0), MN_OK);
+    bool done = out.is_done;
+    if (done) *res = out.res;
+    request_output_deinit(&out);
+    return done;
+}
+
 
 /* The passes of the log that carry l's prompt: [*first, *end). The first
  * pass computes d's prompt (no decode then); l's chunks are the passes
@@ -1184,31 +1212,21 @@ static void test_pace_returning_turn_first(void **s) {
     ReqResult res;
     free(run_one(e, conv, 41, 8, NULL, &res)); /* the first turn: 40 tokens in full blocks, and token 40's row */
     settle(e);
-    pthread_mutex_lock(&dr->steps.lock);
-    dr->is_stepping = true;
-    pthread_mutex_unlock(&dr->steps.lock);
+    drive_stepping(dr, true);
     Request *rl = submit_held(e, dr, l, 400, 1);
     float *got = calloc((size_t)nv, sizeof(float));
     Request *rr = submit_one_logits(e, conv, 54, 1, got); /* the next turn: 14 new tokens */
     bool is_returned = false, is_long_done = false;
     for (int step = 0; step < 64 && !is_returned; step++) {
         drive_one_step(dr);
-        ReqOutput out;
-        assert_int_equal(request_read(rr, &out, 0), MN_OK);
-        is_returned = out.is_done;
-        if (is_returned) res = out.res;
-        request_output_deinit(&out);
-        assert_int_equal(request_read(rl, &out, 0), MN_OK);
-        is_long_done = out.is_done;
-        request_output_deinit(&out);
-        if (is_long_done) break;
+        is_returned = is_finished(rr, &res);
+        ReqResult res_l;
+        if ((is_long_done = is_finished(rl, &res_l))) break;
     }
     if (!is_returned || is_long_done)
         fail_msg("the long prompt's first token came %s the returning turn's", is_returned ? "with" : "before");
     assert_int_equal(res.n_cached, 41); /* 5 full blocks, and the row of token 40 the block after them holds */
-    pthread_mutex_lock(&dr->steps.lock);
-    dr->is_stepping = false;
-    pthread_mutex_unlock(&dr->steps.lock);
+    drive_stepping(dr, false);
     drive_run(dr);
     free(drain(rl, &res));
     float *ref = reference_logits(m, conv, 54);
@@ -1217,12 +1235,193 @@ static void test_pace_returning_turn_first(void **s) {
     free(got);
     request_unref(rl);
     request_unref(rr);
+    pace_engine_free(e, dr);
+    model_free(m);
+}
+
+
+/* Steps with no decoding sequence (two long prompts, nothing else) protect
+ * no inter-token gap: their chunks are sized to a few step targets, not
+ * one, so that a pass's fixed cost is spread over more prompt tokens. */
+static void test_pace_prefill_only_steps(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    Drive *dr = calloc(1, sizeof *dr);
+    Engine *e = pace_engine(m, dr, PACE_TARGET_MS);
+    int32_t a[480], b[480];
+    make_prompt(a, 480, m->cfg.n_vocab, 95, 1);
+    make_prompt(b, 480, m->cfg.n_vocab, 96, 1);
+    Request *ra = submit_held(e, dr, a, 480, 2);
+    Request *rb = submit_one(e, b, 480, 2);
+    drive_run(dr);
+    ReqResult res;
+    char *ta = drain(ra, &res), *tb = drain(rb, &res), *ref = reference_text(m, a, 480, 2);
+    assert_string_equal(ta, ref);
+    free(ref);
+    ref = reference_text(m, b, 480, 2);
+    assert_string_equal(tb, ref);
+    free(ref);
+    free(ta);
+    free(tb);
+    settle(e);
+    request_unref(ra);
+    request_unref(rb);
     engine_free(e);
     gate_deinit(&dr->steps);
+    const VirtualPasses *vp = &dr->vp;
+    const double target = PACE_TARGET_MS / 1000.0;
+    double longest = 0;
+    assert_true(vp->n_log < DRIVE_MAX_PASSES);
+    for (int i = 2; i < vp->n_log && vp->log[i].n_decode == 0; i++) {
+        if (vp->log_s[i] > 1.25 * 4 * target)
+            fail_msg("pass %d (%d prompt tokens, no decode) took %.3f s, four targets are %.3f s", i,
+                     vp->log[i].n_prefill, vp->log_s[i], 4 * target);
+        longest = vp->log_s[i] > longest ? vp->log_s[i] : longest;
+    }
+    if (longest < 2 * target) fail_msg("the longest prompt-only pass took %.3f s, the target is %.3f s", longest, target);
     free(dr);
     model_free(m);
 }
 
+/* ---- preemption of a long prompt ------------------------------------------------ */
+
+/* With one slot (parallel 1) taken by a long first-turn prompt, a
+ * returning turn (history cached, 14 new tokens) takes the slot after the
+ * long prompt's first chunk: the long one is preempted, its computed
+ * blocks stay cached, and the returning turn gets its first token before
+ * the long prompt does. The long prompt then resumes from its cached
+ * prefix (no token is computed twice), and its first logits are a lone run's, bit for bit; the
+ * preemption is counted. */
+static void test_preempt_returning_turn(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    Drive *dr = calloc(1, sizeof *dr);
+    Engine *e = pace_engine_n(m, dr, PACE_TARGET_MS / 2, 1);
+    const int nv = m->cfg.n_vocab;
+    int32_t conv[64], l[512];
+    make_prompt(conv, 54, nv, 93, 1);
+    make_prompt(l, 400, nv, 94, 1);
+    ReqResult res, res_l;
+    free(run_one(e, conv, 41, 8, NULL, &res)); /* the first turn: 40 tokens in full blocks */
+    settle(e);
+    drive_stepping(dr, true);
+    float *got_l = calloc((size_t)nv, sizeof(float)), *got = calloc((size_t)nv, sizeof(float));
+    pthread_mutex_lock(&dr->steps.lock);
+    int pass0 = dr->vp.n_log;
+    pthread_mutex_unlock(&dr->steps.lock);
+    gate_close(&dr->steps);
+    Request *rl = submit_one_logits(e, l, 400, 1, got_l);
+    gate_wait_holding(&dr->steps); /* at the long prompt's first pass */
+    Request *rr = submit_one_logits(e, conv, 54, 1, got); /* the next turn: 14 new tokens */
+    bool is_returned = false, is_long_done = false;
+    for (int step = 0; step < 64 && !is_returned && !is_long_done; step++) {
+        drive_one_step(dr);
+        is_returned = is_finished(rr, &res);
+        is_long_done = is_finished(rl, &res_l);
+    }
+    if (!is_returned || is_long_done)
+        fail_msg("the long prompt's first token came %s the returning turn's", is_returned ? "with" : "before");
+    assert_int_equal(res.n_cached, 41); /* 5 full blocks, and the row of token 40 the block after them holds */
+    assert_int_equal(res.n_preempted, 0);
+    drive_stepping(dr, false);
+    drive_run(dr);
+    char *tl = drain(rl, &res_l), *ref = reference_text(m, l, 400, 1);
+    assert_string_equal(tl, ref);
+    assert_int_equal(res_l.n_preempted, 1);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.preemptions, 1);
+    settle(e);
+    /* nothing was computed twice: the long prompt resumed after what its
+     * first chunk computed (full blocks, and its last block's rows) */
+    int n_computed = 0;
+    assert_true(dr->vp.n_log < DRIVE_MAX_PASSES);
+    for (int i = pass0; i < dr->vp.n_log; i++) n_computed += dr->vp.log[i].n_prefill;
+    assert_int_equal(n_computed, 400 + 54 - 41);
+    float *ref_l = reference_logits(m, l, 400), *ref_r = reference_logits(m, conv, 54);
+    assert_memory_equal(got_l, ref_l, sizeof(float) * (size_t)nv);
+    assert_memory_equal(got, ref_r, sizeof(float) * (size_t)nv);
+    free(ref_l);
+    free(ref_r);
+    free(tl);
+    free(ref);
+    free(got_l);
+    free(got);
+    request_unref(rl);
+    request_unref(rr);
+    pace_engine_free(e, dr);
+    model_free(m);
+}
+
+/* One slot, a long prompt running, and n_shorts requests (fresh prompts of
+ * n_short tokens) arriving during its first pass: each answer is a lone
+ * run's, and between two preemptions the long prompt ran a pass. Returns how many times the long prompt was preempted (the
+ * engine's count must agree). */
+static int preempt_shorts(Model *m, int n_shorts, int n_short) {
+    Drive *dr = calloc(1, sizeof *dr);
+    Engine *e = pace_engine_n(m, dr, PACE_TARGET_MS / 2, 1);
+    const int nv = m->cfg.n_vocab;
+    int32_t l[512], sh[4][128];
+    make_prompt(l, 400, nv, 94, 1);
+    Request *rs[4];
+    Request *rl = submit_held(e, dr, l, 400, 2);
+    for (int i = 0; i < n_shorts; i++) {
+        make_prompt(sh[i], n_short, nv, 97 + (uint64_t)i, 1);
+        rs[i] = submit_one(e, sh[i], n_short, 2);
+    }
+    drive_run(dr);
+    ReqResult res;
+    for (int i = 0; i < n_shorts; i++) {
+        char *t = drain(rs[i], &res), *ref = reference_text(m, sh[i], n_short, 2);
+        assert_string_equal(t, ref);
+        assert_int_equal(res.n_preempted, 0);
+        free(t);
+        free(ref);
+        request_unref(rs[i]);
+    }
+    char *t = drain(rl, &res), *ref = reference_text(m, l, 400, 2);
+    assert_string_equal(t, ref);
+    free(t);
+    free(ref);
+    request_unref(rl);
+    settle(e);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.preemptions, (uint64_t)res.n_preempted);
+    engine_free(e);
+    gate_deinit(&dr->steps);
+    /* after a preemption the long prompt runs a pass before it can be
+     * preempted again: one of its chunks between the shorts' prompts */
+    const VirtualPasses *vp = &dr->vp;
+    int shorts[2], n_found = 0, n_between = 0;
+    for (int i = 0; i < vp->n_log && n_found < 2; i++)
+        if (vp->log[i].n_prefill == n_short) shorts[n_found++] = i;
+    for (int i = n_found == 2 ? shorts[0] : 0; n_found == 2 && i < shorts[1]; i++) n_between += vp->log[i].n_prefill > n_short;
+    free(dr);
+    if (res.n_preempted >= 2 && n_between == 0) fail_msg("the long prompt was preempted again before it ran a pass");
+    return res.n_preempted;
+}
+
+/* Four short requests arrive while a long prompt computes: it gives its
+ * slot to the first, resumes, gives it to the second, and then keeps it to
+ * its first token (a request is preempted at most twice). */
+static void test_preempt_at_most_twice(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    assert_int_equal(preempt_shorts(m, 4, 9), 2);
+    model_free(m);
+}
+
+/* A waiting request that is not much shorter than what the running prompt
+ * has left (100 tokens against about 300) does not preempt it; one of 9
+ * tokens does. */
+static void test_preempt_only_much_shorter(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    assert_int_equal(preempt_shorts(m, 1, 100), 0);
+    assert_int_equal(preempt_shorts(m, 1, 9), 1);
+    model_free(m);
+}
 
 /* ---- tiers below the pool ------------------------------------------------------ */
 
@@ -3120,6 +3319,10 @@ int main(void) {
         cmocka_unit_test(test_pace_adapts_to_slower_steps),
         cmocka_unit_test(test_pace_returning_turn_first),
         cmocka_unit_test(test_pace_prompt_progresses_past_target),
+        cmocka_unit_test(test_pace_prefill_only_steps),
+        cmocka_unit_test(test_preempt_returning_turn),
+        cmocka_unit_test(test_preempt_at_most_twice),
+        cmocka_unit_test(test_preempt_only_much_shorter),
         cmocka_unit_test(test_stop_and_cancel),
         cmocka_unit_test(test_submit_checks),
         cmocka_unit_test(test_submit_seed),

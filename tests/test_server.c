@@ -1111,7 +1111,7 @@ static void test_request_log(void **st) {
     snprintf(pattern, sizeof pattern, " id=%s stream=0 ", id);
     const char *first[] = {LOG_HEAD "POST /v1/chat/completions 200 id=", pattern,
                            "prompt=[0-9]+ truncated=0 shifted=0 cached=0 cached_pool=0 cached_ram=0 cached_disk=0 cached_redis=0 "
-                           "cached_partial=0 generated=8 ttft=",
+                           "cached_partial=0 generated=8 ttft=[0-9.]+s total=[0-9.]+s preempted=0$",
                            NULL};
     expect_log_line(&s, first);
     free(id);
@@ -1131,6 +1131,7 @@ static void test_request_log(void **st) {
                             NULL};
     expect_log_line(&s, second);
     assert_true(metric(&s, "mnemo_cached_partial_tokens_total") > 0);
+    assert_int_equal(metric(&s, "mnemo_preemptions_total"), 0); /* one slot each: nothing waited */
     free(out);
     /* errors: from the server, and from the gate */
     expect_error(&s, "/v1/chat/completions", "{not json", NULL, 400, "JSON");

@@ -21,6 +21,8 @@
  *   engine_submit --> inbox --> WAITING --admit--> RUNNING --finish--> done
  *                                 ^                  |
  *                                 +----suspend-------+  (pool full while decoding)
+ *                                 +----preempt-------+  (its prompt far from done, every slot
+ *                                                        taken, a much shorter one waiting)
  *
  * Admission looks up the longest cached prefix (full blocks, by chain hash:
  * in the pool, or in a tier to be restored), takes references on those
@@ -33,11 +35,14 @@
  * done in the first pass that runs it). A request whose restore fails goes
  * back to the queue and is planned again. Each step: admission of waiting
  * requests by the scheduling policy, as long as the pool keeps its
- * reserve; then the batch: the decode tokens of running sequences first,
+ * reserve, and, with every slot taken, preemption of a long prompt for a
+ * waiting request with far fewer tokens to compute (preempt_prefills);
+ * then the batch: the decode tokens of running sequences first,
  * then prefill chunks, the sequence with the fewest tokens left before its
  * first token first (a returning turn's few new tokens go ahead of a long
  * prompt's rest), each chunk as long as the pacer predicts the pass to
- * stay within step_ms (engine/pacer.h), at most batch_tokens in all.
+ * stay within step_ms (engine/pacer.h; a few times that in a step where
+ * nothing decodes), at most batch_tokens in all.
  * Whatever the decodes cost, the first chunk gets at least as long as the
  * rest of the step, so prompts always progress. The pass's measured
  * compute goes back to the pacer. After the forward pass, each sequence
@@ -69,6 +74,23 @@
 #include "engine/seq.h"
 #include "engine/slot_policy.h"
 #include "model/tokenizer.h"
+
+/* Preemption of a running prefill (admit_waiting): a waiting request may
+ * take the slot of a running one still in its prompt when the running one
+ * has at least ENGINE_PREEMPT_RATIO times as many tokens left before its
+ * first token, and at least ENGINE_PREEMPT_MIN_BLOCKS blocks of them (one
+ * nearly done would leave its slot within a step or two anyway); a request
+ * is preempted at most ENGINE_PREEMPT_MAX times, and only once it has run a
+ * pass since it was last admitted. */
+#define ENGINE_PREEMPT_RATIO 4
+#define ENGINE_PREEMPT_MIN_BLOCKS 2
+#define ENGINE_PREEMPT_MAX 2
+/* A step that holds no decode token protects no inter-token gap: its
+ * prefill chunks are sized to this many times the step target instead, so
+ * that they amortize a pass's fixed cost (reading the weights) over more
+ * tokens, while a request arriving meanwhile still waits at most a few
+ * targets for the next step (where it may preempt). */
+#define ENGINE_PREFILL_ONLY_STEPS 4
 
 #define ENGINE_MAX_REPLIES 4096 /* reply memory entries, in RAM and in the database (twice as many in
                                    shift mode: each reply is also kept under its text key) */
@@ -129,6 +151,8 @@ typedef struct Active {
     int n_cached;            /* prompt tokens found cached at first admission */
     int n_cached_partial;    /* ... of them copied from a block that matched in part */
     bool is_admitted_once;
+    bool has_run;            /* it was in a pass since its last admission */
+    int n_preempted;         /* times its prefill gave its slot to a shorter request */
     Hash128 *hashes;         /* chain hashes of full blocks, (cap_tokens / bt) */
     int n_hashed;            /* full blocks whose hash is computed */
     int n_registered;        /* full blocks offered to the index */
@@ -766,6 +790,7 @@ static void active_complete(Engine *e, Active *a, FinishReason why, const char *
     memcpy(res.n_restored_by, a->n_restored_by, sizeof res.n_restored_by);
     res.n_shifted = a->n_shifted;
     res.n_generated = a->n_generated;
+    res.n_preempted = a->n_preempted;
     res.ttft_s = a->t_first > 0 ? a->t_first - a->t_submit : 0;
     res.total_s = mn_now() - a->t_submit;
     if (error) snprintf(res.error, sizeof res.error, "%s", error);
@@ -872,6 +897,9 @@ static bool active_sample(Engine *e, Active *a, float *logits) {
 }
 
 /* ---- admission, suspension ------------------------------------------------------ */
+
+/* Tokens running sequence a has yet to compute (1: a decode). */
+static int pending_tokens(const Active *a) { return (a->lead_end - a->lead_done) + (a->n_tokens - a->n_done); }
 
 static void waiting_remove(Engine *e, Active *a) {
     for (Active **pp = &e->waiting; *pp; pp = &(*pp)->next)
@@ -1164,9 +1192,11 @@ static bool try_admit(Engine *e, Active *a) {
     return true;
 }
 
-/* Suspend running sequence i: its blocks go back (full ones stay cached),
- * and it waits to be admitted again with all its tokens. */
-static void suspend(Engine *e, int i) {
+/* Put running sequence i back in the queue at its place: its blocks go
+ * back (full ones stay cached, and the filled part of its last block as a
+ * partial child), and it waits to be admitted again with all its tokens,
+ * finding what it computed in the cache unless it was evicted meanwhile. */
+static void unadmit(Engine *e, int i) {
     Active *a = e->running[i];
     e->running[i] = e->running[--e->n_running];
     if (a->is_completed) { /* only its cache-completing step was left */
@@ -1178,6 +1208,11 @@ static void suspend(Engine *e, int i) {
     seq_release(&a->seq, &e->pool);
     a->n_done = a->lead_end = a->lead_done = 0;
     waiting_insert(e, a);
+}
+
+/* Suspend running sequence i (the pool is full). */
+static void suspend(Engine *e, int i) {
+    unadmit(e, i);
     pthread_mutex_lock(&e->stats_lock);
     e->stats.suspensions++;
     pthread_mutex_unlock(&e->stats_lock);
@@ -1219,6 +1254,71 @@ static double priority(Engine *e, Active *a, double now) {
     }
 }
 
+/* Whether waiting request a may be admitted now (its tiers' work done). */
+static bool is_admissible(Engine *e, Active *a) {
+    return !tiers_is_probing(e->tiers, a->tier) && !tiers_is_promoting(e->tiers, a->tier, a->win_first, a->win_end);
+}
+
+/* Take a off the queue into the running set (it was admitted). */
+static void start_running(Engine *e, Active *a) {
+    waiting_remove(e, a);
+    a->has_run = false;
+    e->running[e->n_running++] = a;
+}
+
+/* Tokens waiting request a computes before its first token, were it
+ * admitted now: those of its prompt outside its cached run of full blocks
+ * (the rows of a partial block it may copy are left out: an estimate). */
+static int prefill_left(Engine *e, Active *a) {
+    int first, end;
+    return a->n_tokens - cached_blocks(e, a, &first, &end) * e->opt.block_tokens;
+}
+
+/* Every slot is taken: let the admissible waiting request with the fewest
+ * tokens before its first token take the slot of the running prefill with
+ * the most left, when that one has many times more (ENGINE_PREEMPT_*).
+ * Repeats while a pair qualifies: each round preempts a request that ran
+ * and admits one that has not. */
+static void preempt_prefills(Engine *e) {
+    const int min_left = ENGINE_PREEMPT_MIN_BLOCKS * e->opt.block_tokens;
+    while (e->n_running == e->opt.parallel && e->waiting) {
+        int victim = -1, v_left = 0;
+        for (int i = 0; i < e->n_running; i++) {
+            const Active *a = e->running[i];
+            int left = pending_tokens(a);
+            if (a->n_generated > 0 || a->is_completed || !a->has_run || a->n_preempted >= ENGINE_PREEMPT_MAX ||
+                a->is_restore_failed || left < min_left)
+                continue;
+            if (victim < 0 || left > v_left) {
+                victim = i;
+                v_left = left;
+            }
+        }
+        if (victim < 0) return;
+        Active *best = NULL;
+        int b_left = 0;
+        for (Active *a = e->waiting; a; a = a->next) {
+            if (!is_admissible(e, a)) continue;
+            int left = prefill_left(e, a);
+            if (best == NULL || left < b_left) {
+                best = a;
+                b_left = left;
+            }
+        }
+        if (best == NULL || (int64_t)b_left * ENGINE_PREEMPT_RATIO > v_left) return;
+        Active *v = e->running[victim];
+        unadmit(e, victim);
+        v->n_preempted++;
+        pthread_mutex_lock(&e->stats_lock);
+        e->stats.preemptions++;
+        pthread_mutex_unlock(&e->stats_lock);
+        /* its slot goes to best, not to whoever admission ranks first (under
+         * FCFS, the preempted request itself) */
+        if (!try_admit(e, best)) return; /* the pool cannot hold it: the next step admits by rank */
+        start_running(e, best);
+    }
+}
+
 static void admit_waiting(Engine *e) {
     /* A sequence that finished by length computes its last token's KV in
      * one more step; admit after that, so a returning conversation that
@@ -1242,12 +1342,10 @@ static void admit_waiting(Engine *e) {
                 best = a;
                 break;
             }
-        if (tiers_is_probing(e->tiers, best->tier) ||
-            tiers_is_promoting(e->tiers, best->tier, best->win_first, best->win_end) || !try_admit(e, best))
-            break;
-        waiting_remove(e, best);
-        e->running[e->n_running++] = best;
+        if (!is_admissible(e, best) || !try_admit(e, best)) break;
+        start_running(e, best);
     }
+    preempt_prefills(e);
 }
 
 /* Make sure running sequence i's block table covers its tokens. When the
@@ -1505,9 +1603,8 @@ static void test_step(const Engine *e, PacerShape shape) {
 typedef struct Batch {
     int n, n_logits;   /* tokens and logit rows so far */
     PacerShape shape;  /* what its pass costs by: decode and prompt tokens, keys */
+    bool has_decoder;  /* some running sequence decodes (in the batch, or held back) */
 } Batch;
-
-static int pending_tokens(const Active *a) { return (a->lead_end - a->lead_done) + (a->n_tokens - a->n_done); }
 
 /* Append running sequence i's tokens at positions [pos, pos + n) (tokens
  * sit at their positions in a->tokens): a decode's one, or a prompt chunk. */
@@ -1525,7 +1622,9 @@ static void batch_put(Engine *e, Batch *b, int i, int32_t pos, int n, bool is_de
  * batch: with a step-time target, those the pacer lets in (is_first: the
  * step has no prompt token yet, and this chunk gets at least its share). */
 static int chunk_len(const Engine *e, const Batch *b, int32_t pos, int max_n, bool is_first) {
-    return e->opt.step_ms > 0 ? pacer_fit(&e->pacer, b->shape, pos, max_n, is_first) : max_n;
+    if (e->opt.step_ms <= 0) return max_n;
+    double target_s = e->pacer.target_s * (b->has_decoder ? 1 : ENGINE_PREFILL_ONLY_STEPS);
+    return pacer_fit_target(&e->pacer, b->shape, pos, max_n, is_first, target_s);
 }
 
 /* Add running sequence i's pending tokens to the batch, within room tokens:
@@ -1566,6 +1665,7 @@ static void batch_make(Engine *e, Batch *b) {
     for (int i = 0; i < e->n_running; i++) {
         const Active *a = e->running[i];
         int pending = pending_tokens(a);
+        if (pending == 1) b->has_decoder = true;
         if (pending <= 0 || e->b_held[i]) continue;
         if (pending == 1) {
             if (b->n < e->opt.batch_tokens) batch_add(e, b, i, e->opt.batch_tokens - b->n);
@@ -1631,6 +1731,7 @@ static void engine_step(Engine *e) {
     for (int t = 0; t < n; t++) {
         Active *a = e->running[e->b_seq[t]];
         if (a->is_restore_failed) continue;
+        a->has_run = true;
         int32_t p = e->b_pos[t];
         if (p < a->lead_end) a->lead_done = p + 1 > a->lead_done ? p + 1 : a->lead_done;
         else if (p + 1 > a->n_done) a->n_done = p + 1;

@@ -19,7 +19,12 @@
  * blocks by chain hash, then the rows of one more block that a pool block
  * after the same parent holds for its next tokens. When the pool runs out
  * during decoding, the most recently arrived running sequence is suspended
- * (its full blocks stay cached) and resumed later. Outputs are identical
+ * (its full blocks stay cached) and resumed later. When every slot
+ * (parallel) is taken and a waiting request has far fewer tokens to compute
+ * before its first token than a running prompt has left, that prompt is
+ * preempted the same way (at most twice) and the waiting one takes its
+ * slot; a step with no decoding sequence sizes its prompt chunks to a few
+ * step targets. Outputs are identical
  * with the prefix cache on or off (the kernels are batch-invariant), except
  * where a chat cut for context overflow in shift mode reuses KV moved from
  * other positions (ReqShift, below): an approximation that depends on what
@@ -215,6 +220,8 @@ typedef struct ReqResult {
     int n_cached_partial; /* ... of them rows copied from a pool block that matched in part
                              (the filled part of a turn's last block; counted in SRC_POOL) */
     int n_generated;
+    int n_preempted;   /* times its prompt's computation gave its slot to a request with far
+                          fewer tokens to compute (it resumed from what it had cached) */
     double ttft_s;     /* submit -> first token */
     double total_s;    /* submit -> finish */
     char error[256];
@@ -346,7 +353,8 @@ typedef struct EngineStats {
     uint64_t shared_found_blocks;  /* ... and found there (stored by any instance) */
     int n_tiers;               /* tiers below the pool */
     MoverTierStats tiers[MOVER_MAX_TIERS]; /* the mover's latest snapshots */
-    uint64_t suspensions;
+    uint64_t suspensions;    /* running sequences sent back to the queue: the pool was full */
+    uint64_t preemptions;    /* ... the slot went to a much shorter prompt (a returning turn) */
     uint64_t expired_blocks; /* dropped by cache_ttl_s */
     int queue_depth, running;
     int pool_free, pool_used, pool_cached, pool_blocks;

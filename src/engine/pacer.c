@@ -173,9 +173,13 @@ static int fit_within(const Pacer *p, PacerShape base, int32_t pos, int max_n, d
 }
 
 int pacer_fit(const Pacer *p, PacerShape base, int32_t pos, int max_n, bool is_first) {
+    return pacer_fit_target(p, base, pos, max_n, is_first, p->target_s);
+}
+
+int pacer_fit_target(const Pacer *p, PacerShape base, int32_t pos, int max_n, bool is_first, double target_s) {
     if (max_n <= 0) return 0;
     if (p->n_obs == 0) return max_n < p->probe_tokens ? max_n : p->probe_tokens;
-    int n = fit_within(p, base, pos, max_n, p->target_s);
+    int n = fit_within(p, base, pos, max_n, target_s);
     if (!is_first) return n;
     int share = fit_within(p, base, pos, max_n, 2 * pacer_predict(p, base));
     n = share > n ? share : n;

@@ -75,5 +75,8 @@ PacerShape pacer_add(PacerShape a, PacerShape b);
  * progress at no less than half the machine. Before any measured pass,
  * min(max_n, probe_tokens). */
 int pacer_fit(const Pacer *p, PacerShape base, int32_t pos, int max_n, bool is_first);
+/* pacer_fit aiming at target_s instead of the pacer's target (a step
+ * whose time matters less, or more). */
+int pacer_fit_target(const Pacer *p, PacerShape base, int32_t pos, int max_n, bool is_first, double target_s);
 
 #endif

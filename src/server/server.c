@@ -58,7 +58,7 @@ struct Server {
     RespService *resp;          /* the Responses API's routes */
     MetricFamily *f_tier_read, *f_tier_written, *f_tier_read_s, *f_tier_write_s, *f_tier_occupancy, *f_tier_stored, *f_tier_evictions,
         *f_tier_checksum, *f_dropped, *f_prefetched, *f_restored, *f_tier_missing, *f_tier_io_errors, *f_tier_up,
-        *f_tier_resets, *f_shared_lookups;
+        *f_tier_resets, *f_shared_lookups, *f_preemptions;
     MetricFamily *f_build_info, *f_requests, *f_prompt, *f_generated, *f_cached, *f_cached_partial, *f_recomputed,
         *f_shifted, *f_ttft, *f_tpot, *f_pool,
         *f_queue, *f_running;
@@ -228,6 +228,9 @@ static int metrics_setup(Server *s) {
         {"mnemo_dropped_blocks_total", "Cached blocks gone from every tier", METRIC_COUNTER, NULL, 0, &s->f_dropped},
         {"mnemo_prefetched_blocks_total", "Blocks of waiting requests brought into the pool or the RAM tier",
          METRIC_COUNTER, NULL, 0, &s->f_prefetched},
+        {"mnemo_preemptions_total",
+         "Prompts whose computation gave their slot to a request with far fewer tokens to compute (resumed later)",
+         METRIC_COUNTER, NULL, 0, &s->f_preemptions},
         {"mnemo_restored_tokens_total",
          "Tokens of cached blocks brought back into the pool, by path: loaded as KV, projected from hidden "
          "states, recomputed (dropped leading blocks)",
@@ -245,6 +248,7 @@ static int metrics_setup(Server *s) {
     if ((rc = metrics_gauge_set(s->f_build_info, build, 1))) return rc;
     for (int i = 0; i < SRC_COUNT; i++) metrics_counter_add(s->f_cached, tier_label(i), 0);
     metrics_counter_add(s->f_dropped, "", 0);
+    metrics_counter_add(s->f_preemptions, "", 0);
     metrics_counter_add(s->f_prefetched, "into=\"pool\"", 0);
     metrics_counter_add(s->f_prefetched, "into=\"ram\"", 0);
     metrics_counter_add(s->f_restored, "path=\"kv\"", 0);
@@ -279,6 +283,7 @@ static enum MHD_Result handle_metrics(Server *s, struct MHD_Connection *c) {
     metrics_gauge_set(s->f_queue, "", st.queue_depth);
     metrics_gauge_set(s->f_running, "", st.running);
     metrics_counter_set(s->f_dropped, "", (double)st.dropped_blocks);
+    metrics_counter_set(s->f_preemptions, "", (double)st.preemptions);
     metrics_counter_set(s->f_prefetched, "into=\"pool\"", (double)st.prefetched_blocks);
     metrics_counter_set(s->f_prefetched, "into=\"ram\"", (double)st.promoted_blocks);
     metrics_counter_set(s->f_restored, "path=\"kv\"", (double)st.restored_kv_tokens);
@@ -380,8 +385,9 @@ static void log_request(const Gen *g, int status) {
     if (n > 0 && (size_t)n < sizeof detail)
         n += snprintf(detail + n, sizeof detail - (size_t)n, " cached_partial=%d", g->res.n_cached_partial);
     if (n > 0 && (size_t)n < sizeof detail)
-        snprintf(detail + n, sizeof detail - (size_t)n, " generated=%d ttft=%.3fs total=%.3fs%s", g->res.n_generated,
-                 g->res.ttft_s, mn_now() - g->t0, g->res.finish == FINISH_CANCELLED ? " cancelled" : "");
+        snprintf(detail + n, sizeof detail - (size_t)n, " generated=%d ttft=%.3fs total=%.3fs preempted=%d%s",
+                 g->res.n_generated, g->res.ttft_s, mn_now() - g->t0, g->res.n_preempted,
+                 g->res.finish == FINISH_CANCELLED ? " cancelled" : "");
     http_log_answer("POST", g->path, status, g->id, g->is_stream, detail);
 }
 
