@@ -1016,22 +1016,31 @@ static float *reference_logits(Model *m, const int32_t *prompt, int n_prompt);
 #define PACE_PER_TOKEN_S 0.002
 #define PACE_PER_KEY_S 2e-6
 
-/* An engine on stories260K whose passes take virtual time (drive_virtual:
+/* The options of an engine whose passes take virtual time (drive_virtual:
  * PACE_PER_* seconds), whose steps aim at target_ms and which runs up to
- * parallel sequences. */
-static Engine *pace_engine_n(Model *m, Drive *dr, double target_ms, int parallel) {
+ * parallel sequences (a test may change them before pace_engine_start). */
+static void pace_options(EngineOptions *o, Drive *dr, double target_ms, int parallel) {
     drive_init(dr);
     drive_virtual(dr, PACE_PER_PASS_S, PACE_PER_TOKEN_S, PACE_PER_KEY_S);
-    EngineOptions o;
-    engine_options_default(&o);
-    o.block_tokens = 8;
-    o.parallel = parallel;
-    o.step_ms = target_ms;
-    o.test_hooks = &dr->hooks;
+    engine_options_default(o);
+    o->block_tokens = 8;
+    o->parallel = parallel;
+    o->step_ms = target_ms;
+    o->test_hooks = &dr->hooks;
+}
+
+static Engine *pace_engine_start(Model *m, const EngineOptions *o) {
     Engine *e;
     MnErr err = {0};
-    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    if (engine_new(m, o, &e, &err)) fail_msg("%s", err.msg);
     return e;
+}
+
+/* pace_options' engine on stories260K. */
+static Engine *pace_engine_n(Model *m, Drive *dr, double target_ms, int parallel) {
+    EngineOptions o;
+    pace_options(&o, dr, target_ms, parallel);
+    return pace_engine_start(m, &o);
 }
 
 static Engine *pace_engine(Model *m, Drive *dr, double target_ms) { return pace_engine_n(m, dr, target_ms, 2); }
@@ -1048,6 +1057,14 @@ static void drive_stepping(Drive *d, bool is_stepping) {
     pthread_mutex_lock(&d->steps.lock);
     d->is_stepping = is_stepping;
     pthread_mutex_unlock(&d->steps.lock);
+}
+
+/* Passes logged so far (the engine may be running: read under the lock). */
+static int drive_n_passes(Drive *d) {
+    pthread_mutex_lock(&d->steps.lock);
+    int n = d->vp.n_log;
+    pthread_mutex_unlock(&d->steps.lock);
+    return n;
 }
 
 /* Whether r has finished, read without waiting (its output is dropped). */
@@ -1306,9 +1323,7 @@ static void test_preempt_returning_turn(void **s) {
     settle(e);
     drive_stepping(dr, true);
     float *got_l = calloc((size_t)nv, sizeof(float)), *got = calloc((size_t)nv, sizeof(float));
-    pthread_mutex_lock(&dr->steps.lock);
-    int pass0 = dr->vp.n_log;
-    pthread_mutex_unlock(&dr->steps.lock);
+    int pass0 = drive_n_passes(dr);
     gate_close(&dr->steps);
     Request *rl = submit_one_logits(e, l, 400, 1, got_l);
     gate_wait_holding(&dr->steps); /* at the long prompt's first pass */
@@ -1420,6 +1435,88 @@ static void test_preempt_only_much_shorter(void **s) {
     if (!m) return;
     assert_int_equal(preempt_shorts(m, 1, 100), 0);
     assert_int_equal(preempt_shorts(m, 1, 9), 1);
+    model_free(m);
+}
+
+/* ---- aging of the prefill order ------------------------------------------------- */
+
+/* A long prompt (400 tokens) admitted beside a stream of shorter ones (16
+ * prompts of 120 tokens, three running at a time, each answered with its
+ * first token): by fewest-tokens-left alone every step's budget goes to
+ * the shorter prompts until the last of them is done, and the long one
+ * gets no chunk for about ten steps in a row. With aging it waits exactly
+ * ENGINE_AGING_STEPS steps at a time (the shorter ones fill the other
+ * steps), and then its chunk is a step's (a block at least, unless less
+ * was left). The shorter ones are not much shorter than what it has left
+ * (a quarter or more): nothing is preempted. Every answer is a lone
+ * run's. The prefix cache is off: a reply that ends by length would hold
+ * its slot one more step, and that step's budget would reach the long
+ * prompt anyway. */
+static void test_aging_long_prompt_progresses(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    enum { N_SHORTS = 16, N_SHORT = 120, N_LONG = 400 };
+    Drive *dr = calloc(1, sizeof *dr);
+    EngineOptions o;
+    pace_options(&o, dr, PACE_TARGET_MS, 4);
+    o.prefix_cache = false;
+    Engine *e = pace_engine_start(m, &o);
+    const int nv = m->cfg.n_vocab;
+    int32_t w[100], l[N_LONG], sh[N_SHORTS][N_SHORT];
+    make_prompt(w, 100, nv, 110, 1);
+    ReqResult res;
+    free(run_one(e, w, 100, 4, NULL, &res)); /* the step-time model learns: chunks are a step's */
+    settle(e);
+    int pass0 = drive_n_passes(dr);
+    make_prompt(l, N_LONG, nv, 111, 1);
+    Request *rl = submit_held(e, dr, l, N_LONG, 2), *rs[N_SHORTS];
+    for (int i = 0; i < N_SHORTS; i++) {
+        make_prompt(sh[i], N_SHORT, nv, 112 + (uint64_t)i, 1);
+        rs[i] = submit_one(e, sh[i], N_SHORT, 1);
+    }
+    drive_run(dr);
+    for (int i = 0; i < N_SHORTS; i++) {
+        char *t = drain(rs[i], &res), *ref = reference_text(m, sh[i], N_SHORT, 1);
+        assert_string_equal(t, ref);
+        free(t);
+        free(ref);
+    }
+    char *t = drain(rl, &res), *ref = reference_text(m, l, N_LONG, 2);
+    assert_string_equal(t, ref);
+    assert_int_equal(res.n_preempted, 0);
+    free(t);
+    free(ref);
+    settle(e);
+    engine_free(e);
+    gate_deinit(&dr->steps);
+    /* from the long prompt's first chunk (pass0) to its last: the passes in
+     * a row without one, and the chunk after them */
+    const VirtualPasses *vp = &dr->vp;
+    assert_true(vp->n_log < DRIVE_MAX_PASSES);
+    int left = N_LONG, gap = 0, longest = 0;
+    for (int i = pass0; i < vp->n_log && left > 0; i++) {
+        int n = 0;
+        for (int c = 0; c < vp->log[i].n_chunks && c < ENGINE_STEP_MAX_CHUNKS; c++)
+            if (vp->log[i].chunks[c].req == rl) n = vp->log[i].chunks[c].n;
+        if (i == pass0 && n == 0) fail_msg("pass %d, the long prompt's first, has no chunk of it", i);
+        if (n == 0) {
+            longest = ++gap > longest ? gap : longest;
+            continue;
+        }
+        if (gap > 0 && n < (left < 8 ? left : 8))
+            fail_msg("pass %d: a chunk of %d tokens of the long prompt (%d left) after %d passes without", i, n,
+                     left, gap);
+        left -= n;
+        gap = 0;
+    }
+    assert_int_equal(left, 0);
+    if (longest != ENGINE_AGING_STEPS)
+        fail_msg("the long prompt went %d passes in a row without a chunk; aging allows %d (and the shorter "
+                 "prompts fill the others)",
+                 longest, ENGINE_AGING_STEPS);
+    for (int i = 0; i < N_SHORTS; i++) request_unref(rs[i]);
+    request_unref(rl);
+    free(dr);
     model_free(m);
 }
 
@@ -3323,6 +3420,7 @@ int main(void) {
         cmocka_unit_test(test_preempt_returning_turn),
         cmocka_unit_test(test_preempt_at_most_twice),
         cmocka_unit_test(test_preempt_only_much_shorter),
+        cmocka_unit_test(test_aging_long_prompt_progresses),
         cmocka_unit_test(test_stop_and_cancel),
         cmocka_unit_test(test_submit_checks),
         cmocka_unit_test(test_submit_seed),
