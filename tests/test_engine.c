@@ -1346,6 +1346,7 @@ static void test_preempt_returning_turn(void **s) {
     EngineStats st;
     engine_stats(e, &st);
     assert_int_equal(st.preemptions, 1);
+    assert_int_equal(st.preempt_recomputed_tokens, 0);
     settle(e);
     /* nothing was computed twice: the long prompt resumed after what its
      * first chunk computed (full blocks, and its last block's rows) */
@@ -1435,6 +1436,72 @@ static void test_preempt_only_much_shorter(void **s) {
     if (!m) return;
     assert_int_equal(preempt_shorts(m, 1, 100), 0);
     assert_int_equal(preempt_shorts(m, 1, 9), 1);
+    model_free(m);
+}
+
+/* A preempted prompt whose computed blocks are evicted while it waits
+ * (the clock jumps past the TTL: every cached block expires) computes them
+ * again when admitted again: preempt_recomputed_tokens counts the tokens
+ * its first chunk had computed (full blocks and the rows of its last), as
+ * the passes show (its prompt, the short request's, and those again). Its
+ * answer and first logits are a lone run's. */
+static void test_preempt_recompute_counted(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    Drive *dr = calloc(1, sizeof *dr);
+    EngineOptions o;
+    pace_options(&o, dr, PACE_TARGET_MS / 2, 1);
+    o.cache_ttl_s = 100;
+    Engine *e = pace_engine_start(m, &o);
+    const int nv = m->cfg.n_vocab;
+    int32_t w[100], l[400], sh[9];
+    make_prompt(w, 100, nv, 120, 1);
+    make_prompt(l, 400, nv, 94, 1);
+    make_prompt(sh, 9, nv, 97, 1);
+    ReqResult res, res_l;
+    free(run_one(e, w, 100, 4, NULL, &res)); /* the step-time model learns: a first chunk is a step's */
+    settle(e);
+    int pass0 = drive_n_passes(dr);
+    float *got_l = calloc((size_t)nv, sizeof(float));
+    gate_close(&dr->steps);
+    Request *rl = submit_one_logits(e, l, 400, 1, got_l);
+    gate_wait_holding(&dr->steps); /* at the long prompt's first pass */
+    Request *rs = submit_one(e, sh, 9, 1);
+    drive_shift(dr, 2 * o.cache_ttl_s); /* every block cached from now on has been idle past the TTL */
+    drive_run(dr);
+    char *ts = drain(rs, &res), *ref = reference_text(m, sh, 9, 1);
+    assert_string_equal(ts, ref);
+    free(ts);
+    free(ref);
+    char *tl = drain(rl, &res_l);
+    ref = reference_text(m, l, 400, 1);
+    assert_string_equal(tl, ref);
+    assert_int_equal(res_l.n_preempted, 1);
+    free(tl);
+    free(ref);
+    settle(e);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.preemptions, 1);
+    engine_free(e);
+    gate_deinit(&dr->steps);
+    const VirtualPasses *vp = &dr->vp;
+    assert_true(vp->n_log < DRIVE_MAX_PASSES);
+    int first = vp->log[pass0].n_prefill, n_computed = 0;
+    for (int i = pass0; i < vp->n_log; i++) n_computed += vp->log[i].n_prefill;
+    if (first <= 8 || first % 8 == 0 || first > 400 - 4 * 9)
+        fail_msg("the long prompt's first chunk had %d tokens: not a step's full blocks and part of one more, "
+                 "or too many left for the short one to preempt it",
+                 first);
+    assert_int_equal(st.preempt_recomputed_tokens, (uint64_t)first);
+    assert_int_equal(n_computed, 400 + 9 + first);
+    float *ref_l = reference_logits(m, l, 400);
+    assert_memory_equal(got_l, ref_l, sizeof(float) * (size_t)nv);
+    free(ref_l);
+    free(got_l);
+    request_unref(rl);
+    request_unref(rs);
+    free(dr);
     model_free(m);
 }
 
@@ -3420,6 +3487,7 @@ int main(void) {
         cmocka_unit_test(test_preempt_returning_turn),
         cmocka_unit_test(test_preempt_at_most_twice),
         cmocka_unit_test(test_preempt_only_much_shorter),
+        cmocka_unit_test(test_preempt_recompute_counted),
         cmocka_unit_test(test_aging_long_prompt_progresses),
         cmocka_unit_test(test_stop_and_cancel),
         cmocka_unit_test(test_submit_checks),

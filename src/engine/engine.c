@@ -167,6 +167,8 @@ typedef struct Active {
     bool is_admitted_once;
     bool has_run;            /* it was in a pass since its last admission */
     int n_preempted;         /* times its prefill gave its slot to a shorter request */
+    int preempt_left;        /* pending_tokens when it was last preempted (0: not since its
+                                last admission): what it finds cached again is measured on it */
     int n_unserved;          /* steps in a row its prompt was pending, not held back, and got
                                 no chunk (aging, ENGINE_AGING_STEPS) */
     Hash128 *hashes;         /* chain hashes of full blocks, (cap_tokens / bt) */
@@ -1275,11 +1277,29 @@ static bool is_admissible(Engine *e, Active *a) {
     return !tiers_is_probing(e->tiers, a->tier) && !tiers_is_promoting(e->tiers, a->tier, a->win_first, a->win_end);
 }
 
+/* a, preempted, was admitted again: the tokens it has to compute beyond
+ * what it had left when preempted are ones it computed (or found cached)
+ * before and lost while it waited (evicted from the pool and every tier),
+ * computed again. They are not in recomputed_tokens, which counts a
+ * prompt's uncached tokens once, at its first admission. Finding more
+ * cached than it left (another request computed it meanwhile) counts as
+ * none. */
+static void count_preempt_recompute(Engine *e, Active *a) {
+    if (a->preempt_left == 0) return;
+    int again = pending_tokens(a) - a->preempt_left;
+    a->preempt_left = 0;
+    if (again <= 0) return;
+    pthread_mutex_lock(&e->stats_lock);
+    e->stats.preempt_recomputed_tokens += (uint64_t)again;
+    pthread_mutex_unlock(&e->stats_lock);
+}
+
 /* Take a off the queue into the running set (it was admitted). */
 static void start_running(Engine *e, Active *a) {
     waiting_remove(e, a);
     a->has_run = false;
     a->n_unserved = 0;
+    count_preempt_recompute(e, a);
     e->running[e->n_running++] = a;
 }
 
@@ -1326,6 +1346,7 @@ static void preempt_prefills(Engine *e) {
         Active *v = e->running[victim];
         unadmit(e, victim);
         v->n_preempted++;
+        v->preempt_left = v_left;
         pthread_mutex_lock(&e->stats_lock);
         e->stats.preemptions++;
         pthread_mutex_unlock(&e->stats_lock);

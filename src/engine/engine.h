@@ -371,6 +371,8 @@ typedef struct EngineStats {
     MoverTierStats tiers[MOVER_MAX_TIERS]; /* the mover's latest snapshots */
     uint64_t suspensions;    /* running sequences sent back to the queue: the pool was full */
     uint64_t preemptions;    /* ... the slot went to a much shorter prompt (a returning turn) */
+    uint64_t preempt_recomputed_tokens; /* tokens preempted prompts computed again when admitted again
+                                           (what they had was evicted while they waited) */
     uint64_t expired_blocks; /* dropped by cache_ttl_s */
     int queue_depth, running;
     int pool_free, pool_used, pool_cached, pool_blocks;
