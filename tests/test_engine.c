@@ -1026,22 +1026,31 @@ static float *reference_logits(Model *m, const int32_t *prompt, int n_prompt);
 #define PACE_PER_TOKEN_S 0.002
 #define PACE_PER_KEY_S 2e-6
 
-/* An engine on stories260K whose passes take virtual time (drive_virtual:
+/* The options of an engine whose passes take virtual time (drive_virtual:
  * PACE_PER_* seconds), whose steps aim at target_ms and which runs up to
- * parallel sequences. */
-static Engine *pace_engine_n(Model *m, Drive *dr, double target_ms, int parallel) {
+ * parallel sequences (a test may change them before pace_engine_start). */
+static void pace_options(EngineOptions *o, Drive *dr, double target_ms, int parallel) {
     drive_init(dr);
     drive_virtual(dr, PACE_PER_PASS_S, PACE_PER_TOKEN_S, PACE_PER_KEY_S);
-    EngineOptions o;
-    engine_options_default(&o);
-    o.block_tokens = 8;
-    o.parallel = parallel;
-    o.step_ms = target_ms;
-    o.test_hooks = &dr->hooks;
+    engine_options_default(o);
+    o->block_tokens = 8;
+    o->parallel = parallel;
+    o->step_ms = target_ms;
+    o->test_hooks = &dr->hooks;
+}
+
+static Engine *pace_engine_start(Model *m, const EngineOptions *o) {
     Engine *e;
     MnErr err = {0};
-    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    if (engine_new(m, o, &e, &err)) fail_msg("%s", err.msg);
     return e;
+}
+
+/* pace_options' engine on stories260K. */
+static Engine *pace_engine_n(Model *m, Drive *dr, double target_ms, int parallel) {
+    EngineOptions o;
+    pace_options(&o, dr, target_ms, parallel);
+    return pace_engine_start(m, &o);
 }
 
 static Engine *pace_engine(Model *m, Drive *dr, double target_ms) { return pace_engine_n(m, dr, target_ms, 2); }
@@ -1058,6 +1067,14 @@ static void drive_stepping(Drive *d, bool is_stepping) {
     pthread_mutex_lock(&d->steps.lock);
     d->is_stepping = is_stepping;
     pthread_mutex_unlock(&d->steps.lock);
+}
+
+/* Passes logged so far (the engine may be running: read under the lock). */
+static int drive_n_passes(Drive *d) {
+    pthread_mutex_lock(&d->steps.lock);
+    int n = d->vp.n_log;
+    pthread_mutex_unlock(&d->steps.lock);
+    return n;
 }
 
 /* Whether r has finished, read without waiting (its output is dropped). */
@@ -1316,9 +1333,7 @@ static void test_preempt_returning_turn(void **s) {
     settle(e);
     drive_stepping(dr, true);
     float *got_l = calloc((size_t)nv, sizeof(float)), *got = calloc((size_t)nv, sizeof(float));
-    pthread_mutex_lock(&dr->steps.lock);
-    int pass0 = dr->vp.n_log;
-    pthread_mutex_unlock(&dr->steps.lock);
+    int pass0 = drive_n_passes(dr);
     gate_close(&dr->steps);
     Request *rl = submit_one_logits(e, l, 400, 1, got_l);
     gate_wait_holding(&dr->steps); /* at the long prompt's first pass */
@@ -1341,6 +1356,7 @@ static void test_preempt_returning_turn(void **s) {
     EngineStats st;
     engine_stats(e, &st);
     assert_int_equal(st.preemptions, 1);
+    assert_int_equal(st.preempt_recomputed_tokens, 0);
     settle(e);
     /* nothing was computed twice: the long prompt resumed after what its
      * first chunk computed (full blocks, and its last block's rows) */
@@ -1430,6 +1446,154 @@ static void test_preempt_only_much_shorter(void **s) {
     if (!m) return;
     assert_int_equal(preempt_shorts(m, 1, 100), 0);
     assert_int_equal(preempt_shorts(m, 1, 9), 1);
+    model_free(m);
+}
+
+/* A preempted prompt whose computed blocks are evicted while it waits
+ * (the clock jumps past the TTL: every cached block expires) computes them
+ * again when admitted again: preempt_recomputed_tokens counts the tokens
+ * its first chunk had computed (full blocks and the rows of its last), as
+ * the passes show (its prompt, the short request's, and those again). Its
+ * answer and first logits are a lone run's. */
+static void test_preempt_recompute_counted(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    Drive *dr = calloc(1, sizeof *dr);
+    EngineOptions o;
+    pace_options(&o, dr, PACE_TARGET_MS / 2, 1);
+    o.cache_ttl_s = 100;
+    Engine *e = pace_engine_start(m, &o);
+    const int nv = m->cfg.n_vocab;
+    int32_t w[100], l[400], sh[9];
+    make_prompt(w, 100, nv, 120, 1);
+    make_prompt(l, 400, nv, 94, 1);
+    make_prompt(sh, 9, nv, 97, 1);
+    ReqResult res, res_l;
+    free(run_one(e, w, 100, 4, NULL, &res)); /* the step-time model learns: a first chunk is a step's */
+    settle(e);
+    int pass0 = drive_n_passes(dr);
+    float *got_l = calloc((size_t)nv, sizeof(float));
+    gate_close(&dr->steps);
+    Request *rl = submit_one_logits(e, l, 400, 1, got_l);
+    gate_wait_holding(&dr->steps); /* at the long prompt's first pass */
+    Request *rs = submit_one(e, sh, 9, 1);
+    drive_shift(dr, 2 * o.cache_ttl_s); /* every block cached from now on has been idle past the TTL */
+    drive_run(dr);
+    char *ts = drain(rs, &res), *ref = reference_text(m, sh, 9, 1);
+    assert_string_equal(ts, ref);
+    free(ts);
+    free(ref);
+    char *tl = drain(rl, &res_l);
+    ref = reference_text(m, l, 400, 1);
+    assert_string_equal(tl, ref);
+    assert_int_equal(res_l.n_preempted, 1);
+    free(tl);
+    free(ref);
+    settle(e);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.preemptions, 1);
+    engine_free(e);
+    gate_deinit(&dr->steps);
+    const VirtualPasses *vp = &dr->vp;
+    assert_true(vp->n_log < DRIVE_MAX_PASSES);
+    int first = vp->log[pass0].n_prefill, n_computed = 0;
+    for (int i = pass0; i < vp->n_log; i++) n_computed += vp->log[i].n_prefill;
+    if (first <= 8 || first % 8 == 0 || first > 400 - 4 * 9)
+        fail_msg("the long prompt's first chunk had %d tokens: not a step's full blocks and part of one more, "
+                 "or too many left for the short one to preempt it",
+                 first);
+    assert_int_equal(st.preempt_recomputed_tokens, (uint64_t)first);
+    assert_int_equal(n_computed, 400 + 9 + first);
+    float *ref_l = reference_logits(m, l, 400);
+    assert_memory_equal(got_l, ref_l, sizeof(float) * (size_t)nv);
+    free(ref_l);
+    free(got_l);
+    request_unref(rl);
+    request_unref(rs);
+    free(dr);
+    model_free(m);
+}
+
+/* ---- aging of the prefill order ------------------------------------------------- */
+
+/* A long prompt (400 tokens) admitted beside a stream of shorter ones (16
+ * prompts of 120 tokens, three running at a time, each answered with its
+ * first token): by fewest-tokens-left alone every step's budget goes to
+ * the shorter prompts until the last of them is done, and the long one
+ * gets no chunk for about ten steps in a row. With aging it waits exactly
+ * ENGINE_AGING_STEPS steps at a time (the shorter ones fill the other
+ * steps), and then its chunk is a step's (a block at least, unless less
+ * was left). The shorter ones are not much shorter than what it has left
+ * (a quarter or more): nothing is preempted. Every answer is a lone
+ * run's. The prefix cache is off: a reply that ends by length would hold
+ * its slot one more step, and that step's budget would reach the long
+ * prompt anyway. */
+static void test_aging_long_prompt_progresses(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    enum { N_SHORTS = 16, N_SHORT = 120, N_LONG = 400 };
+    Drive *dr = calloc(1, sizeof *dr);
+    EngineOptions o;
+    pace_options(&o, dr, PACE_TARGET_MS, 4);
+    o.prefix_cache = false;
+    Engine *e = pace_engine_start(m, &o);
+    const int nv = m->cfg.n_vocab;
+    int32_t w[100], l[N_LONG], sh[N_SHORTS][N_SHORT];
+    make_prompt(w, 100, nv, 110, 1);
+    ReqResult res;
+    free(run_one(e, w, 100, 4, NULL, &res)); /* the step-time model learns: chunks are a step's */
+    settle(e);
+    int pass0 = drive_n_passes(dr);
+    make_prompt(l, N_LONG, nv, 111, 1);
+    Request *rl = submit_held(e, dr, l, N_LONG, 2), *rs[N_SHORTS];
+    for (int i = 0; i < N_SHORTS; i++) {
+        make_prompt(sh[i], N_SHORT, nv, 112 + (uint64_t)i, 1);
+        rs[i] = submit_one(e, sh[i], N_SHORT, 1);
+    }
+    drive_run(dr);
+    for (int i = 0; i < N_SHORTS; i++) {
+        char *t = drain(rs[i], &res), *ref = reference_text(m, sh[i], N_SHORT, 1);
+        assert_string_equal(t, ref);
+        free(t);
+        free(ref);
+    }
+    char *t = drain(rl, &res), *ref = reference_text(m, l, N_LONG, 2);
+    assert_string_equal(t, ref);
+    assert_int_equal(res.n_preempted, 0);
+    free(t);
+    free(ref);
+    settle(e);
+    engine_free(e);
+    gate_deinit(&dr->steps);
+    /* from the long prompt's first chunk (pass0) to its last: the passes in
+     * a row without one, and the chunk after them */
+    const VirtualPasses *vp = &dr->vp;
+    assert_true(vp->n_log < DRIVE_MAX_PASSES);
+    int left = N_LONG, gap = 0, longest = 0;
+    for (int i = pass0; i < vp->n_log && left > 0; i++) {
+        int n = 0;
+        for (int c = 0; c < vp->log[i].n_chunks && c < ENGINE_STEP_MAX_CHUNKS; c++)
+            if (vp->log[i].chunks[c].req == rl) n = vp->log[i].chunks[c].n;
+        if (i == pass0 && n == 0) fail_msg("pass %d, the long prompt's first, has no chunk of it", i);
+        if (n == 0) {
+            longest = ++gap > longest ? gap : longest;
+            continue;
+        }
+        if (gap > 0 && n < (left < 8 ? left : 8))
+            fail_msg("pass %d: a chunk of %d tokens of the long prompt (%d left) after %d passes without", i, n,
+                     left, gap);
+        left -= n;
+        gap = 0;
+    }
+    assert_int_equal(left, 0);
+    if (longest != ENGINE_AGING_STEPS)
+        fail_msg("the long prompt went %d passes in a row without a chunk; aging allows %d (and the shorter "
+                 "prompts fill the others)",
+                 longest, ENGINE_AGING_STEPS);
+    for (int i = 0; i < N_SHORTS; i++) request_unref(rs[i]);
+    request_unref(rl);
+    free(dr);
     model_free(m);
 }
 
@@ -3334,6 +3498,8 @@ int main(void) {
         cmocka_unit_test(test_preempt_returning_turn),
         cmocka_unit_test(test_preempt_at_most_twice),
         cmocka_unit_test(test_preempt_only_much_shorter),
+        cmocka_unit_test(test_preempt_recompute_counted),
+        cmocka_unit_test(test_aging_long_prompt_progresses),
         cmocka_unit_test(test_stop_and_cancel),
         cmocka_unit_test(test_submit_checks),
         cmocka_unit_test(test_submit_seed),

@@ -1132,6 +1132,7 @@ static void test_request_log(void **st) {
     expect_log_line(&s, second);
     assert_true(metric(&s, "mnemo_cached_partial_tokens_total") > 0);
     assert_int_equal(metric(&s, "mnemo_preemptions_total"), 0); /* one slot each: nothing waited */
+    assert_int_equal(metric(&s, "mnemo_preempted_recomputed_tokens_total"), 0);
     free(out);
     /* errors: from the server, and from the gate */
     expect_error(&s, "/v1/chat/completions", "{not json", NULL, 400, "JSON");

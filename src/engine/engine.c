@@ -40,7 +40,9 @@
  * then the batch: the decode tokens of running sequences first,
  * then prefill chunks, the sequence with the fewest tokens left before its
  * first token first (a returning turn's few new tokens go ahead of a long
- * prompt's rest), each chunk as long as the pacer predicts the pass to
+ * prompt's rest) — except that a prompt which got no chunk in
+ * ENGINE_AGING_STEPS steps in a row goes first (aging: no admitted prompt
+ * starves) — each chunk as long as the pacer predicts the pass to
  * stay within step_ms (engine/pacer.h; a few times that in a step where
  * nothing decodes), at most batch_tokens in all.
  * Whatever the decodes cost, the first chunk gets at least as long as the
@@ -91,6 +93,18 @@
  * tokens, while a request arriving meanwhile still waits at most a few
  * targets for the next step (where it may preempt). */
 #define ENGINE_PREFILL_ONLY_STEPS 4
+/* Aging of the step's prefill order (batch_make; ENGINE_AGING_STEPS is in
+ * engine.h, part of the contract): fewest-tokens-left-first alone starves a
+ * long prompt for as long as shorter ones keep coming (each step's budget
+ * goes to them), and one that never runs a pass is never a preemption
+ * victim either, so it holds its slot to the end. A running prompt that got
+ * no chunk in ENGINE_AGING_STEPS steps in a row goes first in the next
+ * step, its chunk sized as a step's first (chunk_len's is_first: the
+ * target, at least as long as the decodes, one token at least): each
+ * prompt gets at least one step in ENGINE_AGING_STEPS + 1 while others
+ * run — its minimum share — and the shorter ones keep the others. Counted
+ * in steps, not seconds, so the order depends on what ran, never on how
+ * fast the machine ran it. */
 
 #define ENGINE_MAX_REPLIES 4096 /* reply memory entries, in RAM and in the database (twice as many in
                                    shift mode: each reply is also kept under its text key) */
@@ -153,6 +167,10 @@ typedef struct Active {
     bool is_admitted_once;
     bool has_run;            /* it was in a pass since its last admission */
     int n_preempted;         /* times its prefill gave its slot to a shorter request */
+    int preempt_left;        /* pending_tokens when it was last preempted (0: not since its
+                                last admission): what it finds cached again is measured on it */
+    int n_unserved;          /* steps in a row its prompt was pending, not held back, and got
+                                no chunk (aging, ENGINE_AGING_STEPS) */
     Hash128 *hashes;         /* chain hashes of full blocks, (cap_tokens / bt) */
     int n_hashed;            /* full blocks whose hash is computed */
     int n_registered;        /* full blocks offered to the index */
@@ -1259,10 +1277,29 @@ static bool is_admissible(Engine *e, Active *a) {
     return !tiers_is_probing(e->tiers, a->tier) && !tiers_is_promoting(e->tiers, a->tier, a->win_first, a->win_end);
 }
 
+/* a, preempted, was admitted again: the tokens it has to compute beyond
+ * what it had left when preempted are ones it computed (or found cached)
+ * before and lost while it waited (evicted from the pool and every tier),
+ * computed again. They are not in recomputed_tokens, which counts a
+ * prompt's uncached tokens once, at its first admission. Finding more
+ * cached than it left (another request computed it meanwhile) counts as
+ * none. */
+static void count_preempt_recompute(Engine *e, Active *a) {
+    if (a->preempt_left == 0) return;
+    int again = pending_tokens(a) - a->preempt_left;
+    a->preempt_left = 0;
+    if (again <= 0) return;
+    pthread_mutex_lock(&e->stats_lock);
+    e->stats.preempt_recomputed_tokens += (uint64_t)again;
+    pthread_mutex_unlock(&e->stats_lock);
+}
+
 /* Take a off the queue into the running set (it was admitted). */
 static void start_running(Engine *e, Active *a) {
     waiting_remove(e, a);
     a->has_run = false;
+    a->n_unserved = 0;
+    count_preempt_recompute(e, a);
     e->running[e->n_running++] = a;
 }
 
@@ -1309,6 +1346,7 @@ static void preempt_prefills(Engine *e) {
         Active *v = e->running[victim];
         unadmit(e, victim);
         v->n_preempted++;
+        v->preempt_left = v_left;
         pthread_mutex_lock(&e->stats_lock);
         e->stats.preemptions++;
         pthread_mutex_unlock(&e->stats_lock);
@@ -1584,19 +1622,6 @@ static void finish_moves(Engine *e) {
     e->n_moves = 0;
 }
 
-/* EngineTestHooks.step_fn, once the step's batch is made. */
-static void test_step(const Engine *e, PacerShape shape) {
-    const EngineTestHooks *hk = e->opt.test_hooks;
-    if (hk == NULL || hk->step_fn == NULL) return;
-    EngineStepInfo info = {.n_running = e->n_running,
-                           .n_decode = shape.n_decode,
-                           .n_prefill = shape.n_prefill,
-                           .n_keys = shape.n_keys,
-                           .predicted_s = pacer_predict(&e->pacer, shape)};
-    for (int i = 0; i < e->n_running; i++) info.n_held_back += e->b_held[i];
-    hk->step_fn(hk->ctx, &info);
-}
-
 /* ---- the batch ------------------------------------------------------------------ */
 
 /* The batch being made for one step: its tokens are in e->b_tok etc. */
@@ -1605,6 +1630,31 @@ typedef struct Batch {
     PacerShape shape;  /* what its pass costs by: decode and prompt tokens, keys */
     bool has_decoder;  /* some running sequence decodes (in the batch, or held back) */
 } Batch;
+
+/* EngineTestHooks.step_fn, once the step's batch b is made: what it
+ * holds, and which requests have a prompt chunk in it (a sequence's tokens
+ * are contiguous in the batch; a decode is its one pending token). */
+static void test_step(const Engine *e, const Batch *b) {
+    const EngineTestHooks *hk = e->opt.test_hooks;
+    if (hk == NULL || hk->step_fn == NULL) return;
+    EngineStepInfo info = {.n_running = e->n_running,
+                           .n_decode = b->shape.n_decode,
+                           .n_prefill = b->shape.n_prefill,
+                           .n_keys = b->shape.n_keys,
+                           .predicted_s = pacer_predict(&e->pacer, b->shape)};
+    for (int i = 0; i < e->n_running; i++) info.n_held_back += e->b_held[i];
+    for (int t = 0; t < b->n; t++) {
+        const Active *a = e->running[e->b_seq[t]];
+        if (pending_tokens(a) == 1) continue;
+        if (t > 0 && e->b_seq[t - 1] == e->b_seq[t]) {
+            if (info.n_chunks <= ENGINE_STEP_MAX_CHUNKS) info.chunks[info.n_chunks - 1].n++;
+            continue;
+        }
+        if (info.n_chunks < ENGINE_STEP_MAX_CHUNKS) info.chunks[info.n_chunks] = (EngineStepChunk){a->req, 1};
+        info.n_chunks++;
+    }
+    hk->step_fn(hk->ctx, &info);
+}
 
 /* Append running sequence i's tokens at positions [pos, pos + n) (tokens
  * sit at their positions in a->tokens): a decode's one, or a prompt chunk. */
@@ -1631,8 +1681,9 @@ static int chunk_len(const Engine *e, const Batch *b, int32_t pos, int max_n, bo
  * all of a decode's; of a prefill, what chunk_len lets in. The two-range
  * form: the leading range first, and the tail only in a batch that
  * completes the leading range (it attends to it). A sequence whose last
- * pending token goes in gets a logit row (unless its answer is complete). */
-static void batch_add(Engine *e, Batch *b, int i, int room) {
+ * pending token goes in gets a logit row (unless its answer is complete).
+ * Returns the tokens added. */
+static int batch_add(Engine *e, Batch *b, int i, int room) {
     Active *a = e->running[i];
     int lead = a->lead_end - a->lead_done, tail = a->n_tokens - a->n_done, pending = lead + tail;
     bool is_decode = pending == 1, is_first = !is_decode && b->shape.n_prefill == 0;
@@ -1646,18 +1697,33 @@ static void batch_add(Engine *e, Batch *b, int i, int room) {
         take = is_decode ? max_tail : chunk_len(e, b, a->n_done, max_tail, is_first && take_lead == 0);
         batch_put(e, b, i, a->n_done, take, is_decode);
     }
-    if (take_lead + take == 0) return;
+    if (take_lead + take == 0) return 0;
     e->b_wait[e->n_wait++] = e->b_plan[i]; /* the pass waits for its restored layers (and move sources') */
     if (a->mv.is_pending) e->b_moves[e->n_moves++] = a; /* a pass that runs it does its move */
     if (take_lead + take == pending && !a->is_completed) {
         e->b_logit[b->n_logits] = b->n - 1;
         e->b_owner[b->n_logits++] = a;
     }
+    return take_lead + take;
+}
+
+/* Whether running prompt a's chunk goes before o's: one that waited
+ * ENGINE_AGING_STEPS steps for a chunk first (the one waiting longest
+ * first), then the fewest pending tokens (the request nearest to its
+ * first token), then the earliest arrival. */
+static bool is_served_before(const Active *a, const Active *o) {
+    bool a_aged = a->n_unserved >= ENGINE_AGING_STEPS, o_aged = o->n_unserved >= ENGINE_AGING_STEPS;
+    if (a_aged != o_aged) return a_aged;
+    if (a_aged && a->n_unserved != o->n_unserved) return a->n_unserved > o->n_unserved;
+    int pa = pending_tokens(a), po = pending_tokens(o);
+    if (pa != po) return pa < po;
+    return a->arrival < o->arrival;
 }
 
 /* The step's batch: decodes first (each running sequence's one pending
- * token), then prefills, fewest pending tokens first (then by arrival):
- * the request nearest to its first token is served first. */
+ * token), then prefills in is_served_before's order, each prompt's count
+ * of steps without a chunk updated (a prompt held back for its restores
+ * waits for them, not for the budget: its count stays). */
 static void batch_make(Engine *e, Batch *b) {
     memset(b, 0, sizeof *b);
     e->n_wait = e->n_moves = 0;
@@ -1672,17 +1738,17 @@ static void batch_make(Engine *e, Batch *b) {
             continue;
         }
         int k = n_order++; /* insertion sort: a handful of sequences */
-        while (k > 0) {
-            const Active *o = e->running[e->b_order[k - 1]];
-            int po = pending_tokens(o);
-            if (po < pending || (po == pending && o->arrival < a->arrival)) break;
+        while (k > 0 && is_served_before(a, e->running[e->b_order[k - 1]])) {
             e->b_order[k] = e->b_order[k - 1];
             k--;
         }
         e->b_order[k] = i;
     }
-    for (int k = 0; k < n_order && b->n < e->opt.batch_tokens; k++)
-        batch_add(e, b, e->b_order[k], e->opt.batch_tokens - b->n);
+    for (int k = 0; k < n_order; k++) {
+        Active *a = e->running[e->b_order[k]];
+        int n = b->n < e->opt.batch_tokens ? batch_add(e, b, e->b_order[k], e->opt.batch_tokens - b->n) : 0;
+        a->n_unserved = n > 0 ? 0 : a->n_unserved + 1;
+    }
 }
 
 static void engine_step(Engine *e) {
@@ -1706,7 +1772,7 @@ static void engine_step(Engine *e) {
     tiers_plan_step(e->tiers, e->b_plan, e->n_running, e->b_held);
     Batch bt;
     batch_make(e, &bt);
-    test_step(e, bt.shape);
+    test_step(e, &bt);
     int n = bt.n, n_logits = bt.n_logits;
     FwdBatch b = {.n_tok = n, .tokens = e->b_tok, .seq = e->b_seq, .pos = e->b_pos, .seqs = e->b_seqs,
                   .n_seqs = e->n_running, .logit_idx = e->b_logit, .n_logits = n_logits};

@@ -12,7 +12,9 @@
  * first, sized so that the step's forward pass is predicted to take
  * step_ms (from the passes measured so far), at most batch_tokens tokens:
  * running decodes keep their pace while a long prompt is computed, and a
- * returning turn's few new tokens go ahead of a long prompt's. Finished
+ * returning turn's few new tokens go ahead of a long prompt's — but a
+ * running prompt that got no chunk in ENGINE_AGING_STEPS steps in a row
+ * goes first in the next (aging), so none starves. Finished
  * requests leave their full blocks in the pool, indexed by chain hash
  * (cache/index.h), and the filled part of their last block; a new request
  * reuses the longest cached prefix of its namespace, down to the token: full
@@ -79,6 +81,18 @@ typedef enum EngineClockUse {
     ENGINE_CLOCK_PROJECT, /* the start and end of a projection of restored hidden states */
 } EngineClockUse;
 
+/* A running prompt waits at most this many steps in a row for a chunk of
+ * its prompt (unless held back for its restores); then it goes first in
+ * the next step's prefill order. */
+#define ENGINE_AGING_STEPS 4
+
+/* A prompt chunk of a step (EngineStepInfo). */
+typedef struct EngineStepChunk {
+    const struct Request *req; /* whose prompt (valid during the step_fn call; compare, do not use) */
+    int n;                     /* its tokens in the step */
+} EngineStepChunk;
+#define ENGINE_STEP_MAX_CHUNKS 8
+
 /* What a step is about to compute (EngineTestHooks.step_fn). */
 typedef struct EngineStepInfo {
     int n_running;      /* requests running */
@@ -88,6 +102,8 @@ typedef struct EngineStepInfo {
     int n_prefill;      /* tokens of prompt chunks */
     double n_keys;      /* keys the batch's tokens attend to (the sum of position + 1) */
     double predicted_s; /* the step-time model's estimate of its pass (0 before it measured one) */
+    int n_chunks;       /* prompt chunks (requests with prompt tokens in the step) */
+    EngineStepChunk chunks[ENGINE_STEP_MAX_CHUNKS]; /* the first of them, in batch order */
 } EngineStepInfo;
 
 /* Hooks for tests, so that a test drives the engine's time and order of
@@ -355,6 +371,8 @@ typedef struct EngineStats {
     MoverTierStats tiers[MOVER_MAX_TIERS]; /* the mover's latest snapshots */
     uint64_t suspensions;    /* running sequences sent back to the queue: the pool was full */
     uint64_t preemptions;    /* ... the slot went to a much shorter prompt (a returning turn) */
+    uint64_t preempt_recomputed_tokens; /* tokens preempted prompts computed again when admitted again
+                                           (what they had was evicted while they waited) */
     uint64_t expired_blocks; /* dropped by cache_ttl_s */
     int queue_depth, running;
     int pool_free, pool_used, pool_cached, pool_blocks;

@@ -58,7 +58,7 @@ struct Server {
     RespService *resp;          /* the Responses API's routes */
     MetricFamily *f_tier_read, *f_tier_written, *f_tier_read_s, *f_tier_write_s, *f_tier_occupancy, *f_tier_stored, *f_tier_evictions,
         *f_tier_checksum, *f_dropped, *f_prefetched, *f_restored, *f_tier_missing, *f_tier_io_errors, *f_tier_up,
-        *f_tier_resets, *f_shared_lookups, *f_preemptions;
+        *f_tier_resets, *f_shared_lookups, *f_preemptions, *f_preempt_recomputed;
     MetricFamily *f_build_info, *f_requests, *f_prompt, *f_generated, *f_cached, *f_cached_partial, *f_recomputed,
         *f_shifted, *f_ttft, *f_tpot, *f_pool,
         *f_queue, *f_running;
@@ -231,6 +231,9 @@ static int metrics_setup(Server *s) {
         {"mnemo_preemptions_total",
          "Prompts whose computation gave their slot to a request with far fewer tokens to compute (resumed later)",
          METRIC_COUNTER, NULL, 0, &s->f_preemptions},
+        {"mnemo_preempted_recomputed_tokens_total",
+         "Prompt tokens preempted prompts computed again when admitted again (evicted while they waited)",
+         METRIC_COUNTER, NULL, 0, &s->f_preempt_recomputed},
         {"mnemo_restored_tokens_total",
          "Tokens of cached blocks brought back into the pool, by path: loaded as KV, projected from hidden "
          "states, recomputed (dropped leading blocks)",
@@ -249,6 +252,7 @@ static int metrics_setup(Server *s) {
     for (int i = 0; i < SRC_COUNT; i++) metrics_counter_add(s->f_cached, tier_label(i), 0);
     metrics_counter_add(s->f_dropped, "", 0);
     metrics_counter_add(s->f_preemptions, "", 0);
+    metrics_counter_add(s->f_preempt_recomputed, "", 0);
     metrics_counter_add(s->f_prefetched, "into=\"pool\"", 0);
     metrics_counter_add(s->f_prefetched, "into=\"ram\"", 0);
     metrics_counter_add(s->f_restored, "path=\"kv\"", 0);
@@ -284,6 +288,7 @@ static enum MHD_Result handle_metrics(Server *s, struct MHD_Connection *c) {
     metrics_gauge_set(s->f_running, "", st.running);
     metrics_counter_set(s->f_dropped, "", (double)st.dropped_blocks);
     metrics_counter_set(s->f_preemptions, "", (double)st.preemptions);
+    metrics_counter_set(s->f_preempt_recomputed, "", (double)st.preempt_recomputed_tokens);
     metrics_counter_set(s->f_prefetched, "into=\"pool\"", (double)st.prefetched_blocks);
     metrics_counter_set(s->f_prefetched, "into=\"ram\"", (double)st.promoted_blocks);
     metrics_counter_set(s->f_restored, "path=\"kv\"", (double)st.restored_kv_tokens);
