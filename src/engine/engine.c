@@ -1196,7 +1196,9 @@ static bool try_admit(Engine *e, Active *a) {
     a->lead_end = first * bt;
     a->lead_done = 0;
     if (!has_move && n_hit > 0) {
+        pthread_mutex_lock(&e->stats_lock); /* engine_stats reads it from other threads */
         e->stats.restored_recompute_tokens += (uint64_t)(first * bt);
+        pthread_mutex_unlock(&e->stats_lock);
         a->n_restored_by[RESTORE_RECOMPUTE] = first * bt;
     }
     a->n_done = (n_hit > 0 ? end * bt : 0) + n_rows;
