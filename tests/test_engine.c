@@ -2349,6 +2349,26 @@ static uint64_t expect_round_trip(Engine *e, Model *m, uint64_t seed) {
     return res->n_cached_by[SRC_DISK];
 }
 
+/* engine_new refuses a restore plan that is none of RestorePlan's, with
+ * tiers or without. */
+static void test_restore_plan_out_of_range(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    const int bad[] = {-1, RESTORE_PLAN_AUTO + 1};
+    for (int i = 0; i < 4; i++) {
+        EngineOptions o;
+        engine_options_default(&o);
+        o.restore_plan = (RestorePlan)bad[i % 2];
+        if (i / 2) o.ram_tier_mb = 4;
+        Engine *e;
+        MnErr err = {0};
+        assert_int_equal(engine_new(m, &o, &e, &err), MN_EINVAL);
+        assert_null(e);
+        assert_non_null(strstr(err.msg, "out of range"));
+    }
+    model_free(m);
+}
+
 /* --restore-plan auto splits each saved run between hidden states and
  * K/V by the measured figures (HCache's bubble-free split): projections
  * that take 1 ms per 32 tokens against a disk that reads ~1 GB/s (the
@@ -3488,6 +3508,7 @@ int main(void) {
         cmocka_unit_test(test_hidden_mixed),
         cmocka_unit_test(test_hidden_restart),
         cmocka_unit_test(test_hidden_promote),
+        cmocka_unit_test(test_restore_plan_out_of_range),
         cmocka_unit_test(test_auto_plan),
         cmocka_unit_test(test_prefetch_waiting),
         cmocka_unit_test(test_promote_waiting),
