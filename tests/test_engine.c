@@ -2349,6 +2349,25 @@ static uint64_t expect_round_trip(Engine *e, Model *m, uint64_t seed) {
     return res->n_cached_by[SRC_DISK];
 }
 
+/* engine_new refuses a block size out of range (none, negative) with the
+ * pool sized from memory (the default): an error, not a crash. */
+static void test_block_tokens_out_of_range(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    const int bad[] = {0, -8};
+    for (int i = 0; i < 2; i++) {
+        EngineOptions o;
+        engine_options_default(&o);
+        o.block_tokens = bad[i];
+        Engine *e;
+        MnErr err = {0};
+        assert_int_equal(engine_new(m, &o, &e, &err), MN_EINVAL);
+        assert_null(e);
+        assert_non_null(strstr(err.msg, "out of range"));
+    }
+    model_free(m);
+}
+
 /* engine_new refuses a restore plan that is none of RestorePlan's, with
  * tiers or without. */
 static void test_restore_plan_out_of_range(void **s) {
@@ -3508,6 +3527,7 @@ int main(void) {
         cmocka_unit_test(test_hidden_mixed),
         cmocka_unit_test(test_hidden_restart),
         cmocka_unit_test(test_hidden_promote),
+        cmocka_unit_test(test_block_tokens_out_of_range),
         cmocka_unit_test(test_restore_plan_out_of_range),
         cmocka_unit_test(test_auto_plan),
         cmocka_unit_test(test_prefetch_waiting),

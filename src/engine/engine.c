@@ -2106,7 +2106,8 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         if (pool_bytes > cap) pool_bytes = cap;
         if (pool_bytes > want) pool_bytes = want;
     }
-    uint64_t n_blocks = op->pool_blocks > 0 ? (uint64_t)op->pool_blocks : pool_bytes / per_block;
+    uint64_t n_blocks = 0; /* with options out of range, per_block may be 0: no pool (rc says why) */
+    if (rc == MN_OK) n_blocks = op->pool_blocks > 0 ? (uint64_t)op->pool_blocks : pool_bytes / per_block;
     if (rc == MN_OK && n_blocks < 2) rc = mn_err_set(err, MN_EINVAL, "a KV pool of %llu MB holds no blocks", (unsigned long long)op->pool_mb);
     if (n_blocks > (1u << 30)) n_blocks = 1u << 30;
     if (rc == MN_OK && (rc = kvpool_init(&e->pool, m->cfg.n_layer, m->cfg.kv_dim, op->block_tokens, (int)n_blocks,
