@@ -2349,6 +2349,45 @@ static uint64_t expect_round_trip(Engine *e, Model *m, uint64_t seed) {
     return res->n_cached_by[SRC_DISK];
 }
 
+/* engine_new refuses a block size out of range (none, negative) with the
+ * pool sized from memory (the default): an error, not a crash. */
+static void test_block_tokens_out_of_range(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    const int bad[] = {0, -8};
+    for (int i = 0; i < 2; i++) {
+        EngineOptions o;
+        engine_options_default(&o);
+        o.block_tokens = bad[i];
+        Engine *e;
+        MnErr err = {0};
+        assert_int_equal(engine_new(m, &o, &e, &err), MN_EINVAL);
+        assert_null(e);
+        assert_non_null(strstr(err.msg, "out of range"));
+    }
+    model_free(m);
+}
+
+/* engine_new refuses a restore plan that is none of RestorePlan's, with
+ * tiers or without. */
+static void test_restore_plan_out_of_range(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    const int bad[] = {-1, RESTORE_PLAN_AUTO + 1};
+    for (int i = 0; i < 4; i++) {
+        EngineOptions o;
+        engine_options_default(&o);
+        o.restore_plan = (RestorePlan)bad[i % 2];
+        if (i / 2) o.ram_tier_mb = 4;
+        Engine *e;
+        MnErr err = {0};
+        assert_int_equal(engine_new(m, &o, &e, &err), MN_EINVAL);
+        assert_null(e);
+        assert_non_null(strstr(err.msg, "out of range"));
+    }
+    model_free(m);
+}
+
 /* --restore-plan auto splits each saved run between hidden states and
  * K/V by the measured figures (HCache's bubble-free split): projections
  * that take 1 ms per 32 tokens against a disk that reads ~1 GB/s (the
@@ -3007,19 +3046,6 @@ static void test_restore_corrupt_disk(void **s) { check_restore(0, true, SRC_DIS
 
 /* ---- the shared tier (redis) ------------------------------------------------------ */
 
-/* An engine whose only tier is the shared one at url: blocks of 8 tokens,
- * a pool of pool_blocks, one sequence at a time. */
-static Engine *redis_engine(Model *m, int pool_blocks, const char *url, const MoverTestHooks *hooks) {
-    EngineOptions o;
-    tier_options(&o, pool_blocks, hooks);
-    o.redis_urls = &url;
-    o.n_redis_urls = 1;
-    Engine *e;
-    MnErr err = {0};
-    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
-    return e;
-}
-
 static TierStats redis_stats(Engine *e) {
     EngineStats st;
     engine_stats(e, &st);
@@ -3028,26 +3054,37 @@ static TierStats redis_stats(Engine *e) {
     return st.tiers[0].tier;
 }
 
-/* What each shared-tier case has: a Redis, the model, prompts of 65
- * tokens and the full recompute of the first. */
+/* What each shared-tier case has: a Redis (one server, or a three-node
+ * Redis Cluster), the model, prompts of 65 tokens and the full recompute
+ * of the first. */
 typedef struct RedisCase {
-    RedisSrv srv;
+    bool is_cluster;
+    RedisSrv srv;       /* the one server (not is_cluster) */
+    const char *url;    /* srv.url: its list of seeds */
+    RedisClusterSrv cl; /* the cluster (is_cluster) */
     Model *m;
     int32_t p[3][80];
     Recomputed full; /* of p[0], 4 tokens */
 } RedisCase;
 
-/* cmocka setup and teardown: the teardown stops the Redis and frees the
- * rest also after a failed assertion. */
+/* cmocka setups (one server, a cluster) and teardown: the teardown stops
+ * the Redis and frees the rest also after a failed assertion. */
 static int redis_case_setup(void **state) {
     *state = calloc(1, sizeof(RedisCase));
     return *state ? 0 : -1;
 }
 
+static int cluster_case_setup(void **state) {
+    if (redis_case_setup(state)) return -1;
+    ((RedisCase *)*state)->is_cluster = true;
+    return 0;
+}
+
 static int redis_case_teardown(void **state) {
     RedisCase *rc = *state;
     if (rc->m) recomputed_free(&rc->full);
-    redis_srv_free(&rc->srv);
+    if (rc->is_cluster) redis_cluster_free(&rc->cl);
+    else redis_srv_free(&rc->srv);
     model_free(rc->m);
     free(rc);
     return 0;
@@ -3060,16 +3097,40 @@ static bool redis_case_open(RedisCase *rc, uint64_t seed) {
         return false;
     }
     if ((rc->m = load("stories260K")) == NULL) return false;
-    redis_srv_start(&rc->srv, NULL);
+    if (rc->is_cluster) {
+        redis_cluster_start(&rc->cl);
+    } else {
+        redis_srv_start(&rc->srv, NULL);
+        rc->url = rc->srv.url;
+    }
     make_prompts(rc->p, 3, 65, rc->m->cfg.n_vocab, seed);
     rc->full = recompute(rc->m, rc->p[0], 65, 4);
     return true;
 }
 
+/* Options of an engine whose only tier is the case's shared one: blocks
+ * of 8 tokens, a pool of pool_blocks, one sequence at a time. */
+static void case_options(const RedisCase *rc, EngineOptions *o, int pool_blocks, const MoverTestHooks *hooks) {
+    tier_options(o, pool_blocks, hooks);
+    o->redis_urls = rc->is_cluster ? rc->cl.urls : &rc->url;
+    o->n_redis_urls = rc->is_cluster ? REDIS_CLUSTER_NODES : 1;
+    o->redis_cluster = rc->is_cluster;
+}
+
+/* case_options' engine. */
+static Engine *case_engine(const RedisCase *rc, int pool_blocks, const MoverTestHooks *hooks) {
+    EngineOptions o;
+    case_options(rc, &o, pool_blocks, hooks);
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(rc->m, &o, &e, &err)) fail_msg("%s", err.msg);
+    return e;
+}
+
 /* Another instance computes prompt p (full: its recompute) and saves it
  * into the store (the engine is freed once its saves are done). */
 static void put_in_redis(RedisCase *rc, const Recomputed *full, const int32_t *p) {
-    Engine *e = redis_engine(rc->m, 32, rc->srv.url, NULL);
+    Engine *e = case_engine(rc, 32, NULL);
     ReqResult res;
     expect_recomputed(e, full, p, 65, &res);
     assert_int_equal(res.n_cached, 0);
@@ -3078,14 +3139,17 @@ static void put_in_redis(RedisCase *rc, const Recomputed *full, const int32_t *p
     engine_free(e);
 }
 
-/* Two instances on one Redis: B never saw prompt a, which A computed;
- * its probe finds a's blocks, and the restore from Redis gives first
- * logits bit-identical to a full recompute, with usage naming redis. */
+/* Two instances on one Redis (one server, or a cluster:
+ * test_cluster_restore_other_instance): B never saw prompt a, which A
+ * computed; its probe finds a's blocks (on a cluster, the pointers on
+ * whichever nodes, the values on their run's node), and the restore from
+ * Redis gives first logits bit-identical to a full recompute, with usage
+ * naming redis. */
 static void test_redis_restore_other_instance(void **s) {
     RedisCase *rc = *s;
     if (!redis_case_open(rc, 151)) return;
     put_in_redis(rc, &rc->full, rc->p[0]);
-    Engine *e = redis_engine(rc->m, 32, rc->srv.url, NULL);
+    Engine *e = case_engine(rc, 32, NULL);
     ReqResult res;
     expect_recomputed(e, &rc->full, rc->p[0], 65, &res);
     assert_int_equal(res.n_cached, 64);
@@ -3095,6 +3159,7 @@ static void test_redis_restore_other_instance(void **s) {
     assert_int_equal(st.shared_lookup_blocks, 8);
     assert_int_equal(st.shared_found_blocks, 8);
     assert_int_equal(st.restore_failures, 0);
+    assert_int_equal(st.tiers[0].tier.n_io_errors, 0);
     assert_true(st.tiers[0].tier.bytes_read > 0);
     engine_free(e);
 }
@@ -3121,7 +3186,7 @@ static void test_redis_killed_mid_restore(void **s) {
     Gate g;
     gate_init(&g);
     MoverTestHooks hooks = {.layer_gate = hold_layer0, .ctx = &g, .redis_window_bytes = 1};
-    Engine *e = redis_engine(rc->m, 32, rc->srv.url, &hooks);
+    Engine *e = case_engine(rc, 32, &hooks);
     gate_close(&g);
     float *got = calloc((size_t)rc->full.n_vocab, sizeof *got);
     Request *r = submit_one_logits(e, rc->p[0], 65, rc->full.n_gen, got);
@@ -3164,10 +3229,7 @@ static void test_redis_saves_after_outage(void **s) {
     drive_init(&dr);
     dr.backoff_at = mn_now();
     EngineOptions o;
-    tier_options(&o, 32, NULL);
-    const char *url = rc->srv.url;
-    o.redis_urls = &url;
-    o.n_redis_urls = 1;
+    case_options(rc, &o, 32, NULL);
     o.test_hooks = &dr.hooks;
     Engine *e;
     MnErr err = {0};
@@ -3184,7 +3246,7 @@ static void test_redis_saves_after_outage(void **s) {
     settle(e);
     assert_true(redis_stats(e).n_puts >= 1);
     engine_free(e);
-    e = redis_engine(rc->m, 32, rc->srv.url, NULL);
+    e = case_engine(rc, 32, NULL);
     expect_recomputed(e, &full_b, rc->p[1], 65, &res);
     assert_int_equal(res.n_cached_by[SRC_REDIS], 64);
     engine_free(e);
@@ -3198,7 +3260,7 @@ static void test_redis_saves_after_outage(void **s) {
 static void test_redis_flushed(void **s) {
     RedisCase *rc = *s;
     if (!redis_case_open(rc, 171)) return;
-    Engine *e = redis_engine(rc->m, 16, rc->srv.url, NULL);
+    Engine *e = case_engine(rc, 16, NULL);
     ReqResult res;
     expect_recomputed(e, &rc->full, rc->p[0], 65, &res);
     settle(e);
@@ -3227,7 +3289,7 @@ static void test_redis_damaged_value(void **s) {
     if (!redis_case_open(rc, 181)) return;
     put_in_redis(rc, &rc->full, rc->p[0]);
     assert_true(redis_srv_damage(&rc->srv, "mnemo:kv1:*", 1000) > 0);
-    Engine *e = redis_engine(rc->m, 32, rc->srv.url, NULL);
+    Engine *e = case_engine(rc, 32, NULL);
     ReqResult res;
     expect_recomputed(e, &rc->full, rc->p[0], 65, &res);
     assert_int_equal(res.n_cached_by[SRC_REDIS], 0);
@@ -3241,68 +3303,13 @@ static void test_redis_damaged_value(void **s) {
 
 /* ---- the shared tier on a Redis Cluster ------------------------------------------------- */
 
-/* An engine whose only tier is the shared one on the cluster (its three
- * nodes the seeds), as redis_engine. */
-static Engine *cluster_engine(Model *m, const RedisClusterSrv *cl) {
-    EngineOptions o;
-    tier_options(&o, 32, NULL);
-    o.redis_urls = cl->urls;
-    o.n_redis_urls = REDIS_CLUSTER_NODES;
-    o.redis_cluster = true;
-    Engine *e;
-    MnErr err = {0};
-    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
-    return e;
-}
-
-typedef struct ClusterCase {
-    RedisClusterSrv cl;
-    Model *m;
-    int32_t p[3][80];
-    Recomputed full; /* of p[0], 4 tokens */
-} ClusterCase;
-
-static int cluster_case_setup(void **state) {
-    *state = calloc(1, sizeof(ClusterCase));
-    return *state ? 0 : -1;
-}
-
-static int cluster_case_teardown(void **state) {
-    ClusterCase *cc = *state;
-    if (cc->m) recomputed_free(&cc->full);
-    redis_cluster_free(&cc->cl);
-    model_free(cc->m);
-    free(cc);
-    return 0;
-}
-
-/* The cluster, the model, the prompts; A (another instance) computes
- * p[0] and saves it into the cluster. False: skipped. */
-static bool cluster_case_open(ClusterCase *cc, uint64_t seed) {
-    if (!redis_srv_available()) {
-        skip();
-        return false;
-    }
-    if ((cc->m = load("stories260K")) == NULL) return false;
-    redis_cluster_start(&cc->cl);
-    make_prompts(cc->p, 3, 65, cc->m->cfg.n_vocab, seed);
-    cc->full = recompute(cc->m, cc->p[0], 65, 4);
-    Engine *a = cluster_engine(cc->m, &cc->cl);
-    ReqResult res;
-    expect_recomputed(a, &cc->full, cc->p[0], 65, &res);
-    settle(a);
-    assert_true(redis_stats(a).n_puts >= 1);
-    engine_free(a);
-    return true;
-}
-
 /* The stored runs' layer-0 keys and the node of each (one node holds all
  * of a run's layers: their hash tag); returns how many. */
-static int cluster_runs(const ClusterCase *cc, char (*keys)[160], int *node, int max) {
+static int cluster_runs(const RedisCase *rc, char (*keys)[160], int *node, int max) {
     int n = 0;
     for (int i = 0; i < REDIS_CLUSTER_NODES; i++) {
-        if (cc->cl.node[i].pid <= 0) continue;
-        redisReply *rep = redis_srv_keys(&cc->cl.node[i], "mnemo:kv1:*:0");
+        if (rc->cl.node[i].pid <= 0) continue;
+        redisReply *rep = redis_srv_keys(&rc->cl.node[i], "mnemo:kv1:*:0");
         for (size_t k = 0; k < rep->elements && n < max; k++, n++) {
             snprintf(keys[n], sizeof keys[n], "%s", rep->element[k]->str);
             node[n] = i;
@@ -3314,47 +3321,31 @@ static int cluster_runs(const ClusterCase *cc, char (*keys)[160], int *node, int
 
 /* Move every stored run's slot to the next node: finished (MOVED from the
  * old owner) or left mid-migration with all its keys at the target (ASK). */
-static void cluster_move_runs(ClusterCase *cc, bool finish) {
+static void cluster_move_runs(RedisCase *rc, bool finish) {
     char keys[16][160];
-    int node[16], n = cluster_runs(cc, keys, node, 16);
+    int node[16], n = cluster_runs(rc, keys, node, 16);
     assert_true(n >= 1);
-    int n_layer = cc->m->cfg.n_layer;
+    int n_layer = rc->m->cfg.n_layer;
     for (int r = 0; r < n; r++) {
-        int slot = (int)redis_srv_int(&cc->cl.node[node[r]], "CLUSTER KEYSLOT %s", keys[r]);
+        int slot = (int)redis_srv_int(&rc->cl.node[node[r]], "CLUSTER KEYSLOT %s", keys[r]);
         /* (two runs in one slot: the second finds it moved already) */
-        int moved = redis_cluster_move_slot(&cc->cl, slot, node[r], (node[r] + 1) % REDIS_CLUSTER_NODES, -1, finish);
+        int moved = redis_cluster_move_slot(&rc->cl, slot, node[r], (node[r] + 1) % REDIS_CLUSTER_NODES, -1, finish);
         assert_true(moved == 0 || moved >= n_layer);
-        assert_int_equal(redis_cluster_holder(&cc->cl, keys[r]), (node[r] + 1) % REDIS_CLUSTER_NODES);
+        assert_int_equal(redis_cluster_holder(&rc->cl, keys[r]), (node[r] + 1) % REDIS_CLUSTER_NODES);
     }
-}
-
-/* Two instances on one cluster: B never saw p[0]; it finds A's runs (the
- * pointers on whichever nodes, the values on their run's node) and the
- * restore gives first logits bit-identical to a full recompute. */
-static void test_cluster_restore_other_instance(void **s) {
-    ClusterCase *cc = *s;
-    if (!cluster_case_open(cc, 251)) return;
-    Engine *b = cluster_engine(cc->m, &cc->cl);
-    ReqResult res;
-    expect_recomputed(b, &cc->full, cc->p[0], 65, &res);
-    assert_int_equal(res.n_cached_by[SRC_REDIS], 64);
-    EngineStats st;
-    engine_stats(b, &st);
-    assert_int_equal(st.restore_failures, 0);
-    assert_int_equal(st.tiers[0].tier.n_io_errors, 0);
-    engine_free(b);
 }
 
 /* B read the slot map, then the runs' slots move to other nodes (a
  * reshard): B's lookups and reads meet MOVED, follow it, and the restore
  * is still bit-identical. */
 static void test_cluster_restore_moved(void **s) {
-    ClusterCase *cc = *s;
-    if (!cluster_case_open(cc, 261)) return;
-    Engine *b = cluster_engine(cc->m, &cc->cl);
-    cluster_move_runs(cc, true);
+    RedisCase *rc = *s;
+    if (!redis_case_open(rc, 261)) return;
+    put_in_redis(rc, &rc->full, rc->p[0]);
+    Engine *b = case_engine(rc, 32, NULL);
+    cluster_move_runs(rc, true);
     ReqResult res;
-    expect_recomputed(b, &cc->full, cc->p[0], 65, &res);
+    expect_recomputed(b, &rc->full, rc->p[0], 65, &res);
     assert_int_equal(res.n_cached_by[SRC_REDIS], 64);
     EngineStats st;
     engine_stats(b, &st);
@@ -3366,12 +3357,13 @@ static void test_cluster_restore_moved(void **s) {
  * old owner answers ASK, B asks the target (ASKING), and the restore is
  * still bit-identical. */
 static void test_cluster_restore_asking(void **s) {
-    ClusterCase *cc = *s;
-    if (!cluster_case_open(cc, 271)) return;
-    Engine *b = cluster_engine(cc->m, &cc->cl);
-    cluster_move_runs(cc, false);
+    RedisCase *rc = *s;
+    if (!redis_case_open(rc, 271)) return;
+    put_in_redis(rc, &rc->full, rc->p[0]);
+    Engine *b = case_engine(rc, 32, NULL);
+    cluster_move_runs(rc, false);
     ReqResult res;
-    expect_recomputed(b, &cc->full, cc->p[0], 65, &res);
+    expect_recomputed(b, &rc->full, rc->p[0], 65, &res);
     assert_int_equal(res.n_cached_by[SRC_REDIS], 64);
     EngineStats st;
     engine_stats(b, &st);
@@ -3384,19 +3376,20 @@ static void test_cluster_restore_asking(void **s) {
  * resets fail while the cluster's map names the dead node); a new prompt
  * succeeds too. */
 static void test_cluster_node_killed(void **s) {
-    ClusterCase *cc = *s;
-    if (!cluster_case_open(cc, 281)) return;
-    Recomputed full_b = recompute(cc->m, cc->p[1], 65, 4);
-    Engine *b = cluster_engine(cc->m, &cc->cl);
+    RedisCase *rc = *s;
+    if (!redis_case_open(rc, 281)) return;
+    put_in_redis(rc, &rc->full, rc->p[0]);
+    Recomputed full_b = recompute(rc->m, rc->p[1], 65, 4);
+    Engine *b = case_engine(rc, 32, NULL);
     char keys[16][160];
     int node[16];
-    assert_true(cluster_runs(cc, keys, node, 16) >= 1);
-    redis_srv_kill(&cc->cl.node[node[0]]);
+    assert_true(cluster_runs(rc, keys, node, 16) >= 1);
+    redis_srv_kill(&rc->cl.node[node[0]]);
     ReqResult res;
-    expect_recomputed(b, &cc->full, cc->p[0], 65, &res);
+    expect_recomputed(b, &rc->full, rc->p[0], 65, &res);
     assert_int_equal(res.n_cached_by[SRC_REDIS], 0);
     assert_true(redis_stats(b).n_io_errors >= 1);
-    expect_recomputed(b, &full_b, cc->p[1], 65, &res);
+    expect_recomputed(b, &full_b, rc->p[1], 65, &res);
     /* while the map names the dead node, every reset fails: still off */
     assert_true(redis_stats(b).is_failed);
     recomputed_free(&full_b);
@@ -3534,6 +3527,8 @@ int main(void) {
         cmocka_unit_test(test_hidden_mixed),
         cmocka_unit_test(test_hidden_restart),
         cmocka_unit_test(test_hidden_promote),
+        cmocka_unit_test(test_block_tokens_out_of_range),
+        cmocka_unit_test(test_restore_plan_out_of_range),
         cmocka_unit_test(test_auto_plan),
         cmocka_unit_test(test_prefetch_waiting),
         cmocka_unit_test(test_promote_waiting),
@@ -3551,10 +3546,11 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_redis_saves_after_outage, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_flushed, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_damaged_value, redis_case_setup, redis_case_teardown),
-        cmocka_unit_test_setup_teardown(test_cluster_restore_other_instance, cluster_case_setup, cluster_case_teardown),
-        cmocka_unit_test_setup_teardown(test_cluster_restore_moved, cluster_case_setup, cluster_case_teardown),
-        cmocka_unit_test_setup_teardown(test_cluster_restore_asking, cluster_case_setup, cluster_case_teardown),
-        cmocka_unit_test_setup_teardown(test_cluster_node_killed, cluster_case_setup, cluster_case_teardown),
+        {"test_cluster_restore_other_instance", test_redis_restore_other_instance, cluster_case_setup,
+         redis_case_teardown, NULL},
+        cmocka_unit_test_setup_teardown(test_cluster_restore_moved, cluster_case_setup, redis_case_teardown),
+        cmocka_unit_test_setup_teardown(test_cluster_restore_asking, cluster_case_setup, redis_case_teardown),
+        cmocka_unit_test_setup_teardown(test_cluster_node_killed, cluster_case_setup, redis_case_teardown),
         cmocka_unit_test(test_table_out_of_memory),
         cmocka_unit_test(test_many_conversations_tiered),
     };

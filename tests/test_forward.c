@@ -462,7 +462,10 @@ static void test_invariance_llama_q8_0_f16kv(void **s) { check_invariance("tiny-
  * each layer's K/V operand in the pool's hidden arenas; projecting them
  * back (fwd_project) into wiped slots gives the pass's K and V bit for
  * bit, in every layer — with each model's biases, K norm and RoPE.
- * packed: the model's hidden rows are the int8 form (K-quants). */
+ * packed: the model's hidden rows are the int8 form (K-quants). What
+ * cannot be projected (a position, slot or layer out of range; a pool
+ * without hidden rows, or with rows of another size) is refused, and
+ * nothing is written. */
 static void check_projection(const char *model_name, MnType kv_type, bool packed) {
     char path[512];
     model_file(path, sizeof path, model_name);
@@ -499,8 +502,26 @@ static void check_projection(const char *model_name, MnType kv_type, bool packed
         for (int i = 0; i < 3; i++)
             assert_memory_equal(kvpool_k(&b.pool, l, table[i]), want + ((size_t)l * 3 + (size_t)i) * bytes, bytes);
     }
-    int32_t bad_pos = 3;
-    assert_int_equal(fwd_project(b.fwd, 0, table, &bad_pos, 1, &err), MN_EINVAL);
+    /* what cannot be projected is refused before anything is written */
+    int32_t bad_pos[2] = {0, 3}, far_pos = fo.max_ctx, bad_slot[2] = {table[0], b.pool.n_blocks}, neg_slot = -1;
+    memset(kvpool_k(&b.pool, 0, table[0]), 0x5a, bytes);
+    assert_int_equal(fwd_project(b.fwd, 0, table, bad_pos, 2, &err), MN_EINVAL);
+    assert_int_equal(fwd_project(b.fwd, 0, table, &far_pos, 1, &err), MN_EINVAL);
+    assert_int_equal(fwd_project(b.fwd, 0, bad_slot, pos0, 2, &err), MN_EINVAL);
+    assert_int_equal(fwd_project(b.fwd, 0, &neg_slot, pos0, 1, &err), MN_EINVAL);
+    assert_int_equal(fwd_project(b.fwd, -1, table, pos0, 1, &err), MN_EINVAL);
+    assert_int_equal(fwd_project(b.fwd, c->n_layer, table, pos0, 1, &err), MN_EINVAL);
+    for (size_t i = 0; i < bytes; i++) assert_int_equal(((uint8_t *)kvpool_k(&b.pool, 0, table[0]))[i], 0x5a);
+    /* a pool whose hidden rows are not this model's, or that has none */
+    KvPool other;
+    Forward *f2 = NULL;
+    assert_int_equal(kvpool_init(&other, c->n_layer, c->kv_dim, bt, 4, kv_type), MN_OK);
+    if (fwd_new(b.m, &other, &fo, &f2, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(fwd_project(f2, 0, table, pos0, 1, &err), MN_EINVAL);
+    fwd_free(f2);
+    assert_int_equal(kvpool_init_hidden(&other, row + 4), MN_OK);
+    assert_int_equal(fwd_new(b.m, &other, &fo, &f2, &err), MN_EINVAL);
+    kvpool_deinit(&other);
     free(want);
     bench_free(&b);
 }

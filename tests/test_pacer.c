@@ -79,7 +79,8 @@ static int brute_force_fit(Cost k, double target, PacerShape base, int32_t pos, 
 /* pacer_fit: the probe before any pass; then, once the cost is learnt,
  * the chunk a brute-force search over the true cost finds (a chunk one
  * token longer may land exactly on the target: within one token), 0
- * when the step is full already, max_n when everything fits. */
+ * when the step is full already, max_n when everything fits; and
+ * pacer_fit_target likewise for a target other than the pacer's. */
 static void test_fit_chunk(void **s) {
     Cost k = COST;
     const double target = 0.25;
@@ -87,6 +88,7 @@ static void test_fit_chunk(void **s) {
     pacer_init(&p, target, 32);
     assert_int_equal(pacer_fit(&p, (PacerShape){0}, 0, 500, false), 32);
     assert_int_equal(pacer_fit(&p, (PacerShape){0}, 0, 20, false), 20);
+    assert_int_equal(pacer_fit_target(&p, (PacerShape){0}, 0, 500, false, 4 * target), 32);
     assert_true(pacer_predict(&p, pacer_range(0, 10)) == 0);
     observe_n(&p, k, 0, 30);
     PacerShape decodes = pacer_add(pacer_decode(900), pacer_decode(1500));
@@ -94,6 +96,12 @@ static void test_fit_chunk(void **s) {
         int got = pacer_fit(&p, decodes, pos, 512, false), want = brute_force_fit(k, target, decodes, pos, 512);
         if (abs(got - want) > 1) fail_msg("at position %d: a chunk of %d tokens, want %d", pos, got, want);
         assert_true(got > 0);
+        /* pacer_fit_target: the same search for another target */
+        int got2 = pacer_fit_target(&p, decodes, pos, 512, false, 2 * target),
+            want2 = brute_force_fit(k, 2 * target, decodes, pos, 512);
+        if (abs(got2 - want2) > 1)
+            fail_msg("at position %d, twice the target: a chunk of %d tokens, want %d", pos, got2, want2);
+        assert_true(want2 > want + 1);
     }
     assert_int_equal(pacer_fit(&p, pacer_range(0, 100), 0, 512, false), 0); /* 0.32 s already */
     assert_int_equal(pacer_fit(&p, decodes, 0, 5, false), 5);

@@ -1196,7 +1196,9 @@ static bool try_admit(Engine *e, Active *a) {
     a->lead_end = first * bt;
     a->lead_done = 0;
     if (!has_move && n_hit > 0) {
+        pthread_mutex_lock(&e->stats_lock); /* engine_stats reads it from other threads */
         e->stats.restored_recompute_tokens += (uint64_t)(first * bt);
+        pthread_mutex_unlock(&e->stats_lock);
         a->n_restored_by[RESTORE_RECOMPUTE] = first * bt;
     }
     a->n_done = (n_hit > 0 ? end * bt : 0) + n_rows;
@@ -1523,22 +1525,19 @@ static uint64_t hidden_layers_of(const Model *m, const EngineOptions *op) {
  * as hidden states, and why: the user asked for it, and the only other
  * sign is a metric that stays at zero. Not a refusal: one command line
  * may serve models of both kinds. */
-static void log_plan_fallback(const Model *m, const EngineOptions *op, bool has_tiers) {
+static void log_plan_fallback(const Model *m, const EngineOptions *op, uint64_t hidden_layers, bool has_tiers) {
     if (op->restore_plan == RESTORE_PLAN_KV) return;
     const char *plan = op->restore_plan == RESTORE_PLAN_HIDDEN ? "hidden" : "auto";
     if (!has_tiers) {
         LOG_WARN("--restore-plan %s does nothing: no cache tier is set (--ram-tier-mb, --disk-tier, --redis-tier)",
                  plan);
-    } else if (hidden_layers_of(m, op) == 0) {
+    } else if (hidden_layers == 0) {
         uint64_t kv = kvpool_bytes_for(1, m->cfg.kv_dim, op->block_tokens, 1, op->kv_type) / (uint64_t)op->block_tokens;
         LOG_WARN("--restore-plan %s: the tiers store KV: this model's hidden state takes %zu bytes a token per layer, "
                  "not fewer than its KV's %llu (--kv-type %s)",
                  plan, fwd_hidden_row_bytes(m), (unsigned long long)kv, op->kv_type == MN_TYPE_F32 ? "f32" : "f16");
     }
 }
-
-/* Whether the pool keeps hidden states: a plan may store some. */
-static bool plan_has_hidden(const Model *m, const EngineOptions *op) { return hidden_layers_of(m, op) != 0; }
 
 /* The projection time's first figure, before any restore: how long projecting
  * a few blocks of layer 0 takes (into free slots, whose contents nothing
@@ -2092,7 +2091,8 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         rc = mn_err_set(err, MN_EINVAL, "engine options out of range");
     /* hidden states are captured into arenas of their own, counted in the
      * pool's size, when a plan may store them */
-    const bool has_hidden = plan_has_hidden(m, op);
+    const uint64_t hidden_layers = rc == MN_OK ? hidden_layers_of(m, op) : 0;
+    const bool has_hidden = hidden_layers != 0;
     const size_t hid_row = has_hidden ? fwd_hidden_row_bytes(m) : 0;
     uint64_t per_block = kvpool_bytes_for(m->cfg.n_layer, m->cfg.kv_dim, op->block_tokens, 1, op->kv_type) +
                          (uint64_t)m->cfg.n_layer * (uint64_t)op->block_tokens * hid_row;
@@ -2106,7 +2106,8 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         if (pool_bytes > cap) pool_bytes = cap;
         if (pool_bytes > want) pool_bytes = want;
     }
-    uint64_t n_blocks = op->pool_blocks > 0 ? (uint64_t)op->pool_blocks : pool_bytes / per_block;
+    uint64_t n_blocks = 0; /* with options out of range, per_block may be 0: no pool (rc says why) */
+    if (rc == MN_OK) n_blocks = op->pool_blocks > 0 ? (uint64_t)op->pool_blocks : pool_bytes / per_block;
     if (rc == MN_OK && n_blocks < 2) rc = mn_err_set(err, MN_EINVAL, "a KV pool of %llu MB holds no blocks", (unsigned long long)op->pool_mb);
     if (n_blocks > (1u << 30)) n_blocks = 1u << 30;
     if (rc == MN_OK && (rc = kvpool_init(&e->pool, m->cfg.n_layer, m->cfg.kv_dim, op->block_tokens, (int)n_blocks,
@@ -2165,7 +2166,7 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
                           .on_lost_fn = mark_holders_failed,
                           .on_restored_fn = note_restored,
                           .ctx = e,
-                          .hidden_layers = hidden_layers_of(m, op),
+                          .hidden_layers = hidden_layers,
                           .is_auto = op->restore_plan == RESTORE_PLAN_AUTO,
                           .project_fn = project_restored};
         rc = tiers_new(&tc, &e->tiers, err);
@@ -2173,7 +2174,7 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
         /* the projection time's first figure: the auto plan splits by it, and any plan's restores
          * of hidden states are estimated with it (tiers_plan_step) before one is measured */
         if (rc == MN_OK && tc.hidden_layers != 0 && tiers_is_on(e->tiers)) measure_projection(e);
-        if (rc == MN_OK) log_plan_fallback(m, op, tiers_is_on(e->tiers));
+        if (rc == MN_OK) log_plan_fallback(m, op, hidden_layers, tiers_is_on(e->tiers));
     }
     if (rc == MN_OK) {
         e->stats.pool_blocks = e->pool.n_blocks;

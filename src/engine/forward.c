@@ -57,10 +57,12 @@ static bool hidden_is_packed(const Model *m) {
     return true;
 }
 
-size_t fwd_hidden_row_bytes(const Model *m) {
+static size_t hidden_row_bytes(const Model *m, bool is_packed) {
     const int64_t d = m->cfg.n_embd;
-    return hidden_is_packed(m) ? (size_t)(d / MN_QK_K) * KQ_PACKED_BYTES : (size_t)d * sizeof(float);
+    return is_packed ? (size_t)(d / MN_QK_K) * KQ_PACKED_BYTES : (size_t)d * sizeof(float);
 }
+
+size_t fwd_hidden_row_bytes(const Model *m) { return hidden_row_bytes(m, hidden_is_packed(m)); }
 
 static float *alloc_rows(int rows, int width) {
     return mn_alloc_aligned((size_t)rows * (size_t)width * sizeof(float), 64);
@@ -100,7 +102,7 @@ int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, 
         return mn_err_set(err, MN_ENOMEM, "forward: out of memory for %d-token batches", T);
     }
     f->is_packed = hidden_is_packed(m);
-    f->hid_row = fwd_hidden_row_bytes(m);
+    f->hid_row = hidden_row_bytes(m, f->is_packed);
     if (pool->hid_arenas != NULL) {
         const int P = PROJ_BLOCKS * pool->block_tokens;
         if (pool->hidden_row_bytes != f->hid_row) {
