@@ -274,17 +274,13 @@ static size_t record_len(int n_blocks, int n_layer, uint32_t version) {
     return DISK_RECORD_HEAD + 16 * (size_t)n_blocks + 8 * (size_t)n_layer + (version >= 2 ? 16 : 0) + 8;
 }
 
-static bool is_hidden(uint64_t hidden, int l) { return l < 64 && (hidden >> l & 1); }
-
 /* S_l, the extent of layer l of dr. */
-static uint64_t ext_len(const DiskRun *dr, int l) { return is_hidden(dr->hidden, l) ? dr->hstride : dr->stride; }
+static uint64_t ext_len(const DiskRun *dr, int l) {
+    return tier_layer_is_hidden(dr->hidden, l) ? dr->hstride : dr->stride;
+}
 
 /* E_l, where layer l's extent begins, from O. */
-static uint64_t ext_at(const DiskRun *dr, int l) {
-    uint64_t h = l >= 64 ? (uint64_t)__builtin_popcountll(dr->hidden)
-                         : (uint64_t)__builtin_popcountll(dr->hidden & ((1ull << l) - 1));
-    return ((uint64_t)l - h) * dr->stride + h * dr->hstride;
-}
+static uint64_t ext_at(const DiskRun *dr, int l) { return tier_layer_at(dr->stride, dr->hstride, dr->hidden, l); }
 
 /* The longest extent of dr's layers. */
 static uint64_t ext_max(const DiskRun *dr) {
