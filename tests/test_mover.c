@@ -514,19 +514,26 @@ static void test_load_checksum_failure(void **state) {
 
 /* ---- promotes -------------------------------------------------------------------- */
 
+/* A mover with a RAM tier of ram_bytes under evict over a 16 MiB disk
+ * tier in dir, reporting to sink (initialized here). */
+static Mover *ram_disk_mover_of(KvPool *p, const char *dir, Sink *sink, uint64_t ram_bytes, EvictPolicy evict) {
+    sink_init(sink);
+    MoverConfig mc = {.pool = p, .ram_bytes = ram_bytes, .disk_dir = dir, .disk_bytes = 16 << 20,
+                      .on_event = on_event, .event_ctx = sink, .evict = evict};
+    Mover *m;
+    MnErr err = {0};
+    if (mover_new(&mc, &m, &err) != MN_OK) fail_msg("mover_new: %s", err.msg);
+    return m;
+}
+
 /* A RAM tier with room for two and a half runs of 4 blocks over a disk
  * tier in dir (slots 0..11 filled), lru; runs A (0..3), B (4..7) and C
  * (8..11) saved, so RAM holds B and C and only the disk holds A. */
 static Mover *ram_disk_mover(KvPool *p, const char *dir, Sink *sink) {
     assert_int_equal(kvpool_init(p, 2, 64, 8, 64, MN_TYPE_F16), MN_OK);
     for (int s = 0; s < 12; s++) fill_slot(p, s, (uint32_t)s);
-    sink_init(sink);
     uint64_t run = 4 * (uint64_t)p->block_bytes * (uint64_t)p->n_layer;
-    MoverConfig mc = {.pool = p, .ram_bytes = 2 * run + run / 2, .disk_dir = dir, .disk_bytes = 16 << 20,
-                      .on_event = on_event, .event_ctx = sink, .evict = EVICT_LRU};
-    Mover *m;
-    MnErr err = {0};
-    assert_int_equal(mover_new(&mc, &m, &err), MN_OK);
+    Mover *m = ram_disk_mover_of(p, dir, sink, 2 * run + run / 2, EVICT_LRU);
     for (int k = 0; k < 3; k++) assert_int_equal(mover_submit(m, save_job(4 * k, 4)), MN_OK);
     sink_wait_done(sink, 3);
     for (int k = 0; k < 3; k++) assert_int_equal(sink->done[k]->saved_tiers, 3u);
@@ -617,12 +624,7 @@ static void test_promote_done_before_its_eviction(void **state) {
     for (int s = 0; s < 16; s++) fill_slot(&p, s, (uint32_t)s);
     char *dir = test_tmpdir_new("mover");
     Sink sink;
-    sink_init(&sink);
-    MoverConfig mc = {.pool = &p, .ram_bytes = 6 * 2 * (uint64_t)p.block_bytes, .disk_dir = dir,
-                      .disk_bytes = 16 << 20, .on_event = on_event, .event_ctx = &sink, .evict = EVICT_LOOKAHEAD};
-    Mover *m;
-    MnErr err = {0};
-    assert_int_equal(mover_new(&mc, &m, &err), MN_OK);
+    Mover *m = ram_disk_mover_of(&p, dir, &sink, 6 * 2 * (uint64_t)p.block_bytes, EVICT_LOOKAHEAD);
     for (int k = 0; k < 4; k++) assert_int_equal(mover_submit(m, save_job(4 * k, 3)), MN_OK);
     sink_wait_done(&sink, 4);
     sink.is_holding = true;
@@ -669,12 +671,7 @@ static void test_promote_all_or_nothing(void **state) {
     }
     char *dir = test_tmpdir_new("mover");
     Sink sink;
-    sink_init(&sink);
-    MoverConfig mc = {.pool = &p, .ram_bytes = 4 * 2 * (uint64_t)p.block_bytes, .disk_dir = dir,
-                      .disk_bytes = 16 << 20, .on_event = on_event, .event_ctx = &sink, .evict = EVICT_LRU};
-    Mover *m;
-    MnErr err = {0};
-    assert_int_equal(mover_new(&mc, &m, &err), MN_OK);
+    Mover *m = ram_disk_mover_of(&p, dir, &sink, 4 * 2 * (uint64_t)p.block_bytes, EVICT_LRU);
     assert_int_equal(mover_promote_max_blocks(m), 4);
     MoverJob *y = save_job(5, 3);
     y->hidden = 0x3;
