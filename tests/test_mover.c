@@ -514,19 +514,26 @@ static void test_load_checksum_failure(void **state) {
 
 /* ---- promotes -------------------------------------------------------------------- */
 
+/* A mover with a RAM tier of ram_bytes under evict over a 16 MiB disk
+ * tier in dir, reporting to sink (initialized here). */
+static Mover *ram_disk_mover_of(KvPool *p, const char *dir, Sink *sink, uint64_t ram_bytes, EvictPolicy evict) {
+    sink_init(sink);
+    MoverConfig mc = {.pool = p, .ram_bytes = ram_bytes, .disk_dir = dir, .disk_bytes = 16 << 20,
+                      .on_event = on_event, .event_ctx = sink, .evict = evict};
+    Mover *m;
+    MnErr err = {0};
+    if (mover_new(&mc, &m, &err) != MN_OK) fail_msg("mover_new: %s", err.msg);
+    return m;
+}
+
 /* A RAM tier with room for two and a half runs of 4 blocks over a disk
  * tier in dir (slots 0..11 filled), lru; runs A (0..3), B (4..7) and C
  * (8..11) saved, so RAM holds B and C and only the disk holds A. */
 static Mover *ram_disk_mover(KvPool *p, const char *dir, Sink *sink) {
     assert_int_equal(kvpool_init(p, 2, 64, 8, 64, MN_TYPE_F16), MN_OK);
     for (int s = 0; s < 12; s++) fill_slot(p, s, (uint32_t)s);
-    sink_init(sink);
     uint64_t run = 4 * (uint64_t)p->block_bytes * (uint64_t)p->n_layer;
-    MoverConfig mc = {.pool = p, .ram_bytes = 2 * run + run / 2, .disk_dir = dir, .disk_bytes = 16 << 20,
-                      .on_event = on_event, .event_ctx = sink, .evict = EVICT_LRU};
-    Mover *m;
-    MnErr err = {0};
-    assert_int_equal(mover_new(&mc, &m, &err), MN_OK);
+    Mover *m = ram_disk_mover_of(p, dir, sink, 2 * run + run / 2, EVICT_LRU);
     for (int k = 0; k < 3; k++) assert_int_equal(mover_submit(m, save_job(4 * k, 4)), MN_OK);
     sink_wait_done(sink, 3);
     for (int k = 0; k < 3; k++) assert_int_equal(sink->done[k]->saved_tiers, 3u);
@@ -617,12 +624,7 @@ static void test_promote_done_before_its_eviction(void **state) {
     for (int s = 0; s < 16; s++) fill_slot(&p, s, (uint32_t)s);
     char *dir = test_tmpdir_new("mover");
     Sink sink;
-    sink_init(&sink);
-    MoverConfig mc = {.pool = &p, .ram_bytes = 6 * 2 * (uint64_t)p.block_bytes, .disk_dir = dir,
-                      .disk_bytes = 16 << 20, .on_event = on_event, .event_ctx = &sink, .evict = EVICT_LOOKAHEAD};
-    Mover *m;
-    MnErr err = {0};
-    assert_int_equal(mover_new(&mc, &m, &err), MN_OK);
+    Mover *m = ram_disk_mover_of(&p, dir, &sink, 6 * 2 * (uint64_t)p.block_bytes, EVICT_LOOKAHEAD);
     for (int k = 0; k < 4; k++) assert_int_equal(mover_submit(m, save_job(4 * k, 3)), MN_OK);
     sink_wait_done(&sink, 4);
     sink.is_holding = true;
@@ -645,6 +647,54 @@ static void test_promote_done_before_its_eviction(void **state) {
     assert_int_equal(sink.done_dropped[6] - sink.done_dropped[5], 3); /* A, after its DONE */
     assert_int_equal(load_and_compare(m, &sink, &p, 0, 3, 40, 0), MN_ENOTFOUND);
     assert_int_equal(load_and_compare(m, &sink, &p, 4, 3, 40, 0), MN_OK);
+    mover_free(m);
+    sink_free(&sink);
+    test_tmpdir_free(dir);
+    kvpool_deinit(&p);
+}
+
+/* A promote whose blocks come from runs stored differently is put into
+ * RAM as one run per stretch; when a later stretch's put fails, the
+ * earlier one is dropped again (reported), as the engine records none of
+ * a failed promote's blocks in RAM. Hidden blocks of twice the K/V's size
+ * make the second put too big for a RAM tier of 4 K/V blocks: X (block
+ * 0, K/V) and W (1..4, K/V) are saved, W pushing X out of RAM; Y (5..7,
+ * every layer hidden) fits the disk only. Promoting X and Y: X's put
+ * evicts W, Y's is refused, and X goes again. */
+static void test_promote_all_or_nothing(void **state) {
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 2, 64, 8, 64, MN_TYPE_F16), MN_OK);
+    assert_int_equal(kvpool_init_hidden(&p, 2 * p.block_bytes / 8), MN_OK); /* hidden_bytes = 2 * block_bytes */
+    for (int s = 0; s < 8; s++) {
+        fill_slot(&p, s, (uint32_t)s);
+        fill_hidden(&p, s, (uint32_t)s);
+    }
+    char *dir = test_tmpdir_new("mover");
+    Sink sink;
+    Mover *m = ram_disk_mover_of(&p, dir, &sink, 4 * 2 * (uint64_t)p.block_bytes, EVICT_LRU);
+    assert_int_equal(mover_promote_max_blocks(m), 4);
+    MoverJob *y = save_job(5, 3);
+    y->hidden = 0x3;
+    assert_int_equal(mover_submit(m, save_job(0, 1)), MN_OK);
+    assert_int_equal(mover_submit(m, save_job(1, 4)), MN_OK);
+    assert_int_equal(mover_submit(m, y), MN_OK);
+    sink_wait_done(&sink, 3);
+    assert_int_equal(sink.done[1]->saved_tiers, 3u);
+    assert_int_equal(y->saved_tiers, 2u);
+    assert_int_equal(sink.n_dropped, 1); /* X, from RAM */
+    MoverJob *pr = promote_job(0, 4, 1); /* X, then Y */
+    for (int i = 1; i < 4; i++) pr->hashes[i] = block_hash(4 + i);
+    assert_int_equal(mover_submit(m, pr), MN_OK);
+    sink_wait_done(&sink, 4);
+    assert_int_equal(pr->rc, MN_EFULL);
+    assert_int_equal(pr->saved_tiers, 0u);
+    assert_int_equal(sink.n_dropped, 1 + 4 + 1); /* W to make room for X; then X */
+    MoverTierStats ram;
+    mover_stats(m, 0, &ram);
+    assert_int_equal(ram.tier.n_blocks, 0);
+    assert_int_equal(ram.tier.occupancy_bytes, 0);
+    assert_int_equal(load_and_compare(m, &sink, &p, 0, 1, 20, 0), MN_ENOTFOUND);
+    assert_int_equal(load_and_compare(m, &sink, &p, 0, 1, 20, 1), MN_OK); /* the disk still has it */
     mover_free(m);
     sink_free(&sink);
     test_tmpdir_free(dir);
@@ -943,6 +993,7 @@ int main(void) {
         cmocka_unit_test(test_load_checksum_failure),
         cmocka_unit_test(test_promote_into_ram),
         cmocka_unit_test(test_promote_refused),
+        cmocka_unit_test(test_promote_all_or_nothing),
         cmocka_unit_test(test_promote_done_before_its_eviction),
         cmocka_unit_test(test_mixed_restore_logits),
     };

@@ -67,25 +67,28 @@ static inline void fill_slot(KvPool *p, int32_t slot, uint32_t id) {
     for (int l = 0; l < p->n_layer; l++) content_of(id, l, kvpool_k(p, l, slot), p->block_bytes);
 }
 
-static inline bool slot_is(const KvPool *p, int layer, int32_t slot, uint32_t id) {
+/* Whether the n bytes at got are block `id`'s in layer l (content_of). */
+static inline bool bytes_are(uint32_t id, int layer, const void *got, size_t n) {
     uint8_t want[8192];
-    assert_true(p->block_bytes <= sizeof want);
-    content_of(id, layer, want, p->block_bytes);
-    return memcmp(want, kvpool_k(p, layer, slot), p->block_bytes) == 0;
+    assert_true(n <= sizeof want);
+    content_of(id, layer, want, n);
+    return memcmp(want, got, n) == 0;
 }
 
-/* The hidden rows of block `id` in layer l (a pure function, as content_of). */
-static inline void hidden_of(uint32_t id, int layer, uint8_t *out, size_t n) { content_of(id ^ 0x40000u, layer, out, n); }
+static inline bool slot_is(const KvPool *p, int layer, int32_t slot, uint32_t id) {
+    return bytes_are(id, layer, kvpool_k(p, layer, slot), p->block_bytes);
+}
+
+/* The hidden rows of block `id` in layer l: another id's content, so
+ * that neither is taken for the other. */
+#define HIDDEN_ID(id) ((id) ^ 0x40000u)
 
 static inline void fill_hidden(KvPool *p, int32_t slot, uint32_t id) {
-    for (int l = 0; l < p->n_layer; l++) hidden_of(id, l, kvpool_h(p, l, slot), p->hidden_bytes);
+    for (int l = 0; l < p->n_layer; l++) content_of(HIDDEN_ID(id), l, kvpool_h(p, l, slot), p->hidden_bytes);
 }
 
 static inline bool hidden_is(const KvPool *p, int layer, int32_t slot, uint32_t id) {
-    uint8_t want[8192];
-    assert_true(p->hidden_bytes <= sizeof want);
-    hidden_of(id, layer, want, p->hidden_bytes);
-    return memcmp(want, kvpool_h(p, layer, slot), p->hidden_bytes) == 0;
+    return bytes_are(HIDDEN_ID(id), layer, kvpool_h(p, layer, slot), p->hidden_bytes);
 }
 
 static inline void scramble_pool(KvPool *p, uint64_t seed) {

@@ -294,17 +294,31 @@ static void read_batch(Mover *m, JobBatch *b, KvPool *pool, TierLayerFn layer_fn
         }
 }
 
+/* The end of the stretch of promote j's blocks from a on whose layers
+ * arrived alike (as KV or as hidden states: the blocks may come from runs
+ * stored differently). */
+static int alike_end(const MoverJob *j, int a) {
+    int b = a + 1;
+    while (b < j->n && j->block_hidden[b] == j->block_hidden[a]) b++;
+    return b;
+}
+
 /* Put a promote's blocks, in the staging pool, into tier 0: one run per
- * stretch of blocks whose layers arrived alike (as KV or as hidden
- * states: the blocks may come from runs stored differently). */
+ * stretch (alike_end). All or nothing: when a put fails, the runs put
+ * before it are dropped again (reported, as any drop), since the engine
+ * records none of a failed promote's blocks in tier 0 — kept, they would
+ * take its room unused. */
 static int put_promote(Mover *m, MoverJob *j) {
-    int rc = MN_OK;
-    for (int a = 0, b; a < j->n && rc == MN_OK; a = b) {
-        for (b = a + 1; b < j->n && j->block_hidden[b] == j->block_hidden[a];) b++;
-        TierRunInfo info = {.pos = j->pos + a * m->cfg.pool->block_tokens, .ns_id = &j->ns_id,
-                            .hidden = j->block_hidden[a]};
-        rc = tier_put_run(m->tiers[0], j->hashes + a, b - a, &m->staging, j->slots + a, &info);
+    int rc = MN_OK, n_put = 0; /* blocks [0, n_put) are in tier 0 */
+    while (n_put < j->n && rc == MN_OK) {
+        int end = alike_end(j, n_put);
+        TierRunInfo info = {.pos = j->pos + n_put * m->cfg.pool->block_tokens, .ns_id = &j->ns_id,
+                            .hidden = j->block_hidden[n_put]};
+        rc = tier_put_run(m->tiers[0], j->hashes + n_put, end - n_put, &m->staging, j->slots + n_put, &info);
+        if (rc == MN_OK) n_put = end;
     }
+    /* (a later put may have evicted an earlier run already: not found) */
+    for (int a = 0; rc != MN_OK && a < n_put; a = alike_end(j, a)) tier_drop_run(m->tiers[0], &j->hashes[a]);
     return rc;
 }
 

@@ -312,10 +312,15 @@ static uint64_t hidden_mask(const Tier *t, uint64_t asked) {
     return t->n_layer >= 64 ? asked : asked & ((1ull << t->n_layer) - 1);
 }
 
+/* Whether pool has hidden rows of the tier's size (for a run with hidden layers). */
+static bool pool_has_hidden(const Tier *t, const KvPool *pool) {
+    return pool->hid_arenas != NULL && pool->hidden_bytes == t->hidden_bytes;
+}
+
 static bool pool_fits(const Tier *t, const KvPool *pool, const int32_t *slots, int n, uint64_t hidden) {
     if (pool == NULL || slots == NULL || pool->n_layer != t->n_layer || pool->block_bytes != t->block_bytes)
         return false;
-    if (hidden != 0 && (pool->hid_arenas == NULL || pool->hidden_bytes != t->hidden_bytes)) return false;
+    if (hidden != 0 && !pool_has_hidden(t, pool)) return false;
     for (int i = 0; i < n; i++)
         if (slots[i] < 0 || slots[i] >= pool->n_blocks) return false;
     return true;
@@ -552,7 +557,7 @@ static int group_by_run(Tier *t, const Hash128 *hashes, int n_blocks, KvPool *po
     for (int i = 0; i < n_blocks; i++) {
         MapSlot *s = map_get(t, &hashes[i]);
         if (s == NULL) return MN_ENOTFOUND;
-        if (s->run->hidden != 0 && !pool_fits(t, pool, slots, n_blocks, s->run->hidden)) return MN_EINVAL;
+        if (s->run->hidden != 0 && !pool_has_hidden(t, pool)) return MN_EINVAL;
         t->read_run[i] = s->run;
         t->read_idx[i] = s->index;
     }

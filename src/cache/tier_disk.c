@@ -274,16 +274,21 @@ static size_t record_len(int n_blocks, int n_layer, uint32_t version) {
     return DISK_RECORD_HEAD + 16 * (size_t)n_blocks + 8 * (size_t)n_layer + (version >= 2 ? 16 : 0) + 8;
 }
 
-static bool is_hidden(uint64_t hidden, int l) { return l < 64 && (hidden >> l & 1); }
-
 /* S_l, the extent of layer l of dr. */
-static uint64_t ext_len(const DiskRun *dr, int l) { return is_hidden(dr->hidden, l) ? dr->hstride : dr->stride; }
+static uint64_t ext_len(const DiskRun *dr, int l) {
+    return tier_layer_is_hidden(dr->hidden, l) ? dr->hstride : dr->stride;
+}
 
 /* E_l, where layer l's extent begins, from O. */
-static uint64_t ext_at(const DiskRun *dr, int l) {
-    uint64_t h = l >= 64 ? (uint64_t)__builtin_popcountll(dr->hidden)
-                         : (uint64_t)__builtin_popcountll(dr->hidden & ((1ull << l) - 1));
-    return ((uint64_t)l - h) * dr->stride + h * dr->hstride;
+static uint64_t ext_at(const DiskRun *dr, int l) { return tier_layer_at(dr->stride, dr->hstride, dr->hidden, l); }
+
+/* The extents of a run of n_blocks with that hidden mask into dr (no
+ * room taken). */
+static void run_shape(const DiskTier *d, int n_blocks, uint64_t hidden, DiskRun *dr) {
+    /* n_blocks * block_bytes is bounded by the pool's size: fits 64 bits */
+    dr->stride = round_page((uint64_t)n_blocks * d->block_bytes);
+    dr->hstride = hidden != 0 ? round_page((uint64_t)n_blocks * d->hidden_bytes) : 0;
+    dr->hidden = hidden;
 }
 
 /* The longest extent of dr's layers. */
@@ -765,7 +770,7 @@ typedef struct Found {
     size_t len;
     const char *why;    /* NULL while it may be adopted */
     int n_blocks, slab; /* decoded, once valid */
-    uint64_t offset, stride, hstride, hidden, n_bytes;
+    uint64_t offset, hidden, n_bytes; /* the extents: run_shape */
     int32_t pos;
 } Found;
 
@@ -822,16 +827,16 @@ static const char *record_check(const DiskTier *d, Found *f) {
     if (slab >= (uint32_t)d->n_slabs) return "its slab file is missing or unusable";
     uint64_t offset = get_u64(p + 32), stride = get_u64(p + 40);
     if (stride != round_page((uint64_t)n * d->block_bytes)) return "wrong layer stride";
-    DiskRun dr = {.stride = stride};
+    uint64_t hidden = 0;
     if (version >= 2) {
         const uint8_t *h = p + DISK_RECORD_HEAD + 16 * (size_t)n + 8 * (size_t)n_layer;
-        dr.hidden = get_u64(h);
-        uint64_t hb = get_u64(h + 8);
-        if (n_layer < 64 && dr.hidden >> n_layer != 0) return "its hidden mask names layers it does not have";
-        if (dr.hidden != 0 && d->hidden_bytes == 0) return "stored as hidden states, which this server does not restore";
-        if (dr.hidden != 0 && hb != (uint64_t)d->hidden_bytes) return "made for another hidden-state layout";
-        dr.hstride = dr.hidden != 0 ? round_page((uint64_t)n * hb) : 0;
+        hidden = get_u64(h);
+        if (n_layer < 64 && hidden >> n_layer != 0) return "its hidden mask names layers it does not have";
+        if (hidden != 0 && d->hidden_bytes == 0) return "stored as hidden states, which this server does not restore";
+        if (hidden != 0 && get_u64(h + 8) != (uint64_t)d->hidden_bytes) return "made for another hidden-state layout";
     }
+    DiskRun dr;
+    run_shape(d, (int)n, hidden, &dr);
     uint64_t end = DISK_SLAB_HEADER + d->slabs[slab].data_bytes, span = ext_at(&dr, (int)n_layer);
     /* [O, O + the extents) inside [4096, end), without overflowing (each
      * extent is below 2^40: n < 2^26 blocks of a pool's block) */
@@ -840,9 +845,7 @@ static const char *record_check(const DiskTier *d, Found *f) {
     f->n_blocks = (int)n;
     f->slab = (int)slab;
     f->offset = offset;
-    f->stride = stride;
-    f->hstride = dr.hstride;
-    f->hidden = dr.hidden;
+    f->hidden = hidden;
     f->n_bytes = span;
     f->pos = (int32_t)get_u32(p + 60);
     return NULL;
@@ -900,9 +903,7 @@ static int runs_adopt(DiskTier *d, Tier *t) {
             dr->slab = f->slab;
             dr->is_stored = true;
             dr->offset = f->offset;
-            dr->stride = f->stride;
-            dr->hstride = f->hstride;
-            dr->hidden = f->hidden;
+            run_shape(d, f->n_blocks, f->hidden, dr);
             const uint8_t *c = f->record + DISK_RECORD_HEAD + 16 * (size_t)f->n_blocks;
             for (int l = 0; l < d->n_layer; l++) dr->checksums[l] = get_u64(c + 8 * l);
             /* Hash128 is 16 bytes with alignment 1: the record's bytes are hashes */
@@ -936,15 +937,6 @@ done:
 }
 
 /* ---- kind operations ----------------------------------------------------- */
-
-/* The extents of a run of n_blocks with that hidden mask into dr (no
- * room taken). */
-static void run_shape(const DiskTier *d, int n_blocks, uint64_t hidden, DiskRun *dr) {
-    /* n_blocks * block_bytes is bounded by the pool's size: fits 64 bits */
-    dr->stride = round_page((uint64_t)n_blocks * d->block_bytes);
-    dr->hstride = hidden != 0 ? round_page((uint64_t)n_blocks * d->hidden_bytes) : 0;
-    dr->hidden = hidden;
-}
 
 static uint64_t disk_run_bytes(void *kind, int n_blocks, uint64_t hidden) {
     const DiskTier *d = kind;

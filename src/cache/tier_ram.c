@@ -31,14 +31,17 @@ static size_t layer_bytes(const RamTier *rt, uint64_t hidden, int l) {
     return tier_layer_bytes(rt->block_bytes, rt->hidden_bytes, hidden, l);
 }
 
+/* Where layer l of a run of n_blocks begins in its buffer (l = n_layer:
+ * the run's size). */
+static uint64_t layer_at(const RamTier *rt, int n_blocks, uint64_t hidden, int l) {
+    return tier_layer_at((uint64_t)n_blocks * rt->block_bytes, (uint64_t)n_blocks * rt->hidden_bytes, hidden, l);
+}
+
 /* ---- kind operations ----------------------------------------------------- */
 
 static uint64_t ram_run_bytes(void *kind, int n_blocks, uint64_t hidden) {
     const RamTier *rt = kind;
-    /* n_layer * n_blocks * block bytes: bounded by the pool's own size */
-    uint64_t n = 0;
-    for (int l = 0; l < rt->n_layer; l++) n += (uint64_t)n_blocks * (uint64_t)layer_bytes(rt, hidden, l);
-    return n;
+    return layer_at(rt, n_blocks, hidden, rt->n_layer); /* bounded by the pool's own size */
 }
 
 static int ram_reserve(void *kind, TierRun *run) {
@@ -64,8 +67,7 @@ static int ram_write(void *kind, TierRun *run, const KvPool *pool, const int32_t
 static int ram_read_layer(void *kind, TierRun *run, int layer, const int32_t *idx, const int32_t *slots, int n,
                           KvPool *pool, uint64_t *io_bytes) {
     const RamTier *rt = kind;
-    const uint8_t *base = run->data;
-    for (int l = 0; l < layer; l++) base += (size_t)run->n_blocks * layer_bytes(rt, run->hidden, l);
+    const uint8_t *base = (const uint8_t *)run->data + layer_at(rt, run->n_blocks, run->hidden, layer);
     size_t bb = layer_bytes(rt, run->hidden, layer);
     for (int k = 0; k < n; k++) memcpy(tier_pool_layer(pool, run->hidden, layer, slots[k]), base + (size_t)idx[k] * bb, bb);
     *io_bytes = (uint64_t)n * bb;

@@ -55,6 +55,8 @@ typedef struct Load {
     int32_t *proj_pos;       /* (job->n) and their positions */
     bool is_bad;             /* a projection failed: the load counts as failed */
     int layers_done;         /* from LAYER events */
+    double eta_s;            /* tiers_plan_step's: seconds until it and the
+                                loads before it are expected to be done */
     struct Load *next;       /* in submission order */
 } Load;
 
@@ -552,12 +554,11 @@ static double tier_read_bw(const EngineTiers *t, int i) {
  * that arrive as hidden states projected at the measured time per token
  * and layer as they come, overlapping the later reads (restplan.h). Which
  * layers those are is known once its first layer came
- * (MoverJob.block_hidden); until then the layers the plan stores as
- * hidden now are the guess. */
-static double load_left_s(const EngineTiers *t, const Load *ld) {
+ * (MoverJob.block_hidden); until then guess is: the layers the plan
+ * stores as hidden now (hidden_plan). */
+static double load_left_s(const EngineTiers *t, const Load *ld, uint64_t guess) {
     const KvPool *p = t->pool;
     const MoverJob *j = ld->job;
-    const uint64_t guess = hidden_plan(t);
     const double bw = tier_read_bw(t, j->tier[0]);
     RestPipe pipe = {0};
     for (int l = ld->layers_done; l < p->n_layer; l++) {
@@ -570,15 +571,21 @@ static double load_left_s(const EngineTiers *t, const Load *ld) {
     return restplan_end(&pipe);
 }
 
-/* Seconds until the restores of table s are expected to be done: the
- * loads ahead of them in the mover's queue count too (it serves them in
- * order). */
+/* Each load's eta_s: the loads ahead of it in the mover's queue count
+ * too (it serves them in order). Once a step, for all its sequences. */
+static void loads_eta(EngineTiers *t) {
+    const uint64_t guess = hidden_plan(t);
+    double eta = 0;
+    for (Load *ld = t->loads; ld; ld = ld->next) ld->eta_s = eta += load_left_s(t, ld, guess);
+}
+
+/* Seconds until the restores of table s are expected to be done (after
+ * loads_eta): its last load's. */
 static double restore_eta(const EngineTiers *t, const AttnSeq *s) {
-    double eta = 0, last = 0;
-    for (const Load *ld = t->loads; ld; ld = ld->next) {
-        eta += load_left_s(t, ld);
-        for (int b = 0; b < s->n_blocks; b++)
-            if (t->slot_load[s->blocks[b]] == ld) last = eta;
+    double last = 0;
+    for (int b = 0; b < s->n_blocks; b++) {
+        const Load *ld = t->slot_load[s->blocks[b]];
+        if (ld && ld->eta_s > last) last = ld->eta_s;
     }
     return last;
 }
@@ -587,10 +594,14 @@ static double restore_eta(const EngineTiers *t, const AttnSeq *s) {
  * loads are not expected to finish within the step's compute, unless no
  * other sequence has work (then waiting per layer costs no one). */
 void tiers_plan_step(EngineTiers *t, const AttnSeq *seqs, int n, bool *is_held_back) {
-    bool any_ready = false;
+    bool any_ready = false, has_etas = false;
     for (int i = 0; i < n; i++) {
-        is_held_back[i] = t->n_load_blocks > 0 && is_waiting_for(t, &seqs[i], t->pool->n_layer - 1) &&
-                          restore_eta(t, &seqs[i]) > t->step_s;
+        bool is_restoring = t->n_load_blocks > 0 && is_waiting_for(t, &seqs[i], t->pool->n_layer - 1);
+        if (is_restoring && !has_etas) {
+            loads_eta(t);
+            has_etas = true;
+        }
+        is_held_back[i] = is_restoring && restore_eta(t, &seqs[i]) > t->step_s;
         if (!is_held_back[i]) any_ready = true;
     }
     if (!any_ready)
