@@ -699,10 +699,12 @@ static int cmd_route(int argc, char **argv) {
         !seconds_ok("route", "connect-timeout", connect_timeout, false) ||
         !seconds_ok("route", "upstream-timeout", upstream_timeout, false) ||
         !seconds_ok("route", "probe-min", probe_min, false) || !seconds_ok("route", "probe-max", probe_max, false) ||
-        !seconds_ok("route", "drain-timeout", drain_timeout, true) || !limits_ok(&ro.limits, idle_timeout, "route") ||
-        !cli_require(ro.limits.max_connections <= ROUTER_MAX_CONNECTIONS, "route",
+        !seconds_ok("route", "drain-timeout", drain_timeout, true) ||
+        /* route's own range first: the shared check would name serve's */
+        !cli_require(ro.limits.max_connections >= 1 && ro.limits.max_connections <= ROUTER_MAX_CONNECTIONS, "route",
                      "--max-connections must be in 1..%d for route, got %d", ROUTER_MAX_CONNECTIONS,
-                     ro.limits.max_connections))
+                     ro.limits.max_connections) ||
+        !limits_ok(&ro.limits, idle_timeout, "route"))
         goto out;
     ro.backends = backends.items;
     ro.n_backends = backends.n;
