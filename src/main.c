@@ -524,6 +524,7 @@ static int cmd_serve(int argc, char **argv) {
         !cli_require(max_body_kb >= 1, "serve", "--max-body must be at least 1 (KiB), got %d", max_body_kb) ||
         !limits_ok(&so.limits, idle_timeout, "serve") ||
         !cli_require(response_ttl >= 0, "serve", "--response-ttl must be >= 0, got %g", response_ttl) ||
+        !cli_require(eo.disk_tier_mb >= 1, "serve", "--disk-tier-mb must be at least 1 (MiB), got 0") ||
         !cli_require(eo.disk_tier_mb <= (1ull << 40), "serve", "--disk-tier-mb must be at most %llu (1 EiB), got %llu",
                      1ull << 40, (unsigned long long)eo.disk_tier_mb) ||
         !cli_require(eo.redis_ttl_s >= 0, "serve", "--redis-ttl must be >= 0, got %d", eo.redis_ttl_s) ||

@@ -241,6 +241,9 @@ static void test_errors_one_line(void **s) {
          "mnemo route: --max-connections must be in 1..450 for route, got -1\n"},
         {"route --backend http://127.0.0.1:1 --max-connections 500",
          "mnemo route: --max-connections must be in 1..450 for route, got 500\n"},
+        /* 0 once meant the default 4096 MiB; the next check fails fast without this one */
+        {"serve -m %s --disk-tier-mb 0 --redis-ttl -1",
+         "mnemo serve: --disk-tier-mb must be at least 1 (MiB), got 0\n"},
         {"serve -m %s --disk-tier-mb 2000000000000",
          "mnemo serve: --disk-tier-mb must be at most 1099511627776 (1 EiB), got 2000000000000\n"},
         {"serve -m %s --idle-timeout 1", "mnemo serve: --idle-timeout must be in 5..86400 seconds, got 1\n"},
