@@ -524,6 +524,7 @@ static int cmd_serve(int argc, char **argv) {
         !cli_require(max_body_kb >= 1, "serve", "--max-body must be at least 1 (KiB), got %d", max_body_kb) ||
         !limits_ok(&so.limits, idle_timeout, "serve") ||
         !cli_require(response_ttl >= 0, "serve", "--response-ttl must be >= 0, got %g", response_ttl) ||
+        !cli_require(eo.disk_tier_mb >= 1, "serve", "--disk-tier-mb must be at least 1 (MiB), got 0") ||
         !cli_require(eo.disk_tier_mb <= (1ull << 40), "serve", "--disk-tier-mb must be at most %llu (1 EiB), got %llu",
                      1ull << 40, (unsigned long long)eo.disk_tier_mb) ||
         !cli_require(eo.redis_ttl_s >= 0, "serve", "--redis-ttl must be >= 0, got %d", eo.redis_ttl_s) ||
@@ -699,10 +700,12 @@ static int cmd_route(int argc, char **argv) {
         !seconds_ok("route", "connect-timeout", connect_timeout, false) ||
         !seconds_ok("route", "upstream-timeout", upstream_timeout, false) ||
         !seconds_ok("route", "probe-min", probe_min, false) || !seconds_ok("route", "probe-max", probe_max, false) ||
-        !seconds_ok("route", "drain-timeout", drain_timeout, true) || !limits_ok(&ro.limits, idle_timeout, "route") ||
-        !cli_require(ro.limits.max_connections <= ROUTER_MAX_CONNECTIONS, "route",
+        !seconds_ok("route", "drain-timeout", drain_timeout, true) ||
+        /* route's own range first: the shared check would name serve's */
+        !cli_require(ro.limits.max_connections >= 1 && ro.limits.max_connections <= ROUTER_MAX_CONNECTIONS, "route",
                      "--max-connections must be in 1..%d for route, got %d", ROUTER_MAX_CONNECTIONS,
-                     ro.limits.max_connections))
+                     ro.limits.max_connections) ||
+        !limits_ok(&ro.limits, idle_timeout, "route"))
         goto out;
     ro.backends = backends.items;
     ro.n_backends = backends.n;

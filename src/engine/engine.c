@@ -481,6 +481,7 @@ void engine_options_default(EngineOptions *o) {
     o->chat_format = NULL;
     o->evict = EVICT_DEFAULT;
     o->swap_watermark = 0.25f;
+    o->disk_tier_mb = ENGINE_DISK_TIER_MB_DEFAULT;
 }
 
 const char *engine_source_name(CacheSource s) {

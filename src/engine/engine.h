@@ -127,6 +127,9 @@ typedef struct EngineTestHooks {
  * go through it. */
 double engine_clock_shift(const EngineTestHooks *hk, EngineClockUse use);
 
+/* The disk tier budget engine_options_default gives, in MiB. */
+#define ENGINE_DISK_TIER_MB_DEFAULT 4096
+
 typedef struct EngineOptions {
     int n_threads;        /* compute workers (default 2) */
     int compute_nice;     /* they run this many nice levels lower than the rest, 0-19 (default 5) */
@@ -155,7 +158,7 @@ typedef struct EngineOptions {
     /* tiers below the pool (cache/mover.h); need the prefix cache */
     uint64_t ram_tier_mb;      /* host RAM tier; 0 = none */
     const char *disk_tier_dir; /* disk tier directory; NULL = none (borrowed during engine_new) */
-    uint64_t disk_tier_mb;     /* disk tier budget (default 4096 when a directory is given) */
+    uint64_t disk_tier_mb;     /* disk tier budget in MiB (ENGINE_DISK_TIER_MB_DEFAULT; 0 taken as it) */
     float swap_watermark;      /* write-behind of cold blocks when free pool blocks fall under this fraction (0.25) */
     const char *const *redis_urls; /* (n_redis_urls) the shared tier's store (cache/tier_redis.c): one
                                   server's URL, or a cluster's seeds; none = no shared tier (borrowed

@@ -917,7 +917,7 @@ static int start_mover(EngineTiers *t, const TiersConfig *cfg, MnErr *err) {
     MoverConfig mc = {.pool = t->pool,
                       .ram_bytes = op->ram_tier_mb << 20,
                       .disk_dir = has_disk ? op->disk_tier_dir : NULL,
-                      .disk_bytes = (op->disk_tier_mb ? op->disk_tier_mb : 4096) << 20,
+                      .disk_bytes = (op->disk_tier_mb ? op->disk_tier_mb : ENGINE_DISK_TIER_MB_DEFAULT) << 20,
                       .model_fingerprint = cfg->model_fingerprint,
                       .kv_format = cfg->kv_format,
                       .is_durable = true,
