@@ -372,12 +372,13 @@ static int pick_chat_format(const Model *m, const ChatFormatOptions *co, ChatFor
          "close a connection that has nothing in or out for S seconds, e.g. one that never sends its request " \
          "(default 30; streams send a ping every second)"}
 
-/* Take the parsed idle timeout into *lim and check the limits: false (and
- * a message naming the flag) when they are out of range. */
-static bool limits_ok(HttpLimits *lim, float idle, const char *cmd) {
+/* Take the parsed idle timeout into *lim and check the limits against the
+ * command's ceiling of connections: false (and a message naming the flag)
+ * when they are out of range. */
+static bool limits_ok(HttpLimits *lim, float idle, int max_connections, const char *cmd) {
     lim->idle_timeout_s = idle;
     MnErr err = {0};
-    return cli_require(http_limits_check(lim, &err) == MN_OK, cmd, "%s", err.msg);
+    return cli_require(http_limits_check(lim, max_connections, &err) == MN_OK, cmd, "%s", err.msg);
 }
 
 static int cmd_serve(int argc, char **argv) {
@@ -522,7 +523,7 @@ static int cmd_serve(int argc, char **argv) {
                      "--kv-type must be f16 or f32, got '%s'", kv_type_name) ||
         !cli_require(port >= 0 && port <= 65535, "serve", "--port must be in 0..65535, got %d", port) ||
         !cli_require(max_body_kb >= 1, "serve", "--max-body must be at least 1 (KiB), got %d", max_body_kb) ||
-        !limits_ok(&so.limits, idle_timeout, "serve") ||
+        !limits_ok(&so.limits, idle_timeout, HTTP_MAX_CONNECTIONS, "serve") ||
         !cli_require(response_ttl >= 0, "serve", "--response-ttl must be >= 0, got %g", response_ttl) ||
         !cli_require(eo.disk_tier_mb <= (1ull << 40), "serve", "--disk-tier-mb must be at most %llu (1 EiB), got %llu",
                      1ull << 40, (unsigned long long)eo.disk_tier_mb) ||
@@ -699,10 +700,7 @@ static int cmd_route(int argc, char **argv) {
         !seconds_ok("route", "connect-timeout", connect_timeout, false) ||
         !seconds_ok("route", "upstream-timeout", upstream_timeout, false) ||
         !seconds_ok("route", "probe-min", probe_min, false) || !seconds_ok("route", "probe-max", probe_max, false) ||
-        !seconds_ok("route", "drain-timeout", drain_timeout, true) || !limits_ok(&ro.limits, idle_timeout, "route") ||
-        !cli_require(ro.limits.max_connections <= ROUTER_MAX_CONNECTIONS, "route",
-                     "--max-connections must be in 1..%d for route, got %d", ROUTER_MAX_CONNECTIONS,
-                     ro.limits.max_connections))
+        !seconds_ok("route", "drain-timeout", drain_timeout, true) || !limits_ok(&ro.limits, idle_timeout, ROUTER_MAX_CONNECTIONS, "route"))
         goto out;
     ro.backends = backends.items;
     ro.n_backends = backends.n;

@@ -235,10 +235,11 @@ static void test_errors_one_line(void **s) {
          "mnemo route: --drain-timeout must be at least 0 and at most 86400 (seconds), got -1\n"},
         {"route --backend http://127.0.0.1:1 --idle-timeout 1e30",
          "mnemo route: --idle-timeout must be in 5..86400 seconds, got 1e+30\n"},
+        /* route's range is its own (each client may hold a backend connection too) */
         {"route --backend http://127.0.0.1:1 --max-connections 5000",
-         "mnemo route: --max-connections must be in 1..900, got 5000\n"},
+         "mnemo route: --max-connections must be in 1..450, got 5000\n"},
         {"route --backend http://127.0.0.1:1 --max-connections 500",
-         "mnemo route: --max-connections must be in 1..450 for route, got 500\n"},
+         "mnemo route: --max-connections must be in 1..450, got 500\n"},
         {"serve -m %s --disk-tier-mb 2000000000000",
          "mnemo serve: --disk-tier-mb must be at most 1099511627776 (1 EiB), got 2000000000000\n"},
         {"serve -m %s --idle-timeout 1", "mnemo serve: --idle-timeout must be in 5..86400 seconds, got 1\n"},

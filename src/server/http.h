@@ -41,8 +41,10 @@ typedef struct HttpLimits {
 #define HTTP_MAX_IDLE_TIMEOUT_S 86400.0
 
 void http_limits_default(HttpLimits *l);
-/* MN_OK, or MN_EINVAL with the offending flag named in err. */
-int http_limits_check(const HttpLimits *l, MnErr *err);
+/* MN_OK, or MN_EINVAL with the offending flag named in err;
+ * max_connections is the command's own ceiling (HTTP_MAX_CONNECTIONS or
+ * below), the range the message states. */
+int http_limits_check(const HttpLimits *l, int max_connections, MnErr *err);
 
 typedef struct HttpFrontConfig {
     const char *host; /* IPv4 address to listen on */
