@@ -381,6 +381,13 @@ static bool limits_ok(HttpLimits *lim, float idle, int max_connections, const ch
     return cli_require(http_limits_check(lim, max_connections, &err) == MN_OK, cmd, "%s", err.msg);
 }
 
+/* The index of val among names[0..n), or -1. */
+static int choice(const char *val, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(val, names[i]) == 0) return i;
+    return -1;
+}
+
 static int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *alias = NULL, *tmpl_name = NULL, *kv_type_name = "f16",
                *schedule = "fcfs", *evict = NULL, *profile_file = NULL, *overflow = "shift", *restore_plan = "kv",
@@ -481,32 +488,22 @@ static int cmd_serve(int argc, char **argv) {
         cli_free(opts, N_OPTS(opts));
         return 0;
     }
-    if (!(step_ms >= 0)) {
-        fprintf(stderr, "mnemo serve: --step-ms must be 0 or more, got %g\n", (double)step_ms);
+    /* the spellings in their enums' order */
+    static const char *const SCHEDULES[] = {"fcfs", "fpf", "relaxed-fpf"};
+    static const char *const PLANS[] = {"kv", "hidden", "auto"};
+    static const char *const OVERFLOWS[] = {"shift", "recompute", "error"};
+    int sched = choice(schedule, SCHEDULES, N_OPTS(SCHEDULES)), plan = choice(restore_plan, PLANS, N_OPTS(PLANS)),
+        overflow_mode = choice(overflow, OVERFLOWS, N_OPTS(OVERFLOWS));
+    if (!cli_require(step_ms >= 0, "serve", "--step-ms must be 0 or more, got %g", (double)step_ms) ||
+        !cli_require(sched >= 0, "serve", "--schedule must be fcfs, fpf or relaxed-fpf, got '%s'", schedule) ||
+        !cli_require(plan >= 0, "serve", "--restore-plan must be kv, hidden or auto, got '%s'", restore_plan) ||
+        !cli_require(overflow_mode >= 0, "serve", "--context-overflow must be shift, recompute or error, got '%s'",
+                     overflow))
         goto out;
-    }
     eo.step_ms = step_ms;
-    if (strcmp(schedule, "fcfs") == 0) eo.schedule = SCHED_FCFS;
-    else if (strcmp(schedule, "fpf") == 0) eo.schedule = SCHED_FPF;
-    else if (strcmp(schedule, "relaxed-fpf") == 0) eo.schedule = SCHED_RELAXED_FPF;
-    else {
-        fprintf(stderr, "mnemo serve: --schedule must be fcfs, fpf or relaxed-fpf, got '%s'\n", schedule);
-        goto out;
-    }
-    if (strcmp(restore_plan, "kv") == 0) eo.restore_plan = RESTORE_PLAN_KV;
-    else if (strcmp(restore_plan, "hidden") == 0) eo.restore_plan = RESTORE_PLAN_HIDDEN;
-    else if (strcmp(restore_plan, "auto") == 0) eo.restore_plan = RESTORE_PLAN_AUTO;
-    else {
-        fprintf(stderr, "mnemo serve: --restore-plan must be kv, hidden or auto, got '%s'\n", restore_plan);
-        goto out;
-    }
-    if (strcmp(overflow, "shift") == 0) eo.context_overflow = OVERFLOW_SHIFT;
-    else if (strcmp(overflow, "recompute") == 0) eo.context_overflow = OVERFLOW_RECOMPUTE;
-    else if (strcmp(overflow, "error") == 0) eo.context_overflow = OVERFLOW_ERROR;
-    else {
-        fprintf(stderr, "mnemo serve: --context-overflow must be shift, recompute or error, got '%s'\n", overflow);
-        goto out;
-    }
+    eo.schedule = (SchedPolicy)sched;
+    eo.restore_plan = (RestorePlan)plan;
+    eo.context_overflow = (ContextOverflow)overflow_mode;
     MnErr perr = {0};
     if (evict && policy_parse(evict, &eo.evict, &perr) != MN_OK) {
         fprintf(stderr, "mnemo serve: %s\n", perr.msg);

@@ -214,6 +214,8 @@ static void test_errors_one_line(void **s) {
          "mnemo serve: --redis-tier is given 2 times: several URLs are a cluster's seeds (--redis-cluster)\n"},
         {"serve -m %s --redis-cluster", "mnemo serve: --redis-cluster needs --redis-tier URL (a seed)\n"},
         {"serve -m %s --step-ms -5", "mnemo serve: --step-ms must be 0 or more, got -5\n"},
+        {"serve -m %s --schedule lifo", "mnemo serve: --schedule must be fcfs, fpf or relaxed-fpf, got 'lifo'\n"},
+        {"serve -m %s --restore-plan all", "mnemo serve: --restore-plan must be kv, hidden or auto, got 'all'\n"},
         {"route", "mnemo route: needs at least one --backend URL\n"},
         {"route --backend localhost:8080", "mnemo route: --backend must be http://HOST:PORT, got 'localhost:8080'\n"},
         {"route --backend http://127.0.0.1:1 --policy random",
