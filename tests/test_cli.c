@@ -246,8 +246,13 @@ static void test_errors_one_line(void **s) {
          "mnemo serve: --disk-tier-mb must be at most 1099511627776 (1 EiB), got 2000000000000\n"},
         {"serve -m %s --idle-timeout 1", "mnemo serve: --idle-timeout must be in 5..86400 seconds, got 1\n"},
         {"serve -m %s --max-connections 0", "mnemo serve: --max-connections must be in 1..900, got 0\n"},
-        {"serve -m %s --max-connections 8 --max-per-ip 9",
-         "mnemo serve: --max-per-ip must be in 0..8 (--max-connections; 0: no limit), got 9\n"},
+        {"serve -m %s --max-per-ip -1", "mnemo serve: --max-per-ip must be 0 (no limit) or more, got -1\n"},
+        /* a --max-connections below the default --max-per-ip is taken as it is
+         * (it was refused for the flag not given): the next check speaks */
+        {"serve -m %s --max-connections 100 --disk-tier-mb 2000000000000",
+         "mnemo serve: --disk-tier-mb must be at most 1099511627776 (1 EiB), got 2000000000000\n"},
+        {"route --backend localhost:8080 --max-connections 100",
+         "mnemo route: --backend must be http://HOST:PORT, got 'localhost:8080'\n"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[1024];

@@ -66,9 +66,10 @@ int http_limits_check(const HttpLimits *l, int max_connections, MnErr *err) {
     if (l->max_connections < 1 || l->max_connections > max_connections)
         return mn_err_set(err, MN_EINVAL, "--max-connections must be in 1..%d, got %d", max_connections,
                           l->max_connections);
-    if (l->max_per_ip < 0 || l->max_per_ip > l->max_connections)
-        return mn_err_set(err, MN_EINVAL, "--max-per-ip must be in 0..%d (--max-connections; 0: no limit), got %d",
-                          l->max_connections, l->max_per_ip);
+    /* a cap above max_connections is not refused: it only never binds, and
+     * the default one (256) must not turn away a lower --max-connections */
+    if (l->max_per_ip < 0)
+        return mn_err_set(err, MN_EINVAL, "--max-per-ip must be 0 (no limit) or more, got %d", l->max_per_ip);
     if (!(l->idle_timeout_s >= HTTP_MIN_IDLE_TIMEOUT_S && l->idle_timeout_s <= HTTP_MAX_IDLE_TIMEOUT_S))
         return mn_err_set(err, MN_EINVAL, "--idle-timeout must be in %g..%g seconds, got %g", HTTP_MIN_IDLE_TIMEOUT_S,
                           HTTP_MAX_IDLE_TIMEOUT_S, l->idle_timeout_s);

@@ -27,7 +27,8 @@
  * nothing would otherwise shut everyone else out. */
 typedef struct HttpLimits {
     int max_connections;  /* open connections at most (1..HTTP_MAX_CONNECTIONS; default 512) */
-    int max_per_ip;       /* from one client address at most (0: no limit; default 256) */
+    int max_per_ip;       /* from one client address at most (0: no limit; default 256; above
+                             max_connections it never binds) */
     double idle_timeout_s; /* a connection that sends nothing this long is closed (default 30) */
 } HttpLimits;
 
