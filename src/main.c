@@ -381,6 +381,18 @@ static bool limits_ok(HttpLimits *lim, float idle, int max_connections, const ch
     return cli_require(http_limits_check(lim, max_connections, &err) == MN_OK, cmd, "%s", err.msg);
 }
 
+/* The longest time a flag may give (a day): past it, seconds in a double
+ * turned into libcurl's milliseconds or a timespec would overflow. */
+#define MAX_FLAG_S 86400.0
+
+/* A time flag's value is in range: more than 0 (or 0 itself when
+ * may_be_zero) and at most MAX_FLAG_S; else false and a message. */
+static bool seconds_ok(const char *cmd, const char *flag, float v, bool may_be_zero) {
+    return cli_require((may_be_zero ? v >= 0 : v > 0) && v <= MAX_FLAG_S, cmd,
+                       "--%s must be %s 0 and at most %g (seconds), got %g", flag,
+                       may_be_zero ? "at least" : "more than", MAX_FLAG_S, (double)v);
+}
+
 /* The index of val among names[0..n), or -1. */
 static int choice(const char *val, const char *const *names, int n) {
     for (int i = 0; i < n; i++)
@@ -521,6 +533,7 @@ static int cmd_serve(int argc, char **argv) {
         !cli_require(port >= 0 && port <= 65535, "serve", "--port must be in 0..65535, got %d", port) ||
         !cli_require(max_body_kb >= 1, "serve", "--max-body must be at least 1 (KiB), got %d", max_body_kb) ||
         !limits_ok(&so.limits, idle_timeout, HTTP_MAX_CONNECTIONS, "serve") ||
+        !seconds_ok("serve", "drain-timeout", drain_timeout, true) ||
         !cli_require(response_ttl >= 0, "serve", "--response-ttl must be >= 0, got %g", response_ttl) ||
         !cli_require(eo.disk_tier_mb <= (1ull << 40), "serve", "--disk-tier-mb must be at most %llu (1 EiB), got %llu",
                      1ull << 40, (unsigned long long)eo.disk_tier_mb) ||
@@ -639,18 +652,6 @@ out:
 
 /* ---- route ------------------------------------------------------------------------ */
 
-/* The longest time a flag may give (a day): past it, seconds in a double
- * turned into libcurl's milliseconds or a timespec would overflow. */
-#define MAX_FLAG_S 86400.0
-
-/* A time flag's value is in range: more than 0 (or 0 itself when
- * may_be_zero) and at most MAX_FLAG_S; else false and a message. */
-static bool seconds_ok(const char *cmd, const char *flag, float v, bool may_be_zero) {
-    return cli_require((may_be_zero ? v >= 0 : v > 0) && v <= MAX_FLAG_S, cmd,
-                       "--%s must be %s 0 and at most %g (seconds), got %g", flag,
-                       may_be_zero ? "at least" : "more than", MAX_FLAG_S, (double)v);
-}
-
 static int cmd_route(int argc, char **argv) {
     RouterOptions ro;
     router_options_default(&ro);
@@ -697,7 +698,8 @@ static int cmd_route(int argc, char **argv) {
         !seconds_ok("route", "connect-timeout", connect_timeout, false) ||
         !seconds_ok("route", "upstream-timeout", upstream_timeout, false) ||
         !seconds_ok("route", "probe-min", probe_min, false) || !seconds_ok("route", "probe-max", probe_max, false) ||
-        !seconds_ok("route", "drain-timeout", drain_timeout, true) || !limits_ok(&ro.limits, idle_timeout, ROUTER_MAX_CONNECTIONS, "route"))
+        !seconds_ok("route", "drain-timeout", drain_timeout, true) ||
+        !limits_ok(&ro.limits, idle_timeout, ROUTER_MAX_CONNECTIONS, "route"))
         goto out;
     ro.backends = backends.items;
     ro.n_backends = backends.n;

@@ -244,6 +244,9 @@ static void test_errors_one_line(void **s) {
          "mnemo route: --max-connections must be in 1..450, got 500\n"},
         {"serve -m %s --disk-tier-mb 2000000000000",
          "mnemo serve: --disk-tier-mb must be at most 1099511627776 (1 EiB), got 2000000000000\n"},
+        /* serve's --drain-timeout as route's (a negative one was taken: the drain ended at once) */
+        {"serve -m %s --drain-timeout -1 --disk-tier-mb 2000000000000",
+         "mnemo serve: --drain-timeout must be at least 0 and at most 86400 (seconds), got -1\n"},
         {"serve -m %s --idle-timeout 1", "mnemo serve: --idle-timeout must be in 5..86400 seconds, got 1\n"},
         {"serve -m %s --max-connections 0", "mnemo serve: --max-connections must be in 1..900, got 0\n"},
         {"serve -m %s --max-per-ip -1", "mnemo serve: --max-per-ip must be 0 (no limit) or more, got -1\n"},
