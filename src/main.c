@@ -372,12 +372,32 @@ static int pick_chat_format(const Model *m, const ChatFormatOptions *co, ChatFor
          "close a connection that has nothing in or out for S seconds, e.g. one that never sends its request " \
          "(default 30; streams send a ping every second)"}
 
-/* Take the parsed idle timeout into *lim and check the limits: false (and
- * a message naming the flag) when they are out of range. */
-static bool limits_ok(HttpLimits *lim, float idle, const char *cmd) {
+/* Take the parsed idle timeout into *lim and check the limits against the
+ * command's ceiling of connections: false (and a message naming the flag)
+ * when they are out of range. */
+static bool limits_ok(HttpLimits *lim, float idle, int max_connections, const char *cmd) {
     lim->idle_timeout_s = idle;
     MnErr err = {0};
-    return cli_require(http_limits_check(lim, &err) == MN_OK, cmd, "%s", err.msg);
+    return cli_require(http_limits_check(lim, max_connections, &err) == MN_OK, cmd, "%s", err.msg);
+}
+
+/* The longest time a flag may give (a day): past it, seconds in a double
+ * turned into libcurl's milliseconds or a timespec would overflow. */
+#define MAX_FLAG_S 86400.0
+
+/* A time flag's value is in range: more than 0 (or 0 itself when
+ * may_be_zero) and at most MAX_FLAG_S; else false and a message. */
+static bool seconds_ok(const char *cmd, const char *flag, float v, bool may_be_zero) {
+    return cli_require((may_be_zero ? v >= 0 : v > 0) && v <= MAX_FLAG_S, cmd,
+                       "--%s must be %s 0 and at most %g (seconds), got %g", flag,
+                       may_be_zero ? "at least" : "more than", MAX_FLAG_S, (double)v);
+}
+
+/* The index of val among names[0..n), or -1. */
+static int choice(const char *val, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(val, names[i]) == 0) return i;
+    return -1;
 }
 
 static int cmd_serve(int argc, char **argv) {
@@ -480,32 +500,22 @@ static int cmd_serve(int argc, char **argv) {
         cli_free(opts, N_OPTS(opts));
         return 0;
     }
-    if (!(step_ms >= 0)) {
-        fprintf(stderr, "mnemo serve: --step-ms must be 0 or more, got %g\n", (double)step_ms);
+    /* the spellings in their enums' order */
+    static const char *const SCHEDULES[] = {"fcfs", "fpf", "relaxed-fpf"};
+    static const char *const PLANS[] = {"kv", "hidden", "auto"};
+    static const char *const OVERFLOWS[] = {"shift", "recompute", "error"};
+    int sched = choice(schedule, SCHEDULES, N_OPTS(SCHEDULES)), plan = choice(restore_plan, PLANS, N_OPTS(PLANS)),
+        overflow_mode = choice(overflow, OVERFLOWS, N_OPTS(OVERFLOWS));
+    if (!cli_require(step_ms >= 0, "serve", "--step-ms must be 0 or more, got %g", (double)step_ms) ||
+        !cli_require(sched >= 0, "serve", "--schedule must be fcfs, fpf or relaxed-fpf, got '%s'", schedule) ||
+        !cli_require(plan >= 0, "serve", "--restore-plan must be kv, hidden or auto, got '%s'", restore_plan) ||
+        !cli_require(overflow_mode >= 0, "serve", "--context-overflow must be shift, recompute or error, got '%s'",
+                     overflow))
         goto out;
-    }
     eo.step_ms = step_ms;
-    if (strcmp(schedule, "fcfs") == 0) eo.schedule = SCHED_FCFS;
-    else if (strcmp(schedule, "fpf") == 0) eo.schedule = SCHED_FPF;
-    else if (strcmp(schedule, "relaxed-fpf") == 0) eo.schedule = SCHED_RELAXED_FPF;
-    else {
-        fprintf(stderr, "mnemo serve: --schedule must be fcfs, fpf or relaxed-fpf, got '%s'\n", schedule);
-        goto out;
-    }
-    if (strcmp(restore_plan, "kv") == 0) eo.restore_plan = RESTORE_PLAN_KV;
-    else if (strcmp(restore_plan, "hidden") == 0) eo.restore_plan = RESTORE_PLAN_HIDDEN;
-    else if (strcmp(restore_plan, "auto") == 0) eo.restore_plan = RESTORE_PLAN_AUTO;
-    else {
-        fprintf(stderr, "mnemo serve: --restore-plan must be kv, hidden or auto, got '%s'\n", restore_plan);
-        goto out;
-    }
-    if (strcmp(overflow, "shift") == 0) eo.context_overflow = OVERFLOW_SHIFT;
-    else if (strcmp(overflow, "recompute") == 0) eo.context_overflow = OVERFLOW_RECOMPUTE;
-    else if (strcmp(overflow, "error") == 0) eo.context_overflow = OVERFLOW_ERROR;
-    else {
-        fprintf(stderr, "mnemo serve: --context-overflow must be shift, recompute or error, got '%s'\n", overflow);
-        goto out;
-    }
+    eo.schedule = (SchedPolicy)sched;
+    eo.restore_plan = (RestorePlan)plan;
+    eo.context_overflow = (ContextOverflow)overflow_mode;
     MnErr perr = {0};
     if (evict && policy_parse(evict, &eo.evict, &perr) != MN_OK) {
         fprintf(stderr, "mnemo serve: %s\n", perr.msg);
@@ -522,7 +532,8 @@ static int cmd_serve(int argc, char **argv) {
                      "--kv-type must be f16 or f32, got '%s'", kv_type_name) ||
         !cli_require(port >= 0 && port <= 65535, "serve", "--port must be in 0..65535, got %d", port) ||
         !cli_require(max_body_kb >= 1, "serve", "--max-body must be at least 1 (KiB), got %d", max_body_kb) ||
-        !limits_ok(&so.limits, idle_timeout, "serve") ||
+        !limits_ok(&so.limits, idle_timeout, HTTP_MAX_CONNECTIONS, "serve") ||
+        !seconds_ok("serve", "drain-timeout", drain_timeout, true) ||
         !cli_require(response_ttl >= 0, "serve", "--response-ttl must be >= 0, got %g", response_ttl) ||
         !cli_require(eo.disk_tier_mb >= 1, "serve", "--disk-tier-mb must be at least 1 (MiB), got 0") ||
         !cli_require(eo.disk_tier_mb <= (1ull << 40), "serve", "--disk-tier-mb must be at most %llu (1 EiB), got %llu",
@@ -642,18 +653,6 @@ out:
 
 /* ---- route ------------------------------------------------------------------------ */
 
-/* The longest time a flag may give (a day): past it, seconds in a double
- * turned into libcurl's milliseconds or a timespec would overflow. */
-#define MAX_FLAG_S 86400.0
-
-/* A time flag's value is in range: more than 0 (or 0 itself when
- * may_be_zero) and at most MAX_FLAG_S; else false and a message. */
-static bool seconds_ok(const char *cmd, const char *flag, float v, bool may_be_zero) {
-    return cli_require((may_be_zero ? v >= 0 : v > 0) && v <= MAX_FLAG_S, cmd,
-                       "--%s must be %s 0 and at most %g (seconds), got %g", flag,
-                       may_be_zero ? "at least" : "more than", MAX_FLAG_S, (double)v);
-}
-
 static int cmd_route(int argc, char **argv) {
     RouterOptions ro;
     router_options_default(&ro);
@@ -701,11 +700,7 @@ static int cmd_route(int argc, char **argv) {
         !seconds_ok("route", "upstream-timeout", upstream_timeout, false) ||
         !seconds_ok("route", "probe-min", probe_min, false) || !seconds_ok("route", "probe-max", probe_max, false) ||
         !seconds_ok("route", "drain-timeout", drain_timeout, true) ||
-        /* route's own range first: the shared check would name serve's */
-        !cli_require(ro.limits.max_connections >= 1 && ro.limits.max_connections <= ROUTER_MAX_CONNECTIONS, "route",
-                     "--max-connections must be in 1..%d for route, got %d", ROUTER_MAX_CONNECTIONS,
-                     ro.limits.max_connections) ||
-        !limits_ok(&ro.limits, idle_timeout, "route"))
+        !limits_ok(&ro.limits, idle_timeout, ROUTER_MAX_CONNECTIONS, "route"))
         goto out;
     ro.backends = backends.items;
     ro.n_backends = backends.n;

@@ -214,6 +214,8 @@ static void test_errors_one_line(void **s) {
          "mnemo serve: --redis-tier is given 2 times: several URLs are a cluster's seeds (--redis-cluster)\n"},
         {"serve -m %s --redis-cluster", "mnemo serve: --redis-cluster needs --redis-tier URL (a seed)\n"},
         {"serve -m %s --step-ms -5", "mnemo serve: --step-ms must be 0 or more, got -5\n"},
+        {"serve -m %s --schedule lifo", "mnemo serve: --schedule must be fcfs, fpf or relaxed-fpf, got 'lifo'\n"},
+        {"serve -m %s --restore-plan all", "mnemo serve: --restore-plan must be kv, hidden or auto, got 'all'\n"},
         {"route", "mnemo route: needs at least one --backend URL\n"},
         {"route --backend localhost:8080", "mnemo route: --backend must be http://HOST:PORT, got 'localhost:8080'\n"},
         {"route --backend http://127.0.0.1:1 --policy random",
@@ -235,21 +237,30 @@ static void test_errors_one_line(void **s) {
          "mnemo route: --drain-timeout must be at least 0 and at most 86400 (seconds), got -1\n"},
         {"route --backend http://127.0.0.1:1 --idle-timeout 1e30",
          "mnemo route: --idle-timeout must be in 5..86400 seconds, got 1e+30\n"},
+        /* route's range is its own (each client may hold a backend connection too) */
         {"route --backend http://127.0.0.1:1 --max-connections 5000",
-         "mnemo route: --max-connections must be in 1..450 for route, got 5000\n"},
+         "mnemo route: --max-connections must be in 1..450, got 5000\n"},
         {"route --backend http://127.0.0.1:1 --max-connections -1",
-         "mnemo route: --max-connections must be in 1..450 for route, got -1\n"},
+         "mnemo route: --max-connections must be in 1..450, got -1\n"},
         {"route --backend http://127.0.0.1:1 --max-connections 500",
-         "mnemo route: --max-connections must be in 1..450 for route, got 500\n"},
+         "mnemo route: --max-connections must be in 1..450, got 500\n"},
         /* 0 once meant the default 4096 MiB; the next check fails fast without this one */
         {"serve -m %s --disk-tier-mb 0 --redis-ttl -1",
          "mnemo serve: --disk-tier-mb must be at least 1 (MiB), got 0\n"},
         {"serve -m %s --disk-tier-mb 2000000000000",
          "mnemo serve: --disk-tier-mb must be at most 1099511627776 (1 EiB), got 2000000000000\n"},
+        /* serve's --drain-timeout as route's (a negative one was taken: the drain ended at once) */
+        {"serve -m %s --drain-timeout -1 --disk-tier-mb 2000000000000",
+         "mnemo serve: --drain-timeout must be at least 0 and at most 86400 (seconds), got -1\n"},
         {"serve -m %s --idle-timeout 1", "mnemo serve: --idle-timeout must be in 5..86400 seconds, got 1\n"},
         {"serve -m %s --max-connections 0", "mnemo serve: --max-connections must be in 1..900, got 0\n"},
-        {"serve -m %s --max-connections 8 --max-per-ip 9",
-         "mnemo serve: --max-per-ip must be in 0..8 (--max-connections; 0: no limit), got 9\n"},
+        {"serve -m %s --max-per-ip -1", "mnemo serve: --max-per-ip must be 0 (no limit) or more, got -1\n"},
+        /* a --max-connections below the default --max-per-ip is taken as it is
+         * (it was refused for the flag not given): the next check speaks */
+        {"serve -m %s --max-connections 100 --disk-tier-mb 2000000000000",
+         "mnemo serve: --disk-tier-mb must be at most 1099511627776 (1 EiB), got 2000000000000\n"},
+        {"route --backend localhost:8080 --max-connections 100",
+         "mnemo route: --backend must be http://HOST:PORT, got 'localhost:8080'\n"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[1024];

@@ -23,6 +23,7 @@
 #include <regex.h>
 #include <signal.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -932,6 +933,40 @@ static void test_sigterm_with_idle_connections(void **st) {
     unlink(s.log);
 }
 
+/* A process out of descriptors does not spin on its listening socket
+ * (which stays readable while accept fails): the server, started with a
+ * low descriptor limit, is sent more connections than it can take; the
+ * log says so once (it logged the failed accept in a busy loop, thousands
+ * of lines a second), and once the connections close it serves again. */
+static void test_accept_out_of_descriptors(void **st) {
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    low = old;
+    low.rlim_cur = 96; /* the server's (inherited); the test's own comes back at once */
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    Srv s;
+    int rc = srv_start(&s, "stories260K", "--max-connections 200 --idle-timeout 3600");
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    if (rc != 0) return;
+    enum { N_CONN = 150 };
+    int fds[N_CONN];
+    for (int i = 0; i < N_CONN; i++) fds[i] = raw_connect(&s);
+    const char *line = "accept: Too many open files";
+    char *log = NULL;
+    TEST_WAIT_UNTIL((free(log), log = test_read_file(s.log, NULL), log && strstr(log, line)),
+                    "no accept failed with %d connections and 96 descriptors; see %s", N_CONN, s.log);
+    free(log);
+    for (int i = 0; i < N_CONN; i++) close(fds[i]);
+    TEST_WAIT_UNTIL(http(&s, "/health", NULL, NULL, NULL, 0) == 200, "not served after the connections closed");
+    expect_serving(&s);
+    log = test_read_file(s.log, NULL);
+    int n = 0;
+    for (const char *at = log; (at = strstr(at, line)) != NULL; at++) n++;
+    if (n != 1) fail_msg("'%s' logged %d times (once per shortage); see %s", line, n, s.log);
+    free(log);
+    srv_stop(&s);
+}
+
 /* --restore-plan hidden says at start-up when it will store nothing as
  * hidden states: with no cache tier, and on a model whose hidden state is
  * not smaller than its KV (stories260K, f32 activations); on qwen3 Q4_K_M,
@@ -1551,6 +1586,7 @@ int main(void) {
         cmocka_unit_test(test_http_idle_limit),
         cmocka_unit_test(test_http_per_ip_limit),
         cmocka_unit_test(test_sigterm_with_idle_connections),
+        cmocka_unit_test(test_accept_out_of_descriptors),
         cmocka_unit_test(test_restore_plan_fallback_is_logged),
         cmocka_unit_test(test_http_auth_scheme),
         cmocka_unit_test(test_http_cors),

@@ -672,9 +672,8 @@ int router_new(const RouterOptions *o, Router **out, MnErr *err) {
     if (!(o->connect_timeout_s > 0) || !(o->upstream_timeout_s > 0) || !(o->probe_min_s > 0) ||
         !(o->probe_max_s >= o->probe_min_s))
         return mn_err_set(err, MN_EINVAL, "timeouts must be > 0 and --probe-max >= --probe-min");
-    if (o->limits.max_connections > ROUTER_MAX_CONNECTIONS)
-        return mn_err_set(err, MN_EINVAL, "--max-connections must be in 1..%d for route, got %d",
-                          ROUTER_MAX_CONNECTIONS, o->limits.max_connections);
+    int rc = http_limits_check(&o->limits, ROUTER_MAX_CONNECTIONS, err);
+    if (rc != MN_OK) return rc;
     if (o->max_body < 1 || o->max_response_ids < 1)
         return mn_err_set(err, MN_EINVAL, "--max-body and --response-ids must be at least 1");
     Router *r = mn_calloc(1, sizeof *r);
@@ -694,7 +693,7 @@ int router_new(const RouterOptions *o, Router **out, MnErr *err) {
                          .probe_min_s = o->probe_min_s,
                          .probe_max_s = o->probe_max_s,
                          .connect_timeout_s = o->connect_timeout_s};
-    int rc = backends_new(&bc, &r->backends, err);
+    rc = backends_new(&bc, &r->backends, err);
     if (rc != MN_OK) {
         router_free(r);
         return rc;

@@ -48,6 +48,9 @@
 #define GATE_MAX_PENDING 64
 /* How long a head may take to arrive before the gate hands it over unchecked. */
 #define GATE_HEAD_WAIT_S 10.0
+/* How long the listening socket is left out of the poll once the process
+ * is out of descriptors (it stays readable: polled, it would spin). */
+#define GATE_FD_PAUSE_S 0.1
 /* How long writing an answer may wait for the peer to take bytes. */
 #define GATE_WRITE_WAIT_MS 5000
 
@@ -65,6 +68,8 @@ struct Gate {
     int wake_fd;           /* eventfd: quiesce or stop */
     int port;
     double head_wait_s;    /* GATE_HEAD_WAIT_S, or the server's idle timeout when shorter */
+    double accept_paused_until; /* mn_now() until which accepting waits (out of descriptors) */
+    bool is_fd_short;      /* the last accept failed for want of a descriptor (said once) */
     atomic_bool is_quiesced, is_stopping;
     pthread_t thread;
     bool has_thread;
@@ -317,10 +322,17 @@ static void accept_one(Gate *g) {
     socklen_t len = sizeof p.addr;
     p.fd = accept4(g->listen_fd, (struct sockaddr *)&p.addr, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (p.fd < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
+        if (errno == EMFILE || errno == ENFILE) { /* the connection waits in the backlog */
+            if (!g->is_fd_short)
+                LOG_WARN("accept: %s: new connections wait until descriptors are free", strerror(errno));
+            g->is_fd_short = true;
+            g->accept_paused_until = mn_now() + GATE_FD_PAUSE_S;
+        } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
             LOG_WARN("accept: %s", strerror(errno));
+        }
         return;
     }
+    g->is_fd_short = false;
     p.since = mn_now();
     if (g->n_pending == GATE_MAX_PENDING) { /* make room: the oldest goes over unchecked */
         int oldest = 0;
@@ -331,12 +343,14 @@ static void accept_one(Gate *g) {
     g->pending[g->n_pending++] = p;
 }
 
+/* Until the first pending head's wait ends, or accepting resumes. */
 static int poll_timeout_ms(const Gate *g, double now) {
-    if (g->n_pending == 0) return -1;
-    double first = g->pending[0].since;
-    for (int i = 1; i < g->n_pending; i++)
-        if (g->pending[i].since < first) first = g->pending[i].since;
-    double wait_s = first + g->head_wait_s - now;
+    bool is_paused = g->accept_paused_until > now;
+    if (g->n_pending == 0 && !is_paused) return -1;
+    double next = is_paused ? g->accept_paused_until : g->pending[0].since + g->head_wait_s;
+    for (int i = 0; i < g->n_pending; i++)
+        if (g->pending[i].since + g->head_wait_s < next) next = g->pending[i].since + g->head_wait_s;
+    double wait_s = next - now;
     return wait_s <= 0 ? 0 : (int)(wait_s * 1000) + 1;
 }
 
@@ -350,7 +364,7 @@ static void *gate_main(void *arg) {
         }
         int n = 0, listen_at = -1;
         pfd[n++] = (struct pollfd){.fd = g->wake_fd, .events = POLLIN};
-        if (g->listen_fd >= 0) {
+        if (g->listen_fd >= 0 && mn_now() >= g->accept_paused_until) {
             listen_at = n;
             pfd[n++] = (struct pollfd){.fd = g->listen_fd, .events = POLLIN};
         }

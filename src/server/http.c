@@ -61,13 +61,15 @@ void http_limits_default(HttpLimits *l) {
     l->idle_timeout_s = 30;
 }
 
-int http_limits_check(const HttpLimits *l, MnErr *err) {
-    if (l->max_connections < 1 || l->max_connections > HTTP_MAX_CONNECTIONS)
-        return mn_err_set(err, MN_EINVAL, "--max-connections must be in 1..%d, got %d", HTTP_MAX_CONNECTIONS,
+int http_limits_check(const HttpLimits *l, int max_connections, MnErr *err) {
+    if (max_connections > HTTP_MAX_CONNECTIONS) max_connections = HTTP_MAX_CONNECTIONS;
+    if (l->max_connections < 1 || l->max_connections > max_connections)
+        return mn_err_set(err, MN_EINVAL, "--max-connections must be in 1..%d, got %d", max_connections,
                           l->max_connections);
-    if (l->max_per_ip < 0 || l->max_per_ip > l->max_connections)
-        return mn_err_set(err, MN_EINVAL, "--max-per-ip must be in 0..%d (--max-connections; 0: no limit), got %d",
-                          l->max_connections, l->max_per_ip);
+    /* a cap above max_connections is not refused: it only never binds, and
+     * the default one (256) must not turn away a lower --max-connections */
+    if (l->max_per_ip < 0)
+        return mn_err_set(err, MN_EINVAL, "--max-per-ip must be 0 (no limit) or more, got %d", l->max_per_ip);
     if (!(l->idle_timeout_s >= HTTP_MIN_IDLE_TIMEOUT_S && l->idle_timeout_s <= HTTP_MAX_IDLE_TIMEOUT_S))
         return mn_err_set(err, MN_EINVAL, "--idle-timeout must be in %g..%g seconds, got %g", HTTP_MIN_IDLE_TIMEOUT_S,
                           HTTP_MAX_IDLE_TIMEOUT_S, l->idle_timeout_s);
@@ -82,7 +84,7 @@ int http_front_new(const HttpFrontConfig *cfg, HttpFront **out, MnErr *err) {
     addr.sin_port = htons((uint16_t)cfg->port);
     if (inet_pton(AF_INET, cfg->host, &addr.sin_addr) != 1)
         return mn_err_set(err, MN_EINVAL, "--host %s is not an IPv4 address", cfg->host);
-    int rc = http_limits_check(&cfg->limits, err);
+    int rc = http_limits_check(&cfg->limits, HTTP_MAX_CONNECTIONS, err);
     if (rc != MN_OK) return rc;
     HttpFront *f = mn_calloc(1, sizeof *f);
     if (f == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");

@@ -27,7 +27,8 @@
  * nothing would otherwise shut everyone else out. */
 typedef struct HttpLimits {
     int max_connections;  /* open connections at most (1..HTTP_MAX_CONNECTIONS; default 512) */
-    int max_per_ip;       /* from one client address at most (0: no limit; default 256) */
+    int max_per_ip;       /* from one client address at most (0: no limit; default 256; above
+                             max_connections it never binds) */
     double idle_timeout_s; /* a connection that sends nothing this long is closed (default 30) */
 } HttpLimits;
 
@@ -41,8 +42,10 @@ typedef struct HttpLimits {
 #define HTTP_MAX_IDLE_TIMEOUT_S 86400.0
 
 void http_limits_default(HttpLimits *l);
-/* MN_OK, or MN_EINVAL with the offending flag named in err. */
-int http_limits_check(const HttpLimits *l, MnErr *err);
+/* MN_OK, or MN_EINVAL with the offending flag named in err;
+ * max_connections is the command's own ceiling (HTTP_MAX_CONNECTIONS or
+ * below), the range the message states. */
+int http_limits_check(const HttpLimits *l, int max_connections, MnErr *err);
 
 typedef struct HttpFrontConfig {
     const char *host; /* IPv4 address to listen on */
