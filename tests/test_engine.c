@@ -2441,6 +2441,43 @@ static void put_on_disk(Model *m, const char *dir, const int32_t *const *prompts
     put_on_disk_plan(m, dir, prompts, lens, n, RESTORE_PLAN_KV, 0);
 }
 
+/* project_fails_fn: the first projection of layer *ctx fails, once. */
+static bool fail_layer_once(void *ctx, int layer) {
+    int *at = ctx;
+    if (layer != *at) return false;
+    *at = -1;
+    return true;
+}
+
+/* A projection that fails (a fault injected at the last layer, where no
+ * later layer's wait would catch it) fails its load: the pass that waited
+ * for that layer waits for the load's end and drops its work instead of
+ * reading K/V never projected, the request is restored again, and its
+ * answer is a full recompute's, bit for bit. */
+static void test_hidden_projection_fails(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    const uint64_t all = (1u << m->cfg.n_layer) - 1;
+    char *dir = test_tmpdir_new("tier");
+    int32_t a[80];
+    make_prompt(a, 65, m->cfg.n_vocab, 67, 1);
+    put_on_disk_plan(m, dir, (const int32_t *[]){a}, (int[]){65}, 1, RESTORE_PLAN_HIDDEN, all);
+    Recomputed want = recompute(m, a, 65, 4);
+    int at = m->cfg.n_layer - 1;
+    EngineTestHooks hk = {.project_fails_fn = fail_layer_once, .ctx = &at};
+    Engine *e = hidden_engine_hooked(m, 32, 0, dir, EVICT_DEFAULT, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, all, &hk);
+    ReqResult res;
+    expect_recomputed(e, &want, a, 65, &res);
+    assert_int_equal(at, -1); /* the fault happened */
+    EngineStats st;
+    settled_stats(e, &st);
+    assert_int_equal(st.restore_failures, 1);
+    recomputed_free(&want);
+    engine_free(e);
+    test_tmpdir_free(dir);
+    model_free(m);
+}
+
 /* A restarted server finds a conversation's runs on disk with their hidden
  * layers (record version 2) and restores them by projection, bit for bit
  * as a full recompute; one started with the kv plan does not restore
@@ -3526,6 +3563,7 @@ int main(void) {
         cmocka_unit_test(test_hidden_corrupt_disk),
         cmocka_unit_test(test_hidden_mixed),
         cmocka_unit_test(test_hidden_restart),
+        cmocka_unit_test(test_hidden_projection_fails),
         cmocka_unit_test(test_hidden_promote),
         cmocka_unit_test(test_block_tokens_out_of_range),
         cmocka_unit_test(test_restore_plan_out_of_range),

@@ -119,6 +119,9 @@ typedef struct EngineTestHooks {
      * block: a test holds the engine there while it lines up what arrives
      * during a request's run. */
     void (*step_fn)(void *ctx, const EngineStepInfo *step);
+    /* Before a restored layer's hidden states are projected: true makes
+     * that projection fail (a fault to test the path with). May be NULL. */
+    bool (*project_fails_fn)(void *ctx, int layer);
     void *ctx;
 } EngineTestHooks;
 

@@ -171,7 +171,8 @@ static void project_layer(EngineTiers *t, Load *ld, int layer) {
         }
     if (n == 0 || ld->is_bad || t->project_fn == NULL) return;
     double t0 = tiers_now(t, ENGINE_CLOCK_PROJECT);
-    if (t->project_fn(t->ctx, layer, ld->proj, ld->proj_pos, n) != MN_OK) {
+    bool is_fault = t->hooks && t->hooks->project_fails_fn && t->hooks->project_fails_fn(t->hooks->ctx, layer);
+    if (is_fault || t->project_fn(t->ctx, layer, ld->proj, ld->proj_pos, n) != MN_OK) {
         LOG_ERROR("projecting layer %d of %d restored blocks failed: they are recomputed", layer, n);
         ld->is_bad = true;
         return;
@@ -182,12 +183,17 @@ static void project_layer(EngineTiers *t, Load *ld, int layer) {
 static void handle_event(EngineTiers *t, MoverEvent *ev) {
     MoverJob *j = ev->job;
     switch (ev->kind) {
-    case MOVER_EV_LAYER:
-        if (((Load *)j->owner)->layers_done == 0 && t->on_restored_fn) /* block_hidden is known now */
+    case MOVER_EV_LAYER: {
+        Load *ld = j->owner;
+        if (ev->layer == 0 && t->on_restored_fn) /* block_hidden is known now */
             for (int k = 0; k < j->n; k++) t->on_restored_fn(t->ctx, j->slots[k], j->block_hidden[k] != 0);
-        project_layer(t, j->owner, ev->layer);
-        ((Load *)j->owner)->layers_done = ev->layer + 1;
+        project_layer(t, ld, ev->layer);
+        /* a failed projection leaves the layer not done: a pass waiting for
+         * it waits for the load's DONE, which fails it (its work dropped),
+         * instead of reading K/V that were never projected */
+        if (!ld->is_bad) ld->layers_done = ev->layer + 1;
         break;
+    }
     case MOVER_EV_DROPPED:
         for (int i = 0; i < ev->n; i++) index_set_tiers(t->index, &ev->hashes[i], 0, 1u << ev->tier);
         mover_event_free(ev);
