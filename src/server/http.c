@@ -6,6 +6,19 @@
  * handler may block (on the engine, on a backend) without stalling other
  * connections. libmicrohttpd may hold heads four times the largest the
  * gate passes, so a passed head never meets the library's own limits.
+ *
+ * --max-connections is counted here, not by libmicrohttpd: 0.9.75 adds an
+ * external connection in two steps (MHD_add_connection checks its limit
+ * and queues the socket; the daemon thread checks again when it takes the
+ * queue), and when that second check finds the limit reached it returns
+ * with a mutex still locked — the daemon thread then waits on itself for
+ * good, every connection after it is reset and SIGTERM cannot stop the
+ * server. The gate hands connections over in bursts (all those whose head
+ * wait ended together), so a burst past the limit reached that path. So
+ * the front counts the connections it handed over that the library has
+ * not yet closed and refuses the rest itself, and the library's own limit
+ * is one it can never reach (see front_hand_over). The per-IP limit stays
+ * the library's: its refusal happens in the first step, which is sound.
  */
 #include "server/http.h"
 
@@ -13,12 +26,15 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/select.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -29,6 +45,11 @@ struct HttpFront {
     HttpFrontConfig cfg;
     struct MHD_Daemon *daemon;
     Gate *gate;
+    /* Connections handed to the daemon and not yet closed by it. The gate
+     * thread adds, the daemon's thread subtracts (on NOTIFY_CLOSED), so it
+     * is atomic; a count rather than a flag because both sides move it by
+     * one per connection and a refusal must see the exact number. */
+    atomic_int open;
 };
 
 /* ---- the front ------------------------------------------------------------------------ */
@@ -42,12 +63,39 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     LOG_INFO("libmicrohttpd: %s", msg);
 }
 
+/* The place counted here is given back when the library reports the
+ * connection closed. libmicrohttpd 0.9.75 reports NOTIFY_CLOSED for every
+ * connection it reported STARTED (on its close, or when the connection's
+ * thread cannot start) and neither for one MHD_add_connection refused
+ * (MHD_NO: given back below). The one way a place stays taken is the
+ * daemon thread failing to allocate the connection's memory pool after
+ * MHD_add_connection said yes: out of memory, it drops the connection
+ * without a word — one place lost per such failure. */
 static void front_hand_over(void *ctx, int fd, const struct sockaddr_in *addr) {
     HttpFront *f = ctx;
+    /* only this (the gate's) thread adds, so a place counted here is ours */
+    if (atomic_fetch_add(&f->open, 1) >= f->cfg.limits.max_connections) {
+        atomic_fetch_sub(&f->open, 1);
+        close(fd);
+        LOG_WARN("cannot take a connection: --max-connections reached (%d)", f->cfg.limits.max_connections);
+        return;
+    }
+    bool fits_select = fd < FD_SETSIZE; /* the library refuses others, with ENFILE too */
     if (MHD_add_connection(f->daemon, fd, (const struct sockaddr *)addr, sizeof *addr) == MHD_YES) return;
-    /* the library closed it; ENFILE is its word for a limit of ours */
-    if (errno == ENFILE) LOG_WARN("cannot take a connection: --max-connections or --max-per-ip reached");
+    atomic_fetch_sub(&f->open, 1);
+    /* the library closed it; ENFILE is its word for a limit */
+    if (errno == ENFILE)
+        LOG_WARN("cannot take a connection: %s",
+                 fits_select ? "--max-per-ip reached" : "its descriptor is past those select() takes");
     else LOG_WARN("cannot take a connection: %s", strerror(errno));
+}
+
+/* Gives a connection's place back, then calls the configured callback. */
+static void front_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                             enum MHD_ConnectionNotificationCode toe) {
+    HttpFront *f = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_CLOSED) atomic_fetch_sub(&f->open, 1);
+    if (f->cfg.connection_fn) f->cfg.connection_fn(f->cfg.ctx, c, socket_context, toe);
 }
 
 static void front_rejected(void *ctx, const char *method, const char *path, int status, const char *msg) {
@@ -89,6 +137,7 @@ int http_front_new(const HttpFrontConfig *cfg, HttpFront **out, MnErr *err) {
     HttpFront *f = mn_calloc(1, sizeof *f);
     if (f == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
     f->cfg = *cfg;
+    atomic_init(&f->open, 0);
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG |
                      MHD_USE_ITC | MHD_USE_NO_LISTEN_SOCKET;
     /* the optional callbacks are added only when given */
@@ -101,12 +150,18 @@ int http_front_new(const HttpFrontConfig *cfg, HttpFront **out, MnErr *err) {
      * a handler blocked on the engine is not timed (the answer it queues
      * restarts the count) and a stream sends a ping at least every second */
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_TIMEOUT, (intptr_t)(l->idle_timeout_s + 0.5), NULL};
-    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_LIMIT, l->max_connections, NULL};
+    /* a limit the library cannot reach (see the top of this file): besides
+     * front_hand_over's count (at most max_connections, itself at most
+     * HTTP_MAX_CONNECTIONS, plus those closed but not yet cleaned up),
+     * every connection the library counts holds an open descriptor below
+     * FD_SETSIZE (it refuses higher ones and closes a connection's socket
+     * only as it uncounts it) and the one being added holds another, so
+     * fewer than FD_SETSIZE are counted whenever it checks */
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_LIMIT, FD_SETSIZE, NULL};
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_PER_IP_CONNECTION_LIMIT, l->max_per_ip, NULL};
     if (cfg->completed_fn)
         opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)cfg->completed_fn, cfg->ctx};
-    if (cfg->connection_fn)
-        opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)cfg->connection_fn, cfg->ctx};
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)front_connection, f};
     if (cfg->uri_fn) opts[n++] = (struct MHD_OptionItem){MHD_OPTION_URI_LOG_CALLBACK, (intptr_t)cfg->uri_fn, cfg->ctx};
     opts[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     f->daemon = MHD_start_daemon(flags, 0, NULL, NULL, cfg->handler_fn, cfg->ctx, MHD_OPTION_ARRAY, opts,
