@@ -26,7 +26,9 @@
 #include "engine/engine.h"
 #include "engine/mref.h"
 #include "engine/runner.h"
+#include "engine/forward.h"
 #include "model/model.h"
+#include "tools/gen_model.h"
 
 static Model *load(const char *name) {
     char path[512], rel[256];
@@ -2188,10 +2190,8 @@ static void expect_restored_by(const ReqResult *res, int kv, int hidden, int rec
  * hidden. With corrupt, the disk's extents (hidden ones among them) are
  * damaged: the restore fails its checksum, is counted, and the blocks are
  * recomputed with the same results. */
-static void check_hidden_restore(const char *model, MnType kv_type, uint64_t ram_mb, bool has_disk, uint64_t layers,
-                                 bool corrupt) {
-    Model *m = load(model);
-    if (!m) return;
+static void check_hidden_restore_model(Model *m, MnType kv_type, uint64_t ram_mb, bool has_disk, uint64_t layers,
+                                       bool corrupt) {
     char *dir = has_disk ? test_tmpdir_new("tier") : NULL;
     Engine *e = hidden_engine(m, 16, ram_mb, dir, EVICT_DEFAULT, kv_type, RESTORE_PLAN_HIDDEN, layers);
     const int nv = m->cfg.n_vocab;
@@ -2224,6 +2224,68 @@ static void check_hidden_restore(const char *model, MnType kv_type, uint64_t ram
     recomputed_free(&full);
     engine_free(e);
     if (dir) test_tmpdir_free(dir);
+}
+
+static void check_hidden_restore(const char *model, MnType kv_type, uint64_t ram_mb, bool has_disk, uint64_t layers,
+                                 bool corrupt) {
+    Model *m = load(model);
+    if (!m) return;
+    check_hidden_restore_model(m, kv_type, ram_mb, has_disk, layers, corrupt);
+    model_free(m);
+}
+
+/* A model deeper than a layer set holds (gen-model: llama, 70 layers, dim
+ * 64, F16): its first 64 layers may be stored as hidden states, the later
+ * ones always as K/V (KVPOOL_HIDDEN_MAX_LAYERS). Saved with every layer
+ * it may as hidden states, a conversation comes back from the RAM tier
+ * and from the disk bit-identical to a full recompute, restored by
+ * projection; the tiers hold the hidden rows of 64 layers and the K/V of
+ * 6 for each block. */
+static void test_hidden_deep_model(void **s) {
+    char vocab[512], path[64];
+    if (!test_require_file(test_data_path(vocab, sizeof vocab, "models/stories260K.gguf"))) return;
+    snprintf(path, sizeof path, "/tmp/mnemo-deep-%d.gguf", (int)getpid());
+    char *argv[] = {"--arch", "llama", "--dim", "64", "--layers", "70", "--heads", "4", "--kv-heads", "4",
+                    "--ffn", "128", "--ctx", "256", "--seed", "5", "--type", "f16", "--vocab-from", vocab, "-o", path};
+    assert_int_equal(gen_model_main((int)(sizeof argv / sizeof argv[0]), argv), 0);
+    Model *m = NULL;
+    MnErr err = {0};
+    if (model_load(path, &m, &err)) fail_msg("%s", err.msg);
+    unlink(path);
+    assert_int_equal(m->cfg.n_layer, 70);
+    for (int disk = 0; disk < 2; disk++) {
+        check_hidden_restore_model(m, MN_TYPE_F16, disk ? 0 : 64, disk, UINT64_MAX, false);
+        /* what the tier holds: per block, 64 layers of hidden rows, 6 of K/V */
+        char *dir = disk ? test_tmpdir_new("tier") : NULL;
+        Engine *e = hidden_engine(m, 16, disk ? 0 : 64, dir, EVICT_DEFAULT, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, UINT64_MAX);
+        int32_t p[1][80];
+        make_prompts(p, 1, 65, m->cfg.n_vocab, 47);
+        ReqResult res;
+        free(run_one(e, p[0], 65, 4, NULL, &res));
+        EngineStats st;
+        settled_stats(e, &st);
+        const TierStats *ts = &st.tiers[0].tier;
+        const uint64_t hid_block = fwd_hidden_row_bytes(m) * 8, kv_block = kvpool_bytes_for(1, m->cfg.kv_dim, 8, 1, MN_TYPE_F16);
+        assert_true(ts->hidden_bytes > 0);
+        assert_int_equal(ts->hidden_bytes % (64 * hid_block), 0);
+        assert_int_equal(ts->kv_bytes, ts->hidden_bytes / (64 * hid_block) * 6 * kv_block);
+        engine_free(e);
+        if (dir) test_tmpdir_free(dir);
+    }
+    /* --pool-mb pays hidden arenas for those 64 layers only */
+    EngineOptions o;
+    tier_options(&o, 0, NULL);
+    o.pool_mb = 8;
+    o.ram_tier_mb = 1;
+    o.restore_plan = RESTORE_PLAN_HIDDEN;
+    o.test_hidden_layers = UINT64_MAX;
+    Engine *e;
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    EngineStats st;
+    engine_stats(e, &st);
+    const uint64_t per_block = kvpool_bytes_for(70, m->cfg.kv_dim, 8, 1, MN_TYPE_F16) + 64 * fwd_hidden_row_bytes(m) * 8;
+    assert_int_equal(st.pool_blocks, (8 << 20) / per_block);
+    engine_free(e);
     model_free(m);
 }
 
@@ -2307,14 +2369,17 @@ static double plan_clock(void *ctx, EngineClockUse use) {
 
 static double plan_read_delay(void *ctx, int tier) { return ((PlanClock *)ctx)->read_delay_s; }
 
-/* An auto-plan engine over a disk tier in dir, on c's clocks. */
-static Engine *auto_engine(Model *m, const char *dir, PlanClock *c) {
+/* An auto-plan engine over a disk tier in dir or (dir NULL) the Redis at
+ * *redis_url, on c's clocks. */
+static Engine *auto_engine_on(Model *m, const char *dir, const char *const *redis_url, PlanClock *c) {
     pthread_mutex_init(&c->lock, NULL);
     c->hooks = (EngineTestHooks){.clock_shift_fn = plan_clock, .ctx = c};
     c->mover = (MoverTestHooks){.read_delay_fn = plan_read_delay, .ctx = c};
     EngineOptions o;
     tier_options(&o, 16, &c->mover);
     o.disk_tier_dir = dir;
+    o.redis_urls = dir ? NULL : redis_url;
+    o.n_redis_urls = dir ? 0 : 1;
     o.restore_plan = RESTORE_PLAN_AUTO;
     o.test_hooks = &c->hooks;
     Engine *e;
@@ -2323,10 +2388,12 @@ static Engine *auto_engine(Model *m, const char *dir, PlanClock *c) {
     return e;
 }
 
+static Engine *auto_engine(Model *m, const char *dir, PlanClock *c) { return auto_engine_on(m, dir, NULL, c); }
+
 /* One conversation's blocks leave the pool (two others push them out) and
- * come back from disk: first logits bit for bit a full recompute's.
- * Returns the tokens that came from disk. */
-static uint64_t expect_round_trip(Engine *e, Model *m, uint64_t seed) {
+ * come back from tier src: first logits bit for bit a full recompute's.
+ * Returns the tokens that came from there. */
+static uint64_t expect_round_trip_from(Engine *e, Model *m, uint64_t seed, CacheSource src) {
     ReqResult r, *res = &r;
     int32_t p[3][80];
     make_prompts(p, 3, 65, m->cfg.n_vocab, seed);
@@ -2339,14 +2406,18 @@ static uint64_t expect_round_trip(Engine *e, Model *m, uint64_t seed) {
     }
     expect_recomputed(e, &want, p[0], 65, res);
     assert_int_equal(res->n_cached, 64);
-    assert_true(res->n_cached_by[SRC_DISK] > 0);
+    assert_true(res->n_cached_by[src] > 0);
     /* restored by one path: the plan stored each run alike */
-    int from_disk = res->n_cached_by[SRC_DISK], n_hidden = res->n_restored_by[RESTORE_HIDDEN];
-    expect_restored_by(res, from_disk - n_hidden, n_hidden, 0);
-    assert_true(n_hidden == 0 || n_hidden == from_disk);
+    int from_tier = res->n_cached_by[src], n_hidden = res->n_restored_by[RESTORE_HIDDEN];
+    expect_restored_by(res, from_tier - n_hidden, n_hidden, 0);
+    assert_true(n_hidden == 0 || n_hidden == from_tier);
     recomputed_free(&want);
     settle(e); /* its load counted (settled_stats) */
-    return res->n_cached_by[SRC_DISK];
+    return res->n_cached_by[src];
+}
+
+static uint64_t expect_round_trip(Engine *e, Model *m, uint64_t seed) {
+    return expect_round_trip_from(e, m, seed, SRC_DISK);
 }
 
 /* engine_new refuses a block size out of range (none, negative) with the
@@ -3154,26 +3225,47 @@ static void case_options(const RedisCase *rc, EngineOptions *o, int pool_blocks,
     o->redis_cluster = rc->is_cluster;
 }
 
-/* case_options' engine. */
-static Engine *case_engine(const RedisCase *rc, int pool_blocks, const MoverTestHooks *hooks) {
+/* case_options' engine, with the restore plan `plan` saving the layers
+ * `layers` as hidden states (EngineOptions.test_hidden_layers). */
+static Engine *case_engine_plan(const RedisCase *rc, int pool_blocks, const MoverTestHooks *hooks, RestorePlan plan,
+                                uint64_t layers) {
     EngineOptions o;
     case_options(rc, &o, pool_blocks, hooks);
+    o.restore_plan = plan;
+    o.test_hidden_layers = layers;
     Engine *e;
     MnErr err = {0};
     if (engine_new(rc->m, &o, &e, &err)) fail_msg("%s", err.msg);
     return e;
 }
 
+static Engine *case_engine(const RedisCase *rc, int pool_blocks, const MoverTestHooks *hooks) {
+    return case_engine_plan(rc, pool_blocks, hooks, RESTORE_PLAN_KV, 0);
+}
+
 /* Another instance computes prompt p (full: its recompute) and saves it
- * into the store (the engine is freed once its saves are done). */
-static void put_in_redis(RedisCase *rc, const Recomputed *full, const int32_t *p) {
-    Engine *e = case_engine(rc, 32, NULL);
+ * into the store (the engine is freed once its saves are done), with the
+ * layers `layers` as hidden states (0: K/V only), which the tier's stored
+ * bytes count (mnemo_tier_stored_bytes{tier="redis",repr="hidden"}). */
+static void put_in_redis_plan(RedisCase *rc, const Recomputed *full, const int32_t *p, uint64_t layers) {
+    Engine *e = case_engine_plan(rc, 32, NULL, layers ? RESTORE_PLAN_HIDDEN : RESTORE_PLAN_KV, layers);
     ReqResult res;
     expect_recomputed(e, full, p, 65, &res);
     assert_int_equal(res.n_cached, 0);
     settle(e);
-    assert_true(redis_stats(e).n_puts >= 1);
+    TierStats ts = redis_stats(e);
+    assert_true(ts.n_puts >= 1);
+    int n_hidden = __builtin_popcountll(layers), n_layer = rc->m->cfg.n_layer;
+    const uint64_t hid_block = fwd_hidden_row_bytes(rc->m) * 8,
+                   kv_block = kvpool_bytes_for(1, rc->m->cfg.kv_dim, 8, 1, MN_TYPE_F16);
+    /* the 8 blocks of p, each layer at its representation's size */
+    assert_int_equal(ts.hidden_bytes, 8 * (uint64_t)n_hidden * hid_block);
+    assert_int_equal(ts.kv_bytes, 8 * (uint64_t)(n_layer - n_hidden) * kv_block);
     engine_free(e);
+}
+
+static void put_in_redis(RedisCase *rc, const Recomputed *full, const int32_t *p) {
+    put_in_redis_plan(rc, full, p, 0);
 }
 
 /* Two instances on one Redis (one server, or a cluster:
@@ -3318,6 +3410,24 @@ static void test_redis_flushed(void **s) {
     engine_free(e);
 }
 
+/* B (restore plan `plan`, hidden layers `layers`) asks for the case's
+ * first prompt, whose stored run has a damaged value: its restore fails
+ * the value's check, the blocks are recomputed (bit-identical), nothing is
+ * restored, and the failure is counted once. */
+static void expect_damaged_miss(RedisCase *rc, RestorePlan plan, uint64_t layers) {
+    Engine *e = case_engine_plan(rc, 32, NULL, plan, layers);
+    ReqResult res;
+    expect_recomputed(e, &rc->full, rc->p[0], 65, &res);
+    assert_int_equal(res.n_cached_by[SRC_REDIS], 0);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.restore_failures, 1);
+    assert_int_equal(st.restored_hidden_tokens + st.restored_kv_tokens, 0);
+    assert_int_equal(st.tiers[0].tier.n_checksum_failures, 1);
+    assert_false(st.tiers[0].tier.is_failed);
+    engine_free(e);
+}
+
 /* A damaged value (SETRANGE in the blocks of every stored layer): B's
  * restore fails its check, the blocks are recomputed (bit-identical) and
  * the failure is counted. */
@@ -3326,16 +3436,103 @@ static void test_redis_damaged_value(void **s) {
     if (!redis_case_open(rc, 181)) return;
     put_in_redis(rc, &rc->full, rc->p[0]);
     assert_true(redis_srv_damage(&rc->srv, "mnemo:kv1:*", 1000) > 0);
-    Engine *e = case_engine(rc, 32, NULL);
+    expect_damaged_miss(rc, RESTORE_PLAN_KV, 0);
+}
+
+/* ---- the shared tier: hidden states -------------------------------------------------------- */
+
+/* stories260K's layers 0 and 2 of 5 as hidden states (f32 rows, larger
+ * than its K/V: stored because the test asks for them), the rest K/V */
+#define CASE_HIDDEN 0x5u
+
+/* Layers stored as hidden states in the shared tier (one server, or a
+ * cluster: test_cluster_hidden_other_instance). A saves prompt a with
+ * layers CASE_HIDDEN as hidden states; B, a fresh instance with the same
+ * plan, finds them by its probe and restores them from Redis, projecting
+ * those layers: first logits and text bit-identical to a full recompute,
+ * every cached token restored by projection. C, whose plan would save
+ * another layer (1), restores A's runs by their stored plan, the same. D,
+ * with --restore-plan kv (no hidden states kept), does not take them (a
+ * miss: nothing found) and recomputes, bit-identical. */
+static void test_redis_hidden_other_instance(void **s) {
+    RedisCase *rc = *s;
+    if (!redis_case_open(rc, 201)) return;
+    put_in_redis_plan(rc, &rc->full, rc->p[0], CASE_HIDDEN);
+    const uint64_t plans[] = {CASE_HIDDEN, 0x2};
     ReqResult res;
-    expect_recomputed(e, &rc->full, rc->p[0], 65, &res);
-    assert_int_equal(res.n_cached_by[SRC_REDIS], 0);
     EngineStats st;
-    engine_stats(e, &st);
-    assert_int_equal(st.restore_failures, 1);
-    assert_int_equal(st.tiers[0].tier.n_checksum_failures, 1);
-    assert_false(st.tiers[0].tier.is_failed);
+    for (int i = 0; i < 2; i++) {
+        Engine *e = case_engine_plan(rc, 32, NULL, RESTORE_PLAN_HIDDEN, plans[i]);
+        expect_recomputed(e, &rc->full, rc->p[0], 65, &res);
+        assert_int_equal(res.n_cached_by[SRC_REDIS], 64);
+        expect_restored_by(&res, 0, 64, 0);
+        settled_stats(e, &st);
+        assert_int_equal(st.shared_found_blocks, 8);
+        assert_int_equal(st.restored_hidden_tokens, 64);
+        assert_int_equal(st.restore_failures, 0);
+        assert_int_equal(st.tiers[0].tier.n_checksum_failures, 0);
+        assert_int_equal(st.tiers[0].tier.n_io_errors, 0);
+        engine_free(e);
+    }
+    Engine *e = case_engine(rc, 32, NULL);
+    expect_recomputed(e, &rc->full, rc->p[0], 65, &res);
+    assert_int_equal(res.n_cached, 0);
+    settled_stats(e, &st);
+    assert_int_equal(st.shared_found_blocks, 0);
+    assert_int_equal(st.restore_failures, 0);
     engine_free(e);
+}
+
+/* A damaged hidden-state value: A saved prompt a with layer 0 as hidden
+ * states (the layer-0 values say so: representation 1 at offset 36), one
+ * byte of the hidden rows flipped in Redis. B's restore fails that value's
+ * check, the blocks are recomputed, bit-identical, and the failure is
+ * counted. */
+static void test_redis_hidden_damaged(void **s) {
+    RedisCase *rc = *s;
+    if (!redis_case_open(rc, 211)) return;
+    put_in_redis_plan(rc, &rc->full, rc->p[0], 0x1);
+    redisReply *keys = redis_srv_keys(&rc->srv, "mnemo:kv1:*:0");
+    assert_true(keys->elements >= 1);
+    for (size_t i = 0; i < keys->elements; i++) {
+        redisReply *v = redis_srv_cmd(&rc->srv, "GETRANGE %s 36 39", keys->element[i]->str);
+        assert_int_equal(v->type, REDIS_REPLY_STRING);
+        assert_memory_equal(v->str, "\1\0\0\0", 4);
+        freeReplyObject(v);
+    }
+    freeReplyObject(keys);
+    assert_true(redis_srv_damage(&rc->srv, "mnemo:kv1:*:0", 1000) > 0);
+    expect_damaged_miss(rc, RESTORE_PLAN_HIDDEN, 0x1);
+}
+
+/* --restore-plan auto over the Redis tier alone (test_auto_plan's figures,
+ * qwen3 Q4_K_M, whose hidden rows are smaller than its K/V): the planner
+ * takes Redis's read bandwidth as it does a disk's — the guess before any
+ * read keeps K/V; once Redis's reads are measured slow (reported 1000 s
+ * slower), the next runs go to Redis as hidden states and come back by
+ * projection, bit for bit a full recompute. */
+static void test_redis_auto_plan(void **s) {
+    RedisCase *rc = *s;
+    if (!redis_srv_available()) {
+        skip();
+        return;
+    }
+    if ((rc->m = load("qwen3-q4_k_m")) == NULL) return;
+    redis_srv_start(&rc->srv, NULL);
+    rc->url = rc->srv.url;
+    PlanClock c = {.proj_step_s = 1e-3, .read_delay_s = 1e3};
+    Engine *e = auto_engine_on(rc->m, NULL, &rc->url, &c);
+    EngineStats st;
+    uint64_t n = expect_round_trip_from(e, rc->m, 750, SRC_REDIS); /* saved while Redis is a guess: K/V */
+    engine_stats(e, &st);
+    assert_int_equal(st.restored_kv_tokens, n);
+    assert_int_equal(st.restored_hidden_tokens, 0);
+    n = expect_round_trip_from(e, rc->m, 760, SRC_REDIS); /* saved after a slow read: hidden */
+    engine_stats(e, &st);
+    assert_int_equal(st.restored_hidden_tokens, n);
+    assert_true(st.tiers[0].tier.hidden_bytes > 0);
+    engine_free(e);
+    pthread_mutex_destroy(&c.lock);
 }
 
 /* ---- the shared tier on a Redis Cluster ------------------------------------------------- */
@@ -3565,6 +3762,7 @@ int main(void) {
         cmocka_unit_test(test_hidden_restart),
         cmocka_unit_test(test_hidden_projection_fails),
         cmocka_unit_test(test_hidden_promote),
+        cmocka_unit_test(test_hidden_deep_model),
         cmocka_unit_test(test_block_tokens_out_of_range),
         cmocka_unit_test(test_restore_plan_out_of_range),
         cmocka_unit_test(test_auto_plan),
@@ -3584,6 +3782,11 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_redis_saves_after_outage, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_flushed, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_damaged_value, redis_case_setup, redis_case_teardown),
+        cmocka_unit_test_setup_teardown(test_redis_hidden_other_instance, redis_case_setup, redis_case_teardown),
+        cmocka_unit_test_setup_teardown(test_redis_hidden_damaged, redis_case_setup, redis_case_teardown),
+        cmocka_unit_test_setup_teardown(test_redis_auto_plan, redis_case_setup, redis_case_teardown),
+        {"test_cluster_hidden_other_instance", test_redis_hidden_other_instance, cluster_case_setup,
+         redis_case_teardown, NULL},
         {"test_cluster_restore_other_instance", test_redis_restore_other_instance, cluster_case_setup,
          redis_case_teardown, NULL},
         cmocka_unit_test_setup_teardown(test_cluster_restore_moved, cluster_case_setup, redis_case_teardown),

@@ -98,6 +98,19 @@ static void test_split_best(void **s) {
     }
 }
 
+/* A model deeper than a layer set (70 layers): layers 64..69 are always
+ * read as K/V, whatever the mask's bits, and the split names only the
+ * first 64 — here all of them, hidden states being cheap. */
+static void test_deep_model(void **s) {
+    RestFigures f = {.kv_read_s = 1.0, .hidden_read_s = 0.25, .project_s = 0.01};
+    /* 64 hidden: read by 16, the last projection by 16.01; then 6 K/V reads */
+    assert_true(restplan_time(&f, 70, UINT64_MAX) == 64 * 0.25 + 6 * 1.0);
+    assert_true(restplan_time(&f, 70, 0) == 70.0);
+    assert_int_equal(restplan_split(&f, 70, UINT64_MAX), UINT64_MAX);
+    assert_int_equal(restplan_split(&f, 64, UINT64_MAX), UINT64_MAX);
+    assert_int_equal(restplan_split(&f, 3, UINT64_MAX), 0x7);
+}
+
 int main(void) {
     test_apply_filter();
     const struct CMUnitTest tests[] = {
@@ -107,6 +120,7 @@ int main(void) {
         cmocka_unit_test(test_split_eligible),
         cmocka_unit_test(test_split_ties),
         cmocka_unit_test(test_split_best),
+        cmocka_unit_test(test_deep_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

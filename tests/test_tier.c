@@ -192,7 +192,7 @@ static void test_tier_hidden_layers(void **state) {
         assert_int_equal(st.hidden_bytes, 5 * 2 * p.hidden_bytes);
         /* read both runs into other slots: K/V and hidden rows scrambled first */
         scramble_pool(&p, 7);
-        for (int l = 0; l < p.n_layer; l++) memset(p.hid_arenas[l], 0xee, (size_t)p.n_blocks * p.hidden_bytes);
+        for (int l = 0; l < p.n_hidden_layers; l++) memset(p.hid_arenas[l], 0xee, (size_t)p.n_blocks * p.hidden_bytes);
         int32_t dst[8] = {30, 12, 25, 9, 18, 33, 21, 14};
         uint32_t ids[8];
         for (int i = 0; i < 8; i++) ids[i] = 100 + (uint32_t)i;

@@ -526,7 +526,7 @@ static void test_persist_record_hidden(void **state) {
     assert_int_equal(st.hidden_bytes, 3 * 2 * p.hidden_bytes);
     assert_int_equal(st.kv_bytes, 3 * p.block_bytes);
     scramble_pool(&p, 3);
-    for (int l = 0; l < p.n_layer; l++) memset(p.hid_arenas[l], 0xee, (size_t)p.n_blocks * p.hidden_bytes);
+    for (int l = 0; l < p.n_hidden_layers; l++) memset(p.hid_arenas[l], 0xee, (size_t)p.n_blocks * p.hidden_bytes);
     Hash128 hs[3] = {h_of(0), h_of(1), h_of(2)};
     int32_t dst[3] = {20, 11, 27};
     assert_int_equal(tier_read_layers(fx.tier, hs, 3, &p, dst, NULL, NULL), MN_OK);

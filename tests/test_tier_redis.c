@@ -45,13 +45,16 @@ static int rfix_teardown(void **state) {
     return 0;
 }
 
-/* A redis tier on url with the pool's geometry; fingerprint byte fp,
+/* A redis tier on url with the pool's geometry, storing layers as hidden
+ * states of hidden_bytes a block (0: K/V only); fingerprint byte fp,
  * ttl_s, a read window of window bytes (0: default). */
-static Tier *redis_tier(const KvPool *p, const char *url, uint8_t fp, int ttl_s, uint64_t window) {
+static Tier *redis_tier_hidden(const KvPool *p, const char *url, size_t hidden_bytes, uint8_t fp, int ttl_s,
+                               uint64_t window) {
     TierRedisConfig cfg = {.urls = &url,
                            .n_urls = 1,
                            .n_layer = p->n_layer,
                            .block_bytes = p->block_bytes,
+                           .hidden_bytes = hidden_bytes,
                            .kv_format = 1 | (uint32_t)p->block_tokens << 8,
                            .ttl_s = ttl_s,
                            .timeout_ms = 5000,
@@ -61,6 +64,10 @@ static Tier *redis_tier(const KvPool *p, const char *url, uint8_t fp, int ttl_s,
     MnErr err = {0};
     if (tier_redis_new(&cfg, &t, &err) != MN_OK) fail_msg("tier_redis_new: %s", err.msg);
     return t;
+}
+
+static Tier *redis_tier(const KvPool *p, const char *url, uint8_t fp, int ttl_s, uint64_t window) {
+    return redis_tier_hidden(p, url, 0, fp, ttl_s, window);
 }
 
 /* The server, a pool of 4 layers x 4 KiB blocks and two tiers on it. */
@@ -528,6 +535,108 @@ static void test_redis_urls_and_auth(void **state) {
     free(log);
 }
 
+/* ---- hidden states ---------------------------------------------------------- */
+
+/* Read every layer of blocks ids[0..n) of t into slots (K/V scrambled,
+ * hidden rows 0xee first) and check each layer where it belongs: the
+ * hidden rows for the layers in `hidden`, the K/V for the others. */
+static void expect_read_as(Tier *t, KvPool *p, const uint32_t *ids, const int32_t *slots, int n, uint64_t hidden) {
+    scramble_pool(p, 77);
+    for (int l = 0; l < p->n_hidden_layers; l++) memset(p->hid_arenas[l], 0xee, (size_t)p->n_blocks * p->hidden_bytes);
+    Hash128 h[8];
+    for (int i = 0; i < n; i++) h[i] = h_of(ids[i]);
+    assert_int_equal(tier_read_layers(t, h, n, p, slots, NULL, NULL), MN_OK);
+    for (int l = 0; l < p->n_layer; l++)
+        for (int i = 0; i < n; i++) {
+            bool is_hidden = l < 64 && (hidden >> l & 1);
+            assert_true(is_hidden ? hidden_is(p, l, slots[i], ids[i]) : slot_is(p, l, slots[i], ids[i]));
+        }
+}
+
+/* A run with layers stored as hidden states, of a model deeper than a
+ * layer set (70 layers: 63 may be hidden, 64..69 are K/V): A puts blocks
+ * 100..104 with layers 0, 2 and 63 as hidden rows (160 bytes a block,
+ * K/V 256): a version 2 pointer of 72 bytes a block, each layer's value
+ * at its representation's size, the stored bytes counted by
+ * representation. B, another instance keeping hidden states, finds the
+ * run by its probe with its layer plan and reads every layer back where
+ * it was stored from, bit for bit. C, which keeps no hidden states, does
+ * not adopt it (a miss). C's own K/V run of the same blocks gets keys of
+ * its own (its tag has no plan): a new instance then finds that one,
+ * and A still reads its run whole. */
+static void test_redis_hidden_layers(void **state) {
+    RFix *f = *state;
+    if (!redis_srv_available()) {
+        skip();
+        return;
+    }
+    redis_srv_start(&f->srv, NULL);
+    KvPool *p = &f->p;
+    assert_int_equal(kvpool_init(p, 70, 16, 4, 32, MN_TYPE_F16), MN_OK);
+    assert_int_equal(kvpool_init_hidden(p, 40), MN_OK);
+    assert_int_equal(p->n_hidden_layers, 64);
+    assert_int_equal(p->block_bytes, 256);
+    assert_int_equal(p->hidden_bytes, 160);
+    uint32_t ids[5];
+    int32_t src[5], dst[5];
+    Hash128 hs[5];
+    for (int i = 0; i < 5; i++) {
+        ids[i] = 100 + (uint32_t)i;
+        src[i] = i;
+        dst[i] = 10 + i;
+        hs[i] = h_of(ids[i]);
+        fill_slot(p, src[i], ids[i]);
+        fill_hidden(p, src[i], ids[i]);
+    }
+    const uint64_t mask = 0x5 | 1ull << 63;
+    f->a = redis_tier_hidden(p, f->srv.url, p->hidden_bytes, FP_BYTE, 0, 0);
+    TierRunInfo info = {.hidden = mask};
+    assert_int_equal(tier_put_run(f->a, hs, 5, p, src, &info), MN_OK);
+    assert_int_equal(tier_block_hidden(f->a, &hs[0]), mask);
+    TierStats s;
+    tier_stats(f->a, &s);
+    assert_int_equal(s.hidden_bytes, 5 * 3 * 160);
+    assert_int_equal(s.kv_bytes, 5 * 67 * 256);
+    /* 70 layer values and 5 pointers */
+    assert_int_equal(redis_srv_int(&f->srv, "DBSIZE"), 70 + 5);
+    redisReply *keys = redis_srv_keys(&f->srv, "mnemo:blk1:*");
+    assert_int_equal(keys->elements, 5);
+    for (size_t k = 0; k < keys->elements; k++)
+        assert_int_equal(redis_srv_int(&f->srv, "STRLEN %s", keys->element[k]->str), 72);
+    freeReplyObject(keys);
+    keys = redis_srv_keys(&f->srv, "mnemo:kv1:*");
+    uint64_t sum = 0;
+    for (size_t k = 0; k < keys->elements; k++) sum += (uint64_t)redis_srv_int(&f->srv, "STRLEN %s", keys->element[k]->str);
+    freeReplyObject(keys);
+    assert_int_equal(sum, 70 * (80 + 16 * 5) + 5 * (3 * 160 + 67 * 256));
+    expect_read_as(f->a, p, ids, dst, 5, mask);
+    /* B finds it, with its plan */
+    f->b = redis_tier_hidden(p, f->srv.url, p->hidden_bytes, FP_BYTE, 0, 0);
+    assert_int_equal(probe_ids(f->b, ids, 5), 1);
+    assert_int_equal(tier_block_hidden(f->b, &hs[4]), mask);
+    tier_stats(f->b, &s);
+    assert_int_equal(s.hidden_bytes, 5 * 3 * 160);
+    expect_read_as(f->b, p, ids, dst, 5, mask);
+    tier_check(f->b);
+    /* C keeps no hidden states: a miss */
+    Tier *c = redis_tier(p, f->srv.url, FP_BYTE, 0, 0);
+    assert_int_equal(probe_ids(c, ids, 5), 0);
+    assert_false(tier_has(c, &hs[0]));
+    /* C's K/V run of the same blocks: keys of its own */
+    for (int i = 0; i < 5; i++) fill_slot(p, src[i], ids[i]); /* (the reads scrambled the pool) */
+    assert_int_equal(tier_put_run(c, hs, 5, p, src, NULL), MN_OK);
+    assert_int_equal(redis_srv_int(&f->srv, "DBSIZE"), 2 * 70 + 5);
+    tier_free(f->b);
+    f->b = redis_tier_hidden(p, f->srv.url, p->hidden_bytes, FP_BYTE, 0, 0);
+    assert_int_equal(probe_ids(f->b, ids, 5), 1);
+    assert_int_equal(tier_block_hidden(f->b, &hs[0]), 0);
+    expect_read_as(f->b, p, ids, dst, 5, 0);
+    expect_read_as(f->a, p, ids, dst, 5, mask);
+    tier_stats(f->a, &s);
+    assert_int_equal(s.n_checksum_failures + s.n_missing_runs + s.n_io_errors, 0);
+    tier_free(c);
+}
+
 int main(void) {
     test_apply_filter();
     signal(SIGPIPE, SIG_IGN); /* as mnemo serve: a write to a killed server is an error, not a signal */
@@ -536,7 +645,7 @@ int main(void) {
         RT(test_redis_roundtrip),     RT(test_redis_probe_other_instance), RT(test_redis_ttl),
         RT(test_redis_missing),       RT(test_redis_damaged),              RT(test_redis_other_model),
         RT(test_redis_full),          RT(test_redis_down_and_back),        RT(test_redis_killed_mid_read),
-        RT(test_redis_urls_and_auth), RT(test_redis_shared_replies),
+        RT(test_redis_urls_and_auth), RT(test_redis_shared_replies),       RT(test_redis_hidden_layers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

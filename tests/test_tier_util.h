@@ -84,7 +84,7 @@ static inline bool slot_is(const KvPool *p, int layer, int32_t slot, uint32_t id
 #define HIDDEN_ID(id) ((id) ^ 0x40000u)
 
 static inline void fill_hidden(KvPool *p, int32_t slot, uint32_t id) {
-    for (int l = 0; l < p->n_layer; l++) content_of(HIDDEN_ID(id), l, kvpool_h(p, l, slot), p->hidden_bytes);
+    for (int l = 0; l < p->n_hidden_layers; l++) content_of(HIDDEN_ID(id), l, kvpool_h(p, l, slot), p->hidden_bytes);
 }
 
 static inline bool hidden_is(const KvPool *p, int layer, int32_t slot, uint32_t id) {

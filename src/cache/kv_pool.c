@@ -70,7 +70,7 @@ nomem:
 
 static void free_hidden(KvPool *p) {
     if (p->hid_arenas != NULL)
-        for (int l = 0; l < p->n_layer; l++) mn_free_aligned(p->hid_arenas[l]);
+        for (int l = 0; l < p->n_hidden_layers; l++) mn_free_aligned(p->hid_arenas[l]);
     mn_free(p->hid_arenas);
     mn_free(p->hid_rows);
     mn_free(p->hid_loaded);
@@ -78,6 +78,7 @@ static void free_hidden(KvPool *p) {
     p->hid_rows = NULL;
     p->hid_loaded = NULL;
     p->hidden_row_bytes = p->hidden_bytes = 0;
+    p->n_hidden_layers = 0;
 }
 
 int kvpool_init_hidden(KvPool *p, size_t row_bytes) {
@@ -85,11 +86,12 @@ int kvpool_init_hidden(KvPool *p, size_t row_bytes) {
     size_t nb = (size_t)p->n_blocks;
     p->hidden_row_bytes = row_bytes;
     p->hidden_bytes = row_bytes * (size_t)p->block_tokens;
-    p->hid_arenas = mn_calloc((size_t)p->n_layer, sizeof *p->hid_arenas);
+    p->n_hidden_layers = p->n_layer < KVPOOL_HIDDEN_MAX_LAYERS ? p->n_layer : KVPOOL_HIDDEN_MAX_LAYERS;
+    p->hid_arenas = mn_calloc((size_t)p->n_hidden_layers, sizeof *p->hid_arenas);
     p->hid_rows = mn_calloc(nb * (size_t)p->block_tokens, 1);
     p->hid_loaded = mn_calloc(nb, sizeof *p->hid_loaded);
     bool ok = p->hid_arenas && p->hid_rows && p->hid_loaded;
-    for (int l = 0; ok && l < p->n_layer; l++) ok = (p->hid_arenas[l] = mn_alloc_aligned(nb * p->hidden_bytes, 64));
+    for (int l = 0; ok && l < p->n_hidden_layers; l++) ok = (p->hid_arenas[l] = mn_alloc_aligned(nb * p->hidden_bytes, 64));
     if (!ok) {
         free_hidden(p);
         return MN_ENOMEM;
@@ -245,7 +247,7 @@ void kvpool_copy_rows(KvPool *p, int32_t dst, int32_t src, int n_rows) {
      * where the pass wrote them */
     const uint8_t *from = p->hid_rows + (size_t)src * (size_t)p->block_tokens;
     uint8_t *to = p->hid_rows + (size_t)dst * (size_t)p->block_tokens;
-    for (int l = 0; l < p->n_layer; l++)
+    for (int l = 0; l < p->n_hidden_layers; l++)
         memcpy(kvpool_h(p, l, dst), kvpool_h(p, l, src), p->hidden_row_bytes * (size_t)n_rows);
     memcpy(to, from, (size_t)n_rows);
 }

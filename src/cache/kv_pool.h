@@ -26,6 +26,7 @@
  * holds, per slot, the operand the K and V projections of that layer
  * consumed for each of the block's tokens (docs/DESIGN.md, "Hidden-state
  * restore"), so a tier can store a layer as hidden states instead of KV.
+ * Only the first KVPOOL_HIDDEN_MAX_LAYERS layers have such an arena.
  * A slot's hidden rows are usable for a layer when the forward pass wrote
  * every row of the block (it writes all layers of a token at once), or a
  * restore brought that layer's hidden rows (kvpool_note_hidden); a fresh
@@ -46,6 +47,12 @@
 #include "base/ttype.h"
 
 typedef enum SlotState { SLOT_FREE = 0, SLOT_IN_USE, SLOT_CACHED } SlotState;
+
+/* Layers that may be kept as hidden states: a set of layers is a uint64_t
+ * (bit l: layer l) everywhere (the pool's marks, a tier run's, the
+ * planner's), so of a deeper model only the first 64 may; its later
+ * layers are always K/V and get no hidden arena. */
+#define KVPOOL_HIDDEN_MAX_LAYERS 64
 
 typedef struct KvPool KvPool;
 
@@ -78,9 +85,11 @@ struct KvPool {
     void *choose_ctx;
     uint64_t n_evictions;
     /* hidden states: all 0/NULL without kvpool_init_hidden */
+    int n_hidden_layers;     /* layers with hidden arenas: the first
+                                min(n_layer, KVPOOL_HIDDEN_MAX_LAYERS) */
     size_t hidden_row_bytes; /* one token's operand in one layer */
     size_t hidden_bytes;     /* one block in one layer: block_tokens rows */
-    uint8_t **hid_arenas;    /* (n_layer) each (n_blocks * hidden_bytes), 64-byte aligned */
+    uint8_t **hid_arenas;    /* (n_hidden_layers) each (n_blocks * hidden_bytes), 64-byte aligned */
     uint8_t *hid_rows;       /* (n_blocks * block_tokens) 1: the forward pass wrote the
                                 token's rows (of every layer) since the slot's allocation */
     uint64_t *hid_loaded;    /* (n_blocks) layers whose rows a restore brought */
@@ -90,7 +99,8 @@ struct KvPool {
  * than f16/f32, MN_ENOMEM. On failure the pool is left zeroed. */
 int kvpool_init(KvPool *p, int n_layer, int kv_dim, int block_tokens, int n_blocks, MnType kv_type);
 void kvpool_deinit(KvPool *p);
-/* Add the hidden-state arenas, row_bytes per token per layer. MN_EINVAL
+/* Add the hidden-state arenas, row_bytes per token per layer, for the
+ * first min(n_layer, KVPOOL_HIDDEN_MAX_LAYERS) layers. MN_EINVAL
  * (row_bytes 0, or already added), MN_ENOMEM (the pool is unchanged). */
 int kvpool_init_hidden(KvPool *p, size_t row_bytes);
 void kvpool_set_evict_fn(KvPool *p, KvEvictFn fn, void *ctx);
@@ -141,7 +151,8 @@ static inline void *kvpool_v(const KvPool *p, int layer, int32_t slot) {
  * hidden rows with the pass's marks; the rest of dst is left as it was.
  * dst != src. */
 void kvpool_copy_rows(KvPool *p, int32_t dst, int32_t src, int n_rows);
-/* Hidden rows (block_tokens * hidden_row_bytes) of slot in layer l. */
+/* Hidden rows (block_tokens * hidden_row_bytes) of slot in layer l
+ * (l < n_hidden_layers). */
 static inline void *kvpool_h(const KvPool *p, int layer, int32_t slot) {
     return p->hid_arenas[layer] + (size_t)slot * p->hidden_bytes;
 }

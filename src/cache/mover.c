@@ -583,7 +583,7 @@ static int make_staging(Mover *m, MnErr *err) {
         kvpool_deinit(&m->staging);
     if (rc != MN_OK) return mn_err_set(err, rc, "cannot allocate the mover's staging pool (%d blocks)", n);
     for (int l = 0; l < p->n_layer; l++) memset(m->staging.arenas[l], 0, (size_t)n * p->block_bytes);
-    for (int l = 0; p->hid_arenas != NULL && l < p->n_layer; l++)
+    for (int l = 0; l < m->staging.n_hidden_layers; l++)
         memset(m->staging.hid_arenas[l], 0, (size_t)n * p->hidden_bytes);
     m->promote_max = n;
     return MN_OK;
@@ -597,6 +597,7 @@ static int open_redis(Mover *m, const MoverConfig *cfg, MnErr *err) {
                           .is_cluster = cfg->redis_cluster,
                           .n_layer = p->n_layer,
                           .block_bytes = p->block_bytes,
+                          .hidden_bytes = p->hidden_bytes,
                           .model_fingerprint = cfg->model_fingerprint,
                           .kv_format = cfg->kv_format,
                           .ttl_s = cfg->redis_ttl_s,

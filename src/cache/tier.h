@@ -102,10 +102,11 @@ typedef void (*TierDropFn)(void *ctx, const Hash128 *hashes, int n_hashes, TierD
 typedef struct TierRunInfo {
     int32_t pos;
     const Hash128 *ns_id; /* index_namespace_id; NULL: not known */
-    uint64_t hidden;      /* layers (bit l: layer l < 64) to store as the
-                             hidden states of the pool's hidden arenas
-                             (kvpool_h) rather than as K/V; a tier that does
-                             not store hidden states (redis) stores K/V */
+    uint64_t hidden;      /* layers (bit l: layer l < 64; later layers
+                             are always K/V) to store as the hidden states
+                             of the pool's hidden arenas (kvpool_h) rather
+                             than as K/V; a tier made without hidden_bytes
+                             stores K/V */
 } TierRunInfo;
 
 /* Where a held block lives. */
@@ -342,6 +343,10 @@ typedef struct TierRedisConfig {
                                   forgetting one loses nothing; 0 = 1 TiB */
     int n_layer;
     size_t block_bytes;
+    size_t hidden_bytes;       /* a block of a layer stored as hidden states
+                                  (the pool's); 0: every run is stored as
+                                  KV, and stored runs with hidden layers are
+                                  misses */
     Hash128 model_fingerprint; /* in every value's header */
     uint32_t kv_format;        /* index_kv_format() */
     int ttl_s;                 /* keys expire this long after their last put

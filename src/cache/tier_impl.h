@@ -131,7 +131,9 @@ static inline bool alloc_faults_take(AllocFaults *f) {
 
 /* Whether a run whose layers `hidden` (bit l: layer l, the first 64
  * only) are stored as hidden states stores layer l so. */
-static inline bool tier_layer_is_hidden(uint64_t hidden, int l) { return l < 64 && (hidden >> l & 1); }
+static inline bool tier_layer_is_hidden(uint64_t hidden, int l) {
+    return l < KVPOOL_HIDDEN_MAX_LAYERS && (hidden >> l & 1);
+}
 /* Bytes of one block in layer l of such a run: hidden_bytes, else the
  * pool's block_bytes (K then V). */
 static inline size_t tier_layer_bytes(size_t block_bytes, size_t hidden_bytes, uint64_t hidden, int l) {

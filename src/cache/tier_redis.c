@@ -24,16 +24,22 @@
  * one call at a time. hiredis (0.14) allocates replies through its own
  * malloc, not mn_malloc, and aborts when that fails.
  *
- * KEYS AND VALUES, format version 1. All integers little-endian; hashes
- * in their canonical 16 bytes, written in keys as 32 lower-case hex digits.
+ * KEYS AND VALUES, format versions 1 (a run stored as K/V in every layer)
+ * and 2 (a run with layers stored as hidden states: docs/DESIGN.md,
+ * "Hidden-state restore"). All integers little-endian; hashes in their
+ * canonical 16 bytes, written in keys as 32 lower-case hex digits.
  *
- * A run of n blocks (consecutive blocks of one sequence) has the tag
- * T = XXH3-128 of its n block hashes in order (16n bytes): equal runs put
- * by two instances get equal keys and overwrite each other with equal
- * bytes. It is stored as one value per layer (one key per layer extent:
+ * A run of n blocks (consecutive blocks of one sequence) has the tag T =
+ * XXH3-128 of its n block hashes in order (16n bytes); a version 2 run,
+ * of those and its hidden-layer mask M (8 bytes: bit l set when layer l <
+ * 64 is stored as hidden states; later layers are always K/V). Equal runs
+ * put by two instances get equal keys and overwrite each other with equal
+ * bytes; the same blocks stored with another layer plan get other keys.
+ * A run is stored as one value per layer (one key per layer extent:
  * restores read faster that way than a run's single value, see
  * docs/OPERATIONS.md, "The Redis tier's key layout"):
- *     mnemo:kv1:F:N:{T}:L    layer L (decimal) of the run
+ *     mnemo:kv1:F:N:{T}:L    layer L (decimal) of the run, as K/V or as
+ *                            hidden states ("kv1" names the key scheme)
  * where F is the first 16 hex digits of the model fingerprint and N those
  * of the namespace id (index_namespace_id; zeros when not known). The
  * block hashes already bind every value to its model and tenant; F and N
@@ -43,31 +49,40 @@
  * finds the run from the block's hash (and its request's namespace):
  *     mnemo:blk1:F:N:H       the block with hash H
  *
- * Layer value (80 + 16n + n*block_bytes bytes):
+ * Layer value (80 + 16n + n*B bytes, B the layer's block size below):
  *     offset size  field
  *          0    8  magic "MNEMOKVL"
- *          8    4  format version, 1
+ *          8    4  format version: 1, or 2 for every layer of a run with
+ *                  hidden layers
  *         12    4  n, blocks in the run (1 <= n <= 65536)
  *         16    4  L, this value's layer
  *         20    4  n_layer
- *         24    8  block_bytes (bytes of one block in one layer, K then V)
+ *         24    8  B, bytes of one block in this layer: block_bytes (K
+ *                  then V), or hidden_bytes (the block's hidden rows)
  *         32    4  KV format id (index_kv_format)
- *         36    4  zero
+ *         36    4  representation: 0 K/V, 1 hidden states (0 in version 1)
  *         40   16  model fingerprint
  *         56   16  T, the run's tag
  *         72 16*n  the block hashes in run order
- *     72+16n   n*block_bytes  block i: the bytes of pool arena L's slot
- *                  (kvpool_k) verbatim, at 72 + 16n + i*block_bytes
+ *     72+16n  n*B  block i: the bytes of layer L of its pool slot
+ *                  verbatim (kvpool_k, or kvpool_h for hidden states), at
+ *                  72 + 16n + i*B
  *        end    8  XXH3-64, seed 0, of every earlier byte of the value
- * Pointer value (64 bytes):
+ * Pointer value (64 bytes in version 1, 72 in version 2):
  *          0    8  magic "MNEMOBLK"
- *          8    4  format version, 1
+ *          8    4  format version, 1 or 2
  *         12    4  n, blocks in the run
  *         16    4  i, this block's index in the run (< n)
  *         20    4  zero
  *         24   16  H, the block's hash (the key's)
  *         40   16  T, the run's tag
- *         56    8  XXH3-64, seed 0, of bytes [0, 56)
+ *   (version 2 only)
+ *         56    8  M, the run's hidden-layer mask (not 0)
+ *        end    8  XXH3-64, seed 0, of every earlier byte
+ * A run stored as K/V is written in version 1 exactly as before version 2
+ * existed, so instances of either version share such runs; an instance
+ * that knows only version 1 takes a version 2 pointer for damage (and
+ * deletes it: a miss for the others until the run is put again).
  *
  * Reply-memory entries (reply_mem.h) are shared too, keyed by their text:
  *     mnemo:reply1:F:N:X     X = XXH3-128 of the reply's text
@@ -85,9 +100,11 @@
  * matches, as any reply-memory entry.
  *
  * Validity. A layer value is used only when its length is that of n
- * blocks, its magic, version, checksum, n, L, n_layer, block_bytes, KV
- * format, fingerprint and tag are the ones expected, and its block hashes
- * begin with the hashes this instance knows the run by. A pointer is used
+ * blocks, its magic, version, checksum, n, L, representation, n_layer, B,
+ * KV format, fingerprint and tag are the ones expected (the pointer's M
+ * says which layers are hidden, so a reader never takes hidden rows for
+ * K/V or the reverse), and its block hashes begin with the hashes this
+ * instance knows the run by. A pointer is used
  * only when its length, magic, version and checksum hold, H is its key's
  * hash and i < n. Anything else is damage (or another format), never used:
  * a damaged value is deleted. With --redis-ttl S every key is written with
@@ -99,7 +116,10 @@
  * instance does not hold are looked up by their pointers (pipelined GETs);
  * the runs they name are checked for all their layer values (one EXISTS
  * per run: its keys share a slot) and adopted into the core as the part of
- * the run the request names. That part is always the run's first blocks:
+ * the run the request names, with the layer plan they were stored with (a
+ * reader restores a run by its stored plan, whatever its own; one that
+ * keeps no hidden states — no hidden_bytes — does not adopt a run with
+ * hidden layers: a miss, recomputed). That part is always the run's first blocks:
  * a block's hash names every token before it, so a sequence that holds
  * block i of a run holds blocks 0..i-1 of it at the positions before.
  *
@@ -139,9 +159,11 @@
 
 /* ---- types --------------------------------------------------------------- */
 
-#define REDIS_FORMAT_VERSION 1u
+#define REDIS_FORMAT_VERSION 1u /* runs stored as K/V in every layer */
+#define REDIS_FORMAT_HIDDEN 2u  /* runs with layers stored as hidden states */
 #define REDIS_VALUE_HEAD 72u   /* layer value bytes before the hashes */
-#define REDIS_PTR_BYTES 64u
+#define REDIS_PTR_BYTES 64u    /* a version 1 pointer */
+#define REDIS_PTR2_BYTES 72u   /* a version 2 pointer (with the run's hidden layers) */
 #define REDIS_MAX_RUN 65536    /* blocks in one stored run, at most */
 #define REDIS_DEFAULT_TIMEOUT_MS 1000
 /* A restore asks for this many bytes of layer values ahead (whole layers,
@@ -160,6 +182,8 @@ typedef struct RedisRun {
     Hash128 tag;   /* T */
     int n_stored;  /* n of the stored run; the core's run names its first
                       run->n_blocks blocks (<= n_stored) */
+    uint64_t hidden; /* its layers stored as hidden states (the core
+                        run's TierRunInfo.hidden); 0: format version 1 */
 } RedisRun;
 
 /* A stored run a probe found, and the part of it the sequence names:
@@ -173,6 +197,9 @@ typedef struct RedisTier {
     RedisCluster *cl;     /* the server or the cluster: its connections */
     int n_layer;
     size_t block_bytes;
+    size_t hidden_bytes;  /* a block of a layer stored as hidden states; 0:
+                             runs are stored as K/V, and stored runs with
+                             hidden layers are not adopted */
     Hash128 fingerprint;
     uint32_t kv_format;
     int ttl_s;
@@ -200,13 +227,34 @@ static uint32_t get_u32(const uint8_t *p) {
 }
 static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
 
-/* Bytes of the layer value of a run of n blocks (n <= REDIS_MAX_RUN and
- * block_bytes a pool's: no overflow in 64 bits). */
-static uint64_t value_len(const RedisTier *r, int n) {
-    return REDIS_VALUE_HEAD + 16 * (uint64_t)n + (uint64_t)n * r->block_bytes + 8;
+/* Bytes of one block in layer l of a run whose layers `hidden` are stored
+ * as hidden states. */
+static size_t layer_block_bytes(const RedisTier *r, uint64_t hidden, int l) {
+    return tier_layer_bytes(r->block_bytes, r->hidden_bytes, hidden, l);
 }
 
-static Hash128 run_tag(const Hash128 *hashes, int n) { return hash128(hashes, (size_t)n * sizeof *hashes); }
+/* Bytes of layer l's value of a run of n blocks stored so (n <=
+ * REDIS_MAX_RUN and block sizes a pool's: no overflow in 64 bits). */
+static uint64_t value_len(const RedisTier *r, int n, uint64_t hidden, int l) {
+    return REDIS_VALUE_HEAD + 16 * (uint64_t)n + (uint64_t)n * layer_block_bytes(r, hidden, l) + 8;
+}
+
+static uint32_t run_version(uint64_t hidden) { return hidden != 0 ? REDIS_FORMAT_HIDDEN : REDIS_FORMAT_VERSION; }
+static uint32_t ptr_len(uint64_t hidden) { return hidden != 0 ? REDIS_PTR2_BYTES : REDIS_PTR_BYTES; }
+
+/* T: of a run stored as K/V, XXH3-128 of its block hashes; of a run with
+ * hidden layers, of those and the mask (8 bytes), so that the same blocks
+ * stored with another layer plan get keys of their own. */
+static Hash128 run_tag(const Hash128 *hashes, int n, uint64_t hidden) {
+    if (hidden == 0) return hash128(hashes, (size_t)n * sizeof *hashes);
+    Hasher h;
+    hasher_init(&h);
+    hasher_update(&h, hashes, (size_t)n * sizeof *hashes);
+    uint8_t m[8];
+    put_u64(m, hidden);
+    hasher_update(&h, m, sizeof m);
+    return hasher_final(&h);
+}
 
 /* F:N, the keys' model and namespace part: the first 8 bytes of the
  * fingerprint and of the namespace id (zeros when not known), in hex. */
@@ -250,22 +298,25 @@ static void head_begin(uint8_t *p, size_t head_len, const char *magic, uint32_t 
     put_u32(p + 16, b);
 }
 
-/* Build layer `layer` of run (blocks from pool slots[]) in r->buf. */
+/* Build layer `layer` of run (blocks from pool slots[]: their K/V, or
+ * their hidden rows when the run stores the layer so) in r->buf. */
 static uint64_t value_build(RedisTier *r, const TierRun *run, const RedisRun *rr, int layer, const KvPool *pool,
                             const int32_t *slots) {
     uint8_t *p = r->buf;
     int n = run->n_blocks;
+    size_t bb = layer_block_bytes(r, rr->hidden, layer);
     head_begin(p, REDIS_VALUE_HEAD, "MNEMOKVL", (uint32_t)n, (uint32_t)layer);
+    put_u32(p + 8, run_version(rr->hidden));
     put_u32(p + 20, (uint32_t)r->n_layer);
-    put_u64(p + 24, (uint64_t)r->block_bytes);
+    put_u64(p + 24, (uint64_t)bb);
     put_u32(p + 32, r->kv_format);
+    put_u32(p + 36, tier_layer_is_hidden(rr->hidden, layer) ? 1u : 0u);
     memcpy(p + 40, r->fingerprint.b, 16);
     memcpy(p + 56, rr->tag.b, 16);
     memcpy(p + REDIS_VALUE_HEAD, run->hashes, (size_t)n * 16);
     uint8_t *blocks = p + REDIS_VALUE_HEAD + 16 * (size_t)n;
-    for (int i = 0; i < n; i++)
-        memcpy(blocks + (size_t)i * r->block_bytes, kvpool_k(pool, layer, slots[i]), r->block_bytes);
-    uint64_t len = value_len(r, n);
+    for (int i = 0; i < n; i++) memcpy(blocks + (size_t)i * bb, tier_pool_layer(pool, rr->hidden, layer, slots[i]), bb);
+    uint64_t len = value_len(r, n, rr->hidden, layer);
     put_u64(p + len - 8, XXH3_64bits(p, (size_t)(len - 8)));
     return len;
 }
@@ -276,13 +327,15 @@ static const char *value_check(const RedisTier *r, const TierRun *run, const Red
                                const uint8_t *v, size_t len, bool *is_damaged) {
     *is_damaged = true;
     int n = rr->n_stored;
-    if (len != value_len(r, n)) return "wrong length";
+    if (len != value_len(r, n, rr->hidden, layer)) return "wrong length";
     if (memcmp(v, "MNEMOKVL", 8) != 0) return "bad magic";
     if (get_u64(v + len - 8) != XXH3_64bits(v, len - 8)) return "checksum mismatch";
     *is_damaged = false; /* intact: another format or another run's, not damage */
-    if (get_u32(v + 8) != REDIS_FORMAT_VERSION) return "another format version";
+    if (get_u32(v + 8) != run_version(rr->hidden)) return "another format version";
     if (get_u32(v + 12) != (uint32_t)n || get_u32(v + 16) != (uint32_t)layer) return "another run or layer";
-    if (get_u32(v + 20) != (uint32_t)r->n_layer || get_u64(v + 24) != (uint64_t)r->block_bytes ||
+    if (get_u32(v + 36) != (tier_layer_is_hidden(rr->hidden, layer) ? 1u : 0u))
+        return "another representation (K/V or hidden states)";
+    if (get_u32(v + 20) != (uint32_t)r->n_layer || get_u64(v + 24) != (uint64_t)layer_block_bytes(r, rr->hidden, layer) ||
         get_u32(v + 32) != r->kv_format || memcmp(v + 40, r->fingerprint.b, 16) != 0)
         return "another model or KV layout";
     if (memcmp(v + 56, rr->tag.b, 16) != 0 || memcmp(v + REDIS_VALUE_HEAD, run->hashes, (size_t)run->n_blocks * 16) != 0)
@@ -290,24 +343,34 @@ static const char *value_check(const RedisTier *r, const TierRun *run, const Red
     return NULL;
 }
 
-static void ptr_build(uint8_t *p, const Hash128 *h, const Hash128 *tag, int n, int i) {
-    head_begin(p, REDIS_PTR_BYTES, "MNEMOBLK", (uint32_t)n, (uint32_t)i);
+/* The pointer of block h, index i of a run of n stored with layers
+ * `hidden` as hidden states, into p (ptr_len(hidden) bytes). */
+static void ptr_build(uint8_t *p, const Hash128 *h, const Hash128 *tag, int n, int i, uint64_t hidden) {
+    uint32_t len = ptr_len(hidden);
+    head_begin(p, len, "MNEMOBLK", (uint32_t)n, (uint32_t)i);
+    put_u32(p + 8, run_version(hidden));
     memcpy(p + 24, h->b, 16);
     memcpy(p + 40, tag->b, 16);
-    put_u64(p + 56, XXH3_64bits(p, 56));
+    if (hidden != 0) put_u64(p + 56, hidden);
+    put_u64(p + len - 8, XXH3_64bits(p, len - 8));
 }
 
-/* Parse the pointer value of block h: MN_OK with the run's tag, n and the
- * block's index; MN_EFORMAT when it is damaged or of another version. */
-static int ptr_parse(const uint8_t *p, size_t len, const Hash128 *h, Hash128 *tag, int *n, int *i) {
-    if (len != REDIS_PTR_BYTES || memcmp(p, "MNEMOBLK", 8) != 0 || get_u64(p + 56) != XXH3_64bits(p, 56) ||
-        get_u32(p + 8) != REDIS_FORMAT_VERSION || memcmp(p + 24, h->b, 16) != 0)
+/* Parse the pointer value of block h: MN_OK with the run's tag, n, the
+ * block's index and the run's hidden layers; MN_EFORMAT when it is damaged
+ * or of another version. */
+static int ptr_parse(const uint8_t *p, size_t len, const Hash128 *h, Hash128 *tag, int *n, int *i,
+                     uint64_t *hidden) {
+    if ((len != REDIS_PTR_BYTES && len != REDIS_PTR2_BYTES) || memcmp(p, "MNEMOBLK", 8) != 0 ||
+        get_u64(p + len - 8) != XXH3_64bits(p, len - 8) || memcmp(p + 24, h->b, 16) != 0)
         return MN_EFORMAT;
+    uint64_t mask = len == REDIS_PTR2_BYTES ? get_u64(p + 56) : 0;
+    if (get_u32(p + 8) != run_version(mask) || ptr_len(mask) != len) return MN_EFORMAT;
     uint32_t nn = get_u32(p + 12), ii = get_u32(p + 16);
     if (nn < 1 || nn > REDIS_MAX_RUN || ii >= nn) return MN_EFORMAT;
     memcpy(tag->b, p + 40, 16);
     *n = (int)nn;
     *i = (int)ii;
+    *hidden = mask;
     return MN_OK;
 }
 
@@ -336,12 +399,14 @@ static int conn_ready(RedisTier *r) { return rcluster_is_connected(r->cl) ? MN_O
 
 /* ---- kind operations: put ------------------------------------------------------- */
 
-/* (hidden is always 0: this kind never calls tier_set_hidden_bytes, so
- * the core stores every run here as KV) */
+/* (hidden is 0 unless the tier was given hidden_bytes: the core asks
+ * for hidden layers only then) */
 static uint64_t redis_run_bytes(void *kind, int n_blocks, uint64_t hidden) {
     const RedisTier *r = kind;
     if (n_blocks > REDIS_MAX_RUN) return UINT64_MAX;
-    return (uint64_t)r->n_layer * value_len(r, n_blocks) + REDIS_PTR_BYTES * (uint64_t)n_blocks;
+    uint64_t n = (uint64_t)ptr_len(hidden) * (uint64_t)n_blocks;
+    for (int l = 0; l < r->n_layer; l++) n += value_len(r, n_blocks, hidden, l);
+    return n;
 }
 
 static int redis_reserve(void *kind, TierRun *run) {
@@ -349,8 +414,9 @@ static int redis_reserve(void *kind, TierRun *run) {
     RedisRun *rr = mn_malloc(sizeof *rr);
     if (rr == NULL) return MN_ENOMEM;
     key_scope(rr->scope, &r->fingerprint, run->has_ns ? &run->ns_id : NULL);
-    rr->tag = run_tag(run->hashes, run->n_blocks);
+    rr->tag = run_tag(run->hashes, run->n_blocks, run->hidden);
     rr->n_stored = run->n_blocks;
+    rr->hidden = run->hidden;
     run->data = rr;
     return MN_OK;
 }
@@ -388,10 +454,10 @@ static int redis_write(void *kind, TierRun *run, const KvPool *pool, const int32
     RedisTier *r = kind;
     const RedisRun *rr = run->data;
     int rc = conn_ready(r);
-    if (rc == MN_OK) rc = buf_reserve(r, value_len(r, run->n_blocks));
     char key[REDIS_KEY_MAX];
     int n_sent = 0;
     for (int l = 0; l < r->n_layer && rc == MN_OK; l++) {
+        if ((rc = buf_reserve(r, value_len(r, run->n_blocks, rr->hidden, l))) != MN_OK) break;
         uint64_t len = value_build(r, run, rr, l, pool, slots);
         layer_key(key, rr, l);
         if ((rc = set_send(r, key, r->buf, (size_t)len)) == MN_OK) n_sent++;
@@ -399,11 +465,11 @@ static int redis_write(void *kind, TierRun *run, const KvPool *pool, const int32
     }
     /* the pointers after the values: a pointer never names a run not written */
     for (int i = 0; i < run->n_blocks && rc == MN_OK; i++) {
-        uint8_t p[REDIS_PTR_BYTES];
-        ptr_build(p, &run->hashes[i], &rr->tag, run->n_blocks, i);
+        uint8_t p[REDIS_PTR2_BYTES];
+        ptr_build(p, &run->hashes[i], &rr->tag, run->n_blocks, i, rr->hidden);
         ptr_key(key, rr->scope, &run->hashes[i]);
-        if ((rc = set_send(r, key, p, sizeof p)) == MN_OK) n_sent++;
-        *io_bytes += sizeof p;
+        if ((rc = set_send(r, key, p, ptr_len(rr->hidden))) == MN_OK) n_sent++;
+        *io_bytes += ptr_len(rr->hidden);
     }
     if (conn_ready(r) != MN_OK) return MN_EIO;
     int replies = put_replies(r, n_sent); /* (also after a failure: in step) */
@@ -460,15 +526,19 @@ static int reply_place(RedisTier *r, const redisReply *rep, const TierReadGroup 
         return MN_ECHECKSUM;
     }
     const uint8_t *blocks = v + REDIS_VALUE_HEAD + 16 * (size_t)rr->n_stored;
+    size_t bb = layer_block_bytes(r, rr->hidden, layer);
     for (int k = 0; k < gr->n; k++)
-        memcpy(kvpool_k(pool, layer, gr->slots[k]), blocks + (size_t)gr->idx[k] * r->block_bytes, r->block_bytes);
+        memcpy(tier_pool_layer(pool, rr->hidden, layer, gr->slots[k]), blocks + (size_t)gr->idx[k] * bb, bb);
     return MN_OK;
 }
 
 /* Layers whose GETs go out ahead: the window's worth, at least one. */
 static int window_layers(const RedisTier *r, const TierReadGroup *groups, int n_groups) {
-    uint64_t layer_bytes = 0;
-    for (int g = 0; g < n_groups; g++) layer_bytes += value_len(r, ((const RedisRun *)groups[g].run->data)->n_stored);
+    uint64_t layer_bytes = 0; /* a layer's values, on average over the layers */
+    for (int g = 0; g < n_groups; g++) {
+        const RedisRun *rr = groups[g].run->data;
+        layer_bytes += redis_run_bytes((void *)r, rr->n_stored, rr->hidden) / (uint64_t)r->n_layer;
+    }
     uint64_t w = layer_bytes > 0 ? r->window_bytes / layer_bytes : 1;
     return w < 1 ? 1 : w > (uint64_t)r->n_layer ? r->n_layer : (int)w;
 }
@@ -585,6 +655,17 @@ static const TierKindOps redis_ops = {
 
 /* ---- probe ---------------------------------------------------------------------------- */
 
+/* Whether this instance can restore a run stored with layers `hidden` as
+ * hidden states: it keeps hidden states of the writer's size (the same
+ * model and KV format make the same size; the values say it again), and
+ * the mask names layers the model has. A run it cannot restore is a miss,
+ * recomputed. */
+static bool hidden_usable(const RedisTier *r, uint64_t hidden) {
+    if (hidden == 0) return true;
+    if (r->hidden_bytes == 0) return false;
+    return r->n_layer >= 64 || hidden >> r->n_layer == 0;
+}
+
 /* Pointer replies -> r->cands: for block i of the sequence found at index
  * idx of a stored run, that run holds sequence blocks [i - idx, i]. */
 static int probe_pointers(RedisTier *r, const char *scope, const Hash128 *hashes, const uint8_t *want, int n,
@@ -615,8 +696,10 @@ static int probe_pointers(RedisTier *r, const char *scope, const Hash128 *hashes
         if (reply_take(r, &rep, "looking blocks up in") != MN_OK) return MN_EIO;
         Hash128 tag;
         int n_stored, idx;
+        uint64_t hidden = 0;
         bool is_string = rep->type == REDIS_REPLY_STRING;
-        bool is_ptr = is_string && ptr_parse((const uint8_t *)rep->str, rep->len, &hashes[i], &tag, &n_stored, &idx) == MN_OK;
+        bool is_ptr = is_string && ptr_parse((const uint8_t *)rep->str, rep->len, &hashes[i], &tag, &n_stored, &idx,
+                                             &hidden) == MN_OK;
         freeReplyObject(rep);
         if (is_string && !is_ptr) {
             if (!r->has_warned_ptr) LOG_WARN("redis tier: a damaged block pointer in %s; deleting it", rcluster_shown(r->cl));
@@ -626,12 +709,12 @@ static int probe_pointers(RedisTier *r, const char *scope, const Hash128 *hashes
             size_t lens[] = {3, strlen(key)};
             cmd_defer(r, 2, argv, lens);
         }
-        if (rc != MN_OK || !is_ptr || idx > i) continue;
+        if (rc != MN_OK || !is_ptr || idx > i || !hidden_usable(r, hidden)) continue;
         int c = 0;
         while (c < *n_cands && !(hash128_eq(&r->cands[c].run.tag, &tag) && r->cands[c].start == i - idx)) c++;
         if (c == *n_cands) {
             ProbeCand *pc = &r->cands[(*n_cands)++];
-            *pc = (ProbeCand){.run = {.tag = tag, .n_stored = n_stored}, .start = i - idx, .end = i + 1};
+            *pc = (ProbeCand){.run = {.tag = tag, .n_stored = n_stored, .hidden = hidden}, .start = i - idx, .end = i + 1};
             memcpy(pc->run.scope, scope, REDIS_SCOPE_LEN);
         } else if (i + 1 > r->cands[c].end) {
             r->cands[c].end = i + 1;
@@ -696,9 +779,9 @@ int tier_redis_probe(Tier *t, const Hash128 *hashes, const uint8_t *want, int n,
         RedisRun *rr = mn_malloc(sizeof *rr);
         if (rr == NULL) return n_adopted; /* what was adopted stays */
         *rr = pc->run;
-        TierRunInfo info = {.pos = pc->start * block_tokens, .ns_id = ns_id};
+        TierRunInfo info = {.pos = pc->start * block_tokens, .ns_id = ns_id, .hidden = pc->run.hidden};
         rc = tier_adopt_run(t, tier_new_run_id(t), &hashes[pc->start], pc->end - pc->start, rr,
-                            redis_run_bytes(r, pc->run.n_stored, 0), mn_wall_now(), &info);
+                            redis_run_bytes(r, pc->run.n_stored, pc->run.hidden), mn_wall_now(), &info);
         if (rc != MN_OK) mn_free(rr); /* MN_EFULL (bigger than the budget), MN_ENOMEM: not adopted */
         else n_adopted++;
     }
@@ -813,6 +896,7 @@ int tier_redis_new(const TierRedisConfig *cfg, Tier **out, MnErr *err) {
     }
     r->n_layer = cfg->n_layer;
     r->block_bytes = cfg->block_bytes;
+    r->hidden_bytes = cfg->hidden_bytes;
     r->fingerprint = cfg->model_fingerprint;
     r->kv_format = cfg->kv_format;
     r->ttl_s = cfg->ttl_s;
@@ -821,6 +905,7 @@ int tier_redis_new(const TierRedisConfig *cfg, Tier **out, MnErr *err) {
     Tier *t;
     rc = tier_new_kind(&redis_ops, r, cfg->n_layer, cfg->block_bytes, capacity, NULL, &t);
     if (rc != MN_OK) return mn_err_set(err, rc, "redis tier: %s", mn_strerror(rc));
+    tier_set_hidden_bytes(t, cfg->hidden_bytes);
     rc = rcluster_connect(r->cl);
     if (rc == MN_ENOMEM) {
         tier_free(t);

@@ -164,7 +164,7 @@ static void probe_done(EngineTiers *t, MoverJob *j);
 static void project_layer(EngineTiers *t, Load *ld, int layer) {
     const MoverJob *j = ld->job;
     int n = 0;
-    for (int k = 0; k < j->n && layer < 64; k++)
+    for (int k = 0; k < j->n && layer < KVPOOL_HIDDEN_MAX_LAYERS; k++)
         if (j->block_hidden[k] >> layer & 1) {
             ld->proj[n] = j->slots[k];
             ld->proj_pos[n++] = ld->pos[k];
@@ -569,7 +569,7 @@ static double load_left_s(const EngineTiers *t, const Load *ld, uint64_t guess) 
     RestPipe pipe = {0};
     for (int l = ld->layers_done; l < p->n_layer; l++) {
         int n_hidden = 0;
-        for (int k = 0; k < j->n && l < 64; k++)
+        for (int k = 0; k < j->n && l < KVPOOL_HIDDEN_MAX_LAYERS; k++)
             n_hidden += (int)((ld->layers_done > 0 ? j->block_hidden[k] : guess) >> l & 1);
         double bytes = (double)n_hidden * p->hidden_bytes + (double)(j->n - n_hidden) * p->block_bytes;
         restplan_layer(&pipe, bytes / bw, (double)n_hidden * p->block_tokens * t->proj_s);

@@ -216,7 +216,7 @@ static void store_kv(Forward *f, const FwdBatch *b, int il, int t) {
     int32_t slot = s->blocks[b->pos[t] / p->block_tokens];
     int row = b->pos[t] % p->block_tokens;
     store_kv_row(p, il, slot, row, f->k + (size_t)t * p->kv_dim, f->v + (size_t)t * p->kv_dim);
-    if (p->hid_arenas == NULL) return;
+    if (il >= p->n_hidden_layers) return; /* (0 without hidden arenas) */
     const int64_t D = f->m->cfg.n_embd;
     uint8_t *h = (uint8_t *)kvpool_h(p, il, slot) + (size_t)row * p->hidden_row_bytes;
     if (f->is_packed) kq_pack(f->xb + t * D, D, h);
@@ -342,7 +342,7 @@ static void project_group(Forward *f, int il, const int32_t *slots, const int32_
 
 int fwd_project(Forward *f, int layer, const int32_t *slots, const int32_t *pos0, int n, MnErr *err) {
     const KvPool *p = f->pool;
-    if (p->hid_arenas == NULL || layer < 0 || layer >= p->n_layer)
+    if (layer < 0 || layer >= p->n_hidden_layers)
         return mn_err_set(err, MN_EINVAL, "forward: no hidden states to project in layer %d", layer);
     for (int i = 0; i < n; i++)
         if (slots[i] < 0 || slots[i] >= p->n_blocks || pos0[i] < 0 || pos0[i] % p->block_tokens != 0 ||

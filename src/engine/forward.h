@@ -67,15 +67,16 @@ ThreadPool *fwd_tpool(Forward *f);
  * restore") — n_embd f32, or n_embd / 256 * KQ_PACKED_BYTES when every
  * layer's K and V weights take int8 activations (kquant.h). A pool given
  * hidden arenas of this row size (kvpool_init_hidden) before fwd_new has
- * them filled by every pass. */
+ * them filled by every pass (the layers that have them: the first
+ * KVPOOL_HIDDEN_MAX_LAYERS). */
 size_t fwd_hidden_row_bytes(const Model *m);
 
 /* Project the hidden rows of layer `layer` of blocks slots[0..n) (block i's
  * first token at position pos0[i]) into their K and V, as the pass would
  * have computed them: the same kernels, biases, K norm and RoPE, so the
  * same bits. Uses the compute pool; call between passes or from
- * wait_layer, on the engine thread. MN_EINVAL (no hidden arenas, a slot
- * or position out of range). */
+ * wait_layer, on the engine thread. MN_EINVAL (no hidden arenas in that
+ * layer, a slot or position out of range). */
 int fwd_project(Forward *f, int layer, const int32_t *slots, const int32_t *pos0, int n, MnErr *err);
 
 #endif
