@@ -399,14 +399,18 @@ static int conn_ready(RedisTier *r) { return rcluster_is_connected(r->cl) ? MN_O
 
 /* ---- kind operations: put ------------------------------------------------------- */
 
-/* (hidden is 0 unless the tier was given hidden_bytes: the core asks
- * for hidden layers only then) */
-static uint64_t redis_run_bytes(void *kind, int n_blocks, uint64_t hidden) {
-    const RedisTier *r = kind;
-    if (n_blocks > REDIS_MAX_RUN) return UINT64_MAX;
+/* Bytes of a stored run of n blocks (n <= REDIS_MAX_RUN) whose layers
+ * `hidden` are hidden states: its layer values and its pointers. */
+static uint64_t stored_bytes(const RedisTier *r, int n_blocks, uint64_t hidden) {
     uint64_t n = (uint64_t)ptr_len(hidden) * (uint64_t)n_blocks;
     for (int l = 0; l < r->n_layer; l++) n += value_len(r, n_blocks, hidden, l);
     return n;
+}
+
+/* (hidden is 0 unless the tier was given hidden_bytes: the core asks
+ * for hidden layers only then) */
+static uint64_t redis_run_bytes(void *kind, int n_blocks, uint64_t hidden) {
+    return n_blocks > REDIS_MAX_RUN ? UINT64_MAX : stored_bytes(kind, n_blocks, hidden);
 }
 
 static int redis_reserve(void *kind, TierRun *run) {
@@ -537,7 +541,7 @@ static int window_layers(const RedisTier *r, const TierReadGroup *groups, int n_
     uint64_t layer_bytes = 0; /* a layer's values, on average over the layers */
     for (int g = 0; g < n_groups; g++) {
         const RedisRun *rr = groups[g].run->data;
-        layer_bytes += redis_run_bytes((void *)r, rr->n_stored, rr->hidden) / (uint64_t)r->n_layer;
+        layer_bytes += stored_bytes(r, rr->n_stored, rr->hidden) / (uint64_t)r->n_layer;
     }
     uint64_t w = layer_bytes > 0 ? r->window_bytes / layer_bytes : 1;
     return w < 1 ? 1 : w > (uint64_t)r->n_layer ? r->n_layer : (int)w;
@@ -663,7 +667,7 @@ static const TierKindOps redis_ops = {
 static bool hidden_usable(const RedisTier *r, uint64_t hidden) {
     if (hidden == 0) return true;
     if (r->hidden_bytes == 0) return false;
-    return r->n_layer >= 64 || hidden >> r->n_layer == 0;
+    return r->n_layer >= KVPOOL_HIDDEN_MAX_LAYERS || hidden >> r->n_layer == 0;
 }
 
 /* Pointer replies -> r->cands: for block i of the sequence found at index
@@ -781,7 +785,7 @@ int tier_redis_probe(Tier *t, const Hash128 *hashes, const uint8_t *want, int n,
         *rr = pc->run;
         TierRunInfo info = {.pos = pc->start * block_tokens, .ns_id = ns_id, .hidden = pc->run.hidden};
         rc = tier_adopt_run(t, tier_new_run_id(t), &hashes[pc->start], pc->end - pc->start, rr,
-                            redis_run_bytes(r, pc->run.n_stored, pc->run.hidden), mn_wall_now(), &info);
+                            stored_bytes(r, pc->run.n_stored, pc->run.hidden), mn_wall_now(), &info);
         if (rc != MN_OK) mn_free(rr); /* MN_EFULL (bigger than the budget), MN_ENOMEM: not adopted */
         else n_adopted++;
     }
