@@ -214,6 +214,11 @@ static void test_errors_one_line(void **s) {
          "mnemo serve: --redis-tier is given 2 times: several URLs are a cluster's seeds (--redis-cluster)\n"},
         {"serve -m %s --redis-cluster", "mnemo serve: --redis-cluster needs --redis-tier URL (a seed)\n"},
         {"serve -m %s --step-ms -5", "mnemo serve: --step-ms must be 0 or more, got -5\n"},
+        {"serve -m %s --port 99999999999",
+         "mnemo serve: --port expects an integer from -2147483647 to 2147483647, got '99999999999'\n"},
+        {"serve -m %s --port 80x", "mnemo serve: --port expects an integer, got '80x'\n"},
+        /* (the port keeps a server from starting were it taken) */
+        {"serve -m %s --step-ms 0x10 --port 99999", "mnemo serve: --step-ms expects a decimal number, got '0x10'\n"},
         {"serve -m %s --schedule lifo", "mnemo serve: --schedule must be fcfs, fpf or relaxed-fpf, got 'lifo'\n"},
         {"serve -m %s --restore-plan all", "mnemo serve: --restore-plan must be kv, hidden or auto, got 'all'\n"},
         {"route", "mnemo route: needs at least one --backend URL\n"},

@@ -2306,17 +2306,13 @@ static void test_hidden_ram_disk_q8_0(void **s) {
 }
 static void test_hidden_corrupt_disk(void **s) { check_hidden_restore("qwen3-q4_k_m", MN_TYPE_F16, 0, true, 0, true); }
 
-/* test_restore_mixed with layers 1 and 3 of stories260K's 5 stored as
- * hidden states: leading blocks recomputed (their run damaged), the middle
- * loaded from disk (KV layers loaded, hidden ones projected), the tail in
- * the pool, in one pass; first logits bit-identical to a full recompute. */
-static void test_hidden_mixed(void **s) {
-    Model *m = load("stories260K");
-    if (!m) return;
-    char *dir = test_tmpdir_new("tier");
-    Engine *e = hidden_engine(m, 16, 0, dir, EVICT_LRU, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, 0xa);
+/* The history of the mixed-restore tests, on stories260K with 8-token
+ * blocks and a 16-block pool over a disk tier: conversation a (65 tokens,
+ * written to a) in two turns, then two others, so that a's blocks 0..3
+ * (run 1) and 4, 5 (run 2) are on disk only and 6, 7 still in the pool. */
+static void mixed_history(Engine *e, const Model *m, int32_t a[80]) {
     const int nv = m->cfg.n_vocab;
-    int32_t a[80], b[80], c[80];
+    int32_t b[80], c[80];
     make_prompt(a, 65, nv, 51, 1);
     make_prompt(b, 65, nv, 52, 1);
     make_prompt(c, 33, nv, 53, 1);
@@ -2329,6 +2325,20 @@ static void test_hidden_mixed(void **s) {
     settle(e);
     free(run_one(e, c, 33, 4, NULL, &res)); /* a's 0..5 leave the pool */
     settle(e);
+}
+
+/* test_restore_mixed with layers 1 and 3 of stories260K's 5 stored as
+ * hidden states: leading blocks recomputed (their run damaged), the middle
+ * loaded from disk (KV layers loaded, hidden ones projected), the tail in
+ * the pool, in one pass; first logits bit-identical to a full recompute. */
+static void test_hidden_mixed(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = test_tmpdir_new("tier");
+    Engine *e = hidden_engine(m, 16, 0, dir, EVICT_LRU, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, 0xa);
+    int32_t a[80];
+    mixed_history(e, m, a);
+    ReqResult res;
     assert_true(test_corrupt_slabs(dir, 1) > 0); /* the first run's layer 0 */
     Recomputed want = recompute(m, a, 65, 4);
     expect_recomputed(e, &want, a, 65, &res);
@@ -2341,6 +2351,36 @@ static void test_hidden_mixed(void **s) {
     assert_int_equal(st.restored_hidden_tokens, 16);
     assert_int_equal(st.restored_recompute_tokens, 32);
     expect_restored_by(&res, 0, 16, 32);
+    recomputed_free(&want);
+    engine_free(e);
+    test_tmpdir_free(dir);
+    model_free(m);
+}
+
+/* test_hidden_mixed with every run on disk damaged: the restore fails,
+ * the request is planned again with fewer cached blocks, and again, until
+ * only its pool blocks (6, 7) are left. The leading blocks recomputed are
+ * counted once, by the admission that ran: restored_recompute_tokens is
+ * the request's restored_by.recompute (48), not the sum over the failed
+ * admissions. First logits bit-identical to a full recompute. */
+static void test_restore_recompute_counted_once(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = test_tmpdir_new("tier");
+    Engine *e = hidden_engine(m, 16, 0, dir, EVICT_LRU, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, 0xa);
+    int32_t a[80];
+    mixed_history(e, m, a);
+    ReqResult res;
+    assert_true(test_corrupt_slabs(dir, 0) > 0);
+    Recomputed want = recompute(m, a, 65, 4);
+    expect_recomputed(e, &want, a, 65, &res);
+    assert_int_equal(res.n_cached_by[SRC_POOL], 16);
+    assert_int_equal(res.n_cached, 16);
+    EngineStats st;
+    settled_stats(e, &st);
+    assert_true(st.restore_failures >= 1);
+    expect_restored_by(&res, 0, 0, 48);
+    assert_int_equal(st.restored_recompute_tokens, 48);
     recomputed_free(&want);
     engine_free(e);
     test_tmpdir_free(dir);
@@ -3759,6 +3799,7 @@ int main(void) {
         cmocka_unit_test(test_hidden_ram_disk_q8_0),
         cmocka_unit_test(test_hidden_corrupt_disk),
         cmocka_unit_test(test_hidden_mixed),
+        cmocka_unit_test(test_restore_recompute_counted_once),
         cmocka_unit_test(test_hidden_restart),
         cmocka_unit_test(test_hidden_projection_fails),
         cmocka_unit_test(test_hidden_promote),

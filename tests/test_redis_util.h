@@ -29,8 +29,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -111,6 +112,7 @@ static inline bool redis_srv_try_start(RedisSrv *r, const char *const *extra, in
     argv[n] = NULL;
     r->pid = fork();
     if (r->pid == 0) { /* its output goes to its log: none may hold the test's pipes open */
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* nor outlive a test that failed before stopping it */
         int null = open("/dev/null", O_RDWR);
         for (int fd = 0; fd < 3 && null >= 0; fd++) dup2(null, fd);
         execv(REDIS_SRV_BIN, (char *const *)argv);

@@ -33,8 +33,9 @@ static int set_value(const CliOpt *o, const char *val, MnErr *err) {
     case CLI_STR_OPTVAL: *(const char **)o->out = val; return MN_OK;
     case CLI_INT: {
         long v = strtol(val, &end, 10);
-        if (errno || end == val || *end || v < -2147483647L || v > 2147483647L)
-            return mn_err_set(err, MN_EINVAL, "%s expects an integer, got '%s'", sp, val);
+        if (end == val || *end) return mn_err_set(err, MN_EINVAL, "%s expects an integer, got '%s'", sp, val);
+        if (errno || v < -2147483647L || v > 2147483647L)
+            return mn_err_set(err, MN_EINVAL, "%s expects an integer from -2147483647 to 2147483647, got '%s'", sp, val);
         *(int *)o->out = (int)v;
         return MN_OK;
     }
@@ -47,8 +48,9 @@ static int set_value(const CliOpt *o, const char *val, MnErr *err) {
     }
     case CLI_FLOAT: {
         float v = strtof(val, &end);
-        if (errno || end == val || *end || !isfinite(v))
-            return mn_err_set(err, MN_EINVAL, "%s expects a number, got '%s'", sp, val);
+        /* strtof also reads hexadecimal ("0x10" is 16): a typo, not a number */
+        if (errno || end == val || *end || !isfinite(v) || strpbrk(val, "xX"))
+            return mn_err_set(err, MN_EINVAL, "%s expects a decimal number, got '%s'", sp, val);
         *(float *)o->out = v;
         return MN_OK;
     }

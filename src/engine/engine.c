@@ -974,6 +974,8 @@ static void count_admission(Engine *e, Active *a, int first, int end, const Shif
         a->n_restored_by[path == RESTORE_HIDDEN ? RESTORE_HIDDEN : RESTORE_KV] += bt;
     }
     a->n_cached_by[SRC_POOL] += n_rows;
+    /* dropped leading blocks computed again so the run after them counts */
+    if (mv == NULL && end > first) a->n_restored_by[RESTORE_RECOMPUTE] = first * bt;
     if (mv) { /* the moved tokens count where their source blocks are */
         int b0, b1;
         move_src_blocks(e, mv, &b0, &b1);
@@ -992,6 +994,7 @@ static void count_admission(Engine *e, Active *a, int first, int end, const Shif
     e->stats.cached_partial_tokens += (uint64_t)a->n_cached_partial;
     for (int i = 0; i < SRC_COUNT; i++) e->stats.cached_tokens_by[i] += (uint64_t)a->n_cached_by[i];
     e->stats.recomputed_tokens += (uint64_t)(a->n_prompt - a->n_cached);
+    e->stats.restored_recompute_tokens += (uint64_t)a->n_restored_by[RESTORE_RECOMPUTE];
     pthread_mutex_unlock(&e->stats_lock);
 }
 
@@ -1006,6 +1009,7 @@ static void uncount_admission(Engine *e, Active *a) {
     e->stats.cached_partial_tokens -= (uint64_t)a->n_cached_partial;
     for (int i = 0; i < SRC_COUNT; i++) e->stats.cached_tokens_by[i] -= (uint64_t)a->n_cached_by[i];
     e->stats.recomputed_tokens -= (uint64_t)(a->n_prompt - a->n_cached);
+    e->stats.restored_recompute_tokens -= (uint64_t)a->n_restored_by[RESTORE_RECOMPUTE];
     pthread_mutex_unlock(&e->stats_lock);
 }
 
@@ -1196,12 +1200,6 @@ static bool try_admit(Engine *e, Active *a) {
     const int bt = e->opt.block_tokens;
     a->lead_end = first * bt;
     a->lead_done = 0;
-    if (!has_move && n_hit > 0) {
-        pthread_mutex_lock(&e->stats_lock); /* engine_stats reads it from other threads */
-        e->stats.restored_recompute_tokens += (uint64_t)(first * bt);
-        pthread_mutex_unlock(&e->stats_lock);
-        a->n_restored_by[RESTORE_RECOMPUTE] = first * bt;
-    }
     a->n_done = (n_hit > 0 ? end * bt : 0) + n_rows;
     a->n_registered = n_hit > 0 ? end : 0;
     if (has_move) { /* the leading range is what lies between the run and the move */
