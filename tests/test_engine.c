@@ -1310,6 +1310,38 @@ static void test_pace_prefill_only_steps(void **s) {
     model_free(m);
 }
 
+/* The request log's queue= (ReqResult.queue_s): with one slot (parallel
+ * 1), a request that arrives while another runs waits for it in the
+ * queue, and that wait is its queue time by the engine's clock (which the
+ * test moves on by 100 s while it waits); the one admitted at once has
+ * none of it. Neither waited for a restore. */
+static void test_queue_time_reported(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    Drive *dr = calloc(1, sizeof *dr);
+    Engine *e = pace_engine_n(m, dr, PACE_TARGET_MS, 1);
+    int32_t a[64], b[64];
+    make_prompt(a, 40, m->cfg.n_vocab, 97, 1);
+    make_prompt(b, 40, m->cfg.n_vocab, 98, 1);
+    drive_stepping(dr, true);
+    Request *ra = submit_held(e, dr, a, 40, 4);
+    Request *rb = submit_one(e, b, 40, 4); /* too long to preempt a */
+    drive_one_step(dr); /* b is in the queue once the engine holds at the next pass */
+    drive_shift(dr, 100);
+    drive_stepping(dr, false);
+    drive_run(dr);
+    ReqResult res_a, res_b;
+    free(drain(ra, &res_a));
+    free(drain(rb, &res_b));
+    if (!(res_a.queue_s < 50 && res_b.queue_s >= 100))
+        fail_msg("queue times %.3f s (running at once) and %.3f s (waiting 100 s)", res_a.queue_s, res_b.queue_s);
+    assert_true(res_a.restore_s == 0 && res_b.restore_s == 0);
+    request_unref(ra);
+    request_unref(rb);
+    pace_engine_free(e, dr);
+    model_free(m);
+}
+
 /* ---- preemption of a long prompt ------------------------------------------------ */
 
 /* With one slot (parallel 1) taken by a long first-turn prompt, a
@@ -2816,6 +2848,9 @@ static void check_hold_back(bool by_projection, bool is_first) {
         assert_int_equal(res.n_cached_by[SRC_DISK], 64);
         assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
         free(ref);
+        /* the wait is x's restore time (the request log's restore=), not its queue's */
+        if (!by_projection && !(res.restore_s >= 1e5 && res.queue_s < 1e5))
+            fail_msg("x waited 1e5 s for its layers: restore %.3f s, queue %.3f s", res.restore_s, res.queue_s);
         pthread_mutex_lock(&dr.steps.lock);
         assert_true(dr.wait_jump_s == 0); /* x's pass waited for its layers */
         pthread_mutex_unlock(&dr.steps.lock);
@@ -2841,6 +2876,7 @@ static void check_hold_back(bool by_projection, bool is_first) {
     free(drain(ry, &res));
     request_unref(ry);
     assert_int_equal(res.n_cached_by[SRC_DISK], 8);
+    assert_true(res.restore_s > 0); /* the steps y sat out */
     /* x's and y's layers came through the gate (by_projection: but layer 0) */
     assert_int_equal(layers.n_calls, (is_first ? 1 : 2) * (m->cfg.n_layer - by_projection));
     ref = reference_logits(m, y, 9);
@@ -3525,6 +3561,7 @@ int main(void) {
         cmocka_unit_test(test_pace_returning_turn_first),
         cmocka_unit_test(test_pace_prompt_progresses_past_target),
         cmocka_unit_test(test_pace_prefill_only_steps),
+        cmocka_unit_test(test_queue_time_reported),
         cmocka_unit_test(test_preempt_returning_turn),
         cmocka_unit_test(test_preempt_at_most_twice),
         cmocka_unit_test(test_preempt_only_much_shorter),

@@ -146,6 +146,8 @@ typedef struct Active {
     Request *req;
     uint64_t arrival;        /* order of arrival */
     double t_submit, t_first;
+    double t_queued;         /* ENGINE_CLOCK_QUEUE when it last entered the queue */
+    double queue_s, restore_s; /* ReqResult's, before its first token */
     Hash128 ns_id;
     uint64_t conv;           /* conversation for the eviction policy: hash of
                                 (namespace, session id), or 0 */
@@ -811,6 +813,8 @@ static void active_complete(Engine *e, Active *a, FinishReason why, const char *
     res.n_generated = a->n_generated;
     res.n_preempted = a->n_preempted;
     res.ttft_s = a->t_first > 0 ? a->t_first - a->t_submit : 0;
+    res.queue_s = a->queue_s;
+    res.restore_s = a->restore_s;
     res.total_s = mn_now() - a->t_submit;
     if (error) snprintf(res.error, sizeof res.error, "%s", error);
     pthread_mutex_lock(&e->stats_lock);
@@ -932,6 +936,7 @@ static void waiting_remove(Engine *e, Active *a) {
 
 /* Put a back in arrival order. */
 static void waiting_insert(Engine *e, Active *a) {
+    a->t_queued = engine_now(e, ENGINE_CLOCK_QUEUE);
     Active **pp = &e->waiting;
     while (*pp && (*pp)->arrival < a->arrival) pp = &(*pp)->next;
     a->next = *pp;
@@ -1300,6 +1305,7 @@ static void count_preempt_recompute(Engine *e, Active *a) {
 /* Take a off the queue into the running set (it was admitted). */
 static void start_running(Engine *e, Active *a) {
     waiting_remove(e, a);
+    if (a->n_generated == 0) a->queue_s += engine_now(e, ENGINE_CLOCK_QUEUE) - a->t_queued;
     a->has_run = false;
     a->n_unserved = 0;
     count_preempt_recompute(e, a);
@@ -1751,6 +1757,17 @@ static void batch_make(Engine *e, Batch *b) {
     }
 }
 
+/* Charge a pass of pass_s seconds, wait_s of them waiting for restored
+ * layers, to the restore time of the running prompts before their first
+ * token: all of it to those that sat it out for their restores, its waits
+ * to those in it (they waited for their own layers or for another's). */
+static void count_restore_waits(Engine *e, double pass_s, double wait_s) {
+    for (int i = 0; i < e->n_running; i++) {
+        Active *a = e->running[i];
+        if (a->n_generated == 0 && !a->is_completed) a->restore_s += e->b_held[i] ? pass_s : wait_s;
+    }
+}
+
 static void engine_step(Engine *e) {
     bool has_tiers = tiers_is_on(e->tiers);
     if (has_tiers) {
@@ -1790,8 +1807,10 @@ static void engine_step(Engine *e) {
         return;
     }
     finish_moves(e);
-    double compute_s = tiers_step_done(e->tiers, engine_now(e, ENGINE_CLOCK_STEP) - t0);
+    double pass_s = engine_now(e, ENGINE_CLOCK_STEP) - t0;
+    double compute_s = tiers_step_done(e->tiers, pass_s);
     pacer_observe(&e->pacer, bt.shape, compute_s);
+    count_restore_waits(e, pass_s, pass_s - compute_s);
     /* advance, register full blocks (not for a sequence whose restore
      * failed during the pass: its work is discarded below) */
     for (int t = 0; t < n; t++) {
