@@ -1201,7 +1201,7 @@ static void test_request_log(void **st) {
     snprintf(pattern, sizeof pattern, " id=%s stream=0 ", id);
     const char *first[] = {LOG_HEAD "POST /v1/chat/completions 200 id=", pattern,
                            "prompt=[0-9]+ truncated=0 shifted=0 cached=0 cached_pool=0 cached_ram=0 cached_disk=0 cached_redis=0 "
-                           "cached_partial=0 generated=8 ttft=[0-9.]+s total=[0-9.]+s preempted=0$",
+                           "cached_partial=0 generated=8 ttft=[0-9.]+s queue=[0-9.]+s restore=[0-9.]+s total=[0-9.]+s preempted=0$",
                            NULL};
     expect_log_line(&s, first);
     free(id);

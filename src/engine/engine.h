@@ -79,6 +79,7 @@ typedef enum EngineClockUse {
     ENGINE_CLOCK_EXPIRY, /* what the cache TTL expires, and when the tiers are asked next */
     ENGINE_CLOCK_BACKOFF, /* when saving resumes after saves no tier took */
     ENGINE_CLOCK_PROJECT, /* the start and end of a projection of restored hidden states */
+    ENGINE_CLOCK_QUEUE,   /* a request entering and leaving the waiting queue (ReqResult.queue_s) */
 } EngineClockUse;
 
 /* A running prompt waits at most this many steps in a row for a chunk of
@@ -245,6 +246,10 @@ typedef struct ReqResult {
     int n_preempted;   /* times its prompt's computation gave its slot to a request with far
                           fewer tokens to compute (it resumed from what it had cached) */
     double ttft_s;     /* submit -> first token */
+    double queue_s;    /* ... of it in the waiting queue (from the engine taking the request to
+                          its admission, and again after each preemption) */
+    double restore_s;  /* ... of it admitted but waiting for its restores: the steps it sat out
+                          for them, and the waits for restored layers of the passes it was in */
     double total_s;    /* submit -> finish */
     char error[256];
 } ReqResult;

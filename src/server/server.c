@@ -390,8 +390,9 @@ static void log_request(const Gen *g, int status) {
     if (n > 0 && (size_t)n < sizeof detail)
         n += snprintf(detail + n, sizeof detail - (size_t)n, " cached_partial=%d", g->res.n_cached_partial);
     if (n > 0 && (size_t)n < sizeof detail)
-        snprintf(detail + n, sizeof detail - (size_t)n, " generated=%d ttft=%.3fs total=%.3fs preempted=%d%s",
-                 g->res.n_generated, g->res.ttft_s, mn_now() - g->t0, g->res.n_preempted,
+        snprintf(detail + n, sizeof detail - (size_t)n,
+                 " generated=%d ttft=%.3fs queue=%.3fs restore=%.3fs total=%.3fs preempted=%d%s", g->res.n_generated,
+                 g->res.ttft_s, g->res.queue_s, g->res.restore_s, mn_now() - g->t0, g->res.n_preempted,
                  g->res.finish == FINISH_CANCELLED ? " cancelled" : "");
     http_log_answer("POST", g->path, status, g->id, g->is_stream, detail);
 }
