@@ -2348,6 +2348,11 @@ static void test_hidden_deep_model(void **s) {
  * every layer so by itself. */
 static void test_hidden_ram_qwen3(void **s) { check_hidden_restore("qwen3-q4_k_m", MN_TYPE_F16, 64, false, 0, false); }
 static void test_hidden_disk_qwen3(void **s) { check_hidden_restore("qwen3-q4_k_m", MN_TYPE_F16, 0, true, 0, false); }
+/* Q4_0: its K/V weights take int8 activations in blocks of 32 (q32.c),
+ * so the hidden rows are those blocks (88 bytes a token against 128 of
+ * this GQA model's f16 K/V): the plan stores every layer so by itself. */
+static void test_hidden_ram_q4_0(void **s) { check_hidden_restore("tiny-llama-spm-q4_0", MN_TYPE_F16, 64, false, 0, false); }
+static void test_hidden_disk_q4_0(void **s) { check_hidden_restore("tiny-llama-spm-q4_0", MN_TYPE_F16, 0, true, 0, false); }
 /* Multi-head attention with F16 weights: f32 hidden rows, as large as f16
  * K/V, so the test asks for every layer. */
 static void test_hidden_ram_mha(void **s) { check_hidden_restore("tiny-mha-spm-f16", MN_TYPE_F16, 64, false, 7, false); }
@@ -3853,6 +3858,8 @@ int main(void) {
         cmocka_unit_test(test_partial_tail_lead_unfinished),
         cmocka_unit_test(test_hidden_ram_qwen3),
         cmocka_unit_test(test_hidden_disk_qwen3),
+        cmocka_unit_test(test_hidden_ram_q4_0),
+        cmocka_unit_test(test_hidden_disk_q4_0),
         cmocka_unit_test(test_hidden_ram_mha),
         cmocka_unit_test(test_hidden_disk_mha),
         cmocka_unit_test(test_hidden_ram_disk_q8_0),

@@ -20,6 +20,7 @@
 
 #include "base/err.h"
 #include "base/mem.h"
+#include "compute/matmul.h"
 #include "engine/forward.h"
 #include "engine/mref.h"
 #include "engine/runner.h"
@@ -182,6 +183,15 @@ static void test_ref_k_q6_k(void **s) { check_reference_long("k-llama-q6_k", "ll
 static void test_ref_k_llama3_rope(void **s) { check_reference_long("llama3-rope-q4_k_m", "llamacpp", 5e-2, 1e-1); }
 static void test_ref_k_qwen3(void **s) { check_reference_long("qwen3-q4_k_m", "llamacpp", 5e-2, 1e-1); }
 
+/* A gen-model file at path: llama, dim 256, 2 layers, 4 heads, kv_heads
+ * KV heads, FFN 512, context 128, weights of `type`, vocab's vocabulary. */
+static void gen_small(const char *path, const char *vocab, const char *type, const char *kv_heads, const char *seed) {
+    char *argv[] = {"--arch", "llama", "--dim", "256", "--layers", "2", "--heads", "4",
+                    "--kv-heads", (char *)kv_heads, "--ffn", "512", "--ctx", "128", "--seed", (char *)seed,
+                    "--type", (char *)type, "--vocab-from", (char *)vocab, "-o", (char *)path};
+    assert_int_equal(gen_model_main((int)(sizeof argv / sizeof argv[0]), argv), 0);
+}
+
 /* The int8 types (the K-quants and IQ4_XS, with Q8_K activations; Q4_0,
  * Q4_1, Q5_0, Q5_1 and IQ4_NL, with Q8_0/Q8_1's): gen-model files (llama, dim 256,
  * 2 layers, stories260K's vocabulary, seed 7: scripts/peer-check step 4
@@ -197,10 +207,7 @@ static void test_ref_gen_int8_types(void **s) {
     if (!test_require_file(test_data_path(vocab, sizeof vocab, "models/stories260K.gguf"))) return;
     snprintf(path, sizeof path, "/tmp/mnemo-gen-int8-%d.gguf", (int)getpid());
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        char *argv[] = {"--arch", "llama", "--dim", "256", "--layers", "2", "--heads", "4", "--kv-heads", "2",
-                        "--ffn", "512", "--ctx", "128", "--seed", "7", "--type", (char *)types[i],
-                        "--vocab-from", vocab, "-o", path};
-        assert_int_equal(gen_model_main((int)(sizeof argv / sizeof argv[0]), argv), 0);
+        gen_small(path, vocab, types[i], "2", "7");
         snprintf(fmt, sizeof fmt, "tests/data/reference/llamacpp/gen-small-%s.p%%d.ref", types[i]);
         snprintf(label, sizeof label, "gen-model %s vs llamacpp", types[i]);
         check_reference_files(path, fmt, label, false, 1e-1, 1e-1);
@@ -462,14 +469,11 @@ static void test_invariance_llama_q8_0_f16kv(void **s) { check_invariance("tiny-
  * each layer's K/V operand in the pool's hidden arenas; projecting them
  * back (fwd_project) into wiped slots gives the pass's K and V bit for
  * bit, in every layer — with each model's biases, K norm and RoPE.
- * packed: the model's hidden rows are the int8 form (K-quants). What
- * cannot be projected (a position, slot or layer out of range; a pool
- * without hidden rows, or with rows of another size) is refused, and
- * nothing is written. */
-static void check_projection(const char *model_name, MnType kv_type, bool packed) {
-    char path[512];
-    model_file(path, sizeof path, model_name);
-    if (!test_require_file(path)) return;
+ * pack: the model's hidden rows' form (NONE: f32; KQ: the K-quants'
+ * int8 rows; Q32: Q4_0 and its kin's). What cannot be projected (a
+ * position, slot or layer out of range; a pool without hidden rows, or
+ * with rows of another size) is refused, and nothing is written. */
+static void check_projection_file(const char *path, MnType kv_type, MmPack pack) {
     const int bt = 8, n = 3 * bt + 5;
     Bench b;
     MnErr err = {0};
@@ -477,7 +481,10 @@ static void check_projection(const char *model_name, MnType kv_type, bool packed
     const ModelConfig *c = &b.m->cfg;
     assert_int_equal(kvpool_init(&b.pool, c->n_layer, c->kv_dim, bt, 64, kv_type), MN_OK);
     size_t row = fwd_hidden_row_bytes(b.m);
-    assert_int_equal(row, packed ? (size_t)c->n_embd / 256 * 260 : (size_t)c->n_embd * sizeof(float));
+    const size_t want_row = pack == MM_PACK_KQ    ? (size_t)c->n_embd / 256 * 260
+                            : pack == MM_PACK_Q32 ? (size_t)c->n_embd / 32 * 44
+                                                  : (size_t)c->n_embd * sizeof(float);
+    assert_int_equal(row, want_row);
     assert_int_equal(kvpool_init_hidden(&b.pool, row), MN_OK);
     FwdOptions fo = {128, 128, 512, 2};
     if (fwd_new(b.m, &b.pool, &fo, &b.fwd, &err)) fail_msg("%s", err.msg);
@@ -526,14 +533,36 @@ static void check_projection(const char *model_name, MnType kv_type, bool packed
     bench_free(&b);
 }
 
-static void test_project_mha_f16(void **s) { check_projection("tiny-mha-spm-f16", MN_TYPE_F16, false); }
-static void test_project_q8_0_f32kv(void **s) { check_projection("tiny-llama-spm-q8_0", MN_TYPE_F32, false); }
-/* Q4_0 multiplies int8 activations (compute/q32.c), but not kquant's: its
- * hidden rows stay f32, exact for any quantization the kernel makes of them. */
-static void test_project_q4_0(void **s) { check_projection("tiny-llama-spm-q4_0", MN_TYPE_F16, false); }
-static void test_project_qwen2(void **s) { check_projection("tiny-qwen2-gpt2-f32", MN_TYPE_F16, false); }
-static void test_project_qwen3_q4_k_m(void **s) { check_projection("qwen3-q4_k_m", MN_TYPE_F16, true); }
-static void test_project_q4_k_m(void **s) { check_projection("k-llama-q4_k_m", MN_TYPE_F32, true); }
+static void check_projection(const char *model_name, MnType kv_type, MmPack pack) {
+    char path[512];
+    model_file(path, sizeof path, model_name);
+    if (test_require_file(path)) check_projection_file(path, kv_type, pack);
+}
+
+static void test_project_mha_f16(void **s) { check_projection("tiny-mha-spm-f16", MN_TYPE_F16, MM_PACK_NONE); }
+static void test_project_q8_0_f32kv(void **s) { check_projection("tiny-llama-spm-q8_0", MN_TYPE_F32, MM_PACK_NONE); }
+/* Q4_0 multiplies int8 activations in blocks of 32 (compute/q32.c): its
+ * hidden rows are those blocks (codes, steps, sums), 1.375 bytes an element. */
+static void test_project_q4_0(void **s) { check_projection("tiny-llama-spm-q4_0", MN_TYPE_F16, MM_PACK_Q32); }
+static void test_project_qwen2(void **s) { check_projection("tiny-qwen2-gpt2-f32", MN_TYPE_F16, MM_PACK_NONE); }
+static void test_project_qwen3_q4_k_m(void **s) { check_projection("qwen3-q4_k_m", MN_TYPE_F16, MM_PACK_KQ); }
+static void test_project_q4_k_m(void **s) { check_projection("k-llama-q4_k_m", MN_TYPE_F32, MM_PACK_KQ); }
+/* The rest of the 32-element family, on gen-model files with multi-head
+ * attention (llama, dim 256, 2 layers, 4 heads and KV heads): Q4_1 and
+ * Q5_1 use the rows' scaled sums s (their min term), Q5_0 and IQ4_NL the
+ * codes alone; one packed row serves them all. */
+static void test_project_gen_q32(void **s) {
+    static const char *const types[] = {"q4_1", "q5_0", "q5_1", "iq4_nl"};
+    char vocab[512], path[64];
+    if (!test_require_file(test_data_path(vocab, sizeof vocab, "models/stories260K.gguf"))) return;
+    snprintf(path, sizeof path, "/tmp/mnemo-gen-q32-%d.gguf", (int)getpid());
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        gen_small(path, vocab, types[i], "4", "11");
+        printf("    %s\n", types[i]);
+        check_projection_file(path, MN_TYPE_F16, MM_PACK_Q32);
+    }
+    unlink(path);
+}
 static void test_invariance_llama_f32_f32kv(void **s) { check_invariance("tiny-llama-spm-f32", MN_TYPE_F32); }
 static void test_invariance_qwen2_f16kv(void **s) { check_invariance("tiny-qwen2-gpt2-f32", MN_TYPE_F16); }
 static void test_invariance_mha_f16(void **s) { check_invariance("tiny-mha-spm-f16", MN_TYPE_F16); }
@@ -742,6 +771,7 @@ int main(void) {
         cmocka_unit_test(test_project_qwen2),
         cmocka_unit_test(test_project_qwen3_q4_k_m),
         cmocka_unit_test(test_project_q4_k_m),
+        cmocka_unit_test(test_project_gen_q32),
         cmocka_unit_test(test_exact_by_dequantization),
         cmocka_unit_test(test_bad_batches),
         cmocka_unit_test(test_unknown_arch),

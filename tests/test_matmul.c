@@ -616,35 +616,47 @@ static void test_quantize_accuracy(void **state) {
     mn_free(x);
 }
 
-/* mm_matmul_packed on kq_pack'ed rows equals mm_matmul on the rows they
- * were packed from, bit for bit, for every type mm_int8_acts takes (each
- * orders its codes and sums its own way, and the packed form is one for
- * all), at token counts of both activation layouts (rows, and tiles with
- * a last one part empty) and on one thread and two; and mm_int8_acts is
- * exactly kquant.c's types. */
+/* mm_matmul_packed on packed rows (mm_pack_row) equals mm_matmul on the
+ * rows they were packed from, bit for bit, for every type that takes them
+ * (each orders its codes and sums its own way, and the packed form is one
+ * per kind), at token counts of both activation layouts (rows, and tiles
+ * with a last one part empty) and on one thread and two; and
+ * mm_pack_kind is kquant.c's types for MM_PACK_KQ, q32.c's for
+ * MM_PACK_Q32. */
 static void test_packed_equals_matmul(void **state) {
     (void)state;
     enum { N_OUT = 37, N_IN = 768, MAXT = 33 };
     ThreadPool *tp2 = tpool_new(2);
     assert_non_null(tp2);
     float *x = acts_make(MAXT, N_IN, 9191);
-    const size_t row = (size_t)N_IN / 256 * KQ_PACKED_BYTES;
-    uint8_t *packed = mn_malloc(row * MAXT);
+    static const MmPack kinds[] = {MM_PACK_KQ, MM_PACK_Q32};
+    uint8_t *packed[2];
+    for (int k = 0; k < 2; k++) {
+        const size_t row = mm_packed_row_bytes(kinds[k], N_IN);
+        packed[k] = mn_malloc(row * MAXT);
+        assert_non_null(packed[k]);
+        for (int t = 0; t < MAXT; t++) mm_pack_row(kinds[k], x + (size_t)t * N_IN, N_IN, packed[k] + (size_t)t * row);
+    }
+    assert_int_equal(mm_packed_row_bytes(MM_PACK_KQ, N_IN), N_IN / 256 * KQ_PACKED_BYTES);
+    assert_int_equal(mm_packed_row_bytes(MM_PACK_Q32, N_IN), N_IN / 32 * 44);
     float *got = mn_malloc((size_t)MAXT * N_OUT * sizeof(float)), *want = mn_malloc((size_t)MAXT * N_OUT * sizeof(float));
-    assert_non_null(packed);
     assert_non_null(got);
     assert_non_null(want);
-    for (int t = 0; t < MAXT; t++) kq_pack(x + (size_t)t * N_IN, N_IN, packed + (size_t)t * row);
     static const int toks[] = {1, 3, 9, 10, 16, 17, 33};
     uint64_t seed = 9300;
+    int n_tested = 0;
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         TestMat m;
         mat_make(&m, all_types[ti], N_OUT, N_IN, seed++);
-        assert_int_equal(mm_int8_acts(&m.w), kq_has_type(all_types[ti]));
-        if (!mm_int8_acts(&m.w)) {
+        const MmPack kind = mm_pack_kind(&m.w);
+        assert_int_equal(kind, kq_has_type(all_types[ti])    ? MM_PACK_KQ
+                               : q32_has_type(all_types[ti]) ? MM_PACK_Q32
+                                                             : MM_PACK_NONE);
+        if (kind == MM_PACK_NONE) {
             mat_free(&m);
             continue;
         }
+        const uint8_t *rows = packed[kind == MM_PACK_KQ ? 0 : 1];
         uint8_t *scratch = mn_alloc_aligned(mm_packed_scratch_bytes(&m.w, MAXT), 64);
         assert_non_null(scratch);
         for (size_t i = 0; i < sizeof toks / sizeof toks[0]; i++)
@@ -653,18 +665,20 @@ static void test_packed_equals_matmul(void **state) {
                 assert_true(mm_packed_scratch_bytes(&m.w, n) <= mm_packed_scratch_bytes(&m.w, MAXT));
                 mm_matmul(th ? tp2 : NULL, want, &m.w, x, n);
                 memset(got, 0xa5, (size_t)n * N_OUT * sizeof(float));
-                mm_matmul_packed(th ? tp2 : NULL, got, &m.w, packed, n, scratch);
+                mm_matmul_packed(th ? tp2 : NULL, got, &m.w, rows, n, scratch);
                 for (int k = 0; k < n * N_OUT; k++)
                     if (memcmp(&got[k], &want[k], sizeof(float)) != 0)
                         fail_msg("%s, %d tokens, %d threads: out[%d][%d] = %.9g from packed rows, %.9g from x",
                                  ttype_traits(all_types[ti])->name, n, th + 1, k / N_OUT, k % N_OUT, got[k], want[k]);
             }
+        n_tested++;
         mn_free_aligned(scratch);
         mat_free(&m);
     }
+    assert_true(n_tested >= 11); /* Q2_K..Q6_K, IQ4_XS; Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL */
     mn_free(want);
     mn_free(got);
-    mn_free(packed);
+    for (int k = 0; k < 2; k++) mn_free(packed[k]);
     mn_free(x);
     tpool_free(tp2);
 }

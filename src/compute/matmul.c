@@ -881,29 +881,50 @@ static void i8_plan(MmJob *job, int nth) {
     job->n_groups = (job->n_tok + job->group_tok - 1) / job->group_tok;
 }
 
-bool mm_int8_acts(const MatW *w) { return kq_has_type(w->type) && i8_takes(w); }
+MmPack mm_pack_kind(const MatW *w) {
+    if (!i8_takes(w)) return MM_PACK_NONE;
+    return kq_has_type(w->type) ? MM_PACK_KQ : MM_PACK_Q32;
+}
 
-size_t mm_packed_scratch_bytes(const MatW *w, int n_tok) { return kq_acts_bytes(w->n_in, n_tok); }
+size_t mm_packed_row_bytes(MmPack kind, int64_t n_in) {
+    assert(kind != MM_PACK_NONE);
+    return kind == MM_PACK_KQ ? (size_t)(n_in / MN_QK_K) * KQ_PACKED_BYTES : q32_packed_bytes(n_in);
+}
+
+void mm_pack_row(MmPack kind, const float *x, int64_t n_in, uint8_t *dst) {
+    assert(kind != MM_PACK_NONE);
+    if (kind == MM_PACK_KQ) kq_pack(x, n_in, dst);
+    else q32_pack(x, n_in, dst);
+}
+
+size_t mm_packed_scratch_bytes(const MatW *w, int n_tok) {
+    return mm_pack_kind(w) == MM_PACK_KQ ? kq_acts_bytes(w->n_in, n_tok) : q32_acts_bytes(w->n_in, n_tok);
+}
 
 /* Rows of a product whose tokens are quantized already (job->x is their
- * KqBlocks): chunks of rows for all the tokens at once. */
-static void kq_worker_packed(void *ctx, int ith, int nth) {
+ * quantized activations, kq_quantize's or q32_quantize's layout): chunks of
+ * rows for all the tokens at once. */
+static void i8_worker_packed(void *ctx, int ith, int nth) {
     MmJob *job = ctx;
     const MatW *w = job->w;
+    const uint8_t *acts = (const uint8_t *)job->x;
+    const bool is_q32 = q32_has_type(w->type);
     for (;;) {
         long c = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed);
         if (c >= job->n_chunks) break;
         long r0 = c * job->chunk_rows, r1 = MM_MIN((long)w->n_out, r0 + job->chunk_rows);
-        kq_rows(w->type, w->data, job->row_bytes, r0, r1, w->n_in, (const uint8_t *)job->x, job->n_tok, job->out,
-                w->n_out);
+        if (is_q32) q32_rows(w->type, w->data, job->row_bytes, r0, r1, w->n_in, acts, job->n_tok, job->out, w->n_out);
+        else kq_rows(w->type, w->data, job->row_bytes, r0, r1, w->n_in, acts, job->n_tok, job->out, w->n_out);
     }
 }
 
 void mm_matmul_packed(ThreadPool *tp, float *out, const MatW *w, const uint8_t *packed, int n_tok,
                       uint8_t *scratch) {
-    assert(mm_int8_acts(w) && ((uintptr_t)scratch & 63) == 0);
+    const MmPack kind = mm_pack_kind(w);
+    assert(kind != MM_PACK_NONE && ((uintptr_t)scratch & 63) == 0);
     if (n_tok <= 0 || w->n_out <= 0) return;
-    kq_unpack(w->type, packed, w->n_in, n_tok, scratch);
+    if (kind == MM_PACK_KQ) kq_unpack(w->type, packed, w->n_in, n_tok, scratch);
+    else q32_unpack(packed, w->n_in, n_tok, scratch);
     uint64_t row_bytes = 0;
     if (ttype_row_bytes(w->type, (uint64_t)w->n_in, &row_bytes) != MN_OK) assert(!"bad weight shape");
     int nth = tp != NULL ? tpool_size(tp) : 1;
@@ -911,8 +932,8 @@ void mm_matmul_packed(ThreadPool *tp, float *out, const MatW *w, const uint8_t *
                  .row_bytes = (size_t)row_bytes};
     atomic_init(&job.next_chunk, 0);
     i8_plan(&job, nth); /* (its token groups are not used: every chunk takes all the tokens) */
-    if (tp != NULL && nth > 1 && job.n_chunks > 1) tpool_run(tp, kq_worker_packed, &job);
-    else kq_worker_packed(&job, 0, 1);
+    if (tp != NULL && nth > 1 && job.n_chunks > 1) tpool_run(tp, i8_worker_packed, &job);
+    else i8_worker_packed(&job, 0, 1);
 }
 
 void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_tok) {

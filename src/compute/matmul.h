@@ -41,18 +41,29 @@
  * for single-threaded). Never allocates. */
 void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_tok);
 
-/* Whether mm_matmul quantizes the activations for W (kquant.h: the
- * K-quants and IQ4_XS) rather than multiplying them in f32. */
-bool mm_int8_acts(const MatW *w);
+/* Whether mm_matmul quantizes the activations for W to int8, and how a
+ * token's quantized row is packed for mm_matmul_packed: MM_PACK_KQ for
+ * the K-quants and IQ4_XS (kq_pack: n_in / 256 * KQ_PACKED_BYTES bytes),
+ * MM_PACK_Q32 for Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL (q32_pack: n_in / 32 *
+ * 44 bytes); MM_PACK_NONE when W multiplies f32 activations. Weights of
+ * one kind take the same packed row, whatever their type. */
+typedef enum MmPack { MM_PACK_NONE, MM_PACK_KQ, MM_PACK_Q32 } MmPack;
+MmPack mm_pack_kind(const MatW *w);
+
+/* Bytes of one token's packed row of n_in elements (kind not NONE). */
+size_t mm_packed_row_bytes(MmPack kind, int64_t n_in);
+
+/* dst (mm_packed_row_bytes) = x's packed row: exactly the int8 operand
+ * mm_matmul makes of x for a W of that kind, on any path. */
+void mm_pack_row(MmPack kind, const float *x, int64_t n_in, uint8_t *dst);
 
 /* Bytes of the scratch mm_matmul_packed needs for n_tok tokens. */
 size_t mm_packed_scratch_bytes(const MatW *w, int n_tok);
 
-/* mm_matmul for a W with mm_int8_acts, from activations already
- * quantized: packed holds n_tok rows of kq_pack(x) (n_in / 256 *
- * KQ_PACKED_BYTES bytes each). out is bit-identical to mm_matmul(w, x)
- * for the x those rows were packed from. scratch: mm_packed_scratch_bytes,
- * 64-byte aligned. */
+/* mm_matmul for a W whose mm_pack_kind is not NONE, from activations
+ * already quantized: packed holds n_tok rows of mm_pack_row(kind, x). out
+ * is bit-identical to mm_matmul(w, x) for the x those rows were packed
+ * from. scratch: mm_packed_scratch_bytes, 64-byte aligned. */
 void mm_matmul_packed(ThreadPool *tp, float *out, const MatW *w, const uint8_t *packed, int n_tok,
                       uint8_t *scratch);
 

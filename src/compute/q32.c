@@ -689,23 +689,55 @@ static void rows_simd(MnType type, const uint8_t *w, size_t row_bytes, long r0, 
  * API
  * ===================================================================== */
 
+/* One block, by the compiled path (all give the same bytes). */
+static void quantize_block(const float *x, ActBlock *a) {
+#if defined(Q32_AVX512)
+    quantize_block512(x, a);
+#elif defined(Q32_AVX2)
+    quantize_block256(x, a);
+#else
+    quantize_block_ref(x, a);
+#endif
+}
+
 void q32_quantize(const float *x, int64_t n_in, int n_tok, uint8_t *dst) {
     assert(n_in % QK == 0 && ((uintptr_t)dst & 63) == 0);
-#if defined(Q32_AVX512) || defined(Q32_AVX2)
     for (int t = 0; t < n_tok; t++)
         for (int64_t b = 0; b < n_in / QK; b++) {
             ActBlock a;
-#if defined(Q32_AVX512)
-            quantize_block512(x + (int64_t)t * n_in + QK * b, &a);
-#else
-            quantize_block256(x + (int64_t)t * n_in + QK * b, &a);
-#endif
+            quantize_block(x + (int64_t)t * n_in + QK * b, &a);
             act_put(dst, n_in, n_tok, t, b, &a);
         }
     act_pad(dst, n_in, n_tok);
-#else
-    q32_quantize_ref(x, n_in, n_tok, dst);
-#endif
+}
+
+/* ---- packed rows --------------------------------------------------------- */
+
+/* The packed row is the rows layout's token without its padding: the same
+ * offsets (act_put/act_get with one token), so one block's fields are
+ * where a one-token layout has them. */
+
+size_t q32_packed_bytes(int64_t n_in) { return (size_t)n_in / QK * BLOCK_BYTES; }
+
+void q32_pack(const float *x, int64_t n_in, uint8_t *dst) {
+    assert(n_in % QK == 0);
+    for (int64_t b = 0; b < n_in / QK; b++) {
+        ActBlock a;
+        quantize_block(x + QK * b, &a);
+        act_put(dst, n_in, 1, 0, b, &a);
+    }
+}
+
+void q32_unpack(const uint8_t *src, int64_t n_in, int n_tok, uint8_t *dst) {
+    assert(n_in % QK == 0 && ((uintptr_t)dst & 63) == 0);
+    const size_t row = q32_packed_bytes(n_in);
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t b = 0; b < n_in / QK; b++) {
+            ActBlock a;
+            act_get(src + (size_t)t * row, n_in, 1, 0, b, &a);
+            act_put(dst, n_in, n_tok, t, b, &a);
+        }
+    act_pad(dst, n_in, n_tok);
 }
 
 void q32_rows(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in, const uint8_t *acts,

@@ -50,6 +50,22 @@ void q32_quantize(const float *x, int64_t n_in, int n_tok, uint8_t *dst);
 /* q32_quantize in plain C: the same bytes (the oracle of the others). */
 void q32_quantize_ref(const float *x, int64_t n_in, int n_tok, uint8_t *dst);
 
+/* Bytes of one token's packed row (q32_pack): n_in / 32 * 44 — its n_in
+ * codes, then the n_in / 32 steps d, scaled sums s (f32 holding f16
+ * values) and code sums sx (int32), as the rows layout lays out a token,
+ * without its padding. The same for every type of this module (only the
+ * weights differ). */
+size_t q32_packed_bytes(int64_t n_in);
+
+/* dst (q32_packed_bytes) = the packed row of x: exactly what q32_quantize
+ * makes of x on any path, so q32_unpack gives its bytes back. */
+void q32_pack(const float *x, int64_t n_in, uint8_t *dst);
+
+/* dst (q32_acts_bytes(n_in, n_tok) bytes, 64-byte aligned) = what
+ * q32_quantize(x, n_in, n_tok) writes, from the n_tok packed rows src of
+ * the tokens x (q32_pack, one after another). */
+void q32_unpack(const uint8_t *src, int64_t n_in, int n_tok, uint8_t *dst);
+
 /* out[t * n_out + r] for rows [r0, r1) of w (row_bytes apart) and the
  * n_tok tokens that q32_quantize wrote at acts. Never allocates. */
 void q32_rows(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in, const uint8_t *acts,

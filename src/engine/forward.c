@@ -25,7 +25,6 @@
 #include <string.h>
 
 #include "base/mem.h"
-#include "compute/kquant.h"
 #include "compute/matmul.h"
 #include "compute/ops.h"
 
@@ -42,27 +41,29 @@ struct Forward {
     size_t attn_scratch_per_thread;
     double *inv_freq;     /* (n_rot / 2) RoPE's inverse frequencies, global layers */
     double *inv_freq_swa; /* (n_rot / 2) sliding layers' */
-    bool is_packed;       /* hidden rows are kq_pack'ed (fwd_hidden_row_bytes) */
+    MmPack hid_pack;      /* how hidden rows are packed (fwd_hidden_row_bytes); NONE: f32 rows */
     size_t hid_row;       /* bytes of one token's hidden row */
     uint8_t *proj_in;     /* (PROJ_BLOCKS * block_tokens) hidden rows, gathered */
     float *proj_k, *proj_v; /* (PROJ_BLOCKS * block_tokens, kv_dim) */
     uint8_t *proj_scratch;  /* mm_matmul_packed's */
 };
 
-/* The layers' K and V projections both take int8 activations: only then
- * is the packed form their whole operand. */
-static bool hidden_is_packed(const Model *m) {
+/* Every layer's K and V projections take int8 activations packed alike
+ * (the K-quants' or the 32-element types'): only then is one packed form
+ * their whole operand; else the f32 row (NONE). */
+static MmPack hidden_pack(const Model *m) {
+    const MmPack kind = mm_pack_kind(&m->layers[0].wk);
     for (int l = 0; l < m->cfg.n_layer; l++)
-        if (!mm_int8_acts(&m->layers[l].wk) || !mm_int8_acts(&m->layers[l].wv)) return false;
-    return true;
+        if (mm_pack_kind(&m->layers[l].wk) != kind || mm_pack_kind(&m->layers[l].wv) != kind) return MM_PACK_NONE;
+    return kind;
 }
 
-static size_t hidden_row_bytes(const Model *m, bool is_packed) {
+static size_t hidden_row_bytes(const Model *m, MmPack kind) {
     const int64_t d = m->cfg.n_embd;
-    return is_packed ? (size_t)(d / MN_QK_K) * KQ_PACKED_BYTES : (size_t)d * sizeof(float);
+    return kind != MM_PACK_NONE ? mm_packed_row_bytes(kind, d) : (size_t)d * sizeof(float);
 }
 
-size_t fwd_hidden_row_bytes(const Model *m) { return hidden_row_bytes(m, hidden_is_packed(m)); }
+size_t fwd_hidden_row_bytes(const Model *m) { return hidden_row_bytes(m, hidden_pack(m)); }
 
 static float *alloc_rows(int rows, int width) {
     return mn_alloc_aligned((size_t)rows * (size_t)width * sizeof(float), 64);
@@ -101,8 +102,8 @@ int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, 
         fwd_free(f);
         return mn_err_set(err, MN_ENOMEM, "forward: out of memory for %d-token batches", T);
     }
-    f->is_packed = hidden_is_packed(m);
-    f->hid_row = hidden_row_bytes(m, f->is_packed);
+    f->hid_pack = hidden_pack(m);
+    f->hid_row = hidden_row_bytes(m, f->hid_pack);
     if (pool->hid_arenas != NULL) {
         const int P = PROJ_BLOCKS * pool->block_tokens;
         if (pool->hidden_row_bytes != f->hid_row) {
@@ -110,7 +111,7 @@ int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, 
             return mn_err_set(err, MN_EINVAL, "forward: the pool's hidden rows are not the model's");
         }
         size_t scratch = 0;
-        for (int l = 0; f->is_packed && l < c->n_layer; l++) {
+        for (int l = 0; f->hid_pack != MM_PACK_NONE && l < c->n_layer; l++) {
             size_t sk = mm_packed_scratch_bytes(&m->layers[l].wk, P), sv = mm_packed_scratch_bytes(&m->layers[l].wv, P);
             scratch = sk > scratch ? sk : scratch;
             scratch = sv > scratch ? sv : scratch;
@@ -219,7 +220,7 @@ static void store_kv(Forward *f, const FwdBatch *b, int il, int t) {
     if (il >= p->n_hidden_layers) return; /* (0 without hidden arenas) */
     const int64_t D = f->m->cfg.n_embd;
     uint8_t *h = (uint8_t *)kvpool_h(p, il, slot) + (size_t)row * p->hidden_row_bytes;
-    if (f->is_packed) kq_pack(f->xb + t * D, D, h);
+    if (f->hid_pack != MM_PACK_NONE) mm_pack_row(f->hid_pack, f->xb + t * D, D, h);
     else memcpy(h, f->xb + t * D, (size_t)D * sizeof(float));
     p->hid_rows[(size_t)slot * (size_t)p->block_tokens + (size_t)row] = 1;
 }
@@ -325,7 +326,7 @@ static void project_group(Forward *f, int il, const int32_t *slots, const int32_
     const LayerWeights *lw = &f->m->layers[il];
     const int bt = p->block_tokens, T = n * bt, KV = f->m->cfg.kv_dim;
     for (int i = 0; i < n; i++) memcpy(f->proj_in + (size_t)i * p->hidden_bytes, kvpool_h(p, il, slots[i]), p->hidden_bytes);
-    if (f->is_packed) {
+    if (f->hid_pack != MM_PACK_NONE) {
         mm_matmul_packed(f->tp, f->proj_k, &lw->wk, f->proj_in, T, f->proj_scratch);
         mm_matmul_packed(f->tp, f->proj_v, &lw->wv, f->proj_in, T, f->proj_scratch);
     } else {

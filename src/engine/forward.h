@@ -64,8 +64,10 @@ ThreadPool *fwd_tpool(Forward *f);
 
 /* Bytes of one token's hidden row in one layer for model m: the operand
  * its K and V projections consume (docs/DESIGN.md, "Hidden-state
- * restore") — n_embd f32, or n_embd / 256 * KQ_PACKED_BYTES when every
- * layer's K and V weights take int8 activations (kquant.h). A pool given
+ * restore") — n_embd f32, or its packed int8 row (mm_pack_row: n_embd /
+ * 256 * 260 bytes for the K-quants and IQ4_XS, n_embd / 32 * 44 for Q4_0,
+ * Q4_1, Q5_0, Q5_1 and IQ4_NL) when every layer's K and V weights take
+ * int8 activations packed alike (mm_pack_kind). A pool given
  * hidden arenas of this row size (kvpool_init_hidden) before fwd_new has
  * them filled by every pass (the layers that have them: the first
  * KVPOOL_HIDDEN_MAX_LAYERS). */
