@@ -435,9 +435,8 @@ static int cmd_serve(int argc, char **argv) {
         {"batch-tokens", 'b', CLI_INT, &eo.batch_tokens, "N", "tokens in one step at most (default 512)"},
         {"batch-size", 0, CLI_INT, &eo.batch_tokens, "N", NULL},
         {"step-ms", 0, CLI_FLOAT, &step_ms, "MS",
-         "time target of one step: prefill chunks are sized to it from the steps measured, beside answering "
-         "conversations to at most twice what their tokens take alone (0: each step takes up to --batch-tokens; "
-         "default 500)"},
+         "time target of one step: prefill chunks are sized to it from the steps measured (0: each step takes up "
+         "to --batch-tokens; default 500)"},
         {"block-tokens", 0, CLI_INT, &eo.block_tokens, "N", "tokens per KV block (default 32)"},
         {"ctx", 'c', CLI_INT, &eo.n_ctx, "N",
          "positions one sequence may use (default: the model's); not, as llama-server's -c, the KV of all"},
