@@ -44,8 +44,7 @@
  * ENGINE_AGING_STEPS steps in a row goes first (aging: no admitted prompt
  * starves) — each chunk as long as the pacer predicts the pass to
  * stay within step_ms (engine/pacer.h; a few times that in a step where
- * nothing decodes, twice the decodes' own pass beside decodes when that is
- * shorter), at most batch_tokens in all.
+ * nothing decodes), at most batch_tokens in all.
  * Whatever the decodes cost, the first chunk gets at least as long as the
  * rest of the step, so prompts always progress. The pass's measured
  * compute goes back to the pacer. After the forward pass, each sequence
@@ -94,16 +93,6 @@
  * tokens, while a request arriving meanwhile still waits at most a few
  * targets for the next step (where it may preempt). */
 #define ENGINE_PREFILL_ONLY_STEPS 4
-/* A step that holds decode tokens is held to this many times what its
- * decodes alone are predicted to take (and to the step target): every
- * decoding conversation waits for the whole step, so a gap beside a prompt
- * stays within a small multiple of a decode-only step's, and a decode
- * lasts a few of those steps instead of a full target each, giving its
- * slot back sooner. The prompts' share moves into the steps with nothing
- * decoding, where ENGINE_PREFILL_ONLY_STEPS spreads the pass's fixed cost
- * again. 2 is the share pacer_fit gives a step's first chunk anyway: the
- * prompts get half of such a step. */
-#define ENGINE_DECODE_STEP_RATIO 2
 /* Aging of the step's prefill order (batch_make; ENGINE_AGING_STEPS is in
  * engine.h, part of the contract): fewest-tokens-left-first alone starves a
  * long prompt for as long as shorter ones keep coming (each step's budget
@@ -1645,7 +1634,6 @@ typedef struct Batch {
     int n, n_logits;   /* tokens and logit rows so far */
     PacerShape shape;  /* what its pass costs by: decode and prompt tokens, keys */
     bool has_decoder;  /* some running sequence decodes (in the batch, or held back) */
-    double target_s;   /* the time its prompt chunks fill the pass to (step_target) */
 } Batch;
 
 /* EngineTestHooks.step_fn, once the step's batch b is made: what it
@@ -1690,19 +1678,8 @@ static void batch_put(Engine *e, Batch *b, int i, int32_t pos, int n, bool is_de
  * step has no prompt token yet, and this chunk gets at least its share). */
 static int chunk_len(const Engine *e, const Batch *b, int32_t pos, int max_n, bool is_first) {
     if (e->opt.step_ms <= 0) return max_n;
-    return pacer_fit_target(&e->pacer, b->shape, pos, max_n, is_first, b->target_s);
-}
-
-/* The time batch b's prompt chunks fill its pass to, once its decodes are
- * in: ENGINE_PREFILL_ONLY_STEPS targets when nothing decodes; beside
- * decodes the target, or ENGINE_DECODE_STEP_RATIO times the decodes' own
- * predicted pass when that is shorter (none predicted yet, or every
- * decoder held back: the target). */
-static double step_target(const Engine *e, const Batch *b) {
-    if (!b->has_decoder) return e->pacer.target_s * ENGINE_PREFILL_ONLY_STEPS;
-    double decodes_s = b->shape.n_decode > 0 ? pacer_predict(&e->pacer, b->shape) : 0;
-    double cap_s = ENGINE_DECODE_STEP_RATIO * decodes_s;
-    return cap_s > 0 && cap_s < e->pacer.target_s ? cap_s : e->pacer.target_s;
+    double target_s = e->pacer.target_s * (b->has_decoder ? 1 : ENGINE_PREFILL_ONLY_STEPS);
+    return pacer_fit_target(&e->pacer, b->shape, pos, max_n, is_first, target_s);
 }
 
 /* Add running sequence i's pending tokens to the batch, within room tokens:
@@ -1772,7 +1749,6 @@ static void batch_make(Engine *e, Batch *b) {
         }
         e->b_order[k] = i;
     }
-    b->target_s = step_target(e, b);
     for (int k = 0; k < n_order; k++) {
         Active *a = e->running[e->b_order[k]];
         int n = b->n < e->opt.batch_tokens ? batch_add(e, b, e->b_order[k], e->opt.batch_tokens - b->n) : 0;
