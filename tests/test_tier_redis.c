@@ -548,8 +548,7 @@ static void expect_read_as(Tier *t, KvPool *p, const uint32_t *ids, const int32_
     assert_int_equal(tier_read_layers(t, h, n, p, slots, NULL, NULL), MN_OK);
     for (int l = 0; l < p->n_layer; l++)
         for (int i = 0; i < n; i++) {
-            bool is_hidden = l < 64 && (hidden >> l & 1);
-            assert_true(is_hidden ? hidden_is(p, l, slots[i], ids[i]) : slot_is(p, l, slots[i], ids[i]));
+            assert_true(kvpool_layer_in(hidden, l) ? hidden_is(p, l, slots[i], ids[i]) : slot_is(p, l, slots[i], ids[i]));
         }
 }
 

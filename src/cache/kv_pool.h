@@ -54,6 +54,15 @@ typedef enum SlotState { SLOT_FREE = 0, SLOT_IN_USE, SLOT_CACHED } SlotState;
  * layers are always K/V and get no hidden arena. */
 #define KVPOOL_HIDDEN_MAX_LAYERS 64
 
+/* The layers below l as a layer set: every layer a set can name when
+ * l >= KVPOOL_HIDDEN_MAX_LAYERS. A set names only layers of an n_layer
+ * model when it has no bit outside kvpool_layers_below(n_layer). */
+static inline uint64_t kvpool_layers_below(int l) {
+    return l >= KVPOOL_HIDDEN_MAX_LAYERS ? UINT64_MAX : (1ull << l) - 1;
+}
+/* Whether layer l is in the layer set (never a layer past the first 64). */
+static inline bool kvpool_layer_in(uint64_t set, int l) { return l < KVPOOL_HIDDEN_MAX_LAYERS && (set >> l & 1); }
+
 typedef struct KvPool KvPool;
 
 /* Called when a CACHED slot is about to be reused. */

@@ -309,7 +309,7 @@ static int scratch_reserve(Tier *t, int n) {
  * tier stores them and the model has such a layer. */
 static uint64_t hidden_mask(const Tier *t, uint64_t asked) {
     if (t->hidden_bytes == 0) return 0;
-    return t->n_layer >= 64 ? asked : asked & ((1ull << t->n_layer) - 1);
+    return asked & kvpool_layers_below(t->n_layer);
 }
 
 /* Whether pool has hidden rows of the tier's size (for a run with hidden layers). */

@@ -276,7 +276,7 @@ static size_t record_len(int n_blocks, int n_layer, uint32_t version) {
 
 /* S_l, the extent of layer l of dr. */
 static uint64_t ext_len(const DiskRun *dr, int l) {
-    return tier_layer_is_hidden(dr->hidden, l) ? dr->hstride : dr->stride;
+    return kvpool_layer_in(dr->hidden, l) ? dr->hstride : dr->stride;
 }
 
 /* E_l, where layer l's extent begins, from O. */
@@ -831,7 +831,7 @@ static const char *record_check(const DiskTier *d, Found *f) {
     if (version >= 2) {
         const uint8_t *h = p + DISK_RECORD_HEAD + 16 * (size_t)n + 8 * (size_t)n_layer;
         hidden = get_u64(h);
-        if (n_layer < 64 && hidden >> n_layer != 0) return "its hidden mask names layers it does not have";
+        if ((hidden & ~kvpool_layers_below((int)n_layer)) != 0) return "its hidden mask names layers it does not have";
         if (hidden != 0 && d->hidden_bytes == 0) return "stored as hidden states, which this server does not restore";
         if (hidden != 0 && get_u64(h + 8) != (uint64_t)d->hidden_bytes) return "made for another hidden-state layout";
     }

@@ -129,28 +129,23 @@ static inline bool alloc_faults_take(AllocFaults *f) {
     return true;
 }
 
-/* Whether a run whose layers `hidden` (bit l: layer l, the first 64
- * only) are stored as hidden states stores layer l so. */
-static inline bool tier_layer_is_hidden(uint64_t hidden, int l) {
-    return l < KVPOOL_HIDDEN_MAX_LAYERS && (hidden >> l & 1);
-}
-/* Bytes of one block in layer l of such a run: hidden_bytes, else the
- * pool's block_bytes (K then V). */
+/* Bytes of one block in layer l of a run whose layers `hidden` (a layer
+ * set: kvpool_layer_in) are stored as hidden states: hidden_bytes, else
+ * the pool's block_bytes (K then V). */
 static inline size_t tier_layer_bytes(size_t block_bytes, size_t hidden_bytes, uint64_t hidden, int l) {
-    return tier_layer_is_hidden(hidden, l) ? hidden_bytes : block_bytes;
+    return kvpool_layer_in(hidden, l) ? hidden_bytes : block_bytes;
 }
 /* Where such a run's layer l begins when its layers lie one after
  * another, a K/V layer taking kv_len bytes and a hidden one hidden_len:
  * the bytes of layers 0..l-1 (l = n_layer: the whole run). */
 static inline uint64_t tier_layer_at(uint64_t kv_len, uint64_t hidden_len, uint64_t hidden, int l) {
-    uint64_t below = l >= 64 ? hidden : hidden & ((1ull << l) - 1);
-    uint64_t h = (uint64_t)__builtin_popcountll(below);
+    uint64_t h = (uint64_t)__builtin_popcountll(hidden & kvpool_layers_below(l));
     return ((uint64_t)l - h) * kv_len + h * hidden_len;
 }
 /* Where block `slot`'s bytes of layer l are in the pool for such a run:
  * its hidden rows (kvpool_h) or its K/V (kvpool_k). */
 static inline uint8_t *tier_pool_layer(const KvPool *pool, uint64_t hidden, int l, int32_t slot) {
-    return tier_layer_is_hidden(hidden, l) ? (uint8_t *)kvpool_h(pool, l, slot) : (uint8_t *)kvpool_k(pool, l, slot);
+    return kvpool_layer_in(hidden, l) ? (uint8_t *)kvpool_h(pool, l, slot) : (uint8_t *)kvpool_k(pool, l, slot);
 }
 
 /* A tier over kind (owned from now on: freed with the tier, also when this

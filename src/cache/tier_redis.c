@@ -310,7 +310,7 @@ static uint64_t value_build(RedisTier *r, const TierRun *run, const RedisRun *rr
     put_u32(p + 20, (uint32_t)r->n_layer);
     put_u64(p + 24, (uint64_t)bb);
     put_u32(p + 32, r->kv_format);
-    put_u32(p + 36, tier_layer_is_hidden(rr->hidden, layer) ? 1u : 0u);
+    put_u32(p + 36, kvpool_layer_in(rr->hidden, layer) ? 1u : 0u);
     memcpy(p + 40, r->fingerprint.b, 16);
     memcpy(p + 56, rr->tag.b, 16);
     memcpy(p + REDIS_VALUE_HEAD, run->hashes, (size_t)n * 16);
@@ -333,7 +333,7 @@ static const char *value_check(const RedisTier *r, const TierRun *run, const Red
     *is_damaged = false; /* intact: another format or another run's, not damage */
     if (get_u32(v + 8) != run_version(rr->hidden)) return "another format version";
     if (get_u32(v + 12) != (uint32_t)n || get_u32(v + 16) != (uint32_t)layer) return "another run or layer";
-    if (get_u32(v + 36) != (tier_layer_is_hidden(rr->hidden, layer) ? 1u : 0u))
+    if (get_u32(v + 36) != (kvpool_layer_in(rr->hidden, layer) ? 1u : 0u))
         return "another representation (K/V or hidden states)";
     if (get_u32(v + 20) != (uint32_t)r->n_layer || get_u64(v + 24) != (uint64_t)layer_block_bytes(r, rr->hidden, layer) ||
         get_u32(v + 32) != r->kv_format || memcmp(v + 40, r->fingerprint.b, 16) != 0)
@@ -667,7 +667,7 @@ static const TierKindOps redis_ops = {
 static bool hidden_usable(const RedisTier *r, uint64_t hidden) {
     if (hidden == 0) return true;
     if (r->hidden_bytes == 0) return false;
-    return r->n_layer >= KVPOOL_HIDDEN_MAX_LAYERS || hidden >> r->n_layer == 0;
+    return (hidden & ~kvpool_layers_below(r->n_layer)) == 0;
 }
 
 /* Pointer replies -> r->cands: for block i of the sequence found at index
