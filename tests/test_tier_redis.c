@@ -608,6 +608,7 @@ static void test_redis_hidden_layers(void **state) {
     for (size_t k = 0; k < keys->elements; k++) sum += (uint64_t)redis_srv_int(&f->srv, "STRLEN %s", keys->element[k]->str);
     freeReplyObject(keys);
     assert_int_equal(sum, 70 * (80 + 16 * 5) + 5 * (3 * 160 + 67 * 256));
+    assert_int_equal(s.occupancy_bytes, sum + 5 * 72); /* the values and the pointers */
     expect_read_as(f->a, p, ids, dst, 5, mask);
     /* B finds it, with its plan */
     f->b = redis_tier_hidden(p, f->srv.url, p->hidden_bytes, FP_BYTE, 0, 0);

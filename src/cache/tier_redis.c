@@ -233,10 +233,14 @@ static size_t layer_block_bytes(const RedisTier *r, uint64_t hidden, int l) {
     return tier_layer_bytes(r->block_bytes, r->hidden_bytes, hidden, l);
 }
 
+/* Bytes of a layer value of a run of n blocks besides the blocks': its
+ * header, the block hashes and the checksum. */
+static uint64_t value_frame_len(int n) { return REDIS_VALUE_HEAD + 16 * (uint64_t)n + 8; }
+
 /* Bytes of layer l's value of a run of n blocks stored so (n <=
  * REDIS_MAX_RUN and block sizes a pool's: no overflow in 64 bits). */
 static uint64_t value_len(const RedisTier *r, int n, uint64_t hidden, int l) {
-    return REDIS_VALUE_HEAD + 16 * (uint64_t)n + (uint64_t)n * layer_block_bytes(r, hidden, l) + 8;
+    return value_frame_len(n) + (uint64_t)n * layer_block_bytes(r, hidden, l);
 }
 
 static uint32_t run_version(uint64_t hidden) { return hidden != 0 ? REDIS_FORMAT_HIDDEN : REDIS_FORMAT_VERSION; }
@@ -402,9 +406,9 @@ static int conn_ready(RedisTier *r) { return rcluster_is_connected(r->cl) ? MN_O
 /* Bytes of a stored run of n blocks (n <= REDIS_MAX_RUN) whose layers
  * `hidden` are hidden states: its layer values and its pointers. */
 static uint64_t stored_bytes(const RedisTier *r, int n_blocks, uint64_t hidden) {
-    uint64_t n = (uint64_t)ptr_len(hidden) * (uint64_t)n_blocks;
-    for (int l = 0; l < r->n_layer; l++) n += value_len(r, n_blocks, hidden, l);
-    return n;
+    uint64_t n = (uint64_t)n_blocks;
+    return ptr_len(hidden) * n + (uint64_t)r->n_layer * value_frame_len(n_blocks) +
+           tier_layer_at(n * r->block_bytes, n * r->hidden_bytes, hidden, r->n_layer);
 }
 
 /* (hidden is 0 unless the tier was given hidden_bytes: the core asks
