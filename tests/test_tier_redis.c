@@ -537,6 +537,20 @@ static void test_redis_urls_and_auth(void **state) {
 
 /* ---- hidden states ---------------------------------------------------------- */
 
+/* The server and a pool of n_layer layers (16-wide K/V in f16, blocks of
+ * 4 tokens, 32 of them) with hidden rows of row_bytes a token; no tiers
+ * yet. False (the case skipped) without a redis-server. */
+static bool hfix_open(RFix *f, int n_layer, size_t row_bytes) {
+    if (!redis_srv_available()) {
+        skip();
+        return false;
+    }
+    redis_srv_start(&f->srv, NULL);
+    assert_int_equal(kvpool_init(&f->p, n_layer, 16, 4, 32, MN_TYPE_F16), MN_OK);
+    assert_int_equal(kvpool_init_hidden(&f->p, row_bytes), MN_OK);
+    return true;
+}
+
 /* Read every layer of blocks ids[0..n) of t into slots (K/V scrambled,
  * hidden rows 0xee first) and check each layer where it belongs: the
  * hidden rows for the layers in `hidden`, the K/V for the others. */
@@ -565,14 +579,8 @@ static void expect_read_as(Tier *t, KvPool *p, const uint32_t *ids, const int32_
  * and A still reads its run whole. */
 static void test_redis_hidden_layers(void **state) {
     RFix *f = *state;
-    if (!redis_srv_available()) {
-        skip();
-        return;
-    }
-    redis_srv_start(&f->srv, NULL);
+    if (!hfix_open(f, 70, 40)) return;
     KvPool *p = &f->p;
-    assert_int_equal(kvpool_init(p, 70, 16, 4, 32, MN_TYPE_F16), MN_OK);
-    assert_int_equal(kvpool_init_hidden(p, 40), MN_OK);
     assert_int_equal(p->n_hidden_layers, 64);
     assert_int_equal(p->block_bytes, 256);
     assert_int_equal(p->hidden_bytes, 160);
@@ -637,6 +645,78 @@ static void test_redis_hidden_layers(void **state) {
     tier_free(c);
 }
 
+/* Rewrite the value of key through edit (at offset, 8 bytes little-endian
+ * or 4 when is_u32) and stamp its checksum again, as a bug or a hostile
+ * writer could: intact to every check but the fields'. */
+static void value_restamp(const RedisSrv *srv, const char *key, size_t offset, uint64_t v, bool is_u32) {
+    redisReply *rep = redis_srv_cmd(srv, "GET %s", key);
+    assert_int_equal(rep->type, REDIS_REPLY_STRING);
+    size_t len = rep->len;
+    uint8_t *b = malloc(len);
+    assert_non_null(b);
+    memcpy(b, rep->str, len);
+    freeReplyObject(rep);
+    for (int i = 0; i < (is_u32 ? 4 : 8); i++) b[offset + (size_t)i] = (uint8_t)(v >> (8 * i));
+    uint64_t sum = XXH3_64bits_withSeed(b, len - 8, 0);
+    for (int i = 0; i < 8; i++) b[len - 8 + (size_t)i] = (uint8_t)(sum >> (8 * i));
+    freeReplyObject(redis_srv_cmd(srv, "SET %s %b", key, b, len));
+    free(b);
+}
+
+/* Stored runs with hidden layers whose checksums hold but whose fields do
+ * not fit are never used, and not deleted (intact: not damage). Hidden
+ * rows of a K/V block's size (256 bytes), so that only the fields tell
+ * them apart: A puts blocks 100..102 with layers 0 and 2 as hidden rows.
+ * Pointers re-stamped with a mask that also names layer 10 (the model has
+ * 4) are not adopted by B. With the pointers right again, layer 0's value
+ * re-stamped as K/V (representation 0): B adopts the run (the values
+ * exist) but its read refuses the layer (MN_ECHECKSUM) rather than take
+ * it for hidden rows; the value stays. */
+static void test_redis_hidden_forged(void **state) {
+    RFix *f = *state;
+    if (!hfix_open(f, 4, 64)) return;
+    KvPool *p = &f->p;
+    assert_int_equal(p->hidden_bytes, p->block_bytes);
+    uint32_t ids[3] = {100, 101, 102};
+    int32_t src[3] = {0, 1, 2}, dst[3] = {10, 11, 12};
+    Hash128 hs[3];
+    for (int i = 0; i < 3; i++) {
+        hs[i] = h_of(ids[i]);
+        fill_slot(p, src[i], ids[i]);
+        fill_hidden(p, src[i], ids[i]);
+    }
+    f->a = redis_tier_hidden(p, f->srv.url, p->hidden_bytes, FP_BYTE, 0, 0);
+    TierRunInfo info = {.hidden = 0x5};
+    assert_int_equal(tier_put_run(f->a, hs, 3, p, src, &info), MN_OK);
+    assert_int_equal(redis_srv_int(&f->srv, "DBSIZE"), 4 + 3);
+    /* pointers naming a layer the model does not have */
+    redisReply *ptrs = redis_srv_keys(&f->srv, "mnemo:blk1:*");
+    assert_int_equal(ptrs->elements, 3);
+    for (size_t k = 0; k < ptrs->elements; k++) value_restamp(&f->srv, ptrs->element[k]->str, 56, 0x5 | 1ull << 10, false);
+    f->b = redis_tier_hidden(p, f->srv.url, p->hidden_bytes, FP_BYTE, 0, 0);
+    assert_int_equal(probe_ids(f->b, ids, 3), 0);
+    assert_false(tier_has(f->b, &hs[0]));
+    for (size_t k = 0; k < ptrs->elements; k++) value_restamp(&f->srv, ptrs->element[k]->str, 56, 0x5, false);
+    freeReplyObject(ptrs);
+    assert_int_equal(redis_srv_int(&f->srv, "DBSIZE"), 4 + 3);
+    /* a hidden layer's value claiming K/V */
+    redisReply *l0 = redis_srv_keys(&f->srv, "mnemo:kv1:*:0");
+    assert_int_equal(l0->elements, 1);
+    value_restamp(&f->srv, l0->element[0]->str, 36, 0, true);
+    assert_int_equal(probe_ids(f->b, ids, 3), 1);
+    assert_int_equal(tier_block_hidden(f->b, &hs[0]), 0x5);
+    scramble_pool(p, 5);
+    assert_int_equal(tier_read_layers(f->b, hs, 3, p, dst, NULL, NULL), MN_ECHECKSUM);
+    assert_false(tier_has(f->b, &hs[0]));
+    TierStats s;
+    tier_stats(f->b, &s);
+    assert_int_equal(s.n_checksum_failures, 1);
+    assert_false(s.is_failed);
+    assert_int_equal(redis_srv_int(&f->srv, "EXISTS %s", l0->element[0]->str), 1);
+    freeReplyObject(l0);
+    tier_check(f->b);
+}
+
 int main(void) {
     test_apply_filter();
     signal(SIGPIPE, SIG_IGN); /* as mnemo serve: a write to a killed server is an error, not a signal */
@@ -646,6 +726,7 @@ int main(void) {
         RT(test_redis_missing),       RT(test_redis_damaged),              RT(test_redis_other_model),
         RT(test_redis_full),          RT(test_redis_down_and_back),        RT(test_redis_killed_mid_read),
         RT(test_redis_urls_and_auth), RT(test_redis_shared_replies),       RT(test_redis_hidden_layers),
+        RT(test_redis_hidden_forged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
