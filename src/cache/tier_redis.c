@@ -106,8 +106,9 @@
  * K/V or the reverse), and its block hashes begin with the hashes this
  * instance knows the run by. A pointer is used
  * only when its length, magic, version and checksum hold, H is its key's
- * hash and i < n. Anything else is damage (or another format), never used:
- * a damaged value is deleted. With --redis-ttl S every key is written with
+ * hash and i < n. Anything else is never used; a value is deleted only
+ * when damaged (its magic or checksum fails), not when intact but not
+ * the one expected (another format, run or plan). With --redis-ttl S every key is written with
  * EX S, and each use of a run (a restore, a turn's end) renews its keys.
  * A put writes the layer values before the pointers, on one connection, so
  * a pointer never names a run whose values were not written first.
@@ -326,15 +327,18 @@ static uint64_t value_build(RedisTier *r, const TierRun *run, const RedisRun *rr
 }
 
 /* Why a layer value is not the one expected; NULL when it is. The view's
- * hashes (the core run's, its first blocks) must begin its list. */
+ * hashes (the core run's, its first blocks) must begin its list. Damage
+ * is what fails the magic or the checksum; an intact value of another
+ * length is another run's or another plan's (a pointer that names the
+ * run with another mask leads here), kept for whoever it belongs to. */
 static const char *value_check(const RedisTier *r, const TierRun *run, const RedisRun *rr, int layer,
                                const uint8_t *v, size_t len, bool *is_damaged) {
     *is_damaged = true;
     int n = rr->n_stored;
-    if (len != value_len(r, n, rr->hidden, layer)) return "wrong length";
-    if (memcmp(v, "MNEMOKVL", 8) != 0) return "bad magic";
+    if (len < value_frame_len(0) || memcmp(v, "MNEMOKVL", 8) != 0) return "too short or bad magic";
     if (get_u64(v + len - 8) != XXH3_64bits(v, len - 8)) return "checksum mismatch";
     *is_damaged = false; /* intact: another format or another run's, not damage */
+    if (len != value_len(r, n, rr->hidden, layer)) return "another length";
     if (get_u32(v + 8) != run_version(rr->hidden)) return "another format version";
     if (get_u32(v + 12) != (uint32_t)n || get_u32(v + 16) != (uint32_t)layer) return "another run or layer";
     if (get_u32(v + 36) != (kvpool_layer_in(rr->hidden, layer) ? 1u : 0u))
