@@ -2,10 +2,22 @@
  * static functions): a head is judged only once it is whole, whatever
  * pieces it came in; each malformed head gets its status; a head that
  * fills everything the gate looks at is 414 or 431. The gate's sockets are
- * exercised end to end in test_server. */
+ * exercised end to end in test_server; here only the gate thread's turn
+ * across the end of an accept rest, on a clock the test sets. */
 #include "test_util.h"
 
+#include <stdatomic.h>
+
+/* The clock gate.c reads (mn_now, renamed as it is included): the
+ * test_clock_first value once, then test_clock_later ever after. */
+static double test_clock_first, test_clock_later;
+static atomic_int test_clock_reads;
+static double test_clock_now(void) {
+    return atomic_fetch_add(&test_clock_reads, 1) == 0 ? test_clock_first : test_clock_later;
+}
+#define mn_now test_clock_now
 #include "server/gate.c"
+#undef mn_now
 
 /* A head, judged on every prefix: a good one is HEAD_MORE until it is
  * whole; a bad one is HEAD_MORE until its fault has arrived (a bad request
@@ -83,12 +95,58 @@ static void test_too_large(void **state) {
     assert_int_equal(hc.status, 431);
 }
 
+/* ---- the gate thread across an accept rest ------------------------------------------ */
+
+static void count_hand_over(void *ctx, int fd, const struct sockaddr_in *addr) {
+    atomic_fetch_add((atomic_int *)ctx, 1);
+    close(fd);
+}
+
+static void ignore_rejected(void *ctx, const char *method, const char *path, int status, const char *msg) {}
+
+/* Accepting rests (out of descriptors) until a time the gate thread's first
+ * clock reading falls just before and every later one after: the turn that
+ * leaves the listening socket out of its poll must also wake when the rest
+ * ends. It read the clock a second time for the poll's timeout, found the
+ * rest over and nothing pending, and waited with no timeout: a connection
+ * was never accepted (the hang guard failed). */
+static void test_accept_rest_ends(void **state) {
+    atomic_int n_handed = 0;
+    Gate *g = mn_calloc(1, sizeof *g);
+    assert_non_null(g);
+    g->cb = (GateCallbacks){.hand_over_fn = count_hand_over, .rejected_fn = ignore_rejected, .ctx = &n_handed};
+    g->head_wait_s = GATE_HEAD_WAIT_S;
+    g->accept_paused_until = 100.0;
+    test_clock_first = 100.0 - 0.002; /* a short real wait: the poll's timeout is real */
+    test_clock_later = 101.0;
+    atomic_store(&test_clock_reads, 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof addr;
+    g->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    assert_true(g->listen_fd >= 0);
+    assert_int_equal(bind(g->listen_fd, (struct sockaddr *)&addr, sizeof addr), 0);
+    assert_int_equal(listen(g->listen_fd, 8), 0);
+    assert_int_equal(getsockname(g->listen_fd, (struct sockaddr *)&addr, &len), 0);
+    g->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    assert_true(g->wake_fd >= 0);
+    assert_int_equal(pthread_create(&g->thread, NULL, gate_main, g), 0);
+    g->has_thread = true;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+    const char head[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    assert_int_equal(send(fd, head, sizeof head - 1, 0), (ssize_t)(sizeof head - 1));
+    TEST_WAIT_UNTIL(atomic_load(&n_handed) == 1, "the connection was not accepted once the rest ended");
+    close(fd);
+    gate_free(g);
+}
+
 int main(void) {
     test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_good_heads),
         cmocka_unit_test(test_bad_heads),
         cmocka_unit_test(test_too_large),
+        cmocka_unit_test(test_accept_rest_ends),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

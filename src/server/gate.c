@@ -362,16 +362,20 @@ static void *gate_main(void *arg) {
             close(g->listen_fd);
             g->listen_fd = -1;
         }
+        /* one reading of the clock for the poll set and its timeout: read
+         * twice, the rest could end between the two — the listening socket
+         * left out and, nothing else pending, a poll with no timeout */
+        double now = mn_now();
         int n = 0, listen_at = -1;
         pfd[n++] = (struct pollfd){.fd = g->wake_fd, .events = POLLIN};
-        if (g->listen_fd >= 0 && mn_now() >= g->accept_paused_until) {
+        if (g->listen_fd >= 0 && now >= g->accept_paused_until) {
             listen_at = n;
             pfd[n++] = (struct pollfd){.fd = g->listen_fd, .events = POLLIN};
         }
         int first_pending = n;
         for (int i = 0; i < g->n_pending; i++)
             pfd[n++] = (struct pollfd){.fd = g->pending[i].fd, .events = POLLIN | POLLRDHUP};
-        if (poll(pfd, (nfds_t)n, poll_timeout_ms(g, mn_now())) < 0) {
+        if (poll(pfd, (nfds_t)n, poll_timeout_ms(g, now)) < 0) {
             if (errno != EINTR) LOG_WARN("gate: poll: %s", strerror(errno));
             continue;
         }
@@ -381,7 +385,7 @@ static void *gate_main(void *arg) {
             }
         }
         /* backwards, so removing i (the last one moves into i) skips nothing unseen */
-        double now = mn_now();
+        now = mn_now();
         for (int i = g->n_pending - 1; i >= 0; i--) {
             if (pfd[first_pending + i].revents) pending_check(g, i, pfd[first_pending + i].revents);
             else if (now - g->pending[i].since >= g->head_wait_s) hand_over(g, i);
