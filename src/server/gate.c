@@ -49,7 +49,7 @@
 /* How long a head may take to arrive before the gate hands it over unchecked. */
 #define GATE_HEAD_WAIT_S 10.0
 /* How long the listening socket is left out of the poll once the process
- * is out of descriptors (it stays readable: polled, it would spin). */
+ * is out of descriptors or memory (it stays readable: polled, it would spin). */
 #define GATE_FD_PAUSE_S 0.1
 /* How long writing an answer may wait for the peer to take bytes. */
 #define GATE_WRITE_WAIT_MS 5000
@@ -68,8 +68,8 @@ struct Gate {
     int wake_fd;           /* eventfd: quiesce or stop */
     int port;
     double head_wait_s;    /* GATE_HEAD_WAIT_S, or the server's idle timeout when shorter */
-    double accept_paused_until; /* mn_now() until which accepting waits (out of descriptors) */
-    bool is_fd_short;      /* the last accept failed for want of a descriptor (said once) */
+    double accept_paused_until; /* mn_now() until which accepting waits (out of descriptors or memory) */
+    bool is_fd_short;      /* the last accept failed for want of a descriptor or memory (said once) */
     atomic_bool is_quiesced, is_stopping;
     pthread_t thread;
     bool has_thread;
@@ -322,9 +322,11 @@ static void accept_one(Gate *g) {
     socklen_t len = sizeof p.addr;
     p.fd = accept4(g->listen_fd, (struct sockaddr *)&p.addr, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (p.fd < 0) {
-        if (errno == EMFILE || errno == ENFILE) { /* the connection waits in the backlog */
+        /* out of descriptors or of kernel memory: the connection waits in
+         * the backlog (the kernel fails before taking it off the queue) */
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
             if (!g->is_fd_short)
-                LOG_WARN("accept: %s: new connections wait until descriptors are free", strerror(errno));
+                LOG_WARN("accept: %s: new connections wait in the listen backlog", strerror(errno));
             g->is_fd_short = true;
             g->accept_paused_until = mn_now() + GATE_FD_PAUSE_S;
         } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
