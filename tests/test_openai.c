@@ -429,7 +429,7 @@ static const BadCase BAD_CASES[] = {
     {CHAT, "not json", "invalid JSON"},
     {CHAT, "{\"messages\":[", "invalid JSON"},
     {CHAT, "{" MSGS "} trailing", "invalid JSON"},
-    {CHAT, "{\"a\":\"\\u0000\"}", "invalid JSON"},
+    {CHAT, "{\"a\":\"\\u0000\"}", "a string holds \\u0000 (NUL), which is not supported (line 1"},
     {CHAT, "[1,2]", "request body"},
     {CHAT, "\"text\"", "request body"},
     {TOK, "null", "request body"},

@@ -49,7 +49,7 @@
 /* How long a head may take to arrive before the gate hands it over unchecked. */
 #define GATE_HEAD_WAIT_S 10.0
 /* How long the listening socket is left out of the poll once the process
- * is out of descriptors (it stays readable: polled, it would spin). */
+ * is out of descriptors or memory (it stays readable: polled, it would spin). */
 #define GATE_FD_PAUSE_S 0.1
 /* How long writing an answer may wait for the peer to take bytes. */
 #define GATE_WRITE_WAIT_MS 5000
@@ -68,8 +68,8 @@ struct Gate {
     int wake_fd;           /* eventfd: quiesce or stop */
     int port;
     double head_wait_s;    /* GATE_HEAD_WAIT_S, or the server's idle timeout when shorter */
-    double accept_paused_until; /* mn_now() until which accepting waits (out of descriptors) */
-    bool is_fd_short;      /* the last accept failed for want of a descriptor (said once) */
+    double accept_paused_until; /* mn_now() until which accepting waits (out of descriptors or memory) */
+    bool is_fd_short;      /* the last accept failed for want of a descriptor or memory (said once) */
     atomic_bool is_quiesced, is_stopping;
     pthread_t thread;
     bool has_thread;
@@ -322,9 +322,11 @@ static void accept_one(Gate *g) {
     socklen_t len = sizeof p.addr;
     p.fd = accept4(g->listen_fd, (struct sockaddr *)&p.addr, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (p.fd < 0) {
-        if (errno == EMFILE || errno == ENFILE) { /* the connection waits in the backlog */
+        /* out of descriptors or of kernel memory: the connection waits in
+         * the backlog (the kernel fails before taking it off the queue) */
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
             if (!g->is_fd_short)
-                LOG_WARN("accept: %s: new connections wait until descriptors are free", strerror(errno));
+                LOG_WARN("accept: %s: new connections wait in the listen backlog", strerror(errno));
             g->is_fd_short = true;
             g->accept_paused_until = mn_now() + GATE_FD_PAUSE_S;
         } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
@@ -362,16 +364,20 @@ static void *gate_main(void *arg) {
             close(g->listen_fd);
             g->listen_fd = -1;
         }
+        /* one reading of the clock for the poll set and its timeout: read
+         * twice, the rest could end between the two — the listening socket
+         * left out and, nothing else pending, a poll with no timeout */
+        double now = mn_now();
         int n = 0, listen_at = -1;
         pfd[n++] = (struct pollfd){.fd = g->wake_fd, .events = POLLIN};
-        if (g->listen_fd >= 0 && mn_now() >= g->accept_paused_until) {
+        if (g->listen_fd >= 0 && now >= g->accept_paused_until) {
             listen_at = n;
             pfd[n++] = (struct pollfd){.fd = g->listen_fd, .events = POLLIN};
         }
         int first_pending = n;
         for (int i = 0; i < g->n_pending; i++)
             pfd[n++] = (struct pollfd){.fd = g->pending[i].fd, .events = POLLIN | POLLRDHUP};
-        if (poll(pfd, (nfds_t)n, poll_timeout_ms(g, mn_now())) < 0) {
+        if (poll(pfd, (nfds_t)n, poll_timeout_ms(g, now)) < 0) {
             if (errno != EINTR) LOG_WARN("gate: poll: %s", strerror(errno));
             continue;
         }
@@ -381,7 +387,7 @@ static void *gate_main(void *arg) {
             }
         }
         /* backwards, so removing i (the last one moves into i) skips nothing unseen */
-        double now = mn_now();
+        now = mn_now();
         for (int i = g->n_pending - 1; i >= 0; i--) {
             if (pfd[first_pending + i].revents) pending_check(g, i, pfd[first_pending + i].revents);
             else if (now - g->pending[i].since >= g->head_wait_s) hand_over(g, i);

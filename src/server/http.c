@@ -150,13 +150,13 @@ int http_front_new(const HttpFrontConfig *cfg, HttpFront **out, MnErr *err) {
      * a handler blocked on the engine is not timed (the answer it queues
      * restarts the count) and a stream sends a ping at least every second */
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_TIMEOUT, (intptr_t)(l->idle_timeout_s + 0.5), NULL};
-    /* a limit the library cannot reach (see the top of this file): besides
-     * front_hand_over's count (at most max_connections, itself at most
-     * HTTP_MAX_CONNECTIONS, plus those closed but not yet cleaned up),
-     * every connection the library counts holds an open descriptor below
-     * FD_SETSIZE (it refuses higher ones and closes a connection's socket
-     * only as it uncounts it) and the one being added holds another, so
-     * fewer than FD_SETSIZE are counted whenever it checks */
+    /* a limit the library cannot reach (see the top of this file): it
+     * counts only connections front_hand_over counted (at most
+     * max_connections, itself at most HTTP_MAX_CONNECTIONS, below
+     * FD_SETSIZE) plus, while its daemon thread cleans up, the one it has
+     * reported closed (our place given back) and not yet uncounted; its
+     * firm check runs on that same thread, after the clean-up */
+    _Static_assert(HTTP_MAX_CONNECTIONS + 1 < FD_SETSIZE, "the library's own limit must stay out of reach");
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_LIMIT, FD_SETSIZE, NULL};
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_PER_IP_CONNECTION_LIMIT, l->max_per_ip, NULL};
     if (cfg->completed_fn)

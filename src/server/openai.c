@@ -142,6 +142,12 @@ static int load_object(const char *body, size_t len, json_t **out, MnErr *err) {
      * lexer it reports as syntax errors, which then read as a 400. */
     if (root == NULL && (json_error_code(&jerr) == json_error_out_of_memory || jerr.text[0] == '\0'))
         return mn_err_set(err, MN_ENOMEM, "out of memory");
+    /* "\u0000" is valid JSON, but the strings go on as C strings (cut at
+     * the NUL): refused, in the client's words rather than jansson's
+     * ("... not allowed without JSON_ALLOW_NUL") */
+    if (root == NULL && json_error_code(&jerr) == json_error_null_character)
+        return mn_err_set(err, MN_EINVAL, "a string holds \\u0000 (NUL), which is not supported (line %d, column %d)",
+                          jerr.line, jerr.column);
     if (root == NULL)
         return mn_err_set(err, MN_EINVAL, "invalid JSON at line %d, column %d: %s", jerr.line,
                           jerr.column, jerr.text);
