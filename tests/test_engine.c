@@ -754,6 +754,16 @@ static int threads_at_nice(int nice) {
     return n;
 }
 
+/* engine_new refuses options o (out of range): MN_EINVAL, no engine, and
+ * a message that says so. */
+static void expect_options_refused(const Model *m, const EngineOptions *o) {
+    Engine *e;
+    MnErr err = {0};
+    assert_int_equal(engine_new(m, o, &e, &err), MN_EINVAL);
+    assert_null(e);
+    assert_non_null(strstr(err.msg, "out of range"));
+}
+
 /* The compute threads (the engine thread and the pool's workers) run
  * compute_nice levels below the rest; with 0 every thread keeps its
  * priority; out of range is refused. The answer does not change. */
@@ -797,10 +807,7 @@ static void test_compute_nice(void **s) {
         EngineOptions o;
         engine_options_default(&o);
         o.compute_nice = bad[i];
-        Engine *e;
-        MnErr err = {0};
-        assert_int_equal(engine_new(m, &o, &e, &err), MN_EINVAL);
-        assert_null(e);
+        expect_options_refused(m, &o);
     }
     model_free(m);
 }
@@ -2507,11 +2514,7 @@ static void test_block_tokens_out_of_range(void **s) {
         EngineOptions o;
         engine_options_default(&o);
         o.block_tokens = bad[i];
-        Engine *e;
-        MnErr err = {0};
-        assert_int_equal(engine_new(m, &o, &e, &err), MN_EINVAL);
-        assert_null(e);
-        assert_non_null(strstr(err.msg, "out of range"));
+        expect_options_refused(m, &o);
     }
     model_free(m);
 }
@@ -2527,11 +2530,7 @@ static void test_restore_plan_out_of_range(void **s) {
         engine_options_default(&o);
         o.restore_plan = (RestorePlan)bad[i % 2];
         if (i / 2) o.ram_tier_mb = 4;
-        Engine *e;
-        MnErr err = {0};
-        assert_int_equal(engine_new(m, &o, &e, &err), MN_EINVAL);
-        assert_null(e);
-        assert_non_null(strstr(err.msg, "out of range"));
+        expect_options_refused(m, &o);
     }
     model_free(m);
 }
