@@ -2143,51 +2143,6 @@ static void expect_cut_keeps_nothing(bool is_move_pending) {
 static void test_partial_tail_move_pending(void **s) { expect_cut_keeps_nothing(true); }
 static void test_partial_tail_lead_unfinished(void **s) { expect_cut_keeps_nothing(false); }
 
-/* The mixed restore, planned by the engine: a conversation's leading
- * blocks are in no tier, its middle only on disk, its tail in the pool. It
- * is recomputed / loaded / used in one pass, with first logits
- * bit-identical to a full recompute. Set-up: turn 1 (33 tokens) saves
- * blocks 0..3 as the disk's first run, turn 2 (65 tokens) saves 4..7; two
- * other requests push blocks 0..5 and the partial last blocks of both
- * turns out of the pool (lru); the first run's
- * layer 0 is then damaged, so the first restore fails its checksum and
- * the disk drops blocks 0..3 only. */
-static void test_restore_mixed(void **s) {
-    Model *m = load("stories260K");
-    if (!m) return;
-    char *dir = test_tmpdir_new("tier");
-    Engine *e = tier_engine(m, 16, 0, dir, EVICT_LRU);
-    const int nv = m->cfg.n_vocab;
-    int32_t a[80], b[80], c[80];
-    make_prompt(a, 65, nv, 51, 1);
-    make_prompt(b, 65, nv, 52, 1);
-    make_prompt(c, 33, nv, 53, 1);
-    ReqResult res;
-    free(run_one(e, a, 33, 4, NULL, &res)); /* blocks 0..3, and a[32] + 4 replied in block 4 */
-    settle(e);
-    free(run_one(e, a, 65, 4, NULL, &res)); /* 4..7 (a[32]'s row is turn 1's) */
-    assert_int_equal(res.n_cached, 33);
-    settle(e);
-    free(run_one(e, b, 65, 4, NULL, &res)); /* 9 blocks: turn 1's block 4, a's 0 and 1 go */
-    settle(e);
-    free(run_one(e, c, 33, 4, NULL, &res)); /* 5 blocks: a's 2, 3, turn 2's block 8, 4, 5 go */
-    settle(e);
-    assert_true(test_corrupt_slabs(dir, 1) > 0);
-    Recomputed want = recompute(m, a, 65, 4);
-    expect_recomputed(e, &want, a, 65, &res);
-    assert_int_equal(res.n_cached_by[SRC_DISK], 16); /* blocks 4, 5 */
-    assert_int_equal(res.n_cached_by[SRC_POOL], 16); /* 6, 7 */
-    assert_int_equal(res.n_cached, 32);              /* 0..3 recomputed */
-    EngineStats st;
-    engine_stats(e, &st);
-    assert_int_equal(st.restore_failures, 1);
-    assert_int_equal(st.tiers[0].tier.n_checksum_failures, 1);
-    recomputed_free(&want);
-    engine_free(e);
-    test_tmpdir_free(dir);
-    model_free(m);
-}
-
 /* ---- hidden-state restore (restore path 3) ---------------------------------------- */
 
 /* A tier engine (tier_engine's) that saves the layers `layers` as hidden
@@ -2350,85 +2305,88 @@ static void test_hidden_ram_disk_q8_0(void **s) {
 }
 static void test_hidden_corrupt_disk(void **s) { check_hidden_restore("qwen3-q4_k_m", MN_TYPE_F16, 0, true, 0, true); }
 
-/* The history of the mixed-restore tests, on stories260K with 8-token
- * blocks and a 16-block pool over a disk tier: conversation a (65 tokens,
- * written to a) in two turns, then two others, so that a's blocks 0..3
- * (run 1) and 4, 5 (run 2) are on disk only and 6, 7 still in the pool. */
-static void mixed_history(Engine *e, const Model *m, int32_t a[80]) {
+/* The mixed restore, planned by the engine: a conversation's leading
+ * blocks are in no tier, its middle only on disk, its tail in the pool,
+ * and it is recomputed / loaded / used in one pass. On stories260K with
+ * 8-token blocks and a 16-block lru pool over a disk tier (the restore
+ * plan `plan` saving the layers `layers` as hidden states): turn 1 of
+ * conversation a (33 tokens) saves blocks 0..3 as the disk's first run,
+ * turn 2 (65 tokens) saves 4..7; two other requests push blocks 0..5 and
+ * the partial last blocks of both turns out of the pool. Then
+ * test_corrupt_slabs(dir, corrupt_pages) damages the disk's runs (1: the
+ * first run's layer 0, so the first restore fails its checksum and the
+ * disk drops blocks 0..3 only; 0: every run) and a is asked again: its
+ * first logits are bit-identical to a full recompute. *res: its result;
+ * *st: the engine's settled counters. False: skipped (no model). */
+static bool run_mixed(RestorePlan plan, uint64_t layers, long corrupt_pages, ReqResult *res, EngineStats *st) {
+    Model *m = load("stories260K");
+    if (!m) return false;
+    char *dir = test_tmpdir_new("tier");
+    Engine *e = hidden_engine(m, 16, 0, dir, EVICT_LRU, MN_TYPE_F16, plan, layers);
     const int nv = m->cfg.n_vocab;
-    int32_t b[80], c[80];
+    int32_t a[80], b[80], c[80];
     make_prompt(a, 65, nv, 51, 1);
     make_prompt(b, 65, nv, 52, 1);
     make_prompt(c, 33, nv, 53, 1);
-    ReqResult res;
-    free(run_one(e, a, 33, 4, NULL, &res)); /* blocks 0..3, and a[32] + 4 replied in block 4 */
+    free(run_one(e, a, 33, 4, NULL, res)); /* blocks 0..3, and a[32] + 4 replied in block 4 */
     settle(e);
-    free(run_one(e, a, 65, 4, NULL, &res)); /* 4..7 (a[32]'s row and its hidden rows are turn 1's) */
+    free(run_one(e, a, 65, 4, NULL, res)); /* 4..7 (a[32]'s row and its hidden rows are turn 1's) */
+    assert_int_equal(res->n_cached, 33);
     settle(e);
-    free(run_one(e, b, 65, 4, NULL, &res));
+    free(run_one(e, b, 65, 4, NULL, res)); /* 9 blocks: turn 1's block 4, a's 0 and 1 go */
     settle(e);
-    free(run_one(e, c, 33, 4, NULL, &res)); /* a's 0..5 leave the pool */
+    free(run_one(e, c, 33, 4, NULL, res)); /* 5 blocks: a's 2, 3, turn 2's block 8, 4, 5 go */
     settle(e);
-}
-
-/* test_restore_mixed with layers 1 and 3 of stories260K's 5 stored as
- * hidden states: leading blocks recomputed (their run damaged), the middle
- * loaded from disk (KV layers loaded, hidden ones projected), the tail in
- * the pool, in one pass; first logits bit-identical to a full recompute. */
-static void test_hidden_mixed(void **s) {
-    Model *m = load("stories260K");
-    if (!m) return;
-    char *dir = test_tmpdir_new("tier");
-    Engine *e = hidden_engine(m, 16, 0, dir, EVICT_LRU, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, 0xa);
-    int32_t a[80];
-    mixed_history(e, m, a);
-    ReqResult res;
-    assert_true(test_corrupt_slabs(dir, 1) > 0); /* the first run's layer 0 */
+    assert_true(test_corrupt_slabs(dir, corrupt_pages) > 0);
     Recomputed want = recompute(m, a, 65, 4);
-    expect_recomputed(e, &want, a, 65, &res);
-    assert_int_equal(res.n_cached_by[SRC_DISK], 16); /* blocks 4, 5 */
-    assert_int_equal(res.n_cached_by[SRC_POOL], 16); /* 6, 7 */
-    assert_int_equal(res.n_cached, 32);              /* 0..3 recomputed */
-    EngineStats st;
-    settled_stats(e, &st);
-    assert_int_equal(st.restore_failures, 1);
-    assert_int_equal(st.restored_hidden_tokens, 16);
-    assert_int_equal(st.restored_recompute_tokens, 32);
-    expect_restored_by(&res, 0, 16, 32);
+    expect_recomputed(e, &want, a, 65, res);
+    settled_stats(e, st);
     recomputed_free(&want);
     engine_free(e);
     test_tmpdir_free(dir);
     model_free(m);
+    return true;
 }
+
+/* run_mixed with the first run's layer 0 damaged: blocks 0..3 recomputed,
+ * 4 and 5 from disk (n_hidden of their tokens by projection, the rest as
+ * K/V), 6 and 7 from the pool, in one pass; one restore failure, by
+ * checksum. */
+static void check_mixed(RestorePlan plan, uint64_t layers, int n_hidden) {
+    ReqResult res;
+    EngineStats st;
+    if (!run_mixed(plan, layers, 1, &res, &st)) return;
+    assert_int_equal(res.n_cached_by[SRC_DISK], 16); /* blocks 4, 5 */
+    assert_int_equal(res.n_cached_by[SRC_POOL], 16); /* 6, 7 */
+    assert_int_equal(res.n_cached, 32);              /* 0..3 recomputed */
+    assert_int_equal(st.restore_failures, 1);
+    assert_int_equal(st.tiers[0].tier.n_checksum_failures, 1);
+    assert_int_equal(st.restored_hidden_tokens, n_hidden);
+    assert_int_equal(st.restored_kv_tokens, 16 - n_hidden);
+    assert_int_equal(st.restored_recompute_tokens, 32);
+    expect_restored_by(&res, 16 - n_hidden, n_hidden, 32);
+}
+
+static void test_restore_mixed(void **s) { check_mixed(RESTORE_PLAN_KV, 0, 0); }
+/* Layers 1 and 3 of stories260K's 5 stored as hidden states: the middle
+ * blocks' KV layers loaded, their hidden ones projected. */
+static void test_hidden_mixed(void **s) { check_mixed(RESTORE_PLAN_HIDDEN, 0xa, 16); }
 
 /* test_hidden_mixed with every run on disk damaged: the restore fails,
  * the request is planned again with fewer cached blocks, and again, until
  * only its pool blocks (6, 7) are left. The leading blocks recomputed are
  * counted once, by the admission that ran: restored_recompute_tokens is
  * the request's restored_by.recompute (48), not the sum over the failed
- * admissions. First logits bit-identical to a full recompute. */
+ * admissions. */
 static void test_restore_recompute_counted_once(void **s) {
-    Model *m = load("stories260K");
-    if (!m) return;
-    char *dir = test_tmpdir_new("tier");
-    Engine *e = hidden_engine(m, 16, 0, dir, EVICT_LRU, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, 0xa);
-    int32_t a[80];
-    mixed_history(e, m, a);
     ReqResult res;
-    assert_true(test_corrupt_slabs(dir, 0) > 0);
-    Recomputed want = recompute(m, a, 65, 4);
-    expect_recomputed(e, &want, a, 65, &res);
+    EngineStats st;
+    if (!run_mixed(RESTORE_PLAN_HIDDEN, 0xa, 0, &res, &st)) return;
     assert_int_equal(res.n_cached_by[SRC_POOL], 16);
     assert_int_equal(res.n_cached, 16);
-    EngineStats st;
-    settled_stats(e, &st);
     assert_true(st.restore_failures >= 1);
     expect_restored_by(&res, 0, 0, 48);
     assert_int_equal(st.restored_recompute_tokens, 48);
-    recomputed_free(&want);
-    engine_free(e);
-    test_tmpdir_free(dir);
-    model_free(m);
 }
 
 /* The auto plan's clocks: every reading for a projection is proj_step_s
