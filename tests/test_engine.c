@@ -2554,11 +2554,15 @@ static bool fail_layer_once(void *ctx, int layer) {
     return true;
 }
 
-/* A projection that fails (a fault injected at the last layer, where no
- * later layer's wait would catch it) fails its load: the pass that waited
- * for that layer waits for the load's end and drops its work instead of
- * reading K/V never projected, the request is restored again, and its
- * answer is a full recompute's, bit for bit. */
+/* A projection that fails fails its load: the pass that waited for that
+ * layer waits for the load's end and drops its work instead of reading
+ * K/V never projected, the request is restored again, and its answer is
+ * a full recompute's, bit for bit. The fault is injected at each layer in
+ * turn, by a fresh engine each time: layer 0's leaves the load with no
+ * layer done, the last layer's has no later layer whose wait would catch
+ * it. (Without the rule, a pass went wrong only when it took the failed
+ * layer's events before the load's end: each layer is one more chance
+ * to see that.) */
 static void test_hidden_projection_fails(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
@@ -2568,17 +2572,19 @@ static void test_hidden_projection_fails(void **s) {
     make_prompt(a, 65, m->cfg.n_vocab, 67, 1);
     put_on_disk_plan(m, dir, (const int32_t *[]){a}, (int[]){65}, 1, RESTORE_PLAN_HIDDEN, all);
     Recomputed want = recompute(m, a, 65, 4);
-    int at = m->cfg.n_layer - 1;
-    EngineTestHooks hk = {.project_fails_fn = fail_layer_once, .ctx = &at};
-    Engine *e = hidden_engine_hooked(m, 32, 0, dir, EVICT_DEFAULT, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, all, &hk);
-    ReqResult res;
-    expect_recomputed(e, &want, a, 65, &res);
-    assert_int_equal(at, -1); /* the fault happened */
-    EngineStats st;
-    settled_stats(e, &st);
-    assert_int_equal(st.restore_failures, 1);
+    for (int layer = 0; layer < m->cfg.n_layer; layer++) {
+        int at = layer;
+        EngineTestHooks hk = {.project_fails_fn = fail_layer_once, .ctx = &at};
+        Engine *e = hidden_engine_hooked(m, 32, 0, dir, EVICT_DEFAULT, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, all, &hk);
+        ReqResult res;
+        expect_recomputed(e, &want, a, 65, &res);
+        if (at != -1) fail_msg("layer %d: the fault did not happen", layer);
+        EngineStats st;
+        settled_stats(e, &st);
+        assert_int_equal(st.restore_failures, 1);
+        engine_free(e);
+    }
     recomputed_free(&want);
-    engine_free(e);
     test_tmpdir_free(dir);
     model_free(m);
 }
