@@ -1323,30 +1323,39 @@ static void test_pace_prefill_only_steps(void **s) {
  * 1), a request that arrives while another runs waits for it in the
  * queue, and that wait is its queue time by the engine's clock (which the
  * test moves on by 100 s while it waits); the one admitted at once has
- * none of it. Neither waited for a restore. */
+ * none of it. A third, cancelled while it still waits, had its wait too.
+ * None waited for a restore. */
 static void test_queue_time_reported(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
     Drive *dr = calloc(1, sizeof *dr);
     Engine *e = pace_engine_n(m, dr, PACE_TARGET_MS, 1);
-    int32_t a[64], b[64];
+    int32_t a[64], b[64], c[64];
     make_prompt(a, 40, m->cfg.n_vocab, 97, 1);
     make_prompt(b, 40, m->cfg.n_vocab, 98, 1);
+    make_prompt(c, 40, m->cfg.n_vocab, 99, 1);
     drive_stepping(dr, true);
     Request *ra = submit_held(e, dr, a, 40, 4);
     Request *rb = submit_one(e, b, 40, 4); /* too long to preempt a */
-    drive_one_step(dr); /* b is in the queue once the engine holds at the next pass */
+    Request *rc = submit_one(e, c, 40, 4); /* behind b */
+    drive_one_step(dr); /* b and c are in the queue once the engine holds at the next pass */
     drive_shift(dr, 100);
+    engine_cancel(e, rc); /* taken after this pass: b, ahead of c, waits for a's last token */
     drive_stepping(dr, false);
     drive_run(dr);
-    ReqResult res_a, res_b;
+    ReqResult res_a, res_b, res_c;
     free(drain(ra, &res_a));
     free(drain(rb, &res_b));
+    free(drain(rc, &res_c));
     if (!(res_a.queue_s < 50 && res_b.queue_s >= 100))
         fail_msg("queue times %.3f s (running at once) and %.3f s (waiting 100 s)", res_a.queue_s, res_b.queue_s);
-    assert_true(res_a.restore_s == 0 && res_b.restore_s == 0);
+    assert_int_equal(res_c.finish, FINISH_CANCELLED);
+    assert_int_equal(res_c.n_generated, 0);
+    if (!(res_c.queue_s >= 100)) fail_msg("queue time %.3f s of a request cancelled after 100 s", res_c.queue_s);
+    assert_true(res_a.restore_s == 0 && res_b.restore_s == 0 && res_c.restore_s == 0);
     request_unref(ra);
     request_unref(rb);
+    request_unref(rc);
     pace_engine_free(e, dr);
     model_free(m);
 }

@@ -924,7 +924,10 @@ static bool active_sample(Engine *e, Active *a, float *logits) {
 /* Tokens running sequence a has yet to compute (1: a decode). */
 static int pending_tokens(const Active *a) { return (a->lead_end - a->lead_done) + (a->n_tokens - a->n_done); }
 
+/* Take a off the queue (admitted, cancelled, refused or shut down): its
+ * stay there, before its first token, is part of its queue time. */
 static void waiting_remove(Engine *e, Active *a) {
+    if (a->n_generated == 0) a->queue_s += engine_now(e, ENGINE_CLOCK_QUEUE) - a->t_queued;
     for (Active **pp = &e->waiting; *pp; pp = &(*pp)->next)
         if (*pp == a) {
             *pp = a->next;
@@ -1303,7 +1306,6 @@ static void count_preempt_recompute(Engine *e, Active *a) {
 /* Take a off the queue into the running set (it was admitted). */
 static void start_running(Engine *e, Active *a) {
     waiting_remove(e, a);
-    if (a->n_generated == 0) a->queue_s += engine_now(e, ENGINE_CLOCK_QUEUE) - a->t_queued;
     a->has_run = false;
     a->n_unserved = 0;
     count_preempt_recompute(e, a);
