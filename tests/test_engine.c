@@ -754,6 +754,16 @@ static int threads_at_nice(int nice) {
     return n;
 }
 
+/* engine_new refuses options o (out of range): MN_EINVAL, no engine, and
+ * a message that says so. */
+static void expect_options_refused(const Model *m, const EngineOptions *o) {
+    Engine *e;
+    MnErr err = {0};
+    assert_int_equal(engine_new(m, o, &e, &err), MN_EINVAL);
+    assert_null(e);
+    assert_non_null(strstr(err.msg, "out of range"));
+}
+
 /* The compute threads (the engine thread and the pool's workers) run
  * compute_nice levels below the rest; with 0 every thread keeps its
  * priority; out of range is refused. The answer does not change. */
@@ -797,10 +807,7 @@ static void test_compute_nice(void **s) {
         EngineOptions o;
         engine_options_default(&o);
         o.compute_nice = bad[i];
-        Engine *e;
-        MnErr err = {0};
-        assert_int_equal(engine_new(m, &o, &e, &err), MN_EINVAL);
-        assert_null(e);
+        expect_options_refused(m, &o);
     }
     model_free(m);
 }
@@ -1316,30 +1323,39 @@ static void test_pace_prefill_only_steps(void **s) {
  * 1), a request that arrives while another runs waits for it in the
  * queue, and that wait is its queue time by the engine's clock (which the
  * test moves on by 100 s while it waits); the one admitted at once has
- * none of it. Neither waited for a restore. */
+ * none of it. A third, cancelled while it still waits, had its wait too.
+ * None waited for a restore. */
 static void test_queue_time_reported(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
     Drive *dr = calloc(1, sizeof *dr);
     Engine *e = pace_engine_n(m, dr, PACE_TARGET_MS, 1);
-    int32_t a[64], b[64];
+    int32_t a[64], b[64], c[64];
     make_prompt(a, 40, m->cfg.n_vocab, 97, 1);
     make_prompt(b, 40, m->cfg.n_vocab, 98, 1);
+    make_prompt(c, 40, m->cfg.n_vocab, 99, 1);
     drive_stepping(dr, true);
     Request *ra = submit_held(e, dr, a, 40, 4);
     Request *rb = submit_one(e, b, 40, 4); /* too long to preempt a */
-    drive_one_step(dr); /* b is in the queue once the engine holds at the next pass */
+    Request *rc = submit_one(e, c, 40, 4); /* behind b */
+    drive_one_step(dr); /* b and c are in the queue once the engine holds at the next pass */
     drive_shift(dr, 100);
+    engine_cancel(e, rc); /* taken after this pass: b, ahead of c, waits for a's last token */
     drive_stepping(dr, false);
     drive_run(dr);
-    ReqResult res_a, res_b;
+    ReqResult res_a, res_b, res_c;
     free(drain(ra, &res_a));
     free(drain(rb, &res_b));
+    free(drain(rc, &res_c));
     if (!(res_a.queue_s < 50 && res_b.queue_s >= 100))
         fail_msg("queue times %.3f s (running at once) and %.3f s (waiting 100 s)", res_a.queue_s, res_b.queue_s);
-    assert_true(res_a.restore_s == 0 && res_b.restore_s == 0);
+    assert_int_equal(res_c.finish, FINISH_CANCELLED);
+    assert_int_equal(res_c.n_generated, 0);
+    if (!(res_c.queue_s >= 100)) fail_msg("queue time %.3f s of a request cancelled after 100 s", res_c.queue_s);
+    assert_true(res_a.restore_s == 0 && res_b.restore_s == 0 && res_c.restore_s == 0);
     request_unref(ra);
     request_unref(rb);
+    request_unref(rc);
     pace_engine_free(e, dr);
     model_free(m);
 }
@@ -2136,51 +2152,6 @@ static void expect_cut_keeps_nothing(bool is_move_pending) {
 static void test_partial_tail_move_pending(void **s) { expect_cut_keeps_nothing(true); }
 static void test_partial_tail_lead_unfinished(void **s) { expect_cut_keeps_nothing(false); }
 
-/* The mixed restore, planned by the engine: a conversation's leading
- * blocks are in no tier, its middle only on disk, its tail in the pool. It
- * is recomputed / loaded / used in one pass, with first logits
- * bit-identical to a full recompute. Set-up: turn 1 (33 tokens) saves
- * blocks 0..3 as the disk's first run, turn 2 (65 tokens) saves 4..7; two
- * other requests push blocks 0..5 and the partial last blocks of both
- * turns out of the pool (lru); the first run's
- * layer 0 is then damaged, so the first restore fails its checksum and
- * the disk drops blocks 0..3 only. */
-static void test_restore_mixed(void **s) {
-    Model *m = load("stories260K");
-    if (!m) return;
-    char *dir = test_tmpdir_new("tier");
-    Engine *e = tier_engine(m, 16, 0, dir, EVICT_LRU);
-    const int nv = m->cfg.n_vocab;
-    int32_t a[80], b[80], c[80];
-    make_prompt(a, 65, nv, 51, 1);
-    make_prompt(b, 65, nv, 52, 1);
-    make_prompt(c, 33, nv, 53, 1);
-    ReqResult res;
-    free(run_one(e, a, 33, 4, NULL, &res)); /* blocks 0..3, and a[32] + 4 replied in block 4 */
-    settle(e);
-    free(run_one(e, a, 65, 4, NULL, &res)); /* 4..7 (a[32]'s row is turn 1's) */
-    assert_int_equal(res.n_cached, 33);
-    settle(e);
-    free(run_one(e, b, 65, 4, NULL, &res)); /* 9 blocks: turn 1's block 4, a's 0 and 1 go */
-    settle(e);
-    free(run_one(e, c, 33, 4, NULL, &res)); /* 5 blocks: a's 2, 3, turn 2's block 8, 4, 5 go */
-    settle(e);
-    assert_true(test_corrupt_slabs(dir, 1) > 0);
-    Recomputed want = recompute(m, a, 65, 4);
-    expect_recomputed(e, &want, a, 65, &res);
-    assert_int_equal(res.n_cached_by[SRC_DISK], 16); /* blocks 4, 5 */
-    assert_int_equal(res.n_cached_by[SRC_POOL], 16); /* 6, 7 */
-    assert_int_equal(res.n_cached, 32);              /* 0..3 recomputed */
-    EngineStats st;
-    engine_stats(e, &st);
-    assert_int_equal(st.restore_failures, 1);
-    assert_int_equal(st.tiers[0].tier.n_checksum_failures, 1);
-    recomputed_free(&want);
-    engine_free(e);
-    test_tmpdir_free(dir);
-    model_free(m);
-}
-
 /* ---- hidden-state restore (restore path 3) ---------------------------------------- */
 
 /* A tier engine (tier_engine's) that saves the layers `layers` as hidden
@@ -2343,85 +2314,88 @@ static void test_hidden_ram_disk_q8_0(void **s) {
 }
 static void test_hidden_corrupt_disk(void **s) { check_hidden_restore("qwen3-q4_k_m", MN_TYPE_F16, 0, true, 0, true); }
 
-/* The history of the mixed-restore tests, on stories260K with 8-token
- * blocks and a 16-block pool over a disk tier: conversation a (65 tokens,
- * written to a) in two turns, then two others, so that a's blocks 0..3
- * (run 1) and 4, 5 (run 2) are on disk only and 6, 7 still in the pool. */
-static void mixed_history(Engine *e, const Model *m, int32_t a[80]) {
+/* The mixed restore, planned by the engine: a conversation's leading
+ * blocks are in no tier, its middle only on disk, its tail in the pool,
+ * and it is recomputed / loaded / used in one pass. On stories260K with
+ * 8-token blocks and a 16-block lru pool over a disk tier (the restore
+ * plan `plan` saving the layers `layers` as hidden states): turn 1 of
+ * conversation a (33 tokens) saves blocks 0..3 as the disk's first run,
+ * turn 2 (65 tokens) saves 4..7; two other requests push blocks 0..5 and
+ * the partial last blocks of both turns out of the pool. Then
+ * test_corrupt_slabs(dir, corrupt_pages) damages the disk's runs (1: the
+ * first run's layer 0, so the first restore fails its checksum and the
+ * disk drops blocks 0..3 only; 0: every run) and a is asked again: its
+ * first logits are bit-identical to a full recompute. *res: its result;
+ * *st: the engine's settled counters. False: skipped (no model). */
+static bool run_mixed(RestorePlan plan, uint64_t layers, long corrupt_pages, ReqResult *res, EngineStats *st) {
+    Model *m = load("stories260K");
+    if (!m) return false;
+    char *dir = test_tmpdir_new("tier");
+    Engine *e = hidden_engine(m, 16, 0, dir, EVICT_LRU, MN_TYPE_F16, plan, layers);
     const int nv = m->cfg.n_vocab;
-    int32_t b[80], c[80];
+    int32_t a[80], b[80], c[80];
     make_prompt(a, 65, nv, 51, 1);
     make_prompt(b, 65, nv, 52, 1);
     make_prompt(c, 33, nv, 53, 1);
-    ReqResult res;
-    free(run_one(e, a, 33, 4, NULL, &res)); /* blocks 0..3, and a[32] + 4 replied in block 4 */
+    free(run_one(e, a, 33, 4, NULL, res)); /* blocks 0..3, and a[32] + 4 replied in block 4 */
     settle(e);
-    free(run_one(e, a, 65, 4, NULL, &res)); /* 4..7 (a[32]'s row and its hidden rows are turn 1's) */
+    free(run_one(e, a, 65, 4, NULL, res)); /* 4..7 (a[32]'s row and its hidden rows are turn 1's) */
+    assert_int_equal(res->n_cached, 33);
     settle(e);
-    free(run_one(e, b, 65, 4, NULL, &res));
+    free(run_one(e, b, 65, 4, NULL, res)); /* 9 blocks: turn 1's block 4, a's 0 and 1 go */
     settle(e);
-    free(run_one(e, c, 33, 4, NULL, &res)); /* a's 0..5 leave the pool */
+    free(run_one(e, c, 33, 4, NULL, res)); /* 5 blocks: a's 2, 3, turn 2's block 8, 4, 5 go */
     settle(e);
-}
-
-/* test_restore_mixed with layers 1 and 3 of stories260K's 5 stored as
- * hidden states: leading blocks recomputed (their run damaged), the middle
- * loaded from disk (KV layers loaded, hidden ones projected), the tail in
- * the pool, in one pass; first logits bit-identical to a full recompute. */
-static void test_hidden_mixed(void **s) {
-    Model *m = load("stories260K");
-    if (!m) return;
-    char *dir = test_tmpdir_new("tier");
-    Engine *e = hidden_engine(m, 16, 0, dir, EVICT_LRU, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, 0xa);
-    int32_t a[80];
-    mixed_history(e, m, a);
-    ReqResult res;
-    assert_true(test_corrupt_slabs(dir, 1) > 0); /* the first run's layer 0 */
+    assert_true(test_corrupt_slabs(dir, corrupt_pages) > 0);
     Recomputed want = recompute(m, a, 65, 4);
-    expect_recomputed(e, &want, a, 65, &res);
-    assert_int_equal(res.n_cached_by[SRC_DISK], 16); /* blocks 4, 5 */
-    assert_int_equal(res.n_cached_by[SRC_POOL], 16); /* 6, 7 */
-    assert_int_equal(res.n_cached, 32);              /* 0..3 recomputed */
-    EngineStats st;
-    settled_stats(e, &st);
-    assert_int_equal(st.restore_failures, 1);
-    assert_int_equal(st.restored_hidden_tokens, 16);
-    assert_int_equal(st.restored_recompute_tokens, 32);
-    expect_restored_by(&res, 0, 16, 32);
+    expect_recomputed(e, &want, a, 65, res);
+    settled_stats(e, st);
     recomputed_free(&want);
     engine_free(e);
     test_tmpdir_free(dir);
     model_free(m);
+    return true;
 }
+
+/* run_mixed with the first run's layer 0 damaged: blocks 0..3 recomputed,
+ * 4 and 5 from disk (n_hidden of their tokens by projection, the rest as
+ * K/V), 6 and 7 from the pool, in one pass; one restore failure, by
+ * checksum. */
+static void check_mixed(RestorePlan plan, uint64_t layers, int n_hidden) {
+    ReqResult res;
+    EngineStats st;
+    if (!run_mixed(plan, layers, 1, &res, &st)) return;
+    assert_int_equal(res.n_cached_by[SRC_DISK], 16); /* blocks 4, 5 */
+    assert_int_equal(res.n_cached_by[SRC_POOL], 16); /* 6, 7 */
+    assert_int_equal(res.n_cached, 32);              /* 0..3 recomputed */
+    assert_int_equal(st.restore_failures, 1);
+    assert_int_equal(st.tiers[0].tier.n_checksum_failures, 1);
+    assert_int_equal(st.restored_hidden_tokens, n_hidden);
+    assert_int_equal(st.restored_kv_tokens, 16 - n_hidden);
+    assert_int_equal(st.restored_recompute_tokens, 32);
+    expect_restored_by(&res, 16 - n_hidden, n_hidden, 32);
+}
+
+static void test_restore_mixed(void **s) { check_mixed(RESTORE_PLAN_KV, 0, 0); }
+/* Layers 1 and 3 of stories260K's 5 stored as hidden states: the middle
+ * blocks' KV layers loaded, their hidden ones projected. */
+static void test_hidden_mixed(void **s) { check_mixed(RESTORE_PLAN_HIDDEN, 0xa, 16); }
 
 /* test_hidden_mixed with every run on disk damaged: the restore fails,
  * the request is planned again with fewer cached blocks, and again, until
  * only its pool blocks (6, 7) are left. The leading blocks recomputed are
  * counted once, by the admission that ran: restored_recompute_tokens is
  * the request's restored_by.recompute (48), not the sum over the failed
- * admissions. First logits bit-identical to a full recompute. */
+ * admissions. */
 static void test_restore_recompute_counted_once(void **s) {
-    Model *m = load("stories260K");
-    if (!m) return;
-    char *dir = test_tmpdir_new("tier");
-    Engine *e = hidden_engine(m, 16, 0, dir, EVICT_LRU, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, 0xa);
-    int32_t a[80];
-    mixed_history(e, m, a);
     ReqResult res;
-    assert_true(test_corrupt_slabs(dir, 0) > 0);
-    Recomputed want = recompute(m, a, 65, 4);
-    expect_recomputed(e, &want, a, 65, &res);
+    EngineStats st;
+    if (!run_mixed(RESTORE_PLAN_HIDDEN, 0xa, 0, &res, &st)) return;
     assert_int_equal(res.n_cached_by[SRC_POOL], 16);
     assert_int_equal(res.n_cached, 16);
-    EngineStats st;
-    settled_stats(e, &st);
     assert_true(st.restore_failures >= 1);
     expect_restored_by(&res, 0, 0, 48);
     assert_int_equal(st.restored_recompute_tokens, 48);
-    recomputed_free(&want);
-    engine_free(e);
-    test_tmpdir_free(dir);
-    model_free(m);
 }
 
 /* The auto plan's clocks: every reading for a projection is proj_step_s
@@ -2507,11 +2481,7 @@ static void test_block_tokens_out_of_range(void **s) {
         EngineOptions o;
         engine_options_default(&o);
         o.block_tokens = bad[i];
-        Engine *e;
-        MnErr err = {0};
-        assert_int_equal(engine_new(m, &o, &e, &err), MN_EINVAL);
-        assert_null(e);
-        assert_non_null(strstr(err.msg, "out of range"));
+        expect_options_refused(m, &o);
     }
     model_free(m);
 }
@@ -2527,11 +2497,7 @@ static void test_restore_plan_out_of_range(void **s) {
         engine_options_default(&o);
         o.restore_plan = (RestorePlan)bad[i % 2];
         if (i / 2) o.ram_tier_mb = 4;
-        Engine *e;
-        MnErr err = {0};
-        assert_int_equal(engine_new(m, &o, &e, &err), MN_EINVAL);
-        assert_null(e);
-        assert_non_null(strstr(err.msg, "out of range"));
+        expect_options_refused(m, &o);
     }
     model_free(m);
 }
@@ -2597,11 +2563,15 @@ static bool fail_layer_once(void *ctx, int layer) {
     return true;
 }
 
-/* A projection that fails (a fault injected at the last layer, where no
- * later layer's wait would catch it) fails its load: the pass that waited
- * for that layer waits for the load's end and drops its work instead of
- * reading K/V never projected, the request is restored again, and its
- * answer is a full recompute's, bit for bit. */
+/* A projection that fails fails its load: the pass that waited for that
+ * layer waits for the load's end and drops its work instead of reading
+ * K/V never projected, the request is restored again, and its answer is
+ * a full recompute's, bit for bit. The fault is injected at each layer in
+ * turn, by a fresh engine each time: layer 0's leaves the load with no
+ * layer done, the last layer's has no later layer whose wait would catch
+ * it. (Without the rule, a pass went wrong only when it took the failed
+ * layer's events before the load's end: each layer is one more chance
+ * to see that.) */
 static void test_hidden_projection_fails(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
@@ -2611,17 +2581,19 @@ static void test_hidden_projection_fails(void **s) {
     make_prompt(a, 65, m->cfg.n_vocab, 67, 1);
     put_on_disk_plan(m, dir, (const int32_t *[]){a}, (int[]){65}, 1, RESTORE_PLAN_HIDDEN, all);
     Recomputed want = recompute(m, a, 65, 4);
-    int at = m->cfg.n_layer - 1;
-    EngineTestHooks hk = {.project_fails_fn = fail_layer_once, .ctx = &at};
-    Engine *e = hidden_engine_hooked(m, 32, 0, dir, EVICT_DEFAULT, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, all, &hk);
-    ReqResult res;
-    expect_recomputed(e, &want, a, 65, &res);
-    assert_int_equal(at, -1); /* the fault happened */
-    EngineStats st;
-    settled_stats(e, &st);
-    assert_int_equal(st.restore_failures, 1);
+    for (int layer = 0; layer < m->cfg.n_layer; layer++) {
+        int at = layer;
+        EngineTestHooks hk = {.project_fails_fn = fail_layer_once, .ctx = &at};
+        Engine *e = hidden_engine_hooked(m, 32, 0, dir, EVICT_DEFAULT, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, all, &hk);
+        ReqResult res;
+        expect_recomputed(e, &want, a, 65, &res);
+        if (at != -1) fail_msg("layer %d: the fault did not happen", layer);
+        EngineStats st;
+        settled_stats(e, &st);
+        assert_int_equal(st.restore_failures, 1);
+        engine_free(e);
+    }
     recomputed_free(&want);
-    engine_free(e);
     test_tmpdir_free(dir);
     model_free(m);
 }

@@ -183,13 +183,20 @@ static void test_ref_k_q6_k(void **s) { check_reference_long("k-llama-q6_k", "ll
 static void test_ref_k_llama3_rope(void **s) { check_reference_long("llama3-rope-q4_k_m", "llamacpp", 5e-2, 1e-1); }
 static void test_ref_k_qwen3(void **s) { check_reference_long("qwen3-q4_k_m", "llamacpp", 5e-2, 1e-1); }
 
-/* A gen-model file at path: llama, dim 256, 2 layers, 4 heads, kv_heads
- * KV heads, FFN 512, context 128, weights of `type`, vocab's vocabulary. */
-static void gen_small(const char *path, const char *vocab, const char *type, const char *kv_heads, const char *seed) {
-    char *argv[] = {"--arch", "llama", "--dim", "256", "--layers", "2", "--heads", "4",
-                    "--kv-heads", (char *)kv_heads, "--ffn", "512", "--ctx", "128", "--seed", (char *)seed,
+/* A gen-model file at path: llama, dim `dim`, `layers` layers, 4 heads,
+ * kv_heads KV heads, FFN ffn, context 128, weights of `type`, vocab's
+ * vocabulary. */
+static void gen_llama(const char *path, const char *vocab, const char *dim, const char *layers, const char *ffn,
+                      const char *type, const char *kv_heads, const char *seed) {
+    char *argv[] = {"--arch", "llama", "--dim", (char *)dim, "--layers", (char *)layers, "--heads", "4",
+                    "--kv-heads", (char *)kv_heads, "--ffn", (char *)ffn, "--ctx", "128", "--seed", (char *)seed,
                     "--type", (char *)type, "--vocab-from", (char *)vocab, "-o", (char *)path};
     assert_int_equal(gen_model_main((int)(sizeof argv / sizeof argv[0]), argv), 0);
+}
+
+/* gen_llama with dim 256, 2 layers and FFN 512. */
+static void gen_small(const char *path, const char *vocab, const char *type, const char *kv_heads, const char *seed) {
+    gen_llama(path, vocab, "256", "2", "512", type, kv_heads, seed);
 }
 
 /* The int8 types (the K-quants and IQ4_XS, with Q8_K activations; Q4_0,
@@ -502,7 +509,7 @@ static void check_projection_file(const char *path, MnType kv_type, MmPack pack)
             memset(kvpool_k(&b.pool, l, table[i]), 0x5a, bytes);
         }
     int32_t pos0[3] = {0, bt, 2 * bt};
-    for (int l = 0; l < c->n_layer; l++) {
+    for (int l = 0; l < b.pool.n_hidden_layers; l++) {
         /* one block alone, then two together: the group size does not matter */
         assert_int_equal(fwd_project(b.fwd, l, table, pos0, 1, &err), MN_OK);
         assert_int_equal(fwd_project(b.fwd, l, table + 1, pos0 + 1, 2, &err), MN_OK);
@@ -517,6 +524,7 @@ static void check_projection_file(const char *path, MnType kv_type, MmPack pack)
     assert_int_equal(fwd_project(b.fwd, 0, bad_slot, pos0, 2, &err), MN_EINVAL);
     assert_int_equal(fwd_project(b.fwd, 0, &neg_slot, pos0, 1, &err), MN_EINVAL);
     assert_int_equal(fwd_project(b.fwd, -1, table, pos0, 1, &err), MN_EINVAL);
+    assert_int_equal(fwd_project(b.fwd, b.pool.n_hidden_layers, table, pos0, 1, &err), MN_EINVAL); /* none kept */
     assert_int_equal(fwd_project(b.fwd, c->n_layer, table, pos0, 1, &err), MN_EINVAL);
     for (size_t i = 0; i < bytes; i++) assert_int_equal(((uint8_t *)kvpool_k(&b.pool, 0, table[0]))[i], 0x5a);
     /* a pool whose hidden rows are not this model's, or that has none */
@@ -561,6 +569,18 @@ static void test_project_gen_q32(void **s) {
         printf("    %s\n", types[i]);
         check_projection_file(path, MN_TYPE_F16, MM_PACK_Q32);
     }
+    unlink(path);
+}
+/* A model deeper than a layer set holds (70 layers, dim 64, F16): the
+ * pool keeps hidden rows for its first 64 layers (KVPOOL_HIDDEN_MAX_LAYERS),
+ * the pass fills them, they project back bit for bit, and layers 64..69,
+ * which have none, are refused. */
+static void test_project_deep(void **s) {
+    char vocab[512], path[64];
+    if (!test_require_file(test_data_path(vocab, sizeof vocab, "models/stories260K.gguf"))) return;
+    snprintf(path, sizeof path, "/tmp/mnemo-fwd-deep-%d.gguf", (int)getpid());
+    gen_llama(path, vocab, "64", "70", "128", "f16", "4", "5");
+    check_projection_file(path, MN_TYPE_F16, MM_PACK_NONE);
     unlink(path);
 }
 static void test_invariance_llama_f32_f32kv(void **s) { check_invariance("tiny-llama-spm-f32", MN_TYPE_F32); }
@@ -772,6 +792,7 @@ int main(void) {
         cmocka_unit_test(test_project_qwen3_q4_k_m),
         cmocka_unit_test(test_project_q4_k_m),
         cmocka_unit_test(test_project_gen_q32),
+        cmocka_unit_test(test_project_deep),
         cmocka_unit_test(test_exact_by_dequantization),
         cmocka_unit_test(test_bad_batches),
         cmocka_unit_test(test_unknown_arch),

@@ -840,6 +840,14 @@ static int i8_group(const MatW *w, int n_tok) {
 /* Whether W takes an int8 path: its type, and a token fits the buffer. */
 static bool i8_takes(const MatW *w) { return i8_group(w, 1) == 1; }
 
+/* Rows [r0, r1) of job's W for the n_tok tokens quantized at acts, by W's
+ * module (q32.c or kquant.c), into out (n_tok, n_out). */
+static void i8_rows(const MmJob *job, long r0, long r1, const uint8_t *acts, int n_tok, float *out) {
+    const MatW *w = job->w;
+    if (q32_has_type(w->type)) q32_rows(w->type, w->data, job->row_bytes, r0, r1, w->n_in, acts, n_tok, out, w->n_out);
+    else kq_rows(w->type, w->data, job->row_bytes, r0, r1, w->n_in, acts, n_tok, out, w->n_out);
+}
+
 /* Work items in order: group 0's row chunks, then group 1's, ... A worker
  * quantizes a group's tokens when it first takes one of its items; items
  * go out in order, so it quantizes each group at most once. The values do
@@ -863,9 +871,7 @@ static void i8_worker(void *ctx, int ith, int nth) {
             cur = g;
         }
         long r0 = c * job->chunk_rows, r1 = MM_MIN((long)w->n_out, r0 + job->chunk_rows);
-        float *out = job->out + (int64_t)t0 * w->n_out;
-        if (is_q32) q32_rows(w->type, w->data, job->row_bytes, r0, r1, w->n_in, acts, n, out, w->n_out);
-        else kq_rows(w->type, w->data, job->row_bytes, r0, r1, w->n_in, acts, n, out, w->n_out);
+        i8_rows(job, r0, r1, acts, n, job->out + (int64_t)t0 * w->n_out);
     }
 }
 
@@ -898,7 +904,9 @@ void mm_pack_row(MmPack kind, const float *x, int64_t n_in, uint8_t *dst) {
 }
 
 size_t mm_packed_scratch_bytes(const MatW *w, int n_tok) {
-    return mm_pack_kind(w) == MM_PACK_KQ ? kq_acts_bytes(w->n_in, n_tok) : q32_acts_bytes(w->n_in, n_tok);
+    const MmPack kind = mm_pack_kind(w);
+    assert(kind != MM_PACK_NONE);
+    return kind == MM_PACK_KQ ? kq_acts_bytes(w->n_in, n_tok) : q32_acts_bytes(w->n_in, n_tok);
 }
 
 /* Rows of a product whose tokens are quantized already (job->x is their
@@ -906,15 +914,11 @@ size_t mm_packed_scratch_bytes(const MatW *w, int n_tok) {
  * rows for all the tokens at once. */
 static void i8_worker_packed(void *ctx, int ith, int nth) {
     MmJob *job = ctx;
-    const MatW *w = job->w;
-    const uint8_t *acts = (const uint8_t *)job->x;
-    const bool is_q32 = q32_has_type(w->type);
     for (;;) {
         long c = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed);
         if (c >= job->n_chunks) break;
-        long r0 = c * job->chunk_rows, r1 = MM_MIN((long)w->n_out, r0 + job->chunk_rows);
-        if (is_q32) q32_rows(w->type, w->data, job->row_bytes, r0, r1, w->n_in, acts, job->n_tok, job->out, w->n_out);
-        else kq_rows(w->type, w->data, job->row_bytes, r0, r1, w->n_in, acts, job->n_tok, job->out, w->n_out);
+        long r0 = c * job->chunk_rows, r1 = MM_MIN((long)job->w->n_out, r0 + job->chunk_rows);
+        i8_rows(job, r0, r1, (const uint8_t *)job->x, job->n_tok, job->out);
     }
 }
 

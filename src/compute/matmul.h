@@ -57,7 +57,8 @@ size_t mm_packed_row_bytes(MmPack kind, int64_t n_in);
  * mm_matmul makes of x for a W of that kind, on any path. */
 void mm_pack_row(MmPack kind, const float *x, int64_t n_in, uint8_t *dst);
 
-/* Bytes of the scratch mm_matmul_packed needs for n_tok tokens. */
+/* Bytes of the scratch mm_matmul_packed needs for n_tok tokens (W's
+ * mm_pack_kind not NONE). */
 size_t mm_packed_scratch_bytes(const MatW *w, int n_tok);
 
 /* mm_matmul for a W whose mm_pack_kind is not NONE, from activations

@@ -213,15 +213,22 @@ static void quantize_block_ref(const float *x, ActBlock *a) {
     block_scales(a, amax, sx);
 }
 
-void q32_quantize_ref(const float *x, int64_t n_in, int n_tok, uint8_t *dst) {
+/* The layout of n_tok tokens of x, each block quantized by `block` (one
+ * loop for every path: they differ only there). */
+static void quantize_tokens(const float *x, int64_t n_in, int n_tok, uint8_t *dst,
+                            void (*block)(const float *, ActBlock *)) {
     assert(n_in % QK == 0 && ((uintptr_t)dst & 63) == 0);
     for (int t = 0; t < n_tok; t++)
         for (int64_t b = 0; b < n_in / QK; b++) {
             ActBlock a;
-            quantize_block_ref(x + (int64_t)t * n_in + QK * b, &a);
+            block(x + (int64_t)t * n_in + QK * b, &a);
             act_put(dst, n_in, n_tok, t, b, &a);
         }
     act_pad(dst, n_in, n_tok);
+}
+
+void q32_quantize_ref(const float *x, int64_t n_in, int n_tok, uint8_t *dst) {
+    quantize_tokens(x, n_in, n_tok, dst, quantize_block_ref);
 }
 
 static float f16_at(const uint8_t *p) {
@@ -701,14 +708,7 @@ static void quantize_block(const float *x, ActBlock *a) {
 }
 
 void q32_quantize(const float *x, int64_t n_in, int n_tok, uint8_t *dst) {
-    assert(n_in % QK == 0 && ((uintptr_t)dst & 63) == 0);
-    for (int t = 0; t < n_tok; t++)
-        for (int64_t b = 0; b < n_in / QK; b++) {
-            ActBlock a;
-            quantize_block(x + (int64_t)t * n_in + QK * b, &a);
-            act_put(dst, n_in, n_tok, t, b, &a);
-        }
-    act_pad(dst, n_in, n_tok);
+    quantize_tokens(x, n_in, n_tok, dst, quantize_block);
 }
 
 /* ---- packed rows --------------------------------------------------------- */

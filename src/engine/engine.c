@@ -924,7 +924,10 @@ static bool active_sample(Engine *e, Active *a, float *logits) {
 /* Tokens running sequence a has yet to compute (1: a decode). */
 static int pending_tokens(const Active *a) { return (a->lead_end - a->lead_done) + (a->n_tokens - a->n_done); }
 
+/* Take a off the queue (admitted, cancelled, refused or shut down): its
+ * stay there, before its first token, is part of its queue time. */
 static void waiting_remove(Engine *e, Active *a) {
+    if (a->n_generated == 0) a->queue_s += engine_now(e, ENGINE_CLOCK_QUEUE) - a->t_queued;
     for (Active **pp = &e->waiting; *pp; pp = &(*pp)->next)
         if (*pp == a) {
             *pp = a->next;
@@ -1303,7 +1306,6 @@ static void count_preempt_recompute(Engine *e, Active *a) {
 /* Take a off the queue into the running set (it was admitted). */
 static void start_running(Engine *e, Active *a) {
     waiting_remove(e, a);
-    if (a->n_generated == 0) a->queue_s += engine_now(e, ENGINE_CLOCK_QUEUE) - a->t_queued;
     a->has_run = false;
     a->n_unserved = 0;
     count_preempt_recompute(e, a);
@@ -1513,14 +1515,20 @@ static void fail_all_running(Engine *e, const char *msg) {
     while (e->n_running > 0) active_finish(e, e->running[--e->n_running], FINISH_ERROR, msg);
 }
 
+/* Layers of m that may have hidden states (and a hidden arena in the
+ * pool, kvpool_init_hidden): the first 64 (a deeper model's later layers
+ * are always K/V: KVPOOL_HIDDEN_MAX_LAYERS). */
+static int hidden_layer_count(const Model *m) {
+    return m->cfg.n_layer < KVPOOL_HIDDEN_MAX_LAYERS ? m->cfg.n_layer : KVPOOL_HIDDEN_MAX_LAYERS;
+}
+
 /* The layers saves may store as hidden states: with the hidden or the
- * auto plan, those whose hidden rows take fewer bytes than their K/V (one
- * size for every layer: all or none), of the first 64 (a deeper model's
- * later layers are always K/V: KVPOOL_HIDDEN_MAX_LAYERS); a test's own
- * choice instead. */
+ * auto plan, those of hidden_layer_count whose hidden rows take fewer
+ * bytes than their K/V (one size for every layer: all or none); a test's
+ * own choice instead. */
 static uint64_t hidden_layers_of(const Model *m, const EngineOptions *op) {
     if (op->restore_plan == RESTORE_PLAN_KV) return 0;
-    const int n = m->cfg.n_layer < KVPOOL_HIDDEN_MAX_LAYERS ? m->cfg.n_layer : KVPOOL_HIDDEN_MAX_LAYERS;
+    const int n = hidden_layer_count(m);
     const uint64_t all = n == 64 ? UINT64_MAX : (1ull << n) - 1;
     if (op->test_hidden_layers != 0) return op->test_hidden_layers & all;
     uint64_t kv = kvpool_bytes_for(1, m->cfg.kv_dim, op->block_tokens, 1, op->kv_type);
@@ -2113,9 +2121,8 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
     const uint64_t hidden_layers = rc == MN_OK ? hidden_layers_of(m, op) : 0;
     const bool has_hidden = hidden_layers != 0;
     const size_t hid_row = has_hidden ? fwd_hidden_row_bytes(m) : 0;
-    const int n_hid_layers = m->cfg.n_layer < KVPOOL_HIDDEN_MAX_LAYERS ? m->cfg.n_layer : KVPOOL_HIDDEN_MAX_LAYERS;
     uint64_t per_block = kvpool_bytes_for(m->cfg.n_layer, m->cfg.kv_dim, op->block_tokens, 1, op->kv_type) +
-                         (uint64_t)n_hid_layers * (uint64_t)op->block_tokens * hid_row;
+                         (uint64_t)hidden_layer_count(m) * (uint64_t)op->block_tokens * hid_row;
     uint64_t pool_bytes = op->pool_mb * 1024 * 1024;
     if (rc == MN_OK && pool_bytes == 0) {
         uint64_t avail = mem_available();

@@ -247,7 +247,8 @@ typedef struct ReqResult {
                           fewer tokens to compute (it resumed from what it had cached) */
     double ttft_s;     /* submit -> first token */
     double queue_s;    /* ... of it in the waiting queue (from the engine taking the request to
-                          its admission, and again after each preemption) */
+                          its admission, or to its end if it ends waiting, and again after each
+                          preemption) */
     double restore_s;  /* ... of it admitted but waiting for its restores: the steps it sat out
                           for them, and the waits for restored layers of the passes it was in */
     double total_s;    /* submit -> finish */
