@@ -1362,18 +1362,22 @@ static void test_queue_time_reported(void **s) {
 
 /* ---- preemption of a long prompt ------------------------------------------------ */
 
-/* With one slot (parallel 1) taken by a long first-turn prompt, a
- * returning turn (history cached, 14 new tokens) takes the slot after the
- * long prompt's first chunk: the long one is preempted, its computed
- * blocks stay cached, and the returning turn gets its first token before
- * the long prompt does. The long prompt then resumes from its cached
- * prefix (no token is computed twice), and its first logits are a lone run's, bit for bit; the
- * preemption is counted. */
-static void test_preempt_returning_turn(void **s) {
+/* A long first-turn prompt (400 tokens) runs on an engine of `parallel`
+ * slots and pool_blocks blocks of 8 (0: the default pool), and a
+ * returning turn (41 of its 54 tokens cached, 14 new) arrives during its
+ * first pass: the returning turn's answer must come before the long
+ * prompt's first token. The long prompt is preempted n_preempted times;
+ * nothing is computed twice (it resumes from its cached prefix), no
+ * sequence is suspended, and both first logits are a lone run's, bit for
+ * bit. */
+static void check_returning_turn_first(int parallel, int pool_blocks, int n_preempted) {
     Model *m = load("stories260K");
     if (!m) return;
     Drive *dr = calloc(1, sizeof *dr);
-    Engine *e = pace_engine_n(m, dr, PACE_TARGET_MS / 2, 1);
+    EngineOptions o;
+    pace_options(&o, dr, PACE_TARGET_MS / 2, parallel);
+    o.pool_blocks = pool_blocks;
+    Engine *e = pace_engine_start(m, &o);
     const int nv = m->cfg.n_vocab;
     int32_t conv[64], l[512];
     make_prompt(conv, 54, nv, 93, 1);
@@ -1402,14 +1406,13 @@ static void test_preempt_returning_turn(void **s) {
     drive_run(dr);
     char *tl = drain(rl, &res_l), *ref = reference_text(m, l, 400, 1);
     assert_string_equal(tl, ref);
-    assert_int_equal(res_l.n_preempted, 1);
+    assert_int_equal(res_l.n_preempted, n_preempted);
     EngineStats st;
     engine_stats(e, &st);
-    assert_int_equal(st.preemptions, 1);
+    assert_int_equal(st.preemptions, (uint64_t)n_preempted);
     assert_int_equal(st.preempt_recomputed_tokens, 0);
+    assert_int_equal(st.suspensions, 0);
     settle(e);
-    /* nothing was computed twice: the long prompt resumed after what its
-     * first chunk computed (full blocks, and its last block's rows) */
     int n_computed = 0;
     assert_true(dr->vp.n_log < DRIVE_MAX_PASSES);
     for (int i = pass0; i < dr->vp.n_log; i++) n_computed += dr->vp.log[i].n_prefill;
@@ -1428,6 +1431,20 @@ static void test_preempt_returning_turn(void **s) {
     pace_engine_free(e, dr);
     model_free(m);
 }
+
+/* With one slot (parallel 1) taken by the long prompt, the returning turn
+ * takes the slot after the long prompt's first chunk: the long one is
+ * preempted (counted), its computed blocks stay cached. */
+static void test_preempt_returning_turn(void **s) { check_returning_turn_first(1, 0, 1); }
+
+/* Two slots and a pool of 56 blocks: the long prompt (50 blocks) takes its
+ * blocks as its chunks are computed, and the pool's room is promised to it
+ * (no admission by rank); the returning turn has far fewer tokens left, so
+ * it borrows the room, with no preemption, and the long prompt's chunks
+ * take the room back after it. (Taking every block of a prompt at
+ * admission, the returning turn waits for the long prompt's answer: the
+ * pool is full, and a slot is free, so nothing preempts.) */
+static void test_borrow_room_returning_turn(void **s) { check_returning_turn_first(2, 56, 0); }
 
 /* One slot, a long prompt running, and n_shorts requests (fresh prompts of
  * n_short tokens) arriving during its first pass: each answer is a lone
@@ -3150,8 +3167,8 @@ static void test_restore_out_of_memory(void **s) {
 }
 
 /* Out of memory growing a block table (injected: the first growth fails;
- * 9-token prompts fill two blocks of 8 at admission, so the table grows at
- * the 17th token): of two requests running together, the one that met it
+ * 9-token prompts size their tables for two blocks of 8 at admission, so
+ * the table grows at the 17th token): of two requests running together, the one that met it
  * fails with a message, the other's answer is untouched, and the engine
  * goes on serving. */
 static void test_table_out_of_memory(void **s) {
@@ -3777,6 +3794,7 @@ int main(void) {
         cmocka_unit_test(test_pace_prefill_only_steps),
         cmocka_unit_test(test_queue_time_reported),
         cmocka_unit_test(test_preempt_returning_turn),
+        cmocka_unit_test(test_borrow_room_returning_turn),
         cmocka_unit_test(test_preempt_at_most_twice),
         cmocka_unit_test(test_preempt_only_much_shorter),
         cmocka_unit_test(test_preempt_recompute_counted),

@@ -20,13 +20,15 @@
  *
  *   engine_submit --> inbox --> WAITING --admit--> RUNNING --finish--> done
  *                                 ^                  |
- *                                 +----suspend-------+  (pool full while decoding)
+ *                                 +----suspend-------+  (pool full while decoding, or
+ *                                                        every prompt waiting for room)
  *                                 +----preempt-------+  (its prompt far from done, every slot
  *                                                        taken, a much shorter one waiting)
  *
  * Admission looks up the longest cached prefix (full blocks, by chain hash:
  * in the pool, or in a tier to be restored), takes references on those
- * blocks and allocates blocks for the rest of the prompt; the first of
+ * blocks and sizes the table for the rest of the prompt, whose blocks each
+ * pass's chunk takes as it computes them (grow_chunk); the first of
  * those gets the rows a pool block after the same parent holds for its
  * tokens (a turn's partial last block, or a full block the prompt leaves
  * inside), copied, so only the tokens after them are computed; a chat cut
@@ -35,8 +37,11 @@
  * done in the first pass that runs it). A request whose restore fails goes
  * back to the queue and is planned again. Each step: admission of waiting
  * requests by the scheduling policy, as long as the pool keeps its
- * reserve, and, with every slot taken, preemption of a long prompt for a
- * waiting request with far fewer tokens to compute (preempt_prefills);
+ * reserve beside the blocks running prompts have yet to take
+ * (promised_blocks); with a slot free, a waiting request with far fewer
+ * tokens to compute than a running prompt may borrow that promised room
+ * (borrow_room); with every slot taken, preemption of a long prompt for
+ * such a request (preempt_prefills);
  * then the batch: the decode tokens of running sequences first,
  * then prefill chunks, the sequence with the fewest tokens left before its
  * first token first (a returning turn's few new tokens go ahead of a long
@@ -55,6 +60,7 @@
  */
 #include "engine/engine.h"
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -921,8 +927,6 @@ static bool active_sample(Engine *e, Active *a, float *logits) {
 
 /* ---- admission, suspension ------------------------------------------------------ */
 
-/* Tokens running sequence a has yet to compute (1: a decode). */
-static int pending_tokens(const Active *a) { return (a->lead_end - a->lead_done) + (a->n_tokens - a->n_done); }
 
 /* Take a off the queue (admitted, cancelled, refused or shut down): its
  * stay there, before its first token, is part of its queue time. */
@@ -947,11 +951,28 @@ static void waiting_insert(Engine *e, Active *a) {
     e->n_waiting++;
 }
 
+/* Tokens running sequence a has yet to compute (1: a decode). */
+static int pending_tokens(const Active *a) { return (a->lead_end - a->lead_done) + (a->n_tokens - a->n_done); }
+
+/* Blocks that hold positions [0, n_tokens). */
+static int blocks_for(const Engine *e, int n_tokens) { return (n_tokens + e->opt.block_tokens - 1) / e->opt.block_tokens; }
+
 /* Blocks a must newly allocate to hold tokens[0..n_tokens) given n_hit
  * cached blocks. */
-static int blocks_needed(const Engine *e, const Active *a, int n_hit) {
-    int need = (a->n_tokens + e->opt.block_tokens - 1) / e->opt.block_tokens;
-    return need - n_hit;
+static int blocks_needed(const Engine *e, const Active *a, int n_hit) { return blocks_for(e, a->n_tokens) - n_hit; }
+
+/* Blocks the running sequences with fewer than max_pending tokens to
+ * compute will take as their prompts' chunks are computed (a prompt's
+ * table covers what it computed so far, see grow_chunk): admission counts
+ * them as taken, and a prompt's chunks leave them to the shorter ones. */
+static int promised_blocks(const Engine *e, int max_pending) {
+    int n = 0;
+    for (int i = 0; i < e->n_running; i++) {
+        const Active *a = e->running[i];
+        int left = blocks_for(e, a->n_tokens) - a->seq.n_blocks;
+        if (left > 0 && pending_tokens(a) < max_pending) n += left;
+    }
+    return n;
 }
 
 /* Source block b of a's move mv: its chain hash. */
@@ -1138,12 +1159,12 @@ static bool move_wait_table(const Seq *seq, ShiftMove *mv) {
  * without one, copy into the block after the cached run the rows a block
  * in the pool holds for its tokens (cached_rows). Returns false (nothing
  * taken) when the pool cannot hold it now. */
-static bool try_admit(Engine *e, Active *a) {
+static bool try_admit(Engine *e, Active *a, int lend_left) {
     int first, end, n_rows = 0;
     int n_hit = cached_blocks(e, a, &first, &end);
     ShiftMove plan = {0};
     bool has_move = a->req->shift && e->index && first == 0 && plan_move(e, a, end, &plan);
-    int reserve = e->n_running > 0 ? e->reserve_blocks : 0;
+    int reserve = (e->n_running > 0 ? e->reserve_blocks : 0) + promised_blocks(e, lend_left);
     if (has_move && room_after(e, a, first, end, &plan) < reserve) has_move = false; /* without the move, perhaps */
     /* the move fills the positions after the run itself: no rows copied there */
     int32_t src = has_move ? -1 : cached_rows(e, a, end, &n_rows);
@@ -1153,9 +1174,14 @@ static bool try_admit(Engine *e, Active *a) {
     Seq *s = &a->seq;
     if (seq_reserve(s, &e->pool, 0) != MN_OK) return false;
     /* the block table: the cached run [first, end) in place, fresh slots for
-     * the leading blocks before it and for everything after it. The pool
-     * hits are taken first, so restoring and allocating cannot evict them. */
+     * the leading blocks before it and for the positions after it that get
+     * KV now (rows copied, a move); the rest of the prompt's blocks are
+     * taken as its chunks are computed (grow_chunk), the table sized for
+     * them. The pool hits are taken first, so restoring and allocating
+     * cannot evict them. */
     int total = n_hit + blocks_needed(e, a, n_hit);
+    int n_alloc = blocks_for(e, has_move ? plan.to : end * e->opt.block_tokens + (src >= 0 ? n_rows : 0));
+    if (n_alloc < end) n_alloc = end;
     int32_t *blocks = mn_malloc((size_t)(total > 0 ? total : 1) * sizeof *blocks);
     int *at = mn_malloc((size_t)(n_hit > 0 ? n_hit : 1) * sizeof *at);
     if (blocks == NULL || at == NULL) {
@@ -1172,7 +1198,7 @@ static bool try_admit(Engine *e, Active *a) {
         for (int j = first; j < end; j++) kvpool_release(&e->pool, blocks[j]);
         ok = false;
     }
-    for (int i = 0; ok && i < total; i++) {
+    for (int i = 0; ok && i < n_alloc; i++) {
         if (i >= first && i < end) continue;
         if (kvpool_alloc(&e->pool, &blocks[i]) != MN_OK) { /* cannot happen: counted above */
             for (int j = 0; j < i; j++)
@@ -1188,7 +1214,8 @@ static bool try_admit(Engine *e, Active *a) {
     if (ok) {
         mn_free(s->blocks);
         s->blocks = blocks;
-        s->n_blocks = s->cap = total;
+        s->n_blocks = n_alloc;
+        s->cap = total > 0 ? total : 1;
         blocks = NULL;
         if (has_move && !move_wait_table(s, &plan)) {
             seq_release(s, &e->pool);
@@ -1237,9 +1264,12 @@ static void unadmit(Engine *e, int i) {
     waiting_insert(e, a);
 }
 
-/* Suspend running sequence i (the pool is full). */
-static void suspend(Engine *e, int i) {
-    unadmit(e, i);
+/* Suspend the running sequence that arrived last (the pool is full). */
+static void suspend_latest(Engine *e) {
+    int victim = 0;
+    for (int k = 1; k < e->n_running; k++)
+        if (e->running[k]->arrival > e->running[victim]->arrival) victim = k;
+    unadmit(e, victim);
     pthread_mutex_lock(&e->stats_lock);
     e->stats.suspensions++;
     pthread_mutex_unlock(&e->stats_lock);
@@ -1320,6 +1350,26 @@ static int prefill_left(Engine *e, Active *a) {
     return a->n_tokens - cached_blocks(e, a, &first, &end) * e->opt.block_tokens;
 }
 
+/* Running prompts with at least this many tokens to compute lend their
+ * promised blocks to a waiting request with `left` (borrow_room). */
+static int lend_left(int left) { return (int)((int64_t)left * ENGINE_PREEMPT_RATIO > INT_MAX ? INT_MAX : left * ENGINE_PREEMPT_RATIO); }
+
+/* The admissible waiting request with the fewest tokens before its first
+ * token (*left of them), or NULL. */
+static Active *shortest_waiting(Engine *e, int *left) {
+    Active *best = NULL;
+    *left = 0;
+    for (Active *a = e->waiting; a; a = a->next) {
+        if (!is_admissible(e, a)) continue;
+        int n = prefill_left(e, a);
+        if (best == NULL || n < *left) {
+            best = a;
+            *left = n;
+        }
+    }
+    return best;
+}
+
 /* Every slot is taken: let the admissible waiting request with the fewest
  * tokens before its first token take the slot of the running prefill with
  * the most left, when that one has many times more (ENGINE_PREEMPT_*).
@@ -1341,17 +1391,9 @@ static void preempt_prefills(Engine *e) {
             }
         }
         if (victim < 0) return;
-        Active *best = NULL;
-        int b_left = 0;
-        for (Active *a = e->waiting; a; a = a->next) {
-            if (!is_admissible(e, a)) continue;
-            int left = prefill_left(e, a);
-            if (best == NULL || left < b_left) {
-                best = a;
-                b_left = left;
-            }
-        }
-        if (best == NULL || (int64_t)b_left * ENGINE_PREEMPT_RATIO > v_left) return;
+        int b_left;
+        Active *best = shortest_waiting(e, &b_left);
+        if (best == NULL || lend_left(b_left) > v_left) return;
         Active *v = e->running[victim];
         unadmit(e, victim);
         v->n_preempted++;
@@ -1361,7 +1403,28 @@ static void preempt_prefills(Engine *e) {
         pthread_mutex_unlock(&e->stats_lock);
         /* its slot goes to best, not to whoever admission ranks first (under
          * FCFS, the preempted request itself) */
-        if (!try_admit(e, best)) return; /* the pool cannot hold it: the next step admits by rank */
+        if (!try_admit(e, best, lend_left(b_left))) return; /* the pool cannot hold it: the next step admits by rank */
+        start_running(e, best);
+    }
+}
+
+/* A slot is free but the pool's room is promised to running prompts
+ * (promised_blocks): let the admissible waiting request with the fewest
+ * tokens before its first token borrow it when a running prompt has many
+ * times more left (ENGINE_PREEMPT_RATIO). It is done long before that
+ * prompt needs the room; until then the prompt's chunks wait for room
+ * (grow_chunk). Repeats while one qualifies. */
+static void borrow_room(Engine *e) {
+    while (e->n_running < e->opt.parallel && e->waiting) {
+        int v_left = 0, b_left;
+        for (int i = 0; i < e->n_running; i++) {
+            const Active *a = e->running[i];
+            int left = pending_tokens(a);
+            if (a->seq.n_blocks < blocks_for(e, a->n_tokens) && left > v_left) v_left = left;
+        }
+        Active *best = shortest_waiting(e, &b_left);
+        if (best == NULL || v_left == 0 || lend_left(b_left) > v_left) return;
+        if (!try_admit(e, best, lend_left(b_left))) return;
         start_running(e, best);
     }
 }
@@ -1389,20 +1452,25 @@ static void admit_waiting(Engine *e) {
                 best = a;
                 break;
             }
-        if (!is_admissible(e, best) || !try_admit(e, best)) break;
+        if (!is_admissible(e, best) || !try_admit(e, best, INT_MAX)) break;
         start_running(e, best);
     }
+    borrow_room(e);
     preempt_prefills(e);
 }
 
-/* Make sure running sequence i's block table covers its tokens. When the
- * pool cannot, suspend the most recent arrival (perhaps i itself) and
- * return false: the running list changed, and the caller starts over, since
- * the suspended slot now holds a sequence it may not have checked yet. */
+/* Make sure running sequence i's block table covers its tokens: a
+ * decode's, and a prompt's table is big enough for all of its blocks
+ * (they are taken as its chunks are computed, grow_chunk). When the pool
+ * cannot hold a decode, suspend the most recent arrival (perhaps i itself)
+ * and return false: the running list changed, and the caller starts over,
+ * since the suspended slot now holds a sequence it may not have checked
+ * yet. */
 static bool ensure_blocks(Engine *e, int i) {
     Active *a = e->running[i];
     int rc = MN_ENOMEM;
     if (e->opt.test_table_faults > 0 && seq_table_grows(&a->seq, &e->pool, a->n_tokens)) e->opt.test_table_faults--;
+    else if (pending_tokens(a) > 1) rc = seq_reserve_table(&a->seq, &e->pool, a->n_tokens);
     else rc = seq_reserve(&a->seq, &e->pool, a->n_tokens);
     if (rc == MN_OK) return true;
     if (rc != MN_EFULL) { /* out of memory growing its table: it alone fails */
@@ -1410,10 +1478,7 @@ static bool ensure_blocks(Engine *e, int i) {
         active_finish(e, a, FINISH_ERROR, "out of memory growing a block table");
         return false;
     }
-    int victim = 0;
-    for (int k = 1; k < e->n_running; k++)
-        if (e->running[k]->arrival > e->running[victim]->arrival) victim = k;
-    suspend(e, victim);
+    suspend_latest(e);
     return false;
 }
 
@@ -1690,6 +1755,21 @@ static int chunk_len(const Engine *e, const Batch *b, int32_t pos, int max_n, bo
     return pacer_fit_target(&e->pacer, b->shape, pos, max_n, is_first, target_s);
 }
 
+/* Take the blocks running prompt i's next chunk of n tokens (from n_done)
+ * writes, as far as the pool has room beside what it leaves to others:
+ * the blocks promised to running sequences with fewer tokens to compute
+ * (those that borrowed its room among them), and while something decodes
+ * the decode reserve. Returns the chunk's length the table covers (0: the
+ * prompt waits for room this step). */
+static int grow_chunk(Engine *e, const Batch *b, int i, int n) {
+    Active *a = e->running[i];
+    int keep = (b->has_decoder ? e->reserve_blocks : 0) + promised_blocks(e, pending_tokens(a));
+    int covered = seq_extend(&a->seq, &e->pool, a->n_done + n, keep) - a->n_done;
+    e->b_seqs[i] = seq_view(&a->seq); /* the table may have grown */
+    if (!a->mv.is_pending) e->b_plan[i] = e->b_seqs[i];
+    return covered < n ? (covered > 0 ? covered : 0) : n;
+}
+
 /* Add running sequence i's pending tokens to the batch, within room tokens:
  * all of a decode's; of a prefill, what chunk_len lets in. The two-range
  * form: the leading range first, and the tail only in a batch that
@@ -1708,6 +1788,7 @@ static int batch_add(Engine *e, Batch *b, int i, int room) {
     if (take_lead == lead) {
         int max_tail = tail < room ? tail : room;
         take = is_decode ? max_tail : chunk_len(e, b, a->n_done, max_tail, is_first && take_lead == 0);
+        if (!is_decode) take = grow_chunk(e, b, i, take);
         batch_put(e, b, i, a->n_done, take, is_decode);
     }
     if (take_lead + take == 0) return 0;
@@ -1796,6 +1877,10 @@ static void engine_step(Engine *e) {
     tiers_plan_step(e->tiers, e->b_plan, e->n_running, e->b_held);
     Batch bt;
     batch_make(e, &bt);
+    if (bt.n == 0) { /* every prompt waits for room that only they hold */
+        suspend_latest(e);
+        return;
+    }
     test_step(e, &bt);
     int n = bt.n, n_logits = bt.n_logits;
     FwdBatch b = {.n_tok = n, .tokens = e->b_tok, .seq = e->b_seq, .pos = e->b_pos, .seqs = e->b_seqs,

@@ -23,6 +23,14 @@ typedef struct Seq {
  * pool. MN_EFULL when the pool has too few free blocks (the table is left as
  * it was), MN_ENOMEM. */
 int seq_reserve(Seq *s, KvPool *p, int n_tokens);
+/* Grow the table itself to hold the blocks of positions [0, n_tokens),
+ * taking no block: MN_ENOMEM. */
+int seq_reserve_table(Seq *s, const KvPool *p, int n_tokens);
+/* Take blocks toward covering positions [0, n_tokens), within the table's
+ * size (seq_reserve_table) and as long as the pool keeps more than `keep`
+ * blocks available: a prompt's table grows as its chunks are computed.
+ * Returns the positions the table covers. */
+int seq_extend(Seq *s, KvPool *p, int n_tokens, int keep);
 /* Whether seq_reserve for n_tokens would have to grow the table itself
  * (an allocation that can fail). */
 bool seq_table_grows(const Seq *s, const KvPool *p, int n_tokens);
