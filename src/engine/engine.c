@@ -1877,7 +1877,9 @@ static void engine_step(Engine *e) {
     tiers_plan_step(e->tiers, e->b_plan, e->n_running, e->b_held);
     Batch bt;
     batch_make(e, &bt);
-    if (bt.n == 0) { /* every prompt waits for room that only they hold */
+    if (bt.n == 0) { /* every prompt waits for room that only they hold (grow_chunk's rule should
+                          leave the shortest its room: a guard) */
+        LOG_WARN("every running prompt waits for pool room; suspending the latest arrival");
         suspend_latest(e);
         return;
     }
