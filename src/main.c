@@ -430,7 +430,7 @@ static int cmd_serve(int argc, char **argv) {
         {"threads", 't', CLI_INT, &eo.n_threads, "N", "compute threads (default 2)"},
         {"compute-nice", 0, CLI_INT, &eo.compute_nice, "N",
          "compute threads run N nice levels below the mover and HTTP threads (0-19, default 5)"},
-        {"parallel", 'P', CLI_INT, &eo.parallel, "N", "running sequences at most (default 4)"},
+        {"parallel", 'P', CLI_INT, &eo.parallel, "N", "running sequences at most (default 8)"},
         {"np", 0, CLI_INT, &eo.parallel, "N", NULL},
         {"batch-tokens", 'b', CLI_INT, &eo.batch_tokens, "N", "tokens in one step at most (default 512)"},
         {"batch-size", 0, CLI_INT, &eo.batch_tokens, "N", NULL},

@@ -480,7 +480,7 @@ void engine_options_default(EngineOptions *o) {
     o->block_tokens = 32;
     o->batch_tokens = 512;
     o->step_ms = 500;
-    o->parallel = 4;
+    o->parallel = 8;
     o->max_queue = 64;
     o->decode_reserve = 0.1f;
     o->kv_type = MN_TYPE_F16;

@@ -142,7 +142,7 @@ typedef struct EngineOptions {
     double step_ms;       /* a step's time target: prefill chunks are sized so that each
                              forward pass is predicted to take this long (engine/pacer.h);
                              0: every step takes up to batch_tokens (default 500) */
-    int parallel;         /* running sequences at most (default 4) */
+    int parallel;         /* running sequences at most (default 8) */
     int max_queue;        /* waiting requests at most (default 64) */
     int n_ctx;            /* positions per sequence (default: the model's) */
     uint64_t pool_mb;     /* KV pool size; 0 = a share of free RAM */
