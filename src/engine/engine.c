@@ -927,7 +927,6 @@ static bool active_sample(Engine *e, Active *a, float *logits) {
 
 /* ---- admission, suspension ------------------------------------------------------ */
 
-
 /* Take a off the queue (admitted, cancelled, refused or shut down): its
  * stay there, before its first token, is part of its queue time. */
 static void waiting_remove(Engine *e, Active *a) {
