@@ -2551,8 +2551,24 @@ static void test_auto_plan(void **s) {
     assert_int_equal(st.restored_kv_tokens, n);
     assert_int_equal(st.restored_hidden_tokens, 0);
     engine_free(e);
+    test_tmpdir_free(dir);
+    /* projections that would pay only by overlapping the later layers'
+     * reads (about 0.8 of a layer's K/V read a token, between the 0.43 at
+     * which a hidden layer pays with no overlap and the 1.43 up to which
+     * the overlap model stores layer 0 hidden): on a CPU they take the
+     * pass's threads, so K/V (restplan_split_shared) */
+    dir = test_tmpdir_new("tier");
+    PlanClock mid = {.proj_step_s = 195, .read_delay_s = 1e3};
+    e = auto_engine(m, dir, &mid);
+    n = expect_round_trip(e, m, 750);
+    n += expect_round_trip(e, m, 760);
+    engine_stats(e, &st);
+    assert_int_equal(st.restored_kv_tokens, n);
+    assert_int_equal(st.restored_hidden_tokens, 0);
+    engine_free(e);
     pthread_mutex_destroy(&c.lock);
     pthread_mutex_destroy(&slow.lock);
+    pthread_mutex_destroy(&mid.lock);
     test_tmpdir_free(dir);
     model_free(m);
 }

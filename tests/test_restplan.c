@@ -56,6 +56,24 @@ static void test_split_meets(void **s) {
     assert_int_equal(restplan_split(&f, 4, 0xf), 0);
 }
 
+/* On a CPU, where projections take the threads the pass computes on, a
+ * layer is stored as hidden states only when reading and projecting it
+ * beats reading its K/V with no overlap: the figures above whose split
+ * relies on overlap (0.5 + 0.6 against 1.0) keep K/V; with reads slow
+ * enough (0.5 + 0.4 < 1.0), the overlap model's split. */
+static void test_split_shared(void **s) {
+    RestFigures f = {.kv_read_s = 1.0, .hidden_read_s = 0.5, .project_s = 0.6};
+    assert_int_equal(restplan_split(&f, 4, 0xf), 0x7);
+    assert_int_equal(restplan_split_shared(&f, 4, 0xf), 0);
+    f.project_s = 0.5; /* equal: no gain without overlap */
+    assert_int_equal(restplan_split_shared(&f, 4, 0xf), 0);
+    f.project_s = 0.4;
+    assert_int_equal(restplan_split_shared(&f, 4, 0xf), restplan_split(&f, 4, 0xf));
+    assert_true(restplan_split_shared(&f, 4, 0xf) != 0);
+    f = (RestFigures){.kv_read_s = 1.0, .hidden_read_s = 2.0, .project_s = 0};
+    assert_int_equal(restplan_split_shared(&f, 4, 0xf), 0);
+}
+
 /* Only the eligible layers, the first of them first; and layers past 64
  * (always K/V) count in the time. */
 static void test_split_eligible(void **s) {
@@ -117,6 +135,7 @@ int main(void) {
         cmocka_unit_test(test_pipe),
         cmocka_unit_test(test_time),
         cmocka_unit_test(test_split_meets),
+        cmocka_unit_test(test_split_shared),
         cmocka_unit_test(test_split_eligible),
         cmocka_unit_test(test_split_ties),
         cmocka_unit_test(test_split_best),

@@ -37,3 +37,8 @@ uint64_t restplan_split(const RestFigures *f, int n_layer, uint64_t eligible) {
     }
     return best;
 }
+
+uint64_t restplan_split_shared(const RestFigures *f, int n_layer, uint64_t eligible) {
+    if (!(f->hidden_read_s + f->project_s < f->kv_read_s)) return 0;
+    return restplan_split(f, n_layer, eligible);
+}

@@ -54,4 +54,13 @@ double restplan_time(const RestFigures *f, int n_layer, uint64_t hidden);
  * alone by this model. */
 uint64_t restplan_split(const RestFigures *f, int n_layer, uint64_t eligible);
 
+/* restplan_split when the projections run on the cores the restoring
+ * pass computes on (a CPU engine): the model's overlap of projections
+ * with later reads is then not free — a projection takes the threads the
+ * pass needs, and a K/V read overlaps the pass's own compute — so no layer
+ * is stored as hidden states unless reading and projecting it takes less
+ * than reading its K/V (hidden_read_s + project_s < kv_read_s: it pays
+ * with no overlap at all); when it does, restplan_split's. */
+uint64_t restplan_split_shared(const RestFigures *f, int n_layer, uint64_t eligible);
+
 #endif

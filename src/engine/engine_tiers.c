@@ -521,9 +521,11 @@ void tiers_note_projection(EngineTiers *t, double seconds, int64_t n_token_layer
 
 /* The layers a save stores as hidden states now (blocks that hold their
  * rows permitting): all eligible ones, or with the auto plan HCache's
- * split (restplan_split) at the live figures — the slowest tier's read
- * bandwidth (the chain is inclusive: it holds every run) and the measured
- * projection time. Per token: a run's size cancels out. */
+ * split at the live figures — the slowest tier's read bandwidth (the chain
+ * is inclusive: it holds every run) and the measured projection time —
+ * as it holds when projections share the CPU with the pass
+ * (restplan_split_shared: only layers that pay without overlap). Per
+ * token: a run's size cancels out. */
 static uint64_t hidden_plan(const EngineTiers *t) {
     if (!t->is_auto || t->hidden_layers == 0) return t->hidden_layers;
     const KvPool *p = t->pool;
@@ -532,7 +534,7 @@ static uint64_t hidden_plan(const EngineTiers *t) {
     RestFigures f = {.kv_read_s = (double)p->block_bytes / p->block_tokens / bw,
                      .hidden_read_s = (double)p->hidden_bytes / p->block_tokens / bw,
                      .project_s = t->proj_s};
-    return restplan_split(&f, p->n_layer, t->hidden_layers);
+    return restplan_split_shared(&f, p->n_layer, t->hidden_layers);
 }
 
 /* ---- a step ---------------------------------------------------------------------- */
