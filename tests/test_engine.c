@@ -1109,18 +1109,14 @@ static void long_prefill_passes(const VirtualPasses *vp, int *first, int *end) {
 }
 
 /* A decoding request d, and a long prompt l of n_long tokens arriving
- * during d's first pass, on pace_engine; with slow_from >= 0, passes take
- * twice as long from that pass on. Both answers must be as alone. The
- * passes stay logged in dr->vp (the engine is freed: read it unlocked),
- * l's chunks in [*first, *end). */
-static void run_paced(Model *m, Drive *dr, double target_ms, int slow_from, int n_long, int *first, int *end) {
-    Engine *e = pace_engine(m, dr, target_ms);
-    if (slow_from >= 0) {
-        pthread_mutex_lock(&dr->steps.lock);
-        dr->vp.slow_factor = 2;
-        dr->vp.slow_from = slow_from;
-        pthread_mutex_unlock(&dr->steps.lock);
-    }
+ * during d's first pass, on pace_engine with decode_step_ratio `ratio`.
+ * Both answers must be as alone. The passes stay logged in dr->vp (the
+ * engine is freed: read it unlocked), l's chunks in [*first, *end). */
+static void run_paced(Model *m, Drive *dr, double target_ms, double ratio, int n_long, int *first, int *end) {
+    EngineOptions o;
+    pace_options(&o, dr, target_ms, 2);
+    o.decode_step_ratio = ratio;
+    Engine *e = pace_engine_start(m, &o);
     int32_t d[16], l[512];
     make_prompt(d, 9, 512, 91, 1);
     make_prompt(l, n_long, 512, 92, 1);
@@ -1146,6 +1142,36 @@ static void run_paced(Model *m, Drive *dr, double target_ms, int slow_from, int 
     long_prefill_passes(&dr->vp, first, end);
 }
 
+/* run_paced with decode_step_ratio `ratio` and a 400-token prompt: every
+ * pass of the prompt carries the decode's token and takes at most max_s,
+ * and once the model has seen a few passes at least min_s (the last chunk
+ * is what was left); all 400 prompt tokens went in those passes (its last
+ * token alone may go as a decode token does, in the pass after). */
+static void check_paced_beside_decode(double ratio, double min_s, double max_s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    Drive *dr = calloc(1, sizeof *dr);
+    int first, end, n_tokens = 0;
+    run_paced(m, dr, PACE_TARGET_MS, ratio, 400, &first, &end);
+    const VirtualPasses *vp = &dr->vp;
+    for (int i = first; i < end; i++) {
+        const EngineStepInfo *st = &vp->log[i];
+        n_tokens += st->n_prefill;
+        if (st->n_decode != 1)
+            fail_msg("pass %d (chunk %d of the long prompt) carried %d decode tokens", i, i - first, st->n_decode);
+        if (vp->log_s[i] > max_s)
+            fail_msg("pass %d (%d prompt tokens) took %.4f s, at most %.4f s", i, st->n_prefill, vp->log_s[i], max_s);
+        if (i >= first + 4 && i < end - 1 && vp->log_s[i] < min_s)
+            fail_msg("pass %d (%d prompt tokens) took %.4f s: the step was not filled to %.4f s", i, st->n_prefill,
+                     vp->log_s[i], min_s);
+    }
+    if (n_tokens == 399) assert_int_equal(vp->log[end].n_decode, 2);
+    else assert_int_equal(n_tokens, 400);
+    assert_true(end - first >= 6);
+    free(dr);
+    model_free(m);
+}
+
 /* A long prompt beside a decoding request: the prompt goes in chunks sized
  * by the step-time model, so no step runs far past the target, and the
  * decoding request gets a token in every one of those steps. (With a
@@ -1153,45 +1179,59 @@ static void run_paced(Model *m, Drive *dr, double target_ms, int slow_from, int 
  * the target.) Once the model has seen a few passes, each step takes
  * between 3/4 of the target and the target. */
 static void test_pace_decode_beside_prefill(void **s) {
-    Model *m = load("stories260K");
-    if (!m) return;
-    Drive *dr = calloc(1, sizeof *dr);
-    int first, end, n_tokens = 0;
-    run_paced(m, dr, PACE_TARGET_MS, -1, 400, &first, &end);
-    const VirtualPasses *vp = &dr->vp;
     const double target = PACE_TARGET_MS / 1000.0;
-    for (int i = first; i < end; i++) {
-        const EngineStepInfo *st = &vp->log[i];
-        n_tokens += st->n_prefill;
-        if (st->n_decode != 1)
-            fail_msg("pass %d (chunk %d of the long prompt) carried %d decode tokens", i, i - first, st->n_decode);
-        if (vp->log_s[i] > 1.25 * target)
-            fail_msg("pass %d (%d prompt tokens) took %.3f s, the target is %.3f s", i, st->n_prefill, vp->log_s[i],
-                     target);
-        /* the last chunk is what was left */
-        if (i >= first + 4 && i < end - 1 && vp->log_s[i] < 0.75 * target)
-            fail_msg("pass %d (%d prompt tokens) took %.3f s: the step was not filled to %.3f s", i, st->n_prefill,
-                     vp->log_s[i], target);
-    }
-    assert_int_equal(n_tokens, 400);
-    assert_true(end - first >= 6);
-    free(dr);
-    model_free(m);
+    check_paced_beside_decode(0, 0.75 * target, 1.25 * target);
+}
+
+/* With --decode-step-ratio 2 the prompt's chunks beside the decoding
+ * request are sized so that a step takes about twice the decode's own
+ * pass, well under the target, and the decoding request gets a token in
+ * every one of those steps: its gap beside a prompt stays a small multiple
+ * of a decode-only step's. (Filled to the target, a step takes about eight
+ * times the decode's pass.) Once the model has seen a few passes, each
+ * step takes between 3/4 and 5/4 of twice the decode's pass (a decode at
+ * position p costs per pass + per token + p + 1 keys: here 9 <= p < 9 +
+ * 160). */
+static void test_pace_decode_step_ratio(void **s) {
+    const double decode_min = PACE_PER_PASS_S + PACE_PER_TOKEN_S + PACE_PER_KEY_S * 10;
+    const double decode_max = PACE_PER_PASS_S + PACE_PER_TOKEN_S + PACE_PER_KEY_S * (9 + 160);
+    check_paced_beside_decode(2, 0.75 * 2 * decode_min, 1.25 * 2 * decode_max);
 }
 
 /* The machine slows down (every pass takes twice as long from the 8th
- * on): the step-time model follows within a few passes, and the prompt's
- * chunks shrink so that steps are back within the target. */
+ * on): the step-time model follows within a few passes, and a long
+ * prompt's chunks (alone: steps of four targets, nothing decodes) shrink
+ * so that steps are back within their target. */
 static void test_pace_adapts_to_slower_steps(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
     Drive *dr = calloc(1, sizeof *dr);
+    const double target_ms = PACE_TARGET_MS / 5.0;
+    Engine *e = pace_engine(m, dr, target_ms);
     const int slow_from = 8;
-    int first, end;
-    run_paced(m, dr, PACE_TARGET_MS, slow_from, 480, &first, &end);
+    pthread_mutex_lock(&dr->steps.lock);
+    dr->vp.slow_factor = 2;
+    dr->vp.slow_from = slow_from;
+    pthread_mutex_unlock(&dr->steps.lock);
+    int32_t l[512];
+    make_prompt(l, 480, 512, 92, 1);
+    Request *rl = submit_held(e, dr, l, 480, 2);
+    drive_run(dr);
+    ReqResult res;
+    char *tl = drain(rl, &res), *ref = reference_text(m, l, 480, 2);
+    assert_string_equal(tl, ref);
+    free(ref);
+    free(tl);
+    settle(e);
+    request_unref(rl);
+    engine_free(e);
+    gate_deinit(&dr->steps);
     const VirtualPasses *vp = &dr->vp;
-    const double target = PACE_TARGET_MS / 1000.0;
-    assert_true(first < slow_from - 2 && end > slow_from + 8);
+    const double target = 4 * target_ms / 1000.0;
+    int end = 0;
+    assert_true(vp->n_log < DRIVE_MAX_PASSES);
+    while (end < vp->n_log && vp->log[end].n_prefill > 0) end++;
+    assert_true(end > slow_from + 8);
     int before = vp->log[slow_from - 1].n_prefill, after = 0;
     for (int i = slow_from + 5; i < end - 1; i++) {
         if (vp->log_s[i] > 1.05 * target || vp->log_s[i] < 0.75 * target)
@@ -1214,7 +1254,7 @@ static void test_pace_prompt_progresses_past_target(void **s) {
     if (!m) return;
     Drive *dr = calloc(1, sizeof *dr);
     int first, end;
-    run_paced(m, dr, 1000 * PACE_PER_PASS_S / 2, -1, 100, &first, &end);
+    run_paced(m, dr, 1000 * PACE_PER_PASS_S / 2, 0, 100, &first, &end);
     const VirtualPasses *vp = &dr->vp;
     const double decode_max = PACE_PER_PASS_S + PACE_PER_TOKEN_S + PACE_PER_KEY_S * (9 + 160);
     int n_tokens = 0;
@@ -2486,6 +2526,21 @@ static uint64_t expect_round_trip_from(Engine *e, Model *m, uint64_t seed, Cache
 
 static uint64_t expect_round_trip(Engine *e, Model *m, uint64_t seed) {
     return expect_round_trip_from(e, m, seed, SRC_DISK);
+}
+
+/* engine_new refuses a decode step ratio that is neither 0 (off) nor in
+ * 1..100. */
+static void test_decode_step_ratio_out_of_range(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    const double bad[] = {0.5, -1, 101, NAN};
+    for (int i = 0; i < 4; i++) {
+        EngineOptions o;
+        engine_options_default(&o);
+        o.decode_step_ratio = bad[i];
+        expect_options_refused(m, &o);
+    }
+    model_free(m);
 }
 
 /* engine_new refuses a block size out of range (none, negative) with the
@@ -3804,6 +3859,8 @@ int main(void) {
         cmocka_unit_test(test_schedule_fpf),
         cmocka_unit_test(test_schedule_relaxed_fpf),
         cmocka_unit_test(test_pace_decode_beside_prefill),
+        cmocka_unit_test(test_pace_decode_step_ratio),
+        cmocka_unit_test(test_decode_step_ratio_out_of_range),
         cmocka_unit_test(test_pace_adapts_to_slower_steps),
         cmocka_unit_test(test_pace_returning_turn_first),
         cmocka_unit_test(test_pace_prompt_progresses_past_target),

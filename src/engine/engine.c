@@ -49,7 +49,8 @@
  * ENGINE_AGING_STEPS steps in a row goes first (aging: no admitted prompt
  * starves) — each chunk as long as the pacer predicts the pass to
  * stay within step_ms (engine/pacer.h; a few times that in a step where
- * nothing decodes), at most batch_tokens in all.
+ * nothing decodes; with decode_step_ratio, that many times the decodes' own
+ * pass beside decodes when that is shorter), at most batch_tokens in all.
  * Whatever the decodes cost, the first chunk gets at least as long as the
  * rest of the step, so prompts always progress. The pass's measured
  * compute goes back to the pacer. After the forward pass, each sequence
@@ -1706,6 +1707,7 @@ typedef struct Batch {
     int n, n_logits;   /* tokens and logit rows so far */
     PacerShape shape;  /* what its pass costs by: decode and prompt tokens, keys */
     bool has_decoder;  /* some running sequence decodes (in the batch, or held back) */
+    double target_s;   /* the time its prompt chunks fill the pass to (step_target) */
 } Batch;
 
 /* EngineTestHooks.step_fn, once the step's batch b is made: what it
@@ -1750,8 +1752,23 @@ static void batch_put(Engine *e, Batch *b, int i, int32_t pos, int n, bool is_de
  * step has no prompt token yet, and this chunk gets at least its share). */
 static int chunk_len(const Engine *e, const Batch *b, int32_t pos, int max_n, bool is_first) {
     if (e->opt.step_ms <= 0) return max_n;
-    double target_s = e->pacer.target_s * (b->has_decoder ? 1 : ENGINE_PREFILL_ONLY_STEPS);
-    return pacer_fit_target(&e->pacer, b->shape, pos, max_n, is_first, target_s);
+    return pacer_fit_target(&e->pacer, b->shape, pos, max_n, is_first, b->target_s);
+}
+
+/* The time batch b's prompt chunks fill its pass to, once its decodes are
+ * in: ENGINE_PREFILL_ONLY_STEPS targets when nothing decodes; beside
+ * decodes the target, or with opt.decode_step_ratio that many times the
+ * decodes' own predicted pass when that is shorter (none predicted yet, or
+ * every decoder held back: the target). Every decoding conversation waits
+ * for the whole step, so the ratio bounds a gap beside a prompt by a
+ * multiple of a decode-only step's; the prompts' share moves into the
+ * steps with nothing decoding, and their smaller chunks beside decodes
+ * compute fewer tokens a second. */
+static double step_target(const Engine *e, const Batch *b) {
+    if (!b->has_decoder) return e->pacer.target_s * ENGINE_PREFILL_ONLY_STEPS;
+    double decodes_s = b->shape.n_decode > 0 ? pacer_predict(&e->pacer, b->shape) : 0;
+    double cap_s = e->opt.decode_step_ratio * decodes_s;
+    return cap_s > 0 && cap_s < e->pacer.target_s ? cap_s : e->pacer.target_s;
 }
 
 /* Take the blocks running prompt i's next chunk of n tokens (from n_done)
@@ -1837,6 +1854,7 @@ static void batch_make(Engine *e, Batch *b) {
         }
         e->b_order[k] = i;
     }
+    b->target_s = step_target(e, b);
     for (int k = 0; k < n_order; k++) {
         Active *a = e->running[e->b_order[k]];
         int n = b->n < e->opt.batch_tokens ? batch_add(e, b, e->b_order[k], e->opt.batch_tokens - b->n) : 0;
@@ -2194,6 +2212,7 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
     if (op->n_ctx <= 0 || op->n_ctx > m->cfg.n_ctx) op->n_ctx = m->cfg.n_ctx;
     int rc = MN_OK;
     if (op->block_tokens < 1 || op->block_tokens > 1024 || op->batch_tokens < 1 || !(op->step_ms >= 0) ||
+        !(op->decode_step_ratio == 0 || (op->decode_step_ratio >= 1 && op->decode_step_ratio <= 100)) ||
         op->parallel < 1 ||
         op->max_queue < 1 || op->n_threads < 1 || op->compute_nice < 0 || op->compute_nice > 19 ||
         !(op->decode_reserve >= 0 && op->decode_reserve < 1) ||

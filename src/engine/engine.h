@@ -142,6 +142,9 @@ typedef struct EngineOptions {
     double step_ms;       /* a step's time target: prefill chunks are sized so that each
                              forward pass is predicted to take this long (engine/pacer.h);
                              0: every step takes up to batch_tokens (default 500) */
+    double decode_step_ratio; /* a step that holds decode tokens is held to this many times
+                             what its decodes alone are predicted to take, when that is
+                             shorter than step_ms (0: off, the default; else 1 to 100) */
     int parallel;         /* running sequences at most (default 8) */
     int max_queue;        /* waiting requests at most (default 64) */
     int n_ctx;            /* positions per sequence (default: the model's) */
