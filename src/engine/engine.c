@@ -961,15 +961,19 @@ static int blocks_for(const Engine *e, int n_tokens) { return (n_tokens + e->opt
  * cached blocks. */
 static int blocks_needed(const Engine *e, const Active *a, int n_hit) { return blocks_for(e, a->n_tokens) - n_hit; }
 
+/* Blocks of running sequence a's tokens its table does not hold yet (a
+ * prompt's table covers what it computed so far, see grow_chunk). */
+static int blocks_untaken(const Engine *e, const Active *a) { return blocks_for(e, a->n_tokens) - a->seq.n_blocks; }
+
 /* Blocks the running sequences with fewer than max_pending tokens to
- * compute will take as their prompts' chunks are computed (a prompt's
- * table covers what it computed so far, see grow_chunk): admission counts
- * them as taken, and a prompt's chunks leave them to the shorter ones. */
+ * compute will take as their prompts' chunks are computed: admission
+ * counts them as taken, and a prompt's chunks leave them to the shorter
+ * ones. */
 static int promised_blocks(const Engine *e, int max_pending) {
     int n = 0;
     for (int i = 0; i < e->n_running; i++) {
         const Active *a = e->running[i];
-        int left = blocks_for(e, a->n_tokens) - a->seq.n_blocks;
+        int left = blocks_untaken(e, a);
         if (left > 0 && pending_tokens(a) < max_pending) n += left;
     }
     return n;
@@ -1420,7 +1424,7 @@ static void borrow_room(Engine *e) {
         for (int i = 0; i < e->n_running; i++) {
             const Active *a = e->running[i];
             int left = pending_tokens(a);
-            if (a->seq.n_blocks < blocks_for(e, a->n_tokens) && left > v_left) v_left = left;
+            if (blocks_untaken(e, a) > 0 && left > v_left) v_left = left;
         }
         Active *best = shortest_waiting(e, &b_left);
         if (best == NULL || v_left == 0 || lend_left(b_left) > v_left) return;
