@@ -47,10 +47,15 @@
  *               2..4 tokens; each row's block scale is widened in a register
  *               once per block; the next tile's rows are prefetched
  *               alongside, since decode streams the weights from DRAM once.
- *             panel (more tokens): the scales of the work item's rows are
- *               first widened into an f32 array on the worker's stack, so
- *               the inner loop takes them as broadcast memory operands;
- *               4 rows x 6 tokens, weights from L2 as in ftile.
+ *             panel (more tokens): the first token tile (4 tokens)
+ *               streams the work item's rows from DRAM as direct mode
+ *               does, next tile prefetched; then their scales, now in
+ *               cache, are widened into an f32 array on the worker's
+ *               stack, so the later tiles' inner loop takes them as
+ *               broadcast memory operands; 4 rows x 6 tokens, weights
+ *               from L2 as in ftile. (Widening first, before any
+ *               arithmetic, read the rows from DRAM with nothing to
+ *               overlap, which a short prompt chunk's pass felt.)
  *   ktile   every other quantized type, where it keeps f32 activations
  *           (rows too long for the int8 kernels' buffers): per step of KB
  *           (256) elements, dq_rows writes the step of each of the tile's
@@ -363,14 +368,14 @@ MM_INLINE void qtile(int R, int T, bool is_panel, const uint8_t *w0, size_t row_
     default: QTILE(R, 4, false); break; \
     }
 _Static_assert(QDT == 4, "QDIRECT_CASES covers T = 1..4");
-#define QPANEL_CASES(R) \
+#define QPANEL_CASES(R, is_panel) \
     switch (T) { \
-    case 1: QTILE(R, 1, true); break; \
-    case 2: QTILE(R, 2, true); break; \
-    case 3: QTILE(R, 3, true); break; \
-    case 4: QTILE(R, 4, true); break; \
-    case 5: QTILE(R, 5, true); break; \
-    default: QTILE(R, 6, true); break; \
+    case 1: QTILE(R, 1, is_panel); break; \
+    case 2: QTILE(R, 2, is_panel); break; \
+    case 3: QTILE(R, 3, is_panel); break; \
+    case 4: QTILE(R, 4, is_panel); break; \
+    case 5: QTILE(R, 5, is_panel); break; \
+    default: QTILE(R, 6, is_panel); break; \
     }
 _Static_assert(QPT == 6, "QPANEL_CASES covers T = 1..6");
 
@@ -410,40 +415,56 @@ MM_INLINE void qrows_direct(const MmJob *job, long r0, long r1) {
     }
 }
 
-/* Rows [r0, r1), panel mode: widen the rows' scales once, then the token
- * tiles go by as in frows. job_plan keeps r1 - r0 within Q_SC_FLOATS. */
+/* The f32 scales of rows [r0, r1) into sc, nb a row. */
+MM_INLINE void widen_scales(const MmJob *job, long r0, long r1, float *sc) {
+    const int64_t nb = job->w->n_in / 32;
+    for (long r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)job->w->data + (size_t)r * job->row_bytes;
+        for (int64_t b = 0; b < nb; b++) {
+            uint16_t h;
+            memcpy(&h, row + b * sizeof(BlockQ8_0), 2);
+            sc[(r - r0) * nb + b] = _cvtsh_ss(h);
+        }
+    }
+}
+
+/* Rows [r0, r1), panel mode. The first token tile (QDT tokens) streams the
+ * rows from DRAM with the scales widened in registers and the next tile
+ * prefetched alongside, as direct mode does, so the weights' one read from
+ * memory overlaps arithmetic; then the rows' scales, now in cache, are
+ * widened once into sc and the other token tiles go by as in frows. Both
+ * ways of taking a scale give the same bits. job_plan keeps r1 - r0
+ * within Q_SC_FLOATS. */
 MM_INLINE void qrows_panel(const MmJob *job, long r0, long r1) {
     _Alignas(64) float sc[Q_SC_FLOATS];
     const MatW *w = job->w;
-    int64_t n_in = w->n_in, n_out = w->n_out, nb = n_in / 32, nsc = nb;
-    const size_t bb = sizeof(BlockQ8_0);
+    int64_t n_in = w->n_in, n_out = w->n_out, nsc = n_in / 32;
     size_t row_bytes = job->row_bytes;
     assert((r1 - r0) * nsc <= Q_SC_FLOATS);
-    for (long r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * row_bytes;
-        for (int64_t b = 0; b < nb; b++) {
-            uint16_t h;
-            memcpy(&h, row + b * bb, 2);
-            sc[(r - r0) * nsc + b] = _cvtsh_ss(h);
-        }
-    }
-    const uint8_t *pf0 = NULL;
-    for (int t0 = 0; t0 < job->n_tok; t0 += QPT) {
-        int T = MM_MIN(QPT, job->n_tok - t0);
+    for (int t0 = 0, T; t0 < job->n_tok; t0 += T) {
+        T = MM_MIN(t0 == 0 ? QDT : QPT, job->n_tok - t0);
         const float *x0 = job->x + (int64_t)t0 * n_in;
         long r = r0;
         for (; r + QPR <= r1; r += QPR) {
             const uint8_t *w0 = (const uint8_t *)w->data + (size_t)r * row_bytes;
             const float *sc0 = sc + (r - r0) * nsc;
             float *out0 = job->out + (int64_t)t0 * n_out + r;
-            QPANEL_CASES(QPR)
+            if (t0 == 0) {
+                const uint8_t *pf0 = r + 2 * QPR <= r1 ? w0 + QPR * row_bytes : NULL;
+                QPANEL_CASES(QPR, false)
+            } else {
+                const uint8_t *pf0 = NULL;
+                QPANEL_CASES(QPR, true)
+            }
         }
         for (; r < r1; r++) {
-            const uint8_t *w0 = (const uint8_t *)w->data + (size_t)r * row_bytes;
+            const uint8_t *w0 = (const uint8_t *)w->data + (size_t)r * row_bytes, *pf0 = NULL;
             const float *sc0 = sc + (r - r0) * nsc;
             float *out0 = job->out + (int64_t)t0 * n_out + r;
-            QPANEL_CASES(1)
+            if (t0 == 0) QPANEL_CASES(1, false)
+            else QPANEL_CASES(1, true)
         }
+        if (t0 == 0 && job->n_tok > T) widen_scales(job, r0, r1, sc);
     }
 }
 
