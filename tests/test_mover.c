@@ -757,6 +757,58 @@ static void test_promote_refused(void **state) {
     kvpool_deinit(&p);
 }
 
+/* A SAVE into tier 0 alone (a restored run copied up into RAM) reaches
+ * the RAM tier only, and is served with the promotes: before a save down
+ * the chain queued ahead of it. A job still queued can be withdrawn
+ * (MN_OK: it is the caller's again and no event of it comes); one the
+ * thread has taken cannot (MN_EBUSY). Runs as in ram_disk_mover: A
+ * (blocks 0..3, still in slots 0..3) only on disk, B and C in RAM. */
+static void test_copy_up_and_withdraw(void **state) {
+    KvPool p;
+    Sink sink;
+    char *dir = test_tmpdir_new("mover");
+    Mover *m = ram_disk_mover(&p, dir, &sink);
+    MoverTierStats ram0, disk0;
+    mover_stats(m, 0, &ram0);
+    mover_stats(m, 1, &disk0);
+    sink.is_holding = true;
+    assert_int_equal(mover_submit(m, save_job(8, 1)), MN_OK);
+    sink_wait_done(&sink, 4); /* the mover is held in its DONE: taken */
+    MoverJob *held = sink.done[3];
+    assert_true(mover_is_taken(m, held));
+    assert_int_equal(mover_withdraw(m, held), MN_EBUSY);
+    MoverJob *down = save_job(4, 4), *up = save_job(0, 4), *gone = promote_job(0, 2, 1);
+    up->into_tiers = 1u;
+    assert_int_equal(mover_submit(m, down), MN_OK);
+    assert_int_equal(mover_submit(m, gone), MN_OK);
+    assert_int_equal(mover_submit(m, up), MN_OK);
+    assert_false(mover_is_taken(m, gone));
+    assert_int_equal(mover_withdraw(m, gone), MN_OK);
+    mover_job_free(gone);
+    MoverJob *never = promote_job(0, 1, 1);
+    assert_int_equal(mover_withdraw(m, never), MN_EINVAL); /* never submitted */
+    mover_job_free(never);
+    sink_release(&sink);
+    assert_int_equal(mover_submit(m, mover_job_new(MOVER_FLUSH, 0, 0)), MN_OK);
+    sink_wait_done(&sink, 7);
+    assert_true(sink.done[4] == up && sink.done[5] == down); /* and nothing of the withdrawn one */
+    assert_int_equal(sink.done[6]->kind, MOVER_FLUSH);
+    assert_int_equal(up->rc, MN_OK);
+    assert_int_equal(up->saved_tiers, 1u);
+    assert_int_equal(down->saved_tiers, 3u);
+    MoverTierStats ram1, disk1;
+    mover_stats(m, 0, &ram1);
+    mover_stats(m, 1, &disk1);
+    assert_int_equal(ram1.tier.n_puts, ram0.tier.n_puts + 3);   /* held, up, down */
+    assert_int_equal(disk1.tier.n_puts, disk0.tier.n_puts + 2); /* held, down */
+    assert_int_equal(disk1.reads.n, disk0.reads.n);             /* the withdrawn promote read nothing */
+    assert_int_equal(load_and_compare(m, &sink, &p, 0, 4, 40, 0), MN_OK); /* A, from RAM */
+    mover_free(m);
+    sink_free(&sink);
+    test_tmpdir_free(dir);
+    kvpool_deinit(&p);
+}
+
 /* ---- the mover under a hostile kernel ------------------------------------------------ */
 
 /* Run fn(arg) in a child process with stderr going to a file; the child's
@@ -995,6 +1047,7 @@ int main(void) {
         cmocka_unit_test(test_promote_refused),
         cmocka_unit_test(test_promote_all_or_nothing),
         cmocka_unit_test(test_promote_done_before_its_eviction),
+        cmocka_unit_test(test_copy_up_and_withdraw),
         cmocka_unit_test(test_mixed_restore_logits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

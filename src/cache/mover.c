@@ -1,14 +1,18 @@
 /* mover.c — the mover thread (see mover.h).
  *
  * One thread, three FIFO queues under one mutex: loads (reads), prefetch
- * (WINDOW and PROMOTE jobs) and everything else (writes). The thread takes
- * the first non-empty queue in that order, so a restore waiting to be
- * computed never queues behind prefetch or write-behind. The loads queued
+ * (WINDOW and PROMOTE jobs, and SAVEs into tier 0 alone) and everything
+ * else (writes). The thread takes the first non-empty queue in that
+ * order, so a restore waiting to be computed never queues behind
+ * prefetch or write-behind. The loads queued
  * at that moment (up to MOVER_MAX_BATCH) are read together, one streamed
  * read per tier; so are the promotes at the head of the prefetch queue, as
  * many as the staging pool holds, and then each one is put into tier 0 as
  * its own run. A job runs to completion without the lock; its events go
- * out through the on_event callback as they happen.
+ * out through the on_event callback as they happen. A job still queued
+ * may be withdrawn by its submitter (mover_withdraw); taking it off its
+ * queue marks it taken (MoverJob.is_taken, under the lock), after which
+ * it runs.
  *
  * The thread asks the scheduler for short time slices (MOVER_SLICE_NS,
  * base/sched.h): a streamed restore wakes it every few hundred
@@ -181,11 +185,19 @@ static void observe(MoverIoHist *h, double seconds) {
     h->sum += seconds;
 }
 
-/* Copy the run into every tier; a tier that refuses it (full, failed) is
- * skipped. rc is the last failure when no tier took it. */
+/* MoverTestHooks.put_gate, before a run goes into tier i. */
+static void put_gate(const Mover *m, int i) {
+    const MoverTestHooks *hk = m->cfg.hooks;
+    if (hk && hk->put_gate) hk->put_gate(hk->ctx, i);
+}
+
+/* Copy the run into every tier it names; a tier that refuses it (full,
+ * failed) is skipped. rc is the last failure when no tier took it. */
 static void run_save(Mover *m, MoverJob *j) {
     j->rc = m->n_tiers > 0 ? MN_EFULL : MN_OK;
     for (int i = 0; i < m->n_tiers; i++) {
+        if (j->into_tiers != 0 && !(j->into_tiers >> i & 1)) continue;
+        put_gate(m, i);
         double t0 = mn_now();
         TierRunInfo info = {.pos = j->pos, .ns_id = &j->ns_id, .hidden = j->hidden};
         int rc = tier_put_run(m->tiers[i], j->hashes, j->n, m->cfg.pool, j->slots, &info);
@@ -310,6 +322,7 @@ static int alike_end(const MoverJob *j, int a) {
  * take its room unused. */
 static int put_promote(Mover *m, MoverJob *j) {
     int rc = MN_OK, n_put = 0; /* blocks [0, n_put) are in tier 0 */
+    put_gate(m, 0);
     while (n_put < j->n && rc == MN_OK) {
         int end = alike_end(j, n_put);
         TierRunInfo info = {.pos = j->pos + n_put * m->cfg.pool->block_tokens, .ns_id = &j->ns_id,
@@ -471,6 +484,10 @@ static void wait_for_work(Mover *m) {
 static MoverQueue queue_of(const MoverJob *j) {
     if (j->kind == MOVER_LOAD || j->kind == MOVER_PROBE || j->kind == MOVER_REPLY_FETCH) return Q_READS;
     if (j->kind == MOVER_PROMOTE || j->kind == MOVER_WINDOW) return Q_PREFETCH;
+    /* a SAVE into tier 0 alone copies a restored run up into RAM: prefetch
+     * too, and it holds pool slots, so it goes before the promotes planned
+     * after it (a request waiting for those slots is not held up by them) */
+    if (j->kind == MOVER_SAVE && j->into_tiers == 1u) return Q_PREFETCH;
     return Q_WRITES;
 }
 
@@ -491,6 +508,7 @@ static void take_batch(Mover *m, JobBatch *b) {
         b->jobs[b->n_jobs++] = j;
         if ((m->head[q] = j->next) == NULL) m->tail[q] = NULL;
         j->next = NULL;
+        j->is_taken = true;
     }
 }
 
@@ -538,6 +556,32 @@ int mover_submit(Mover *m, MoverJob *j) {
         m->tail[q] = j;
         if (j->kind == MOVER_STOP) m->is_stopped = true;
         pthread_cond_signal(&m->cond);
+    }
+    pthread_mutex_unlock(&m->lock);
+    return rc;
+}
+
+bool mover_is_taken(Mover *m, const MoverJob *j) {
+    pthread_mutex_lock(&m->lock);
+    bool is_taken = j->is_taken;
+    pthread_mutex_unlock(&m->lock);
+    return is_taken;
+}
+
+int mover_withdraw(Mover *m, MoverJob *j) {
+    pthread_mutex_lock(&m->lock);
+    int rc = MN_EBUSY;
+    if (!j->is_taken) { /* still queued: unlink it */
+        MoverQueue q = queue_of(j);
+        MoverJob *prev = NULL, *x = m->head[q];
+        for (; x != NULL && x != j; x = x->next) prev = x;
+        rc = x == j ? MN_OK : MN_EINVAL; /* (not submitted: the caller's bug) */
+        if (rc == MN_OK) {
+            if (prev) prev->next = j->next;
+            else m->head[q] = j->next;
+            if (m->tail[q] == j) m->tail[q] = prev;
+            j->next = NULL;
+        }
     }
     pthread_mutex_unlock(&m->lock);
     return rc;

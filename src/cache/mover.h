@@ -19,7 +19,8 @@
  *
  * Jobs: SAVE copies a run of pool slots into every tier of the chain (the
  * chain is inclusive: RAM holds the most recently used runs, disk holds
- * everything that fits, so a RAM eviction loses nothing); LOAD restores
+ * everything that fits, so a RAM eviction loses nothing), or into the
+ * tiers it names (a restored run copied up into RAM); LOAD restores
  * blocks into pool slots layer by layer, reporting each layer as soon as it
  * is in place; PROMOTE copies blocks that only slower tiers hold into the
  * fastest one (tier 0, RAM) — the scheduler's prefetch of a waiting
@@ -41,11 +42,12 @@
  *
  * Three queues, served in this order: loads, probes and reply fetches (a
  * restore waits to be computed, a new request for its probe, a prompt being
- * built for its fetch), then WINDOW and PROMOTE
- * jobs (prefetch, under the window it
- * was planned with), then everything else (writes). Jobs of one queue run
- * in submission order; the loads queued at one moment are read together,
- * and so are the promotes.
+ * built for its fetch), then WINDOW and PROMOTE jobs (prefetch, under the
+ * window it was planned with) and SAVEs into tier 0 alone (a restored run
+ * copied up into RAM: prefetch too), then everything else (writes). Jobs
+ * of one queue run in submission order; the loads queued at one moment
+ * are read together, and so are the promotes. A job still queued may be
+ * withdrawn (mover_withdraw).
  *
  * Events go to the on_event callback, on the mover thread, in the order
  * they happen: LAYER (a load's layers [0, layer] are in the pool), DONE
@@ -135,6 +137,8 @@ struct MoverJob {
     uint64_t hidden;     /* SAVE: TierRunInfo.hidden, the layers to store as
                             the slots' hidden states (a tier without them
                             stores K/V) */
+    uint32_t into_tiers; /* SAVE: the tiers to copy into (bit mask of the
+                            chain); 0: every tier */
     double cutoff;       /* EXPIRE: wall-clock seconds (mn_wall_now) */
     /* REPLY: key -> (text, ids); CONV: conv, n_tokens; both at `when`.
        SAVE, PROMOTE, REPLY, CONV, PROBE: ns_id, the namespace of the
@@ -164,6 +168,8 @@ struct MoverJob {
     MoverEvent *events;  /* (n_events) */
     int n_events;
     MoverJob *next;      /* in the mover's queue */
+    bool is_taken;       /* the thread took it off its queue (under the
+                            mover's lock: mover_is_taken) */
 };
 
 /* A job with room for n blocks (and n_layer layer events for a LOAD).
@@ -216,6 +222,10 @@ typedef struct MoverTestHooks {
      * mover thread starts (to inject a failure: aio_fault_set on
      * tier_disk_aio, tier_disk_fault_alloc). May be NULL. */
     void (*disk_tier)(void *ctx, Tier *t);
+    /* Called on the mover thread before each run is put into tier `tier`
+     * (a SAVE's, a PROMOTE's), outside any tier call. One that blocks
+     * holds the mover there, with every job behind it. May be NULL. */
+    void (*put_gate)(void *ctx, int tier);
     void *ctx;
     /* TierRedisConfig.read_window_bytes (1: one layer at a time, so a
      * restore held by layer_gate has asked for nothing after that layer);
@@ -269,6 +279,15 @@ void mover_free(Mover *m);
  * after STOP; MN_EINVAL for a PROMOTE of no blocks or more than
  * mover_promote_max_blocks. */
 int mover_submit(Mover *m, MoverJob *j);
+/* Whether the thread has taken submitted job j off its queue (it runs, or
+ * has run): from then on it cannot be withdrawn. j must not have had its
+ * DONE event handled yet (the submitter still knows it). */
+bool mover_is_taken(Mover *m, const MoverJob *j);
+/* Take back submitted job j while it still waits in its queue: MN_OK, and
+ * j is the caller's again, untouched, with no event to come; MN_EBUSY
+ * when the thread has taken it (its events come as usual); MN_EINVAL
+ * when it was never submitted. */
+int mover_withdraw(Mover *m, MoverJob *j);
 
 /* Promotes are read through a staging pool of the mover's own, made (and
  * its pages touched) with the mover when there are two tiers or more:
