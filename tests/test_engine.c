@@ -2214,9 +2214,10 @@ static void test_partial_tail_lead_unfinished(void **s) { expect_cut_keeps_nothi
 /* A tier engine (tier_engine's) that saves the layers `layers` as hidden
  * states (0: the plan's choice, those smaller than KV); kv_type its pool's. */
 static Engine *hidden_engine_hooked(Model *m, int pool_blocks, uint64_t ram_mb, const char *dir, EvictPolicy evict,
-                                    MnType kv_type, RestorePlan plan, uint64_t layers, const EngineTestHooks *hooks) {
+                                    MnType kv_type, RestorePlan plan, uint64_t layers, const EngineTestHooks *hooks,
+                                    const MoverTestHooks *mover) {
     EngineOptions o;
-    tier_options(&o, pool_blocks, NULL);
+    tier_options(&o, pool_blocks, mover);
     o.test_hooks = hooks;
     o.ram_tier_mb = ram_mb;
     o.disk_tier_dir = dir;
@@ -2232,7 +2233,7 @@ static Engine *hidden_engine_hooked(Model *m, int pool_blocks, uint64_t ram_mb, 
 
 static Engine *hidden_engine(Model *m, int pool_blocks, uint64_t ram_mb, const char *dir, EvictPolicy evict,
                              MnType kv_type, RestorePlan plan, uint64_t layers) {
-    return hidden_engine_hooked(m, pool_blocks, ram_mb, dir, evict, kv_type, plan, layers, NULL);
+    return hidden_engine_hooked(m, pool_blocks, ram_mb, dir, evict, kv_type, plan, layers, NULL, NULL);
 }
 
 /* The request's restored_by (usage.prompt_tokens_details.restored_by):
@@ -2672,7 +2673,7 @@ static void test_hidden_projection_fails(void **s) {
     for (int layer = 0; layer < m->cfg.n_layer; layer++) {
         int at = layer;
         EngineTestHooks hk = {.project_fails_fn = fail_layer_once, .ctx = &at};
-        Engine *e = hidden_engine_hooked(m, 32, 0, dir, EVICT_DEFAULT, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, all, &hk);
+        Engine *e = hidden_engine_hooked(m, 32, 0, dir, EVICT_DEFAULT, MN_TYPE_F16, RESTORE_PLAN_HIDDEN, all, &hk, NULL);
         ReqResult res;
         expect_recomputed(e, &want, a, 65, &res);
         if (at != -1) fail_msg("layer %d: the fault did not happen", layer);
@@ -2756,12 +2757,48 @@ static void test_prefetch_waiting(void **s) {
     model_free(m);
 }
 
+/* MoverTestHooks.put_gate: puts into tier 0 (the RAM tier) pass the gate
+ * in ctx; puts into the other tiers go on. */
+static void gate_ram_put(void *ctx, int tier) {
+    if (tier != 0) return;
+    Gate *g = ctx;
+    pthread_mutex_lock(&g->lock);
+    gate_pass_locked(g);
+    pthread_mutex_unlock(&g->lock);
+}
+
+/* The bytes the disk tier (the last of the chain) has read, once every
+ * move is done. */
+static uint64_t disk_bytes_read(Engine *e) {
+    EngineStats st;
+    settled_stats(e, &st);
+    return st.tiers[st.n_tiers - 1].tier.bytes_read;
+}
+
+/* What an engine with the disk tier in dir alone reads from it to restore
+ * prompt a (65 tokens, its runs stored under plan and layers): its answer
+ * is want's. */
+static uint64_t disk_restore_bytes(Model *m, const char *dir, const int32_t *a, const Recomputed *want,
+                                   RestorePlan plan, uint64_t layers) {
+    Engine *e = hidden_engine(m, 24, 0, dir, EVICT_DEFAULT, MN_TYPE_F16, plan, layers);
+    ReqResult res;
+    expect_recomputed(e, want, a, 65, &res);
+    assert_int_equal(res.n_cached_by[SRC_DISK], 64);
+    uint64_t n = disk_bytes_read(e);
+    engine_free(e);
+    assert_true(n > 0);
+    return n;
+}
+
 /* Prefetch into RAM: a restarted server knows a conversation only from
  * disk; it arrives while another request runs (FCFS, one at a time) and
  * the pool has no free slot (every one holds cached blocks), so its
- * blocks are copied from disk into the RAM tier while it waits, and its
- * admission waits for that copy. They are restored from RAM, and its
- * answer is the full recompute's, bit for bit. */
+ * blocks are copied from disk into the RAM tier while it waits. The
+ * promote is under way (the mover holds it at its put into RAM) before
+ * the running request may end, so the conversation's admission waits for
+ * that copy rather than read the same blocks from disk again. They are
+ * restored from RAM, and its answer is the full recompute's, bit for
+ * bit. */
 static void check_promote_waiting(RestorePlan plan, uint64_t layers) {
     Model *m = load("stories260K");
     if (!m) return;
@@ -2774,8 +2811,11 @@ static void check_promote_waiting(RestorePlan plan, uint64_t layers) {
     put_on_disk_plan(m, dir, (const int32_t *[]){a}, (int[]){65}, 1, plan, layers);
     Drive dr;
     drive_init(&dr);
+    Gate puts;
+    gate_init(&puts);
+    MoverTestHooks mh = {.put_gate = gate_ram_put, .ctx = &puts};
     /* a's 8 blocks are on disk only */
-    Engine *e = hidden_engine_hooked(m, 24, 1, dir, EVICT_DEFAULT, MN_TYPE_F16, plan, layers, &dr.hooks);
+    Engine *e = hidden_engine_hooked(m, 24, 1, dir, EVICT_DEFAULT, MN_TYPE_F16, plan, layers, &dr.hooks, &mh);
     ReqResult res;
     for (int i = 0; i < 3; i++) free(run_one(e, fill[i], 65, 4, NULL, &res)); /* the pool fills with cached blocks */
     settle(e);
@@ -2783,9 +2823,15 @@ static void check_promote_waiting(RestorePlan plan, uint64_t layers) {
     engine_stats(e, &st);
     assert_true(st.pool_free < 8);
     Recomputed want = recompute(m, a, 65, 4);
+    gate_close(&puts);
     Request *rd = submit_held(e, &dr, d, 9, 180); /* runs first, as long as the pool allows */
     float *got = calloc((size_t)nv, sizeof *got);
     Request *ra = submit_one_logits(e, a, 65, want.n_gen, got);
+    drive_stepping(&dr, true);
+    drive_one_step(&dr);       /* a arrived and waits: its promote is sent */
+    gate_wait_holding(&puts);  /* ... and under way */
+    gate_open(&puts);
+    drive_stepping(&dr, false);
     drive_run(&dr);
     expect_recomputed_read(ra, &want, got, &res);
     assert_int_equal(res.n_cached, 64);
@@ -2800,6 +2846,7 @@ static void check_promote_waiting(RestorePlan plan, uint64_t layers) {
     request_unref(rd);
     recomputed_free(&want);
     engine_free(e);
+    gate_deinit(&puts);
     gate_deinit(&dr.steps);
     test_tmpdir_free(dir);
     model_free(m);
@@ -2810,6 +2857,132 @@ static void test_promote_waiting(void **s) { check_promote_waiting(RESTORE_PLAN_
  * the promote copies them into RAM as they are, and they are projected
  * when restored from there. */
 static void test_hidden_promote(void **s) { check_promote_waiting(RESTORE_PLAN_HIDDEN, 0x15); }
+
+/* A restore from disk by way of the RAM tier: a restarted server with both
+ * tiers knows a conversation only from disk, and the pool holds nothing
+ * free (nothing is prefetched into it). The conversation arrives on an
+ * idle engine while every put into the RAM tier is held at a gate: it is
+ * restored from disk and answers — bit for bit the full recompute's —
+ * without waiting for any copy into RAM (it used to be promoted first:
+ * disk to the mover's staging pool to RAM, waited for, then read from RAM,
+ * four times a disk restore's time). The copy into RAM comes after, from
+ * the blocks the restore read (the gate holds it); let through, the
+ * conversation, pushed out of the pool, comes back from RAM; and the disk
+ * was read once in all: as much as a disk-only engine reads to restore
+ * it. With layers, some layers of the runs are stored as hidden states:
+ * restored by projection from disk, they are copied into RAM as they are
+ * and projected again from there. */
+static void check_disk_restore_through_ram(RestorePlan plan, uint64_t layers) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = test_tmpdir_new("tier");
+    const int nv = m->cfg.n_vocab;
+    int32_t a[80], fill[6][80];
+    make_prompt(a, 65, nv, 91, 1);
+    make_prompts(fill, 6, 65, nv, 92);
+    put_on_disk_plan(m, dir, (const int32_t *[]){a}, (int[]){65}, 1, plan, layers);
+    Recomputed want = recompute(m, a, 65, 4);
+    const uint64_t once = disk_restore_bytes(m, dir, a, &want, plan, layers);
+    Gate puts;
+    gate_init(&puts);
+    MoverTestHooks mh = {.put_gate = gate_ram_put, .ctx = &puts};
+    Engine *e = hidden_engine_hooked(m, 24, 1, dir, EVICT_DEFAULT, MN_TYPE_F16, plan, layers, NULL, &mh);
+    ReqResult res;
+    for (int i = 0; i < 3; i++) free(run_one(e, fill[i], 65, 4, NULL, &res)); /* the pool fills with cached blocks */
+    EngineStats st;
+    settled_stats(e, &st);
+    assert_true(st.pool_free < 8);
+    const uint64_t read0 = st.tiers[1].tier.bytes_read;
+    gate_close(&puts);
+    expect_recomputed(e, &want, a, 65, &res); /* with every put into RAM held */
+    assert_int_equal(res.n_cached_by[SRC_DISK], 64);
+    expect_restored_by(&res, layers ? 0 : 64, layers ? 64 : 0, 0);
+    gate_wait_holding(&puts); /* its copy into RAM waits there */
+    gate_open(&puts);
+    assert_int_equal(disk_bytes_read(e) - read0, once);
+    for (int i = 3; i < 6; i++) free(run_one(e, fill[i], 65, 4, NULL, &res)); /* a leaves the pool */
+    settle(e);
+    expect_recomputed(e, &want, a, 65, &res);
+    assert_int_equal(res.n_cached_by[SRC_RAM], 64);
+    expect_restored_by(&res, layers ? 0 : 64, layers ? 64 : 0, 0);
+    settled_stats(e, &st);
+    assert_int_equal(st.tiers[1].tier.bytes_read - read0, once);
+    assert_int_equal(st.promoted_blocks, 0);
+    assert_int_equal(st.restore_failures, 0);
+    recomputed_free(&want);
+    engine_free(e);
+    gate_deinit(&puts);
+    test_tmpdir_free(dir);
+    model_free(m);
+}
+
+static void test_disk_restore_through_ram(void **s) { check_disk_restore_through_ram(RESTORE_PLAN_KV, 0); }
+static void test_hidden_restore_through_ram(void **s) { check_disk_restore_through_ram(RESTORE_PLAN_HIDDEN, 0x15); }
+
+/* A promoted request admitted before its promote ran takes it back: a
+ * conversation known only from disk waits behind a running request while
+ * the mover is held in another put into RAM (a finished request's save),
+ * so the PROMOTE of its history stays queued. The running request ends,
+ * the conversation is admitted — not held back by a promote that has not
+ * started — and the promote is withdrawn: once the mover goes on, the
+ * conversation is restored from disk, the disk is read once (as much as a
+ * disk-only engine reads for it: run, the promote would have read it a
+ * second time) and nothing is promoted; its answer is the full
+ * recompute's, bit for bit. */
+static void test_promote_withdrawn(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = test_tmpdir_new("tier");
+    const int nv = m->cfg.n_vocab;
+    int32_t a[80], fill[3][80], d[16];
+    make_prompt(a, 65, nv, 101, 1);
+    make_prompts(fill, 3, 65, nv, 102);
+    make_prompt(d, 9, nv, 105, 1);
+    put_on_disk(m, dir, (const int32_t *[]){a}, (int[]){65}, 1);
+    Recomputed want = recompute(m, a, 65, 4);
+    const uint64_t once = disk_restore_bytes(m, dir, a, &want, RESTORE_PLAN_KV, 0);
+    Drive dr;
+    drive_init(&dr);
+    Gate puts;
+    gate_init(&puts);
+    MoverTestHooks mh = {.put_gate = gate_ram_put, .ctx = &puts};
+    Engine *e = tier_engine_hooked(m, 24, 1, dir, EVICT_DEFAULT, &mh, &dr.hooks);
+    ReqResult res;
+    for (int i = 0; i < 2; i++) free(run_one(e, fill[i], 65, 4, NULL, &res));
+    settle(e);
+    gate_close(&puts);
+    free(run_one(e, fill[2], 65, 4, NULL, &res)); /* the pool fills with cached blocks */
+    gate_wait_holding(&puts);                     /* fill[2]'s save holds the mover */
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_true(st.pool_free < 8);
+    const uint64_t read0 = st.tiers[1].tier.bytes_read;
+    Request *rd = submit_held(e, &dr, d, 9, 8); /* runs first */
+    float *got = calloc((size_t)nv, sizeof *got);
+    Request *ra = submit_one_logits(e, a, 65, want.n_gen, got);
+    drive_stepping(&dr, true);
+    drive_one_step(&dr); /* a arrived and waits: its promote is queued */
+    drive_stepping(&dr, false);
+    drive_run(&dr);
+    free(drain(rd, &res));
+    request_unref(rd);
+    TEST_WAIT_UNTIL((engine_stats(e, &st), st.running == 1 && st.queue_depth == 0),
+                    "the conversation was not admitted while its promote waited (%d running, %d waiting)",
+                    st.running, st.queue_depth);
+    gate_open(&puts);
+    expect_recomputed_read(ra, &want, got, &res);
+    assert_int_equal(res.n_cached_by[SRC_DISK], 64);
+    settled_stats(e, &st);
+    assert_int_equal(st.tiers[1].tier.bytes_read - read0, once);
+    assert_int_equal(st.promoted_blocks, 0);
+    assert_int_equal(st.restore_failures, 0);
+    recomputed_free(&want);
+    engine_free(e);
+    gate_deinit(&puts);
+    gate_deinit(&dr.steps);
+    test_tmpdir_free(dir);
+    model_free(m);
+}
 
 /* Look-ahead in the pool: a conversation waiting behind a long request
  * keeps its cached blocks while that request's growth evicts others (the
@@ -3916,6 +4089,9 @@ int main(void) {
         cmocka_unit_test(test_auto_plan),
         cmocka_unit_test(test_prefetch_waiting),
         cmocka_unit_test(test_promote_waiting),
+        cmocka_unit_test(test_disk_restore_through_ram),
+        cmocka_unit_test(test_hidden_restore_through_ram),
+        cmocka_unit_test(test_promote_withdrawn),
         cmocka_unit_test(test_window_keeps_waiting),
         cmocka_unit_test(test_pool_fifo_vs_lru),
         cmocka_unit_test(test_turn_touches_disk_runs),

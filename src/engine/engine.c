@@ -1317,7 +1317,7 @@ static double priority(Engine *e, Active *a, double now) {
 
 /* Whether waiting request a may be admitted now (its tiers' work done). */
 static bool is_admissible(Engine *e, Active *a) {
-    return !tiers_is_probing(e->tiers, a->tier) && !tiers_is_promoting(e->tiers, a->tier, a->win_first, a->win_end);
+    return !tiers_is_probing(e->tiers, a->tier) && !tiers_is_promoting(e->tiers, a->tier);
 }
 
 /* a, preempted, was admitted again: the tokens it has to compute beyond
@@ -1339,6 +1339,7 @@ static void count_preempt_recompute(Engine *e, Active *a) {
 
 /* Take a off the queue into the running set (it was admitted). */
 static void start_running(Engine *e, Active *a) {
+    tiers_seq_admitted(e->tiers, a->tier);
     waiting_remove(e, a);
     a->has_run = false;
     a->n_unserved = 0;
@@ -1523,10 +1524,12 @@ static void keep_tail(Engine *e, Active *a) {
  * capacity holds at their mean cached size. With a window policy, mark
  * their cached blocks so the policy keeps them (tail of the window first
  * when it must), in the pool and in the tiers below; with tiers, prefetch
- * what they will restore: into free pool slots, and what does not go
- * there from disk into the RAM tier. The pool's window counts the pool's
- * capacity; the tiers' window also the RAM tier's, which a promote may
- * fill (evicting what is outside the window). */
+ * what they will restore into free pool slots. What does not go there is
+ * promoted from disk into the RAM tier after admission
+ * (tiers_promote_window), for those of them that still wait. The pool's
+ * window counts the pool's capacity; the tiers' window also the RAM
+ * tier's, which a promote may fill (evicting what is outside the
+ * window). */
 static void mark_window(Engine *e) {
     bool is_marking = policy_uses_window(e->opt.evict);
     if (e->index == NULL || (!is_marking && !tiers_is_on(e->tiers))) return;
@@ -1556,7 +1559,6 @@ static void mark_window(Engine *e) {
             if (slot >= 0) slotpol_mark_window(e->slots, slot, idx);
         }
     }
-    tiers_promote_window(e->tiers);
 }
 
 /* Offer a's newly completed full blocks to the index. */
@@ -1886,6 +1888,10 @@ static void engine_step(Engine *e) {
     }
     mark_window(e);
     admit_waiting(e);
+    /* after admission: a request admitted now restores its history from
+     * where it is, at once (a promote would only put a copy into RAM on its
+     * way); the window's requests that still wait get theirs into RAM */
+    tiers_promote_window(e->tiers);
     /* every running sequence needs blocks for its pending tokens */
     for (int i = 0; i < e->n_running; i++)
         if (!ensure_blocks(e, i)) i = -1; /* the list changed: start over */

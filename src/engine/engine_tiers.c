@@ -15,7 +15,12 @@
  * to be planned again: what was lost is recomputed, never used.
  * Waiting requests in the look-ahead window get their history ahead of
  * time: into free pool slots (a Load), or from disk into the RAM tier (a
- * PROMOTE, which touches no pool slot), so their restore reads RAM.
+ * PROMOTE, which touches no pool slot), so their restore reads RAM. A
+ * request admitted at once is not promoted, and one admitted before its
+ * promotes ran withdraws them: its restore reads the disk directly, and
+ * what it read is copied up into RAM from the pool once the pass that
+ * waited for it is over (a SAVE into tier 0 alone), so nothing is read
+ * twice and no restore waits for a copy into RAM.
  * With a shared tier (redis), a new request's blocks that nothing here
  * holds are looked up there first (a PROBE): what another instance stored
  * is then restored like any tier's blocks, and the request waits for that
@@ -60,6 +65,15 @@ typedef struct Load {
     struct Load *next;       /* in submission order */
 } Load;
 
+/* A promote in flight: one PROMOTE job of the mover, copying blocks of a
+ * waiting request's history into tier 0 (RAM); no pool slot is involved. */
+typedef struct Promote {
+    MoverJob *job;           /* the mover's until DONE or withdrawn */
+    TierSeq *ts;             /* the request it was made for; NULL once that
+                                is freed */
+    struct Promote *next;
+} Promote;
+
 struct TierSeq {
     const Hash128 *hashes;   /* borrowed: the request's chain hashes */
     Hash128 ns_id;
@@ -67,6 +81,7 @@ struct TierSeq {
     int win_first, win_end;  /* its cached run, as the window last gave it */
     bool is_promoted;        /* its cached run was offered to tier 0 (RAM)
                                 while it waited: once per request */
+    int n_promotes;          /* its Promotes in flight */
     bool is_probed;          /* its blocks were looked up in the shared tier */
     MoverJob *probe;         /* that PROBE while in flight (its owner is this
                                 TierSeq until freed, then NULL) */
@@ -104,7 +119,12 @@ struct EngineTiers {
     uint64_t n_promoted;     /* blocks of the window copied into tier 0 (RAM) */
     int promote_max;         /* blocks per PROMOTE job; 0: no promotes */
     int promote_room;        /* blocks tier 0 holds, when it can take promotes */
-    int n_promotes;          /* PROMOTE jobs in flight */
+    Promote *promotes;       /* PROMOTE jobs in flight, in submission order */
+    int n_promotes;          /* ... and how many */
+    MoverJob **copy_ups;     /* (copy_ups_cap) copy-ups into tier 0 kept
+                                until the pass is over (copy_up) */
+    int n_copy_ups, copy_ups_cap;
+    bool is_in_pass;         /* events are taken inside a pass (tiers_wait_layer) */
     int shared;              /* the shared tier's index (redis), or -1 */
     ReplyMemory *replies;    /* borrowed: with a shared tier, it fetches from there */
     int n_probes;            /* PROBE jobs in flight */
@@ -156,6 +176,7 @@ static double tier_read_bw(const EngineTiers *t, int i);
 static void load_free(Load *ld);
 static void load_done(EngineTiers *t, Load *ld, MoverJob *j);
 static void promote_done(EngineTiers *t, const MoverJob *j);
+static void copy_up_flush(EngineTiers *t);
 static void probe_done(EngineTiers *t, MoverJob *j);
 
 /* Layer `layer` of load ld is in the pool: project the blocks whose layer
@@ -211,6 +232,7 @@ static void handle_event(EngineTiers *t, MoverEvent *ev) {
 bool tiers_has_events(const EngineTiers *t) { return t->ev_head != NULL; }
 
 void tiers_take_events(EngineTiers *t, bool block) {
+    if (!t->is_in_pass) copy_up_flush(t); /* (kept ones go before it sleeps) */
     pthread_mutex_lock(t->lock);
     while (block && t->ev_head == NULL) pthread_cond_wait(t->cond, t->lock);
     MoverEvent *ev = t->ev_head;
@@ -221,6 +243,7 @@ void tiers_take_events(EngineTiers *t, bool block) {
         handle_event(t, ev);
         ev = next;
     }
+    if (!t->is_in_pass) copy_up_flush(t);
 }
 
 bool tiers_is_moving(const EngineTiers *t) {
@@ -247,17 +270,19 @@ void tiers_stats(const EngineTiers *t, EngineStats *st) {
 
 /* ---- saves ------------------------------------------------------------------------ */
 
-/* Copy cached blocks (hashes[i] in slots[i], indexed, in no tier) down the
- * chain as one run whose first token sits at position pos (blocks of one
- * namespace: the first slot's). Blocks that cannot be saved now simply
- * stay unsaved. */
-static void save_blocks(EngineTiers *t, const Hash128 *hashes, const int32_t *slots, int n, int32_t pos) {
-    if (n == 0) return;
+/* A SAVE of cached blocks (hashes[i] in slots[i], indexed) as one run
+ * whose first token sits at position pos (blocks of one namespace: the
+ * first slot's) into the tiers `into` names (MoverJob.into_tiers; 0: down
+ * the whole chain, for blocks in no tier), holding its slots from now on
+ * (counted in n_save_blocks); NULL when out of memory. */
+static MoverJob *save_job_new(EngineTiers *t, const Hash128 *hashes, const int32_t *slots, int n, int32_t pos,
+                              uint32_t into) {
     MoverJob *j = mover_job_new(MOVER_SAVE, n, 0);
-    if (j == NULL) return;
+    if (j == NULL) return NULL;
     memcpy(j->hashes, hashes, (size_t)n * sizeof *hashes);
     memcpy(j->slots, slots, (size_t)n * sizeof *slots);
     j->pos = pos;
+    j->into_tiers = into;
     j->ns_id = *slotpol_ns(t->slots, slots[0]);
     j->hidden = hidden_plan(t); /* of those, the layers every block holds hidden rows of */
     for (int i = 0; i < n; i++) j->hidden &= kvpool_hidden_layers(t->pool, slots[i]);
@@ -265,15 +290,28 @@ static void save_blocks(EngineTiers *t, const Hash128 *hashes, const int32_t *sl
         kvpool_retain(t->pool, slots[i]);
         t->slot_saving[slots[i]] = 1;
     }
-    if (mover_submit(t->mover, j) != MN_OK) {
-        for (int i = 0; i < n; i++) {
-            t->slot_saving[slots[i]] = 0;
-            kvpool_release(t->pool, slots[i]);
-        }
-        mover_job_free(j);
-        return;
-    }
     t->n_save_blocks += n;
+    return j;
+}
+
+/* Hand SAVE j (save_job_new's) to the mover; when it cannot go (or the
+ * mover is gone), its slots are let go and it is freed: the blocks stay
+ * where they are. */
+static void save_submit(EngineTiers *t, MoverJob *j) {
+    if (t->mover != NULL && mover_submit(t->mover, j) == MN_OK) return;
+    for (int i = 0; i < j->n; i++) {
+        t->slot_saving[j->slots[i]] = 0;
+        kvpool_release(t->pool, j->slots[i]);
+    }
+    t->n_save_blocks -= j->n;
+    mover_job_free(j);
+}
+
+/* Copy cached blocks in no tier down the chain (save_job_new). Blocks
+ * that cannot be saved now simply stay unsaved. */
+static void save_blocks(EngineTiers *t, const Hash128 *hashes, const int32_t *slots, int n, int32_t pos) {
+    MoverJob *j = n > 0 ? save_job_new(t, hashes, slots, n, pos, 0) : NULL;
+    if (j) save_submit(t, j);
 }
 
 /* How many of a table's first n_hashed blocks are in it: those a tier may
@@ -360,11 +398,13 @@ static void save_done(EngineTiers *t, MoverJob *j) {
     /* no tier had room for the run: back off write-behind, doubling up to
      * a minute, so a full disk is not retried in a loop. (A failed tier
      * refuses at once, which costs nothing: the next turn's blocks are
-     * offered to it again, so they reach a store that came back.) */
-    if (j->rc == MN_EFULL) {
+     * offered to it again, so they reach a store that came back.) A copy
+     * up into RAM (into_tiers) says nothing of the chain's room. */
+    bool is_chain = j->into_tiers == 0;
+    if (is_chain && j->rc == MN_EFULL) {
         t->save_backoff_s = t->save_backoff_s > 0 ? fmin(2 * t->save_backoff_s, 60) : 1;
         t->t_save_retry = tiers_now(t, ENGINE_CLOCK_BACKOFF) + t->save_backoff_s;
-    } else if (j->rc == MN_OK) {
+    } else if (is_chain && j->rc == MN_OK) {
         t->save_backoff_s = 0;
     }
     for (int i = 0; i < j->n; i++) {
@@ -459,17 +499,81 @@ static void load_free(Load *ld) {
     mn_free(ld);
 }
 
+/* Whether block k of load j, just restored, is to be copied up into tier
+ * 0: read from a slower tier, tier 0 does not hold it, and its slot is
+ * still its indexed copy. */
+static bool is_copied_up(const EngineTiers *t, const MoverJob *j, int k) {
+    const Hash128 *h = &j->hashes[k];
+    return j->tier[k] > 0 && !(index_tiers(t->index, h) & 1u) && index_lookup(t->index, h) == j->slots[k];
+}
+
+/* Keep copy-up j until the pass in progress is over; false when there is
+ * no room to keep it (out of memory). */
+static bool copy_up_keep(EngineTiers *t, MoverJob *j) {
+    if (t->n_copy_ups == t->copy_ups_cap) {
+        int cap = t->copy_ups_cap > 0 ? 2 * t->copy_ups_cap : 8;
+        MoverJob **a = mn_realloc(t->copy_ups, (size_t)cap * sizeof *a);
+        if (a == NULL) return false;
+        t->copy_ups = a;
+        t->copy_ups_cap = cap;
+    }
+    t->copy_ups[t->n_copy_ups++] = j;
+    return true;
+}
+
+/* The blocks a restore read from below tier 0 (RAM) are copied up into it
+ * from their pool slots once it is done: SAVEs into tier 0 alone, in runs
+ * of consecutive positions of at most promote_max blocks (a promote's
+ * size, so a load arriving meanwhile waits for one such put at most),
+ * served with the promotes, after the loads, and holding their slots
+ * until done. So the next restore of this history reads RAM, as after a
+ * promote, while this one read each byte from disk once and waited for no
+ * copy. A restore that ends inside a pass (tiers_wait_layer) has its
+ * copies kept until that pass is over (copy_up_flush): the pass is still
+ * computing the restoring request's first token, and the copy would take
+ * a core from it. */
+static void copy_up(EngineTiers *t, const Load *ld, const MoverJob *j) {
+    if (t->promote_max == 0) return; /* no RAM tier 0 above a slower one */
+    const int bt = t->pool->block_tokens, max = t->promote_max;
+    Hash128 hs[SAVE_MAX_RUN];
+    int32_t ss[SAVE_MAX_RUN], pos = 0;
+    int n = 0;
+    for (int k = 0; k <= j->n; k++) {
+        bool take = k < j->n && is_copied_up(t, j, k);
+        if (n > 0 && (!take || n == max || ld->pos[k] != pos + n * bt)) { /* the run ends */
+            MoverJob *cj = save_job_new(t, hs, ss, n, pos, 1u);
+            bool is_kept = cj && t->is_in_pass && copy_up_keep(t, cj);
+            if (cj && !is_kept) save_submit(t, cj);
+            n = 0;
+        }
+        if (!take) continue;
+        if (n == 0) pos = ld->pos[k];
+        hs[n] = j->hashes[k];
+        ss[n++] = j->slots[k];
+    }
+}
+
+/* Hand the copy-ups kept during a pass to the mover. */
+static void copy_up_flush(EngineTiers *t) {
+    for (int i = 0; i < t->n_copy_ups; i++) save_submit(t, t->copy_ups[i]);
+    t->n_copy_ups = 0;
+}
+
 static void load_done(EngineTiers *t, Load *ld, MoverJob *j) {
     bool is_failed = j->rc != MN_OK || ld->is_bad;
+    if (!is_failed) {
+        /* its hidden rows of those layers may be saved again (the copy up
+         * stores them so), while the load still holds the slots */
+        for (int k = 0; k < j->n; k++) kvpool_note_hidden(t->pool, j->slots[k], j->block_hidden[k]);
+        copy_up(t, ld, j);
+    }
     for (int k = 0; k < j->n; k++) {
         int32_t slot = j->slots[k];
         t->slot_load[slot] = NULL;
-        if (!is_failed) { /* its hidden rows of those layers may be saved again */
-            kvpool_note_hidden(t->pool, slot, j->block_hidden[k]);
+        if (!is_failed) {
             if (j->block_hidden[k] != 0) t->n_restored_hidden++;
             else t->n_restored_kv++;
-        }
-        if (is_failed) {
+        } else {
             t->on_lost_fn(t->ctx, slot);
             index_remove_slot(t->index, slot);
             /* a block the failing tier could not give may not be in it any
@@ -627,12 +731,15 @@ void tiers_wait_layer(EngineTiers *t, const AttnSeq *seqs, int n, int layer) {
         for (int i = 0; i < n && !is_waiting; i++) is_waiting = is_waiting_for(t, &seqs[i], layer);
         if (!is_waiting) return;
         double t0 = tiers_now(t, ENGINE_CLOCK_WAIT);
+        t->is_in_pass = true;
         tiers_take_events(t, true);
+        t->is_in_pass = false;
         t->step_wait_s += tiers_now(t, ENGINE_CLOCK_WAIT) - t0;
     }
 }
 
 double tiers_step_done(EngineTiers *t, double pass_s) {
+    copy_up_flush(t);
     double compute_s = pass_s - t->step_wait_s;
     t->step_s = 0.7 * t->step_s + 0.3 * compute_s;
     return compute_s;
@@ -663,6 +770,11 @@ TierSeq *tiers_seq_new(EngineTiers *t, const Hash128 *hashes, Hash128 ns_id, uin
 void tiers_seq_free(EngineTiers *t, TierSeq *ts, const Seq *seq, int n_hashed) {
     if (ts == NULL) return;
     if (ts->probe) ts->probe->owner = NULL; /* (the mover never reads owner) */
+    for (Promote *pr = t->promotes; pr && ts->n_promotes > 0; pr = pr->next)
+        if (pr->ts == ts) {
+            pr->ts = NULL;
+            ts->n_promotes--;
+        }
     save_seq(t, ts, seq, n_hashed);
     mn_free(ts);
 }
@@ -756,17 +868,40 @@ void tiers_prefetch(EngineTiers *t, const TierSeq *ts, int first, int end) {
 
 /* Submit one PROMOTE of ts's blocks at[0..n) (consecutive, each held only
  * by tiers below tier 0 and in no pool slot). */
-static void promote_blocks(EngineTiers *t, const TierSeq *ts, const int *at, int n) {
+static void promote_blocks(EngineTiers *t, TierSeq *ts, const int *at, int n) {
+    Promote *pr = mn_calloc(1, sizeof *pr);
     MoverJob *j = mover_job_new(MOVER_PROMOTE, n, 0);
-    if (j == NULL) return; /* the blocks are read from disk at admission */
+    if (pr == NULL || j == NULL) { /* the blocks are read from disk at admission */
+        mn_free(pr);
+        mover_job_free(j);
+        return;
+    }
     for (int k = 0; k < n; k++) {
         j->hashes[k] = ts->hashes[at[k]];
         j->tier[k] = (uint8_t)best_tier(t, &ts->hashes[at[k]]);
     }
     j->pos = at[0] * t->pool->block_tokens;
     j->ns_id = ts->ns_id;
-    if (mover_submit(t->mover, j) != MN_OK) mover_job_free(j);
-    else t->n_promotes++;
+    j->owner = pr;
+    if (mover_submit(t->mover, j) != MN_OK) {
+        mn_free(pr);
+        mover_job_free(j);
+        return;
+    }
+    *pr = (Promote){.job = j, .ts = ts, .next = t->promotes};
+    t->promotes = pr;
+    t->n_promotes++;
+    ts->n_promotes++;
+}
+
+/* Take pr off the list of promotes in flight and free it (not its job). */
+static void promote_unlink(EngineTiers *t, Promote *pr) {
+    Promote **pp = &t->promotes;
+    while (*pp != pr) pp = &(*pp)->next;
+    *pp = pr->next;
+    if (pr->ts) pr->ts->n_promotes--;
+    t->n_promotes--;
+    mn_free(pr);
 }
 
 /* Whether block b of ts is to be promoted: in no pool slot, and only
@@ -818,22 +953,39 @@ void tiers_promote_window(EngineTiers *t) {
         if (!ts->is_promoted) promote_request(t, ts);
 }
 
-/* A request whose history was sent to RAM, while promotes are in flight
- * and some of its blocks are still only on disk, waits for them: a
- * promote takes milliseconds, and a restore planned now would read the
- * same bytes from disk a second time (loads go first). */
-bool tiers_is_promoting(const EngineTiers *t, const TierSeq *ts, int first, int end) {
-    if (t->n_promotes == 0 || !ts->is_promoted) return false;
-    for (int b = first; b < end; b++)
-        if (is_promotable(t, ts, b)) return true;
+/* A request waits for a promote of its history only while the mover is
+ * running it (reading, or putting into RAM): one staging pool's worth at
+ * most, which its load would queue behind anyway, and a restore planned
+ * now would read those bytes from disk a second time. The promotes the
+ * mover has not taken yet hold no one back: admission withdraws them
+ * (tiers_seq_admitted). */
+bool tiers_is_promoting(const EngineTiers *t, const TierSeq *ts) {
+    if (t->n_promotes == 0 || ts->n_promotes == 0) return false;
+    for (const Promote *pr = t->promotes; pr; pr = pr->next)
+        if (pr->ts == ts && mover_is_taken(t->mover, pr->job)) return true;
     return false;
+}
+
+/* ts is admitted and its restore planned: the blocks of its promotes still
+ * queued are read from where they are by that restore (and copied up into
+ * RAM from the pool after it: copy_up), so the promotes are withdrawn —
+ * run, they would read the same bytes from disk a second time. One the
+ * mover took meanwhile ends as usual. */
+void tiers_seq_admitted(EngineTiers *t, TierSeq *ts) {
+    if (ts == NULL || ts->n_promotes == 0) return;
+    for (Promote *pr = t->promotes, *next; pr; pr = next) {
+        next = pr->next;
+        if (pr->ts != ts || mover_withdraw(t->mover, pr->job) != MN_OK) continue;
+        mover_job_free(pr->job);
+        promote_unlink(t, pr);
+    }
 }
 
 /* Tier 0 holds a promote's blocks now (reported after the evictions its
  * put made, so later drops find the record). A failed promote changes
  * nothing: the blocks are read from where they are at admission. */
 static void promote_done(EngineTiers *t, const MoverJob *j) {
-    t->n_promotes--;
+    promote_unlink(t, j->owner);
     if (j->rc != MN_OK) return;
     for (int i = 0; i < j->n; i++)
         if (index_set_tiers(t->index, &j->hashes[i], 1u, 0) != MN_OK)
@@ -993,7 +1145,8 @@ int tiers_new(const TiersConfig *cfg, EngineTiers **out, MnErr *err) {
     t->slot_load = mn_calloc(nb, sizeof *t->slot_load);
     t->slot_saving = mn_calloc(nb, 1);
     t->cold = mn_malloc(nb * sizeof *t->cold);
-    int rc = t->slot_load && t->slot_saving && t->cold ? MN_OK : mn_err_set(err, MN_ENOMEM, "out of memory");
+    bool ok = t->slot_load && t->slot_saving && t->cold;
+    int rc = ok ? MN_OK : mn_err_set(err, MN_ENOMEM, "out of memory");
     if (rc == MN_OK) rc = start_mover(t, cfg, err);
     if (rc != MN_OK) {
         tiers_free(t);
@@ -1014,8 +1167,9 @@ void tiers_free(EngineTiers *t) {
         mover_free(t->mover);
         t->mover = NULL;
         t->project_fn = NULL; /* the restores left are dropped with the engine */
-        tiers_take_events(t, false);
+        tiers_take_events(t, false); /* (copy-ups kept now only let their slots go) */
     }
+    mn_free(t->copy_ups);
     mn_free(t->slot_load);
     mn_free(t->slot_saving);
     mn_free(t->cold);

@@ -179,10 +179,14 @@ CacheSource tiers_block_source(const EngineTiers *t, const Hash128 *h);
  * RESTORE_HIDDEN once its load's first layer came; RESTORE_PATH_COUNT
  * before (on_restored_fn says it later) or when no restore writes it. */
 RestorePath tiers_block_path(const EngineTiers *t, const Hash128 *h);
-/* Whether waiting request ts, its cached run [first, end), is to wait for
- * promotes in flight before admission (rather than read the same blocks
- * from disk twice). */
-bool tiers_is_promoting(const EngineTiers *t, const TierSeq *ts, int first, int end);
+/* Whether waiting request ts is to wait before admission for a promote of
+ * its history that the mover is running now (rather than read the same
+ * blocks from disk twice); a promote still queued does not hold it back. */
+bool tiers_is_promoting(const EngineTiers *t, const TierSeq *ts);
+/* ts was admitted (its restore planned): its promotes still queued are
+ * withdrawn, since that restore reads their blocks from where they are
+ * and copies them up into RAM after. ts NULL is fine. */
+void tiers_seq_admitted(EngineTiers *t, TierSeq *ts);
 
 /* ---- the look-ahead window ---------------------------------------------------------- */
 
@@ -206,7 +210,8 @@ void tiers_send_window(EngineTiers *t);
 void tiers_prefetch(EngineTiers *t, const TierSeq *ts, int first, int end);
 /* Copy the window's cached history that is in no pool slot and only
  * slower tiers hold into tier 0 (RAM), in batches, once per request; then
- * the window is over (tiers_window_begin starts the next). */
+ * the window is over (tiers_window_begin starts the next). Called after
+ * admission, so only requests that still wait are promoted. */
 void tiers_promote_window(EngineTiers *t);
 
 /* ---- a step ---------------------------------------------------------------------- */
