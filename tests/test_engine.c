@@ -2364,9 +2364,9 @@ static void test_hidden_disk_q4_0(void **s) { check_hidden_restore("tiny-llama-s
  * K/V, so the test asks for every layer. */
 static void test_hidden_ram_mha(void **s) { check_hidden_restore("tiny-mha-spm-f16", MN_TYPE_F16, 64, false, 7, false); }
 static void test_hidden_disk_mha(void **s) { check_hidden_restore("tiny-mha-spm-f16", MN_TYPE_F16, 0, true, 7, false); }
-/* Q8_0 weights keep f32 activations: f32 hidden rows, twice the size of
- * this GQA model's f16 K/V; layer 0 of its 2 hidden, layer 1 KV, from a
- * 1 MiB RAM tier and the disk under it. */
+/* Q8_0 weights take int8 activations in blocks of 32 as Q4_0's do (q32's
+ * packed rows); layer 0 of its 2 hidden, layer 1 KV, from a 1 MiB RAM
+ * tier and the disk under it. */
 static void test_hidden_ram_disk_q8_0(void **s) {
     check_hidden_restore("tiny-llama-spm-q8_0", MN_TYPE_F16, 1, true, 1, false);
 }

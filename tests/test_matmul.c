@@ -82,9 +82,6 @@ static const MnType all_types[] = {MN_TYPE_F32,  MN_TYPE_F16,  MN_TYPE_BF16, MN_
                                    MN_TYPE_Q4_K, MN_TYPE_Q5_K, MN_TYPE_Q6_K, MN_TYPE_IQ4_NL, MN_TYPE_IQ4_XS};
 enum { N_TYPES = sizeof all_types / sizeof all_types[0], N_FLOAT_TYPES = 3 };
 
-/* Whether mm_matmul quantizes the activations for weights of type. */
-static bool is_int8(MnType type) { return kq_has_type(type) || q32_has_type(type); }
-
 /* Whether rows of n_in elements are whole blocks of type. */
 static bool fits(MnType type, int64_t n_in) { return n_in % (int64_t)ttype_traits(type)->block_elems == 0; }
 
@@ -144,8 +141,7 @@ static void test_matches_reference_large(void **state) {
         check_shape(tp, all_types[ti], 67, 5632, 19, 200 + ti);
         check_shape(tp, all_types[ti], 130, 2048, 33, 300 + ti);
     }
-    /* rows too long for the panel mode's array of scales: direct mode at
-     * any n_tok */
+    /* long rows: q32.c's groups of fewer tokens */
     check_shape(tp, MN_TYPE_Q4_0, 9, 65568, 12, 310);
     check_shape(tp, MN_TYPE_Q8_0, 5, 131104, 10, 311);
     /* 32-element types whose rows end in a partial step of ktile */
@@ -158,6 +154,8 @@ static void test_matches_reference_large(void **state) {
      * float kernels, on the dequantized weights */
     check_shape(tp, MN_TYPE_Q4_0, 3, 420000, 5, 316);
     check_shape(tp, MN_TYPE_IQ4_NL, 2, 420000, 1, 317);
+    check_shape(tp, MN_TYPE_Q8_0, 3, 420000, 9, 318);
+    check_shape(tp, MN_TYPE_Q8_0, 9, 420000, 1, 319);
     tpool_free(tp);
 }
 
@@ -195,50 +193,46 @@ static void test_exact_single_term(void **state) {
     mn_free(wf);
 }
 
-/* Quantized weights are dequantized exactly (an f16 scale times a small
- * integer is exact in f32) and go through the float accumulation order, so
- * the product must equal, bit for bit, the F32 product with the
- * dequantized matrix: at every n_tok (both quantized kernel modes) and
- * thread count. */
+/* Rows too long for the int8 kernels' buffers of quantized tokens (far
+ * beyond any model's) keep f32 activations: their weights are dequantized
+ * exactly (an f16 scale times a small integer is exact in f32) and go
+ * through the float accumulation order, so the product must equal, bit for
+ * bit, the F32 product with the dequantized matrix: for every quantized
+ * type, at token counts of each tile shape and on one thread and two. */
 static void test_quant_equals_float(void **state) {
     (void)state;
+    enum { N_OUT = 9, N_IN = 1641 * 256, MAXT = 9 }; /* 9 rows: a tile of 8 and one of 1; 2 of 4 and one */
     ThreadPool *tp1 = tpool_new(1), *tp2 = tpool_new(2);
     assert_non_null(tp1);
     assert_non_null(tp2);
-    static const int64_t shapes[][2] = {{1, 32}, {37, 96}, {5, 256}, {9, 768}, {130, 2048}, {23, 5632}, {3, 6400}};
-    static const int toks[] = {1, 2, 4, 5, 8, 9, 13, 40};
-    uint64_t seed = 2000;
-    for (int qi = N_FLOAT_TYPES; qi < N_TYPES; qi++)
-        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-            int64_t n_out = shapes[s][0], n_in = shapes[s][1];
-            if (!fits(all_types[qi], n_in) || is_int8(all_types[qi])) continue; /* int8 activations: below */
-            TestMat m;
-            mat_make(&m, all_types[qi], n_out, n_in, seed++);
-            MatW wf = {.type = MN_TYPE_F32, .n_in = n_in, .n_out = n_out, .data = m.deq};
-            enum { MAXT = 40 };
-            float *x = acts_make(MAXT, n_in, seed++);
-            float *got = mn_malloc((size_t)(MAXT * n_out) * sizeof(float));
-            float *want = mn_malloc((size_t)(MAXT * n_out) * sizeof(float));
-            assert_non_null(got);
-            assert_non_null(want);
-            for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
-                int n = toks[k];
-                mm_matmul(tp1, want, &wf, x, n);
-                for (int th = 0; th < 2; th++) {
-                    mm_matmul(th ? tp2 : tp1, got, &m.w, x, n);
-                    for (int64_t i = 0; i < n * n_out; i++)
-                        if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
-                            fail_msg("%s n_out=%lld n_in=%lld n_tok=%d (%d threads): out[%lld][%lld] = %.9g, "
-                                     "f32 weights give %.9g",
-                                     ttype_traits(all_types[qi])->name, (long long)n_out, (long long)n_in, n, th + 1,
-                                     (long long)(i / n_out), (long long)(i % n_out), got[i], want[i]);
-                }
+    static const int toks[] = {1, 2, 7, 9};
+    float *x = acts_make(MAXT, N_IN, 2000);
+    float *got = mn_malloc((size_t)(MAXT * N_OUT) * sizeof(float));
+    float *want = mn_malloc((size_t)(MAXT * N_OUT) * sizeof(float));
+    assert_non_null(got);
+    assert_non_null(want);
+    for (int qi = N_FLOAT_TYPES; qi < N_TYPES; qi++) {
+        TestMat m;
+        mat_make(&m, all_types[qi], N_OUT, N_IN, 2001 + qi);
+        assert_int_equal(mm_pack_kind(&m.w), MM_PACK_NONE); /* f32 activations */
+        MatW wf = {.type = MN_TYPE_F32, .n_in = N_IN, .n_out = N_OUT, .data = m.deq};
+        for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
+            int n = toks[k];
+            mm_matmul(tp1, want, &wf, x, n);
+            for (int th = 0; th < 2; th++) {
+                mm_matmul(th ? tp2 : tp1, got, &m.w, x, n);
+                for (int64_t i = 0; i < n * N_OUT; i++)
+                    if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                        fail_msg("%s n_tok=%d (%d threads): out[%lld][%lld] = %.9g, f32 weights give %.9g",
+                                 ttype_traits(all_types[qi])->name, n, th + 1, (long long)(i / N_OUT),
+                                 (long long)(i % N_OUT), got[i], want[i]);
             }
-            mn_free(want);
-            mn_free(got);
-            mn_free(x);
-            mat_free(&m);
         }
+        mat_free(&m);
+    }
+    mn_free(want);
+    mn_free(got);
+    mn_free(x);
     tpool_free(tp2);
     tpool_free(tp1);
 }
@@ -316,9 +310,9 @@ static void test_batch_invariance(void **state) {
 
 /* ---- int8 activations: K-quants and IQ4_XS, and the 32-element types ---------- */
 
-static const MnType i8_types[] = {MN_TYPE_Q2_K, MN_TYPE_Q3_K,  MN_TYPE_Q4_K, MN_TYPE_Q5_K,
-                                  MN_TYPE_Q6_K, MN_TYPE_IQ4_XS, MN_TYPE_Q4_0, MN_TYPE_Q4_1,
-                                  MN_TYPE_Q5_0, MN_TYPE_Q5_1,  MN_TYPE_IQ4_NL};
+static const MnType i8_types[] = {MN_TYPE_Q2_K, MN_TYPE_Q3_K, MN_TYPE_Q4_K, MN_TYPE_Q5_K,   MN_TYPE_Q6_K,
+                                  MN_TYPE_IQ4_XS, MN_TYPE_Q4_0, MN_TYPE_Q4_1, MN_TYPE_Q5_0, MN_TYPE_Q5_1,
+                                  MN_TYPE_Q8_0, MN_TYPE_IQ4_NL};
 enum { N_I8_TYPES = sizeof i8_types / sizeof i8_types[0] };
 
 /* Whether the type's weights have a min per block (x = d * q + m). */
@@ -509,7 +503,8 @@ static void test_dequant_exact(void **state) {
 }
 
 /* The int8 types on weight blocks of random bytes (every code, every
- * scale and min, Q6_K's scale -128, IQ4_XS's -127 level; f16 scales kept
+ * scale and min, Q6_K's scale -128, IQ4_XS's -127 level, Q8_0's code
+ * -128, which AVX2 multiplies as |c| = 128 (q32.c's dot4); f16 scales kept
  * near 1/8 so sums stay finite) and activations that reach the int8
  * codes' ends: every path equals mm_matmul_ref bit for bit. Tokens of
  * +-1 only quantize exactly (codes +-127, d = 1/127; q32.c's d is that
@@ -675,7 +670,7 @@ static void test_packed_equals_matmul(void **state) {
         mn_free_aligned(scratch);
         mat_free(&m);
     }
-    assert_true(n_tested >= 11); /* Q2_K..Q6_K, IQ4_XS; Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL */
+    assert_true(n_tested >= 12); /* Q2_K..Q6_K, IQ4_XS; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL */
     mn_free(want);
     mn_free(got);
     for (int k = 0; k < 2; k++) mn_free(packed[k]);

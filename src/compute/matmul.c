@@ -7,12 +7,12 @@
  * caller's stack for the duration of the call, and each output element is
  * written by exactly one worker.
  *
- * The K-quants and IQ4_XS go to compute/kquant.c, Q4_0, Q4_1, Q5_0, Q5_1
- * and IQ4_NL to compute/q32.c (int8 activations, i8_worker below: each
+ * The K-quants and IQ4_XS go to compute/kquant.c, Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q8_0 and IQ4_NL to compute/q32.c (int8 activations, i8_worker below: each
  * worker quantizes a group of tokens on its stack, then takes row chunks
- * against it). For F32/F16/BF16 and Q8_0 activations stay in f32, and for
- * the int8 types too when a token's quantized activations do not fit a
- * worker's buffer (rows far longer than any model's). Quantized weights
+ * against it), at every n_tok. For F32/F16/BF16 activations stay in f32,
+ * and for the int8 types too when a token's quantized activations do not
+ * fit a worker's buffer (rows far longer than any model's). Quantized weights
  * are then dequantized exactly — to ttype_dequantize_row's values, bit for
  * bit — and multiplied like float weights: Q8_0 in registers, w = d * q,
  * exact in f32 (an f16 scale, 11 significant bits, times an integer of at

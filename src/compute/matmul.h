@@ -5,17 +5,16 @@
  * stored in W's type (GGUF layout: ne[0] = n_in, ne[1] = n_out). Activations
  * x are f32, n_tok rows of n_in. mm_matmul computes
  *     out[t][r] = sum_k W[r][k] * x[t][k]      out is (n_tok, n_out), f32.
- * Activations stay in f32 for F32/F16/BF16 and Q8_0: Q8_0 weights are
- * dequantized exactly (to ttype_dequantize_row's values) and multiplied
- * like float weights, so the result equals the F32 product against the
- * dequantized matrix (logits meet `exact` within 5e-3). The other types
- * quantize the activations to int8 as llama.cpp does: the K-quants (Q2_K,
- * Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_XS per 256 (compute/kquant.h), Q4_0,
- * Q4_1, Q5_0, Q5_1 and IQ4_NL per 32 (compute/q32.h); each equal on every
- * path to mm_matmul_ref, which then does the same in plain C, and logits
- * meet `llamacpp` (5e-2; 1e-1 past 64 tokens), not `exact`. (Rows too long
- * for a worker's buffer of quantized activations, far beyond any model's,
- * keep f32 activations.)
+ * Activations stay in f32 for F32/F16/BF16. The quantized types quantize
+ * them to int8 as llama.cpp does: the K-quants (Q2_K, Q3_K, Q4_K, Q5_K,
+ * Q6_K) and IQ4_XS per 256 (compute/kquant.h), Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q8_0 and IQ4_NL per 32 (compute/q32.h); each equal on every path to
+ * mm_matmul_ref, which then does the same in plain C, and logits meet
+ * `llamacpp` (2e-2 for Q8_0 and Q4_0, 5e-2 for the K-quants; past 64
+ * tokens, where one rounding flips, 5e-2 and 1e-1), not `exact`. (Rows too
+ * long for a worker's buffer of quantized activations, far beyond any
+ * model's, keep f32 activations: their weights are dequantized exactly, to
+ * ttype_dequantize_row's values, and multiplied like float weights.)
  *
  * Batch invariance (DESIGN.md): out[t][r] is bit-identical whatever n_tok,
  * whatever row t sits at in x, and whatever the thread count: every output
@@ -44,9 +43,9 @@ void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_
 /* Whether mm_matmul quantizes the activations for W to int8, and how a
  * token's quantized row is packed for mm_matmul_packed: MM_PACK_KQ for
  * the K-quants and IQ4_XS (kq_pack: n_in / 256 * KQ_PACKED_BYTES bytes),
- * MM_PACK_Q32 for Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL (q32_pack: n_in / 32 *
- * 44 bytes); MM_PACK_NONE when W multiplies f32 activations. Weights of
- * one kind take the same packed row, whatever their type. */
+ * MM_PACK_Q32 for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL (q32_pack: n_in
+ * / 32 * 44 bytes); MM_PACK_NONE when W multiplies f32 activations.
+ * Weights of one kind take the same packed row, whatever their type. */
 typedef enum MmPack { MM_PACK_NONE, MM_PACK_KQ, MM_PACK_Q32 } MmPack;
 MmPack mm_pack_kind(const MatW *w);
 

@@ -1,4 +1,4 @@
-/* q32.c — Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL products with int8
+/* q32.c — Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL products with int8
  * activations (see q32.h).
  *
  * How it fits: mm_matmul (matmul.c) sends these types here. Each worker
@@ -9,8 +9,10 @@
  * A weight block reads, for the SIMD kernels, as 32 unsigned byte codes u
  * in element order and a bias o with c = u - o: Q4_0 the nibble, o = 8;
  * Q5_0 nibble | high bit << 4, o = 16; Q4_1 the nibble and Q5_1 the 5-bit
- * code, o = 0; IQ4_NL, with AVX-512, level + 128, o = 128 (AVX2 keeps the signed level
- * and moves its sign onto the activation, as vpmaddubsw needs). So
+ * code, o = 0; with AVX-512, IQ4_NL level + 128 and Q8_0 byte + 128 (the
+ * byte ^ 0x80), o = 128. AVX2 keeps IQ4_NL's and Q8_0's signed values and
+ * moves their sign onto the activation, as vpmaddubsw needs (its pair sums
+ * saturate at int16, which u up to 255 could reach). So
  *     S = sum of u * q  -  o * sx,
  * integer arithmetic throughout: every path computes the same S, then the
  * same f32 steps (q32.h), and a product's bits depend only on the weight
@@ -88,28 +90,32 @@ enum { TILE_D_OFF = 32 * LANES, TILE_S_OFF = 36 * LANES, TILE_SX_OFF = 40 * LANE
 
 typedef struct Q32Kind {
     uint8_t blk_bytes;
-    uint8_t qs_off; /* the 16 bytes of nibbles: element j < 16 low, j + 16 high */
+    uint8_t qs_off; /* the 16 bytes of nibbles: element j < 16 low, j + 16 high;
+                       Q8_0: the 32 signed byte codes, element order */
     int8_t qh_off;  /* Q5_0/Q5_1: the 32 high bits (bit j: element j), else -1 */
     uint8_t bias;   /* o (AVX-512 and scalar codes u) */
     bool has_min;   /* the f16 min at byte 2 */
     bool is_nl;     /* IQ4_NL: the nibble indexes mn_iq4_values */
+    bool is_q8;     /* Q8_0: a byte a code, no nibbles */
 } Q32Kind;
 
 Q32_INLINE Q32Kind kind_of(MnType type) {
     switch (type) {
-    case MN_TYPE_Q4_0: return (Q32Kind){sizeof(BlockQ4_0), offsetof(BlockQ4_0, qs), -1, 8, false, false};
-    case MN_TYPE_Q4_1: return (Q32Kind){sizeof(BlockQ4_1), offsetof(BlockQ4_1, qs), -1, 0, true, false};
+    case MN_TYPE_Q4_0: return (Q32Kind){sizeof(BlockQ4_0), offsetof(BlockQ4_0, qs), -1, 8, false, false, false};
+    case MN_TYPE_Q4_1: return (Q32Kind){sizeof(BlockQ4_1), offsetof(BlockQ4_1, qs), -1, 0, true, false, false};
     case MN_TYPE_Q5_0:
-        return (Q32Kind){sizeof(BlockQ5_0), offsetof(BlockQ5_0, qs), offsetof(BlockQ5_0, qh), 16, false, false};
+        return (Q32Kind){sizeof(BlockQ5_0), offsetof(BlockQ5_0, qs), offsetof(BlockQ5_0, qh), 16, false, false, false};
     case MN_TYPE_Q5_1:
-        return (Q32Kind){sizeof(BlockQ5_1), offsetof(BlockQ5_1, qs), offsetof(BlockQ5_1, qh), 0, true, false};
-    default: return (Q32Kind){sizeof(BlockIQ4_NL), offsetof(BlockIQ4_NL, qs), -1, 128, false, true};
+        return (Q32Kind){sizeof(BlockQ5_1), offsetof(BlockQ5_1, qs), offsetof(BlockQ5_1, qh), 0, true, false, false};
+    case MN_TYPE_Q8_0: return (Q32Kind){sizeof(BlockQ8_0), offsetof(BlockQ8_0, qs), -1, 128, false, false, true};
+    default: return (Q32Kind){sizeof(BlockIQ4_NL), offsetof(BlockIQ4_NL, qs), -1, 128, false, true, false};
     }
 }
 
 bool q32_has_type(MnType type) {
     switch (type) {
-    case MN_TYPE_Q4_0: case MN_TYPE_Q4_1: case MN_TYPE_Q5_0: case MN_TYPE_Q5_1: case MN_TYPE_IQ4_NL: return true;
+    case MN_TYPE_Q4_0: case MN_TYPE_Q4_1: case MN_TYPE_Q5_0: case MN_TYPE_Q5_1: case MN_TYPE_Q8_0:
+    case MN_TYPE_IQ4_NL: return true;
     default: return false;
     }
 }
@@ -237,9 +243,14 @@ static float f16_at(const uint8_t *p) {
     return mn_f16_to_f32(h);
 }
 
-/* Code j of a block (element order): c, the value's integer factor. */
+/* Code j of a block (element order): c, the value's integer factor.
+ * Q8_0's too is read as u - o (u = byte ^ 0x80, o = 128), never as a
+ * signed byte: GCC 12 at -O3 with VNNI vectorizes a sum of signed byte
+ * times signed byte products into vpdpbusd, which takes one side as
+ * unsigned (wrong code, which test_matmul's comparisons catch). */
 static int code_ref(Q32Kind k, const uint8_t *blk, int j) {
     const uint8_t *qs = blk + k.qs_off;
+    if (k.is_q8) return (qs[j] ^ 0x80) - k.bias;
     int u = j < 16 ? qs[j] & 0x0f : qs[j - 16] >> 4;
     if (k.qh_off >= 0) {
         uint32_t qh;
@@ -286,7 +297,7 @@ enum {
 };
 
 /* PR rows x up to SLB blocks, unpacked: codes u (element order; AVX2
- * IQ4_NL: levels), scales, mins. */
+ * IQ4_NL and Q8_0: signed values), scales, mins. */
 typedef struct Pack {
     _Alignas(64) uint8_t u[PR][SLB * QK];
     float d[PR][SLB];
@@ -322,8 +333,15 @@ Q32_INLINE __m256i bits_to_bytes(uint32_t h) {
 }
 
 /* The 32 codes of a block, element order: u (AVX-512), or for AVX2 IQ4_NL
- * the signed level. */
+ * and Q8_0 the signed value (signed256). */
 Q32_INLINE __m256i codes256(Q32Kind k, const uint8_t *blk) {
+    if (k.is_q8) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(blk + k.qs_off));
+#if defined(Q32_AVX512)
+        q = _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80));
+#endif
+        return q;
+    }
     __m128i q = _mm_loadu_si128((const __m128i *)(blk + k.qs_off));
     __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
     if (k.qh_off >= 0) {
@@ -419,6 +437,11 @@ Q32_INLINE __m512i sum4x4(__m512i a, __m512i b, __m512i c, __m512i d) {
 
 /* The 64 codes u of the blocks at b0 and b1 (b1 may repeat b0). */
 Q32_INLINE __m512i codes512(Q32Kind k, const uint8_t *b0, const uint8_t *b1) {
+    if (k.is_q8) {
+        __m512i z = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + k.qs_off)));
+        z = _mm512_inserti64x4(z, _mm256_loadu_si256((const __m256i *)(b1 + k.qs_off)), 1);
+        return _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80));
+    }
     __m512i z = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(b0 + k.qs_off)));
     z = _mm512_mask_broadcast_i32x4(z, 0xff00, _mm_loadu_si128((const __m128i *)(b1 + k.qs_off)));
     z = _mm512_mask_srli_epi16(z, 0xff00ff00u, z, 4); /* 128-bit lanes 1 and 3: the high nibbles */
@@ -527,12 +550,18 @@ static void quantize_block256(const float *x, ActBlock *a) {
     block_scales(a, amax, _mm_cvtsi128_si32(s4));
 }
 
-/* The AVX2 codes' bias: IQ4_NL keeps its signed levels. */
-Q32_INLINE int bias256(Q32Kind k) { return k.is_nl ? 0 : k.bias; }
+/* Whether the AVX2 codes are signed: IQ4_NL's levels and Q8_0's bytes,
+ * whose + 128 would not fit vpmaddubsw's pair sums (255 * 127 * 2 >
+ * INT16_MAX); their sign moves onto the activation instead, |c| <= 128. */
+Q32_INLINE bool signed256(Q32Kind k) { return k.is_nl || k.is_q8; }
 
-/* Sum of u * x over each 4 bytes, for codes u (IQ4_NL: signed levels). */
+/* The AVX2 codes' bias: none for signed codes. */
+Q32_INLINE int bias256(Q32Kind k) { return signed256(k) ? 0 : k.bias; }
+
+/* Sum of u * x over each 4 bytes, for codes u (signed256: signed codes,
+ * |u| * sign(x, u) pairs at most 2 * 128 * 127, exact in int16). */
 Q32_INLINE __m256i dot4(Q32Kind k, __m256i u, __m256i x) {
-    if (k.is_nl) {
+    if (signed256(k)) {
         x = _mm256_sign_epi8(x, u);
         u = _mm256_abs_epi8(u);
     }
@@ -677,6 +706,7 @@ Q32_INLINE void rows_decode(MnType type, const uint8_t *w, size_t row_bytes, lon
     case MN_TYPE_Q4_1: fn(MN_TYPE_Q4_1, __VA_ARGS__); break; \
     case MN_TYPE_Q5_0: fn(MN_TYPE_Q5_0, __VA_ARGS__); break; \
     case MN_TYPE_Q5_1: fn(MN_TYPE_Q5_1, __VA_ARGS__); break; \
+    case MN_TYPE_Q8_0: fn(MN_TYPE_Q8_0, __VA_ARGS__); break; \
     default: fn(MN_TYPE_IQ4_NL, __VA_ARGS__); break; \
     }
 

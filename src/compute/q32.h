@@ -1,19 +1,20 @@
-/* q32.h — products of the 32-element-block types Q4_0, Q4_1, Q5_0, Q5_1
- * and IQ4_NL with int8 activations (llama.cpp's Q8_0 scheme, which
- * llama.cpp pairs with Q4_0, Q5_0 and IQ4_NL, and Q8_1, which it pairs with
- * Q4_1 and Q5_1), the fast path of mm_matmul for them.
+/* q32.h — products of the 32-element-block types Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q8_0 and IQ4_NL with int8 activations (llama.cpp's Q8_0 scheme, which
+ * llama.cpp pairs with Q4_0, Q5_0, Q8_0 and IQ4_NL, and Q8_1, which it
+ * pairs with Q4_1 and Q5_1), mm_matmul's path for them.
  *
  * Each token's activations are quantized per 32-element block as
  * llama.cpp's Q8_0 and Q8_1 are: codes q = round-to-even((127 / amax) * x)
  * in -127..127 (compute/act8.h's rule), the step d_x = amax / 127 rounded
  * to f16, and for Q4_1/Q5_1 s_x = (amax / 127) * (sum of q) rounded to f16.
  * A weight block is the f16 scale d_w, 32 integer codes c (Q4_0: nibble -
- * 8; Q5_0: 5-bit code - 16; IQ4_NL: its level; Q4_1, Q5_1: the code) and,
- * for Q4_1 and Q5_1, the f16 min m_w. A product is
+ * 8; Q5_0: 5-bit code - 16; Q8_0: the signed byte; IQ4_NL: its level;
+ * Q4_1, Q5_1: the code) and, for Q4_1 and Q5_1, the f16 min m_w. A
+ * product is
  *     out[t][r] = sum over blocks b, in order, of
  *         acc = fma((float)S_b, d_w * d_x, acc),   S_b = sum of c * q
  *         and for Q4_1, Q5_1: acc = fma(m_w, s_x, acc)
- * S_b is an exact int32 (|S_b| <= 32 * 127 * 127), so every SIMD path
+ * S_b is an exact int32 (|S_b| <= 32 * 128 * 127), so every SIMD path
  * (AVX-512 VNNI, AVX2, scalar) gives the same bits whatever the tile,
  * thread or batch: the value depends only on W's row and x's row. Every
  * rounding of llama.cpp's scheme is reproduced (the f16 d_x and s_x
