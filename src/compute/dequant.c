@@ -1,12 +1,11 @@
 /* dequant.c — vectorized exact dequantization of weight blocks (see
  * dequant.h).
  *
- * How it fits: matmul.c's kernels for the types without a kernel of their
- * own (all quantized types but Q8_0, where they keep f32 activations: the
- * int8 kernels take every row that fits their buffers) call dq_rows for 256
- * elements of each row of a tile (decode) or for a tile's whole rows
- * (prefill), into a buffer on the worker's stack, and multiply that like
- * float weights. Stateless; any thread may call it.
+ * How it fits: matmul.c's ktile, for quantized weights where they keep f32
+ * activations (the int8 kernels take every row that fits their buffers),
+ * calls dq_rows for 256 elements of each row of a tile, into a buffer on
+ * the worker's stack, and multiplies that like float weights. Stateless;
+ * any thread may call it.
  *
  * Exactness, the invariant: every value written equals ttype_dequantize_row's
  * bit for bit. A weight is a * q (+ c) in f32, a the product of the block's

@@ -7,20 +7,20 @@
  * caller's stack for the duration of the call, and each output element is
  * written by exactly one worker.
  *
- * The K-quants and IQ4_XS go to compute/kquant.c, Q4_0, Q4_1, Q5_0, Q5_1,
- * Q8_0 and IQ4_NL to compute/q32.c (int8 activations, i8_worker below: each
- * worker quantizes a group of tokens on its stack, then takes row chunks
- * against it), at every n_tok. For F32/F16/BF16 activations stay in f32,
- * and for the int8 types too when a token's quantized activations do not
- * fit a worker's buffer (rows far longer than any model's). Quantized weights
- * are then dequantized exactly — to ttype_dequantize_row's values, bit for
- * bit — and multiplied like float weights: Q8_0 in registers, w = d * q,
- * exact in f32 (an f16 scale, 11 significant bits, times an integer of at
- * most 8 bits); the other types through dq_rows (compute/dequant.c), whose
- * values are exact by the same argument but for one rounded offset
- * addition, done as the reference does it. So such a product is
- * bit-identical to the F32 product against the dequantized matrix
- * (test_matmul checks this for every type).
+ * Every quantized type multiplies int8 activations: the K-quants and
+ * IQ4_XS in compute/kquant.c, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL in
+ * compute/q32.c (i8_worker below: each worker quantizes a group of tokens
+ * on its stack, then takes row chunks against it), at every n_tok, decode
+ * included (a token's value must not depend on the batch it came in).
+ * F32/F16/BF16 keep f32 activations, and so do the quantized types when a
+ * token's quantized activations do not fit a worker's buffer (rows far
+ * longer than any model's). Their weights are then dequantized exactly
+ * through dq_rows (compute/dequant.c) — to ttype_dequantize_row's values,
+ * bit for bit: an f16 scale (11 significant bits) times an integer of at
+ * most 8 bits is exact in f32, and the one rounded offset addition is done
+ * as the reference does it — and multiplied like float weights. So such a
+ * product is bit-identical to the F32 product against the dequantized
+ * matrix (test_matmul checks this for every type).
  *
  * Batch invariance, the invariant everything here is built around: the value
  * of out[t][r] depends only on W's row r, x's row t and n_in — not on n_tok,
@@ -40,36 +40,20 @@
  *   ftile   F32/F16/BF16 weights, 6 rows x 4 tokens of accumulators, weights
  *           widened in registers. Work items are row panels that stay in L2
  *           while the token tiles go by. Decode is the T = 1 case.
- *   qtile   Q8_0 weights, walked a block (two 16-element chunks) at a
- *           time; each weight vector is dequantized once for the tile's T
- *           tokens. Two modes, equal in every bit:
- *             direct (n_tok <= 8): 8 rows x 1 token (decode) or 4 rows x
- *               2..4 tokens; each row's block scale is widened in a register
- *               once per block; the next tile's rows are prefetched
- *               alongside, since decode streams the weights from DRAM once.
- *             panel (more tokens): the first token tile (4 tokens)
- *               streams the work item's rows from DRAM as direct mode
- *               does, next tile prefetched; then their scales, now in
- *               cache, are widened into an f32 array on the worker's
- *               stack, so the later tiles' inner loop takes them as
- *               broadcast memory operands; 4 rows x 6 tokens, weights
- *               from L2 as in ftile. (Widening first, before any
- *               arithmetic, read the rows from DRAM with nothing to
- *               overlap, which a short prompt chunk's pass felt.)
- *   ktile   every other quantized type, where it keeps f32 activations
- *           (rows too long for the int8 kernels' buffers): per step of KB
- *           (256) elements, dq_rows writes the step of each of the tile's
- *           rows into a buffer on the stack (L1), then the tile's tokens
- *           multiply it as ftile multiplies float weights. 8 rows x 1 token
- *           (decode; the next tile's rows prefetched as in qtile's direct
- *           mode), 4 rows x 2..6 tokens.
+ *   ktile   quantized weights, where they keep f32 activations: per step
+ *           of KB (256) elements, dq_rows writes the step of each of the
+ *           tile's rows into a buffer on the stack (L1), then the tile's
+ *           tokens multiply it as ftile multiplies float weights. 8 rows x
+ *           1 token (decode; the next tile's rows are prefetched alongside,
+ *           since the weights then stream from DRAM once), 4 rows x 2..6
+ *           tokens.
  *
  * The AVX2 path has the same kernels in 8 lanes, with smaller tiles (4 rows
- * x 2 tokens) and no direct/panel split for Q8_0.
+ * x 2 tokens).
  *
- * Nothing here allocates and no scratch is needed. The panel mode keeps
- * Q_SC_FLOATS scales (64 KB) on the worker's stack, ktile KR1 x KB floats
- * (8 KB); an int8 worker its group of quantized tokens (I8_ACT_BYTES).
+ * Nothing here allocates and no scratch is needed. ktile keeps KR1 x KB
+ * floats (8 KB) on the worker's stack; an int8 worker its group of
+ * quantized tokens (I8_ACT_BYTES).
  */
 #include "compute/matmul.h"
 
@@ -111,7 +95,6 @@ typedef struct MmJob {
     float *out;             /* (n_tok, n_out) */
     int n_tok;
     size_t row_bytes;       /* bytes of one weight row */
-    bool is_panel;          /* quantized weights: scales widened per work item */
     long chunk_rows;        /* rows per work item */
     long n_chunks;
     int group_tok;          /* int8 types: tokens quantized at a time */
@@ -123,18 +106,15 @@ static void rows_run(const MmJob *job, long r0, long r1);
 
 static inline long round_up(long n, long m) { return (n + m - 1) / m * m; }
 
-/* Q8_0 has a kernel of its own (qtile); the other quantized types, when
- * they keep f32 activations, share ktile, which dequantizes through dq_row. */
-static inline bool type_is_q8(MnType t) { return t == MN_TYPE_Q8_0; }
-static inline bool type_is_k(MnType t) { return ttype_traits(t)->is_quantized && !type_is_q8(t); }
+/* The quantized types, when they keep f32 activations (rows too long for
+ * the int8 kernels' buffers), share ktile, which dequantizes through
+ * dq_rows. */
+static inline bool type_is_k(MnType t) { return ttype_traits(t)->is_quantized; }
 
 /* ktile's step: the elements of each row dequantized at a time (a K-quant
  * super-block, or eight 32-element blocks), and their bytes (both SIMD
  * paths). */
-enum {
-    KB = MN_QK_K,
-    Q_DIRECT_MAX_TOK = 8, /* more tokens: panel modes */
-};
+enum { KB = MN_QK_K };
 static inline size_t kb_bytes(MnType t) { return KB / ttype_traits(t)->block_elems * ttype_traits(t)->block_bytes; }
 
 /* ========================================================================
@@ -150,15 +130,11 @@ enum {
     FR = 6,                     /* float kernel: rows per tile */
     FT = 4,                     /* float kernel: tokens per tile (6x4: 24 accumulators) */
     F_PANEL_BYTES = 512 * 1024, /* weights per work item, kept in L2 */
-    QD1R = 8,                   /* quantized, direct mode: rows per tile of one token */
-    QDR = 4,                    /* direct mode: rows per tile of 2..QDT tokens */
-    QDT = 4,                    /* direct mode: tokens per tile */
-    QPR = 4,                    /* quantized, panel mode: rows per tile */
-    QPT = 6,                    /* panel mode: tokens per tile (4x6: 24 accumulators) */
-    Q_SC_FLOATS = 16384,        /* panel mode: widened scales on the worker's stack */
-    KR1 = 8,                    /* other quantized types: rows per tile of one token */
+    KR1 = 8,                    /* quantized weights: rows per tile of one token */
     KR = 4,                     /* ... rows per tile of more tokens */
     KT = 6,                     /* ... tokens per tile (4x6: 24 accumulators) */
+    KST = 4,                    /* ... tokens per tile while the weights stream */
+    K_STREAM_MAX_TOK = 8,       /* at most this many tokens: weights stream from DRAM */
 };
 
 /* The one horizontal sum every result goes through. */
@@ -286,190 +262,6 @@ MM_INLINE void frows(MnType type, const MmJob *job, long r0, long r1) {
 
 /* ---- quantized weights ---- */
 
-/* The f16 scale at the start of a block, broadcast. */
-MM_INLINE __m512 ldscale(const uint8_t *blk) {
-    uint16_t h;
-    memcpy(&h, blk, 2);
-    return _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
-}
-
-/* Elements 16h..16h+15 of a Q8_0 block, dequantized with scale d: d * q,
- * exact, so equal to ttype_dequantize_row. */
-MM_INLINE __m512 ldq(const uint8_t *blk, int h, __m512 d) {
-    __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * h)));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(q), d);
-}
-
-/* Hides a pointer's value from the optimizer, so loads through it are not
- * hoisted out of a loop and kept in registers the accumulators need. */
-#define MM_LAUNDER(p) __asm__ volatile("" : "+r"(p))
-
-/* out[t][r] for R rows from w0 (row_bytes apart) and T tokens from x0.
- * is_panel: the scales come from sc0 (row r's block b at
- * sc0[r * sc_stride + b]); otherwise from the blocks, widened once per
- * block. pf0,
- * when not NULL, starts R rows to prefetch alongside, spread evenly over
- * the blocks. */
-MM_INLINE void qtile(int R, int T, bool is_panel, const uint8_t *w0, size_t row_bytes, const float *x0,
-                     int64_t n_in, float *out0, int64_t n_out, const float *sc0, int64_t sc_stride,
-                     const uint8_t *pf0) {
-    enum { MR = QD1R, MT = QPT };
-    _Static_assert(QD1R >= QDR && QD1R >= QPR && QPT >= QDT, "qtile's arrays hold every tile shape");
-    const size_t bb = sizeof(BlockQ8_0);
-    const int64_t nb = n_in / 32;
-    const char *pf = (const char *)((uintptr_t)pf0 & ~(uintptr_t)63), *pf_to = (const char *)pf0;
-    __m512 acc[MR][MT];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        if (pf0 != NULL)
-            for (pf_to += R * bb; pf < pf_to; pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
-        __m512 d[MR]; /* direct mode: the scales */
-        if (!is_panel)
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++) d[r] = ldscale(w0 + r * row_bytes + b * bb);
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *wb = w0 + b * bb;
-            const float *sb = is_panel ? sc0 + b : NULL;
-            MM_LAUNDER(wb);
-            MM_LAUNDER(sb);
-            __m512 xv[MT];
-#pragma GCC unroll 8
-            for (int t = 0; t < T; t++) {
-                xv[t] = _mm512_loadu_ps(x0 + t * n_in + 32 * b + 16 * h);
-                MM_PIN(xv[t]);
-            }
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++) {
-                __m512 wv;
-                if (is_panel) wv = ldq(wb + r * row_bytes, h, _mm512_set1_ps(sb[r * sc_stride]));
-                else wv = ldq(wb + r * row_bytes, h, d[r]);
-#pragma GCC unroll 8
-                for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
-            }
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) out0[t * n_out + r] = hsum16(acc[r][t]);
-}
-
-#define QTILE(R, T, is_panel) qtile(R, T, is_panel, w0, row_bytes, x0, n_in, out0, n_out, sc0, nsc, pf0)
-/* qtile with constant shapes, so its loops unroll. */
-#define QDIRECT_CASES(R) \
-    switch (T) { \
-    case 1: QTILE(R, 1, false); break; \
-    case 2: QTILE(R, 2, false); break; \
-    case 3: QTILE(R, 3, false); break; \
-    default: QTILE(R, 4, false); break; \
-    }
-_Static_assert(QDT == 4, "QDIRECT_CASES covers T = 1..4");
-#define QPANEL_CASES(R, is_panel) \
-    switch (T) { \
-    case 1: QTILE(R, 1, is_panel); break; \
-    case 2: QTILE(R, 2, is_panel); break; \
-    case 3: QTILE(R, 3, is_panel); break; \
-    case 4: QTILE(R, 4, is_panel); break; \
-    case 5: QTILE(R, 5, is_panel); break; \
-    default: QTILE(R, 6, is_panel); break; \
-    }
-_Static_assert(QPT == 6, "QPANEL_CASES covers T = 1..6");
-
-/* Rows [r0, r1), direct mode: as frows, with the next tile prefetched while
- * the weights stream from DRAM. Single-token tiles take QD1R rows: more
- * independent accumulator chains and rows in flight for decode. */
-MM_INLINE void qrows_direct(const MmJob *job, long r0, long r1) {
-    const MatW *w = job->w;
-    int64_t n_in = w->n_in, n_out = w->n_out, nsc = 0;
-    size_t row_bytes = job->row_bytes;
-    const float *sc0 = NULL;
-    for (int t0 = 0; t0 < job->n_tok; t0 += QDT) {
-        int T = MM_MIN(QDT, job->n_tok - t0);
-        const float *x0 = job->x + (int64_t)t0 * n_in;
-        long r = r0;
-        if (T == 1) {
-            for (; r + QD1R <= r1; r += QD1R) {
-                const uint8_t *w0 = (const uint8_t *)w->data + (size_t)r * row_bytes;
-                const uint8_t *pf0 = r + 2 * QD1R <= r1 ? w0 + QD1R * row_bytes : NULL;
-                float *out0 = job->out + (int64_t)t0 * n_out + r;
-                QTILE(QD1R, 1, false);
-            }
-        } else {
-            for (; r + QDR <= r1; r += QDR) {
-                const uint8_t *w0 = (const uint8_t *)w->data + (size_t)r * row_bytes;
-                const uint8_t *pf0 = r + 2 * QDR <= r1 ? w0 + QDR * row_bytes : NULL;
-                float *out0 = job->out + (int64_t)t0 * n_out + r;
-                QDIRECT_CASES(QDR)
-            }
-        }
-        for (; r < r1; r++) {
-            const uint8_t *w0 = (const uint8_t *)w->data + (size_t)r * row_bytes;
-            const uint8_t *pf0 = NULL;
-            float *out0 = job->out + (int64_t)t0 * n_out + r;
-            QDIRECT_CASES(1)
-        }
-    }
-}
-
-/* The f32 scales of rows [r0, r1) into sc, nb a row. */
-MM_INLINE void widen_scales(const MmJob *job, long r0, long r1, float *sc) {
-    const int64_t nb = job->w->n_in / 32;
-    for (long r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)job->w->data + (size_t)r * job->row_bytes;
-        for (int64_t b = 0; b < nb; b++) {
-            uint16_t h;
-            memcpy(&h, row + b * sizeof(BlockQ8_0), 2);
-            sc[(r - r0) * nb + b] = _cvtsh_ss(h);
-        }
-    }
-}
-
-/* Rows [r0, r1), panel mode. The first token tile (QDT tokens) streams the
- * rows from DRAM with the scales widened in registers and the next tile
- * prefetched alongside, as direct mode does, so the weights' one read from
- * memory overlaps arithmetic; then the rows' scales, now in cache, are
- * widened once into sc and the other token tiles go by as in frows. Both
- * ways of taking a scale give the same bits. job_plan keeps r1 - r0
- * within Q_SC_FLOATS. */
-MM_INLINE void qrows_panel(const MmJob *job, long r0, long r1) {
-    _Alignas(64) float sc[Q_SC_FLOATS];
-    const MatW *w = job->w;
-    int64_t n_in = w->n_in, n_out = w->n_out, nsc = n_in / 32;
-    size_t row_bytes = job->row_bytes;
-    assert((r1 - r0) * nsc <= Q_SC_FLOATS);
-    for (int t0 = 0, T; t0 < job->n_tok; t0 += T) {
-        T = MM_MIN(t0 == 0 ? QDT : QPT, job->n_tok - t0);
-        const float *x0 = job->x + (int64_t)t0 * n_in;
-        long r = r0;
-        for (; r + QPR <= r1; r += QPR) {
-            const uint8_t *w0 = (const uint8_t *)w->data + (size_t)r * row_bytes;
-            const float *sc0 = sc + (r - r0) * nsc;
-            float *out0 = job->out + (int64_t)t0 * n_out + r;
-            if (t0 == 0) {
-                const uint8_t *pf0 = r + 2 * QPR <= r1 ? w0 + QPR * row_bytes : NULL;
-                QPANEL_CASES(QPR, false)
-            } else {
-                const uint8_t *pf0 = NULL;
-                QPANEL_CASES(QPR, true)
-            }
-        }
-        for (; r < r1; r++) {
-            const uint8_t *w0 = (const uint8_t *)w->data + (size_t)r * row_bytes, *pf0 = NULL;
-            const float *sc0 = sc + (r - r0) * nsc;
-            float *out0 = job->out + (int64_t)t0 * n_out + r;
-            if (t0 == 0) QPANEL_CASES(1, false)
-            else QPANEL_CASES(1, true)
-        }
-        if (t0 == 0 && job->n_tok > T) widen_scales(job, r0, r1, sc);
-    }
-}
-
-/* ---- the other quantized types ---- */
-
 /* out[t][r] for R rows from w0 and T tokens from x0, for any quantized
  * type: each row's weights are dequantized KB elements at a time into buf
  * (dq_row: exactly ttype_dequantize_row's values), then multiplied as
@@ -534,8 +326,8 @@ static void krows(const MmJob *job, long r0, long r1) {
     const MnType type = w->type;
     int64_t n_in = w->n_in, n_out = w->n_out;
     size_t row_bytes = job->row_bytes;
-    bool is_stream = job->n_tok <= Q_DIRECT_MAX_TOK;
-    int tt = is_stream ? QDT : KT;
+    bool is_stream = job->n_tok <= K_STREAM_MAX_TOK;
+    int tt = is_stream ? KST : KT;
     for (int t0 = 0; t0 < job->n_tok; t0 += tt) {
         int T = MM_MIN(tt, job->n_tok - t0);
         const float *x0 = job->x + (int64_t)t0 * n_in;
@@ -560,37 +352,22 @@ static void krows(const MmJob *job, long r0, long r1) {
 static void frows_f32(const MmJob *job, long r0, long r1) { frows(MN_TYPE_F32, job, r0, r1); }
 static void frows_f16(const MmJob *job, long r0, long r1) { frows(MN_TYPE_F16, job, r0, r1); }
 static void frows_bf16(const MmJob *job, long r0, long r1) { frows(MN_TYPE_BF16, job, r0, r1); }
-static void qrows_q8(const MmJob *job, long r0, long r1) {
-    if (job->is_panel) qrows_panel(job, r0, r1);
-    else qrows_direct(job, r0, r1);
-}
 
 static void rows_run(const MmJob *job, long r0, long r1) {
     switch (job->w->type) {
     case MN_TYPE_F32: frows_f32(job, r0, r1); break;
     case MN_TYPE_F16: frows_f16(job, r0, r1); break;
     case MN_TYPE_BF16: frows_bf16(job, r0, r1); break;
-    case MN_TYPE_Q8_0: qrows_q8(job, r0, r1); break;
     default: krows(job, r0, r1); break;
     }
 }
 
 /* Work items: panels of rows that stay in L2 across the token loop, small
- * enough that every thread gets several; in panel mode also small enough
- * for the stack array of scales. */
+ * enough that every thread gets several. */
 static void job_plan(MmJob *job, int nth) {
     const MatW *w = job->w;
     long n_out = (long)w->n_out, align = FR, cap = (long)(F_PANEL_BYTES / job->row_bytes);
-    job->is_panel = false;
-    if (type_is_k(w->type)) {
-        align = job->n_tok <= Q_DIRECT_MAX_TOK ? KR1 : KR;
-    } else if (type_is_q8(w->type)) {
-        long sc_rows = (long)(Q_SC_FLOATS / (w->n_in / 32));
-        job->is_panel = job->n_tok > Q_DIRECT_MAX_TOK && sc_rows >= QPR;
-        align = job->is_panel ? QPR : QD1R;
-        /* a multiple of QPR, so rounding a chunk up keeps it within the array */
-        if (job->is_panel) cap = MM_MIN(cap, sc_rows / QPR * QPR);
-    }
+    if (type_is_k(w->type)) align = job->n_tok <= K_STREAM_MAX_TOK ? KR1 : KR;
     long per = (n_out + (long)nth * 4 - 1) / ((long)nth * 4);
     long chunk = MM_MIN(per, cap);
     chunk = chunk < align ? align : round_up(chunk, align);
@@ -671,42 +448,7 @@ MM_INLINE void ftile(MnType type, int R, int T, const uint8_t *w0, size_t row_by
         for (int t = 0; t < T; t++) out0[t * n_out + r] = hsum8(acc[r][t]);
 }
 
-/* Elements 8j..8j+7 of a Q8_0 block, dequantized exactly as in the
- * AVX-512 path: d * q. */
-MM_INLINE __m256 ldq8(const uint8_t *blk, int j, __m256 d) {
-    __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j)));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
-}
-
-/* ftile for Q8_0 weights, a block (four 8-element chunks) at a time. */
-MM_INLINE void qtile(int R, int T, const uint8_t *w0, size_t row_bytes, const float *x0, int64_t n_in, float *out0,
-                     int64_t n_out) {
-    const size_t bb = sizeof(BlockQ8_0);
-    __m256 acc[FR][FT];
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n_in / 32; b++) {
-        const uint8_t *wb = w0 + b * bb;
-        __m256 d[FR];
-        for (int r = 0; r < R; r++) {
-            uint16_t h;
-            memcpy(&h, wb + r * row_bytes, 2);
-            d[r] = _mm256_set1_ps(_cvtsh_ss(h));
-        }
-        for (int j = 0; j < 4; j++) {
-            __m256 xv[FT];
-            for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x0 + t * n_in + 32 * b + 8 * j);
-            for (int r = 0; r < R; r++) {
-                __m256 wv = ldq8(wb + r * row_bytes, j, d[r]);
-                for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
-            }
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) out0[t * n_out + r] = hsum8(acc[r][t]);
-}
-
-/* ftile for the other quantized types: each row's weights dequantized KB
+/* ftile for quantized weights: each row's weights dequantized KB
  * elements at a time into buf (dq_row, exact), then multiplied in the
  * float order. */
 MM_INLINE void ktile(MnType type, int R, int T, const uint8_t *w0, size_t row_bytes, const float *x0,
@@ -735,8 +477,7 @@ MM_INLINE void ktile(MnType type, int R, int T, const uint8_t *w0, size_t row_by
 /* One tile of any type: R rows x T tokens. */
 MM_INLINE void tile(MnType type, int R, int T, const uint8_t *w0, size_t row_bytes, const float *x0,
                     int64_t n_in, float *out0, int64_t n_out) {
-    if (type_is_q8(type)) qtile(R, T, w0, row_bytes, x0, n_in, out0, n_out);
-    else if (type_is_k(type)) ktile(type, R, T, w0, row_bytes, x0, n_in, out0, n_out);
+    if (type_is_k(type)) ktile(type, R, T, w0, row_bytes, x0, n_in, out0, n_out);
     else ftile(type, R, T, w0, row_bytes, x0, n_in, out0, n_out);
 }
 
@@ -769,7 +510,6 @@ static void rows_run(const MmJob *job, long r0, long r1) {
     case MN_TYPE_F32: frows(MN_TYPE_F32, job, r0, r1); break;
     case MN_TYPE_F16: frows(MN_TYPE_F16, job, r0, r1); break;
     case MN_TYPE_BF16: frows(MN_TYPE_BF16, job, r0, r1); break;
-    case MN_TYPE_Q8_0: frows(MN_TYPE_Q8_0, job, r0, r1); break;
     default: frows(job->w->type, job, r0, r1); break; /* ktile */
     }
 }
@@ -777,7 +517,6 @@ static void rows_run(const MmJob *job, long r0, long r1) {
 static void job_plan(MmJob *job, int nth) {
     long n_out = (long)job->w->n_out;
     long chunk = round_up((n_out + (long)nth * 4 - 1) / ((long)nth * 4), FR);
-    job->is_panel = false;
     job->chunk_rows = chunk;
     job->n_chunks = (n_out + chunk - 1) / chunk;
 }
@@ -818,7 +557,6 @@ static void job_plan(MmJob *job, int nth) {
     long n_out = (long)job->w->n_out;
     long chunk = (n_out + (long)nth * 4 - 1) / ((long)nth * 4);
     if (chunk < 1) chunk = 1;
-    job->is_panel = false;
     job->chunk_rows = chunk;
     job->n_chunks = (n_out + chunk - 1) / chunk;
 }
