@@ -300,10 +300,12 @@ static void test_batch_invariance(void **state) {
                 check_invariance(tp1, tp2, all_types[ti], shapes[s][0], shapes[s][1], 77 + 13 * s + ti);
     /* float weights with a masked tail */
     for (int ti = 0; ti < N_FLOAT_TYPES; ti++) check_invariance(tp1, tp2, all_types[ti], 23, 1001, 991 + ti);
-    /* quantized rows too long for the panel modes */
+    /* long quantized rows: tokens quantized in smaller groups */
     check_invariance(tp1, tp2, MN_TYPE_Q4_0, 7, 65568, 995);
     check_invariance(tp1, tp2, MN_TYPE_Q6_K, 9, 6400, 996);
     check_invariance(tp1, tp2, MN_TYPE_IQ4_NL, 8, 6176, 997);
+    /* rows too long for the int8 buffers: f32 activations (ktile) */
+    check_invariance(tp1, tp2, MN_TYPE_Q8_0, 3, 420000, 998);
     tpool_free(tp2);
     tpool_free(tp1);
 }
