@@ -42,10 +42,11 @@
  *     output's accumulator parked in `out` between slices (a stored f32
  *     reads back the same, so the sequence of steps is unchanged).
  *   rows (decode, few tokens): lanes are rows. AVX-512: per 16 rows and 2
- *     blocks, each row's 64 codes unpack into one vector, one vpdpbusd
- *     against the token's 64 codes, and a transpose tree sums the partials
- *     into S of both blocks for the 16 rows (lane = row); the rows' f16
- *     scales come in by one gather per block. AVX2: 8 rows, one block.
+ *     blocks, each row's 64 codes unpack into one vector and the rows' f16
+ *     scales come in by one gather per block, once for all the tokens;
+ *     then per token one vpdpbusd against its 64 codes, and a transpose
+ *     tree sums the partials into S of both blocks for the 16 rows (lane =
+ *     row). AVX2: 8 rows, one block, one token at a time.
  *   scalar: q32_rows_ref.
  */
 #include "compute/q32.h"
@@ -72,8 +73,9 @@
 enum { QK = MN_QK };
 
 /* The tiles compute all LANES lanes whatever the number of tokens: below
- * TILE_MIN_TOK tokens the rows kernel, run once per token against rows
- * that stay in cache, costs less (bench_matmul's batch mode). */
+ * TILE_MIN_TOK tokens the rows kernel costs less (bench_matmul's batch
+ * mode); AVX-512 runs it for all the tokens at once, AVX2 once per token
+ * against rows that stay in cache. */
 #if defined(Q32_AVX512)
 enum { LANES = 16, TILE_MIN_TOK = 6 };
 #elif defined(Q32_AVX2)
@@ -468,15 +470,14 @@ Q32_INLINE __m512 row_step(Q32Kind k, __m512 acc, __m512i s, __m512i dv, float d
     return acc;
 }
 
-/* 16 rows w[] x one token (rows layout at tok): res[r]. pf, when not NULL,
- * is the next tile's first row (row_bytes apart), prefetched alongside:
- * decode streams the weights from DRAM once. */
-Q32_INLINE void rows512(Q32Kind k, const uint8_t *const w[16], int64_t n_in, const uint8_t *tok, const uint8_t *pf,
-                        size_t row_bytes, float res[16]) {
+/* 16 rows w[] x T tokens (rows layout, tok_bytes apart from tok0):
+ * res[t][r]. The rows' codes and scales are read once for all T tokens;
+ * each token's sums go through the same steps as if it were alone. pf,
+ * when not NULL, is the next tile's first row (row_bytes apart),
+ * prefetched alongside: decode streams the weights from DRAM once. */
+Q32_INLINE void rows512(Q32Kind k, int T, const uint8_t *const w[16], int64_t n_in, const uint8_t *tok0,
+                        size_t tok_stride, const uint8_t *pf, size_t row_bytes, float res[][16]) {
     const int64_t nb = n_in / QK;
-    const int8_t *xq = (const int8_t *)tok;
-    const float *xd = (const float *)(tok + n_in), *xs = (const float *)(tok + n_in + 4 * nb);
-    const int32_t *xsx = (const int32_t *)(tok + n_in + 8 * nb);
     _Alignas(64) int32_t off[16];
     for (int r = 0; r < 16; r++) {
         ptrdiff_t d = w[r] - w[0];
@@ -484,35 +485,56 @@ Q32_INLINE void rows512(Q32Kind k, const uint8_t *const w[16], int64_t n_in, con
         off[r] = (int32_t)d;
     }
     const __m512i goff = _mm512_load_si512(off), zero = _mm512_setzero_si512();
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc[TILE_MIN_TOK - 1];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b += 2) {
         const bool two = b + 1 < nb;
         const size_t at = (size_t)b * k.blk_bytes;
-        __m512i xa = two ? _mm512_loadu_si512(xq + QK * b)
-                         : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(xq + QK * b)));
+        __m512i xa[TILE_MIN_TOK - 1];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const int8_t *xq = (const int8_t *)(tok0 + (size_t)t * tok_stride) + QK * b;
+            xa[t] = two ? _mm512_loadu_si512(xq) : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)xq));
+        }
         if (pf != NULL)
             for (int r = 0; r < 16; r++) _mm_prefetch((const char *)pf + r * row_bytes + at, _MM_HINT_T0);
-        __m512i q[4];
+        __m512i q[TILE_MIN_TOK - 1][4];
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++) {
-            __m512i p[4];
+            __m512i c[4];
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {
                 const uint8_t *blk = w[4 * g + i] + at;
-                p[i] = _mm512_dpbusd_epi32(zero, codes512(k, blk, two ? blk + k.blk_bytes : blk), xa);
+                c[i] = codes512(k, blk, two ? blk + k.blk_bytes : blk);
             }
-            q[g] = sum4x4(p[0], p[1], p[2], p[3]); /* 128-bit lane h: half h of the 2 blocks, rows 4g.. */
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                __m512i p[4];
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) p[i] = _mm512_dpbusd_epi32(zero, c[i], xa[t]);
+                q[t][g] = sum4x4(p[0], p[1], p[2], p[3]); /* 128-bit lane h: half h of the 2 blocks, rows 4g.. */
+            }
         }
-        __m512i s01 = _mm512_add_epi32(_mm512_shuffle_i32x4(q[0], q[1], 0x88), _mm512_shuffle_i32x4(q[0], q[1], 0xdd));
-        __m512i s23 = _mm512_add_epi32(_mm512_shuffle_i32x4(q[2], q[3], 0x88), _mm512_shuffle_i32x4(q[2], q[3], 0xdd));
-        /* s01: rows 0-3 block b, rows 0-3 block b + 1, rows 4-7 block b, ... */
-        __m512i v0 = _mm512_shuffle_i32x4(s01, s23, 0x88), v1 = _mm512_shuffle_i32x4(s01, s23, 0xdd);
-        acc = row_step(k, acc, v0, _mm512_i32gather_epi32(goff, w[0] + at, 1), xd[b], xs[b], xsx[b]);
-        if (two)
-            acc = row_step(k, acc, v1, _mm512_i32gather_epi32(goff, w[0] + at + k.blk_bytes, 1), xd[b + 1], xs[b + 1],
-                           xsx[b + 1]);
+        const __m512i dv0 = _mm512_i32gather_epi32(goff, w[0] + at, 1);
+        const __m512i dv1 = two ? _mm512_i32gather_epi32(goff, w[0] + at + k.blk_bytes, 1) : dv0;
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const uint8_t *tok = tok0 + (size_t)t * tok_stride;
+            const float *xd = (const float *)(tok + n_in), *xs = (const float *)(tok + n_in + 4 * nb);
+            const int32_t *xsx = (const int32_t *)(tok + n_in + 8 * nb);
+            __m512i s01 = _mm512_add_epi32(_mm512_shuffle_i32x4(q[t][0], q[t][1], 0x88),
+                                           _mm512_shuffle_i32x4(q[t][0], q[t][1], 0xdd));
+            __m512i s23 = _mm512_add_epi32(_mm512_shuffle_i32x4(q[t][2], q[t][3], 0x88),
+                                           _mm512_shuffle_i32x4(q[t][2], q[t][3], 0xdd));
+            /* s01: rows 0-3 block b, rows 0-3 block b + 1, rows 4-7 block b, ... */
+            __m512i v0 = _mm512_shuffle_i32x4(s01, s23, 0x88), v1 = _mm512_shuffle_i32x4(s01, s23, 0xdd);
+            acc[t] = row_step(k, acc[t], v0, dv0, xd[b], xs[b], xsx[b]);
+            if (two) acc[t] = row_step(k, acc[t], v1, dv1, xd[b + 1], xs[b + 1], xsx[b + 1]);
+        }
     }
-    _mm512_storeu_ps(res, acc);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) _mm512_storeu_ps(res[t], acc[t]);
 }
 
 #endif
@@ -682,20 +704,27 @@ Q32_INLINE void rows_tiled(MnType type, Pack *p, const uint8_t *w, size_t row_by
 Q32_INLINE void rows_decode(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in,
                             const uint8_t *acts, int n_tok, float *out, int64_t n_out) {
     const Q32Kind k = kind_of(type);
+    assert(n_tok < TILE_MIN_TOK);
     for (long r = r0; r < r1; r += DEC_ROWS) {
         const uint8_t *rows[DEC_ROWS];
         for (int i = 0; i < DEC_ROWS; i++) rows[i] = w + (size_t)Q32_MIN(r + i, r1 - 1) * row_bytes;
-        for (int t = 0; t < n_tok; t++) {
-            float res[DEC_ROWS];
-            const uint8_t *tok = acts + (size_t)t * tok_bytes(n_in);
+        float res[TILE_MIN_TOK - 1][DEC_ROWS];
 #if defined(Q32_AVX512)
-            const uint8_t *pf = t == 0 && r + 2 * DEC_ROWS <= r1 ? rows[0] + DEC_ROWS * row_bytes : NULL;
-            rows512(k, rows, n_in, tok, pf, row_bytes, res);
-#else
-            rows256(k, rows, n_in, tok, res);
-#endif
-            for (int i = 0; i < DEC_ROWS && r + i < r1; i++) out[(int64_t)t * n_out + r + i] = res[i];
+        const uint8_t *pf = r + 2 * DEC_ROWS <= r1 ? rows[0] + DEC_ROWS * row_bytes : NULL;
+        const size_t tb = tok_bytes(n_in);
+        switch (n_tok) { /* a constant T, so rows512's loops unroll */
+        case 1: rows512(k, 1, rows, n_in, acts, tb, pf, row_bytes, res); break;
+        case 2: rows512(k, 2, rows, n_in, acts, tb, pf, row_bytes, res); break;
+        case 3: rows512(k, 3, rows, n_in, acts, tb, pf, row_bytes, res); break;
+        case 4: rows512(k, 4, rows, n_in, acts, tb, pf, row_bytes, res); break;
+        default: rows512(k, 5, rows, n_in, acts, tb, pf, row_bytes, res); break;
         }
+        _Static_assert(TILE_MIN_TOK - 1 == 5, "rows_decode covers T = 1..5");
+#else
+        for (int t = 0; t < n_tok; t++) rows256(k, rows, n_in, acts + (size_t)t * tok_bytes(n_in), res[t]);
+#endif
+        for (int t = 0; t < n_tok; t++)
+            for (int i = 0; i < DEC_ROWS && r + i < r1; i++) out[(int64_t)t * n_out + r + i] = res[t][i];
     }
 }
 
