@@ -77,7 +77,7 @@ enum { QK = MN_QK };
  * mode); AVX-512 runs it for all the tokens at once, AVX2 once per token
  * against rows that stay in cache. */
 #if defined(Q32_AVX512)
-enum { LANES = 16, TILE_MIN_TOK = 6 };
+enum { LANES = 16, TILE_MIN_TOK = 9 };
 #elif defined(Q32_AVX2)
 enum { LANES = 8, TILE_MIN_TOK = 4 };
 #else
@@ -712,14 +712,19 @@ Q32_INLINE void rows_decode(MnType type, const uint8_t *w, size_t row_bytes, lon
 #if defined(Q32_AVX512)
         const uint8_t *pf = r + 2 * DEC_ROWS <= r1 ? rows[0] + DEC_ROWS * row_bytes : NULL;
         const size_t tb = tok_bytes(n_in);
+#define Q32_ROWS512(T) rows512(k, T, rows, n_in, acts, tb, pf, row_bytes, res)
         switch (n_tok) { /* a constant T, so rows512's loops unroll */
-        case 1: rows512(k, 1, rows, n_in, acts, tb, pf, row_bytes, res); break;
-        case 2: rows512(k, 2, rows, n_in, acts, tb, pf, row_bytes, res); break;
-        case 3: rows512(k, 3, rows, n_in, acts, tb, pf, row_bytes, res); break;
-        case 4: rows512(k, 4, rows, n_in, acts, tb, pf, row_bytes, res); break;
-        default: rows512(k, 5, rows, n_in, acts, tb, pf, row_bytes, res); break;
+        case 1: Q32_ROWS512(1); break;
+        case 2: Q32_ROWS512(2); break;
+        case 3: Q32_ROWS512(3); break;
+        case 4: Q32_ROWS512(4); break;
+        case 5: Q32_ROWS512(5); break;
+        case 6: Q32_ROWS512(6); break;
+        case 7: Q32_ROWS512(7); break;
+        default: Q32_ROWS512(8); break;
         }
-        _Static_assert(TILE_MIN_TOK - 1 == 5, "rows_decode covers T = 1..5");
+#undef Q32_ROWS512
+        _Static_assert(TILE_MIN_TOK - 1 == 8, "rows_decode covers T = 1..8");
 #else
         for (int t = 0; t < n_tok; t++) rows256(k, rows, n_in, acts + (size_t)t * tok_bytes(n_in), res[t]);
 #endif
