@@ -76,7 +76,7 @@ static bool solve_subset(const Pacer *p, unsigned mask, double coef[PACER_N_COEF
             for (int j = c; j <= k; j++) m[r][j] -= f * m[c][j];
         }
     }
-    double u[PACER_N_COEF];
+    double u[PACER_N_COEF] = {0}; /* every u[j] read is set first; GCC 12 cannot see it on some -march */
     for (int r = k - 1; r >= 0; r--) {
         double v = m[r][k];
         for (int j = r + 1; j < k; j++) v -= m[r][j] * u[j];
