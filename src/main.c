@@ -402,7 +402,7 @@ static int choice(const char *val, const char *const *names, int n) {
 
 static int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *alias = NULL, *tmpl_name = NULL, *kv_type_name = "f16",
-               *schedule = "fcfs", *evict = NULL, *profile_file = NULL, *overflow = "shift", *restore_plan = "kv",
+               *schedule = "fcfs", *evict = NULL, *profile_file = NULL, *overflow = "shift", *restore_plan = "auto",
                *tmpl_file = NULL, *tmpl_date = NULL;
     int port = 8080, max_body_kb = 1024, n_predict = -1;
     const char *gpu_layers = NULL, *flash_attn = NULL; /* llama.cpp's, ignored */
@@ -465,9 +465,10 @@ static int cmd_serve(int argc, char **argv) {
         HTTP_LIMIT_OPTS(so.limits, idle_timeout),
         {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache precision (default f16)"},
         {"restore-plan", 0, CLI_STR, &restore_plan, "kv|hidden|auto",
-         "how the cache tiers store a conversation's layers: as KV (default), as the hidden states KV is "
-         "projected from where those are smaller (restored by projecting them: the same KV, bit for bit), or "
-         "each run split between the two so a restore's projections and reads end together (auto)"},
+         "how the cache tiers store a conversation's layers: as KV, as the hidden states KV is projected from "
+         "where those are smaller (restored by projecting them: the same KV, bit for bit), or (auto, the "
+         "default) with a disk or Redis tier each run split between the two by the measured projection time "
+         "and read bandwidth, KV with a RAM tier alone"},
         {"no-prefix-cache", 0, CLI_FLAG, &no_prefix_cache, NULL, "compute every prompt from scratch"},
         {"drain-timeout", 0, CLI_FLOAT, &drain_timeout, "S", "on SIGTERM, let running requests finish this long (30)"},
         {"cache-ttl", 0, CLI_FLOAT, &cache_ttl, "S", "drop cached blocks idle longer than S seconds (0: never)"},

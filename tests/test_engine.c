@@ -639,6 +639,7 @@ static void check_cache_ttl(bool has_tiers) {
     drive_init(&dr);
     EngineOptions o;
     engine_options_default(&o);
+    o.restore_plan = RESTORE_PLAN_KV;
     o.block_tokens = 8;
     o.cache_ttl_s = 1000;
     o.ram_tier_mb = has_tiers ? 1 : 0;
@@ -1930,6 +1931,7 @@ static void expect_recomputed_read(Request *r, const Recomputed *want, float *go
  * disk tier in dir (NULL: none). */
 static void tier_options(EngineOptions *o, int pool_blocks, const MoverTestHooks *hooks) {
     engine_options_default(o);
+    o->restore_plan = RESTORE_PLAN_KV; /* (auto's split follows measured times: its tests set it) */
     o->block_tokens = 8;
     o->pool_blocks = pool_blocks;
     o->parallel = 1;
@@ -2527,6 +2529,54 @@ static uint64_t expect_round_trip_from(Engine *e, Model *m, uint64_t seed, Cache
 
 static uint64_t expect_round_trip(Engine *e, Model *m, uint64_t seed) {
     return expect_round_trip_from(e, m, seed, SRC_DISK);
+}
+
+/* The auto plan is the default, and keeps hidden arenas (a part of the
+ * pool's size) only over a tier below RAM: with a RAM tier alone, or
+ * none, its pool has as many blocks as kv's; with a disk tier, fewer
+ * (qwen3 Q4_K_M: its hidden rows are smaller than its K/V, so they may be
+ * stored). */
+static void test_auto_plan_arenas(void **s) {
+    Model *m = load("qwen3-q4_k_m");
+    if (!m) return;
+    EngineOptions d;
+    engine_options_default(&d);
+    assert_int_equal(d.restore_plan, RESTORE_PLAN_AUTO);
+    static const struct {
+        RestorePlan plan;
+        uint64_t ram_mb;
+        bool has_disk;
+    } cases[] = {{RESTORE_PLAN_KV, 1, false},
+                 {RESTORE_PLAN_AUTO, 1, false},
+                 {RESTORE_PLAN_AUTO, 0, false},
+                 {RESTORE_PLAN_KV, 1, true},
+                 {RESTORE_PLAN_AUTO, 1, true}};
+    uint64_t blocks[5];
+    for (int i = 0; i < 5; i++) {
+        char *dir = cases[i].has_disk ? test_tmpdir_new("tier") : NULL;
+        EngineOptions o;
+        engine_options_default(&o);
+        o.restore_plan = cases[i].plan;
+        o.block_tokens = 8;
+        o.parallel = 1;
+        o.pool_mb = 1;
+        o.ram_tier_mb = cases[i].ram_mb;
+        o.disk_tier_dir = dir;
+        Engine *e;
+        MnErr err = {0};
+        if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+        EngineStats st;
+        engine_stats(e, &st);
+        blocks[i] = st.pool_blocks;
+        engine_free(e);
+        if (dir) test_tmpdir_free(dir);
+    }
+    assert_true(blocks[0] > 2);
+    assert_int_equal(blocks[1], blocks[0]);
+    assert_int_equal(blocks[2], blocks[0]);
+    assert_int_equal(blocks[3], blocks[0]);
+    assert_true(blocks[4] < blocks[0]);
+    model_free(m);
 }
 
 /* engine_new refuses a decode step ratio that is neither 0 (off) nor in
@@ -3316,6 +3366,7 @@ static void test_writebehind_namespaces(void **s) {
     MoverTestHooks hooks = {.disk_tier = first_save_full};
     EngineOptions o;
     engine_options_default(&o);
+    o.restore_plan = RESTORE_PLAN_KV;
     o.block_tokens = 8;
     o.pool_blocks = 64;
     o.parallel = 1;
@@ -3978,6 +4029,7 @@ static void test_many_conversations_tiered(void **s) {
     char *dir = test_tmpdir_new("tier");
     EngineOptions o;
     engine_options_default(&o);
+    o.restore_plan = RESTORE_PLAN_KV;
     o.block_tokens = 8;
     o.pool_blocks = 24;
     o.parallel = 3;
@@ -4034,6 +4086,7 @@ int main(void) {
         cmocka_unit_test(test_pace_decode_beside_prefill),
         cmocka_unit_test(test_pace_decode_step_ratio),
         cmocka_unit_test(test_decode_step_ratio_out_of_range),
+        cmocka_unit_test(test_auto_plan_arenas),
         cmocka_unit_test(test_pace_adapts_to_slower_steps),
         cmocka_unit_test(test_pace_returning_turn_first),
         cmocka_unit_test(test_pace_prompt_progresses_past_target),

@@ -297,6 +297,7 @@ static Engine *start_engine_with(const ChatFormat *fmt, ContextOverflow overflow
     if (m == NULL) return NULL;
     EngineOptions o;
     engine_options_default(&o);
+    o.restore_plan = RESTORE_PLAN_KV; /* (auto's split follows measured times) */
     o.chat_format = fmt;
     o.context_overflow = overflow;
     o.redis_urls = &redis_url;

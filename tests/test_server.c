@@ -1025,7 +1025,9 @@ static void test_accept_out_of_descriptors(void **st) {
 /* --restore-plan hidden says at start-up when it will store nothing as
  * hidden states: with no cache tier, and on a model whose hidden state is
  * not smaller than its KV (stories260K, f32 activations); on qwen3 Q4_K_M,
- * whose tiers do store hidden states, it says nothing. */
+ * whose tiers do store hidden states, it says nothing. So does auto, the
+ * default: of that model, and over a RAM tier alone (then it stores KV);
+ * without tiers, or where it may store hidden states, it says nothing. */
 static void test_restore_plan_fallback_is_logged(void **st) {
     static const struct {
         const char *model, *flags, *want; /* want NULL: no --restore-plan line */
@@ -1034,6 +1036,9 @@ static void test_restore_plan_fallback_is_logged(void **st) {
         {"stories260K", "--restore-plan hidden --ram-tier-mb 4", "--restore-plan hidden: the tiers store KV"},
         {"stories260K", "--restore-plan auto --ram-tier-mb 4", "--restore-plan auto: the tiers store KV"},
         {"qwen3-q4_k_m", "--restore-plan hidden --ram-tier-mb 4", NULL},
+        {"qwen3-q4_k_m", "--ram-tier-mb 4", "--restore-plan auto: the RAM tier stores KV"},
+        {"qwen3-q4_k_m", "", NULL},
+        {"stories260K", "", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         Srv s;

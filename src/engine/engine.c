@@ -491,6 +491,7 @@ void engine_options_default(EngineOptions *o) {
     o->evict = EVICT_DEFAULT;
     o->swap_watermark = 0.25f;
     o->disk_tier_mb = ENGINE_DISK_TIER_MB_DEFAULT;
+    o->restore_plan = RESTORE_PLAN_AUTO;
 }
 
 const char *engine_source_name(CacheSource s) {
@@ -1593,34 +1594,56 @@ static int hidden_layer_count(const Model *m) {
     return m->cfg.n_layer < KVPOOL_HIDDEN_MAX_LAYERS ? m->cfg.n_layer : KVPOOL_HIDDEN_MAX_LAYERS;
 }
 
-/* The layers saves may store as hidden states: with the hidden or the
- * auto plan, those of hidden_layer_count whose hidden rows take fewer
- * bytes than their K/V (one size for every layer: all or none); a test's
- * own choice instead. */
+/* Whether a tier below RAM is set (disk or Redis): one whose reads may be
+ * slow enough (a spinning or network disk, a remote Redis) that a hidden
+ * layer's fewer bytes pay for its projection. */
+static bool has_tier_below_ram(const EngineOptions *op) {
+    return op->prefix_cache && (op->disk_tier_dir != NULL || op->n_redis_urls > 0);
+}
+
+/* Whether m's hidden rows take fewer bytes than its K/V (one size for
+ * every layer: all or none). */
+static bool is_hidden_smaller(const Model *m, const EngineOptions *op) {
+    uint64_t kv = kvpool_bytes_for(1, m->cfg.kv_dim, op->block_tokens, 1, op->kv_type);
+    return (uint64_t)fwd_hidden_row_bytes(m) * (uint64_t)op->block_tokens < kv;
+}
+
+/* The layers saves may store as hidden states: with the hidden plan, and
+ * with the auto plan over a tier below RAM, those of hidden_layer_count
+ * when is_hidden_smaller; a test's own choice instead. The auto plan over
+ * RAM alone (or no tier) stores K/V: at RAM's bandwidth a projection
+ * never costs less than the read it saves (docs/DESIGN.md, "Hidden-state
+ * restore"), so it keeps no hidden arenas, and its pool is kv's. */
 static uint64_t hidden_layers_of(const Model *m, const EngineOptions *op) {
     if (op->restore_plan == RESTORE_PLAN_KV) return 0;
+    if (op->restore_plan == RESTORE_PLAN_AUTO && !has_tier_below_ram(op)) return 0;
     const int n = hidden_layer_count(m);
     const uint64_t all = n == 64 ? UINT64_MAX : (1ull << n) - 1;
     if (op->test_hidden_layers != 0) return op->test_hidden_layers & all;
-    uint64_t kv = kvpool_bytes_for(1, m->cfg.kv_dim, op->block_tokens, 1, op->kv_type);
-    return (uint64_t)fwd_hidden_row_bytes(m) * (uint64_t)op->block_tokens < kv ? all : 0;
+    return is_hidden_smaller(m, op) ? all : 0;
 }
 
 /* Say at start-up when --restore-plan hidden or auto will store nothing
- * as hidden states, and why: the user asked for it, and the only other
- * sign is a metric that stays at zero. Not a refusal: one command line
- * may serve models of both kinds. */
+ * as hidden states, and why: the only other sign is a metric that stays
+ * at zero. Hidden, which the user asked for, warns; auto, the default,
+ * says it once. Not a refusal: one command line may serve models of
+ * both kinds. */
 static void log_plan_fallback(const Model *m, const EngineOptions *op, uint64_t hidden_layers, bool has_tiers) {
     if (op->restore_plan == RESTORE_PLAN_KV) return;
-    const char *plan = op->restore_plan == RESTORE_PLAN_HIDDEN ? "hidden" : "auto";
+    const bool is_auto = op->restore_plan == RESTORE_PLAN_AUTO;
     if (!has_tiers) {
-        LOG_WARN("--restore-plan %s does nothing: no cache tier is set (--ram-tier-mb, --disk-tier, --redis-tier)",
-                 plan);
-    } else if (hidden_layers == 0) {
+        if (!is_auto) /* auto without tiers has nothing to store */
+            LOG_WARN("--restore-plan hidden does nothing: no cache tier is set (--ram-tier-mb, --disk-tier, "
+                     "--redis-tier)");
+    } else if (hidden_layers == 0 && !is_hidden_smaller(m, op)) {
         uint64_t kv = kvpool_bytes_for(1, m->cfg.kv_dim, op->block_tokens, 1, op->kv_type) / (uint64_t)op->block_tokens;
-        LOG_WARN("--restore-plan %s: the tiers store KV: this model's hidden state takes %zu bytes a token per layer, "
-                 "not fewer than its KV's %llu (--kv-type %s)",
-                 plan, fwd_hidden_row_bytes(m), (unsigned long long)kv, op->kv_type == MN_TYPE_F32 ? "f32" : "f16");
+        mn_log(is_auto ? MN_LOG_INFO : MN_LOG_WARN, __FILE__, __LINE__,
+               "--restore-plan %s: the tiers store KV: this model's hidden state takes %zu bytes a token per layer, "
+               "not fewer than its KV's %llu (--kv-type %s)",
+               is_auto ? "auto" : "hidden", fwd_hidden_row_bytes(m), (unsigned long long)kv,
+               op->kv_type == MN_TYPE_F32 ? "f32" : "f16");
+    } else if (hidden_layers == 0 && is_auto) {
+        LOG_INFO("--restore-plan auto: the RAM tier stores KV (hidden states pay only over a disk or Redis tier)");
     }
 }
 

@@ -64,12 +64,13 @@ typedef enum ContextOverflow {
 /* How the tiers store a run's layers (docs/DESIGN.md, "Hidden-state
  * restore"). */
 typedef enum RestorePlan {
-    RESTORE_PLAN_KV = 0,  /* every layer as K/V (default) */
+    RESTORE_PLAN_KV = 0,  /* every layer as K/V */
     RESTORE_PLAN_HIDDEN,  /* as the hidden states its K/V are projected from, where those are smaller
                              than K/V; restored by projecting them */
     RESTORE_PLAN_AUTO,    /* per saved run, its first layers as hidden states and the rest as K/V, as
                              many as make the projections and the reads of a restore end together
-                             (measured projection time, the slowest tier's read bandwidth) */
+                             (measured projection time, the slowest tier's read bandwidth); with no
+                             tier below RAM (disk, Redis), every layer as K/V (default) */
 } RestorePlan;
 
 /* What a reading of the engine's clock decides (EngineTestHooks). */
@@ -174,7 +175,7 @@ typedef struct EngineOptions {
     bool redis_cluster;        /* the URLs are seeds of a Redis Cluster */
     int redis_ttl_s;           /* its keys expire this long after their last use; 0 = never (default) */
     int redis_timeout_ms;      /* its connection's timeout; 0 = the tier's default */
-    RestorePlan restore_plan;  /* how saves store layers (default kv) */
+    RestorePlan restore_plan;  /* how saves store layers (default auto) */
     uint64_t test_hidden_layers; /* tests only: with restore_plan hidden (auto), exactly these layers (bit l:
                                     layer l) are (may be) stored as hidden states, whatever their size;
                                     0: the plan's */
