@@ -1199,6 +1199,30 @@ static void test_pace_decode_step_ratio(void **s) {
     check_paced_beside_decode(2, 0.75 * 2 * decode_min, 1.25 * 2 * decode_max);
 }
 
+/* The Q8_0 model's matmuls compute tokens in tiles of 16 lanes (AVX-512;
+ * 8 with AVX2) from 9 tokens on, the spare lanes for nothing: every
+ * chunk of the long prompt but the last fills its pass up to a whole
+ * number of tiles (fwd_token_lanes), the decode's token included, and
+ * both answers are as alone. (On the scalar path every token costs its
+ * own share and nothing is rounded.) */
+static void test_pace_chunks_fill_lanes(void **s) {
+    Model *m = load("tiny-llama-spm-q8_0");
+    if (!m) return;
+    Drive *dr = calloc(1, sizeof *dr);
+    int first, end, n_tiled = 0;
+    run_paced(m, dr, PACE_TARGET_MS, 0, 400, &first, &end);
+    for (int i = first; i < end - 1; i++) {
+        const EngineStepInfo *st = &dr->vp.log[i];
+        int n = st->n_decode + st->n_prefill, lanes = fwd_token_lanes(m, n);
+        if (n % lanes != 0)
+            fail_msg("pass %d (chunk %d): %d tokens, not a multiple of the %d lanes", i, i - first, n, lanes);
+        n_tiled += lanes > 1;
+    }
+    if (fwd_token_lanes(m, 64) > 1) assert_true(n_tiled >= end - first - 1);
+    free(dr);
+    model_free(m);
+}
+
 /* The machine slows down (every pass takes twice as long from the 8th
  * on): the step-time model follows within a few passes, and a long
  * prompt's chunks (alone: steps of four targets, nothing decodes) shrink
@@ -4085,6 +4109,7 @@ int main(void) {
         cmocka_unit_test(test_schedule_relaxed_fpf),
         cmocka_unit_test(test_pace_decode_beside_prefill),
         cmocka_unit_test(test_pace_decode_step_ratio),
+        cmocka_unit_test(test_pace_chunks_fill_lanes),
         cmocka_unit_test(test_decode_step_ratio_out_of_range),
         cmocka_unit_test(test_auto_plan_arenas),
         cmocka_unit_test(test_pace_adapts_to_slower_steps),

@@ -133,6 +133,7 @@ enum {
 };
 
 static bool is_tiled(int n_tok) { return n_tok >= KT_MIN_TOK; }
+int kq_token_lanes(int n_tok) { return is_tiled(n_tok) ? KT_LANES : 1; }
 static size_t tok_bytes(int64_t n_in) { return (size_t)(n_in / MN_QK_K) * KQ_BLOCK_BYTES; }
 static size_t tile_bytes(int64_t n_in) { return (size_t)(n_in / MN_QK_K) * KT_BLOCK; }
 

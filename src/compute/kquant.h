@@ -33,6 +33,11 @@
 /* Whether mm_matmul multiplies `type` through this module. */
 bool kq_has_type(MnType type);
 
+/* How many tokens a product of n_tok tokens computes at once: a tile's
+ * 16 lanes with AVX-512 from the tiled layout's first count on (its spare
+ * lanes are computed for nothing); else 1. */
+int kq_token_lanes(int n_tok);
+
 /* Bytes of n_tok tokens of n_in elements (a multiple of 256) quantized by
  * kq_quantize; the layout depends on n_tok, and kq_rows reads the one
  * kq_quantize wrote for the same n_tok. */

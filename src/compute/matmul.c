@@ -599,6 +599,11 @@ static int i8_group(const MatW *w, int n_tok) {
 /* Whether W takes an int8 path: its type, and a token fits the buffer. */
 static bool i8_takes(const MatW *w) { return i8_group(w, 1) == 1; }
 
+int mm_token_lanes(const MatW *w, int n_tok) {
+    if (!i8_takes(w)) return 1;
+    return kq_has_type(w->type) ? kq_token_lanes(n_tok) : q32_token_lanes(n_tok);
+}
+
 /* Rows [r0, r1) of job's W for the n_tok tokens quantized at acts, by W's
  * module (q32.c or kquant.c), into out (n_tok, n_out). */
 static void i8_rows(const MmJob *job, long r0, long r1, const uint8_t *acts, int n_tok, float *out) {

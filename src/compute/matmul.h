@@ -40,6 +40,14 @@
  * for single-threaded). Never allocates. */
 void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_tok);
 
+/* How many tokens mm_matmul computes at once for W in a product of n_tok
+ * tokens: the int8 kernels' tile of tokens (q32_token_lanes,
+ * kq_token_lanes), whose spare lanes cost as much as used ones, so a
+ * product of n_tok tokens costs about what one of n_tok rounded up to a
+ * multiple of this does; 1 where each token costs its own share (float
+ * weights, few tokens, the scalar path). */
+int mm_token_lanes(const MatW *w, int n_tok);
+
 /* Whether mm_matmul quantizes the activations for W to int8, and how a
  * token's quantized row is packed for mm_matmul_packed: MM_PACK_KQ for
  * the K-quants and IQ4_XS (kq_pack: n_in / 256 * KQ_PACKED_BYTES bytes),

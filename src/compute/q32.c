@@ -125,6 +125,7 @@ bool q32_has_type(MnType type) {
 /* ---- activation layouts ------------------------------------------------ */
 
 static bool is_tiled(int n_tok) { return n_tok >= TILE_MIN_TOK; }
+int q32_token_lanes(int n_tok) { return is_tiled(n_tok) ? LANES : 1; }
 static size_t tok_bytes(int64_t n_in) { return ((size_t)n_in / QK * BLOCK_BYTES + 63) / 64 * 64; }
 static size_t tile_bytes(int64_t n_in) { return (size_t)n_in / QK * TILE_BLOCK_BYTES; }
 

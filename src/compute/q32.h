@@ -35,6 +35,12 @@
 /* Whether mm_matmul multiplies `type` through this module. */
 bool q32_has_type(MnType type);
 
+/* How many tokens a product of n_tok tokens computes at once: a tile's
+ * lanes (16 with AVX-512, 8 with AVX2) from the tiled layout's first
+ * count on, where the last tile's spare lanes are computed for nothing;
+ * else 1 (a token costs its own share). */
+int q32_token_lanes(int n_tok);
+
 /* Bytes of n_tok tokens of n_in elements (a multiple of 32) quantized by
  * q32_quantize; the layout depends on n_tok, and q32_rows reads the one
  * q32_quantize wrote for the same n_tok. */

@@ -1778,10 +1778,16 @@ static void batch_put(Engine *e, Batch *b, int i, int32_t pos, int n, bool is_de
 
 /* How many tokens at positions [pos, pos + max_n) of a prefill join the
  * batch: with a step-time target, those the pacer lets in (is_first: the
- * step has no prompt token yet, and this chunk gets at least its share). */
+ * step has no prompt token yet, and this chunk gets at least its share),
+ * and then as many more (of max_n) as fill the matmuls' last tile of
+ * tokens (fwd_token_lanes): those lanes are computed anyway, so the
+ * tokens in them cost only their attention and vector work. */
 static int chunk_len(const Engine *e, const Batch *b, int32_t pos, int max_n, bool is_first) {
     if (e->opt.step_ms <= 0) return max_n;
-    return pacer_fit_target(&e->pacer, b->shape, pos, max_n, is_first, b->target_s);
+    int n = pacer_fit_target(&e->pacer, b->shape, pos, max_n, is_first, b->target_s);
+    if (n == 0) return 0;
+    int lanes = fwd_token_lanes(e->m, b->n + n), spare = (lanes - (b->n + n) % lanes) % lanes;
+    return n + (spare < max_n - n ? spare : max_n - n);
 }
 
 /* The time batch b's prompt chunks fill its pass to, once its decodes are

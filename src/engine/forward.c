@@ -357,6 +357,8 @@ int fwd_project(Forward *f, int layer, const int32_t *slots, const int32_t *pos0
 
 /* ---- API ------------------------------------------------------------------ */
 
+int fwd_token_lanes(const Model *m, int n_tok) { return mm_token_lanes(&m->layers[0].w_up, n_tok); }
+
 int fwd_run(Forward *f, const FwdBatch *b, const float **logits, MnErr *err) {
     int rc = check_batch(f, b, err);
     if (rc) return rc;

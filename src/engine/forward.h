@@ -73,6 +73,12 @@ ThreadPool *fwd_tpool(Forward *f);
  * KVPOOL_HIDDEN_MAX_LAYERS). */
 size_t fwd_hidden_row_bytes(const Model *m);
 
+/* How many tokens m's matmuls compute at once in a pass of n_tok tokens
+ * (mm_token_lanes of its FFN weights, most of a pass's arithmetic): a
+ * pass costs about what one of n_tok rounded up to a multiple of this
+ * does, so the scheduler fills the last lanes when it has the tokens. */
+int fwd_token_lanes(const Model *m, int n_tok);
+
 /* Project the hidden rows of layer `layer` of blocks slots[0..n) (block i's
  * first token at position pos0[i]) into their K and V, as the pass would
  * have computed them: the same kernels, biases, K norm and RoPE, so the
