@@ -49,6 +49,31 @@ static void test_recovers_linear_cost(void **s) {
     for (int i = 100; i < 110; i++) assert_near(pacer_predict(&p, varied_shape(i)), cost_of(k, varied_shape(i)), 1e-6);
 }
 
+/* Passes where a chunk costs a step more than its tokens (the int8
+ * kernels' first tile), every third one decode-only: the fit keeps that
+ * step in p, so a decode-only pass is predicted at its own cost, not at
+ * a share of the chunks' step; with prompt chunks only, p stays 0 and a
+ * whole (test_recovers_linear_cost). */
+static void test_prompt_pass_step(void **s) {
+    const Cost k = COST;
+    const double step = 0.05;
+    Pacer p;
+    pacer_init(&p, 0.25, 32);
+    for (int i = 0; i < 60; i++) {
+        PacerShape sh = varied_shape(i);
+        if (i % 3 == 0) sh = pacer_add(pacer_decode(400 + i), pacer_decode(900 + i));
+        pacer_observe(&p, sh, cost_of(k, sh) + (sh.n_prefill > 0 ? step : 0));
+    }
+    assert_near(p.coef[4], step, 1e-4);
+    for (int n_dec = 1; n_dec <= 6; n_dec++) {
+        PacerShape d = {0};
+        for (int j = 0; j < n_dec; j++) d = pacer_add(d, pacer_decode(500 + 100 * j));
+        assert_near(pacer_predict(&p, d), cost_of(k, d), 1e-3);
+        PacerShape c = pacer_add(d, pacer_range(700, 40));
+        assert_near(pacer_predict(&p, c), cost_of(k, c) + step, 1e-3);
+    }
+}
+
 /* Data whose least-squares fit would make deeper chunks cheaper: the
  * attention coefficient is held at 0 instead, every coefficient is >= 0,
  * and predictions never fall as a chunk grows. */
@@ -208,6 +233,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_recovers_linear_cost),
         cmocka_unit_test(test_coefficients_non_negative),
+        cmocka_unit_test(test_prompt_pass_step),
         cmocka_unit_test(test_fit_chunk),
         cmocka_unit_test(test_first_chunk_share),
         cmocka_unit_test(test_young_fit_is_cautious),

@@ -1,12 +1,15 @@
 /* pacer.c — sizing a step's prefill from a step-time target (see pacer.h).
  *
  * The fit. Each measured pass adds its features x = (1, n_decode,
- * n_prefill, n_keys) and seconds t to decayed sums (older passes weigh
- * PACER_DECAY less per pass), and the coefficients are the non-negative
- * least-squares solution of those sums: with four coefficients, every
- * subset of them is solved exactly (the others held at 0) and the subset
- * with the smallest residual among those whose coefficients are all >= 0
- * wins, the larger subset on a tie. A negative coefficient would mean a
+ * n_prefill, n_keys, [n_prefill > 0]) and seconds t to decayed sums
+ * (older passes weigh PACER_DECAY less per pass), and the coefficients
+ * are the non-negative least-squares solution of those sums: with five
+ * coefficients, every subset of them is solved exactly (the others held
+ * at 0) and the subset with the smallest residual among those whose
+ * coefficients are all >= 0 wins, the larger subset on a tie — but a
+ * subset with p only when its residual is clearly smaller than the best
+ * without it (while every pass holds a prompt chunk, p and a cannot be
+ * told apart, and a stays whole). A negative coefficient would mean a
  * longer chunk or a deeper one is cheaper, and the scheduler would then
  * overfill a step. A decode-only pass has no prompt tokens, so however
  * many of them come, the sums keep what earlier chunks showed of b'
@@ -33,7 +36,7 @@
 #include <string.h>
 
 #define PACER_DECAY 0.95      /* weight of a pass per later pass: the fit's memory */
-#define PACER_MATURE (2 * PACER_N_COEF) /* passes before scale moves */
+#define PACER_MATURE 8        /* passes before scale moves */
 #define PACER_SCALE_GAIN 0.5  /* share of the newest pass in scale */
 #define PACER_RATIO_MAX 4.0   /* a pass counts at most this factor off scale */
 #define PACER_RIDGE 1e-9      /* on the unit diagonal: conditioning only */
@@ -45,6 +48,7 @@ static void features(PacerShape s, double x[PACER_N_COEF]) {
     x[1] = s.n_decode;
     x[2] = s.n_prefill;
     x[3] = s.n_keys;
+    x[4] = s.n_prefill > 0;
 }
 
 /* Solve the normal equations for the coefficients in mask (the others 0)
@@ -98,9 +102,11 @@ static bool solve_subset(const Pacer *p, unsigned mask, double coef[PACER_N_COEF
 
 /* The non-negative least-squares coefficients of the sums (see the top). */
 static void refit(Pacer *p) {
-    /* larger subsets first: a later one replaces the best only when its
-     * residual is clearly smaller */
-    static const unsigned masks[] = {15, 7, 11, 13, 14, 3, 5, 6, 9, 10, 12, 1, 2, 4, 8};
+    /* larger subsets first, those without p (bit 4) before those with
+     * it: a later one replaces the best only when its residual is
+     * clearly smaller */
+    static const unsigned masks[] = {15, 7, 11, 13, 14, 3, 5, 6, 9, 10, 12, 1, 2, 4, 8, 31, 23, 27, 29, 30, 19, 21,
+                                     22, 25, 26, 28, 17, 18, 20, 24, 16};
     double best_rss = INFINITY, coef[PACER_N_COEF], rss;
     for (size_t i = 0; i < sizeof masks / sizeof *masks; i++) {
         if (!solve_subset(p, masks[i], coef, &rss)) continue;
