@@ -51,8 +51,8 @@ static void test_recovers_linear_cost(void **s) {
 
 /* Passes where a chunk costs a step more than its tokens (the int8
  * kernels' first tile), every third one decode-only: the fit keeps that
- * step in p, so a decode-only pass is predicted at its own cost, not at
- * a share of the chunks' step; with prompt chunks only, p stays 0 and a
+ * step in s (coef[4]), so a decode-only pass is predicted at its own cost, not at
+ * a share of the chunks' step; with prompt chunks only, s stays 0 and a
  * whole (test_recovers_linear_cost). */
 static void test_prompt_pass_step(void **s) {
     const Cost k = COST;

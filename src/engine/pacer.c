@@ -7,8 +7,8 @@
  * coefficients, every subset of them is solved exactly (the others held
  * at 0) and the subset with the smallest residual among those whose
  * coefficients are all >= 0 wins, the larger subset on a tie — but a
- * subset with p only when its residual is clearly smaller than the best
- * without it (while every pass holds a prompt chunk, p and a cannot be
+ * subset with s only when its residual is clearly smaller than the best
+ * without it (while every pass holds a prompt chunk, s and a cannot be
  * told apart, and a stays whole). A negative coefficient would mean a
  * longer chunk or a deeper one is cheaper, and the scheduler would then
  * overfill a step. A decode-only pass has no prompt tokens, so however
@@ -102,7 +102,7 @@ static bool solve_subset(const Pacer *p, unsigned mask, double coef[PACER_N_COEF
 
 /* The non-negative least-squares coefficients of the sums (see the top). */
 static void refit(Pacer *p) {
-    /* larger subsets first, those without p (bit 4) before those with
+    /* larger subsets first, those without s (bit 4) before those with
      * it: a later one replaces the best only when its residual is
      * clearly smaller */
     static const unsigned masks[] = {15, 7, 11, 13, 14, 3, 5, 6, 9, 10, 12, 1, 2, 4, 8, 31, 23, 27, 29, 30, 19, 21,

@@ -3,7 +3,7 @@
  *
  * A step's forward pass costs about
  *
- *     t = a + b * n_decode + b' * n_prefill + c * n_keys + p * [n_prefill > 0]
+ *     t = a + b * n_decode + b' * n_prefill + c * n_keys + s * [n_prefill > 0]
  *
  * seconds: a per pass (reading the weights, which dominates a decode-only
  * step), b per decode token and b' per prompt token (the matmuls: a few
@@ -11,12 +11,12 @@
  * arithmetic, so the two differ, and decode-only steps teach nothing of
  * b'), c per attended key (each token at position p reads p + 1 keys, so
  * a chunk's attention grows with its length and with how deep in its
- * sequence it sits), p once per pass that holds a prompt chunk (the int8
+ * sequence it sits), s once per pass that holds a prompt chunk (the int8
  * kernels' tiles of 9 or more tokens cost a step more than a few decode
- * tokens' rows kernel: without p, a fit through both kinds of pass puts
+ * tokens' rows kernel: without s, a fit through both kinds of pass puts
  * that step in a, and predicts a decode-only pass about twice what it
  * takes), all times a level for how fast the machine runs now (other
- * work on its cores). The pacer learns a, b, b', c and p (all >= 0)
+ * work on its cores). The pacer learns a, b, b', c and s (all >= 0)
  * from the passes the engine measures, by least squares over recent
  * passes (older ones weigh less), and the level within a few passes. The
  * scheduler asks it how many tokens of a prefill fit beside what the step
@@ -37,7 +37,7 @@ typedef struct PacerShape {
     double n_keys; /* sum over the tokens of position + 1 */
 } PacerShape;
 
-#define PACER_N_COEF 5 /* a, b, b', c, p */
+#define PACER_N_COEF 5 /* a, b, b', c, s */
 
 typedef struct Pacer {
     double target_s;    /* the step-time target */
@@ -47,7 +47,7 @@ typedef struct Pacer {
      * x = (1, n_decode, n_prefill, n_keys, [n_prefill > 0]) and t their
      * seconds over scale */
     double sxx[PACER_N_COEF][PACER_N_COEF], sxt[PACER_N_COEF], stt;
-    double coef[PACER_N_COEF]; /* the fit: a, b, b', c, p (>= 0) */
+    double coef[PACER_N_COEF]; /* the fit: a, b, b', c, s (>= 0) */
     double scale;       /* the level: recent measured over fitted seconds */
 } Pacer;
 
