@@ -46,14 +46,15 @@ static void test_recovers_linear_cost(void **s) {
     assert_near(p.coef[1], k.b, 1e-5);
     assert_near(p.coef[2], k.bp, 1e-6);
     assert_near(p.coef[3], k.c, 1e-5);
+    assert_true(p.coef[4] == 0); /* every pass holds a chunk: a, not s, takes the per-pass cost */
     for (int i = 100; i < 110; i++) assert_near(pacer_predict(&p, varied_shape(i)), cost_of(k, varied_shape(i)), 1e-6);
 }
 
 /* Passes where a chunk costs a step more than its tokens (the int8
  * kernels' first tile), every third one decode-only: the fit keeps that
- * step in s (coef[4]), so a decode-only pass is predicted at its own cost, not at
- * a share of the chunks' step; with prompt chunks only, s stays 0 and a
- * whole (test_recovers_linear_cost). */
+ * step in s (coef[4]), so a decode-only pass is predicted at its own
+ * cost, not at a share of the chunks' step; with prompt chunks only, s
+ * stays 0 and a whole (test_recovers_linear_cost). */
 static void test_prompt_pass_step(void **s) {
     const Cost k = COST;
     const double step = 0.05;
