@@ -2563,8 +2563,9 @@ static uint64_t expect_round_trip(Engine *e, Model *m, uint64_t seed) {
  * pool's size) only over a tier below RAM: with a RAM tier alone, or
  * none, its pool has as many blocks as kv's; with a disk tier, fewer
  * (qwen3 Q4_K_M: its hidden rows are smaller than its K/V, so they may be
- * stored). */
-static void test_auto_plan_arenas(void **s) {
+ * stored). The hidden plan keeps them with any tier, and none without
+ * one (it has nothing to save them to). */
+static void test_plan_arenas(void **s) {
     Model *m = load("qwen3-q4_k_m");
     if (!m) return;
     EngineOptions d;
@@ -2578,9 +2579,11 @@ static void test_auto_plan_arenas(void **s) {
                  {RESTORE_PLAN_AUTO, 1, false},
                  {RESTORE_PLAN_AUTO, 0, false},
                  {RESTORE_PLAN_KV, 1, true},
-                 {RESTORE_PLAN_AUTO, 1, true}};
-    uint64_t blocks[5];
-    for (int i = 0; i < 5; i++) {
+                 {RESTORE_PLAN_AUTO, 1, true},
+                 {RESTORE_PLAN_HIDDEN, 0, false},
+                 {RESTORE_PLAN_HIDDEN, 1, false}};
+    uint64_t blocks[7];
+    for (int i = 0; i < 7; i++) {
         char *dir = cases[i].has_disk ? test_tmpdir_new("tier") : NULL;
         EngineOptions o;
         engine_options_default(&o);
@@ -2604,6 +2607,8 @@ static void test_auto_plan_arenas(void **s) {
     assert_int_equal(blocks[2], blocks[0]);
     assert_int_equal(blocks[3], blocks[0]);
     assert_true(blocks[4] < blocks[0]);
+    assert_int_equal(blocks[5], blocks[0]);
+    assert_int_equal(blocks[6], blocks[4]);
     model_free(m);
 }
 
@@ -4115,7 +4120,7 @@ int main(void) {
         cmocka_unit_test(test_pace_decode_step_ratio),
         cmocka_unit_test(test_pace_chunks_fill_lanes),
         cmocka_unit_test(test_decode_step_ratio_out_of_range),
-        cmocka_unit_test(test_auto_plan_arenas),
+        cmocka_unit_test(test_plan_arenas),
         cmocka_unit_test(test_pace_adapts_to_slower_steps),
         cmocka_unit_test(test_pace_returning_turn_first),
         cmocka_unit_test(test_pace_prompt_progresses_past_target),

@@ -1601,6 +1601,11 @@ static bool has_tier_below_ram(const EngineOptions *op) {
     return op->prefix_cache && (op->disk_tier_dir != NULL || op->n_redis_urls > 0);
 }
 
+/* Whether any tier is set (tiers need the prefix cache). */
+static bool has_tier(const EngineOptions *op) {
+    return has_tier_below_ram(op) || (op->prefix_cache && op->ram_tier_mb > 0);
+}
+
 /* Whether m's hidden rows take fewer bytes than its K/V (one size for
  * every layer: all or none). */
 static bool is_hidden_smaller(const Model *m, const EngineOptions *op) {
@@ -1608,14 +1613,15 @@ static bool is_hidden_smaller(const Model *m, const EngineOptions *op) {
     return (uint64_t)fwd_hidden_row_bytes(m) * (uint64_t)op->block_tokens < kv;
 }
 
-/* The layers saves may store as hidden states: with the hidden plan, and
- * with the auto plan over a tier below RAM, those of hidden_layer_count
- * when is_hidden_smaller; a test's own choice instead. The auto plan over
- * RAM alone (or no tier) stores K/V: at RAM's bandwidth a projection
- * never costs less than the read it saves (docs/DESIGN.md, "Hidden-state
- * restore"), so it keeps no hidden arenas, and its pool is kv's. */
+/* The layers saves may store as hidden states: with the hidden plan and a
+ * tier, and with the auto plan over a tier below RAM, those of
+ * hidden_layer_count when is_hidden_smaller; a test's own choice instead.
+ * Without a tier nothing is saved, and the pool keeps no hidden arenas.
+ * The auto plan over RAM alone stores K/V: at RAM's bandwidth a
+ * projection never costs less than the read it saves (docs/DESIGN.md,
+ * "Hidden-state restore"), so it keeps none either, and its pool is kv's. */
 static uint64_t hidden_layers_of(const Model *m, const EngineOptions *op) {
-    if (op->restore_plan == RESTORE_PLAN_KV) return 0;
+    if (op->restore_plan == RESTORE_PLAN_KV || !has_tier(op)) return 0;
     if (op->restore_plan == RESTORE_PLAN_AUTO && !has_tier_below_ram(op)) return 0;
     const int n = hidden_layer_count(m);
     const uint64_t all = n == 64 ? UINT64_MAX : (1ull << n) - 1;
