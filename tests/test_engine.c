@@ -3002,6 +3002,84 @@ static void check_disk_restore_through_ram(RestorePlan plan, uint64_t layers) {
 static void test_disk_restore_through_ram(void **s) { check_disk_restore_through_ram(RESTORE_PLAN_KV, 0); }
 static void test_hidden_restore_through_ram(void **s) { check_disk_restore_through_ram(RESTORE_PLAN_HIDDEN, 0x15); }
 
+/* Requests finished so far, of every kind. */
+static uint64_t n_finished(Engine *e) {
+    EngineStats st;
+    engine_stats(e, &st);
+    uint64_t n = 0;
+    for (int k = 0; k <= FINISH_ERROR; k++) n += st.requests_finished[k];
+    return n;
+}
+
+/* Copy-ups give way to a request that needs their slots: a conversation
+ * of 36 full blocks, known only from disk, is restored on an idle engine
+ * (pool of 48 blocks, RAM tier over the disk tier) and answers; what it
+ * read is then copied up into RAM as two runs (32 blocks, a promote's
+ * most, and 4), which hold its slots: 12 are left. The mover is held in
+ * the first run's put. A new prompt of b_len tokens arrives, answering
+ * b_gen: 14 blocks do not fit at admission; 11 do, and its decode needs a
+ * 13th. Either way the second copy, not begun, is taken back, and the
+ * prompt answers while the first copy is still held (before, it waited for
+ * both at admission — seconds on a real model, a restore's worth of bytes
+ * — or its decode was suspended to wait for them). Let through, the first
+ * run is in RAM and the second only on disk: pushed out of the pool, the
+ * conversation comes back from both, bit for bit the full recompute's. */
+static void check_copy_up_withdrawn(int b_len, int b_gen) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = test_tmpdir_new("tier");
+    const int nv = m->cfg.n_vocab;
+    int32_t a[300], b[120], fill[2][300];
+    make_prompt(a, 289, nv, 111, 1);
+    make_prompt(b, b_len, nv, 112, 1);
+    for (int i = 0; i < 2; i++) make_prompt(fill[i], 289, nv, 113 + (uint64_t)i, 1);
+    ReqResult res;
+    Engine *e = tier_engine(m, 48, 0, dir, EVICT_DEFAULT); /* a's 36 blocks go on disk */
+    free(run_one(e, a, 289, 4, NULL, &res));
+    settle(e);
+    engine_free(e);
+    Recomputed want = recompute(m, a, 289, 4);
+    char *b_text = reference_text(m, b, b_len, b_gen);
+    Gate puts;
+    gate_init(&puts);
+    MoverTestHooks mh = {.put_gate = gate_ram_put, .ctx = &puts};
+    e = tier_engine_hooked(m, 48, 1, dir, EVICT_DEFAULT, &mh, NULL);
+    gate_close(&puts);
+    expect_recomputed(e, &want, a, 289, &res);
+    assert_int_equal(res.n_cached_by[SRC_DISK], 288);
+    gate_wait_holding(&puts); /* the first copy up is under way, the second queued */
+    EngineStats st; /* a's 36 blocks are held (the gauges follow a's end) */
+    TEST_WAIT_UNTIL((engine_stats(e, &st), st.pool_free + st.pool_cached == 12), "%d free and %d cached blocks",
+                    st.pool_free, st.pool_cached);
+    uint64_t done0 = n_finished(e);
+    Request *rb = submit_one(e, b, b_len, b_gen);
+    TEST_WAIT_UNTIL(n_finished(e) > done0, "the new prompt waited for the copies up into RAM");
+    char *t = drain(rb, &res);
+    request_unref(rb);
+    assert_string_equal(t, b_text);
+    free(t);
+    engine_stats(e, &st);
+    assert_int_equal(st.copy_up_withdrawn_blocks, 4);
+    assert_int_equal(st.suspensions, 0);
+    gate_open(&puts);
+    for (int i = 0; i < 2; i++) free(run_one(e, fill[i], 289, 4, NULL, &res)); /* a leaves the pool */
+    settle(e);
+    expect_recomputed(e, &want, a, 289, &res);
+    assert_int_equal(res.n_cached_by[SRC_RAM], 256);
+    assert_int_equal(res.n_cached_by[SRC_DISK], 32);
+    settled_stats(e, &st);
+    assert_int_equal(st.restore_failures, 0);
+    free(b_text);
+    recomputed_free(&want);
+    engine_free(e);
+    gate_deinit(&puts);
+    test_tmpdir_free(dir);
+    model_free(m);
+}
+
+static void test_copy_up_withdrawn_admit(void **s) { check_copy_up_withdrawn(105, 4); }
+static void test_copy_up_withdrawn_decode(void **s) { check_copy_up_withdrawn(88, 16); }
+
 /* A promoted request admitted before its promote ran takes it back: a
  * conversation known only from disk waits behind a running request while
  * the mover is held in another put into RAM (a finished request's save),
@@ -4179,6 +4257,8 @@ int main(void) {
         cmocka_unit_test(test_disk_restore_through_ram),
         cmocka_unit_test(test_hidden_restore_through_ram),
         cmocka_unit_test(test_promote_withdrawn),
+        cmocka_unit_test(test_copy_up_withdrawn_admit),
+        cmocka_unit_test(test_copy_up_withdrawn_decode),
         cmocka_unit_test(test_window_keeps_waiting),
         cmocka_unit_test(test_pool_fifo_vs_lru),
         cmocka_unit_test(test_turn_touches_disk_runs),

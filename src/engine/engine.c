@@ -1170,6 +1170,11 @@ static bool try_admit(Engine *e, Active *a, int lend_left) {
     ShiftMove plan = {0};
     bool has_move = a->req->shift && e->index && first == 0 && plan_move(e, a, end, &plan);
     int reserve = (e->n_running > 0 ? e->reserve_blocks : 0) + promised_blocks(e, lend_left);
+    /* copy-ups into RAM hold slots for a later turn's sake only: one short
+     * of room takes back those not begun (the blocks stay where they were
+     * read from); one more slot covers the rows' source taken below */
+    int short_by = reserve + 1 - room_after(e, a, first, end, NULL);
+    if (short_by > 0) tiers_withdraw_copy_ups(e->tiers, short_by);
     if (has_move && room_after(e, a, first, end, &plan) < reserve) has_move = false; /* without the move, perhaps */
     /* the move fills the positions after the run itself: no rows copied there */
     int32_t src = has_move ? -1 : cached_rows(e, a, end, &n_rows);
@@ -1468,10 +1473,11 @@ static void admit_waiting(Engine *e) {
 /* Make sure running sequence i's block table covers its tokens: a
  * decode's, and a prompt's table is big enough for all of its blocks
  * (they are taken as its chunks are computed, grow_chunk). When the pool
- * cannot hold a decode, suspend the most recent arrival (perhaps i itself)
- * and return false: the running list changed, and the caller starts over,
- * since the suspended slot now holds a sequence it may not have checked
- * yet. */
+ * cannot hold a decode, take back copy-ups into RAM not begun
+ * (tiers_withdraw_copy_ups) or, with none, suspend the most recent arrival
+ * (perhaps i itself), and return false: the caller starts over, since the
+ * pool changed, or the suspended slot now holds a sequence it may not have
+ * checked yet. */
 static bool ensure_blocks(Engine *e, int i) {
     Active *a = e->running[i];
     int rc = MN_ENOMEM;
@@ -1484,6 +1490,7 @@ static bool ensure_blocks(Engine *e, int i) {
         active_finish(e, a, FINISH_ERROR, "out of memory growing a block table");
         return false;
     }
+    if (tiers_withdraw_copy_ups(e->tiers, 1) > 0) return false; /* slots the copies held: check again */
     suspend_latest(e);
     return false;
 }

@@ -381,6 +381,8 @@ typedef struct EngineStats {
     uint64_t writebehind_blocks; /* cold cached blocks copied down under the swap watermark */
     uint64_t prefetched_blocks;  /* blocks of waiting requests restored before admission */
     uint64_t promoted_blocks;    /* blocks of waiting requests copied from disk into RAM */
+    uint64_t copy_up_withdrawn_blocks; /* blocks restored from below RAM whose copy up into it
+                                          was taken back: an admission needed their slots */
     uint64_t shared_lookup_blocks; /* new requests' blocks looked up in the shared tier */
     uint64_t shared_found_blocks;  /* ... and found there (stored by any instance) */
     int n_tiers;               /* tiers below the pool */

@@ -117,13 +117,16 @@ struct EngineTiers {
     uint64_t n_writebehind;  /* blocks copied down by the watermark */
     uint64_t n_prefetched;   /* blocks restored for the look-ahead window */
     uint64_t n_promoted;     /* blocks of the window copied into tier 0 (RAM) */
+    uint64_t n_copy_up_withdrawn; /* blocks whose copy up was taken back */
     int promote_max;         /* blocks per PROMOTE job; 0: no promotes */
     int promote_room;        /* blocks tier 0 holds, when it can take promotes */
     Promote *promotes;       /* PROMOTE jobs in flight, in submission order */
     int n_promotes;          /* ... and how many */
-    MoverJob **copy_ups;     /* (copy_ups_cap) copy-ups into tier 0 kept
-                                until the pass is over (copy_up) */
-    int n_copy_ups, copy_ups_cap;
+    MoverJob **copy_ups;     /* (copy_ups_cap) copy-ups into tier 0 not
+                                done, in submission order: [0, n_ups_sent)
+                                the mover's, the rest kept until the pass
+                                is over (copy_up) */
+    int n_copy_ups, n_ups_sent, copy_ups_cap;
     bool is_in_pass;         /* events are taken inside a pass (tiers_wait_layer) */
     int shared;              /* the shared tier's index (redis), or -1 */
     ReplyMemory *replies;    /* borrowed: with a shared tier, it fetches from there */
@@ -177,6 +180,7 @@ static void load_free(Load *ld);
 static void load_done(EngineTiers *t, Load *ld, MoverJob *j);
 static void promote_done(EngineTiers *t, const MoverJob *j);
 static void copy_up_flush(EngineTiers *t);
+static void copy_up_untrack(EngineTiers *t, int i);
 static void probe_done(EngineTiers *t, MoverJob *j);
 
 /* Layer `layer` of load ld is in the pool: project the blocks whose layer
@@ -264,6 +268,7 @@ void tiers_stats(const EngineTiers *t, EngineStats *st) {
     st->writebehind_blocks = t->n_writebehind;
     st->prefetched_blocks = t->n_prefetched;
     st->promoted_blocks = t->n_promoted;
+    st->copy_up_withdrawn_blocks = t->n_copy_up_withdrawn;
     st->shared_lookup_blocks = t->n_probed;
     st->shared_found_blocks = t->n_probe_found;
 }
@@ -294,17 +299,23 @@ static MoverJob *save_job_new(EngineTiers *t, const Hash128 *hashes, const int32
     return j;
 }
 
-/* Hand SAVE j (save_job_new's) to the mover; when it cannot go (or the
- * mover is gone), its slots are let go and it is freed: the blocks stay
+/* Let SAVE j's slots go and free it, unsent or withdrawn: its blocks stay
  * where they are. */
-static void save_submit(EngineTiers *t, MoverJob *j) {
-    if (t->mover != NULL && mover_submit(t->mover, j) == MN_OK) return;
+static void save_drop(EngineTiers *t, MoverJob *j) {
     for (int i = 0; i < j->n; i++) {
         t->slot_saving[j->slots[i]] = 0;
         kvpool_release(t->pool, j->slots[i]);
     }
     t->n_save_blocks -= j->n;
     mover_job_free(j);
+}
+
+/* Hand SAVE j (save_job_new's) to the mover; when it cannot go (or the
+ * mover is gone), its slots are let go and it is freed: the blocks stay
+ * where they are. */
+static void save_submit(EngineTiers *t, MoverJob *j) {
+    if (t->mover != NULL && mover_submit(t->mover, j) == MN_OK) return;
+    save_drop(t, j);
 }
 
 /* Copy cached blocks in no tier down the chain (save_job_new). Blocks
@@ -401,6 +412,8 @@ static void save_done(EngineTiers *t, MoverJob *j) {
      * offered to it again, so they reach a store that came back.) A copy
      * up into RAM (into_tiers) says nothing of the chain's room. */
     bool is_chain = j->into_tiers == 0;
+    for (int i = 0; !is_chain && i < t->n_ups_sent; i++)
+        if (t->copy_ups[i] == j) copy_up_untrack(t, i--);
     if (is_chain && j->rc == MN_EFULL) {
         t->save_backoff_s = t->save_backoff_s > 0 ? fmin(2 * t->save_backoff_s, 60) : 1;
         t->t_save_retry = tiers_now(t, ENGINE_CLOCK_BACKOFF) + t->save_backoff_s;
@@ -507,8 +520,8 @@ static bool is_copied_up(const EngineTiers *t, const MoverJob *j, int k) {
     return j->tier[k] > 0 && !(index_tiers(t->index, h) & 1u) && index_lookup(t->index, h) == j->slots[k];
 }
 
-/* Keep copy-up j until the pass in progress is over; false when there is
- * no room to keep it (out of memory). */
+/* Track copy-up j, kept until copy_up_flush sends it; false when there is
+ * no room to track it (out of memory). */
 static bool copy_up_keep(EngineTiers *t, MoverJob *j) {
     if (t->n_copy_ups == t->copy_ups_cap) {
         int cap = t->copy_ups_cap > 0 ? 2 * t->copy_ups_cap : 8;
@@ -521,6 +534,13 @@ static bool copy_up_keep(EngineTiers *t, MoverJob *j) {
     return true;
 }
 
+/* Stop tracking copy-up i (it is done, or taken back). */
+static void copy_up_untrack(EngineTiers *t, int i) {
+    memmove(&t->copy_ups[i], &t->copy_ups[i + 1], (size_t)(t->n_copy_ups - i - 1) * sizeof *t->copy_ups);
+    t->n_copy_ups--;
+    if (i < t->n_ups_sent) t->n_ups_sent--;
+}
+
 /* The blocks a restore read from below tier 0 (RAM) are copied up into it
  * from their pool slots once it is done: SAVEs into tier 0 alone, in runs
  * of consecutive positions of at most promote_max blocks (a promote's
@@ -531,7 +551,8 @@ static bool copy_up_keep(EngineTiers *t, MoverJob *j) {
  * copy. A restore that ends inside a pass (tiers_wait_layer) has its
  * copies kept until that pass is over (copy_up_flush): the pass is still
  * computing the restoring request's first token, and the copy would take
- * a core from it. */
+ * a core from it. An admission that needs the slots they hold takes back
+ * those the mover has not begun (tiers_withdraw_copy_ups). */
 static void copy_up(EngineTiers *t, const Load *ld, const MoverJob *j) {
     if (t->promote_max == 0) return; /* no RAM tier 0 above a slower one */
     const int bt = t->pool->block_tokens, max = t->promote_max;
@@ -542,8 +563,7 @@ static void copy_up(EngineTiers *t, const Load *ld, const MoverJob *j) {
         bool take = k < j->n && is_copied_up(t, j, k);
         if (n > 0 && (!take || n == max || ld->pos[k] != pos + n * bt)) { /* the run ends */
             MoverJob *cj = save_job_new(t, hs, ss, n, pos, 1u);
-            bool is_kept = cj && t->is_in_pass && copy_up_keep(t, cj);
-            if (cj && !is_kept) save_submit(t, cj);
+            if (cj && !copy_up_keep(t, cj)) save_submit(t, cj); /* untracked: never taken back */
             n = 0;
         }
         if (!take) continue;
@@ -551,12 +571,31 @@ static void copy_up(EngineTiers *t, const Load *ld, const MoverJob *j) {
         hs[n] = j->hashes[k];
         ss[n++] = j->slots[k];
     }
+    if (!t->is_in_pass) copy_up_flush(t);
 }
 
 /* Hand the copy-ups kept during a pass to the mover. */
 static void copy_up_flush(EngineTiers *t) {
-    for (int i = 0; i < t->n_copy_ups; i++) save_submit(t, t->copy_ups[i]);
-    t->n_copy_ups = 0;
+    int k = t->n_ups_sent;
+    for (int i = t->n_ups_sent; i < t->n_copy_ups; i++) {
+        MoverJob *j = t->copy_ups[i];
+        if (t->mover != NULL && mover_submit(t->mover, j) == MN_OK) t->copy_ups[k++] = j;
+        else save_drop(t, j);
+    }
+    t->n_copy_ups = t->n_ups_sent = k;
+}
+
+int tiers_withdraw_copy_ups(EngineTiers *t, int want) {
+    int n = 0;
+    for (int i = t->n_copy_ups - 1; i >= 0 && n < want; i--) {
+        MoverJob *j = t->copy_ups[i];
+        if (i < t->n_ups_sent && mover_withdraw(t->mover, j) != MN_OK) continue; /* under way */
+        copy_up_untrack(t, i);
+        n += j->n;
+        t->n_copy_up_withdrawn += (uint64_t)j->n;
+        save_drop(t, j);
+    }
+    return n;
 }
 
 static void load_done(EngineTiers *t, Load *ld, MoverJob *j) {

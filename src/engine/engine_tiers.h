@@ -187,6 +187,12 @@ bool tiers_is_promoting(const EngineTiers *t, const TierSeq *ts);
  * withdrawn, since that restore reads their blocks from where they are
  * and copies them up into RAM after. ts NULL is fine. */
 void tiers_seq_admitted(EngineTiers *t, TierSeq *ts);
+/* An admission is short of want pool slots: take back copy-ups into RAM
+ * (the blocks a restore read from below it) that the mover has not begun,
+ * newest first, until they held want slots; their slots are let go (those
+ * nothing else holds become reclaimable) and their blocks stay in the
+ * tiers they came from. Returns the slots let go (0: none was waiting). */
+int tiers_withdraw_copy_ups(EngineTiers *t, int want);
 
 /* ---- the look-ahead window ---------------------------------------------------------- */
 
