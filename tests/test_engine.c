@@ -2873,6 +2873,22 @@ static uint64_t disk_restore_bytes(Model *m, const char *dir, const int32_t *a, 
     return n;
 }
 
+/* The prompts of the promote cases, from seed on: a conversation a (65
+ * tokens, 8 full blocks), three fills of the pool like it, and a short
+ * prompt d that runs first; a is stored on disk (with plan and layers). */
+typedef struct PromoteCase {
+    int32_t a[80], fill[3][80], d[16];
+} PromoteCase;
+
+static void promote_case(Model *m, const char *dir, PromoteCase *pc, uint64_t seed, RestorePlan plan,
+                         uint64_t layers) {
+    const int nv = m->cfg.n_vocab;
+    make_prompt(pc->a, 65, nv, seed, 1);
+    make_prompts(pc->fill, 3, 65, nv, seed + 1);
+    make_prompt(pc->d, 9, nv, seed + 4, 1);
+    put_on_disk_plan(m, dir, (const int32_t *[]){pc->a}, (int[]){65}, 1, plan, layers);
+}
+
 /* Prefetch into RAM: a restarted server knows a conversation only from
  * disk; it arrives while another request runs (FCFS, one at a time) and
  * the pool has no free slot (every one holds cached blocks), so its
@@ -2887,11 +2903,9 @@ static void check_promote_waiting(RestorePlan plan, uint64_t layers) {
     if (!m) return;
     char *dir = test_tmpdir_new("tier");
     const int nv = m->cfg.n_vocab;
-    int32_t a[80], fill[3][80], d[16];
-    make_prompt(a, 65, nv, 81, 1);
-    make_prompts(fill, 3, 65, nv, 82);
-    make_prompt(d, 9, nv, 85, 1);
-    put_on_disk_plan(m, dir, (const int32_t *[]){a}, (int[]){65}, 1, plan, layers);
+    PromoteCase pc;
+    promote_case(m, dir, &pc, 81, plan, layers);
+    const int32_t *a = pc.a, *d = pc.d;
     Drive dr;
     drive_init(&dr);
     Gate puts;
@@ -2900,7 +2914,7 @@ static void check_promote_waiting(RestorePlan plan, uint64_t layers) {
     /* a's 8 blocks are on disk only */
     Engine *e = hidden_engine_hooked(m, 24, 1, dir, EVICT_DEFAULT, MN_TYPE_F16, plan, layers, &dr.hooks, &mh);
     ReqResult res;
-    for (int i = 0; i < 3; i++) free(run_one(e, fill[i], 65, 4, NULL, &res)); /* the pool fills with cached blocks */
+    for (int i = 0; i < 3; i++) free(run_one(e, pc.fill[i], 65, 4, NULL, &res)); /* the pool fills with cached blocks */
     settle(e);
     EngineStats st;
     engine_stats(e, &st);
@@ -2940,6 +2954,109 @@ static void test_promote_waiting(void **s) { check_promote_waiting(RESTORE_PLAN_
  * the promote copies them into RAM as they are, and they are projected
  * when restored from there. */
 static void test_hidden_promote(void **s) { check_promote_waiting(RESTORE_PLAN_HIDDEN, 0x15); }
+
+/* MoverTestHooks.put_gate of PutHolds: the puts into tier 0 whose place
+ * (0, 1, ...) hold_mask names close the gate as they come and wait there;
+ * the others pass it when it is open. */
+typedef struct PutHolds {
+    Gate g;
+    uint32_t hold_mask;
+} PutHolds;
+
+static void hold_some_ram_puts(void *ctx, int tier) {
+    if (tier != 0) return;
+    PutHolds *h = ctx;
+    pthread_mutex_lock(&h->g.lock);
+    if (h->g.n_calls < 32 && (h->hold_mask >> h->g.n_calls & 1)) h->g.is_closed = true;
+    gate_pass_locked(&h->g);
+    pthread_mutex_unlock(&h->g.lock);
+}
+
+/* Until put n (from 0) waits at the gate. */
+static void wait_put_held(PutHolds *h, int n) {
+    bool is_held = false;
+    TEST_WAIT_UNTIL((pthread_mutex_lock(&h->g.lock), is_held = h->g.n_calls == n + 1 && h->g.is_holding,
+                     pthread_mutex_unlock(&h->g.lock), is_held),
+                    "put %d into RAM never came", n);
+}
+
+/* A waiting request waits for the first batch of its promotes, not the
+ * next: a conversation known only from disk waits behind a running
+ * request (one at a time) with the pool full of cached blocks, so its 8
+ * blocks are promoted into RAM in two batches of 4 (a staging pool of 4
+ * blocks). The first batch's put is held, then let through while the
+ * engine sits between two passes of the running request; the mover takes
+ * the second batch at once, and its put is held. The running request
+ * ends: the conversation is admitted while the second batch is under way
+ * (it waited for every batch before, each taken before the engine could
+ * admit it: five seconds for a 1.4 GB history on this machine kind),
+ * restores the rest from disk once the mover goes on, and answers bit
+ * for bit as the full recompute. */
+static void test_promote_first_batch_only(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = test_tmpdir_new("tier");
+    const int nv = m->cfg.n_vocab;
+    PromoteCase pc;
+    promote_case(m, dir, &pc, 121, RESTORE_PLAN_KV, 0);
+    const int32_t *a = pc.a, *d = pc.d;
+    Drive dr;
+    drive_init(&dr);
+    PutHolds puts = {.hold_mask = 0};
+    gate_init(&puts.g);
+    MoverTestHooks mh = {.put_gate = hold_some_ram_puts, .ctx = &puts};
+    EngineOptions o;
+    tier_options(&o, 24, &mh);
+    o.ram_tier_mb = 1;
+    o.disk_tier_dir = dir;
+    o.test_hooks = &dr.hooks;
+    o.kv_type = MN_TYPE_F16;
+    mh.promote_bytes = kvpool_bytes_for(m->cfg.n_layer, m->cfg.kv_dim, 8, 4, MN_TYPE_F16); /* 4 blocks */
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    ReqResult res;
+    for (int i = 0; i < 3; i++) free(run_one(e, pc.fill[i], 65, 4, NULL, &res)); /* the pool fills with cached blocks */
+    settle(e);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_true(st.pool_free < 8);
+    Recomputed want = recompute(m, a, 65, 4);
+    const uint64_t cached0 = st.cached_tokens; /* (a's admission counts its cached tokens) */
+    pthread_mutex_lock(&puts.g.lock);
+    puts.g.n_calls = 0;
+    puts.hold_mask = 3; /* the promotes' two puts */
+    pthread_mutex_unlock(&puts.g.lock);
+    Request *rd = submit_held(e, &dr, d, 9, 8); /* runs first (its save, held too, keeps 2 slots) */
+    float *got = calloc((size_t)nv, sizeof *got);
+    Request *ra = submit_one_logits(e, a, 65, want.n_gen, got);
+    drive_stepping(&dr, true);
+    drive_one_step(&dr);    /* a arrived and waits: its promotes are sent */
+    wait_put_held(&puts, 0); /* the first batch is under way */
+    gate_open(&puts.g);
+    wait_put_held(&puts, 1); /* the first is done, the second under way */
+    drive_stepping(&dr, false);
+    drive_run(&dr);
+    free(drain(rd, &res));
+    request_unref(rd);
+    TEST_WAIT_UNTIL((engine_stats(e, &st), st.cached_tokens - cached0 >= 64),
+                    "the conversation waited for its second batch of promotes (%llu cached tokens admitted)",
+                    (unsigned long long)(st.cached_tokens - cached0));
+    gate_open(&puts.g);
+    expect_recomputed_read(ra, &want, got, &res);
+    assert_int_equal(res.n_cached, 64);
+    assert_int_equal(res.n_cached_by[SRC_RAM], 32);
+    assert_int_equal(res.n_cached_by[SRC_DISK], 32);
+    settled_stats(e, &st);
+    assert_int_equal(st.promoted_blocks, 8);
+    assert_int_equal(st.restore_failures, 0);
+    recomputed_free(&want);
+    engine_free(e);
+    gate_deinit(&puts.g);
+    gate_deinit(&dr.steps);
+    test_tmpdir_free(dir);
+    model_free(m);
+}
 
 /* A restore from disk by way of the RAM tier: a restarted server with both
  * tiers knows a conversation only from disk, and the pool holds nothing
@@ -3095,11 +3212,9 @@ static void test_promote_withdrawn(void **s) {
     if (!m) return;
     char *dir = test_tmpdir_new("tier");
     const int nv = m->cfg.n_vocab;
-    int32_t a[80], fill[3][80], d[16];
-    make_prompt(a, 65, nv, 101, 1);
-    make_prompts(fill, 3, 65, nv, 102);
-    make_prompt(d, 9, nv, 105, 1);
-    put_on_disk(m, dir, (const int32_t *[]){a}, (int[]){65}, 1);
+    PromoteCase pc;
+    promote_case(m, dir, &pc, 101, RESTORE_PLAN_KV, 0);
+    const int32_t *a = pc.a, *d = pc.d;
     Recomputed want = recompute(m, a, 65, 4);
     const uint64_t once = disk_restore_bytes(m, dir, a, &want, RESTORE_PLAN_KV, 0);
     Drive dr;
@@ -3109,10 +3224,10 @@ static void test_promote_withdrawn(void **s) {
     MoverTestHooks mh = {.put_gate = gate_ram_put, .ctx = &puts};
     Engine *e = tier_engine_hooked(m, 24, 1, dir, EVICT_DEFAULT, &mh, &dr.hooks);
     ReqResult res;
-    for (int i = 0; i < 2; i++) free(run_one(e, fill[i], 65, 4, NULL, &res));
+    for (int i = 0; i < 2; i++) free(run_one(e, pc.fill[i], 65, 4, NULL, &res));
     settle(e);
     gate_close(&puts);
-    free(run_one(e, fill[2], 65, 4, NULL, &res)); /* the pool fills with cached blocks */
+    free(run_one(e, pc.fill[2], 65, 4, NULL, &res)); /* the pool fills with cached blocks */
     gate_wait_holding(&puts);                     /* fill[2]'s save holds the mover */
     EngineStats st;
     engine_stats(e, &st);
@@ -4257,6 +4372,7 @@ int main(void) {
         cmocka_unit_test(test_disk_restore_through_ram),
         cmocka_unit_test(test_hidden_restore_through_ram),
         cmocka_unit_test(test_promote_withdrawn),
+        cmocka_unit_test(test_promote_first_batch_only),
         cmocka_unit_test(test_copy_up_withdrawn_admit),
         cmocka_unit_test(test_copy_up_withdrawn_decode),
         cmocka_unit_test(test_window_keeps_waiting),

@@ -619,7 +619,8 @@ static int make_staging(Mover *m, MnErr *err) {
     const KvPool *p = m->cfg.pool;
     TierStats st;
     tier_stats(m->tiers[0], &st);
-    uint64_t bytes = st.capacity_bytes < MOVER_PROMOTE_BYTES ? st.capacity_bytes : MOVER_PROMOTE_BYTES;
+    uint64_t most = m->cfg.hooks && m->cfg.hooks->promote_bytes ? m->cfg.hooks->promote_bytes : MOVER_PROMOTE_BYTES;
+    uint64_t bytes = st.capacity_bytes < most ? st.capacity_bytes : most;
     int n = (int)(bytes / ((uint64_t)p->n_layer * p->block_bytes));
     if (n == 0) return MN_OK; /* not one block fits tier 0: no promotes */
     int rc = kvpool_init(&m->staging, p->n_layer, p->kv_dim, p->block_tokens, n, p->kv_type);

@@ -231,6 +231,9 @@ typedef struct MoverTestHooks {
      * restore held by layer_gate has asked for nothing after that layer);
      * 0: the default. */
     uint64_t redis_window_bytes;
+    /* The staging pool's size in place of MOVER_PROMOTE_BYTES (a batch of
+     * promotes of a few small blocks); 0: the default. */
+    uint64_t promote_bytes;
 } MoverTestHooks;
 
 /* The back-off between resets of a failed tier that is retried. */

@@ -181,7 +181,8 @@ CacheSource tiers_block_source(const EngineTiers *t, const Hash128 *h);
 RestorePath tiers_block_path(const EngineTiers *t, const Hash128 *h);
 /* Whether waiting request ts is to wait before admission for a promote of
  * its history that the mover is running now (rather than read the same
- * blocks from disk twice); a promote still queued does not hold it back. */
+ * blocks from disk twice): for the first batch of its promotes, not the
+ * ones after; a promote still queued does not hold it back. */
 bool tiers_is_promoting(const EngineTiers *t, const TierSeq *ts);
 /* ts was admitted (its restore planned): its promotes still queued are
  * withdrawn, since that restore reads their blocks from where they are
@@ -189,9 +190,11 @@ bool tiers_is_promoting(const EngineTiers *t, const TierSeq *ts);
 void tiers_seq_admitted(EngineTiers *t, TierSeq *ts);
 /* An admission is short of want pool slots: take back copy-ups into RAM
  * (the blocks a restore read from below it) that the mover has not begun,
- * newest first, until they held want slots; their slots are let go (those
- * nothing else holds become reclaimable) and their blocks stay in the
- * tiers they came from. Returns the slots let go (0: none was waiting). */
+ * newest first, until want slots that only they held are reclaimable;
+ * their blocks stay in the tiers they came from. The request then waits
+ * for the copies under way at most. When all copy-ups together, begun or
+ * not, would not make want (other requests hold the room), none is taken
+ * back. Returns the slots made reclaimable. */
 int tiers_withdraw_copy_ups(EngineTiers *t, int want);
 
 /* ---- the look-ahead window ---------------------------------------------------------- */
