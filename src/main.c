@@ -25,6 +25,8 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <limits.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -933,6 +935,14 @@ int main(int argc, char **argv) {
         printf("mnemo %s (commit %s)\n", MNEMO_VERSION, mn_build_commit());
         return 0;
     }
+    /* Freed memory stays mapped, for reuse: blocks up to 32 MiB (a tier's
+     * run, a restore's buffers, a Redis reply) come from the heap, and the
+     * heap is not trimmed. On the virtual machines this runs on (PVM), the
+     * first user write to a newly mapped page costs ~6 us, and by default
+     * glibc maps large blocks afresh and trims its heaps (docs/DESIGN.md,
+     * "A restore from below RAM is copied up behind it"). */
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, INT_MAX);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (strcmp(argv[1], commands[i].name) != 0) continue;
         /* before any thread exists: libcurl's global state, and jansson's
