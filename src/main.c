@@ -940,9 +940,9 @@ int main(int argc, char **argv) {
      * heap is not trimmed. On the virtual machines this runs on (PVM), the
      * first user write to a newly mapped page costs ~6 us, and by default
      * glibc maps large blocks afresh and trims its heaps (docs/DESIGN.md,
-     * "A restore from below RAM is copied up behind it"). */
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    mallopt(M_TRIM_THRESHOLD, INT_MAX);
+     * "A restore from below RAM is copied up behind it"). An allocator
+     * that refuses (a sanitizer's) keeps its ways: only speed differs. */
+    if (mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1) (void)mallopt(M_TRIM_THRESHOLD, INT_MAX);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (strcmp(argv[1], commands[i].name) != 0) continue;
         /* before any thread exists: libcurl's global state, and jansson's
