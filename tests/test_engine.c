@@ -3119,6 +3119,38 @@ static void check_disk_restore_through_ram(RestorePlan plan, uint64_t layers) {
 static void test_disk_restore_through_ram(void **s) { check_disk_restore_through_ram(RESTORE_PLAN_KV, 0); }
 static void test_hidden_restore_through_ram(void **s) { check_disk_restore_through_ram(RESTORE_PLAN_HIDDEN, 0x15); }
 
+/* An idle engine touches its pool's FREE slots, a piece at a time, until
+ * none is left (a first write to a fresh page is dear on the virtual
+ * machines this runs on): its untouched count falls to 0 with no request,
+ * and a conversation afterwards — computed, then restored from the tiers
+ * into touched slots — answers bit for bit as the full recompute. */
+static void test_idle_touches_pool(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    char *dir = test_tmpdir_new("tier");
+    Engine *e = tier_engine(m, 16, 1, dir, EVICT_DEFAULT);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.pool_blocks, 16);
+    TEST_WAIT_UNTIL((engine_stats(e, &st), st.pool_untouched_blocks == 0), "%d pool blocks left untouched",
+                    st.pool_untouched_blocks);
+    const int nv = m->cfg.n_vocab;
+    int32_t p[3][80];
+    make_prompts(p, 3, 65, nv, 131);
+    Recomputed want = recompute(m, p[0], 65, 4);
+    ReqResult res;
+    expect_recomputed(e, &want, p[0], 65, &res);
+    for (int i = 1; i < 3; i++) free(run_one(e, p[i], 65, 4, NULL, &res)); /* p[0] leaves the pool */
+    settle(e);
+    expect_recomputed(e, &want, p[0], 65, &res);
+    assert_int_equal(res.n_cached, 64);
+    assert_int_equal(res.n_cached_by[SRC_POOL], 0);
+    recomputed_free(&want);
+    engine_free(e);
+    test_tmpdir_free(dir);
+    model_free(m);
+}
+
 /* Requests finished so far, of every kind. */
 static uint64_t n_finished(Engine *e) {
     EngineStats st;
@@ -4373,6 +4405,7 @@ int main(void) {
         cmocka_unit_test(test_hidden_restore_through_ram),
         cmocka_unit_test(test_promote_withdrawn),
         cmocka_unit_test(test_promote_first_batch_only),
+        cmocka_unit_test(test_idle_touches_pool),
         cmocka_unit_test(test_copy_up_withdrawn_admit),
         cmocka_unit_test(test_copy_up_withdrawn_decode),
         cmocka_unit_test(test_window_keeps_waiting),

@@ -115,6 +115,38 @@ static void test_index_model(void **s) {
     kvpool_deinit(&p);
 }
 
+/* kvpool_touch_free writes the FREE slots only, in order, a piece at a
+ * time: slots in use and cached keep their bytes, one freed behind the
+ * cursor is not visited again, and the calls end once the cursor is past
+ * the last slot. */
+static void test_pool_touch_free(void **s) {
+    enum { N = 8 };
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 2, 8, 4, N, MN_TYPE_F16), MN_OK);
+    int32_t a, b;
+    assert_int_equal(kvpool_alloc(&p, &a), MN_OK);
+    assert_int_equal(kvpool_alloc(&p, &b), MN_OK);
+    for (int l = 0; l < p.n_layer; l++) {
+        memset(kvpool_k(&p, l, a), 0xab, p.block_bytes);
+        memset(kvpool_k(&p, l, b), 0xcd, p.block_bytes);
+    }
+    kvpool_set_cacheable(&p, b);
+    kvpool_release(&p, b); /* cached */
+    int n_calls = 0;
+    while (kvpool_touch_free(&p, 1)) n_calls++; /* one slot per call */
+    assert_int_equal(n_calls + 1, N - 2);    /* the last call touched the last FREE slot */
+    assert_int_equal(p.touch_next, N);
+    for (int l = 0; l < p.n_layer; l++)
+        for (size_t i = 0; i < p.block_bytes; i++) {
+            assert_int_equal(((const uint8_t *)kvpool_k(&p, l, a))[i], 0xab);
+            assert_int_equal(((const uint8_t *)kvpool_k(&p, l, b))[i], 0xcd);
+        }
+    kvpool_release(&p, a);
+    assert_false(kvpool_touch_free(&p, SIZE_MAX)); /* nothing is visited again */
+    kvpool_check(&p);
+    kvpool_deinit(&p);
+}
+
 /* The children lists against a plain array: full and partial children
  * under a few keys, with tokens from a two-letter alphabet so that one
  * often extends another, releases, and evictions (kvpool_alloc reuses
@@ -250,6 +282,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_hash_layout),
         cmocka_unit_test(test_index_model),
+        cmocka_unit_test(test_pool_touch_free),
         cmocka_unit_test(test_index_children_model),
         cmocka_unit_test(test_reply_memory),
     };

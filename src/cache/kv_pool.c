@@ -68,6 +68,18 @@ nomem:
     return MN_ENOMEM;
 }
 
+bool kvpool_touch_free(KvPool *p, size_t max_bytes) {
+    size_t done = 0;
+    for (; p->touch_next < p->n_blocks && done < max_bytes; p->touch_next++) {
+        int32_t s = p->touch_next;
+        if (p->state[s] != SLOT_FREE) continue;
+        for (int l = 0; l < p->n_layer; l++) memset(kvpool_k(p, l, s), 0, p->block_bytes);
+        for (int l = 0; l < p->n_hidden_layers; l++) memset(kvpool_h(p, l, s), 0, p->hidden_bytes);
+        done += (size_t)p->n_layer * p->block_bytes + (size_t)p->n_hidden_layers * p->hidden_bytes;
+    }
+    return p->touch_next < p->n_blocks;
+}
+
 static void free_hidden(KvPool *p) {
     if (p->hid_arenas != NULL)
         for (int l = 0; l < p->n_hidden_layers; l++) mn_free_aligned(p->hid_arenas[l]);

@@ -102,6 +102,8 @@ struct KvPool {
     uint8_t *hid_rows;       /* (n_blocks * block_tokens) 1: the forward pass wrote the
                                 token's rows (of every layer) since the slot's allocation */
     uint64_t *hid_loaded;    /* (n_blocks) layers whose rows a restore brought */
+    int32_t touch_next;      /* kvpool_touch_free's cursor: slots below it were
+                                touched, or taken before it came to them */
 };
 
 /* Build a pool of n_blocks blocks. MN_EINVAL for bad sizes or a kv_type other
@@ -140,6 +142,16 @@ void kvpool_drop(KvPool *p, int32_t slot);
  * seconds, base/clock.h); the evict callback hears of each. Returns how
  * many were freed. */
 int kvpool_expire(KvPool *p, double cutoff);
+
+/* Write the arenas of FREE slots not yet touched (in slot order, from
+ * where the last call ended) until about max_bytes are written, so their
+ * pages are mapped before a restore or a pass writes them: the first write
+ * to a fresh page costs ~6 us on the virtual machines this runs on. Slots
+ * taken before the cursor reached them are passed over (their first
+ * writer mapped them). Returns false once the cursor is past the last
+ * slot. FREE slots hold nothing, so only the caller's thread (the pool's
+ * owner) may run this, and nothing else reads them meanwhile. */
+bool kvpool_touch_free(KvPool *p, size_t max_bytes);
 
 /* Slots an allocation can take now: FREE + CACHED. */
 int kvpool_n_available(const KvPool *p);

@@ -395,6 +395,7 @@ typedef struct EngineStats {
     int queue_depth, running;
     int pool_free, pool_used, pool_cached, pool_blocks;
     int pool_partial;        /* blocks kept for their filled part only (of pool_cached and pool_used) */
+    int pool_untouched_blocks; /* slots the idle engine has not touched yet (kvpool_touch_free) */
     uint64_t pool_bytes;
     uint64_t pool_evictions; /* cached blocks whose slot was reused */
     int block_tokens, n_ctx;
