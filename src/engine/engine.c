@@ -2125,8 +2125,8 @@ static void lower_compute_priority(Engine *e) {
 /* Touch the next ENGINE_TOUCH_BYTES of FREE pool slots (kvpool_touch_free),
  * between requests: a restore into a pool whose pages were never written
  * spent more on mapping them than on its bytes on the virtual machines
- * this runs on (a Redis restore of 341 MB: 2.1-2.7 s untouched, 1.4 s
- * touched; docs/DESIGN.md), and touching the whole pool at start-up held
+ * this runs on (a Redis restore of 341 MB: 1.85-2.05 s untouched,
+ * 1.27-1.48 s touched; docs/DESIGN.md), and touching the whole pool at start-up held
  * the server back 20 s for 2.8 GiB there. A request arriving meanwhile
  * waits for one piece at most. */
 static void touch_pool(Engine *e) {
