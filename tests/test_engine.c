@@ -2873,20 +2873,30 @@ static uint64_t disk_restore_bytes(Model *m, const char *dir, const int32_t *a, 
     return n;
 }
 
-/* The prompts of the promote cases, from seed on: a conversation a (65
- * tokens, 8 full blocks), three fills of the pool like it, and a short
- * prompt d that runs first; a is stored on disk (with plan and layers). */
+/* A promote case's fixture, from seed on: the model, a disk tier's
+ * directory, a conversation a (65 tokens, 8 full blocks) stored there
+ * (with plan and layers), three fills of the pool like it, and a short
+ * prompt d that runs first. False when the model is missing. */
 typedef struct PromoteCase {
+    Model *m;
+    char *dir;
     int32_t a[80], fill[3][80], d[16];
 } PromoteCase;
 
-static void promote_case(Model *m, const char *dir, PromoteCase *pc, uint64_t seed, RestorePlan plan,
-                         uint64_t layers) {
-    const int nv = m->cfg.n_vocab;
+static bool promote_case_open(PromoteCase *pc, uint64_t seed, RestorePlan plan, uint64_t layers) {
+    if ((pc->m = load("stories260K")) == NULL) return false;
+    pc->dir = test_tmpdir_new("tier");
+    const int nv = pc->m->cfg.n_vocab;
     make_prompt(pc->a, 65, nv, seed, 1);
     make_prompts(pc->fill, 3, 65, nv, seed + 1);
     make_prompt(pc->d, 9, nv, seed + 4, 1);
-    put_on_disk_plan(m, dir, (const int32_t *[]){pc->a}, (int[]){65}, 1, plan, layers);
+    put_on_disk_plan(pc->m, pc->dir, (const int32_t *[]){pc->a}, (int[]){65}, 1, plan, layers);
+    return true;
+}
+
+static void promote_case_close(PromoteCase *pc) {
+    test_tmpdir_free(pc->dir);
+    model_free(pc->m);
 }
 
 /* Prefetch into RAM: a restarted server knows a conversation only from
@@ -2899,12 +2909,11 @@ static void promote_case(Model *m, const char *dir, PromoteCase *pc, uint64_t se
  * restored from RAM, and its answer is the full recompute's, bit for
  * bit. */
 static void check_promote_waiting(RestorePlan plan, uint64_t layers) {
-    Model *m = load("stories260K");
-    if (!m) return;
-    char *dir = test_tmpdir_new("tier");
-    const int nv = m->cfg.n_vocab;
     PromoteCase pc;
-    promote_case(m, dir, &pc, 81, plan, layers);
+    if (!promote_case_open(&pc, 81, plan, layers)) return;
+    Model *m = pc.m;
+    const char *dir = pc.dir;
+    const int nv = m->cfg.n_vocab;
     const int32_t *a = pc.a, *d = pc.d;
     Drive dr;
     drive_init(&dr);
@@ -2945,8 +2954,7 @@ static void check_promote_waiting(RestorePlan plan, uint64_t layers) {
     engine_free(e);
     gate_deinit(&puts);
     gate_deinit(&dr.steps);
-    test_tmpdir_free(dir);
-    model_free(m);
+    promote_case_close(&pc);
 }
 
 static void test_promote_waiting(void **s) { check_promote_waiting(RESTORE_PLAN_KV, 0); }
@@ -2993,12 +3001,11 @@ static void wait_put_held(PutHolds *h, int n) {
  * restores the rest from disk once the mover goes on, and answers bit
  * for bit as the full recompute. */
 static void test_promote_first_batch_only(void **s) {
-    Model *m = load("stories260K");
-    if (!m) return;
-    char *dir = test_tmpdir_new("tier");
-    const int nv = m->cfg.n_vocab;
     PromoteCase pc;
-    promote_case(m, dir, &pc, 121, RESTORE_PLAN_KV, 0);
+    if (!promote_case_open(&pc, 121, RESTORE_PLAN_KV, 0)) return;
+    Model *m = pc.m;
+    const char *dir = pc.dir;
+    const int nv = m->cfg.n_vocab;
     const int32_t *a = pc.a, *d = pc.d;
     Drive dr;
     drive_init(&dr);
@@ -3054,8 +3061,7 @@ static void test_promote_first_batch_only(void **s) {
     engine_free(e);
     gate_deinit(&puts.g);
     gate_deinit(&dr.steps);
-    test_tmpdir_free(dir);
-    model_free(m);
+    promote_case_close(&pc);
 }
 
 /* A restore from disk by way of the RAM tier: a restarted server with both
@@ -3240,12 +3246,11 @@ static void test_copy_up_withdrawn_decode(void **s) { check_copy_up_withdrawn(88
  * second time) and nothing is promoted; its answer is the full
  * recompute's, bit for bit. */
 static void test_promote_withdrawn(void **s) {
-    Model *m = load("stories260K");
-    if (!m) return;
-    char *dir = test_tmpdir_new("tier");
-    const int nv = m->cfg.n_vocab;
     PromoteCase pc;
-    promote_case(m, dir, &pc, 101, RESTORE_PLAN_KV, 0);
+    if (!promote_case_open(&pc, 101, RESTORE_PLAN_KV, 0)) return;
+    Model *m = pc.m;
+    const char *dir = pc.dir;
+    const int nv = m->cfg.n_vocab;
     const int32_t *a = pc.a, *d = pc.d;
     Recomputed want = recompute(m, a, 65, 4);
     const uint64_t once = disk_restore_bytes(m, dir, a, &want, RESTORE_PLAN_KV, 0);
@@ -3288,8 +3293,7 @@ static void test_promote_withdrawn(void **s) {
     engine_free(e);
     gate_deinit(&puts);
     gate_deinit(&dr.steps);
-    test_tmpdir_free(dir);
-    model_free(m);
+    promote_case_close(&pc);
 }
 
 /* Look-ahead in the pool: a conversation waiting behind a long request
