@@ -379,6 +379,45 @@ void kq_rows_ref(MnType type, const uint8_t *w, size_t row_bytes, long r0, long 
 }
 
 /* ========================================================================
+ * Prefetch (either SIMD path): decode reads each weight once, straight
+ * from DRAM, a few rows at a time, so the hardware prefetcher (which
+ * follows a handful of streams) falls behind; each step asks for the
+ * weights KQ_AHEAD super-blocks on. Measured by tests/bench_matmul, 1
+ * token, 2 threads: Q4_K 20.8 -> 30.9 GB/s, Q6_K 21.6 -> 33.1.
+ * ===================================================================== */
+#if defined(KQ_AVX512) || defined(KQ_AVX2)
+
+enum { KQ_AHEAD = 4 };
+
+/* Where a tile's rows go on: the next tile's first row and how many rows
+ * of it there are (0: none). */
+typedef struct KqNext {
+    const uint8_t *row;
+    int n_rows;
+    size_t row_bytes;
+} KqNext;
+
+/* Super-block bb of a row: each cache line it touches. */
+KQ_INLINE void prefetch_block(KqKind k, const uint8_t *row, int64_t bb) {
+    const char *blk = (const char *)row + bb * k.blk_bytes;
+    for (int o = 0; o < k.blk_bytes; o += 64) _mm_prefetch(blk + o, _MM_HINT_T0);
+    _mm_prefetch(blk + k.blk_bytes - 1, _MM_HINT_T0);
+}
+
+/* At super-block b of a tile's R rows w[] (nb per row): super-block b +
+ * KQ_AHEAD of each, or past their end the next tile's. */
+KQ_INLINE void prefetch_ahead(KqKind k, int R, const uint8_t *const w[], const KqNext *next, int64_t b, int64_t nb) {
+    int64_t bb = b + KQ_AHEAD;
+    if (bb < nb) {
+        for (int r = 0; r < R; r++) prefetch_block(k, w[r], bb);
+    } else if (bb - nb < nb) {
+        for (int r = 0; r < next->n_rows; r++) prefetch_block(k, next->row + r * next->row_bytes, bb - nb);
+    }
+}
+
+#endif
+
+/* ========================================================================
  * AVX-512 VNNI
  * ===================================================================== */
 #if defined(KQ_AVX512)
@@ -597,7 +636,7 @@ KQ_INLINE __m512i tile_row_offsets(int T, const uint8_t *const w[16]) {
  * 256-bit (Q2_K) vpdpwssd, put in 128-bit lane o / 4 of mv[o % 4] (sum4x4
  * then adds each output's 4 partials). */
 KQ_INLINE void kind_tile(MnType type, int R, int T, const uint8_t *const w[16], const KqBlock *const a0[4],
-                         int64_t nb, float res[16]) {
+                         int64_t nb, const KqNext *next, float res[16]) {
     const KqKind k = kind_of(type);
     const uint8_t *chunk = ORDER_CHUNK[k.order];
     const int sh = k.sub_log2;
@@ -614,6 +653,7 @@ KQ_INLINE void kind_tile(MnType type, int R, int T, const uint8_t *const w[16], 
     for (int64_t b = 0; b < nb; b++) {
         const KqBlock *a[4];
         for (int t = 0; t < 4; t++) a[t] = a0[t < T ? t : 0] + b;
+        prefetch_ahead(k, R, w, next, b, nb);
         __m512i sacc[16], mv[4] = {zero, zero, zero, zero};
 #pragma GCC unroll 16
         for (int r = 0; r < R; r++) {
@@ -894,13 +934,14 @@ KQ_INLINE void kind_decode256(MnType type, const uint8_t *blk, Dec256 *dec) {
  * mins against the chunk sums; 4 outputs' int32 vectors then sum into
  * one vector. */
 KQ_INLINE void kind_tile(MnType type, int R, int T, const uint8_t *const w[4], const KqBlock *const a0[4], int64_t nb,
-                         float res[4]) {
+                         const KqNext *next, float res[4]) {
     const KqKind k = kind_of(type);
     const uint8_t *chunk = ORDER_CHUNK[k.order];
     __m128 acc = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m256i sv[4], mv[4];
         _Alignas(16) float d[4], dmin[4], dx[4];
+        prefetch_ahead(k, R, w, next, b, nb);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *blk = w[r] + b * (int64_t)k.blk_bytes;
@@ -952,22 +993,28 @@ enum { TILE_OUTS = 4, PRE_R = 1, PRE_T = 4, DEC_R = 4 };
 #if defined(KQ_AVX512) || defined(KQ_AVX2)
 
 /* One tile: rows r..r+R-1 and tokens t..t+T-1, those past r1 / n_tok
- * computed on copies of the last one and not stored. The switch gives
- * each type its own kind_tile. */
-KQ_INLINE void tile_run(MnType type, int R, int T, const uint8_t *w, size_t row_bytes, long r, long r1,
+ * computed on copies of the last one and not stored; rows r + R.. (up to
+ * r1) are the ones read next, and a first tile (r == r0) asks for its own
+ * first super-blocks too. The switch gives each type its own kind_tile. */
+KQ_INLINE void tile_run(MnType type, int R, int T, const uint8_t *w, size_t row_bytes, long r0, long r, long r1,
                         const uint8_t *acts, size_t stride, int t, int n_tok, int64_t nb, float *out, int64_t n_out) {
     const uint8_t *rows[TILE_OUTS];
     const KqBlock *toks[4];
     for (int i = 0; i < R; i++) rows[i] = w + (size_t)KQ_MIN(r + i, r1 - 1) * row_bytes;
     for (int j = 0; j < T; j++) toks[j] = (const KqBlock *)(acts + (size_t)KQ_MIN(t + j, n_tok - 1) * stride);
+    const int next_rows = (int)KQ_MIN(R, r1 - KQ_MIN(r1, r + R));
+    const KqNext next = {next_rows > 0 ? w + (size_t)(r + R) * row_bytes : NULL, next_rows, row_bytes};
+    if (r == r0)
+        for (int64_t b = 0; b < KQ_MIN(nb, KQ_AHEAD); b++)
+            for (int i = 0; i < R; i++) prefetch_block(kind_of(type), rows[i], b);
     float res[TILE_OUTS];
     switch (type) {
-    case MN_TYPE_Q2_K: kind_tile(MN_TYPE_Q2_K, R, T, rows, toks, nb, res); break;
-    case MN_TYPE_Q3_K: kind_tile(MN_TYPE_Q3_K, R, T, rows, toks, nb, res); break;
-    case MN_TYPE_Q4_K: kind_tile(MN_TYPE_Q4_K, R, T, rows, toks, nb, res); break;
-    case MN_TYPE_Q5_K: kind_tile(MN_TYPE_Q5_K, R, T, rows, toks, nb, res); break;
-    case MN_TYPE_Q6_K: kind_tile(MN_TYPE_Q6_K, R, T, rows, toks, nb, res); break;
-    default: kind_tile(MN_TYPE_IQ4_XS, R, T, rows, toks, nb, res);
+    case MN_TYPE_Q2_K: kind_tile(MN_TYPE_Q2_K, R, T, rows, toks, nb, &next, res); break;
+    case MN_TYPE_Q3_K: kind_tile(MN_TYPE_Q3_K, R, T, rows, toks, nb, &next, res); break;
+    case MN_TYPE_Q4_K: kind_tile(MN_TYPE_Q4_K, R, T, rows, toks, nb, &next, res); break;
+    case MN_TYPE_Q5_K: kind_tile(MN_TYPE_Q5_K, R, T, rows, toks, nb, &next, res); break;
+    case MN_TYPE_Q6_K: kind_tile(MN_TYPE_Q6_K, R, T, rows, toks, nb, &next, res); break;
+    default: kind_tile(MN_TYPE_IQ4_XS, R, T, rows, toks, nb, &next, res);
     }
     for (int i = 0; i < R && r + i < r1; i++)
         for (int j = 0; j < T && t + j < n_tok; j++) out[(int64_t)(t + j) * n_out + r + i] = res[i * T + j];
@@ -986,10 +1033,10 @@ static void rows_simd(MnType type, const uint8_t *w, size_t row_bytes, long r0, 
     int tf = n_tok / PRE_T * PRE_T;
     for (int t = 0; t < tf; t += PRE_T)
         for (long r = r0; r < r1; r += PRE_R)
-            tile_run(type, PRE_R, PRE_T, w, row_bytes, r, r1, acts, stride, t, n_tok, nb, out, n_out);
+            tile_run(type, PRE_R, PRE_T, w, row_bytes, r0, r, r1, acts, stride, t, n_tok, nb, out, n_out);
     for (int t = tf; t < n_tok; t++)
         for (long r = r0; r < r1; r += DEC_R)
-            tile_run(type, DEC_R, 1, w, row_bytes, r, r1, acts, stride, t, n_tok, nb, out, n_out);
+            tile_run(type, DEC_R, 1, w, row_bytes, r0, r, r1, acts, stride, t, n_tok, nb, out, n_out);
 }
 
 #endif
