@@ -734,12 +734,17 @@ KQ_INLINE __m256i unit_scale_index(KqKind k) {
     return _mm256_load_si256((const __m256i *)idx);
 }
 
-KQ_INLINE void pack_rows(MnType type, const uint8_t *const rows[KT_PR], int64_t s0, int nbs, KPack *p) {
+/* Super-blocks [s0, s0 + nbs) of the KT_PR rows at rows[] into p, asking
+ * for the same super-blocks of the next tile's rows: they arrive while
+ * this tile's tokens are multiplied. */
+KQ_INLINE void pack_rows(MnType type, const uint8_t *const rows[KT_PR], int64_t s0, int nbs, KPack *p,
+                         const KqNext *next) {
     const KqKind k = kind_of(type);
     const __m512i sidx = _mm512_castsi256_si512(unit_scale_index(k));
     for (int i = 0; i < KT_PR; i++) {
         const uint8_t *blk = rows[i] + (size_t)s0 * k.blk_bytes;
         for (int b = 0; b < nbs; b++, blk += k.blk_bytes) {
+            if (i < next->n_rows) prefetch_block(k, next->row + i * next->row_bytes, s0 + b);
             Dec512 dec;
             kind_decode512(type, blk, &dec);
 #pragma GCC unroll 4
@@ -816,9 +821,11 @@ KQ_INLINE void rows_tiled(MnType type, KPack *p, const uint8_t *w, size_t row_by
         const uint8_t *rows[KT_PR];
         for (int i = 0; i < KT_PR; i++) rows[i] = w + (size_t)KQ_MIN(r + i, r1 - 1) * row_bytes;
         const int n_rows = (int)KQ_MIN(KT_PR, r1 - r);
+        const int n_next = (int)KQ_MIN(KT_PR, r1 - KQ_MIN(r1, r + KT_PR));
+        const KqNext next = {n_next > 0 ? w + (size_t)(r + KT_PR) * row_bytes : NULL, n_next, row_bytes};
         for (int64_t s0 = 0; s0 < nb; s0 += KT_SLB) {
             const int nbs = (int)KQ_MIN(KT_SLB, nb - s0);
-            pack_rows(type, rows, s0, nbs, p);
+            pack_rows(type, rows, s0, nbs, p, &next);
             for (int i = 0; i < n_tiles; i++) {
                 const int t0 = i * KT_LANES, nt = KQ_MIN(KT_LANES, n_tok - t0);
                 _Alignas(64) float v[KT_LANES];

@@ -362,11 +362,19 @@ Q32_INLINE __m256i codes256(Q32Kind k, const uint8_t *blk) {
     return v;
 }
 
-/* Blocks [s0, s0 + nbs) of the PR rows at rows[] into p. */
-Q32_INLINE void pack_rows(Q32Kind k, const uint8_t *const rows[PR], int64_t s0, int nbs, Pack *p) {
+/* Blocks [s0, s0 + nbs) of the PR rows at rows[] into p, asking for the
+ * same blocks of the n_next rows from next (row_bytes apart; the next
+ * tile's): they arrive while this tile's tokens are multiplied. */
+Q32_INLINE void pack_rows(Q32Kind k, const uint8_t *const rows[PR], int64_t s0, int nbs, Pack *p,
+                          const uint8_t *next, int n_next, size_t row_bytes) {
     for (int i = 0; i < PR; i++) {
         const uint8_t *blk = rows[i] + (size_t)s0 * k.blk_bytes;
+        const uint8_t *nblk = i < n_next ? next + i * row_bytes + (size_t)s0 * k.blk_bytes : NULL;
         for (int b = 0; b < nbs; b++, blk += k.blk_bytes) {
+            if (nblk != NULL) {
+                _mm_prefetch((const char *)nblk + b * k.blk_bytes, _MM_HINT_T0);
+                _mm_prefetch((const char *)nblk + (b + 1) * k.blk_bytes - 1, _MM_HINT_T0);
+            }
             _mm256_store_si256((__m256i *)(p->u[i] + QK * b), codes256(k, blk));
             p->d[i][b] = f16_fast(blk);
             if (k.has_min) p->m[i][b] = f16_fast(blk + 2);
@@ -689,9 +697,11 @@ Q32_INLINE void rows_tiled(MnType type, Pack *p, const uint8_t *w, size_t row_by
         const uint8_t *rows[PR];
         for (int i = 0; i < PR; i++) rows[i] = w + (size_t)Q32_MIN(r + i, r1 - 1) * row_bytes;
         const int n_rows = (int)Q32_MIN(PR, r1 - r);
+        const int n_next = (int)Q32_MIN(PR, r1 - Q32_MIN(r1, r + PR));
+        const uint8_t *next = n_next > 0 ? w + (size_t)(r + PR) * row_bytes : NULL;
         for (int64_t s0 = 0; s0 < nb; s0 += SLB) {
             const int nbs = (int)Q32_MIN(SLB, nb - s0);
-            pack_rows(k, rows, s0, nbs, p);
+            pack_rows(k, rows, s0, nbs, p, next, n_next, row_bytes);
             for (int i = 0; i < n_tiles; i++) {
                 const int t0 = i * LANES, nt = Q32_MIN(LANES, n_tok - t0);
                 _Alignas(64) float v[LANES];
