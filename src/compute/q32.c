@@ -362,6 +362,33 @@ Q32_INLINE __m256i codes256(Q32Kind k, const uint8_t *blk) {
     return v;
 }
 
+/* Decode streams the weights from DRAM once, faster than the hardware
+ * prefetcher follows a tile's rows: a step at byte `at` of the n rows w[]
+ * (len bytes each) asks for the step_bytes Q32_AHEAD on in every row, past
+ * their end those of the next tile's rows (next, n_next of them,
+ * row_bytes apart). bench_matmul, 1 token: Q4_0 55.5 -> 60.8 tok/s, Q8_0
+ * 40.5 -> 43.5 (AVX-512), against the next tile at the same offset. */
+enum { Q32_AHEAD = 512 };
+
+Q32_INLINE void prefetch_ahead(int n, const uint8_t *const w[], size_t at, size_t step_bytes, size_t len,
+                               const uint8_t *next, int n_next, size_t row_bytes) {
+    const size_t ahead = at + Q32_AHEAD;
+    const uint8_t *base = ahead < len ? NULL : next;
+    if (ahead >= len && (next == NULL || ahead - len >= len)) return;
+    for (int r = 0; r < (base != NULL ? n_next : n); r++) {
+        const char *p = base != NULL ? (const char *)base + r * row_bytes + (ahead - len) : (const char *)w[r] + ahead;
+        _mm_prefetch(p, _MM_HINT_T0);
+        if (step_bytes > 64) _mm_prefetch(p + step_bytes - 1, _MM_HINT_T0);
+    }
+}
+
+/* The first Q32_AHEAD bytes of a chunk's first tile, which no tile before
+ * asked for. */
+Q32_INLINE void prefetch_first(int n, const uint8_t *const w[], size_t row_bytes) {
+    for (size_t at = 0; at < Q32_MIN((size_t)Q32_AHEAD, row_bytes); at += 64)
+        for (int i = 0; i < n; i++) _mm_prefetch((const char *)w[i] + at, _MM_HINT_T0);
+}
+
 /* Blocks [s0, s0 + nbs) of the PR rows at rows[] into p, asking for the
  * same blocks of the n_next rows from next (row_bytes apart; the next
  * tile's): they arrive while this tile's tokens are multiplied. */
@@ -479,22 +506,11 @@ Q32_INLINE __m512 row_step(Q32Kind k, __m512 acc, __m512i s, __m512i dv, float d
     return acc;
 }
 
-enum { Q32_AHEAD = 512 };
-
-/* The lines of a step's two blocks at p (68 bytes for Q8_0). */
-Q32_INLINE void prefetch_step(Q32Kind k, const uint8_t *p) {
-    _mm_prefetch((const char *)p, _MM_HINT_T0);
-    if (2 * k.blk_bytes > 64) _mm_prefetch((const char *)p + 2 * k.blk_bytes - 1, _MM_HINT_T0);
-}
-
 /* 16 rows w[] x T tokens (rows layout, tok_bytes apart from tok0):
  * res[t][r]. The rows' codes and scales are read once for all T tokens;
- * each token's sums go through the same steps as if it were alone.
- * Decode streams the weights from DRAM once, faster than the hardware
- * prefetcher follows 16 rows: each step asks for the bytes Q32_AHEAD on in
- * every row, past their end those of the next tile's rows (pf, pf_rows of
- * them, row_bytes apart; bench_matmul, 1 token: Q4_0 55.5 -> 60.8 tok/s,
- * Q8_0 40.5 -> 43.5, against the next tile at the same offset). */
+ * each token's sums go through the same steps as if it were alone. Each
+ * step asks for the weights ahead (prefetch_ahead; the next tile's rows
+ * from pf, pf_rows of them). */
 Q32_INLINE void rows512(Q32Kind k, int T, const uint8_t *const w[16], int64_t n_in, const uint8_t *tok0,
                         size_t tok_stride, const uint8_t *pf, int pf_rows, size_t row_bytes, float res[][16]) {
     const int64_t nb = n_in / QK;
@@ -517,11 +533,7 @@ Q32_INLINE void rows512(Q32Kind k, int T, const uint8_t *const w[16], int64_t n_
             const int8_t *xq = (const int8_t *)(tok0 + (size_t)t * tok_stride) + QK * b;
             xa[t] = two ? _mm512_loadu_si512(xq) : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)xq));
         }
-        const size_t ahead = at + Q32_AHEAD, len = (size_t)nb * k.blk_bytes;
-        if (ahead < len)
-            for (int r = 0; r < 16; r++) prefetch_step(k, w[r] + ahead);
-        else if (ahead - len < len)
-            for (int r = 0; r < pf_rows; r++) prefetch_step(k, pf + r * row_bytes + (ahead - len));
+        prefetch_ahead(16, w, at, 2 * (size_t)k.blk_bytes, (size_t)nb * k.blk_bytes, pf, pf_rows, row_bytes);
         __m512i q[TILE_MIN_TOK - 1][4];
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++) {
@@ -639,8 +651,11 @@ Q32_INLINE __m256i sum8x8(const __m256i v[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-/* 8 rows w[] x one token (rows layout at tok): res[r]. */
-Q32_INLINE void rows256(Q32Kind k, const uint8_t *const w[8], int64_t n_in, const uint8_t *tok, float res[8]) {
+/* 8 rows w[] x one token (rows layout at tok): res[r]. With fetch, each
+ * step asks for the weights ahead (prefetch_ahead; the next tile's rows
+ * from pf, pf_rows of them). */
+Q32_INLINE void rows256(Q32Kind k, const uint8_t *const w[8], int64_t n_in, const uint8_t *tok, bool fetch,
+                        const uint8_t *pf, int pf_rows, size_t row_bytes, float res[8]) {
     const int64_t nb = n_in / QK;
     const int8_t *xq = (const int8_t *)tok;
     const float *xd = (const float *)(tok + n_in), *xs = (const float *)(tok + n_in + 4 * nb);
@@ -650,6 +665,7 @@ Q32_INLINE void rows256(Q32Kind k, const uint8_t *const w[8], int64_t n_in, cons
         const size_t at = (size_t)b * k.blk_bytes;
         __m256i xa = _mm256_loadu_si256((const __m256i *)(xq + QK * b)), p[8];
         _Alignas(32) float dw[8], mw[8];
+        if (fetch) prefetch_ahead(8, w, at, k.blk_bytes, (size_t)nb * k.blk_bytes, pf, pf_rows, row_bytes);
         for (int r = 0; r < 8; r++) {
             p[r] = dot4(k, codes256(k, w[r] + at), xa);
             dw[r] = f16_fast(w[r] + at);
@@ -734,13 +750,11 @@ Q32_INLINE void rows_decode(MnType type, const uint8_t *w, size_t row_bytes, lon
         const uint8_t *rows[DEC_ROWS];
         for (int i = 0; i < DEC_ROWS; i++) rows[i] = w + (size_t)Q32_MIN(r + i, r1 - 1) * row_bytes;
         float res[TILE_MIN_TOK - 1][DEC_ROWS];
-#if defined(Q32_AVX512)
         const int pf_rows = (int)Q32_MIN(DEC_ROWS, r1 - Q32_MIN(r1, r + DEC_ROWS));
         const uint8_t *pf = pf_rows > 0 ? rows[0] + DEC_ROWS * row_bytes : NULL;
+        if (r == r0) prefetch_first(DEC_ROWS, rows, row_bytes);
+#if defined(Q32_AVX512)
         const size_t tb = tok_bytes(n_in);
-        if (r == r0) /* the first tile's first bytes, which no tile before asked for */
-            for (size_t at = 0; at < Q32_MIN((size_t)Q32_AHEAD, row_bytes); at += 64)
-                for (int i = 0; i < DEC_ROWS; i++) _mm_prefetch((const char *)rows[i] + at, _MM_HINT_T0);
 #define Q32_ROWS512(T) rows512(k, T, rows, n_in, acts, tb, pf, pf_rows, row_bytes, res)
         switch (n_tok) { /* a constant T, so rows512's loops unroll */
         case 1: Q32_ROWS512(1); break;
@@ -755,7 +769,8 @@ Q32_INLINE void rows_decode(MnType type, const uint8_t *w, size_t row_bytes, lon
 #undef Q32_ROWS512
         _Static_assert(TILE_MIN_TOK - 1 == 8, "rows_decode covers T = 1..8");
 #else
-        for (int t = 0; t < n_tok; t++) rows256(k, rows, n_in, acts + (size_t)t * tok_bytes(n_in), res[t]);
+        for (int t = 0; t < n_tok; t++) /* the first token's pass reads the rows for the others */
+            rows256(k, rows, n_in, acts + (size_t)t * tok_bytes(n_in), t == 0, pf, pf_rows, row_bytes, res[t]);
 #endif
         for (int t = 0; t < n_tok; t++)
             for (int i = 0; i < DEC_ROWS && r + i < r1; i++) out[(int64_t)t * n_out + r + i] = res[t][i];
