@@ -117,6 +117,29 @@ static inline bool type_is_k(MnType t) { return ttype_traits(t)->is_quantized; }
 enum { KB = MN_QK_K };
 static inline size_t kb_bytes(MnType t) { return KB / ttype_traits(t)->block_elems * ttype_traits(t)->block_bytes; }
 
+#if !defined(MM_SCALAR)
+/* Decode's prefetch distance in a row (bench_matmul, F16, 1 token,
+ * AVX-512: 22.6 -> 25.3 tok/s against the next tile at the same offset). */
+enum { MM_AHEAD = 1024 };
+
+/* Float weights that stream (decode: read once, from DRAM, faster than
+ * the hardware prefetcher follows a tile's short rows): at byte `at` of
+ * the R rows from w0 (len bytes each), ask for the bytes MM_AHEAD on in
+ * every row, past their end those of the next tile's R rows from pf0
+ * (when not NULL). Call once per 64 bytes. */
+MM_INLINE void stream_prefetch(int R, const uint8_t *w0, size_t row_bytes, size_t at, size_t len,
+                               const uint8_t *pf0) {
+    const size_t ahead = at + MM_AHEAD;
+    if (ahead < len) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) _mm_prefetch((const char *)w0 + r * row_bytes + ahead, _MM_HINT_T0);
+    } else if (pf0 != NULL && ahead - len < len) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) _mm_prefetch((const char *)pf0 + r * row_bytes + (ahead - len), _MM_HINT_T0);
+    }
+}
+#endif
+
 /* ========================================================================
  * AVX-512 path
  * ===================================================================== */
@@ -173,14 +196,9 @@ MM_INLINE __m512 ldw_mask(MnType type, const uint8_t *row, int64_t k, __mmask16 
     }
 }
 
-/* Decode's prefetch distance in a row (bench_matmul, F16, 1 token: 22.6
- * -> 25.3 tok/s against the next tile at the same offset). */
-enum { MM_AHEAD = 1024 };
-
 /* out[t][r] for R rows from w0 (row_bytes apart) and T tokens from x0
- * (n_in apart). When the weights stream (decode: they are read once, from
- * DRAM) each step asks for the bytes MM_AHEAD on in every row, past their
- * end those of the next tile's R rows from pf0 (when not NULL). */
+ * (n_in apart). When the weights stream, each step asks for them ahead
+ * (stream_prefetch; pf0 the next tile's first row, or NULL). */
 MM_INLINE void ftile(MnType type, int R, int T, const uint8_t *w0, size_t row_bytes, const float *x0,
                      int64_t n_in, float *out0, int64_t n_out, bool stream, const uint8_t *pf0) {
     const int esize = type == MN_TYPE_F32 ? 4 : 2;
@@ -191,16 +209,8 @@ MM_INLINE void ftile(MnType type, int R, int T, const uint8_t *w0, size_t row_by
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 16 <= n_in; k += 16) {
-        if (stream && (k * esize) % 64 == 0) {
-            const size_t ahead = (size_t)k * esize + MM_AHEAD, len = (size_t)n_in * esize;
-            if (ahead < len) {
-#pragma GCC unroll 8
-                for (int r = 0; r < R; r++) _mm_prefetch((const char *)w0 + r * row_bytes + ahead, _MM_HINT_T0);
-            } else if (pf0 != NULL && ahead - len < len) {
-#pragma GCC unroll 8
-                for (int r = 0; r < R; r++) _mm_prefetch((const char *)pf0 + r * row_bytes + (ahead - len), _MM_HINT_T0);
-            }
-        }
+        if (stream && (k * esize) % 64 == 0)
+            stream_prefetch(R, w0, row_bytes, (size_t)k * esize, (size_t)n_in * esize, pf0);
         __m512 xv[FT];
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
@@ -428,13 +438,17 @@ static void tail8(MnType type, const uint8_t *row, int64_t k, int64_t n, float d
     }
 }
 
+/* As the AVX-512 ftile, in 8 lanes. */
 MM_INLINE void ftile(MnType type, int R, int T, const uint8_t *w0, size_t row_bytes, const float *x0,
-                     int64_t n_in, float *out0, int64_t n_out) {
+                     int64_t n_in, float *out0, int64_t n_out, bool stream, const uint8_t *pf0) {
+    const int esize = type == MN_TYPE_F32 ? 4 : 2;
     __m256 acc[FR][FT];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 8 <= n_in; k += 8) {
+        if (stream && (k * esize) % 64 == 0)
+            stream_prefetch(R, w0, row_bytes, (size_t)k * esize, (size_t)n_in * esize, pf0);
         __m256 xv[FT];
         for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x0 + t * n_in + k);
         for (int r = 0; r < R; r++) {
@@ -485,32 +499,34 @@ MM_INLINE void ktile(MnType type, int R, int T, const uint8_t *w0, size_t row_by
         for (int t = 0; t < T; t++) out0[t * n_out + r] = hsum8(acc[r][t]);
 }
 
-/* One tile of any type: R rows x T tokens. */
+/* One tile of any type: R rows x T tokens (stream, pf0: ftile's). */
 MM_INLINE void tile(MnType type, int R, int T, const uint8_t *w0, size_t row_bytes, const float *x0,
-                    int64_t n_in, float *out0, int64_t n_out) {
+                    int64_t n_in, float *out0, int64_t n_out, bool stream, const uint8_t *pf0) {
     if (type_is_k(type)) ktile(type, R, T, w0, row_bytes, x0, n_in, out0, n_out);
-    else ftile(type, R, T, w0, row_bytes, x0, n_in, out0, n_out);
+    else ftile(type, R, T, w0, row_bytes, x0, n_in, out0, n_out, stream, pf0);
 }
 
 MM_INLINE void frows(MnType type, const MmJob *job, long r0, long r1) {
     const MatW *w = job->w;
     int64_t n_in = w->n_in, n_out = w->n_out;
     size_t row_bytes = job->row_bytes;
+    const bool is_stream = job->n_tok <= 2 * FT; /* weights mostly from DRAM */
     for (int t0 = 0; t0 < job->n_tok; t0 += FT) {
         int T = MM_MIN(FT, job->n_tok - t0);
         const float *x0 = job->x + (int64_t)t0 * n_in;
         long r = r0;
         for (; r + FR <= r1; r += FR) {
             const uint8_t *w0 = (const uint8_t *)w->data + (size_t)r * row_bytes;
+            const uint8_t *pf0 = is_stream && r + 2 * FR <= r1 ? w0 + FR * row_bytes : NULL;
             float *out0 = job->out + (int64_t)t0 * n_out + r;
-            if (T == FT) tile(type, FR, FT, w0, row_bytes, x0, n_in, out0, n_out);
-            else tile(type, FR, 1, w0, row_bytes, x0, n_in, out0, n_out);
+            if (T == FT) tile(type, FR, FT, w0, row_bytes, x0, n_in, out0, n_out, is_stream, pf0);
+            else tile(type, FR, 1, w0, row_bytes, x0, n_in, out0, n_out, is_stream, pf0);
         }
         for (; r < r1; r++) {
             const uint8_t *w0 = (const uint8_t *)w->data + (size_t)r * row_bytes;
             float *out0 = job->out + (int64_t)t0 * n_out + r;
-            if (T == FT) tile(type, 1, FT, w0, row_bytes, x0, n_in, out0, n_out);
-            else tile(type, 1, 1, w0, row_bytes, x0, n_in, out0, n_out);
+            if (T == FT) tile(type, 1, FT, w0, row_bytes, x0, n_in, out0, n_out, is_stream, NULL);
+            else tile(type, 1, 1, w0, row_bytes, x0, n_in, out0, n_out, is_stream, NULL);
         }
     }
 }
