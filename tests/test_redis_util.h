@@ -361,10 +361,19 @@ static inline int redis_cluster_move_slot(RedisClusterSrv *cl, int slot, int src
         freeReplyObject(keys);
         if (m == 0) break;
     }
-    if (finish)
-        for (int i = 0; i < REDIS_CLUSTER_NODES; i++)
-            if (cl->node[i].pid > 0)
-                redis_expect_ok(redis_srv_cmd(&cl->node[i], "CLUSTER SETSLOT %d NODE %s", slot, cl->id[dst]), "SETSLOT NODE");
+    /* SETSLOT NODE in the order CLUSTER SETSLOT's documentation gives:
+     * the target, then the source, then the others. Told in node order,
+     * the source could gossip the new owner to the target before the
+     * target was told, and on a loaded machine the target once dropped
+     * the slot's keys it had just imported (a KEYS there found none). */
+    if (finish) {
+        const int order[REDIS_CLUSTER_NODES] = {dst, src, 3 - src - dst};
+        _Static_assert(REDIS_CLUSTER_NODES == 3, "order lists every node");
+        for (int j = 0; j < REDIS_CLUSTER_NODES; j++)
+            if (cl->node[order[j]].pid > 0)
+                redis_expect_ok(redis_srv_cmd(&cl->node[order[j]], "CLUSTER SETSLOT %d NODE %s", slot, cl->id[dst]),
+                                "SETSLOT NODE");
+    }
     return n;
 }
 
