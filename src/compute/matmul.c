@@ -119,7 +119,8 @@ static inline size_t kb_bytes(MnType t) { return KB / ttype_traits(t)->block_ele
 
 #if !defined(MM_SCALAR)
 /* Decode's prefetch distance in a row (bench_matmul, F16, 1 token,
- * AVX-512: 22.6 -> 25.3 tok/s against the next tile at the same offset). */
+ * AVX-512: 22.2-22.8 -> 25.3-26.6 tok/s against the next tile at the same
+ * offset, alternated runs). */
 enum { MM_AHEAD = 1024 };
 
 /* Float weights that stream (decode: read once, from DRAM, faster than
