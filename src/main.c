@@ -410,11 +410,11 @@ static int cmd_serve(int argc, char **argv) {
     const char *gpu_layers = NULL, *flash_attn = NULL; /* llama.cpp's, ignored */
     uint64_t pool_mb = 0;
     float drain_timeout = 30.0f, cache_ttl = 0.0f, response_ttl = (float)RESP_TTL_DEFAULT_S;
-    bool no_prefix_cache = false;
+    bool no_prefix_cache = false, no_layer_split = false;
     CliStrList keys = {0}, cors = {0}, redis_urls = {0};
     EngineOptions eo;
     engine_options_default(&eo);
-    float step_ms = (float)eo.step_ms, decode_step_ratio = 0;
+    float step_ms = (float)eo.step_ms, decode_step_ratio = (float)eo.decode_step_ratio;
     ServerOptions so;
     server_options_default(&so);
     float idle_timeout = (float)so.limits.idle_timeout_s;
@@ -440,8 +440,11 @@ static int cmd_serve(int argc, char **argv) {
          "time target of one step: prefill chunks are sized to it from the steps measured (0: each step takes up "
          "to --batch-tokens; default 500)"},
         {"decode-step-ratio", 0, CLI_FLOAT, &decode_step_ratio, "R",
-         "hold a step beside answering conversations to R times their tokens' own pass (1-100; 0: off, the "
-         "default): a steadier inter-token gap, fewer prompt tokens a second"},
+         "hold a step beside answering conversations to R times their tokens' own pass (1-100, default 4; 0: "
+         "off, each step takes up to --step-ms): the inter-token gap beside a prompt stays within about R gaps"},
+        {"no-layer-split", 0, CLI_FLAG, &no_layer_split, NULL,
+         "run each prompt chunk's layers in one step (beside answering conversations a chunk is then only as long "
+         "as the step holds, and short chunks compute fewer tokens a second)"},
         {"block-tokens", 0, CLI_INT, &eo.block_tokens, "N", "tokens per KV block (default 32)"},
         {"ctx", 'c', CLI_INT, &eo.n_ctx, "N",
          "positions one sequence may use (default: the model's); not, as llama-server's -c, the KV of all"},
@@ -522,6 +525,7 @@ static int cmd_serve(int argc, char **argv) {
         goto out;
     eo.step_ms = step_ms;
     eo.decode_step_ratio = decode_step_ratio;
+    eo.layer_split = !no_layer_split;
     eo.schedule = (SchedPolicy)sched;
     eo.restore_plan = (RestorePlan)plan;
     eo.context_overflow = (ContextOverflow)overflow_mode;

@@ -13,7 +13,9 @@
  *  - stories260K greedy generation equals llama2.c's golden text;
  *  - a sequence's logits are identical alone or batched with another
  *    sequence, in one chunk or many or token by token, with contiguous or
- *    shuffled blocks, in the two-range form, and with 1 or 2 threads.
+ *    shuffled blocks, in the two-range form, with 1 or 2 threads, and with
+ *    a chunk's layers spread over passes (two such chunks taking turns,
+ *    beside tokens that run every layer).
  */
 #include "test_util.h"
 
@@ -357,7 +359,7 @@ static void bench_init(Bench *b, const char *model_name, MnType kv_type, int n_t
     MnErr err = {0};
     assert_int_equal(model_load(path, &b->m, &err), MN_OK);
     assert_int_equal(kvpool_init(&b->pool, b->m->cfg.n_layer, b->m->cfg.kv_dim, block_tokens, 64, kv_type), MN_OK);
-    FwdOptions fo = {128, 128, 512, n_threads};
+    FwdOptions fo = {128, 128, 512, n_threads, 2};
     if (fwd_new(b->m, &b->pool, &fo, &b->fwd, &err)) fail_msg("%s", err.msg);
     b->n_vocab = b->m->cfg.n_vocab;
 }
@@ -374,8 +376,10 @@ typedef struct Item {
     bool want;
 } Item;
 
-/* Run items as one batch; copy wanted logits, in item order, to out. */
-static void run_items(Bench *b, const Item *items, int n, const AttnSeq *seqs, int n_seqs, float *out) {
+/* Run items as one batch, its last split->n_split of them a split chunk
+ * (split NULL: none); copy wanted logits, in item order, to out. */
+static void run_items_split(Bench *b, const Item *items, int n, const AttnSeq *seqs, int n_seqs, const FwdBatch *split,
+                            float *out) {
     int32_t tok[128], seq[128], pos[128], li[128];
     int n_l = 0;
     for (int i = 0; i < n; i++) {
@@ -386,10 +390,20 @@ static void run_items(Bench *b, const Item *items, int n, const AttnSeq *seqs, i
     }
     FwdBatch fb = {.n_tok = n, .tokens = tok, .seq = seq, .pos = pos, .seqs = seqs, .n_seqs = n_seqs, .logit_idx = li,
                    .n_logits = n_l};
+    if (split != NULL) {
+        fb.n_split = split->n_split;
+        fb.split_first = split->split_first;
+        fb.split_end = split->split_end;
+        fb.split_slot = split->split_slot;
+    }
     const float *logits;
     MnErr err = {0};
     if (fwd_run(b->fwd, &fb, &logits, &err)) fail_msg("%s", err.msg);
     memcpy(out, logits, sizeof(float) * (size_t)n_l * b->n_vocab);
+}
+
+static void run_items(Bench *b, const Item *items, int n, const AttnSeq *seqs, int n_seqs, float *out) {
+    run_items_split(b, items, n, seqs, n_seqs, NULL, out);
 }
 
 static void make_tokens(int32_t *t, int n, int n_vocab, uint64_t seed) {
@@ -411,6 +425,49 @@ static float *seq_logits_chunked(Bench *b, const int32_t *tokens, int n, const i
         run_items(b, items, c, &s, 1, out + (size_t)done * b->n_vocab);
     }
     return out;
+}
+
+/* Chunks whose layers run over several passes (FwdBatch.n_split): tokens
+ * (base: their logits from b1) computes [0, 16) whole, then [16, 45) as a
+ * split chunk in carry slot 0, one layer a pass; a third sequence's
+ * [0, 24) is another in slot 1, the two taking turns; every pass also
+ * holds one token of a second sequence that runs every layer, its logits
+ * asked each time. All of it bit for bit as computed whole. */
+static void check_split_chunks(Bench *b1, Bench *b2, const int32_t *tokens, const float *base) {
+    const int L = b1->m->cfg.n_layer, nv = b1->n_vocab, bt = 8;
+    const size_t row = sizeof(float) * (size_t)nv;
+    int32_t other[64], third[64];
+    make_tokens(other, 2 * L + 1, nv, 2);
+    make_tokens(third, 24, nv, 3);
+    int32_t t_other[8] = {20, 21, 22, 23, 24, 25}, t_third[3] = {40, 41, 42};
+    float *base_other = seq_logits_chunked(b1, other, 2 * L, t_other, (2 * L + bt - 1) / bt, 128);
+    float *base_third = seq_logits_chunked(b1, third, 24, t_third, 3, 128);
+
+    int32_t t1[6] = {13, 14, 15, 16, 18, 19}, t2[6] = {26, 27, 28, 29, 31, 32}, t3[3] = {44, 45, 46};
+    AttnSeq seqs[3] = {{t1, 6}, {t2, 6}, {t3, 3}};
+    Item items[128];
+    float *out = malloc(row * 64);
+    for (int i = 0; i < 16; i++) items[i] = (Item){tokens[i], 0, i, false};
+    run_items(b2, items, 16, seqs, 3, out);
+    for (int p = 0; p < 2 * L; p++) {
+        int chunk = p % 2, layer = p / 2; /* even passes: slot 0's chunk; odd: slot 1's */
+        items[0] = (Item){other[p], 1, p, true};
+        int k = 1;
+        bool is_last = layer == L - 1;
+        if (chunk == 0)
+            for (int i = 16; i < 45; i++) items[k++] = (Item){tokens[i], 0, i, is_last};
+        else
+            for (int i = 0; i < 24; i++) items[k++] = (Item){third[i], 2, i, is_last};
+        FwdBatch split = {.n_split = k - 1, .split_first = layer, .split_end = layer + 1, .split_slot = chunk};
+        run_items_split(b2, items, k, seqs, 3, &split, out);
+        assert_memory_equal(out, base_other + (size_t)p * nv, row);
+        if (!is_last) continue;
+        if (chunk == 0) assert_memory_equal(out + nv, base + (size_t)16 * nv, row * 29);
+        else assert_memory_equal(out + nv, base_third, row * 24);
+    }
+    free(out);
+    free(base_other);
+    free(base_third);
 }
 
 static void check_invariance(const char *model_name, MnType kv_type) {
@@ -466,6 +523,8 @@ static void check_invariance(const char *model_name, MnType kv_type) {
     for (int i = 32; i < n; i++)
         assert_memory_equal(two + (size_t)(16 + i - 32) * b1.n_vocab, base + (size_t)i * b1.n_vocab, row);
 
+    check_split_chunks(&b1, &b2, tokens, base);
+
     free(two);
     free(mixed);
     free(single);
@@ -500,7 +559,7 @@ static void check_projection_file(const char *path, MnType kv_type, MmPack pack)
                                                   : (size_t)c->n_embd * sizeof(float);
     assert_int_equal(row, want_row);
     assert_int_equal(kvpool_init_hidden(&b.pool, row), MN_OK);
-    FwdOptions fo = {128, 128, 512, 2};
+    FwdOptions fo = {128, 128, 512, 2, 0};
     if (fwd_new(b.m, &b.pool, &fo, &b.fwd, &err)) fail_msg("%s", err.msg);
     b.n_vocab = c->n_vocab;
     int32_t tokens[64], table[4] = {9, 2, 31, 17};
@@ -749,6 +808,30 @@ static void test_bad_batches(void **s) {
     assert_int_equal(fwd_run(b.fwd, &fb, &logits, &err), MN_EINVAL);
     table[1] = 1;
     assert_int_equal(fwd_run(b.fwd, &fb, &logits, &err), MN_OK);
+    /* split chunks: one that goes on where nothing was carried, in a slot
+     * that does not exist, or asks for logits before its last layer */
+    const int L = b.m->cfg.n_layer;
+    fb.n_split = 1;
+    fb.split_first = 1;
+    fb.split_end = 2;
+    assert_int_equal(fwd_run(b.fwd, &fb, &logits, &err), MN_EINVAL);
+    assert_non_null(strstr(err.msg, "carries 0 rows"));
+    fb.split_first = 0;
+    fb.split_slot = 2;
+    assert_int_equal(fwd_run(b.fwd, &fb, &logits, &err), MN_EINVAL);
+    fb.split_slot = 1;
+    assert_int_equal(fwd_run(b.fwd, &fb, &logits, &err), MN_EINVAL); /* logit row 1 is the chunk's */
+    assert_non_null(strstr(err.msg, "before its last layer"));
+    fb.n_logits = 0;
+    assert_int_equal(fwd_run(b.fwd, &fb, &logits, &err), MN_OK);
+    fb.split_first = 2; /* on from the layer the last pass ended at */
+    fb.split_end = L;
+    fb.n_split = 2; /* one row was carried, not two */
+    assert_int_equal(fwd_run(b.fwd, &fb, &logits, &err), MN_EINVAL);
+    fb.n_split = 1;
+    fb.n_logits = 1;
+    assert_int_equal(fwd_run(b.fwd, &fb, &logits, &err), MN_OK);
+    assert_int_equal(fwd_run(b.fwd, &fb, &logits, &err), MN_EINVAL); /* the chunk ended: nothing carried */
     bench_free(&b);
 }
 

@@ -1,5 +1,6 @@
 /* test_pacer.c — the step-time model (engine/pacer.h): it recovers a
- * linear cost exactly, keeps its coefficients non-negative, sizes chunks
+ * linear cost exactly (passes with a chunk's share of the layers too),
+ * keeps its coefficients non-negative, sizes chunks
  * as a brute-force search over the true cost would, starts with the probe,
  * and follows a machine that slows down within a few passes. Times are
  * made up: nothing here runs a model or reads a clock. */
@@ -36,25 +37,29 @@ static void assert_near(double got, double want, double rel) {
     if (!(fabs(got - want) <= rel * fabs(want))) fail_msg("%.9g, want %.9g (within %g)", got, want, rel);
 }
 
-/* Passes of an exactly linear cost: the fit is that cost. */
+/* Passes of an exactly linear cost: the fit is that cost. Every pass
+ * holds a chunk, so s (coef[4]) takes the per-pass cost and a stays
+ * unmeasured (0); a decode-only pass is predicted with s in its place. */
 static void test_recovers_linear_cost(void **s) {
     Cost k = COST;
     Pacer p;
     pacer_init(&p, 0.25, 32);
     observe_n(&p, k, 0, 30);
-    assert_near(p.coef[0], k.a, 1e-6);
+    assert_true(p.coef[0] == 0);
     assert_near(p.coef[1], k.b, 1e-5);
     assert_near(p.coef[2], k.bp, 1e-6);
     assert_near(p.coef[3], k.c, 1e-5);
-    assert_true(p.coef[4] == 0); /* every pass holds a chunk: a, not s, takes the per-pass cost */
+    assert_near(p.coef[4], k.a, 1e-6);
     for (int i = 100; i < 110; i++) assert_near(pacer_predict(&p, varied_shape(i)), cost_of(k, varied_shape(i)), 1e-6);
+    PacerShape d = pacer_add(pacer_decode(400), pacer_decode(900));
+    assert_near(pacer_predict(&p, d), cost_of(k, d), 1e-5);
 }
 
 /* Passes where a chunk costs a step more than its tokens (the int8
- * kernels' first tile), every third one decode-only: the fit keeps that
- * step in s (coef[4]), so a decode-only pass is predicted at its own
- * cost, not at a share of the chunks' step; with prompt chunks only, s
- * stays 0 and a whole (test_recovers_linear_cost). */
+ * kernels' first tile), every third one decode-only: the fit keeps the
+ * decode-only passes' per-pass cost in a (coef[0]) and the chunks' in s
+ * (coef[4]), a plus the step, so a decode-only pass is predicted at its
+ * own cost, not at a share of the chunks' step. */
 static void test_prompt_pass_step(void **s) {
     const Cost k = COST;
     const double step = 0.05;
@@ -65,7 +70,8 @@ static void test_prompt_pass_step(void **s) {
         if (i % 3 == 0) sh = pacer_add(pacer_decode(400 + i), pacer_decode(900 + i));
         pacer_observe(&p, sh, cost_of(k, sh) + (sh.n_prefill > 0 ? step : 0));
     }
-    assert_near(p.coef[4], step, 1e-4);
+    assert_near(p.coef[0], k.a, 1e-4);
+    assert_near(p.coef[4], k.a + step, 1e-4);
     for (int n_dec = 1; n_dec <= 6; n_dec++) {
         PacerShape d = {0};
         for (int j = 0; j < n_dec; j++) d = pacer_add(d, pacer_decode(500 + 100 * j));
@@ -73,6 +79,40 @@ static void test_prompt_pass_step(void **s) {
         PacerShape c = pacer_add(d, pacer_range(700, 40));
         assert_near(pacer_predict(&p, c), cost_of(k, c) + step, 1e-3);
     }
+}
+
+/* Passes of decodes alone, of whole chunks, and of a chunk's share of the
+ * layers (pacer_part) beside decodes, where a chunk's pass has a smaller
+ * per-pass cost than a decode-only one (its layers read the weights under
+ * their arithmetic): a pass running share f of a chunk's layers costs
+ * (1 - f) times the decodes' per-pass cost, f times the chunk's, and f of
+ * the chunk's tokens and keys. The fit recovers it, and
+ * pacer_fit_layers gives the most layers whose pass that cost keeps
+ * within a limit (one at least). */
+static void test_split_share(void **s) {
+    const Cost k = COST;
+    const double chunk_step = 0.008, L = 22; /* the chunk's per-pass cost, under the decodes' k.a */
+    Pacer p;
+    pacer_init(&p, 0.25, 32);
+    for (int i = 0; i < 90; i++) {
+        PacerShape d = pacer_decode(500 + i);
+        for (int j = 0; j < i % 4; j++) d = pacer_add(d, pacer_decode(800 + 3 * i + 100 * j));
+        PacerShape sh = i % 3 == 0 ? d : pacer_add(d, pacer_part(pacer_range(100 + 7 * i, 40 + i % 90), i % 3 == 1 ? 1 : (1 + i % 21) / L));
+        double f = sh.chunk;
+        pacer_observe(&p, sh, (1 - f) * k.a + f * chunk_step + k.b * sh.n_decode + k.bp * sh.n_prefill + k.c * sh.n_keys);
+    }
+    assert_near(p.coef[0], k.a, 1e-4);
+    assert_near(p.coef[4], chunk_step, 1e-3);
+    PacerShape d = pacer_add(pacer_decode(700), pacer_decode(1100)), chunk = pacer_range(600, 128);
+    for (int layers = 1; layers <= 22; layers++) {
+        PacerShape sh = pacer_add(d, pacer_part(chunk, layers / L));
+        double f = layers / L, want = (1 - f) * k.a + f * chunk_step + k.b * 2 + k.bp * sh.n_prefill + k.c * sh.n_keys;
+        assert_near(pacer_predict(&p, sh), want, 1e-4);
+    }
+    double limit = pacer_predict(&p, pacer_add(d, pacer_part(chunk, 5 / L))) * 1.0001;
+    assert_int_equal(pacer_fit_layers(&p, d, chunk, 22, 22, limit), 5);
+    assert_int_equal(pacer_fit_layers(&p, d, chunk, 22, 3, limit), 3);
+    assert_int_equal(pacer_fit_layers(&p, d, chunk, 22, 22, 0), 1);
 }
 
 /* Data whose least-squares fit would make deeper chunks cheaper: the
@@ -235,6 +275,7 @@ int main(void) {
         cmocka_unit_test(test_recovers_linear_cost),
         cmocka_unit_test(test_coefficients_non_negative),
         cmocka_unit_test(test_prompt_pass_step),
+        cmocka_unit_test(test_split_share),
         cmocka_unit_test(test_fit_chunk),
         cmocka_unit_test(test_first_chunk_share),
         cmocka_unit_test(test_young_fit_is_cautious),

@@ -102,7 +102,7 @@ static void expect_move_exact(const char *rel, MnType kv_type) {
     Forward *f;
     KvShifter *sh;
     MnErr err = {0};
-    FwdOptions fo = {64, 1, KBLOCKS * KBT, 1};
+    FwdOptions fo = {64, 1, KBLOCKS * KBT, 1, 0};
     if (fwd_new(m, &pool, &fo, &f, &err) != MN_OK) fail_msg("fwd_new: %s", err.msg);
     assert_int_equal(kvshift_new(m, KBLOCKS * KBT, &pool, &sh), MN_OK);
     int32_t a[KBLOCKS], b[KBLOCKS], c[KBLOCKS], d[KBLOCKS];

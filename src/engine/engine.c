@@ -151,6 +151,38 @@ typedef struct ShiftMove {
     int n_wait;
 } ShiftMove;
 
+/* The decodes' own time, which decode_step_ratio multiplies, is the
+ * median of the latest ENGINE_DECODE_SAMPLES decode-only passes; before
+ * ENGINE_DECODE_MIN_SAMPLES were measured, or after
+ * ENGINE_DECODE_STALE_STEPS steps with decodes and none of decodes alone
+ * (prompts pending all along), a step leaves the prompts out to measure
+ * one. */
+#define ENGINE_DECODE_SAMPLES 15
+#define ENGINE_DECODE_MIN_SAMPLES 3
+#define ENGINE_DECODE_STALE_STEPS 32
+
+/* Prompt chunks whose layers are under way at once: a step runs one of
+ * them, and one may wait while a request with fewer tokens left runs its
+ * own (one carry slot of the Forward each). */
+#define ENGINE_SPLITS 2
+
+/* A prompt chunk whose layers run over several steps (docs/DESIGN.md, "A
+ * long chunk's layers spread over steps"): whose, where, and how far. Its
+ * request is named by arrival and n_starts, not by pointer: one that left
+ * the running set since (finished, cancelled, suspended, requeued) does
+ * not match, and the chunk is dropped (its KV written so far is never
+ * registered; it is computed again). */
+typedef struct Split {
+    bool is_on;
+    uint64_t arrival;        /* its request's Active.arrival ... */
+    unsigned n_starts;       /* ... and Active.n_starts when it began */
+    bool is_lead;            /* of the leading range being recomputed (else of the tail) */
+    int32_t pos;             /* its first position */
+    int n;                   /* its tokens */
+    int layer;               /* layers done in earlier steps */
+    int n_layers;            /* layers this step runs (batch_make) */
+} Split;
+
 /* A request being served: owned by the engine thread. */
 typedef struct Active {
     Request *req;
@@ -177,6 +209,7 @@ typedef struct Active {
     int n_cached;            /* prompt tokens found cached at first admission */
     int n_cached_partial;    /* ... of them copied from a block that matched in part */
     bool is_admitted_once;
+    unsigned n_starts;       /* times it entered the running set (start_running) */
     bool has_run;            /* it was in a pass since its last admission */
     int n_preempted;         /* times its prefill gave its slot to a shorter request */
     int preempt_left;        /* pending_tokens when it was last preempted (0: not since its
@@ -245,6 +278,12 @@ struct Engine {
     int *b_order;            /* (parallel) running sequences with a prefill pending, in the
                                 order the step serves them */
     Pacer pacer;             /* the step-time model: measures each pass, sizes prefill chunks */
+    double decode_only_s[ENGINE_DECODE_SAMPLES]; /* the latest decode-only passes' seconds (a ring) */
+    int n_decode_only;       /* ... how many it holds */
+    int decode_only_at;      /* ... where the next goes */
+    int steps_since_decode_only; /* passes with decode tokens since the last decode-only one */
+    Split splits[ENGINE_SPLITS]; /* prompt chunks whose layers run over several steps (slot i:
+                                    the Forward's carry slot i) */
     char *piece;             /* (piece_cap) */
     size_t piece_cap;
     float *lp_row;           /* (n_vocab) the row the sampler may change while the raw
@@ -486,6 +525,8 @@ void engine_options_default(EngineOptions *o) {
     o->block_tokens = 32;
     o->batch_tokens = 512;
     o->step_ms = 500;
+    o->decode_step_ratio = ENGINE_DECODE_STEP_RATIO;
+    o->layer_split = true;
     o->parallel = 8;
     o->max_queue = 64;
     o->decode_reserve = 0.1f;
@@ -1353,6 +1394,7 @@ static void start_running(Engine *e, Active *a) {
     tiers_seq_admitted(e->tiers, a->tier);
     waiting_remove(e, a);
     a->has_run = false;
+    a->n_starts++;
     a->n_unserved = 0;
     count_preempt_recompute(e, a);
     e->running[e->n_running++] = a;
@@ -1752,20 +1794,27 @@ static void finish_moves(Engine *e) {
 /* The batch being made for one step: its tokens are in e->b_tok etc. */
 typedef struct Batch {
     int n, n_logits;   /* tokens and logit rows so far */
+    Split *split;      /* the split chunk whose layers this step runs (in e->splits), or NULL ... */
+    int split_i;       /* ... and its running sequence */
     PacerShape shape;  /* what its pass costs by: decode and prompt tokens, keys */
     bool has_decoder;  /* some running sequence decodes (in the batch, or held back) */
     double target_s;   /* the time its prompt chunks fill the pass to (step_target) */
 } Batch;
 
-/* EngineTestHooks.step_fn, once the step's batch b is made: what it
- * holds, and which requests have a prompt chunk in it (a sequence's tokens
- * are contiguous in the batch; a decode is its one pending token). */
-static void test_step(const Engine *e, const Batch *b) {
+/* EngineTestHooks.step_fn, once the step's batch b is made (its split
+ * chunk in fb): what it holds, and which requests have a prompt chunk in
+ * it (a sequence's tokens are contiguous in the batch; a decode is its
+ * one pending token). */
+static void test_step(const Engine *e, const Batch *b, const FwdBatch *fb) {
     const EngineTestHooks *hk = e->opt.test_hooks;
     if (hk == NULL || hk->step_fn == NULL) return;
     EngineStepInfo info = {.n_running = e->n_running,
                            .n_decode = b->shape.n_decode,
-                           .n_prefill = b->shape.n_prefill,
+                           .n_prefill = b->n - b->shape.n_decode - fb->n_split,
+                           .n_split = fb->n_split,
+                           .split_first = fb->split_first,
+                           .split_layers = fb->split_end - fb->split_first,
+                           .n_layer = e->m->cfg.n_layer,
                            .n_keys = b->shape.n_keys,
                            .predicted_s = pacer_predict(&e->pacer, b->shape)};
     for (int i = 0; i < e->n_running; i++) info.n_held_back += e->b_held[i];
@@ -1783,14 +1832,19 @@ static void test_step(const Engine *e, const Batch *b) {
 }
 
 /* Append running sequence i's tokens at positions [pos, pos + n) (tokens
- * sit at their positions in a->tokens): a decode's one, or a prompt chunk. */
-static void batch_put(Engine *e, Batch *b, int i, int32_t pos, int n, bool is_decode) {
+ * sit at their positions in a->tokens). */
+static void batch_put_tokens(Engine *e, Batch *b, int i, int32_t pos, int n) {
     const Active *a = e->running[i];
     for (int k = 0; k < n; k++, b->n++) {
         e->b_tok[b->n] = a->tokens[pos + k];
         e->b_seq[b->n] = i;
         e->b_pos[b->n] = pos + k;
     }
+}
+
+/* ... and what they cost: a decode's one token, or a prompt chunk. */
+static void batch_put(Engine *e, Batch *b, int i, int32_t pos, int n, bool is_decode) {
+    batch_put_tokens(e, b, i, pos, n);
     if (n > 0) b->shape = pacer_add(b->shape, is_decode ? pacer_decode(pos) : pacer_range(pos, n));
 }
 
@@ -1826,6 +1880,47 @@ static int chunk_len(const Engine *e, const Batch *b, int32_t pos, int max_n, bo
     return chunk_to_lanes(e, b, pos, n, max_n, b->target_s > share_s ? b->target_s : share_s, is_first);
 }
 
+/* Seconds a step's decodes alone (of shape s) take: the median of the
+ * latest decode-only passes — not the step-time model's figure, which
+ * passes with prompt chunks bend (up to twice a decode-only pass here),
+ * nor their mean, which the few passes slowed by other work on the cores
+ * (a tenth of them, at three to five times the rest) would pull up — or
+ * the model's before one was measured. */
+static double decodes_time(const Engine *e, PacerShape s) {
+    if (e->n_decode_only == 0) return pacer_predict(&e->pacer, s);
+    double v[ENGINE_DECODE_SAMPLES];
+    int n = e->n_decode_only;
+    memcpy(v, e->decode_only_s, (size_t)n * sizeof *v);
+    for (int i = 1; i < n; i++) /* insertion sort: a handful */
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* A pass of a step with decodes took compute_s: a decode-only one joins
+ * the samples decodes_time takes the median of. */
+static void note_decode_pass(Engine *e, PacerShape s, double compute_s) {
+    if (s.n_decode == 0) return;
+    if (s.n_prefill > 0) {
+        e->steps_since_decode_only++;
+        return;
+    }
+    e->decode_only_s[e->decode_only_at] = compute_s;
+    e->decode_only_at = (e->decode_only_at + 1) % ENGINE_DECODE_SAMPLES;
+    if (e->n_decode_only < ENGINE_DECODE_SAMPLES) e->n_decode_only++;
+    e->steps_since_decode_only = 0;
+}
+
+/* Whether a step with decodes and prompts pending leaves the prompts out
+ * to measure the decodes alone (ENGINE_DECODE_STALE_STEPS). */
+static bool is_decode_probe(const Engine *e, const Batch *b) {
+    return e->opt.decode_step_ratio > 0 && e->opt.step_ms > 0 && b->shape.n_decode > 0 &&
+           (e->n_decode_only < ENGINE_DECODE_MIN_SAMPLES || e->steps_since_decode_only >= ENGINE_DECODE_STALE_STEPS);
+}
+
 /* The time batch b's prompt chunks fill its pass to, once its decodes are
  * in: ENGINE_PREFILL_ONLY_STEPS targets when nothing decodes; beside
  * decodes the target, or with opt.decode_step_ratio that many times the
@@ -1837,7 +1932,7 @@ static int chunk_len(const Engine *e, const Batch *b, int32_t pos, int max_n, bo
  * compute fewer tokens a second. */
 static double step_target(const Engine *e, const Batch *b) {
     if (!b->has_decoder) return e->pacer.target_s * ENGINE_PREFILL_ONLY_STEPS;
-    double decodes_s = b->shape.n_decode > 0 ? pacer_predict(&e->pacer, b->shape) : 0;
+    double decodes_s = b->shape.n_decode > 0 ? decodes_time(e, b->shape) : 0;
     double cap_s = e->opt.decode_step_ratio * decodes_s;
     return cap_s > 0 && cap_s < e->pacer.target_s ? cap_s : e->pacer.target_s;
 }
@@ -1857,6 +1952,107 @@ static int grow_chunk(Engine *e, const Batch *b, int i, int n) {
     return covered < n ? (covered > 0 ? covered : 0) : n;
 }
 
+/* ---- a chunk's layers over several steps ---------------------------------------- */
+
+/* Drop the split chunks whose request left the running set since they
+ * began (finished, cancelled, suspended, requeued: it computes the chunk
+ * again) or failed a restore during the last pass. */
+static void split_drop_stale(Engine *e) {
+    for (int s = 0; s < ENGINE_SPLITS; s++) {
+        Split *sp = &e->splits[s];
+        bool is_live = false;
+        for (int i = 0; sp->is_on && i < e->n_running && !is_live; i++) {
+            const Active *a = e->running[i];
+            is_live = a->arrival == sp->arrival && a->n_starts == sp->n_starts && !a->is_restore_failed;
+        }
+        sp->is_on = is_live;
+    }
+}
+
+/* The split chunk of running sequence i under way, or NULL. */
+static Split *split_of(Engine *e, int i) {
+    const Active *a = e->running[i];
+    for (int s = 0; s < ENGINE_SPLITS; s++)
+        if (e->splits[s].is_on && e->splits[s].arrival == a->arrival) return &e->splits[s];
+    return NULL;
+}
+
+/* Let split chunk sp of running sequence i into the step, if it has none
+ * yet and room for its tokens: as many of its remaining layers as the
+ * pacer predicts within the step's target — as the step's first chunk
+ * (is_first) at least one, and as many as make it as long as the rest of
+ * the step, as a first chunk gets. Returns its tokens (0: it waits). */
+static int split_fit(Engine *e, Batch *b, int i, Split *sp, bool is_first, int room) {
+    const int L = e->m->cfg.n_layer;
+    if (b->split != NULL || sp->n > room) return 0;
+    double share_s = is_first ? 2 * decodes_time(e, b->shape) : 0;
+    double limit_s = b->target_s > share_s ? b->target_s : share_s;
+    PacerShape whole = pacer_range(sp->pos, sp->n);
+    sp->n_layers = pacer_fit_layers(&e->pacer, b->shape, whole, L, L - sp->layer, limit_s);
+    if (!is_first && pacer_predict(&e->pacer, pacer_add(b->shape, pacer_part(whole, (double)sp->n_layers / L))) > limit_s)
+        return 0;
+    b->shape = pacer_add(b->shape, pacer_part(whole, (double)sp->n_layers / L));
+    b->split = sp;
+    b->split_i = i;
+    return sp->n;
+}
+
+/* Whether running prompt i, the step's first chunk, begins a split chunk
+ * at pos (max_n tokens of it may join; n_whole would fit the step
+ * whole): when the step has decodes to keep pace with, a carry slot is
+ * free, and the chunk that a step of the target would hold without them
+ * (moved down to a tile boundary) is more than twice n_whole — a chunk
+ * about as long computes about as many tokens a second, and runs whole.
+ * A tail chunk takes its blocks (grow_chunk). */
+static bool split_begin(Engine *e, Batch *b, int i, bool is_lead, int32_t pos, int max_n, int n_whole) {
+    Active *a = e->running[i];
+    Split *sp = NULL;
+    for (int s = 0; s < ENGINE_SPLITS && sp == NULL; s++)
+        if (!e->splits[s].is_on) sp = &e->splits[s];
+    if (sp == NULL || !e->opt.layer_split || e->opt.step_ms <= 0 || e->pacer.n_obs == 0 || !b->has_decoder ||
+        b->split != NULL || a->mv.is_pending || n_whole >= max_n)
+        return false;
+    int n = pacer_fit_target(&e->pacer, (PacerShape){0}, pos, max_n, true, e->pacer.target_s);
+    int lanes = fwd_token_lanes(e->m, n);
+    if (n < max_n && n > lanes) n -= n % lanes;
+    if (n <= 2 * n_whole) return false; /* the chunk that fits is about as efficient */
+    if (!is_lead && (n = grow_chunk(e, b, i, n)) <= 2 * n_whole) return false;
+    *sp = (Split){.is_on = true, .arrival = a->arrival, .n_starts = a->n_starts, .is_lead = is_lead, .pos = pos, .n = n};
+    split_fit(e, b, i, sp, true, max_n);
+    return true;
+}
+
+/* Put the step's split chunk's tokens at the batch's tail (forward.h,
+ * n_split) and, in its last layers' step, its logit row when it ends the
+ * prompt. */
+static void split_put(Engine *e, Batch *b, FwdBatch *fb) {
+    const Split *sp = b->split;
+    int i = b->split_i;
+    Active *a = e->running[i];
+    batch_put_tokens(e, b, i, sp->pos, sp->n);
+    fb->n_split = sp->n;
+    fb->split_first = sp->layer;
+    fb->split_end = sp->layer + sp->n_layers;
+    fb->split_slot = (int)(sp - e->splits);
+    e->b_wait[e->n_wait++] = e->b_plan[i]; /* its layers wait for its restores as a whole chunk's do */
+    if (fb->split_end == e->m->cfg.n_layer && !sp->is_lead && sp->pos + sp->n == a->n_tokens && !a->is_completed) {
+        e->b_logit[b->n_logits] = b->n - 1;
+        e->b_owner[b->n_logits++] = a;
+    }
+}
+
+/* After the pass: the step's split chunk has its layers done; when that
+ * is all of them, its tokens count as computed (*n_advance: the batch's
+ * tokens that do). */
+static void split_done(Engine *e, const Batch *b, int *n_advance) {
+    Split *sp = b->split;
+    if (sp == NULL) return;
+    e->running[b->split_i]->has_run = true;
+    sp->layer += sp->n_layers;
+    if (sp->layer < e->m->cfg.n_layer) *n_advance -= sp->n;
+    else sp->is_on = false;
+}
+
 /* Add running sequence i's pending tokens to the batch, within room tokens:
  * all of a decode's; of a prefill, what chunk_len lets in. The two-range
  * form: the leading range first, and the tail only in a batch that
@@ -1869,12 +2065,15 @@ static int batch_add(Engine *e, Batch *b, int i, int room) {
     bool is_decode = pending == 1, is_first = !is_decode && b->shape.n_prefill == 0;
     int max_lead = lead < room ? lead : room;
     int take_lead = is_decode ? max_lead : chunk_len(e, b, a->lead_done, max_lead, is_first);
+    if (lead > 0 && is_first && split_begin(e, b, i, true, a->lead_done, max_lead, take_lead)) return b->split->n;
     batch_put(e, b, i, a->lead_done, take_lead, is_decode);
     room -= take_lead;
     int take = 0;
     if (take_lead == lead) {
         int max_tail = tail < room ? tail : room;
-        take = is_decode ? max_tail : chunk_len(e, b, a->n_done, max_tail, is_first && take_lead == 0);
+        bool is_first_tail = is_first && take_lead == 0;
+        take = is_decode ? max_tail : chunk_len(e, b, a->n_done, max_tail, is_first_tail);
+        if (is_first_tail && split_begin(e, b, i, false, a->n_done, max_tail, take)) return b->split->n;
         if (!is_decode) take = grow_chunk(e, b, i, take);
         batch_put(e, b, i, a->n_done, take, is_decode);
     }
@@ -1904,10 +2103,17 @@ static bool is_served_before(const Active *a, const Active *o) {
 /* The step's batch: decodes first (each running sequence's one pending
  * token), then prefills in is_served_before's order, each prompt's count
  * of steps without a chunk updated (a prompt held back for its restores
- * waits for them, not for the budget: its count stays). */
-static void batch_make(Engine *e, Batch *b) {
+ * waits for them, not for the budget, and a step in which no chunk ends —
+ * one that runs only middle layers of a split chunk — is not counted
+ * against the others: their count stays). A prompt with a
+ * split chunk under way runs layers of it, if no other split chunk runs
+ * in the step; the step's first prompt chunk may begin one. The split
+ * chunk's tokens go last (forward.h), into fb. A step that measures the
+ * decodes alone (is_decode_probe) holds no prompt. */
+static void batch_make(Engine *e, Batch *b, FwdBatch *fb) {
     memset(b, 0, sizeof *b);
     e->n_wait = e->n_moves = 0;
+    split_drop_stale(e);
     int n_order = 0;
     for (int i = 0; i < e->n_running; i++) {
         const Active *a = e->running[i];
@@ -1926,11 +2132,20 @@ static void batch_make(Engine *e, Batch *b) {
         e->b_order[k] = i;
     }
     b->target_s = step_target(e, b);
+    if (is_decode_probe(e, b)) n_order = 0; /* the prompts wait a (short) step: their counts stay */
     for (int k = 0; k < n_order; k++) {
-        Active *a = e->running[e->b_order[k]];
-        int n = b->n < e->opt.batch_tokens ? batch_add(e, b, e->b_order[k], e->opt.batch_tokens - b->n) : 0;
+        int i = e->b_order[k];
+        Active *a = e->running[i];
+        Split *sp = split_of(e, i);
+        int room = e->opt.batch_tokens - b->n - (b->split != NULL ? b->split->n : 0), n = 0;
+        if (sp != NULL) n = split_fit(e, b, i, sp, b->shape.n_prefill == 0, room);
+        else if (room > 0) n = batch_add(e, b, i, room);
         a->n_unserved = n > 0 ? 0 : a->n_unserved + 1;
     }
+    bool ends_chunk = b->n > b->shape.n_decode || (b->split && b->split->layer + b->split->n_layers == e->m->cfg.n_layer);
+    for (int k = 0; k < n_order && !ends_chunk; k++) /* it runs middle layers of a split chunk only */
+        if (e->running[e->b_order[k]]->n_unserved > 0) e->running[e->b_order[k]]->n_unserved--;
+    if (b->split != NULL) split_put(e, b, fb);
 }
 
 /* Charge a pass of pass_s seconds, wait_s of them waiting for restored
@@ -1968,17 +2183,24 @@ static void engine_step(Engine *e) {
     }
     tiers_plan_step(e->tiers, e->b_plan, e->n_running, e->b_held);
     Batch bt;
-    batch_make(e, &bt);
+    FwdBatch b = {.n_split = 0};
+    batch_make(e, &bt, &b);
     if (bt.n == 0) { /* every prompt waits for room that only they hold (grow_chunk's rule should
                           leave the shortest its room: a guard) */
         LOG_WARN("every running prompt waits for pool room; suspending the latest arrival");
         suspend_latest(e);
         return;
     }
-    test_step(e, &bt);
+    test_step(e, &bt, &b);
     int n = bt.n, n_logits = bt.n_logits;
-    FwdBatch b = {.n_tok = n, .tokens = e->b_tok, .seq = e->b_seq, .pos = e->b_pos, .seqs = e->b_seqs,
-                  .n_seqs = e->n_running, .logit_idx = e->b_logit, .n_logits = n_logits};
+    b.n_tok = n;
+    b.tokens = e->b_tok;
+    b.seq = e->b_seq;
+    b.pos = e->b_pos;
+    b.seqs = e->b_seqs;
+    b.n_seqs = e->n_running;
+    b.logit_idx = e->b_logit;
+    b.n_logits = n_logits;
     if (tiers_is_restoring(e->tiers) || e->n_moves > 0) {
         b.wait_layer = wait_restored_layer;
         b.wait_ctx = e;
@@ -1996,10 +2218,14 @@ static void engine_step(Engine *e) {
     double pass_s = engine_now(e, ENGINE_CLOCK_STEP) - t0;
     double compute_s = tiers_step_done(e->tiers, pass_s);
     pacer_observe(&e->pacer, bt.shape, compute_s);
+    note_decode_pass(e, bt.shape, compute_s);
     count_restore_waits(e, pass_s, pass_s - compute_s);
     /* advance, register full blocks (not for a sequence whose restore
-     * failed during the pass: its work is discarded below) */
-    for (int t = 0; t < n; t++) {
+     * failed during the pass: its work is discarded below; not for a
+     * split chunk's tokens before their last layer) */
+    int n_advance = n;
+    split_done(e, &bt, &n_advance);
+    for (int t = 0; t < n_advance; t++) {
         Active *a = e->running[e->b_seq[t]];
         if (a->is_restore_failed) continue;
         a->has_run = true;
@@ -2373,7 +2599,7 @@ int engine_new(const Model *m, const EngineOptions *o, Engine **out, MnErr *err)
             rc = mn_err_set(err, MN_ENOMEM, "out of memory");
     }
     if (rc == MN_OK) {
-        FwdOptions fo = {op->batch_tokens, op->parallel, op->n_ctx, op->n_threads};
+        FwdOptions fo = {op->batch_tokens, op->parallel, op->n_ctx, op->n_threads, op->layer_split ? ENGINE_SPLITS : 0};
         rc = fwd_new(m, &e->pool, &fo, &e->fwd, err);
     }
     if (rc == MN_OK && (rc = kvshift_new(m, op->n_ctx, &e->pool, &e->shifter)) != MN_OK)

@@ -26,7 +26,10 @@
  * before its first token than a running prompt has left, that prompt is
  * preempted the same way (at most twice) and the waiting one takes its
  * slot; a step with no decoding sequence sizes its prompt chunks to a few
- * step targets. Outputs are identical
+ * step targets. Beside decodes a step is held to a few decode-only steps'
+ * time (decode_step_ratio), and a prompt chunk that would not fit it runs
+ * its layers over several steps (layer_split), so the chunk keeps the size
+ * that computes prompt tokens fast. Outputs are identical
  * with the prefix cache on or off (the kernels are batch-invariant), except
  * where a chat cut for context overflow in shift mode reuses KV moved from
  * other positions (ReqShift, below): an approximation that depends on what
@@ -84,9 +87,15 @@ typedef enum EngineClockUse {
 } EngineClockUse;
 
 /* A running prompt waits at most this many steps in a row for a chunk of
- * its prompt (unless held back for its restores); then it goes first in
- * the next step's prefill order. */
+ * its prompt (unless held back for its restores; steps that end no chunk,
+ * running only middle layers of a split one, are not counted); then it
+ * goes first in the next step's prefill order. */
 #define ENGINE_AGING_STEPS 4
+
+/* The default EngineOptions.decode_step_ratio: a step beside decodes
+ * takes at most this many decode-only steps' time, so an inter-token gap
+ * beside a prompt stays within about that many typical gaps. */
+#define ENGINE_DECODE_STEP_RATIO 4
 
 /* A prompt chunk of a step (EngineStepInfo). */
 typedef struct EngineStepChunk {
@@ -101,8 +110,13 @@ typedef struct EngineStepInfo {
     int n_held_back;    /* ... of them sitting out this step: their restores are
                            not expected to finish within its compute */
     int n_decode;       /* tokens of the sequences with one token pending */
-    int n_prefill;      /* tokens of prompt chunks */
-    double n_keys;      /* keys the batch's tokens attend to (the sum of position + 1) */
+    int n_prefill;      /* tokens of prompt chunks that run every layer */
+    int n_split;        /* tokens of the chunk whose layers run over several steps (0: none) ... */
+    int split_first;    /* ... the first of its n_layer layers this step runs ... */
+    int split_layers;   /* ... and how many */
+    int n_layer;
+    double n_keys;      /* keys the batch's tokens attend to (the sum of position + 1; a split
+                           chunk's by its share of the layers) */
     double predicted_s; /* the step-time model's estimate of its pass (0 before it measured one) */
     int n_chunks;       /* prompt chunks (requests with prompt tokens in the step) */
     EngineStepChunk chunks[ENGINE_STEP_MAX_CHUNKS]; /* the first of them, in batch order */
@@ -145,7 +159,10 @@ typedef struct EngineOptions {
                              0: every step takes up to batch_tokens (default 500) */
     double decode_step_ratio; /* a step that holds decode tokens is held to this many times
                              what its decodes alone are predicted to take, when that is
-                             shorter than step_ms (0: off, the default; else 1 to 100) */
+                             shorter than step_ms (0: off; else 1 to 100; default
+                             ENGINE_DECODE_STEP_RATIO) */
+    bool layer_split;     /* a prompt chunk of a step's target that does not fit a step beside
+                             decodes runs its layers over several steps (default true) */
     int parallel;         /* running sequences at most (default 8) */
     int max_queue;        /* waiting requests at most (default 64) */
     int n_ctx;            /* positions per sequence (default: the model's) */

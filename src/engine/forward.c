@@ -10,6 +10,12 @@
  * it by token. The final norm and the vocabulary
  * projection run only for the rows whose logits were asked for.
  *
+ * A split chunk (FwdBatch.n_split) sits at the batch's tail, so a layer
+ * it does not run is the same layer over a shorter batch, the first
+ * n_tok - n_split rows; its residual rows stay in x meanwhile, and between
+ * passes in its carry slot. Every token's arithmetic is the same as in one whole
+ * pass, so the split changes no bit.
+ *
  * Buffers (all (rows, width) row-major f32, sized at fwd_new):
  *   x     (max_tokens, n_embd)   residual stream
  *   xb    (max_tokens, n_embd)   normed input / attention output
@@ -19,6 +25,7 @@
  *   hb, hb2 (max_tokens, n_ff)
  *   xl    (max_logits, n_embd)   normed rows for the vocabulary projection
  *   logits (max_logits, n_vocab)
+ *   carry (max_splits, max_tokens, n_embd)  split chunks' residual rows between passes
  */
 #include "engine/forward.h"
 
@@ -37,6 +44,9 @@ struct Forward {
     FwdOptions opt;
     ThreadPool *tp;
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *xl, *logits;
+    float *carry;         /* (max_splits, max_tokens, n_embd): in slot i, carry_n[i] rows of a
+                             split chunk entering layer carry_layer[i] (0: nothing carried) */
+    int *carry_n, *carry_layer; /* (max_splits) */
     float *attn_scratch;
     size_t attn_scratch_per_thread;
     double *inv_freq;     /* (n_rot / 2) RoPE's inverse frequencies, global layers */
@@ -72,7 +82,7 @@ static float *alloc_rows(int rows, int width) {
 int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, MnErr *err) {
     const ModelConfig *c = &m->cfg;
     *out = NULL;
-    if (opt->max_tokens < 1 || opt->max_logits < 1 || opt->max_ctx < 1 || opt->n_threads < 1)
+    if (opt->max_tokens < 1 || opt->max_logits < 1 || opt->max_ctx < 1 || opt->n_threads < 1 || opt->max_splits < 0)
         return mn_err_set(err, MN_EINVAL, "forward: batch sizes and thread count must be positive");
     if (pool->n_layer != c->n_layer || pool->kv_dim != c->kv_dim)
         return mn_err_set(err, MN_EINVAL, "forward: KV pool does not match the model");
@@ -93,12 +103,16 @@ int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, 
     f->hb2 = alloc_rows(T, c->n_ff);
     f->xl = alloc_rows(L, c->n_embd);
     f->logits = alloc_rows(L, c->n_vocab);
+    int S = opt->max_splits;
+    f->carry = alloc_rows(S * T > 0 ? S * T : 1, c->n_embd);
+    f->carry_n = mn_calloc((size_t)S + 1, sizeof(int));
+    f->carry_layer = mn_calloc((size_t)S + 1, sizeof(int));
     f->attn_scratch_per_thread = attn_scratch_floats(opt->max_ctx, c->n_head, c->n_head_kv, c->head_dim);
     f->attn_scratch = mn_alloc_aligned(f->attn_scratch_per_thread * sizeof(float) * (size_t)opt->n_threads, 64);
     f->inv_freq = mn_calloc((size_t)c->n_rot / 2, sizeof(double));
     f->inv_freq_swa = mn_calloc((size_t)c->n_rot / 2, sizeof(double));
     if (!f->tp || !f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->xl ||
-        !f->logits || !f->attn_scratch || !f->inv_freq || !f->inv_freq_swa) {
+        !f->logits || !f->carry || !f->carry_n || !f->carry_layer || !f->attn_scratch || !f->inv_freq || !f->inv_freq_swa) {
         fwd_free(f);
         return mn_err_set(err, MN_ENOMEM, "forward: out of memory for %d-token batches", T);
     }
@@ -135,18 +149,40 @@ void fwd_free(Forward *f) {
     if (f == NULL) return;
     tpool_free(f->tp);
     float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb,
-                     f->hb2, f->xl, f->logits, f->attn_scratch, f->proj_k, f->proj_v};
+                     f->hb2, f->xl, f->logits, f->carry, f->attn_scratch, f->proj_k, f->proj_v};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mn_free_aligned(bufs[i]);
     mn_free_aligned(f->proj_in);
     mn_free_aligned(f->proj_scratch);
     mn_free(f->inv_freq);
     mn_free(f->inv_freq_swa);
+    mn_free(f->carry_n);
+    mn_free(f->carry_layer);
     mn_free(f);
 }
 
 ThreadPool *fwd_tpool(Forward *f) { return f->tp; }
 
 /* ---- helpers -------------------------------------------------------------- */
+
+/* A split chunk's layers are a range of the model's, and a chunk that
+ * does not start at layer 0 goes on from the carried rows; its logits
+ * come only with its last layer. */
+static int check_split(const Forward *f, const FwdBatch *b, MnErr *err) {
+    const int L = f->m->cfg.n_layer;
+    if (b->n_split == 0) return MN_OK;
+    const int s = b->split_slot;
+    if (b->n_split < 0 || b->n_split > b->n_tok || b->split_first < 0 || b->split_first >= b->split_end ||
+        b->split_end > L || s < 0 || s >= f->opt.max_splits)
+        return mn_err_set(err, MN_EINVAL, "split chunk of %d tokens, layers [%d, %d) of %d, slot %d of %d", b->n_split,
+                          b->split_first, b->split_end, L, s, f->opt.max_splits);
+    if (b->split_first > 0 && (f->carry_layer[s] != b->split_first || f->carry_n[s] != b->n_split))
+        return mn_err_set(err, MN_EINVAL, "split chunk of %d tokens from layer %d: slot %d carries %d rows to layer %d",
+                          b->n_split, b->split_first, s, f->carry_n[s], f->carry_layer[s]);
+    for (int i = 0; b->split_end < L && i < b->n_logits; i++)
+        if (b->logit_idx[i] >= b->n_tok - b->n_split)
+            return mn_err_set(err, MN_EINVAL, "logits of a split chunk's token before its last layer");
+    return MN_OK;
+}
 
 static int check_batch(const Forward *f, const FwdBatch *b, MnErr *err) {
     const ModelConfig *c = &f->m->cfg;
@@ -173,7 +209,7 @@ static int check_batch(const Forward *f, const FwdBatch *b, MnErr *err) {
     for (int i = 0; i < b->n_logits; i++)
         if (b->logit_idx[i] < 0 || b->logit_idx[i] >= b->n_tok)
             return mn_err_set(err, MN_EINVAL, "logit row %d out of range", b->logit_idx[i]);
-    return MN_OK;
+    return check_split(f, b, err);
 }
 
 /* ---- per-token stages -------------------------------------------------------
@@ -292,6 +328,8 @@ static void run_stage(Forward *f, const FwdBatch *b, int il, Stage stage) {
     else tpool_run(f->tp, stage_worker, &j);
 }
 
+/* Layer il over batch b (its first b->n_tok tokens: a split chunk that
+ * does not run il is left out). */
 static void layer_forward(Forward *f, const FwdBatch *b, int il) {
     const ModelConfig *c = &f->m->cfg;
     const LayerWeights *lw = &f->m->layers[il];
@@ -363,12 +401,28 @@ int fwd_run(Forward *f, const FwdBatch *b, const float **logits, MnErr *err) {
     int rc = check_batch(f, b, err);
     if (rc) return rc;
     const ModelConfig *c = &f->m->cfg;
-    const int D = c->n_embd;
-    for (int t = 0; t < b->n_tok; t++) {
+    const int D = c->n_embd, n_whole = b->n_tok - b->n_split;
+    const size_t split_bytes = (size_t)b->n_split * (size_t)D * sizeof(float);
+    float *split_x = f->x + (size_t)n_whole * D;
+    const bool is_carried = b->n_split > 0 && b->split_first > 0;
+    float *carry = f->carry + (size_t)b->split_slot * (size_t)f->opt.max_tokens * (size_t)D;
+    for (int t = 0; t < (is_carried ? n_whole : b->n_tok); t++) {
         model_embed(f->m, b->tokens[t], f->x + (size_t)t * D);
         if (c->embd_scale != 1.0f) ops_scale(f->x + (size_t)t * D, c->embd_scale, D);
     }
-    for (int il = 0; il < c->n_layer; il++) layer_forward(f, b, il);
+    if (is_carried) memcpy(split_x, carry, split_bytes);
+    FwdBatch part = *b; /* the batch of one layer: without the split chunk outside its layers */
+    for (int il = 0; il < c->n_layer; il++) {
+        bool has_split = b->n_split == 0 || (il >= b->split_first && il < b->split_end);
+        part.n_tok = has_split ? b->n_tok : n_whole;
+        if (part.n_tok > 0) layer_forward(f, &part, il);
+    }
+    if (b->n_split > 0) {
+        bool is_last = b->split_end == c->n_layer;
+        if (!is_last) memcpy(carry, split_x, split_bytes);
+        f->carry_n[b->split_slot] = is_last ? 0 : b->n_split;
+        f->carry_layer[b->split_slot] = is_last ? 0 : b->split_end;
+    }
     for (int i = 0; i < b->n_logits; i++)
         ops_rmsnorm(f->xl + (size_t)i * D, f->x + (size_t)b->logit_idx[i] * D, f->m->out_norm, D, c->rms_eps);
     if (b->n_logits > 0) mm_matmul(f->tp, f->logits, &f->m->output, f->xl, b->n_logits);

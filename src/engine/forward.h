@@ -7,10 +7,12 @@
  * two-range form (recomputed leading tokens + new tokens) freely.
  *
  * Results are batch-invariant: a token's logits (and the K/V it writes) are
- * bit-identical however the batch is composed, chunked or threaded.
+ * bit-identical however the batch is composed, chunked or threaded — and
+ * however a prompt chunk's layers are spread over passes (n_split below).
  *
  * A Forward owns its activation buffers and compute thread pool, sized at
- * fwd_new for at most max_tokens tokens and max_logits logit rows per call;
+ * fwd_new for at most max_tokens tokens and max_logits logit rows per call
+ * (and max_splits split chunks' rows between calls);
  * fwd_run never allocates. It borrows the Model and the KvPool, which must
  * outlive it. One thread (the engine thread) calls it.
  */
@@ -39,6 +41,19 @@ typedef struct FwdBatch {
      * pool can be waited for one layer at a time. NULL: nothing to wait. */
     void (*wait_layer)(void *ctx, int layer);
     void *wait_ctx;
+    /* The batch's last n_split tokens (0: none) are a prompt chunk whose
+     * layers are spread over several passes: this pass runs only layers
+     * [split_first, split_end) of them, the batch's other tokens every
+     * layer. A chunk's first pass has split_first 0; each later one has
+     * the same tokens, positions and block tables and starts where the
+     * one before ended; between them the chunk's residual rows wait in
+     * the Forward, in carry slot split_slot (< FwdOptions.max_splits;
+     * passes that do not name that slot leave it be, so chunks in other
+     * slots may run meanwhile). Logits may be asked of its tokens only in
+     * the pass that ends at the last layer. */
+    int n_split;
+    int split_first, split_end;
+    int split_slot;
 } FwdBatch;
 
 typedef struct FwdOptions {
@@ -46,6 +61,7 @@ typedef struct FwdOptions {
     int max_logits;  /* logit rows per call */
     int max_ctx;     /* largest position + 1 */
     int n_threads;
+    int max_splits;  /* split chunks under way at once (carry slots of max_tokens rows; 0: none) */
 } FwdOptions;
 
 typedef struct Forward Forward;
@@ -55,9 +71,10 @@ int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, 
 void fwd_free(Forward *f);
 
 /* Run one batch. *logits receives (n_logits, n_vocab) floats, valid until
- * the next call. MN_EINVAL (with err) for a batch that breaks the limits or
- * has a token id, position or block table out of range; nothing is written
- * to the pool then. */
+ * the next call. MN_EINVAL (with err) for a batch that breaks the limits,
+ * has a token id, position or block table out of range, or a split chunk
+ * that does not go on where the last one stopped; nothing is written to
+ * the pool then. */
 int fwd_run(Forward *f, const FwdBatch *b, const float **logits, MnErr *err);
 
 ThreadPool *fwd_tpool(Forward *f);

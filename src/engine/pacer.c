@@ -1,7 +1,7 @@
 /* pacer.c — sizing a step's prefill from a step-time target (see pacer.h).
  *
  * The fit. Each measured pass adds its features x = (1, n_decode,
- * n_prefill, n_keys, [n_prefill > 0]) and seconds t to decayed sums
+ * n_prefill, n_keys, chunk) and seconds t to decayed sums
  * (older passes weigh PACER_DECAY less per pass), and the coefficients
  * are the non-negative least-squares solution of those sums: with five
  * coefficients, every subset of them is solved exactly (the others held
@@ -44,11 +44,11 @@
 /* ---- the fit ---------------------------------------------------------------- */
 
 static void features(PacerShape s, double x[PACER_N_COEF]) {
-    x[0] = 1;
+    x[0] = 1 - s.chunk;
     x[1] = s.n_decode;
     x[2] = s.n_prefill;
     x[3] = s.n_keys;
-    x[4] = s.n_prefill > 0;
+    x[4] = s.chunk;
 }
 
 /* Solve the normal equations for the coefficients in mask (the others 0)
@@ -117,10 +117,17 @@ static void refit(Pacer *p) {
     }
 }
 
+/* The fit's seconds for shape s. A per-pass cost no measured pass has
+ * shown (no pass with layers of decodes alone, or none with a chunk) is
+ * taken to be the other's: a guess until such a pass comes, and one that
+ * errs towards smaller chunks. */
 static double fitted(const Pacer *p, PacerShape s) {
-    double x[PACER_N_COEF], t = 0;
+    double x[PACER_N_COEF], coef[PACER_N_COEF], t = 0;
     features(s, x);
-    for (int i = 0; i < PACER_N_COEF; i++) t += p->coef[i] * x[i];
+    memcpy(coef, p->coef, sizeof coef);
+    if (p->sxx[0][0] == 0) coef[0] = coef[4];
+    if (p->sxx[4][4] == 0) coef[4] = coef[0];
+    for (int i = 0; i < PACER_N_COEF; i++) t += coef[i] * x[i];
     return t;
 }
 
@@ -155,13 +162,20 @@ void pacer_observe(Pacer *p, PacerShape s, double seconds) {
 double pacer_predict(const Pacer *p, PacerShape s) { return p->n_obs > 0 ? p->scale * fitted(p, s) : 0; }
 
 PacerShape pacer_range(int32_t pos, int n) {
-    return (PacerShape){0, n, (double)n * (double)pos + (double)n * (n + 1) / 2};
+    return (PacerShape){0, n, (double)n * (double)pos + (double)n * (n + 1) / 2, n > 0};
 }
 
-PacerShape pacer_decode(int32_t pos) { return (PacerShape){1, 0, (double)pos + 1}; }
+PacerShape pacer_decode(int32_t pos) { return (PacerShape){1, 0, (double)pos + 1, 0}; }
 
+/* A pass holds at most one split chunk, and a whole chunk's tiles run in
+ * every layer: the pass's chunk term is the larger of the two. */
 PacerShape pacer_add(PacerShape a, PacerShape b) {
-    return (PacerShape){a.n_decode + b.n_decode, a.n_prefill + b.n_prefill, a.n_keys + b.n_keys};
+    return (PacerShape){a.n_decode + b.n_decode, a.n_prefill + b.n_prefill, a.n_keys + b.n_keys,
+                        a.chunk > b.chunk ? a.chunk : b.chunk};
+}
+
+PacerShape pacer_part(PacerShape s, double share) {
+    return (PacerShape){s.n_decode, s.n_prefill * share, s.n_keys * share, s.chunk * share};
 }
 
 /* The most tokens at [pos, pos + n), n <= max_n, that keep a step holding
@@ -190,4 +204,12 @@ int pacer_fit_target(const Pacer *p, PacerShape base, int32_t pos, int max_n, bo
     int share = fit_within(p, base, pos, max_n, 2 * pacer_predict(p, base));
     n = share > n ? share : n;
     return n > 0 ? n : 1;
+}
+
+int pacer_fit_layers(const Pacer *p, PacerShape base, PacerShape chunk, int n_layer, int max_layers, double limit_s) {
+    if (p->n_obs == 0) return max_layers;
+    int k = 1; /* the predicted time grows with the layers */
+    while (k < max_layers && pacer_predict(p, pacer_add(base, pacer_part(chunk, (double)(k + 1) / n_layer))) <= limit_s)
+        k++;
+    return k;
 }

@@ -3,7 +3,7 @@
  *
  * A step's forward pass costs about
  *
- *     t = a + b * n_decode + b' * n_prefill + c * n_keys + s * [n_prefill > 0]
+ *     t = a + b * n_decode + b' * n_prefill + c * n_keys + s * chunk
  *
  * seconds: a per pass (reading the weights, which dominates a decode-only
  * step), b per decode token and b' per prompt token (the matmuls: a few
@@ -15,12 +15,15 @@
  * kernels' tiles of 9 or more tokens cost a step more than a few decode
  * tokens' rows kernel: without s, a fit through both kinds of pass puts
  * that step in a, and predicts a decode-only pass about twice what it
- * takes), all times a level for how fast the machine runs now (other
+ * takes; chunk is 1 with a prompt chunk, 0 without), all times a level for how fast the machine runs now (other
  * work on its cores). The pacer learns a, b, b', c and s (all >= 0)
  * from the passes the engine measures, by least squares over recent
  * passes (older ones weigh less), and the level within a few passes. The
  * scheduler asks it how many tokens of a prefill fit beside what the step
- * already holds.
+ * already holds, and how many layers of a chunk spread over several
+ * passes: such a chunk's tokens, keys and chunk term count by the share of
+ * the model's layers a pass runs of it (every layer's matmuls and
+ * attention cost alike).
  *
  * A plain value: no heap, no locks; the engine thread owns it.
  */
@@ -30,11 +33,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* What a pass costs by: its tokens, and the keys they attend to. */
+/* What a pass costs by: its tokens, and the keys they attend to. A prompt
+ * chunk whose layers are spread over passes (forward.h, n_split) counts in
+ * a pass by its share of the layers it runs there (pacer_part). */
 typedef struct PacerShape {
-    int n_decode;  /* tokens of sequences with one token pending */
-    int n_prefill; /* tokens of prompt chunks */
-    double n_keys; /* sum over the tokens of position + 1 */
+    int n_decode;     /* tokens of sequences with one token pending */
+    double n_prefill; /* tokens of prompt chunks */
+    double n_keys;    /* sum over the tokens of position + 1 */
+    double chunk;     /* 1: the pass holds a prompt chunk (whole; a split one: its share) */
 } PacerShape;
 
 #define PACER_N_COEF 5 /* a, b, b', c, s */
@@ -44,7 +50,7 @@ typedef struct Pacer {
     int probe_tokens;   /* a prefill chunk before any pass was measured */
     int n_obs;          /* passes measured */
     /* decayed sums over measured passes of x x^T, x t and t^2, with
-     * x = (1, n_decode, n_prefill, n_keys, [n_prefill > 0]) and t their
+     * x = (1, n_decode, n_prefill, n_keys, chunk) and t their
      * seconds over scale */
     double sxx[PACER_N_COEF][PACER_N_COEF], sxt[PACER_N_COEF], stt;
     double coef[PACER_N_COEF]; /* the fit: a, b, b', c, s (>= 0) */
@@ -69,6 +75,8 @@ PacerShape pacer_decode(int32_t pos);
 
 /* The shapes a and b together. */
 PacerShape pacer_add(PacerShape a, PacerShape b);
+/* A prompt chunk's shape s in a pass that runs `share` of its layers. */
+PacerShape pacer_part(PacerShape s, double share);
 
 /* How many prompt tokens at positions [pos, pos + n) may join a step
  * that already holds base, at most max_n: the most whose pass is
@@ -83,5 +91,10 @@ int pacer_fit(const Pacer *p, PacerShape base, int32_t pos, int max_n, bool is_f
 /* pacer_fit aiming at target_s instead of the pacer's target (a step
  * whose time matters less, or more). */
 int pacer_fit_target(const Pacer *p, PacerShape base, int32_t pos, int max_n, bool is_first, double target_s);
+/* How many of a prompt chunk's n_layer layers (its shape: chunk, whole)
+ * may join a step that holds base, at most max_layers: the most whose
+ * pass is predicted within limit_s, at least 1. Before any measured
+ * pass, max_layers. */
+int pacer_fit_layers(const Pacer *p, PacerShape base, PacerShape chunk, int n_layer, int max_layers, double limit_s);
 
 #endif

@@ -149,7 +149,7 @@ int profile_measure(const Model *m, const ProfileOptions *o, CostModel *out, MnE
         goto done;
     }
     b.view = seq_view(&seq);
-    FwdOptions fo = {bt, 1, cap, o->n_threads};
+    FwdOptions fo = {bt, 1, cap, o->n_threads, 0};
     rc = fwd_new(m, &pool, &fo, &b.fwd, err);
     if (rc) goto done;
     b.tokens = mn_calloc((size_t)bt, sizeof(int32_t));

@@ -25,7 +25,7 @@ int runner_init(Runner *r, const Model *m, const RunnerOptions *o, MnErr *err) {
     int n_blocks = (r->opt.n_ctx + r->opt.block_tokens - 1) / r->opt.block_tokens;
     int rc = kvpool_init(&r->pool, m->cfg.n_layer, m->cfg.kv_dim, r->opt.block_tokens, n_blocks, r->opt.kv_type);
     if (rc) return mn_err_set(err, rc, "cannot allocate a KV pool of %d blocks", n_blocks);
-    FwdOptions fo = {r->opt.max_batch, r->opt.all_logits ? r->opt.max_batch : 1, r->opt.n_ctx, r->opt.n_threads};
+    FwdOptions fo = {r->opt.max_batch, r->opt.all_logits ? r->opt.max_batch : 1, r->opt.n_ctx, r->opt.n_threads, 0};
     rc = fwd_new(m, &r->pool, &fo, &r->fwd, err);
     r->pos = mn_calloc((size_t)r->opt.max_batch, sizeof(int32_t));
     r->seqidx = mn_calloc((size_t)r->opt.max_batch, sizeof(int32_t));

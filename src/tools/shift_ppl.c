@@ -221,7 +221,7 @@ int shiftppl_measure(const Model *m, const ShiftPplConfig *c, ShiftPplResult *ou
     Ppl p = {.m = m, .c = c};
     if ((rc = kvpool_init(&p.pool, m->cfg.n_layer, m->cfg.kv_dim, bt, n_blocks, MN_TYPE_F16)))
         return mn_err_set(err, rc, "shift-ppl: cannot make a KV pool of %d blocks", n_blocks);
-    FwdOptions fo = {PPL_BATCH, PPL_BATCH, n_total, c->n_threads};
+    FwdOptions fo = {PPL_BATCH, PPL_BATCH, n_total, c->n_threads, 0};
     if ((rc = fwd_new(m, &p.pool, &fo, &p.fwd, err)) == MN_OK) {
         rc = kvshift_new(m, n_total, &p.pool, &p.shifter);
         p.tok = mn_malloc(PPL_BATCH * sizeof *p.tok);
