@@ -1283,6 +1283,15 @@ static void test_split_chunk_beside_decode(void **s) {
     model_free(m);
 }
 
+/* got (freed here), a request's first logits, are a full recompute's of
+ * its prompt, bit for bit. */
+static void check_first_logits(Model *m, const int32_t *prompt, int n, float *got) {
+    float *ref = reference_logits(m, prompt, n);
+    assert_memory_equal(got, ref, sizeof(float) * (size_t)m->cfg.n_vocab);
+    free(ref);
+    free(got);
+}
+
 /* Passes logged while the test steps the engine (drive_stepping): the
  * last one is the pass the engine is held before. */
 static EngineStepInfo drive_last_pass(Drive *d) {
@@ -1406,10 +1415,7 @@ static void test_split_chunks_take_turns(void **s) {
     assert_int_equal(res.n_cached, 41);
     split_run_finish(&sr, m);
     split_run_check_long(&sr, m);
-    float *ref = reference_logits(m, conv, 100);
-    assert_memory_equal(got, ref, sizeof(float) * (size_t)nv);
-    free(ref);
-    free(got);
+    check_first_logits(m, conv, 100, got);
     request_unref(rr);
     model_free(m);
 }
@@ -1439,6 +1445,58 @@ static void test_split_chunk_dropped_on_cancel(void **s) {
     }
     split_run_finish(&sr, m);
     split_run_check_long(&sr, m);
+    model_free(m);
+}
+
+/* A returning conversation whose leading blocks the pool evicted, back
+ * while another request decodes: its leading range (128 tokens) is
+ * recomputed as split chunks, beside the decode, and the cached blocks
+ * after it are used in place; its first logits are a full recompute's,
+ * bit for bit, and both answers are as alone. */
+static void test_split_leading_range(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    const int nv = m->cfg.n_vocab;
+    Drive *dr = calloc(1, sizeof *dr);
+    EngineOptions o;
+    pace_options(&o, dr, 2 * PACE_TARGET_MS, 2);
+    o.decode_step_ratio = 4;
+    o.pool_blocks = 36;
+    Engine *e = pace_engine_start(m, &o);
+    int32_t a[200], b[200], d[16];
+    make_prompt(a, 200, nv, 97, 1);
+    make_prompt(b, 200, nv, 98, 1);
+    make_prompt(d, 9, nv, 99, 1);
+    ReqResult res;
+    free(run_one(e, a, 200, 4, NULL, &res)); /* A: 25 full blocks cached */
+    settle(e);
+    free(run_one(e, b, 200, 4, NULL, &res)); /* B takes 26: A's leading blocks go */
+    settle(e);
+    int pass0 = drive_n_passes(dr);
+    Request *rd = submit_held(e, dr, d, 9, 60);
+    float *got = calloc((size_t)nv, sizeof(float));
+    Request *ra = submit_one_logits(e, a, 200, 4, got);
+    drive_run(dr);
+    ReqResult res_a;
+    char *ta = drain(ra, &res_a), *td = drain(rd, &res), *ref = reference_text(m, a, 200, 4);
+    assert_string_equal(ta, ref);
+    assert_true(res_a.n_restored_by[RESTORE_RECOMPUTE] >= 64 && res_a.n_cached > 0); /* the leading range, recomputed */
+    free(ref);
+    ref = reference_text(m, d, 9, 60);
+    assert_string_equal(td, ref);
+    free(ref);
+    settle(e);
+    pthread_mutex_lock(&dr->steps.lock);
+    int n_split = 0;
+    for (int i = pass0; i < dr->vp.n_log; i++) n_split += split_owner_of(&dr->vp.log[i]) == ra;
+    pthread_mutex_unlock(&dr->steps.lock);
+    if (n_split < 2) fail_msg("%d passes ran layers of a split chunk of the returning conversation", n_split);
+    check_first_logits(m, a, 200, got);
+    free(ta);
+    free(td);
+    request_unref(ra);
+    request_unref(rd);
+    pace_engine_free(e, dr);
     model_free(m);
 }
 
@@ -4567,6 +4625,7 @@ int main(void) {
         cmocka_unit_test(test_split_chunk_beside_decode),
         cmocka_unit_test(test_split_chunks_take_turns),
         cmocka_unit_test(test_split_chunk_dropped_on_cancel),
+        cmocka_unit_test(test_split_leading_range),
         cmocka_unit_test(test_pace_chunks_fill_lanes),
         cmocka_unit_test(test_decode_step_ratio_out_of_range),
         cmocka_unit_test(test_plan_arenas),
