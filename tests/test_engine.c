@@ -1319,26 +1319,36 @@ static void step_to_split_midway(Drive *dr, const Request *r) {
     fail_msg("no pass ran part of the long prompt's split chunk");
 }
 
+/* pace_options' engine with a 200 ms target and decode_step_ratio 4
+ * (prompt chunks split beside a decode), up to parallel running, and
+ * batch_tokens and pool_blocks when not 0. */
+static Engine *split_engine(Model *m, Drive *dr, int parallel, int batch_tokens, int pool_blocks) {
+    EngineOptions o;
+    pace_options(&o, dr, 2 * PACE_TARGET_MS, parallel);
+    o.decode_step_ratio = 4;
+    if (batch_tokens > 0) o.batch_tokens = batch_tokens;
+    o.pool_blocks = pool_blocks;
+    return pace_engine_start(m, &o);
+}
+
 /* A decoding request, and a long prompt whose chunks are split over
- * steps, on pace_engine (200 ms target, ratio 4, up to three running),
- * after a first turn run alone (n_first tokens of first; 0: none); the
- * engine held before a pass that leaves the long prompt's current chunk
- * unfinished, and stepped by the test from there. */
+ * steps, on split_engine (up to three running), after conv's first turn
+ * ran alone; the engine held before a pass that leaves the long prompt's
+ * current chunk unfinished, and stepped by the test from there. */
 typedef struct SplitRun {
     Drive *dr;
     Engine *e;
     Request *rd, *rl;
     int32_t d[16], l[512];
+    int32_t conv[100]; /* a conversation: its first turn (41 tokens) cached, its second 100 */
 } SplitRun;
 
-static void split_run_start(SplitRun *sr, Model *m, const int32_t *first, int n_first) {
+static void split_run_start(SplitRun *sr, Model *m) {
     sr->dr = calloc(1, sizeof *sr->dr);
-    EngineOptions o;
-    pace_options(&o, sr->dr, 2 * PACE_TARGET_MS, 3);
-    o.decode_step_ratio = 4;
-    sr->e = pace_engine_start(m, &o);
+    sr->e = split_engine(m, sr->dr, 3, 0, 0);
     ReqResult res;
-    if (n_first > 0) free(run_one(sr->e, first, n_first, 8, NULL, &res));
+    make_prompt(sr->conv, 100, m->cfg.n_vocab, 93, 1);
+    free(run_one(sr->e, sr->conv, 41, 8, NULL, &res));
     settle(sr->e);
     make_prompt(sr->d, 9, m->cfg.n_vocab, 91, 1);
     make_prompt(sr->l, 400, m->cfg.n_vocab, 92, 1);
@@ -1372,79 +1382,142 @@ static void split_run_check_long(SplitRun *sr, Model *m) {
     request_unref(sr->rl);
 }
 
-/* A returning turn admitted while a long prompt's chunk is partway
- * through its layers, beside a decoding request: the returning turn's 59
- * new tokens go first, as a split chunk of their own (the other carry
- * slot), while the long prompt's chunk waits; that chunk then goes on
- * from the layer it stopped at. The returning turn's first logits are a
- * full recompute's, bit for bit, and the long prompt's answer is as
- * alone. */
-static void test_split_chunks_take_turns(void **s) {
-    Model *m = load("stories260K");
-    if (!m) return;
-    const int nv = m->cfg.n_vocab;
-    int32_t conv[100];
-    make_prompt(conv, 100, nv, 93, 1);
-    SplitRun sr;
-    split_run_start(&sr, m, conv, 41);
-    EngineStepInfo before = drive_last_pass(sr.dr); /* the long prompt's chunk, unfinished after it */
-    float *got = calloc((size_t)nv, sizeof(float));
-    Request *rr = submit_one_logits(sr.e, conv, 100, 1, got);
+/* A returning turn (sr->conv's 59 new tokens after its cached first
+ * turn of 41) admitted while the long prompt's chunk of sr is partway through
+ * its layers: its tokens go first, as a split chunk of their own (the
+ * other carry slot, which must be free), while the long prompt's chunk
+ * waits; that chunk then goes on from the layer it stopped at. Its first
+ * logits are a full recompute's, bit for bit. */
+static void check_returning_split(SplitRun *sr, Model *m) {
+    const int32_t *conv = sr->conv;
+    EngineStepInfo before = drive_last_pass(sr->dr); /* the long prompt's chunk, unfinished after it */
+    float *got = calloc((size_t)m->cfg.n_vocab, sizeof(float));
+    Request *rr = submit_one_logits(sr->e, conv, 100, 1, got);
     ReqResult res;
-    bool is_returned = false, has_own_split = false;
+    bool is_returned = false, has_own_split = false, is_resumed = false;
     for (int step = 0; step < 200 && !is_returned; step++) {
-        drive_one_step(sr.dr);
-        EngineStepInfo st = drive_last_pass(sr.dr);
+        drive_one_step(sr->dr);
+        EngineStepInfo st = drive_last_pass(sr->dr);
         if (split_owner_of(&st) == rr) has_own_split = true;
-        if (split_owner_of(&st) == sr.rl) {
+        if (split_owner_of(&st) == sr->rl) {
             if (!is_finished(rr, &res)) fail_msg("the long prompt's chunk ran before the returning turn's first token");
             break;
         }
         is_returned = is_finished(rr, &res);
     }
     if (!has_own_split) fail_msg("the returning turn's tokens were not a split chunk of their own");
-    for (int step = 0; step < 200; step++) { /* the long prompt's chunk again: where it stopped */
-        EngineStepInfo st = drive_last_pass(sr.dr);
-        if (split_owner_of(&st) == sr.rl) {
+    for (int step = 0; step < 200 && !is_resumed; step++) { /* the long prompt's chunk again: where it stopped */
+        EngineStepInfo st = drive_last_pass(sr->dr);
+        if ((is_resumed = split_owner_of(&st) == sr->rl)) {
             assert_int_equal(st.split_first, before.split_first + before.split_layers);
             assert_int_equal(st.n_split, before.n_split);
-            break;
+        } else {
+            drive_one_step(sr->dr);
         }
-        drive_one_step(sr.dr);
     }
+    if (!is_resumed) fail_msg("the long prompt's split chunk did not go on");
     assert_int_equal(res.n_cached, 41);
-    split_run_finish(&sr, m);
-    split_run_check_long(&sr, m);
     check_first_logits(m, conv, 100, got);
     request_unref(rr);
+}
+
+/* check_returning_split beside a decoding request; then the long
+ * prompt's answer is as alone. */
+static void test_split_chunks_take_turns(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    SplitRun sr;
+    split_run_start(&sr, m);
+    check_returning_split(&sr, m);
+    split_run_finish(&sr, m);
+    split_run_check_long(&sr, m);
     model_free(m);
 }
 
 /* A long prompt cancelled while its chunk is partway through its layers:
- * the chunk is dropped (its slot free again, none of its KV registered),
- * and the same prompt sent again computes from its last whole chunk —
- * its first split pass starts at layer 0 — to the answer it has alone. */
+ * the chunk is dropped and its carry slot free again — the same prompt
+ * sent again begins a split chunk at layer 0, and a returning turn then
+ * still gets a split chunk of its own in the other slot
+ * (check_returning_split) — and the prompt's answer is as alone (none of
+ * the dropped chunk's KV was registered). */
 static void test_split_chunk_dropped_on_cancel(void **s) {
     Model *m = load("stories260K");
     if (!m) return;
     SplitRun sr;
-    split_run_start(&sr, m, NULL, 0);
+    split_run_start(&sr, m);
     engine_cancel(sr.e, sr.rl);
     ReqResult res;
     for (int step = 0; step < 8 && !is_finished(sr.rl, &res); step++) drive_one_step(sr.dr);
     assert_int_equal(res.finish, FINISH_CANCELLED);
     request_unref(sr.rl);
     sr.rl = submit_one(sr.e, sr.l, 400, 2);
-    for (int step = 0; step < 200; step++) {
+    bool is_split = false;
+    for (int step = 0; step < 200 && !is_split; step++) {
         drive_one_step(sr.dr);
         EngineStepInfo st = drive_last_pass(sr.dr);
-        if (split_owner_of(&st) == sr.rl) {
-            assert_int_equal(st.split_first, 0);
-            break;
-        }
+        if ((is_split = split_owner_of(&st) == sr.rl)) assert_int_equal(st.split_first, 0);
     }
+    if (!is_split) fail_msg("the prompt sent again was not split");
+    step_to_split_midway(sr.dr, sr.rl);
+    check_returning_split(&sr, m);
     split_run_finish(&sr, m);
     split_run_check_long(&sr, m);
+    model_free(m);
+}
+
+/* A split chunk keeps its length until its last layer, and a step lets
+ * it in only with room for all of it after the decodes: it is sized to
+ * leave room for a decode token of every slot. With 64 tokens a step and
+ * six slots, a long prompt's chunk begun beside one decode still runs
+ * once four more requests decode beside it (sized to the room of its
+ * first step, it waited as long as they decoded: 151 steps); it waits at
+ * most a few steps at a time, its first logits are a full recompute's
+ * and the other answers as alone. */
+static void test_split_leaves_room_for_decodes(void **s) {
+    Model *m = load("stories260K");
+    if (!m) return;
+    const int nv = m->cfg.n_vocab;
+    Drive *dr = calloc(1, sizeof *dr);
+    Engine *e = split_engine(m, dr, 6, 64, 0);
+    int32_t d[16], l[512], p[4][16];
+    make_prompt(d, 9, nv, 91, 1);
+    make_prompt(l, 400, nv, 92, 1);
+    drive_stepping(dr, true);
+    Request *rd = submit_held(e, dr, d, 9, 200), *rp[4];
+    float *got = calloc((size_t)nv, sizeof(float));
+    Request *rl = submit_one_logits(e, l, 400, 2, got);
+    step_to_split_midway(dr, rl);
+    for (int k = 0; k < 4; k++) {
+        make_prompt(p[k], 9, nv, 100 + (uint64_t)k, 1);
+        rp[k] = submit_one(e, p[k], 9, 150);
+    }
+    int waited = 0, longest = 0;
+    ReqResult res;
+    for (int step = 0; step < 400 && !is_finished(rl, &res); step++) {
+        drive_one_step(dr);
+        EngineStepInfo st = drive_last_pass(dr);
+        bool has_long = split_owner_of(&st) == rl || (st.n_prefill > 0 && st.chunks[0].req == rl);
+        waited = has_long ? 0 : waited + 1;
+        longest = waited > longest ? waited : longest;
+    }
+    if (longest > 2 * ENGINE_AGING_STEPS)
+        fail_msg("the long prompt's chunk waited %d steps in a row beside the decodes", longest);
+    drive_stepping(dr, false);
+    drive_run(dr);
+    free(drain(rl, &res)); /* its text went to is_finished: its first logits tell */
+    check_first_logits(m, l, 400, got);
+    for (int k = 0; k < 4; k++) {
+        char *t = drain(rp[k], &res), *ref = reference_text(m, p[k], 9, 150);
+        assert_string_equal(t, ref);
+        free(ref);
+        free(t);
+        request_unref(rp[k]);
+    }
+    free(drain(rd, &res));
+    settle(e);
+    request_unref(rd);
+    request_unref(rl);
+    pace_engine_free(e, dr);
     model_free(m);
 }
 
@@ -1458,11 +1531,7 @@ static void test_split_leading_range(void **s) {
     if (!m) return;
     const int nv = m->cfg.n_vocab;
     Drive *dr = calloc(1, sizeof *dr);
-    EngineOptions o;
-    pace_options(&o, dr, 2 * PACE_TARGET_MS, 2);
-    o.decode_step_ratio = 4;
-    o.pool_blocks = 36;
-    Engine *e = pace_engine_start(m, &o);
+    Engine *e = split_engine(m, dr, 2, 0, 36);
     int32_t a[200], b[200], d[16];
     make_prompt(a, 200, nv, 97, 1);
     make_prompt(b, 200, nv, 98, 1);
@@ -4626,6 +4695,7 @@ int main(void) {
         cmocka_unit_test(test_split_chunks_take_turns),
         cmocka_unit_test(test_split_chunk_dropped_on_cancel),
         cmocka_unit_test(test_split_leading_range),
+        cmocka_unit_test(test_split_leaves_room_for_decodes),
         cmocka_unit_test(test_pace_chunks_fill_lanes),
         cmocka_unit_test(test_decode_step_ratio_out_of_range),
         cmocka_unit_test(test_plan_arenas),

@@ -432,15 +432,16 @@ static float *seq_logits_chunked(Bench *b, const int32_t *tokens, int n, const i
  * split chunk in carry slot 0, one layer a pass; a third sequence's
  * [0, 24) is another in slot 1, the two taking turns; every pass also
  * holds one token of a second sequence that runs every layer, its logits
- * asked each time. All of it bit for bit as computed whole. */
+ * asked each time; then that sequence's next three tokens go as a split
+ * chunk alone in two passes. All of it bit for bit as computed whole. */
 static void check_split_chunks(Bench *b1, Bench *b2, const int32_t *tokens, const float *base) {
     const int L = b1->m->cfg.n_layer, nv = b1->n_vocab, bt = 8;
     const size_t row = sizeof(float) * (size_t)nv;
     int32_t other[64], third[64];
-    make_tokens(other, 2 * L + 1, nv, 2);
+    make_tokens(other, 2 * L + 3, nv, 2);
     make_tokens(third, 24, nv, 3);
     int32_t t_other[8] = {20, 21, 22, 23, 24, 25}, t_third[3] = {40, 41, 42};
-    float *base_other = seq_logits_chunked(b1, other, 2 * L, t_other, (2 * L + bt - 1) / bt, 128);
+    float *base_other = seq_logits_chunked(b1, other, 2 * L + 3, t_other, (2 * L + 3 + bt - 1) / bt, 128);
     float *base_third = seq_logits_chunked(b1, third, 24, t_third, 3, 128);
 
     int32_t t1[6] = {13, 14, 15, 16, 18, 19}, t2[6] = {26, 27, 28, 29, 31, 32}, t3[3] = {44, 45, 46};
@@ -465,6 +466,15 @@ static void check_split_chunks(Bench *b1, Bench *b2, const int32_t *tokens, cons
         if (chunk == 0) assert_memory_equal(out + nv, base + (size_t)16 * nv, row * 29);
         else assert_memory_equal(out + nv, base_third, row * 24);
     }
+    /* a split chunk alone in its passes: the layers it does not run run
+     * no token at all */
+    for (int layer = 0; layer < L; layer = layer == 0 ? 1 : L) { /* layers [0, 1), then [1, L) */
+        int end = layer == 0 ? 1 : L, k = 0;
+        for (int i = 2 * L; i < 2 * L + 3; i++) items[k++] = (Item){other[i], 1, i, end == L};
+        FwdBatch split = {.n_split = k, .split_first = layer, .split_end = end, .split_slot = 1};
+        run_items_split(b2, items, k, seqs, 3, &split, out);
+    }
+    assert_memory_equal(out, base_other + (size_t)2 * L * nv, row * 3);
     free(out);
     free(base_other);
     free(base_third);

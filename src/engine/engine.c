@@ -2003,7 +2003,10 @@ static int split_fit(Engine *e, Batch *b, int i, Split *sp, bool is_first, int r
  * free, and the chunk that a step of the target would hold without them
  * (moved down to a tile boundary) is more than twice n_whole — a chunk
  * about as long computes about as many tokens a second, and runs whole.
- * A tail chunk takes its blocks (grow_chunk). */
+ * It leaves room in the batch for a decode token of every running slot
+ * (parallel): its length is fixed until its last layer, and a step lets
+ * it in only with room for all of it after the decodes. A tail chunk
+ * takes its blocks (grow_chunk). */
 static bool split_begin(Engine *e, Batch *b, int i, bool is_lead, int32_t pos, int max_n, int n_whole) {
     Active *a = e->running[i];
     Split *sp = NULL;
@@ -2012,7 +2015,8 @@ static bool split_begin(Engine *e, Batch *b, int i, bool is_lead, int32_t pos, i
     if (sp == NULL || !e->opt.layer_split || e->opt.step_ms <= 0 || e->pacer.n_obs == 0 || !b->has_decoder ||
         b->split != NULL || a->mv.is_pending || n_whole >= max_n)
         return false;
-    int n = pacer_fit_target(&e->pacer, (PacerShape){0}, pos, max_n, true, e->pacer.target_s);
+    int room = e->opt.batch_tokens - e->opt.parallel;
+    int n = pacer_fit_target(&e->pacer, (PacerShape){0}, pos, max_n < room ? max_n : room, true, e->pacer.target_s);
     int lanes = fwd_token_lanes(e->m, n);
     if (n < max_n && n > lanes) n -= n % lanes;
     if (n <= 2 * n_whole) return false; /* the chunk that fits is about as efficient */

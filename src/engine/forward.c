@@ -104,7 +104,7 @@ int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, 
     f->xl = alloc_rows(L, c->n_embd);
     f->logits = alloc_rows(L, c->n_vocab);
     int S = opt->max_splits;
-    f->carry = alloc_rows(S * T > 0 ? S * T : 1, c->n_embd);
+    f->carry = mn_alloc_aligned(((size_t)S * (size_t)T > 0 ? (size_t)S * (size_t)T : 1) * (size_t)c->n_embd * sizeof(float), 64);
     f->carry_n = mn_calloc((size_t)S + 1, sizeof(int));
     f->carry_layer = mn_calloc((size_t)S + 1, sizeof(int));
     f->attn_scratch_per_thread = attn_scratch_floats(opt->max_ctx, c->n_head, c->n_head_kv, c->head_dim);
@@ -405,7 +405,7 @@ int fwd_run(Forward *f, const FwdBatch *b, const float **logits, MnErr *err) {
     const size_t split_bytes = (size_t)b->n_split * (size_t)D * sizeof(float);
     float *split_x = f->x + (size_t)n_whole * D;
     const bool is_carried = b->n_split > 0 && b->split_first > 0;
-    float *carry = f->carry + (size_t)b->split_slot * (size_t)f->opt.max_tokens * (size_t)D;
+    float *carry = b->n_split > 0 ? f->carry + (size_t)b->split_slot * (size_t)f->opt.max_tokens * (size_t)D : NULL;
     for (int t = 0; t < (is_carried ? n_whole : b->n_tok); t++) {
         model_embed(f->m, b->tokens[t], f->x + (size_t)t * D);
         if (c->embd_scale != 1.0f) ops_scale(f->x + (size_t)t * D, c->embd_scale, D);
