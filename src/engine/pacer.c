@@ -1,15 +1,17 @@
 /* pacer.c — sizing a step's prefill from a step-time target (see pacer.h).
  *
- * The fit. Each measured pass adds its features x = (1, n_decode,
- * n_prefill, n_keys, chunk) and seconds t to decayed sums
+ * The fit. Each measured pass adds its features x = (1 - chunk,
+ * n_decode, n_prefill, n_keys, chunk) and seconds t to decayed sums
  * (older passes weigh PACER_DECAY less per pass), and the coefficients
  * are the non-negative least-squares solution of those sums: with five
  * coefficients, every subset of them is solved exactly (the others held
  * at 0) and the subset with the smallest residual among those whose
  * coefficients are all >= 0 wins, the larger subset on a tie — but a
  * subset with s only when its residual is clearly smaller than the best
- * without it (while every pass holds a prompt chunk, s and a cannot be
- * told apart, and a stays whole). A negative coefficient would mean a
+ * without it. A coefficient whose feature no pass has shown (a while
+ * every pass holds a whole chunk, s before any chunk) is left out of the
+ * solve, and the prediction puts the other per-pass cost in its place
+ * (fitted). A negative coefficient would mean a
  * longer chunk or a deeper one is cheaper, and the scheduler would then
  * overfill a step. A decode-only pass has no prompt tokens, so however
  * many of them come, the sums keep what earlier chunks showed of b'

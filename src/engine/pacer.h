@@ -3,27 +3,29 @@
  *
  * A step's forward pass costs about
  *
- *     t = a + b * n_decode + b' * n_prefill + c * n_keys + s * chunk
+ *     t = a * (1 - chunk) + s * chunk + b * n_decode + b' * n_prefill + c * n_keys
  *
- * seconds: a per pass (reading the weights, which dominates a decode-only
- * step), b per decode token and b' per prompt token (the matmuls: a few
- * decode tokens ride on the weights' reading, a prompt chunk is bound by
+ * seconds: a per pass of decode tokens alone (reading the weights, which
+ * dominates a decode-only step), s per pass that holds a prompt chunk
+ * (chunk 1; its layers read the weights under its arithmetic, and the
+ * int8 kernels' tiles of 9 or more tokens cost a step of their own, so s
+ * may be below a or above it — with one per-pass cost a fit through both
+ * kinds of pass predicted a decode-only pass at about twice its time),
+ * b per decode token and b' per prompt token (the matmuls: a few decode
+ * tokens ride on the weights' reading, a prompt chunk is bound by
  * arithmetic, so the two differ, and decode-only steps teach nothing of
  * b'), c per attended key (each token at position p reads p + 1 keys, so
  * a chunk's attention grows with its length and with how deep in its
- * sequence it sits), s once per pass that holds a prompt chunk (the int8
- * kernels' tiles of 9 or more tokens cost a step more than a few decode
- * tokens' rows kernel: without s, a fit through both kinds of pass puts
- * that step in a, and predicts a decode-only pass about twice what it
- * takes; chunk is 1 with a prompt chunk, 0 without), all times a level for how fast the machine runs now (other
- * work on its cores). The pacer learns a, b, b', c and s (all >= 0)
- * from the passes the engine measures, by least squares over recent
- * passes (older ones weigh less), and the level within a few passes. The
- * scheduler asks it how many tokens of a prefill fit beside what the step
- * already holds, and how many layers of a chunk spread over several
- * passes: such a chunk's tokens, keys and chunk term count by the share of
- * the model's layers a pass runs of it (every layer's matmuls and
- * attention cost alike).
+ * sequence it sits), all times a level for how fast the machine runs now
+ * (other work on its cores). The pacer learns a, s, b, b' and c (all
+ * >= 0) from the passes the engine measures, by least squares over
+ * recent passes (older ones weigh less), and the level within a few
+ * passes. The scheduler asks it how many tokens of a prefill fit beside
+ * what the step already holds, and how many layers of a chunk spread
+ * over several passes: such a chunk's tokens, keys and chunk term count
+ * by the share f of the model's layers a pass runs of it (every layer's
+ * matmuls and attention cost alike), so that pass costs a (1 - f) + s f
+ * per pass.
  *
  * A plain value: no heap, no locks; the engine thread owns it.
  */
@@ -50,7 +52,7 @@ typedef struct Pacer {
     int probe_tokens;   /* a prefill chunk before any pass was measured */
     int n_obs;          /* passes measured */
     /* decayed sums over measured passes of x x^T, x t and t^2, with
-     * x = (1, n_decode, n_prefill, n_keys, chunk) and t their
+     * x = (1 - chunk, n_decode, n_prefill, n_keys, chunk) and t their
      * seconds over scale */
     double sxx[PACER_N_COEF][PACER_N_COEF], sxt[PACER_N_COEF], stt;
     double coef[PACER_N_COEF]; /* the fit: a, b, b', c, s (>= 0) */
