@@ -21,13 +21,9 @@
 #include <sys/stat.h>
 
 #include "base/mem.h"
+#include "base/stats.h"
 
 /* ---- statistics ------------------------------------------------------------------- */
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 double bench_percentile(const double *sorted, long n, double p) {
     if (n <= 0) return NAN;
@@ -44,7 +40,7 @@ static void dist_of(double *v, long n, BenchDist *d) {
         d->mean = d->p50 = d->p90 = d->p99 = NAN;
         return;
     }
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    mn_sort_doubles(v, n);
     double sum = 0;
     for (long i = 0; i < n; i++) sum += v[i];
     d->mean = sum / (double)n;
@@ -718,7 +714,7 @@ static int svg_cdf(FILE *f, const BenchResults *r, const BenchSummary *s) {
     svg_frame(f, PANEL_W, &x, &y, "TTFT distribution", "time to first token (s)", "fraction of requests", 0);
     for (int k = 0; k < 2; k++) {
         if (n[k] == 0) continue;
-        qsort(v[k], (size_t)n[k], sizeof *v[k], cmp_double);
+        mn_sort_doubles(v[k], n[k]);
         fprintf(f, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s d=\"M%d,%d", COLOR[k],
                 k ? " stroke-dasharray=\"6,4\"" : "", PLOT_L, PLOT_B);
         for (long i = 0; i < n[k]; i++)

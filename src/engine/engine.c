@@ -73,6 +73,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/sched.h"
+#include "base/stats.h"
 #include "base/threadpool.h"
 #include "cache/index.h"
 #include "cache/kv_pool.h"
@@ -1889,15 +1890,8 @@ static int chunk_len(const Engine *e, const Batch *b, int32_t pos, int max_n, bo
 static double decodes_time(const Engine *e, PacerShape s) {
     if (e->n_decode_only == 0) return pacer_predict(&e->pacer, s);
     double v[ENGINE_DECODE_SAMPLES];
-    int n = e->n_decode_only;
-    memcpy(v, e->decode_only_s, (size_t)n * sizeof *v);
-    for (int i = 1; i < n; i++) /* insertion sort: a handful */
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    memcpy(v, e->decode_only_s, (size_t)e->n_decode_only * sizeof *v);
+    return mn_median_sort(v, e->n_decode_only);
 }
 
 /* A pass of a step with decodes took compute_s: a decode-only one joins
@@ -1989,9 +1983,9 @@ static int split_fit(Engine *e, Batch *b, int i, Split *sp, bool is_first, int r
     double limit_s = b->target_s > share_s ? b->target_s : share_s;
     PacerShape whole = pacer_range(sp->pos, sp->n);
     sp->n_layers = pacer_fit_layers(&e->pacer, b->shape, whole, L, L - sp->layer, limit_s);
-    if (!is_first && pacer_predict(&e->pacer, pacer_add(b->shape, pacer_part(whole, (double)sp->n_layers / L))) > limit_s)
-        return 0;
-    b->shape = pacer_add(b->shape, pacer_part(whole, (double)sp->n_layers / L));
+    PacerShape with = pacer_add(b->shape, pacer_part(whole, (double)sp->n_layers / L));
+    if (!is_first && pacer_predict(&e->pacer, with) > limit_s) return 0;
+    b->shape = with;
     b->split = sp;
     b->split_i = i;
     return sp->n;

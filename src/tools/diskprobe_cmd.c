@@ -20,6 +20,7 @@
 
 #include "base/cli.h"
 #include "base/mem.h"
+#include "base/stats.h"
 #include "tools/diskprobe.h"
 #include "tools/memload.h"
 #include "tools/tierprobe.h"
@@ -61,11 +62,6 @@ static bool sampling_next(void *ctx, double last) {
     return sigtimedwait(&s->stop, NULL, &s->every) < 0; /* a timeout (or another signal): go on */
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static int sample_main(const char *dir, uint64_t mb, uint64_t sample_mb, int every_ms, int max,
                        const DiskProbeOpts *o) {
     Sampling s = {.every = {every_ms / 1000, (long)(every_ms % 1000) * 1000000L}, .max = max};
@@ -86,8 +82,7 @@ static int sample_main(const char *dir, uint64_t mb, uint64_t sample_mb, int eve
     }
     double median = 0, q1 = 0, q3 = 0;
     if (s.n > 0) {
-        qsort(s.rates, (size_t)s.n, sizeof *s.rates, cmp_double);
-        median = s.n % 2 ? s.rates[s.n / 2] : (s.rates[s.n / 2 - 1] + s.rates[s.n / 2]) / 2;
+        median = mn_median_sort(s.rates, s.n);
         q1 = s.rates[(s.n - 1) / 4];
         q3 = s.rates[3 * (s.n - 1) / 4];
         printf("disk-probe %s: %d reads of %" PRIu64 " MiB, one every %d ms: median %.1f MB/s (%.1f to %.1f); "
