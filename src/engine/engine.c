@@ -234,9 +234,11 @@ typedef struct Active {
     bool is_restore_failed;  /* a block it holds failed to restore: requeue it */
     int n_cached_by[SRC_COUNT]; /* n_cached split by source */
     int n_shifted;           /* ... of which moved from other positions */
-    int n_restored_by[RESTORE_PATH_COUNT]; /* ReqResult.n_restored_by: a block of its cached run
-                                whose restore is not known yet counts as kv until on_restored
-                                says otherwise */
+    int n_restored_by[RESTORE_PATH_COUNT]; /* ReqResult.n_restored_by, but [RESTORE_KV] holds
+                                the tier tokens of both paths and [RESTORE_HIDDEN] 0 (split at
+                                the result, from n_hidden_tl) */
+    int64_t n_hidden_tl;     /* token-layers of those that came as hidden states: a block whose
+                                restore is not known yet counts as K/V until on_restored says */
     /* context overflow, shift (the request's ReqShift): blocks from
      * shift_block on are hashed in its shifted domain (-1: none), and each
      * source's full blocks have their chain hashes */
@@ -830,6 +832,16 @@ static void active_count_text(Active *a, const char *piece, size_t n) {
 
 /* ---- finishing ------------------------------------------------------------------- */
 
+/* a's tokens from the tiers, by[RESTORE_KV], split into kv and hidden by
+ * its token-layers that came as hidden states (rounded to the nearest). */
+static void restored_split(const Engine *e, const Active *a, int by[RESTORE_PATH_COUNT]) {
+    const int64_t n_layer = e->m->cfg.n_layer, tier_tokens = by[RESTORE_KV];
+    int64_t hidden = (a->n_hidden_tl + n_layer / 2) / n_layer;
+    if (hidden > tier_tokens) hidden = tier_tokens;
+    by[RESTORE_HIDDEN] = (int)hidden;
+    by[RESTORE_KV] = (int)(tier_tokens - hidden);
+}
+
 /* Emit the text held back (it is final now) and finish the request; the
  * Active itself stays (see active_finish). */
 static void active_complete(Engine *e, Active *a, FinishReason why, const char *error) {
@@ -864,6 +876,7 @@ static void active_complete(Engine *e, Active *a, FinishReason why, const char *
     res.n_cached_partial = a->n_cached_partial;
     memcpy(res.n_cached_by, a->n_cached_by, sizeof res.n_cached_by);
     memcpy(res.n_restored_by, a->n_restored_by, sizeof res.n_restored_by);
+    restored_split(e, a, res.n_restored_by);
     res.n_shifted = a->n_shifted;
     res.n_generated = a->n_generated;
     res.n_preempted = a->n_preempted;
@@ -1047,12 +1060,14 @@ static void count_admission(Engine *e, Active *a, int first, int end, const Shif
     a->n_shifted = 0;
     memset(a->n_cached_by, 0, sizeof a->n_cached_by);
     memset(a->n_restored_by, 0, sizeof a->n_restored_by);
+    a->n_hidden_tl = 0;
     for (int i = first; i < end; i++) {
         CacheSource src = tiers_block_source(e->tiers, &a->hashes[i]);
         a->n_cached_by[src] += bt;
         if (src == SRC_POOL) continue;
-        RestorePath path = tiers_block_path(e->tiers, &a->hashes[i]);
-        a->n_restored_by[path == RESTORE_HIDDEN ? RESTORE_HIDDEN : RESTORE_KV] += bt;
+        a->n_restored_by[RESTORE_KV] += bt;
+        uint64_t hidden = 0;
+        if (tiers_block_hidden(e->tiers, &a->hashes[i], &hidden)) a->n_hidden_tl += (int64_t)bt * __builtin_popcountll(hidden);
     }
     a->n_cached_by[SRC_POOL] += n_rows;
     /* dropped leading blocks computed again so the run after them counts */
@@ -1754,19 +1769,17 @@ static void mark_holders_failed(void *ctx, int32_t slot) {
 
 /* TiersConfig.on_restored_fn: a running sequence holding slot counted its
  * block as restored as K/V (count_admission) until this said how. */
-static void note_restored(void *ctx, int32_t slot, bool is_hidden) {
+static void note_restored(void *ctx, int32_t slot, uint64_t hidden_layers) {
     Engine *e = ctx;
-    if (!is_hidden) return;
-    const int bt = e->opt.block_tokens;
+    if (hidden_layers == 0) return;
+    const int64_t tl = (int64_t)e->opt.block_tokens * __builtin_popcountll(hidden_layers);
     for (int i = 0; i < e->n_running; i++) {
         Active *a = e->running[i];
         for (int b = 0; b < a->seq.n_blocks; b++)
-            if (a->seq.blocks[b] == slot && a->n_restored_by[RESTORE_KV] >= bt) {
-                a->n_restored_by[RESTORE_KV] -= bt;
-                a->n_restored_by[RESTORE_HIDDEN] += bt;
-            }
+            if (a->seq.blocks[b] == slot) a->n_hidden_tl += tl;
     }
 }
+
 
 /* FwdBatch.wait_layer: the batch's sequences wait for their restored
  * layers (and their moves' source blocks'), then the moves of the pass

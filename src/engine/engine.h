@@ -208,10 +208,11 @@ const char *engine_source_name(CacheSource s); /* "pool", "ram", "disk", "redis"
 
 /* How the prompt tokens of a request's cached run that were not in the
  * pool came back (ReqResult.n_restored_by; docs/API.md, restored_by):
- * read from a tier with every layer as K/V; read with some layers as
- * hidden states and projected; or recomputed — the leading blocks of a
- * cached run that every tier had dropped, computed again so that the
- * cached blocks after them could be used. */
+ * read from a tier as K/V; read as hidden states and projected; or
+ * recomputed — the leading blocks of a cached run that every tier had
+ * dropped, computed again so that the cached blocks after them could be
+ * used. A token whose layers came both ways counts in kv and hidden in
+ * proportion to its layers (the request's sum rounded to whole tokens). */
 typedef enum RestorePath { RESTORE_KV = 0, RESTORE_HIDDEN, RESTORE_RECOMPUTE, RESTORE_PATH_COUNT } RestorePath;
 const char *engine_restore_path_name(RestorePath p); /* "kv", "hidden", "recompute" */
 
@@ -259,8 +260,9 @@ typedef struct ReqResult {
     int n_cached_by[SRC_COUNT]; /* ... split by where they were */
     int n_shifted;     /* ... of which KV moved from other positions (context overflow, shift) */
     int n_restored_by[RESTORE_PATH_COUNT]; /* tokens of the cached run restored by each path: kv +
-                          hidden are its tokens found in a tier (not the shifted ones), recompute
-                          the dropped leading blocks computed again (not in n_cached) */
+                          hidden are its tokens found in a tier (not the shifted ones), split by
+                          their layers, recompute the dropped leading blocks computed again (not
+                          in n_cached) */
     int n_cached_partial; /* ... of them rows copied from a pool block that matched in part
                              (the filled part of a turn's last block; counted in SRC_POOL) */
     int n_generated;
@@ -392,8 +394,9 @@ typedef struct EngineStats {
     uint64_t cached_partial_tokens; /* of cached_tokens, rows of blocks that matched in part */
     uint64_t dropped_blocks;   /* blocks gone from every tier (recomputed if needed again) */
     uint64_t restore_failures; /* restores that failed (checksum, I/O) and were recomputed */
-    /* tokens of cached blocks restored: loaded from a tier with every layer as K/V; loaded with
-     * layers projected from hidden states; recomputed as a dropped leading run before a cached one */
+    /* tokens of cached blocks restored: loaded from a tier as K/V; loaded as hidden states and
+     * projected (a block with some layers of each counts in both, in proportion to its layers,
+     * rounded to whole tokens); recomputed as a dropped leading run before a cached one */
     uint64_t restored_kv_tokens, restored_hidden_tokens, restored_recompute_tokens;
     uint64_t writebehind_blocks; /* cold cached blocks copied down under the swap watermark */
     uint64_t prefetched_blocks;  /* blocks of waiting requests restored before admission */

@@ -145,15 +145,15 @@ struct EngineTiers {
     pthread_cond_t *cond;
     MoverEvent *ev_head, *ev_tail; /* events from the mover */
     void (*on_lost_fn)(void *ctx, int32_t slot);
-    void (*on_restored_fn)(void *ctx, int32_t slot, bool is_hidden);
+    void (*on_restored_fn)(void *ctx, int32_t slot, uint64_t hidden_layers);
     void *ctx;               /* TiersConfig.ctx, of the three callbacks */
     uint64_t hidden_layers;  /* TiersConfig.hidden_layers */
     bool is_auto;            /* TiersConfig.is_auto */
     double proj_s;           /* seconds per token and layer a projection takes
                                 (a moving average); 0: not measured */
     int (*project_fn)(void *ctx, int layer, const int32_t *slots, const int32_t *pos0, int n);
-    uint64_t n_restored_kv;     /* blocks restored with every layer loaded as KV */
-    uint64_t n_restored_hidden; /* blocks restored with layers projected */
+    uint64_t n_restored;               /* blocks restored into the pool */
+    uint64_t n_restored_hidden_layers; /* ... their layers that came as hidden states, summed */
 };
 
 /* mn_now() as the tiers read it for this use (the tests' hooks shift it). */
@@ -214,7 +214,7 @@ static void handle_event(EngineTiers *t, MoverEvent *ev) {
     case MOVER_EV_LAYER: {
         Load *ld = j->owner;
         if (ev->layer == 0 && t->on_restored_fn) /* block_hidden is known now */
-            for (int k = 0; k < j->n; k++) t->on_restored_fn(t->ctx, j->slots[k], j->block_hidden[k] != 0);
+            for (int k = 0; k < j->n; k++) t->on_restored_fn(t->ctx, j->slots[k], j->block_hidden[k]);
         project_layer(t, ld, ev->layer);
         /* a failed projection leaves the layer not done: a pass waiting for
          * it waits for the load's DONE, which fails it (its work dropped),
@@ -266,8 +266,9 @@ void tiers_stats(const EngineTiers *t, EngineStats *st) {
     st->n_tiers = t->n_tiers;
     tiers_snapshot(t, st);
     st->restore_failures = t->restore_failures;
-    st->restored_kv_tokens = t->n_restored_kv * (uint64_t)t->pool->block_tokens;
-    st->restored_hidden_tokens = t->n_restored_hidden * (uint64_t)t->pool->block_tokens;
+    const uint64_t bt = (uint64_t)t->pool->block_tokens, n_layer = (uint64_t)t->pool->n_layer;
+    st->restored_hidden_tokens = (t->n_restored_hidden_layers * bt + n_layer / 2) / n_layer;
+    st->restored_kv_tokens = t->n_restored * bt - st->restored_hidden_tokens;
     st->writebehind_blocks = t->n_writebehind;
     st->prefetched_blocks = t->n_prefetched;
     st->promoted_blocks = t->n_promoted;
@@ -624,8 +625,8 @@ static void load_done(EngineTiers *t, Load *ld, MoverJob *j) {
         int32_t slot = j->slots[k];
         t->slot_load[slot] = NULL;
         if (!is_failed) {
-            if (j->block_hidden[k] != 0) t->n_restored_hidden++;
-            else t->n_restored_kv++;
+            t->n_restored++;
+            t->n_restored_hidden_layers += (uint64_t)__builtin_popcountll(j->block_hidden[k]);
         } else {
             t->on_lost_fn(t->ctx, slot);
             index_remove_slot(t->index, slot);
@@ -659,13 +660,16 @@ CacheSource tiers_block_source(const EngineTiers *t, const Hash128 *h) {
     return SRC_POOL;
 }
 
-RestorePath tiers_block_path(const EngineTiers *t, const Hash128 *h) {
+bool tiers_block_hidden(const EngineTiers *t, const Hash128 *h, uint64_t *hidden_layers) {
     int32_t slot = index_lookup(t->index, h);
     const Load *ld = slot >= 0 ? t->slot_load[slot] : NULL;
-    if (ld == NULL || ld->layers_done == 0) return RESTORE_PATH_COUNT;
+    if (ld == NULL || ld->layers_done == 0) return false;
     for (int k = 0; k < ld->job->n; k++)
-        if (ld->job->slots[k] == slot) return ld->job->block_hidden[k] != 0 ? RESTORE_HIDDEN : RESTORE_KV;
-    return RESTORE_PATH_COUNT;
+        if (ld->job->slots[k] == slot) {
+            *hidden_layers = ld->job->block_hidden[k];
+            return true;
+        }
+    return false;
 }
 
 /* ---- the restore plan ---------------------------------------------------------------- */

@@ -64,12 +64,12 @@ typedef struct TiersConfig {
      * planned again, its KV there never used. Called on the engine thread
      * from tiers_take_events (so also from within tiers_wait_layer). */
     void (*on_lost_fn)(void *ctx, int32_t slot);
-    /* A restore into slot is known to bring it as K/V only, or with
-     * layers as hidden states (is_hidden): once per restored slot, as its
-     * load's first layer is taken (before any pass reads it), for the
-     * scheduler's per-request count (ReqResult.n_restored_by). May be
-     * NULL. */
-    void (*on_restored_fn)(void *ctx, int32_t slot, bool is_hidden);
+    /* A restore into slot is known to bring the layers hidden_layers as
+     * hidden states and the others as K/V (hidden_layers 0: K/V only):
+     * once per restored slot, as its load's first layer is taken (before
+     * any pass reads it), for the scheduler's per-request count
+     * (ReqResult.n_restored_by). May be NULL. */
+    void (*on_restored_fn)(void *ctx, int32_t slot, uint64_t hidden_layers);
     void *ctx;               /* of on_lost_fn, on_restored_fn and project_fn */
     /* Hidden-state restore (docs/DESIGN.md, "Hidden-state restore"): the
      * layers a save stores as the pool's hidden states (the pool has
@@ -175,10 +175,11 @@ int tiers_start_load(EngineTiers *t, const TierSeq *ts, const int *at, int n);
 /* Where indexed block h comes from: the pool, or the tier restoring it or
  * to restore it from. */
 CacheSource tiers_block_source(const EngineTiers *t, const Hash128 *h);
-/* How indexed block h, being restored, comes back: RESTORE_KV or
- * RESTORE_HIDDEN once its load's first layer came; RESTORE_PATH_COUNT
- * before (on_restored_fn says it later) or when no restore writes it. */
-RestorePath tiers_block_path(const EngineTiers *t, const Hash128 *h);
+/* Whether indexed block h, being restored, is known to come back with the
+ * layers *hidden_layers as hidden states (0: every layer as K/V): once its
+ * load's first layer came; false before (on_restored_fn says it later) or
+ * when no restore writes it. */
+bool tiers_block_hidden(const EngineTiers *t, const Hash128 *h, uint64_t *hidden_layers);
 /* Whether waiting request ts is to wait before admission for a promote of
  * its history that the mover is running now (rather than read the same
  * blocks from disk twice): for the first batch of its promotes, not the
