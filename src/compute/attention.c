@@ -37,6 +37,7 @@
 
 #include <assert.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -69,6 +70,7 @@ typedef struct AttnJob {
     const AttnKv *kv;
     float *scratch;
     size_t scratch_per_thread;
+    atomic_long next_unit; /* next (tile, KV head) unit to hand out */
 } AttnJob;
 
 /* Where the row of head kvh at position p of a sequence is stored. */
@@ -408,18 +410,22 @@ static void attn_tile(const AttnJob *job, int t0, int n_q, int kvh, float *scrat
 }
 
 /* Tiles are runs of at most ATTN_TILE consecutive batch tokens of one
- * sequence; units (tile, KV head) are dealt round-robin. Every worker walks
- * the same tiling, so no shared state is needed. */
+ * sequence; units (tile, KV head) are numbered in order. Every worker walks
+ * the same tiling and runs the units whose numbers it takes from the job's
+ * counter (taken in increasing order, so one walk finds them all). */
 static void attn_worker(void *ctx, int ith, int nth) {
-    const AttnJob *job = ctx;
+    AttnJob *job = ctx;
     const AttnBatch *b = job->b;
     float *scratch = job->scratch + (size_t)ith * job->scratch_per_thread;
-    long u = 0;
+    long u = 0, mine = atomic_fetch_add_explicit(&job->next_unit, 1, memory_order_relaxed);
     for (int t0 = 0; t0 < b->n_tok;) {
         int n_q = 1;
         while (n_q < ATTN_TILE && t0 + n_q < b->n_tok && b->seq[t0 + n_q] == b->seq[t0]) n_q++;
-        for (int kvh = 0; kvh < b->n_head_kv; kvh++, u++)
-            if (u % nth == ith) attn_tile(job, t0, n_q, kvh, scratch);
+        for (int kvh = 0; kvh < b->n_head_kv; kvh++, u++) {
+            if (u != mine) continue;
+            attn_tile(job, t0, n_q, kvh, scratch);
+            mine = atomic_fetch_add_explicit(&job->next_unit, 1, memory_order_relaxed);
+        }
         t0 += n_q;
     }
 }
@@ -427,9 +433,10 @@ static void attn_worker(void *ctx, int ith, int nth) {
 void attn_forward(ThreadPool *tp, float *out, const AttnBatch *b, const AttnKv *kv, float *scratch,
                   size_t scratch_per_thread) {
     assert(b->n_head % b->n_head_kv == 0);
-    AttnJob job = {out, b, kv, scratch, scratch_per_thread};
+    AttnJob job = {.out = out, .b = b, .kv = kv, .scratch = scratch, .scratch_per_thread = scratch_per_thread};
+    atomic_init(&job.next_unit, 0);
     if (tp == NULL)
         attn_worker(&job, 0, 1);
     else
-        tpool_run(tp, attn_worker, &job);
+        tpool_share(tp, attn_worker, &job);
 }

@@ -2,8 +2,9 @@
  *
  * How it fits: every projection of the forward pass (q/k/v/o, the FFN, the
  * output head) is one mm_matmul call on the engine thread, which spreads the
- * work over the compute pool with one tpool_run. Workers take chunks of
- * output rows from an atomic counter in the job; the job lives on the
+ * work over the compute pool with one tpool_share. Workers take chunks of
+ * output rows from an atomic counter in the job (a worker that is not
+ * running when the job begins leaves its chunks to the others); the job lives on the
  * caller's stack for the duration of the call, and each output element is
  * written by exactly one worker.
  *
@@ -728,7 +729,7 @@ void mm_matmul_packed(ThreadPool *tp, float *out, const MatW *w, const uint8_t *
                  .row_bytes = (size_t)row_bytes};
     atomic_init(&job.next_chunk, 0);
     i8_plan(&job, nth); /* (its token groups are not used: every chunk takes all the tokens) */
-    if (tp != NULL && nth > 1 && job.n_chunks > 1) tpool_run(tp, i8_worker_packed, &job);
+    if (tp != NULL && nth > 1 && job.n_chunks > 1) tpool_share(tp, i8_worker_packed, &job);
     else i8_worker_packed(&job, 0, 1);
 }
 
@@ -751,12 +752,12 @@ void mm_matmul(ThreadPool *tp, float *out, const MatW *w, const float *x, int n_
     atomic_init(&job.next_chunk, 0);
     if (i8_takes(w)) {
         i8_plan(&job, nth);
-        if (tp != NULL && nth > 1 && job.n_chunks * job.n_groups > 1) tpool_run(tp, i8_worker, &job);
+        if (tp != NULL && nth > 1 && job.n_chunks * job.n_groups > 1) tpool_share(tp, i8_worker, &job);
         else i8_worker(&job, 0, 1);
         return;
     }
     job_plan(&job, nth);
-    if (tp != NULL && nth > 1 && job.n_chunks > 1) tpool_run(tp, mm_worker, &job);
+    if (tp != NULL && nth > 1 && job.n_chunks > 1) tpool_share(tp, mm_worker, &job);
     else mm_worker(&job, 0, 1);
 }
 

@@ -29,6 +29,7 @@
  */
 #include "engine/forward.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 #include "base/mem.h"
@@ -229,6 +230,8 @@ typedef struct StageJob {
     const FwdBatch *b;
     int il;
     Stage stage;
+    long per;              /* tokens a worker takes at a time */
+    atomic_long next_tok;  /* the first token not yet taken */
 } StageJob;
 
 /* Write one token's K and V rows of layer il into row `row` of slot. */
@@ -316,16 +319,22 @@ static void stage_token(const StageJob *j, int t) {
 }
 
 static void stage_worker(void *ctx, int ith, int nth) {
-    const StageJob *j = ctx;
-    long lo, hi;
-    tpool_split(j->b->n_tok, 1, ith, nth, &lo, &hi);
-    for (long t = lo; t < hi; t++) stage_token(j, (int)t);
+    StageJob *j = ctx;
+    for (;;) {
+        long lo = atomic_fetch_add_explicit(&j->next_tok, j->per, memory_order_relaxed);
+        if (lo >= j->b->n_tok) break;
+        long hi = lo + j->per < j->b->n_tok ? lo + j->per : j->b->n_tok;
+        for (long t = lo; t < hi; t++) stage_token(j, (int)t);
+    }
 }
 
+/* A stage's tokens in runs of a quarter of a worker's share. */
 static void run_stage(Forward *f, const FwdBatch *b, int il, Stage stage) {
-    StageJob j = {f, b, il, stage};
+    const long n_runs = 4L * tpool_size(f->tp);
+    StageJob j = {.f = f, .b = b, .il = il, .stage = stage, .per = (b->n_tok + n_runs - 1) / n_runs};
+    atomic_init(&j.next_tok, 0);
     if (b->n_tok == 1) stage_worker(&j, 0, 1);
-    else tpool_run(f->tp, stage_worker, &j);
+    else tpool_share(f->tp, stage_worker, &j);
 }
 
 /* Layer il over batch b (its first b->n_tok tokens: a split chunk that
