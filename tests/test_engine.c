@@ -3547,7 +3547,12 @@ static uint64_t n_finished(Engine *e) {
  * both at admission — seconds on a real model, a restore's worth of bytes
  * — or its decode was suspended to wait for them). Let through, the first
  * run is in RAM and the second only on disk: pushed out of the pool, the
- * conversation comes back from both, bit for bit the full recompute's. */
+ * conversation comes back from both, bit for bit the full recompute's.
+ * The pool evicts by lru, so the two fills of 37 blocks take every block
+ * of the conversation, older than theirs, whatever the clock (pensieve
+ * weighs each block's idle time in real seconds against its position:
+ * with the test's thread held half a second between the fills, it kept
+ * two of the conversation's trailing blocks in the pool). */
 static void check_copy_up_withdrawn(int b_len, int b_gen) {
     Model *m = load("stories260K");
     if (!m) return;
@@ -3567,7 +3572,7 @@ static void check_copy_up_withdrawn(int b_len, int b_gen) {
     Gate puts;
     gate_init(&puts);
     MoverTestHooks mh = {.put_gate = gate_ram_put, .ctx = &puts};
-    e = tier_engine_hooked(m, 48, 1, dir, EVICT_DEFAULT, &mh, NULL);
+    e = tier_engine_hooked(m, 48, 1, dir, EVICT_LRU, &mh, NULL);
     gate_close(&puts);
     expect_recomputed(e, &want, a, 289, &res);
     assert_int_equal(res.n_cached_by[SRC_DISK], 288);
