@@ -243,6 +243,8 @@ typedef struct VirtualPasses {
     double coef[3];
     double slow_factor;
     int slow_from;
+    int n_slow_decodes;                  /* the first decode-only passes that take ... */
+    double slow_decode_factor;           /* ... this many times their cost (a cold start) */
     double now;                          /* the engine's step clock */
     int n_readings;                      /* of the current pass */
     double pass_s;                       /* the current pass's time */
@@ -288,12 +290,19 @@ static double drive_clock(void *ctx, EngineClockUse use) {
     return shift;
 }
 
+/* Whether pass st holds prompt tokens (else only decodes). */
+static bool has_prompt(const EngineStepInfo *st) { return st->n_prefill + st->n_split > 0; }
+
 /* The virtual time of the pass about to run, logged. */
 static void virtual_pass(VirtualPasses *vp, const EngineStepInfo *step) {
     const double *c = vp->coef;
     double split = step->n_split > 0 ? (double)step->n_split * step->split_layers / step->n_layer : 0;
     vp->pass_s = c[0] + c[1] * (step->n_decode + step->n_prefill + split) + c[2] * step->n_keys;
     if (vp->n_log >= vp->slow_from) vp->pass_s *= vp->slow_factor;
+    if (vp->n_slow_decodes > 0 && step->n_decode > 0 && !has_prompt(step)) {
+        vp->pass_s *= vp->slow_decode_factor;
+        vp->n_slow_decodes--;
+    }
     vp->n_readings = 0;
     if (vp->n_log == DRIVE_MAX_PASSES) return; /* the test fails on the count */
     vp->log[vp->n_log] = *step;
@@ -474,8 +483,10 @@ static void check_concurrent(Concurrent c) {
     assert_int_equal(st.pool_used, 0);
     assert_int_equal(st.requests_finished[FINISH_LENGTH], N);
     if (c.pool_blocks > 0 && c.pool_blocks < 40) assert_true(st.suspensions > 0);
-    /* suspended sequences leave unsaved cached blocks: the watermark copies them down */
-    if (c.ram_tier_mb) assert_true(st.writebehind_blocks > 0);
+    /* (whether the watermark copied blocks down here depends on the mover's
+     * speed: write-behind waits while a save is in flight, and on a loaded
+     * machine one was, every step — it failed 2 runs in 10 so. Write-behind
+     * is test_writebehind_namespaces's, with saves settled.) */
     free(jobs);
     engine_free(e);
     gate_deinit(&dr.steps);
@@ -1109,8 +1120,6 @@ static double pass_prompt_tokens(const EngineStepInfo *st) {
     return st->n_prefill + (st->n_split > 0 ? (double)st->n_split * st->split_layers / st->n_layer : 0);
 }
 
-/* Whether pass st holds prompt tokens (else only decodes). */
-static bool has_prompt(const EngineStepInfo *st) { return st->n_prefill + st->n_split > 0; }
 
 /* The passes of the log that carry l's prompt: [*first, *end). The first
  * pass computes d's prompt (no decode then); l's chunks are the passes
@@ -1129,10 +1138,12 @@ static void long_prefill_passes(const VirtualPasses *vp, int *first, int *end) {
  * and layer_split.
  * Both answers must be as alone. The passes stay logged in dr->vp (the
  * engine is freed: read it unlocked), l's chunks in [*first, *end). */
-static void run_paced(Model *m, Drive *dr, double target_ms, double ratio, bool layer_split, int n_long, int *first,
-                      int *end) {
+static void run_paced_slow(Model *m, Drive *dr, double target_ms, double ratio, bool layer_split, int n_long,
+                           int n_slow_decodes, int *first, int *end) {
     EngineOptions o;
     pace_options(&o, dr, target_ms, 2);
+    dr->vp.n_slow_decodes = n_slow_decodes;
+    dr->vp.slow_decode_factor = 6;
     o.decode_step_ratio = ratio;
     o.layer_split = layer_split;
     Engine *e = pace_engine_start(m, &o);
@@ -1159,6 +1170,11 @@ static void run_paced(Model *m, Drive *dr, double target_ms, double ratio, bool 
     engine_free(e);
     gate_deinit(&dr->steps);
     long_prefill_passes(&dr->vp, first, end);
+}
+
+static void run_paced(Model *m, Drive *dr, double target_ms, double ratio, bool layer_split, int n_long, int *first,
+                      int *end) {
+    run_paced_slow(m, dr, target_ms, ratio, layer_split, n_long, 0, first, end);
 }
 
 /* run_paced with decode_step_ratio `ratio`, each chunk's layers in one
@@ -1253,18 +1269,20 @@ static void test_pace_chunks_fill_lanes(void **s) {
  * to four decode passes, far less than a chunk of the step target takes
  * (200 ms: about 90 tokens here), so the prompt goes in chunks of about
  * that target, each chunk's layers over several steps. Every pass of the
- * prompt carries the decode's token and, when it runs more than one layer
- * of a chunk (one is the least a step runs), takes at most 5/4 of four
+ * prompt carries the decode's token and, once the step-time model has
+ * seen two of them, when it runs a whole chunk or more than one layer of
+ * a split one (one is the least a step runs), takes at most 5/4 of four
  * decode passes; every prompt token goes through every layer once (the
  * passes' shares of the chunks' layers add up to the prompt); some pass
- * runs part of a chunk's layers; both answers are as alone. */
-static void test_split_chunk_beside_decode(void **s) {
+ * runs part of a chunk's layers; both answers are as alone. The first
+ * n_slow_decodes decode-only passes take six times their cost. */
+static void check_split_beside_decode(int n_slow_decodes) {
     Model *m = load("stories260K");
     if (!m) return;
     Drive *dr = calloc(1, sizeof *dr);
     int first, end, n_parts = 0;
     double n_tokens = 0;
-    run_paced(m, dr, 2 * PACE_TARGET_MS, 4, true, 400, &first, &end);
+    run_paced_slow(m, dr, 2 * PACE_TARGET_MS, 4, true, 400, n_slow_decodes, &first, &end);
     const double decode_max = PACE_PER_PASS_S + PACE_PER_TOKEN_S + PACE_PER_KEY_S * (9 + 160);
     const VirtualPasses *vp = &dr->vp;
     for (int i = first; i < end; i++) {
@@ -1272,9 +1290,9 @@ static void test_split_chunk_beside_decode(void **s) {
         n_tokens += pass_prompt_tokens(st);
         n_parts += st->n_split > 0 && st->split_layers < st->n_layer;
         if (st->n_decode != 1) fail_msg("pass %d of the long prompt carried %d decode tokens", i, st->n_decode);
-        if (st->split_layers > 1 && vp->log_s[i] > 1.25 * 4 * decode_max)
-            fail_msg("pass %d (%d layers of a %d-token chunk) took %.4f s, at most %.4f s", i, st->split_layers,
-                     st->n_split, vp->log_s[i], 1.25 * 4 * decode_max);
+        if (i >= first + 2 && (st->split_layers > 1 || st->n_prefill > 0) && vp->log_s[i] > 1.25 * 4 * decode_max)
+            fail_msg("pass %d (%d prompt tokens, %d layers of a %d-token chunk) took %.4f s, at most %.4f s", i,
+                     st->n_prefill, st->split_layers, st->n_split, vp->log_s[i], 1.25 * 4 * decode_max);
     }
     if (fabs(n_tokens - 399) < 1e-6) assert_int_equal(vp->log[end].n_decode, 2);
     else if (fabs(n_tokens - 400) > 1e-6) fail_msg("the passes computed %.3f prompt tokens of 400", n_tokens);
@@ -1282,6 +1300,15 @@ static void test_split_chunk_beside_decode(void **s) {
     free(dr);
     model_free(m);
 }
+
+static void test_split_chunk_beside_decode(void **s) { check_split_beside_decode(0); }
+
+/* The same when the server's first two decode-only passes are slow (on a
+ * fresh server the first ones here took 0.20 and 0.12 s, then 0.027): the
+ * decodes' own time is the median of enough decode-only passes that two
+ * such do not set it (of three, it made every step beside a prompt four
+ * times a slow pass, 0.49 s, until later passes outvoted them). */
+static void test_split_cap_after_slow_first_decodes(void **s) { check_split_beside_decode(2); }
 
 /* got (freed here), a request's first logits, are a full recompute's of
  * its prompt, bit for bit. */
@@ -4724,6 +4751,7 @@ int main(void) {
         cmocka_unit_test(test_pace_decode_beside_prefill),
         cmocka_unit_test(test_pace_decode_step_ratio),
         cmocka_unit_test(test_split_chunk_beside_decode),
+        cmocka_unit_test(test_split_cap_after_slow_first_decodes),
         cmocka_unit_test(test_split_chunks_take_turns),
         cmocka_unit_test(test_split_chunk_dropped_on_cancel),
         cmocka_unit_test(test_split_leading_range),

@@ -157,9 +157,11 @@ typedef struct ShiftMove {
  * ENGINE_DECODE_MIN_SAMPLES were measured, or after
  * ENGINE_DECODE_STALE_STEPS steps with decodes and none of decodes alone
  * (prompts pending all along), a step leaves the prompts out to measure
- * one. */
+ * one. Five at least: a fresh server's first decode-only passes are slow
+ * (1.1B Q8_0: 0.20 and 0.12 s, then 0.027), and the median of three took
+ * the second of them, which a probe only every STALE_STEPS outvoted. */
 #define ENGINE_DECODE_SAMPLES 15
-#define ENGINE_DECODE_MIN_SAMPLES 3
+#define ENGINE_DECODE_MIN_SAMPLES 5
 #define ENGINE_DECODE_STALE_STEPS 32
 
 /* Prompt chunks whose layers are under way at once: a step runs one of
