@@ -4,9 +4,9 @@
  * output head) is one mm_matmul call on the engine thread, which spreads the
  * work over the compute pool with one tpool_share. Workers take chunks of
  * output rows from an atomic counter in the job (a worker that is not
- * running when the job begins leaves its chunks to the others); the job lives on the
- * caller's stack for the duration of the call, and each output element is
- * written by exactly one worker.
+ * running when the job begins leaves its chunks to the others); the job
+ * lives on the caller's stack for the duration of the call, and each
+ * output element is written by exactly one worker.
  *
  * Every quantized type multiplies int8 activations: the K-quants and
  * IQ4_XS in compute/kquant.c, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL in
