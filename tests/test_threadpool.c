@@ -156,8 +156,8 @@ typedef struct Late {
 
 static void late_items(void *ctx, int ith, int nth) {
     Late *l = ctx;
-    if (ith == 1) {
-        if (atomic_fetch_add(&l->next, 1) != 0) return; /* the caller began first: nothing to show */
+    if (ith == 1) { /* the caller takes nothing before this */
+        atomic_fetch_add(&l->next, 1);
         atomic_store(&l->first_taken, true);
         TEST_WAIT_UNTIL(atomic_load(&l->caller_done), "the caller's call never ended");
         for (volatile int spin = 0; spin < 1000000; spin++) {

@@ -837,11 +837,10 @@ static void active_count_text(Active *a, const char *piece, size_t n) {
 /* a's tokens from the tiers, by[RESTORE_KV], split into kv and hidden by
  * its token-layers that came as hidden states (rounded to the nearest). */
 static void restored_split(const Engine *e, const Active *a, int by[RESTORE_PATH_COUNT]) {
-    const int64_t n_layer = e->m->cfg.n_layer, tier_tokens = by[RESTORE_KV];
-    int64_t hidden = (a->n_hidden_tl + n_layer / 2) / n_layer;
-    if (hidden > tier_tokens) hidden = tier_tokens;
-    by[RESTORE_HIDDEN] = (int)hidden;
-    by[RESTORE_KV] = (int)(tier_tokens - hidden);
+    const int tier_tokens = by[RESTORE_KV];
+    uint64_t hidden = tiers_tokens_of_layers((uint64_t)a->n_hidden_tl, e->m->cfg.n_layer);
+    by[RESTORE_HIDDEN] = hidden < (uint64_t)tier_tokens ? (int)hidden : tier_tokens;
+    by[RESTORE_KV] = tier_tokens - by[RESTORE_HIDDEN];
 }
 
 /* Emit the text held back (it is final now) and finish the request; the
@@ -1068,8 +1067,9 @@ static void count_admission(Engine *e, Active *a, int first, int end, const Shif
         a->n_cached_by[src] += bt;
         if (src == SRC_POOL) continue;
         a->n_restored_by[RESTORE_KV] += bt;
-        uint64_t hidden = 0;
-        if (tiers_block_hidden(e->tiers, &a->hashes[i], &hidden)) a->n_hidden_tl += (int64_t)bt * __builtin_popcountll(hidden);
+        uint64_t hidden = 0; /* not known yet: K/V until note_restored says */
+        if (tiers_block_hidden(e->tiers, &a->hashes[i], &hidden))
+            a->n_hidden_tl += (int64_t)bt * __builtin_popcountll(hidden);
     }
     a->n_cached_by[SRC_POOL] += n_rows;
     /* dropped leading blocks computed again so the run after them counts */
@@ -1781,7 +1781,6 @@ static void note_restored(void *ctx, int32_t slot, uint64_t hidden_layers) {
             if (a->seq.blocks[b] == slot) a->n_hidden_tl += tl;
     }
 }
-
 
 /* FwdBatch.wait_layer: the batch's sequences wait for their restored
  * layers (and their moves' source blocks'), then the moves of the pass

@@ -266,8 +266,8 @@ void tiers_stats(const EngineTiers *t, EngineStats *st) {
     st->n_tiers = t->n_tiers;
     tiers_snapshot(t, st);
     st->restore_failures = t->restore_failures;
-    const uint64_t bt = (uint64_t)t->pool->block_tokens, n_layer = (uint64_t)t->pool->n_layer;
-    st->restored_hidden_tokens = (t->n_restored_hidden_layers * bt + n_layer / 2) / n_layer;
+    const uint64_t bt = (uint64_t)t->pool->block_tokens;
+    st->restored_hidden_tokens = tiers_tokens_of_layers(t->n_restored_hidden_layers * bt, t->pool->n_layer);
     st->restored_kv_tokens = t->n_restored * bt - st->restored_hidden_tokens;
     st->writebehind_blocks = t->n_writebehind;
     st->prefetched_blocks = t->n_prefetched;
@@ -658,6 +658,10 @@ CacheSource tiers_block_source(const EngineTiers *t, const Hash128 *h) {
     for (int k = 0; k < ld->job->n; k++)
         if (ld->job->slots[k] == slot) return t->tier_src[ld->job->tier[k]];
     return SRC_POOL;
+}
+
+uint64_t tiers_tokens_of_layers(uint64_t token_layers, int n_layer) {
+    return (token_layers + (uint64_t)n_layer / 2) / (uint64_t)n_layer;
 }
 
 bool tiers_block_hidden(const EngineTiers *t, const Hash128 *h, uint64_t *hidden_layers) {

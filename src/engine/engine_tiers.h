@@ -180,6 +180,10 @@ CacheSource tiers_block_source(const EngineTiers *t, const Hash128 *h);
  * load's first layer came; false before (on_restored_fn says it later) or
  * when no restore writes it. */
 bool tiers_block_hidden(const EngineTiers *t, const Hash128 *h, uint64_t *hidden_layers);
+/* Tokens that token_layers (token times layer, summed) of an n_layer model
+ * make: the share of restored tokens counted as hidden (restored_by),
+ * rounded to the nearest. */
+uint64_t tiers_tokens_of_layers(uint64_t token_layers, int n_layer);
 /* Whether waiting request ts is to wait before admission for a promote of
  * its history that the mover is running now (rather than read the same
  * blocks from disk twice): for the first batch of its promotes, not the

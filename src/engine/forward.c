@@ -76,8 +76,8 @@ static size_t hidden_row_bytes(const Model *m, MmPack kind) {
 
 size_t fwd_hidden_row_bytes(const Model *m) { return hidden_row_bytes(m, hidden_pack(m)); }
 
-static float *alloc_rows(int rows, int width) {
-    return mn_alloc_aligned((size_t)rows * (size_t)width * sizeof(float), 64);
+static float *alloc_rows(size_t rows, int width) {
+    return mn_alloc_aligned(rows * (size_t)width * sizeof(float), 64);
 }
 
 int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, MnErr *err) {
@@ -105,7 +105,8 @@ int fwd_new(const Model *m, KvPool *pool, const FwdOptions *opt, Forward **out, 
     f->xl = alloc_rows(L, c->n_embd);
     f->logits = alloc_rows(L, c->n_vocab);
     int S = opt->max_splits;
-    f->carry = mn_alloc_aligned(((size_t)S * (size_t)T > 0 ? (size_t)S * (size_t)T : 1) * (size_t)c->n_embd * sizeof(float), 64);
+    const size_t carry_rows = (size_t)S * (size_t)T;
+    f->carry = alloc_rows(carry_rows > 0 ? carry_rows : 1, c->n_embd);
     f->carry_n = mn_calloc((size_t)S + 1, sizeof(int));
     f->carry_layer = mn_calloc((size_t)S + 1, sizeof(int));
     f->attn_scratch_per_thread = attn_scratch_floats(opt->max_ctx, c->n_head, c->n_head_kv, c->head_dim);
