@@ -410,7 +410,7 @@ static int cmd_serve(int argc, char **argv) {
     const char *gpu_layers = NULL, *flash_attn = NULL; /* llama.cpp's, ignored */
     uint64_t pool_mb = 0;
     float drain_timeout = 30.0f, cache_ttl = 0.0f, response_ttl = (float)RESP_TTL_DEFAULT_S;
-    bool no_prefix_cache = false, no_layer_split = false;
+    bool no_prefix_cache = false, no_layer_split = false, no_tier_measure = false;
     CliStrList keys = {0}, cors = {0}, redis_urls = {0};
     EngineOptions eo;
     engine_options_default(&eo);
@@ -474,6 +474,9 @@ static int cmd_serve(int argc, char **argv) {
          "where those are smaller (restored by projecting them: the same KV, bit for bit), or (auto, the "
          "default) with a disk or Redis tier each run split between the two by the measured projection time "
          "and read bandwidth, KV with a RAM tier alone"},
+        {"no-tier-measure", 0, CLI_FLAG, &no_tier_measure, NULL,
+         "do not measure the cache tiers' read rates at start (32 MiB written and read back through each); the "
+         "restore planner then guesses until each tier's first restore"},
         {"no-prefix-cache", 0, CLI_FLAG, &no_prefix_cache, NULL, "compute every prompt from scratch"},
         {"drain-timeout", 0, CLI_FLOAT, &drain_timeout, "S", "on SIGTERM, let running requests finish this long (30)"},
         {"cache-ttl", 0, CLI_FLOAT, &cache_ttl, "S", "drop cached blocks idle longer than S seconds (0: never)"},
@@ -528,6 +531,7 @@ static int cmd_serve(int argc, char **argv) {
     eo.layer_split = !no_layer_split;
     eo.schedule = (SchedPolicy)sched;
     eo.restore_plan = (RestorePlan)plan;
+    eo.measure_tiers = !no_tier_measure;
     eo.context_overflow = (ContextOverflow)overflow_mode;
     MnErr perr = {0};
     if (evict && policy_parse(evict, &eo.evict, &perr) != MN_OK) {

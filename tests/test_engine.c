@@ -24,6 +24,7 @@
 #include "cache/store.h"
 #include "cache/tier.h"
 #include "engine/engine.h"
+#include "engine/engine_tiers.h"
 #include "engine/mref.h"
 #include "engine/runner.h"
 #include "engine/forward.h"
@@ -3094,6 +3095,61 @@ static void test_auto_plan(void **s) {
     model_free(m);
 }
 
+/* EngineOptions.measure_tiers: the mover measures each tier's read rate
+ * as the engine starts, and the auto plan's first save already follows it
+ * — the disk measured slow (its reads reported 1000 s slower, as in
+ * test_auto_plan), the first conversation is stored as hidden states,
+ * where test_auto_plan's engine, guessing, stores K/V. The figure is the
+ * planner's (EngineStats.tier_read_bps) until a restore reads the tier;
+ * the measurement leaves nothing in the tier. Without it the planner
+ * takes the guesses. */
+static void test_auto_plan_measured(void **s) {
+    Model *m = load("qwen3-q4_k_m");
+    if (!m) return;
+    char *dir = test_tmpdir_new("tier");
+    PlanClock c = {.proj_step_s = 1e-3, .read_delay_s = 1e3};
+    pthread_mutex_init(&c.lock, NULL);
+    c.hooks = (EngineTestHooks){.clock_shift_fn = plan_clock, .ctx = &c};
+    c.mover = (MoverTestHooks){.read_delay_fn = plan_read_delay, .ctx = &c};
+    EngineOptions o;
+    tier_options(&o, 16, &c.mover);
+    o.disk_tier_dir = dir;
+    o.restore_plan = RESTORE_PLAN_AUTO;
+    o.test_hooks = &c.hooks;
+    o.measure_tiers = true;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_int_equal(st.n_tiers, 1);
+    const MoverTierStats *t = &st.tiers[0];
+    assert_true(t->measured_read_bps > 0 && t->measured_read_bps < 1e6); /* its bytes over 1000 s and more */
+    assert_true(st.tier_read_bps[0] == t->measured_read_bps);
+    assert_int_equal(t->tier.n_runs + t->tier.bytes_read + t->tier.bytes_written + t->tier.occupancy_bytes, 0);
+    uint64_t n = expect_round_trip(e, m, 710);
+    settled_stats(e, &st);
+    assert_int_equal(st.restored_hidden_tokens, n);
+    assert_int_equal(st.restored_kv_tokens, 0);
+    const TierStats *disk = &st.tiers[0].tier;
+    assert_true(disk->bytes_read > 0);
+    assert_true(st.tier_read_bps[0] == (double)disk->bytes_read / disk->read_seconds); /* its restores' now */
+    engine_free(e);
+    /* without the measurement: the guesses (RAM's and the disk's) */
+    o.measure_tiers = false;
+    o.ram_tier_mb = 1;
+    if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
+    engine_stats(e, &st);
+    assert_int_equal(st.n_tiers, 2);
+    assert_true(st.tiers[0].measured_read_bps == 0 && st.tiers[1].measured_read_bps == 0);
+    assert_true(st.tier_read_bps[0] == TIERS_GUESS_RAM_BPS);
+    assert_true(st.tier_read_bps[1] == TIERS_GUESS_BPS);
+    engine_free(e);
+    pthread_mutex_destroy(&c.lock);
+    test_tmpdir_free(dir);
+    model_free(m);
+}
+
 /* Run each prompt (4 tokens generated) on a tier engine over dir, then
  * stop it: their full blocks are on disk only, for the next engine there. */
 static void put_on_disk_plan(Model *m, const char *dir, const int32_t *const *prompts, const int *lens, int n,
@@ -4321,6 +4377,43 @@ static void test_redis_restore_other_instance(void **s) {
     engine_free(e);
 }
 
+/* A's Redis values hold three blocks at most (MoverTestHooks.
+ * redis_value_bytes): its save of prompt a's 8 blocks is put as runs of
+ * 3, 3 and 2, each with a value per layer; B, with the default size,
+ * finds all three by probing and restores them in one read, first logits
+ * bit for bit a full recompute's. */
+static void test_redis_restore_parts(void **s) {
+    RedisCase *rc = *s;
+    if (!redis_case_open(rc, 155)) return;
+    const uint64_t kv_block = kvpool_bytes_for(1, rc->m->cfg.kv_dim, 8, 1, MN_TYPE_F16);
+    MoverTestHooks hk = {.redis_value_bytes = 3 * kv_block + kv_block / 2};
+    Engine *a = case_engine(rc, 32, &hk);
+    ReqResult res;
+    expect_recomputed(a, &rc->full, rc->p[0], 65, &res);
+    settle(a);
+    TierStats ts = redis_stats(a);
+    assert_int_equal(ts.n_puts, 3);
+    assert_int_equal(ts.n_runs, 3);
+    assert_int_equal(ts.n_blocks, 8);
+    engine_free(a);
+    const int n_layer = rc->m->cfg.n_layer;
+    redisReply *keys = redis_srv_keys(&rc->srv, "mnemo:kv1:*"); /* a value per layer of each run */
+    assert_int_equal(keys->elements, 3 * n_layer);
+    freeReplyObject(keys);
+    keys = redis_srv_keys(&rc->srv, "mnemo:blk1:*"); /* a pointer per block */
+    assert_int_equal(keys->elements, 8);
+    freeReplyObject(keys);
+    Engine *b = case_engine(rc, 32, NULL);
+    expect_recomputed(b, &rc->full, rc->p[0], 65, &res);
+    assert_int_equal(res.n_cached_by[SRC_REDIS], 64);
+    EngineStats st;
+    settled_stats(b, &st);
+    assert_int_equal(st.shared_found_blocks, 8);
+    assert_int_equal(st.tiers[0].tier.n_runs, 3);
+    assert_int_equal(st.restore_failures, 0);
+    engine_free(b);
+}
+
 /* MoverTestHooks.layer_gate: hold a restore after its first layer. */
 static void hold_layer0(void *ctx, int layer) {
     Gate *g = ctx;
@@ -4812,6 +4905,7 @@ int main(void) {
         cmocka_unit_test(test_block_tokens_out_of_range),
         cmocka_unit_test(test_restore_plan_out_of_range),
         cmocka_unit_test(test_auto_plan),
+        cmocka_unit_test(test_auto_plan_measured),
         cmocka_unit_test(test_prefetch_waiting),
         cmocka_unit_test(test_promote_waiting),
         cmocka_unit_test(test_disk_restore_through_ram),
@@ -4831,6 +4925,7 @@ int main(void) {
         cmocka_unit_test(test_writebehind_namespaces),
         cmocka_unit_test(test_restore_out_of_memory),
         cmocka_unit_test_setup_teardown(test_redis_restore_other_instance, redis_case_setup, redis_case_teardown),
+        cmocka_unit_test_setup_teardown(test_redis_restore_parts, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_killed_mid_restore, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_saves_after_outage, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_flushed, redis_case_setup, redis_case_teardown),

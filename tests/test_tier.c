@@ -5,7 +5,8 @@
  * budget; has / locate / drop / drop_run and re-put semantics; stats
  * counters. Expiry: tier_expire drops what was not used since a cutoff (a
  * layer-0 read counts as use), reported as TIER_DROP_EXPIRED;
- * tier_foreach_run lists the live blocks in LRU order. A randomized test
+ * tier_foreach_run lists the live blocks in LRU order. tier_measure_read
+ * leaves nothing behind. A randomized test
  * runs each tier beside a trivially correct model (block id -> content,
  * held or not) and compares every result. Streamed reads are in
  * test_tier_read.c, the disk's failures in test_tier_faults.c, persistence
@@ -578,6 +579,59 @@ static void test_tier_model(void **state) {
     kvpool_deinit(&p);
 }
 
+/* ---- measuring the read rate ------------------------------------------------ */
+
+/* tier_measure_read moves a scratch run's bytes through the medium and
+ * leaves the tier as it was: what it holds, its counters, its budget and
+ * the pool's slots; with too little room it is MN_EFULL and evicts
+ * nothing. */
+static void test_tier_measure_read(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 3, 64, 16, 16, MN_TYPE_F16), MN_OK);
+    scramble_pool(&p, 5);
+    Fixture fx;
+    fx_open(&fx, pa, &p, 3 * run_bytes(pa, &p, 4), 0, true);
+    Tier *t = fx.tier;
+    assert_int_equal(put_range(t, &p, 100, 4, 0), MN_OK);
+    TierStats before, after;
+    tier_stats(t, &before);
+    for (int32_t i = 8; i < 16; i++) fill_slot(&p, i, 500 + (uint32_t)i);
+    int32_t slots[8] = {8, 9, 10, 11, 12, 13, 14, 15};
+    TierReadRate r;
+    assert_int_equal(tier_measure_read(t, &p, slots, 8, 42, &r), MN_OK);
+    /* every byte of the run was read back: the RAM tier's payload, the disk's extents */
+    uint64_t want = pa->kind == KIND_RAM ? 8ull * p.block_bytes * (uint64_t)p.n_layer : run_bytes(pa, &p, 8);
+    assert_int_equal(r.bytes, want);
+    assert_true(r.seconds > 0);
+    for (int32_t i = 8; i < 16; i++)
+        for (int l = 0; l < p.n_layer; l++) assert_true(slot_is(&p, l, i, 500 + (uint32_t)i));
+    tier_stats(t, &after);
+    assert_int_equal(after.n_runs, before.n_runs);
+    assert_int_equal(after.n_blocks, 4);
+    assert_int_equal(after.occupancy_bytes, before.occupancy_bytes);
+    assert_int_equal(after.bytes_read, before.bytes_read);
+    assert_int_equal(after.bytes_written, before.bytes_written);
+    assert_int_equal(after.n_puts, before.n_puts);
+    tier_check(t);
+    /* the room it took is free again: another run of 8 fits beside the 4
+     * held; beside 8 held it does not, and nothing is evicted for it */
+    assert_int_equal(tier_measure_read(t, &p, slots, 8, 43, &r), MN_OK);
+    assert_int_equal(put_range(t, &p, 200, 4, 4), MN_OK);
+    assert_int_equal(tier_measure_read(t, &p, slots, 8, 44, &r), MN_EFULL);
+    assert_int_equal(r.bytes, 0);
+    tier_stats(t, &after);
+    assert_int_equal(after.n_blocks, 8);
+    assert_int_equal(after.n_evicted_runs, 0);
+    assert_int_equal(tier_measure_read(t, &p, slots, 4, 45, &r), MN_OK); /* a smaller one fits */
+    expect_range(t, &p, 100, 4, 0);
+    expect_range(t, &p, 200, 4, 4);
+    int32_t bad[1] = {16};
+    assert_int_equal(tier_measure_read(t, &p, bad, 1, 46, &r), MN_EINVAL);
+    fx_close(&fx);
+    kvpool_deinit(&p);
+}
+
 int main(void) {
     test_apply_filter();
     const struct CMUnitTest tests[] = {
@@ -589,6 +643,7 @@ int main(void) {
         TIER_TESTS(test_tier_has_drop),
         TIER_TESTS(test_tier_expire),
         TIER_TESTS(test_tier_model),
+        TIER_TESTS(test_tier_measure_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

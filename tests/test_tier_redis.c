@@ -11,7 +11,8 @@
  * a store that dies (also in the middle of a read) puts the tier in its
  * error state, and a reset once it is back (empty) brings the tier back;
  * URLs are checked, a password works, and no message or log line names a
- * credential; reply-memory entries one tier shares reach another's memory.
+ * credential; reply-memory entries one tier shares reach another's memory;
+ * a measurement of the read rate leaves no key behind.
  * Each case starts its own server and stops it.
  */
 #include "test_redis_util.h"
@@ -227,6 +228,56 @@ static void test_redis_ttl(void **state) {
         if (!(ttl > 5 && ttl <= 100)) fail_msg("%s: TTL %lld after a use", keys->element[i]->str, ttl);
     }
     freeReplyObject(keys);
+}
+
+/* tier_measure_read writes a scratch run and reads it back, then deletes
+ * it from the store: no key of it stays (the DELs are in once the tier's
+ * next exchange has read their replies), nothing is held or counted, and
+ * B, another instance, finds nothing of it. */
+static void test_redis_measure_read(void **state) {
+    RFix *f = *state;
+    if (!rfix_open(f, NULL, 0, 0)) return;
+    int32_t slots[6] = {10, 11, 12, 13, 14, 15};
+    TierReadRate r;
+    assert_int_equal(tier_measure_read(f->a, &f->p, slots, 6, 7, &r), MN_OK);
+    assert_int_equal(r.bytes, 4 * (80 + 16 * 6 + 6 * 4096ull)); /* four layer values, headers included */
+    assert_true(r.seconds > 0);
+    assert_int_equal(put_range(f->a, &f->p, 0, 2, 0), MN_OK); /* an exchange */
+    assert_int_equal(redis_srv_int(&f->srv, "DBSIZE"), 4 + 2);
+    TierStats s;
+    tier_stats(f->a, &s);
+    assert_int_equal(s.n_runs, 1);
+    assert_int_equal(s.n_puts, 1);
+    assert_int_equal(s.bytes_read, 0);
+    assert_int_equal(s.bytes_written, 4 * (80 + 16 * 2 + 2 * 4096ull) + 2 * 64);
+    /* a store that is gone: MN_EIO, and the tier is off as after a failed put */
+    redis_srv_kill(&f->srv);
+    assert_int_equal(tier_measure_read(f->a, &f->p, slots, 6, 8, &r), MN_EIO);
+    assert_true(tier_is_failed(f->a));
+}
+
+/* Values hold whole blocks of at most value_bytes (TIER_REDIS_VALUE_BYTES
+ * by default): tier_max_run_blocks says how many, and a longer run is
+ * refused (the mover cuts its saves to it). */
+static void test_redis_value_bytes(void **state) {
+    RFix *f = *state;
+    if (!rfix_open(f, NULL, 0, 0)) return;
+    assert_int_equal(tier_max_run_blocks(f->a), TIER_REDIS_VALUE_BYTES / 4096);
+    const char *url = f->srv.url;
+    TierRedisConfig cfg = {.urls = &url, .n_urls = 1, .n_layer = 4, .block_bytes = 4096,
+                           .kv_format = 1 | 8u << 8, .value_bytes = 3 * 4096 + 100};
+    Tier *t = NULL;
+    MnErr err = {0};
+    assert_int_equal(tier_redis_new(&cfg, &t, &err), MN_OK);
+    assert_int_equal(tier_max_run_blocks(t), 3);
+    assert_int_equal(put_range(t, &f->p, 0, 4, 0), MN_EINVAL);
+    assert_int_equal(put_range(t, &f->p, 0, 3, 0), MN_OK);
+    expect_range(t, &f->p, 0, 3, 20);
+    tier_free(t);
+    cfg.value_bytes = 100; /* less than a block: one a value */
+    assert_int_equal(tier_redis_new(&cfg, &t, &err), MN_OK);
+    assert_int_equal(tier_max_run_blocks(t), 1);
+    tier_free(t);
 }
 
 /* ---- what the store lets go, damage, another model --------------------------- */
@@ -739,7 +790,7 @@ int main(void) {
         RT(test_redis_missing),       RT(test_redis_damaged),              RT(test_redis_other_model),
         RT(test_redis_full),          RT(test_redis_down_and_back),        RT(test_redis_killed_mid_read),
         RT(test_redis_urls_and_auth), RT(test_redis_shared_replies),       RT(test_redis_hidden_layers),
-        RT(test_redis_hidden_forged),
+        RT(test_redis_hidden_forged), RT(test_redis_measure_read),         RT(test_redis_value_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -577,6 +577,11 @@ static void test_tiers_hidden_plan(void **state) {
     double d_kv = srv_metric(s, "mnemo_tier_stored_bytes{tier=\"disk\",repr=\"kv\"}");
     if (!(d_hidden > 0 && d_kv == 0))
         fail_msg("disk tier stored bytes: hidden %.0f, kv %.0f; want hidden > 0, kv 0", d_hidden, d_kv);
+    /* the planner's read rates: measured at start, then the restores' */
+    for (int i = 0; i < 2; i++) {
+        const char *name = i ? "mnemo_tier_read_rate_bytes{tier=\"disk\"}" : "mnemo_tier_read_rate_bytes{tier=\"ram\"}";
+        if (!(srv_metric(s, name) > 0)) fail_msg("%s: %.0f, want more than 0", name, srv_metric(s, name));
+    }
     expect_health(s);
     fix_term(f, 0);
     fix_term(f, 1);

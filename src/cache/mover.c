@@ -33,10 +33,12 @@
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/rng.h"
 #include "base/sched.h"
 #include "cache/store.h"
 
@@ -72,6 +74,7 @@ struct Mover {
     KvPool staging;        /* promotes' reads (when promote_max > 0) */
     int promote_max;       /* blocks the staging pool holds; 0: no promotes */
     MoverIoHist reads[MOVER_MAX_TIERS], writes[MOVER_MAX_TIERS]; /* mover thread */
+    double measured_bps[MOVER_MAX_TIERS]; /* measure_tiers' figures (set before the thread) */
     /* published counters */
     pthread_mutex_t stats_lock;
     MoverTierStats stats[MOVER_MAX_TIERS];
@@ -172,6 +175,7 @@ static void publish_stats(Mover *m, int i) {
     if (hk && hk->read_delay_fn) st.tier.read_seconds += hk->read_delay_fn(hk->ctx, i);
     st.reads = m->reads[i];
     st.writes = m->writes[i];
+    st.measured_read_bps = m->measured_bps[i];
     pthread_mutex_lock(&m->stats_lock);
     m->stats[i] = st;
     pthread_mutex_unlock(&m->stats_lock);
@@ -191,6 +195,33 @@ static void put_gate(const Mover *m, int i) {
     if (hk && hk->put_gate) hk->put_gate(hk->ctx, i);
 }
 
+/* Drop again the runs put_parts made of blocks [from, end) of job j in
+ * tier t (one a later put evicted already is not found). */
+static void drop_parts(Tier *t, const MoverJob *j, int from, int end) {
+    int max = tier_max_run_blocks(t);
+    for (int a = from; a < end; a += max > 0 ? max : end - from) tier_drop_run(t, &j->hashes[a]);
+}
+
+/* Put blocks [from, end) of job j (in pool's slots j->slots, blocks of
+ * one sequence from position j->pos, layers `hidden` as hidden states)
+ * into tier i as runs of at most the tier's tier_max_run_blocks. All or
+ * nothing: when a put fails, the parts put before it are dropped again
+ * (reported, as any drop), since the receiver records the job's blocks in
+ * the tier only when all of them are there. */
+static int put_parts(Mover *m, int i, const MoverJob *j, const KvPool *pool, int from, int end, uint64_t hidden) {
+    Tier *t = m->tiers[i];
+    int max = tier_max_run_blocks(t), at = from, rc = MN_OK;
+    if (max <= 0) max = end - from;
+    while (at < end && rc == MN_OK) {
+        int k = end - at < max ? end - at : max;
+        TierRunInfo info = {.pos = j->pos + at * pool->block_tokens, .ns_id = &j->ns_id, .hidden = hidden};
+        rc = tier_put_run(t, j->hashes + at, k, pool, j->slots + at, &info);
+        if (rc == MN_OK) at += k;
+    }
+    if (rc != MN_OK) drop_parts(t, j, from, at);
+    return rc;
+}
+
 /* Copy the run into every tier it names; a tier that refuses it (full,
  * failed) is skipped. rc is the last failure when no tier took it. */
 static void run_save(Mover *m, MoverJob *j) {
@@ -199,8 +230,7 @@ static void run_save(Mover *m, MoverJob *j) {
         if (j->into_tiers != 0 && !(j->into_tiers >> i & 1)) continue;
         put_gate(m, i);
         double t0 = mn_now();
-        TierRunInfo info = {.pos = j->pos, .ns_id = &j->ns_id, .hidden = j->hidden};
-        int rc = tier_put_run(m->tiers[i], j->hashes, j->n, m->cfg.pool, j->slots, &info);
+        int rc = put_parts(m, i, j, m->cfg.pool, 0, j->n, j->hidden);
         if (rc == MN_OK) {
             j->saved_tiers |= 1u << i;
             j->rc = MN_OK;
@@ -315,8 +345,8 @@ static int alike_end(const MoverJob *j, int a) {
     return b;
 }
 
-/* Put a promote's blocks, in the staging pool, into tier 0: one run per
- * stretch (alike_end). All or nothing: when a put fails, the runs put
+/* Put a promote's blocks, in the staging pool, into tier 0: runs of each
+ * stretch (alike_end, put_parts). All or nothing: when a put fails, the runs put
  * before it are dropped again (reported, as any drop), since the engine
  * records none of a failed promote's blocks in tier 0 — kept, they would
  * take its room unused. */
@@ -325,13 +355,14 @@ static int put_promote(Mover *m, MoverJob *j) {
     put_gate(m, 0);
     while (n_put < j->n && rc == MN_OK) {
         int end = alike_end(j, n_put);
-        TierRunInfo info = {.pos = j->pos + n_put * m->cfg.pool->block_tokens, .ns_id = &j->ns_id,
-                            .hidden = j->block_hidden[n_put]};
-        rc = tier_put_run(m->tiers[0], j->hashes + n_put, end - n_put, &m->staging, j->slots + n_put, &info);
+        rc = put_parts(m, 0, j, &m->staging, n_put, end, j->block_hidden[n_put]);
         if (rc == MN_OK) n_put = end;
     }
-    /* (a later put may have evicted an earlier run already: not found) */
-    for (int a = 0; rc != MN_OK && a < n_put; a = alike_end(j, a)) tier_drop_run(m->tiers[0], &j->hashes[a]);
+    for (int a = 0; rc != MN_OK && a < n_put;) {
+        int end = alike_end(j, a);
+        drop_parts(m->tiers[0], j, a, end);
+        a = end;
+    }
     return rc;
 }
 
@@ -647,12 +678,59 @@ static int open_redis(Mover *m, const MoverConfig *cfg, MnErr *err) {
                           .kv_format = cfg->kv_format,
                           .ttl_s = cfg->redis_ttl_s,
                           .timeout_ms = cfg->redis_timeout_ms,
-                          .read_window_bytes = cfg->hooks ? cfg->hooks->redis_window_bytes : 0};
+                          .read_window_bytes = cfg->hooks ? cfg->hooks->redis_window_bytes : 0,
+                          .value_bytes = cfg->hooks ? cfg->hooks->redis_value_bytes : 0};
     Tier *t;
     int code = tier_redis_new(&rc, &t, err); /* its message leaves the credentials out */
     if (code != MN_OK) return code;
     m->shared = m->n_tiers;
     return add_tier(m, t);
+}
+
+/* Each tier's read rate before any restore, so that the engine's planner
+ * starts from a figure of this machine (MoverConfig.measure_reads): about
+ * MOVER_MEASURE_BYTES written and read back through each tier
+ * (tier_measure_read) out of a scratch pool of the engine's geometry,
+ * freed afterwards. A run the tier has no room for is halved until one
+ * block; a tier that cannot be measured keeps 0 (the engine guesses). */
+static void measure_tiers(Mover *m) {
+    const KvPool *p = m->cfg.pool;
+    uint64_t run_block = (uint64_t)p->n_layer * p->block_bytes;
+    int n = (int)(MOVER_MEASURE_BYTES / run_block);
+    if (n < 1) n = 1;
+    KvPool scratch;
+    int32_t *slots = mn_malloc((size_t)n * sizeof *slots);
+    if (slots == NULL || kvpool_init(&scratch, p->n_layer, p->kv_dim, p->block_tokens, n, p->kv_type) != MN_OK) {
+        LOG_WARN("mover: no memory to measure the tiers' read rates; the planner guesses until the first restore");
+        mn_free(slots);
+        return;
+    }
+    uint64_t x = (uint64_t)getpid() << 32 ^ (uint64_t)(mn_wall_now() * 1e6), salt = rng_splitmix64(&x);
+    for (int l = 0; l < p->n_layer; l++) { /* bytes that no medium can compress */
+        uint64_t *w = (uint64_t *)scratch.arenas[l];
+        for (size_t k = 0; k < (size_t)n * p->block_bytes / sizeof *w; k++) w[k] = rng_splitmix64(&x);
+    }
+    for (int i = 0; i < n; i++) slots[i] = i;
+    for (int i = 0; i < m->n_tiers; i++) {
+        Tier *t = m->tiers[i];
+        TierReadRate rate = {0};
+        int rc = MN_EFULL;
+        int max = tier_max_run_blocks(t);
+        for (int k = max > 0 && max < n ? max : n; k >= 1 && rc == MN_EFULL; k /= 2)
+            rc = tier_measure_read(t, &scratch, slots, k, salt, &rate);
+        const MoverTestHooks *hk = m->cfg.hooks;
+        if (rc == MN_OK && hk && hk->read_delay_fn) rate.seconds += hk->read_delay_fn(hk->ctx, i);
+        double bps = rate.seconds > 0 ? (double)rate.bytes / rate.seconds : 0;
+        if (rc == MN_OK && bps > 0)
+            LOG_INFO("mover: the %s tier reads at %.0f MB/s (measured)", tier_name(t), bps / 1e6);
+        else
+            LOG_INFO("mover: the %s tier's read rate could not be measured (%s); the planner guesses until its "
+                     "first restore", tier_name(t), mn_strerror(rc));
+        m->measured_bps[i] = bps;
+        publish_stats(m, i);
+    }
+    kvpool_deinit(&scratch);
+    mn_free(slots);
 }
 
 typedef struct HeldCtx {
@@ -716,6 +794,7 @@ int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err) {
     /* promotes go into a RAM tier 0 with a slower tier under it */
     if (rc == MN_OK && m->n_tiers >= 2 && strcmp(tier_name(m->tiers[0]), "ram") == 0) rc = make_staging(m, err);
     m->cfg.cost = NULL; /* copied into the tiers (add_tier): not kept */
+    if (rc == MN_OK && cfg->measure_reads) measure_tiers(m);
     if (rc == MN_OK) {
         if (pthread_create(&m->thread, NULL, mover_main, m) != 0)
             rc = mn_err_set(err, MN_ENOMEM, "cannot start the mover thread");

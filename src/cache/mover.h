@@ -195,6 +195,8 @@ typedef struct MoverIoHist {
 typedef struct MoverTierStats {
     TierStats tier;
     MoverIoHist reads, writes; /* tier_read_layers (one load), tier_put_run */
+    double measured_read_bps;  /* the read rate mover_new measured (bytes/s:
+                                  MoverConfig.measure_reads); 0: not measured */
 } MoverTierStats;
 
 /* Blocks hashes[0..n) are held by tier `tier` when the mover starts (a
@@ -213,8 +215,9 @@ typedef struct MoverTestHooks {
      * that blocks holds the load at that layer. May be NULL. */
     void (*layer_gate)(void *ctx, int layer);
     /* Seconds added to tier i's measured read time wherever mover_stats
-     * reports it, so the engine's bandwidth estimate (bytes read over read
-     * seconds) sees a slow tier whatever the machine's load; a sleep in
+     * reports it (and to the start-up measurement's, measure_reads), so
+     * the engine's bandwidth estimate (bytes read over read seconds) sees
+     * a slow tier whatever the machine's load; a sleep in
      * layer_gate would make the reads slow only by as much as it slept,
      * against steps that a loaded machine also slows. May be NULL. */
     double (*read_delay_fn)(void *ctx, int tier);
@@ -231,6 +234,9 @@ typedef struct MoverTestHooks {
      * restore held by layer_gate has asked for nothing after that layer);
      * 0: the default. */
     uint64_t redis_window_bytes;
+    /* TierRedisConfig.value_bytes (small: a save cut into several runs);
+     * 0: the default. */
+    uint64_t redis_value_bytes;
     /* The staging pool's size in place of MOVER_PROMOTE_BYTES (a batch of
      * promotes of a few small blocks); 0: the default. */
     uint64_t promote_bytes;
@@ -264,6 +270,8 @@ typedef struct MoverConfig {
     int max_replies;          /* reply rows kept in the database */
     EvictPolicy evict;        /* every tier's (tier_set_policy); 0 = lru */
     const CostModel *cost;    /* copied; may be NULL */
+    bool measure_reads;       /* mover_new measures each tier's read rate
+                                 (MoverTierStats.measured_read_bps) */
     const MoverTestHooks *hooks; /* borrowed, outlives the mover; NULL normally */
 } MoverConfig;
 
@@ -298,6 +306,11 @@ int mover_withdraw(Mover *m, MoverJob *j);
  * when that is smaller. The promotes queued at one moment are read
  * together, as many as it holds. */
 #define MOVER_PROMOTE_BYTES (32ull << 20)
+/* What MoverConfig.measure_reads writes and reads back through each tier
+ * as the mover starts (whole blocks of every layer, at least one): a
+ * restore's worth on the 1.1B shape, long enough that the medium's set-up
+ * time does not rule the figure. mover_new takes that long. */
+#define MOVER_MEASURE_BYTES (32ull << 20)
 /* The most blocks one PROMOTE may name; 0 when the chain has no tier to
  * promote into (fewer than two tiers, or not one block fits tier 0). */
 int mover_promote_max_blocks(const Mover *m);

@@ -431,11 +431,15 @@ static void run_set_info(const Tier *t, TierRun *r, const TierRunInfo *info) {
     if (r->has_ns) r->ns_id = *info->ns_id;
 }
 
+int tier_max_run_blocks(const Tier *t) { return t->ops->max_run_blocks ? t->ops->max_run_blocks(t->kind) : 0; }
+
 int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *pool, const int32_t *slots,
                  const TierRunInfo *info) {
     if (t->is_failed) return MN_EIO;
     uint64_t hidden = info != NULL ? hidden_mask(t, info->hidden) : 0;
-    if (n_blocks < 1 || hashes == NULL || !pool_fits(t, pool, slots, n_blocks, hidden)) return MN_EINVAL;
+    int max = tier_max_run_blocks(t);
+    if (n_blocks < 1 || (max > 0 && n_blocks > max) || hashes == NULL || !pool_fits(t, pool, slots, n_blocks, hidden))
+        return MN_EINVAL;
     uint64_t need = t->ops->run_bytes(t->kind, n_blocks, hidden);
     if (need > t->capacity_bytes) {
         t->st.n_puts_full++;
@@ -661,6 +665,67 @@ int tier_read_layers(Tier *t, const Hash128 *hashes, int n_blocks, KvPool *pool,
     for (int g = 0; g < n_groups; g++) read_outcome(t, t->groups[g].run, 0, MN_OK);
     t->st.n_layer_reads += (uint64_t)t->n_layer;
     return MN_OK;
+}
+
+/* ---- measure ---------------------------------------------------------------- */
+
+/* Read scratch run r (blocks idx[k] into slots[k]) back as tier_read_layers
+ * would, timed. */
+static int read_back_timed(Tier *t, TierRun *r, const int32_t *idx, KvPool *pool, const int32_t *slots,
+                           TierReadRate *out) {
+    uint64_t io_bytes = 0;
+    int rc = MN_OK;
+    double t0 = mn_now();
+    if (t->ops->read_layers != NULL) {
+        TierReadGroup g = {.run = r, .idx = idx, .slots = slots, .n = r->n_blocks};
+        TierReadFailure bad;
+        rc = t->ops->read_layers(t->kind, &g, 1, pool, NULL, NULL, &io_bytes, &bad);
+    } else {
+        for (int l = 0; l < t->n_layer && rc == MN_OK; l++) {
+            uint64_t layer_bytes = 0;
+            rc = t->ops->read_layer(t->kind, r, l, idx, slots, r->n_blocks, pool, &layer_bytes);
+            io_bytes += layer_bytes;
+        }
+    }
+    out->seconds = mn_now() - t0;
+    out->bytes = io_bytes;
+    return rc;
+}
+
+int tier_measure_read(Tier *t, KvPool *pool, const int32_t *slots, int n, uint64_t salt, TierReadRate *out) {
+    *out = (TierReadRate){0};
+    if (t->is_failed) return MN_EIO;
+    int max = tier_max_run_blocks(t);
+    if (n < 1 || (max > 0 && n > max) || !pool_fits(t, pool, slots, n, 0)) return MN_EINVAL;
+    uint64_t need = t->ops->run_bytes(t->kind, n, 0);
+    if (need > t->capacity_bytes || t->occupancy_bytes + need > t->capacity_bytes) return MN_EFULL;
+    TierRun *r = mn_calloc(1, sizeof *r + (size_t)n * sizeof(Hash128));
+    int32_t *idx = mn_malloc((size_t)n * sizeof *idx);
+    int rc = r != NULL && idx != NULL ? MN_OK : MN_ENOMEM;
+    if (rc == MN_OK) {
+        r->id = t->next_run_id++;
+        r->n_blocks = n;
+        r->n_bytes = need;
+        r->window_idx = -1;
+        r->last_used = r->inserted = mn_wall_now();
+        for (int i = 0; i < n; i++) {
+            uint64_t key[3] = {salt, r->id, (uint64_t)i};
+            r->hashes[i] = hash128(key, sizeof key);
+            idx[i] = i;
+        }
+        rc = t->ops->reserve(t->kind, r); /* a failed reserve needs no release */
+    }
+    if (rc == MN_OK) {
+        uint64_t io_bytes = 0;
+        rc = t->ops->write(t->kind, r, pool, slots, &io_bytes);
+        if (rc == MN_OK) rc = read_back_timed(t, r, idx, pool, slots, out);
+        if (t->ops->discard) t->ops->discard(t->kind, r);
+        t->ops->release(t->kind, r);
+    }
+    mn_free(idx);
+    mn_free(r);
+    if (rc != MN_OK) *out = (TierReadRate){0};
+    return rc == MN_EIO ? enter_failed(t, "measuring its read rate") : rc;
 }
 
 void tier_fault_alloc(Tier *t, int n_skip, int n_fail) {

@@ -208,7 +208,8 @@ void tier_set_drop_fn(Tier *t, TierDropFn fn, void *ctx);
  * (tier_set_policy) while the budget or the medium lacks room. MN_OK:
  * every hashes[i] is held, in this run. MN_EFULL: the run cannot fit at
  * all (bigger than the budget, or the medium is out of space even with
- * everything evicted) — not stored, the tier keeps working. MN_EINVAL: n_blocks < 1, a slot out of range, a pool
+ * everything evicted) — not stored, the tier keeps working. MN_EINVAL:
+ * n_blocks < 1 or over tier_max_run_blocks, a slot out of range, a pool
  * of another geometry. MN_ENOMEM, MN_EIO (sticky). */
 int tier_put_run(Tier *t, const Hash128 *hashes, int n_blocks, const KvPool *pool, const int32_t *slots,
                  const TierRunInfo *info);
@@ -267,6 +268,33 @@ uint64_t tier_block_hidden(const Tier *t, const Hash128 *hash);
  * other layers are undefined. */
 int tier_read_layers(Tier *t, const Hash128 *hashes, int n_blocks, KvPool *pool, const int32_t *slots,
                      TierLayerFn layer_fn, void *ctx);
+
+/* The most blocks a run put into t may hold (tier_put_run refuses longer
+ * ones); 0: any number. A shared store keeps its values small
+ * (TierRedisConfig.value_bytes): the mover cuts longer runs to this. */
+int tier_max_run_blocks(const Tier *t);
+
+/* What tier_measure_read read: bytes from the medium, in seconds. */
+typedef struct TierReadRate {
+    uint64_t bytes;
+    double seconds;
+} TierReadRate;
+
+/* The medium's read rate as a restore meets it: a scratch run of blocks
+ * slots[0..n) of pool (their bytes, whatever they hold, as K/V) is
+ * written to the medium, read back into the same slots the way
+ * tier_read_layers reads (verified; the bytes come back unchanged) and
+ * deleted; *out = the bytes the read moved and its time. Nothing the
+ * tier holds, counts or reports changes: the run is in no map or list,
+ * its hashes are fresh (salt, e.g. the process and the time, keeps two
+ * instances on one shared store apart), it claims room only while it
+ * lasts, and a shared store deletes it again. MN_EFULL when the budget or
+ * the medium has no room for it now (nothing is evicted for it); MN_EIO
+ * (sticky, as a failed put), MN_ECHECKSUM, MN_ENOTFOUND (a shared store
+ * let it go), MN_ENOMEM, MN_EINVAL; *out is zero on failure. The engine's
+ * restore planner starts from this figure until restores measure the
+ * tier (mover.h, MoverConfig.measure_reads). */
+int tier_measure_read(Tier *t, KvPool *pool, const int32_t *slots, int n, uint64_t salt, TierReadRate *out);
 
 /* The blocks hashes[0..n) were used at `when` (unix seconds, as
  * mn_wall_now): each run holding one, unless already used since, takes
@@ -356,7 +384,19 @@ typedef struct TierRedisConfig {
                                   connection; 0 = 1000 */
     uint64_t read_window_bytes; /* a restore's layer values requested ahead
                                   (whole layers, at least one); 0 = 512 KiB */
+    uint64_t value_bytes;      /* a layer value holds blocks of at most this
+                                  many bytes (whole blocks, at least one), so
+                                  runs are at most that long
+                                  (tier_max_run_blocks); 0 = TIER_REDIS_VALUE_BYTES */
 } TierRedisConfig;
+
+/* The blocks of one Redis value at most, in bytes. Redis copies a GET's
+ * value into a reply buffer of the value's size, and its allocator
+ * (jemalloc) maps a buffer of 8 MiB or more afresh each time and gives it
+ * back at once: on a virtual machine whose page faults are dear, values
+ * of 8 MiB read at about 150 MB/s where values of 2 MiB read at 5-6 GB/s
+ * (docs/OPERATIONS.md, "The Redis tier's key layout"). */
+#define TIER_REDIS_VALUE_BYTES (2ull << 20)
 
 /* A tier in a Redis server, shared by every mnemo instance that uses it
  * (key and value format: top of tier_redis.c), or in a Redis Cluster

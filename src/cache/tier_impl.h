@@ -63,6 +63,9 @@ typedef struct TierKindOps {
      * (tier_layer_bytes) takes on the medium (counted against the budget);
      * UINT64_MAX when such a run can never fit. */
     uint64_t (*run_bytes)(void *kind, int n_blocks, uint64_t hidden);
+    /* The most blocks one run may hold (tier_max_run_blocks); may be NULL:
+     * any number. */
+    int (*max_run_blocks)(void *kind);
     /* Claim run->n_bytes of room and set run->data. MN_EFULL when the
      * medium has no room now (the core evicts and asks again), MN_ENOMEM,
      * MN_EIO. */
@@ -93,6 +96,10 @@ typedef struct TierKindOps {
     /* Free the run's room (and, for a persistent kind, its record unless
      * close was called). */
     void (*release)(void *kind, TierRun *run);
+    /* Delete the run's bytes from the medium where release keeps them (a
+     * shared store); release follows. May be NULL (release frees them).
+     * Failures are the kind's to log. */
+    void (*discard)(void *kind, TierRun *run);
     /* The tier is being freed: the releases that follow keep what is
      * stored. May be NULL. */
     void (*close)(void *kind);

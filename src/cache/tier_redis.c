@@ -206,6 +206,7 @@ typedef struct RedisTier {
     int ttl_s;
     int timeout_ms;
     uint64_t window_bytes;
+    int max_run_blocks;   /* TierRedisConfig.value_bytes in whole blocks */
     uint8_t *buf;         /* (buf_cap) a value being built */
     size_t buf_cap;
     ProbeCand *cands;     /* (cands_cap) a probe's runs */
@@ -421,6 +422,8 @@ static uint64_t redis_run_bytes(void *kind, int n_blocks, uint64_t hidden) {
     return n_blocks > REDIS_MAX_RUN ? UINT64_MAX : stored_bytes(kind, n_blocks, hidden);
 }
 
+static int redis_max_run_blocks(void *kind) { return ((const RedisTier *)kind)->max_run_blocks; }
+
 static int redis_reserve(void *kind, TierRun *run) {
     const RedisTier *r = kind;
     RedisRun *rr = mn_malloc(sizeof *rr);
@@ -627,6 +630,23 @@ static void redis_touch(void *kind, TierRun *run) {
     flush_out(r, "renewing keys in"); /* a failure shows at the next exchange */
 }
 
+/* A run that was never to be found (tier_measure_read's): its values and
+ * pointers go from the store (deferred DELs). */
+static void redis_discard(void *kind, TierRun *run) {
+    RedisTier *r = kind;
+    const RedisRun *rr = run->data;
+    if (conn_ready(r) != MN_OK) return;
+    char key[REDIS_KEY_MAX];
+    for (int i = 0; i < r->n_layer + run->n_blocks; i++) {
+        if (i < r->n_layer) layer_key(key, rr, i);
+        else ptr_key(key, rr->scope, &run->hashes[i - r->n_layer]);
+        const char *argv[] = {"DEL", key};
+        size_t lens[] = {3, strlen(key)};
+        cmd_defer(r, 2, argv, lens);
+    }
+    flush_out(r, "deleting from"); /* a failure shows at the next exchange */
+}
+
 /* Forgetting a run leaves it in the store: Redis decides what it keeps. */
 static void redis_release(void *kind, TierRun *run) {
     mn_free(run->data);
@@ -654,10 +674,12 @@ static const TierKindOps redis_ops = {
     .name = "redis",
     .is_retried = true,
     .run_bytes = redis_run_bytes,
+    .max_run_blocks = redis_max_run_blocks,
     .reserve = redis_reserve,
     .write = redis_write,
     .read_layer = redis_read_layer,
     .read_layers = redis_read_layers,
+    .discard = redis_discard,
     .touch = redis_touch,
     .release = redis_release,
     .reset = redis_reset,
@@ -913,6 +935,11 @@ int tier_redis_new(const TierRedisConfig *cfg, Tier **out, MnErr *err) {
     r->kv_format = cfg->kv_format;
     r->ttl_s = cfg->ttl_s;
     r->window_bytes = cfg->read_window_bytes > 0 ? cfg->read_window_bytes : REDIS_DEFAULT_WINDOW;
+    /* whole blocks of the larger representation, at least one */
+    uint64_t value = cfg->value_bytes > 0 ? cfg->value_bytes : TIER_REDIS_VALUE_BYTES;
+    size_t block = cfg->hidden_bytes > cfg->block_bytes ? cfg->hidden_bytes : cfg->block_bytes;
+    uint64_t max = value / block;
+    r->max_run_blocks = max < 1 ? 1 : max > REDIS_MAX_RUN ? REDIS_MAX_RUN : (int)max;
     uint64_t capacity = cfg->capacity_bytes > 0 ? cfg->capacity_bytes : REDIS_DEFAULT_CATALOG;
     Tier *t;
     rc = tier_new_kind(&redis_ops, r, cfg->n_layer, cfg->block_bytes, capacity, NULL, &t);

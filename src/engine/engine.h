@@ -193,6 +193,10 @@ typedef struct EngineOptions {
     int redis_ttl_s;           /* its keys expire this long after their last use; 0 = never (default) */
     int redis_timeout_ms;      /* its connection's timeout; 0 = the tier's default */
     RestorePlan restore_plan;  /* how saves store layers (default auto) */
+    bool measure_tiers;        /* measure each tier's read rate as the engine starts, so that the
+                                  restore planner has a figure of this machine before the first
+                                  restore (cache/mover.h: MOVER_MEASURE_BYTES through each tier).
+                                  Off here (tests start without that I/O); `mnemo serve` turns it on */
     uint64_t test_hidden_layers; /* tests only: with restore_plan hidden (auto), exactly these layers (bit l:
                                     layer l) are (may be) stored as hidden states, whatever their size;
                                     0: the plan's */
@@ -407,6 +411,9 @@ typedef struct EngineStats {
     uint64_t shared_found_blocks;  /* ... and found there (stored by any instance) */
     int n_tiers;               /* tiers below the pool */
     MoverTierStats tiers[MOVER_MAX_TIERS]; /* the mover's latest snapshots */
+    double tier_read_bps[MOVER_MAX_TIERS]; /* the read rate the restore planner takes for each
+                                              (bytes/s): its restores', else measured at start
+                                              (EngineOptions.measure_tiers), else a guess */
     uint64_t suspensions;    /* running sequences sent back to the queue: the pool was full */
     uint64_t preemptions;    /* ... the slot went to a much shorter prompt (a returning turn) */
     uint64_t preempt_recomputed_tokens; /* tokens preempted prompts computed again when admitted again

@@ -179,6 +179,7 @@ static void on_mover_event(void *ctx, MoverEvent *ev) {
 static void save_done(EngineTiers *t, MoverJob *j);
 static uint64_t hidden_plan(const EngineTiers *t);
 static double tier_read_bw(const EngineTiers *t, int i);
+static double read_bw_of(const EngineTiers *t, int i, const MoverTierStats *ms);
 static void load_free(Load *ld);
 static void load_done(EngineTiers *t, Load *ld, MoverJob *j);
 static void promote_done(EngineTiers *t, const MoverJob *j);
@@ -257,9 +258,23 @@ bool tiers_is_moving(const EngineTiers *t) {
     return t->n_save_blocks + t->n_load_blocks > 0 || t->n_promotes > 0 || t->n_probes > 0;
 }
 
+/* The read rate (bytes/s) the planner takes for tier i, from the mover's
+ * snapshot ms: what its restores read so far over their time, else what
+ * the mover measured as it started (MoverConfig.measure_reads), else a
+ * guess. */
+static double read_bw_of(const EngineTiers *t, int i, const MoverTierStats *ms) {
+    const TierStats *st = &ms->tier;
+    if (st->read_seconds > 0.01 && st->bytes_read > 0) return (double)st->bytes_read / st->read_seconds;
+    if (ms->measured_read_bps > 0) return ms->measured_read_bps;
+    return t->tier_src[i] == SRC_RAM ? TIERS_GUESS_RAM_BPS : TIERS_GUESS_BPS;
+}
+
 void tiers_snapshot(const EngineTiers *t, EngineStats *st) {
-    /* (n_tiers and mover are set before the engine thread starts) */
-    for (int i = 0; i < t->n_tiers; i++) mover_stats(t->mover, i, &st->tiers[i]);
+    /* (n_tiers, mover and tier_src are set before the engine thread starts) */
+    for (int i = 0; i < t->n_tiers; i++) {
+        mover_stats(t->mover, i, &st->tiers[i]);
+        st->tier_read_bps[i] = read_bw_of(t, i, &st->tiers[i]);
+    }
 }
 
 void tiers_stats(const EngineTiers *t, EngineStats *st) {
@@ -713,13 +728,11 @@ static bool is_waiting_for(const EngineTiers *t, const AttnSeq *s, int layer) {
     return false;
 }
 
-/* Read bandwidth of tier i so far, with a guess before any read. */
+/* The read rate the planner takes for tier i now (read_bw_of). */
 static double tier_read_bw(const EngineTiers *t, int i) {
     MoverTierStats ms;
     mover_stats(t->mover, i, &ms);
-    const TierStats *st = &ms.tier;
-    if (st->read_seconds > 0.01 && st->bytes_read > 0) return (double)st->bytes_read / st->read_seconds;
-    return t->tier_src[i] == SRC_RAM ? 4e9 : 1e9;
+    return read_bw_of(t, i, &ms);
 }
 
 /* Seconds a load has left: its remaining layers read at its tier's
@@ -1161,6 +1174,7 @@ static int start_mover(EngineTiers *t, const TiersConfig *cfg, MnErr *err) {
                       .max_replies = cfg->max_replies,
                       .evict = op->evict,
                       .cost = slotpol_cost(t->slots),
+                      .measure_reads = op->measure_tiers,
                       .hooks = op->mover_hooks};
     int rc = mover_new(&mc, &t->mover, err);
     if (rc != MN_OK) return rc;

@@ -125,7 +125,13 @@ bool tiers_is_moving(const EngineTiers *t);
  * tiers, restore_failures, writebehind, prefetched and promoted blocks,
  * the shared tier's lookups). */
 void tiers_stats(const EngineTiers *t, EngineStats *st);
-/* Only the mover's latest snapshots (st->tiers): unlike the rest, callable
+/* The read rates the restore planner takes for a tier before it has a
+ * figure of its own (neither restores so far nor the mover's start-up
+ * measurement): RAM, and disk or Redis. */
+#define TIERS_GUESS_RAM_BPS 4e9
+#define TIERS_GUESS_BPS 1e9
+/* Only the mover's latest snapshots (st->tiers) and the read rates the
+ * planner takes from them (st->tier_read_bps): unlike the rest, callable
  * from any thread. */
 void tiers_snapshot(const EngineTiers *t, EngineStats *st);
 

@@ -58,6 +58,7 @@ struct Server {
     RespService *resp;          /* the Responses API's routes */
     MetricFamily *f_tier_read, *f_tier_written, *f_tier_read_s, *f_tier_write_s, *f_tier_occupancy, *f_tier_stored, *f_tier_evictions,
         *f_tier_checksum, *f_dropped, *f_prefetched, *f_restored, *f_tier_missing, *f_tier_io_errors, *f_tier_up,
+        *f_tier_read_rate,
         *f_tier_resets, *f_shared_lookups, *f_preemptions, *f_preempt_recomputed;
     MetricFamily *f_build_info, *f_requests, *f_prompt, *f_generated, *f_cached, *f_cached_partial, *f_recomputed,
         *f_shifted, *f_ttft, *f_tpot, *f_pool,
@@ -223,6 +224,10 @@ static int metrics_setup(Server *s) {
          METRIC_COUNTER, NULL, 0, &s->f_tier_resets},
         {"mnemo_tier_up", "Whether a cache tier is in use (0: off after a failure)", METRIC_GAUGE, NULL, 0,
          &s->f_tier_up},
+        {"mnemo_tier_read_rate_bytes",
+         "The read rate (bytes/s) the restore planner takes for a cache tier: what its restores read so far, "
+         "else what was measured at start, else a guess",
+         METRIC_GAUGE, NULL, 0, &s->f_tier_read_rate},
         {"mnemo_shared_tier_lookups_total", "New requests' blocks looked up in the shared tier, by result",
          METRIC_COUNTER, NULL, 0, &s->f_shared_lookups},
         {"mnemo_dropped_blocks_total", "Cached blocks gone from every tier", METRIC_COUNTER, NULL, 0, &s->f_dropped},
@@ -318,6 +323,7 @@ static enum MHD_Result handle_metrics(Server *s, struct MHD_Connection *c) {
         metrics_counter_set(s->f_tier_io_errors, label, (double)t->tier.n_io_errors);
         metrics_counter_set(s->f_tier_resets, label, (double)t->tier.n_resets);
         metrics_gauge_set(s->f_tier_up, label, t->tier.is_failed ? 0 : 1);
+        metrics_gauge_set(s->f_tier_read_rate, label, st.tier_read_bps[i]);
         if (strcmp(t->tier.name, "redis") == 0) {
             metrics_counter_set(s->f_shared_lookups, "result=\"found\"", (double)st.shared_found_blocks);
             metrics_counter_set(s->f_shared_lookups, "result=\"not_found\"",
