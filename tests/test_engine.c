@@ -4414,6 +4414,32 @@ static void test_redis_restore_parts(void **s) {
     engine_free(b);
 }
 
+/* A save cut into parts is all or nothing: with a catalog (what the tier
+ * remembers) too small for two parts of three blocks, the second part's
+ * put evicts the first, so the save fails and the parts put are dropped
+ * again — the tier holds none of prompt a's blocks rather than some. */
+static void test_redis_parts_all_or_nothing(void **s) {
+    RedisCase *rc = *s;
+    if (!redis_case_open(rc, 157)) return;
+    const int n_layer = rc->m->cfg.n_layer;
+    const uint64_t kv_block = kvpool_bytes_for(1, rc->m->cfg.kv_dim, 8, 1, MN_TYPE_F16);
+    /* a run of 3 (tier_redis.c): a pointer of 64 bytes a block, a layer value of 80 + 16 bytes a block
+     * of header and hashes besides its blocks */
+    const uint64_t run3 = 3 * 64 + (uint64_t)n_layer * (80 + 16 * 3 + 3 * kv_block);
+    MoverTestHooks hk = {.redis_value_bytes = 3 * kv_block + kv_block / 2, .redis_catalog_bytes = 2 * run3 - 1};
+    Engine *a = case_engine(rc, 32, &hk);
+    ReqResult res;
+    expect_recomputed(a, &rc->full, rc->p[0], 65, &res);
+    settle(a);
+    EngineStats st;
+    settled_stats(a, &st);
+    const TierStats *ts = &st.tiers[0].tier;
+    assert_true(ts->n_evicted_runs >= 1);
+    assert_int_equal(ts->n_runs, 0);
+    assert_int_equal(ts->n_blocks, 0);
+    engine_free(a);
+}
+
 /* MoverTestHooks.layer_gate: hold a restore after its first layer. */
 static void hold_layer0(void *ctx, int layer) {
     Gate *g = ctx;
@@ -4926,6 +4952,7 @@ int main(void) {
         cmocka_unit_test(test_restore_out_of_memory),
         cmocka_unit_test_setup_teardown(test_redis_restore_other_instance, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_restore_parts, redis_case_setup, redis_case_teardown),
+        cmocka_unit_test_setup_teardown(test_redis_parts_all_or_nothing, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_killed_mid_restore, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_saves_after_outage, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_flushed, redis_case_setup, redis_case_teardown),

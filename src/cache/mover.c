@@ -218,6 +218,9 @@ static int put_parts(Mover *m, int i, const MoverJob *j, const KvPool *pool, int
         rc = tier_put_run(t, j->hashes + at, k, pool, j->slots + at, &info);
         if (rc == MN_OK) at += k;
     }
+    /* a later part's room may have come from evicting an earlier one */
+    for (int b = from; rc == MN_OK && b < end; b++)
+        if (!tier_has(t, &j->hashes[b])) rc = MN_EFULL;
     if (rc != MN_OK) drop_parts(t, j, from, at);
     return rc;
 }
@@ -679,7 +682,8 @@ static int open_redis(Mover *m, const MoverConfig *cfg, MnErr *err) {
                           .ttl_s = cfg->redis_ttl_s,
                           .timeout_ms = cfg->redis_timeout_ms,
                           .read_window_bytes = cfg->hooks ? cfg->hooks->redis_window_bytes : 0,
-                          .value_bytes = cfg->hooks ? cfg->hooks->redis_value_bytes : 0};
+                          .value_bytes = cfg->hooks ? cfg->hooks->redis_value_bytes : 0,
+                          .capacity_bytes = cfg->hooks ? cfg->hooks->redis_catalog_bytes : 0};
     Tier *t;
     int code = tier_redis_new(&rc, &t, err); /* its message leaves the credentials out */
     if (code != MN_OK) return code;

@@ -237,6 +237,9 @@ typedef struct MoverTestHooks {
     /* TierRedisConfig.value_bytes (small: a save cut into several runs);
      * 0: the default. */
     uint64_t redis_value_bytes;
+    /* TierRedisConfig.capacity_bytes (small: what the tier remembers
+     * evicts); 0: the default. */
+    uint64_t redis_catalog_bytes;
     /* The staging pool's size in place of MOVER_PROMOTE_BYTES (a batch of
      * promotes of a few small blocks); 0: the default. */
     uint64_t promote_bytes;
