@@ -440,7 +440,7 @@ static int cmd_serve(int argc, char **argv) {
          "time target of one step: prefill chunks are sized to it from the steps measured (0: each step takes up "
          "to --batch-tokens; default 500)"},
         {"decode-step-ratio", 0, CLI_FLOAT, &decode_step_ratio, "R",
-         "hold a step beside answering conversations to R times their tokens' own pass (1-100, default 4; 0: "
+         "hold a step beside answering conversations to R times their tokens' own pass (1-100, default 3; 0: "
          "off, each step takes up to --step-ms): the inter-token gap beside a prompt stays within about R gaps"},
         {"no-layer-split", 0, CLI_FLAG, &no_layer_split, NULL,
          "run each prompt chunk's layers in one step (beside answering conversations a chunk is then only as long "
