@@ -179,7 +179,6 @@ static void on_mover_event(void *ctx, MoverEvent *ev) {
 static void save_done(EngineTiers *t, MoverJob *j);
 static uint64_t hidden_plan(const EngineTiers *t);
 static double tier_read_bw(const EngineTiers *t, int i);
-static double read_bw_of(const EngineTiers *t, int i, const MoverTierStats *ms);
 static void load_free(Load *ld);
 static void load_done(EngineTiers *t, Load *ld, MoverJob *j);
 static void promote_done(EngineTiers *t, const MoverJob *j);
