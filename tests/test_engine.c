@@ -4530,6 +4530,32 @@ static void test_redis_saves_after_outage(void **s) {
     gate_deinit(&dr.steps);
 }
 
+/* With EngineOptions.measure_tiers, a Redis that does not answer as the
+ * engine starts is not measured (the planner takes the guess); once it
+ * is back and the tier reconnects, the mover measures it. */
+static void test_redis_measured_when_back(void **s) {
+    RedisCase *rc = *s;
+    if (!redis_case_open(rc, 193)) return;
+    redis_srv_kill(&rc->srv);
+    EngineOptions o;
+    case_options(rc, &o, 32, NULL);
+    o.measure_tiers = true;
+    Engine *e;
+    MnErr err = {0};
+    if (engine_new(rc->m, &o, &e, &err)) fail_msg("%s", err.msg);
+    EngineStats st;
+    engine_stats(e, &st);
+    assert_true(st.tiers[0].tier.is_failed);
+    assert_true(st.tiers[0].measured_read_bps == 0);
+    assert_true(st.tier_read_bps[0] == TIERS_GUESS_BPS);
+    redis_srv_start(&rc->srv, NULL);
+    TEST_WAIT_UNTIL((engine_stats(e, &st), !st.tiers[0].tier.is_failed), "the redis tier did not reconnect");
+    assert_true(st.tiers[0].measured_read_bps > 0);
+    assert_true(st.tier_read_bps[0] == st.tiers[0].measured_read_bps);
+    assert_int_equal(st.tiers[0].tier.n_runs + st.tiers[0].tier.bytes_read, 0);
+    engine_free(e);
+}
+
 /* The store lets everything go (FLUSHALL) while an instance believes it
  * holds a conversation it put there: the restore meets missing keys, the
  * blocks are recomputed (bit-identical), counted as missing runs. */
@@ -4953,6 +4979,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_redis_restore_other_instance, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_restore_parts, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_parts_all_or_nothing, redis_case_setup, redis_case_teardown),
+        cmocka_unit_test_setup_teardown(test_redis_measured_when_back, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_killed_mid_restore, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_saves_after_outage, redis_case_setup, redis_case_teardown),
         cmocka_unit_test_setup_teardown(test_redis_flushed, redis_case_setup, redis_case_teardown),

@@ -74,7 +74,7 @@ struct Mover {
     KvPool staging;        /* promotes' reads (when promote_max > 0) */
     int promote_max;       /* blocks the staging pool holds; 0: no promotes */
     MoverIoHist reads[MOVER_MAX_TIERS], writes[MOVER_MAX_TIERS]; /* mover thread */
-    double measured_bps[MOVER_MAX_TIERS]; /* measure_tiers' figures (set before the thread) */
+    double measured_bps[MOVER_MAX_TIERS]; /* measure_tier's figures (the mover thread's once it runs) */
     /* published counters */
     pthread_mutex_t stats_lock;
     MoverTierStats stats[MOVER_MAX_TIERS];
@@ -462,6 +462,46 @@ static void run_probe(Mover *m, MoverJob *j) {
     publish_stats(m, m->shared);
 }
 
+/* Tier i's read rate, so that the engine's planner has a figure of this
+ * machine before the tier's first restore (MoverConfig.measure_reads): as
+ * the mover starts, and when a failed tier comes back. About
+ * MOVER_MEASURE_BYTES are written and read back through the tier
+ * (tier_measure_read) out of a scratch pool of the engine's geometry,
+ * freed afterwards; a run the tier has no room for is halved until one
+ * block. A tier that cannot be measured keeps 0 (the engine guesses). */
+static void measure_tier(Mover *m, int i) {
+    const KvPool *p = m->cfg.pool;
+    Tier *t = m->tiers[i];
+    int n = (int)(MOVER_MEASURE_BYTES / ((uint64_t)p->n_layer * p->block_bytes)), max = tier_max_run_blocks(t);
+    if (max > 0 && max < n) n = max;
+    if (n < 1) n = 1;
+    KvPool scratch;
+    int32_t *slots = mn_malloc((size_t)n * sizeof *slots);
+    int rc = slots != NULL ? kvpool_init(&scratch, p->n_layer, p->kv_dim, p->block_tokens, n, p->kv_type) : MN_ENOMEM;
+    TierReadRate rate = {0};
+    if (rc == MN_OK) {
+        uint64_t x = (uint64_t)getpid() << 32 ^ (uint64_t)(mn_wall_now() * 1e6), salt = rng_splitmix64(&x);
+        for (int l = 0; l < p->n_layer; l++) { /* bytes that no medium can compress */
+            uint64_t *w = (uint64_t *)scratch.arenas[l];
+            for (size_t k = 0; k < (size_t)n * p->block_bytes / sizeof *w; k++) w[k] = rng_splitmix64(&x);
+        }
+        for (int k = 0; k < n; k++) slots[k] = k;
+        rc = MN_EFULL;
+        for (int k = n; k >= 1 && rc == MN_EFULL; k /= 2) rc = tier_measure_read(t, &scratch, slots, k, salt, &rate);
+        kvpool_deinit(&scratch);
+    }
+    mn_free(slots);
+    const MoverTestHooks *hk = m->cfg.hooks;
+    if (rc == MN_OK && hk && hk->read_delay_fn) rate.seconds += hk->read_delay_fn(hk->ctx, i);
+    double bps = rc == MN_OK && rate.seconds > 0 ? (double)rate.bytes / rate.seconds : 0;
+    if (bps > 0)
+        LOG_INFO("mover: the %s tier reads at %.0f MB/s (measured)", tier_name(t), bps / 1e6);
+    else
+        LOG_INFO("mover: the %s tier's read rate could not be measured (%s); the planner guesses until its first "
+                 "restore", tier_name(t), mn_strerror(rc));
+    m->measured_bps[i] = bps;
+}
+
 /* Reset the failed tiers that are retried and whose back-off has passed;
  * a tier seen failed for the first time waits MOVER_RETRY_MIN_S first. */
 static void retry_tiers(Mover *m) {
@@ -482,6 +522,7 @@ static void retry_tiers(Mover *m) {
         if (tier_reset(t) == MN_OK) {
             LOG_INFO("mover: the %s tier is back", tier_name(t));
             m->retry_at[i] = m->backoff[i] = 0;
+            if (m->cfg.measure_reads) measure_tier(m, i);
         } else {
             m->backoff[i] = fmin(2 * m->backoff[i], MOVER_RETRY_MAX_S);
             m->retry_at[i] = mn_now() + m->backoff[i];
@@ -691,52 +732,6 @@ static int open_redis(Mover *m, const MoverConfig *cfg, MnErr *err) {
     return add_tier(m, t);
 }
 
-/* Each tier's read rate before any restore, so that the engine's planner
- * starts from a figure of this machine (MoverConfig.measure_reads): about
- * MOVER_MEASURE_BYTES written and read back through each tier
- * (tier_measure_read) out of a scratch pool of the engine's geometry,
- * freed afterwards. A run the tier has no room for is halved until one
- * block; a tier that cannot be measured keeps 0 (the engine guesses). */
-static void measure_tiers(Mover *m) {
-    const KvPool *p = m->cfg.pool;
-    uint64_t run_block = (uint64_t)p->n_layer * p->block_bytes;
-    int n = (int)(MOVER_MEASURE_BYTES / run_block);
-    if (n < 1) n = 1;
-    KvPool scratch;
-    int32_t *slots = mn_malloc((size_t)n * sizeof *slots);
-    if (slots == NULL || kvpool_init(&scratch, p->n_layer, p->kv_dim, p->block_tokens, n, p->kv_type) != MN_OK) {
-        LOG_WARN("mover: no memory to measure the tiers' read rates; the planner guesses until the first restore");
-        mn_free(slots);
-        return;
-    }
-    uint64_t x = (uint64_t)getpid() << 32 ^ (uint64_t)(mn_wall_now() * 1e6), salt = rng_splitmix64(&x);
-    for (int l = 0; l < p->n_layer; l++) { /* bytes that no medium can compress */
-        uint64_t *w = (uint64_t *)scratch.arenas[l];
-        for (size_t k = 0; k < (size_t)n * p->block_bytes / sizeof *w; k++) w[k] = rng_splitmix64(&x);
-    }
-    for (int i = 0; i < n; i++) slots[i] = i;
-    for (int i = 0; i < m->n_tiers; i++) {
-        Tier *t = m->tiers[i];
-        TierReadRate rate = {0};
-        int rc = MN_EFULL;
-        int max = tier_max_run_blocks(t);
-        for (int k = max > 0 && max < n ? max : n; k >= 1 && rc == MN_EFULL; k /= 2)
-            rc = tier_measure_read(t, &scratch, slots, k, salt, &rate);
-        const MoverTestHooks *hk = m->cfg.hooks;
-        if (rc == MN_OK && hk && hk->read_delay_fn) rate.seconds += hk->read_delay_fn(hk->ctx, i);
-        double bps = rate.seconds > 0 ? (double)rate.bytes / rate.seconds : 0;
-        if (rc == MN_OK && bps > 0)
-            LOG_INFO("mover: the %s tier reads at %.0f MB/s (measured)", tier_name(t), bps / 1e6);
-        else
-            LOG_INFO("mover: the %s tier's read rate could not be measured (%s); the planner guesses until its "
-                     "first restore", tier_name(t), mn_strerror(rc));
-        m->measured_bps[i] = bps;
-        publish_stats(m, i);
-    }
-    kvpool_deinit(&scratch);
-    mn_free(slots);
-}
-
 typedef struct HeldCtx {
     const MoverConfig *cfg;
     int tier;
@@ -798,7 +793,10 @@ int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err) {
     /* promotes go into a RAM tier 0 with a slower tier under it */
     if (rc == MN_OK && m->n_tiers >= 2 && strcmp(tier_name(m->tiers[0]), "ram") == 0) rc = make_staging(m, err);
     m->cfg.cost = NULL; /* copied into the tiers (add_tier): not kept */
-    if (rc == MN_OK && cfg->measure_reads) measure_tiers(m);
+    for (int i = 0; rc == MN_OK && cfg->measure_reads && i < m->n_tiers; i++) {
+        measure_tier(m, i);
+        publish_stats(m, i);
+    }
     if (rc == MN_OK) {
         if (pthread_create(&m->thread, NULL, mover_main, m) != 0)
             rc = mn_err_set(err, MN_ENOMEM, "cannot start the mover thread");

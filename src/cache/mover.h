@@ -195,7 +195,7 @@ typedef struct MoverIoHist {
 typedef struct MoverTierStats {
     TierStats tier;
     MoverIoHist reads, writes; /* tier_read_layers (one load), tier_put_run */
-    double measured_read_bps;  /* the read rate mover_new measured (bytes/s:
+    double measured_read_bps;  /* the tier's read rate as last measured (bytes/s:
                                   MoverConfig.measure_reads); 0: not measured */
 } MoverTierStats;
 
@@ -274,7 +274,8 @@ typedef struct MoverConfig {
     EvictPolicy evict;        /* every tier's (tier_set_policy); 0 = lru */
     const CostModel *cost;    /* copied; may be NULL */
     bool measure_reads;       /* mover_new measures each tier's read rate
-                                 (MoverTierStats.measured_read_bps) */
+                                 (MoverTierStats.measured_read_bps), and the
+                                 thread a failed tier's again once it is back */
     const MoverTestHooks *hooks; /* borrowed, outlives the mover; NULL normally */
 } MoverConfig;
 
