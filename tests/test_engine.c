@@ -2893,17 +2893,21 @@ static double plan_read_delay(void *ctx, int tier) { return ((PlanClock *)ctx)->
 
 /* An auto-plan engine over a disk tier in dir or (dir NULL) the Redis at
  * *redis_url, on c's clocks. */
-static Engine *auto_engine_on(Model *m, const char *dir, const char *const *redis_url, PlanClock *c) {
+static void auto_options(EngineOptions *o, const char *dir, const char *const *redis_url, PlanClock *c) {
     pthread_mutex_init(&c->lock, NULL);
     c->hooks = (EngineTestHooks){.clock_shift_fn = plan_clock, .ctx = c};
     c->mover = (MoverTestHooks){.read_delay_fn = plan_read_delay, .ctx = c};
+    tier_options(o, 16, &c->mover);
+    o->disk_tier_dir = dir;
+    o->redis_urls = dir ? NULL : redis_url;
+    o->n_redis_urls = dir ? 0 : 1;
+    o->restore_plan = RESTORE_PLAN_AUTO;
+    o->test_hooks = &c->hooks;
+}
+
+static Engine *auto_engine_on(Model *m, const char *dir, const char *const *redis_url, PlanClock *c) {
     EngineOptions o;
-    tier_options(&o, 16, &c->mover);
-    o.disk_tier_dir = dir;
-    o.redis_urls = dir ? NULL : redis_url;
-    o.n_redis_urls = dir ? 0 : 1;
-    o.restore_plan = RESTORE_PLAN_AUTO;
-    o.test_hooks = &c->hooks;
+    auto_options(&o, dir, redis_url, c);
     Engine *e;
     MnErr err = {0};
     if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
@@ -3108,20 +3112,15 @@ static void test_auto_plan_measured(void **s) {
     if (!m) return;
     char *dir = test_tmpdir_new("tier");
     PlanClock c = {.proj_step_s = 1e-3, .read_delay_s = 1e3};
-    pthread_mutex_init(&c.lock, NULL);
-    c.hooks = (EngineTestHooks){.clock_shift_fn = plan_clock, .ctx = &c};
-    c.mover = (MoverTestHooks){.read_delay_fn = plan_read_delay, .ctx = &c};
     EngineOptions o;
-    tier_options(&o, 16, &c.mover);
-    o.disk_tier_dir = dir;
-    o.restore_plan = RESTORE_PLAN_AUTO;
-    o.test_hooks = &c.hooks;
+    auto_options(&o, dir, NULL, &c);
     o.measure_tiers = true;
     Engine *e;
     MnErr err = {0};
     if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
     EngineStats st;
-    engine_stats(e, &st);
+    /* the mover measures before its first job, the engine goes on */
+    TEST_WAIT_UNTIL((engine_stats(e, &st), st.tiers[0].measured_read_bps > 0), "the disk tier was not measured");
     assert_int_equal(st.n_tiers, 1);
     const MoverTierStats *t = &st.tiers[0];
     assert_true(t->measured_read_bps > 0 && t->measured_read_bps < 1e6); /* its bytes over 1000 s and more */
@@ -3135,11 +3134,16 @@ static void test_auto_plan_measured(void **s) {
     assert_true(disk->bytes_read > 0);
     assert_true(st.tier_read_bps[0] == (double)disk->bytes_read / disk->read_seconds); /* its restores' now */
     engine_free(e);
-    /* without the measurement: the guesses (RAM's and the disk's) */
+    /* without the measurement: the guesses (RAM's and the disk's), also
+     * once the mover has run a request's saves */
     o.measure_tiers = false;
     o.ram_tier_mb = 1;
     if (engine_new(m, &o, &e, &err)) fail_msg("%s", err.msg);
-    engine_stats(e, &st);
+    int32_t p[80];
+    make_prompt(p, 65, m->cfg.n_vocab, 730, 1);
+    ReqResult res;
+    free(run_one(e, p, 65, 4, NULL, &res));
+    settled_stats(e, &st);
     assert_int_equal(st.n_tiers, 2);
     assert_true(st.tiers[0].measured_read_bps == 0 && st.tiers[1].measured_read_bps == 0);
     assert_true(st.tier_read_bps[0] == TIERS_GUESS_RAM_BPS);

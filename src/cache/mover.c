@@ -74,7 +74,7 @@ struct Mover {
     KvPool staging;        /* promotes' reads (when promote_max > 0) */
     int promote_max;       /* blocks the staging pool holds; 0: no promotes */
     MoverIoHist reads[MOVER_MAX_TIERS], writes[MOVER_MAX_TIERS]; /* mover thread */
-    double measured_bps[MOVER_MAX_TIERS]; /* measure_tier's figures (the mover thread's once it runs) */
+    double measured_bps[MOVER_MAX_TIERS]; /* measure_tier's figures (mover thread) */
     /* published counters */
     pthread_mutex_t stats_lock;
     MoverTierStats stats[MOVER_MAX_TIERS];
@@ -591,6 +591,12 @@ static void *mover_main(void *arg) {
     Mover *m = arg;
     if (mn_thread_set_slice(MOVER_SLICE_NS) != MN_OK)
         LOG_INFO("mover: the kernel takes no scheduling hint; restores may wait longer for a core");
+    /* the tiers' read rates first: the server answers meanwhile, and the
+     * jobs submitted meanwhile wait for them */
+    for (int i = 0; m->cfg.measure_reads && i < m->n_tiers; i++) {
+        measure_tier(m, i);
+        publish_stats(m, i);
+    }
     for (;;) {
         retry_tiers(m);
         pthread_mutex_lock(&m->lock);
@@ -793,10 +799,6 @@ int mover_new(const MoverConfig *cfg, Mover **out, MnErr *err) {
     /* promotes go into a RAM tier 0 with a slower tier under it */
     if (rc == MN_OK && m->n_tiers >= 2 && strcmp(tier_name(m->tiers[0]), "ram") == 0) rc = make_staging(m, err);
     m->cfg.cost = NULL; /* copied into the tiers (add_tier): not kept */
-    for (int i = 0; rc == MN_OK && cfg->measure_reads && i < m->n_tiers; i++) {
-        measure_tier(m, i);
-        publish_stats(m, i);
-    }
     if (rc == MN_OK) {
         if (pthread_create(&m->thread, NULL, mover_main, m) != 0)
             rc = mn_err_set(err, MN_ENOMEM, "cannot start the mover thread");

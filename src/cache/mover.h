@@ -273,9 +273,10 @@ typedef struct MoverConfig {
     int max_replies;          /* reply rows kept in the database */
     EvictPolicy evict;        /* every tier's (tier_set_policy); 0 = lru */
     const CostModel *cost;    /* copied; may be NULL */
-    bool measure_reads;       /* mover_new measures each tier's read rate
-                                 (MoverTierStats.measured_read_bps), and the
-                                 thread a failed tier's again once it is back */
+    bool measure_reads;       /* the thread measures each tier's read rate
+                                 before its first job (MoverTierStats.
+                                 measured_read_bps), and a failed tier's
+                                 again once it is back */
     const MoverTestHooks *hooks; /* borrowed, outlives the mover; NULL normally */
 } MoverConfig;
 
@@ -313,7 +314,7 @@ int mover_withdraw(Mover *m, MoverJob *j);
 /* What MoverConfig.measure_reads writes and reads back through each tier
  * as the mover starts (whole blocks of every layer, at least one): a
  * restore's worth on the 1.1B shape, long enough that the medium's set-up
- * time does not rule the figure. mover_new takes that long. */
+ * time does not rule the figure. The first jobs wait that long. */
 #define MOVER_MEASURE_BYTES (32ull << 20)
 /* The most blocks one PROMOTE may name; 0 when the chain has no tier to
  * promote into (fewer than two tiers, or not one block fits tier 0). */
