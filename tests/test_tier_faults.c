@@ -228,6 +228,48 @@ static void test_disk_eio_sticky(void **state) {
     kvpool_deinit(&p);
 }
 
+/* tier_measure_read meeting a failing device: a failed read back or a
+ * failed write is MN_EIO and the tier is off, as after a failed read or
+ * put; what it held stays listed (reset drops it), nothing of the
+ * scratch run is left, and a full device (ENOSPC on the write) is
+ * MN_EFULL, the tier on. */
+static void test_disk_measure_faults(void **state) {
+    const Param *pa = *state;
+    KvPool p;
+    assert_int_equal(kvpool_init(&p, 2, 8, 4, 32, MN_TYPE_F16), MN_OK);
+    Fixture fx;
+    fx_open(&fx, pa, &p, 1 << 20, 0, false);
+    Tier *t = fx.tier;
+    assert_int_equal(put_range(t, &p, 0, 4, 0), MN_OK);
+    int32_t slots[4] = {20, 21, 22, 23};
+    TierReadRate r;
+    aio_fault_set(tier_disk_aio(t), AIO_OP_WRITE, 0, 1, ENOSPC);
+    assert_int_equal(tier_measure_read(t, &p, slots, 4, 1, &r), MN_EFULL);
+    TierStats s;
+    tier_stats(t, &s);
+    assert_false(s.is_failed);
+    assert_int_equal(s.n_runs, 1);
+    static const unsigned ops[2] = {AIO_OP_READ, AIO_OP_WRITE};
+    for (int k = 0; k < 2; k++) {
+        aio_fault_set(tier_disk_aio(t), ops[k], 0, 1, EIO);
+        assert_int_equal(tier_measure_read(t, &p, slots, 4, 2, &r), MN_EIO);
+        assert_int_equal(r.bytes, 0);
+        tier_stats(t, &s);
+        assert_true(s.is_failed);
+        assert_int_equal(s.n_io_errors, (uint64_t)k + 1);
+        assert_int_equal(s.n_runs, 1);
+        assert_int_equal(s.occupancy_bytes, run_bytes(pa, &p, 4));
+        tier_check(t);
+        assert_int_equal(tier_measure_read(t, &p, slots, 4, 3, &r), MN_EIO); /* sticky */
+        assert_int_equal(tier_reset(t), MN_OK);
+        assert_int_equal(put_range(t, &p, 0, 4, 0), MN_OK);
+    }
+    assert_int_equal(tier_measure_read(t, &p, slots, 4, 4, &r), MN_OK);
+    expect_range(t, &p, 0, 4, 10);
+    fx_close(&fx);
+    kvpool_deinit(&p);
+}
+
 static void test_disk_config(void **state) {
     Tier *t = (Tier *)1;
     MnErr err = {0};
@@ -265,6 +307,7 @@ int main(void) {
         DISK_TESTS(test_disk_checksum_block_order),
         DISK_TESTS(test_disk_enospc),
         DISK_TESTS(test_disk_eio_sticky),
+        DISK_TESTS(test_disk_measure_faults),
         cmocka_unit_test(test_disk_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
