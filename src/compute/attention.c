@@ -6,7 +6,8 @@
  *    block starting at a multiple of 16, converted to f32 and transposed
  *    once (lane l holds position P0 + l), and every query row of the tile
  *    and of the head's query group (GQA) attending to the block gets its 16
- *    scores from head_dim broadcast multiply-adds, no reduction per score;
+ *    scores from head_dim broadcast multiply-adds, no reduction per score
+ *    (two blocks at a time, side by side, where a row attends to both);
  *  - softmax per row over its window, exp vectorized;
  *  - V rows converted a block of positions at a time (kept in L1) and
  *    accumulated into every output row of the unit, several rows side by
@@ -38,6 +39,7 @@
 #include <assert.h>
 #include <math.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -61,7 +63,7 @@ size_t attn_scratch_floats(int max_ctx, int n_head, int n_head_kv, int head_dim)
     /* scores (tile, group, ctx rounded out to whole blocks of 16
      * positions), their 1/sums, a transposed block of K rows and a block
      * of V rows as f32 */
-    return ATTN_TILE_MAX * group * ((size_t)max_ctx + 2 * ATTN_PB) + (ATTN_PB + ATTN_VB) * (size_t)head_dim + 16;
+    return ATTN_TILE_MAX * group * ((size_t)max_ctx + 2 * ATTN_PB) + (2 * ATTN_PB + ATTN_VB) * (size_t)head_dim + 16;
 }
 
 typedef struct AttnJob {
@@ -179,40 +181,70 @@ static void load_k_block(float *restrict kT, const AttnKv *kv, const AttnSeq *s,
     }
 }
 
-/* Raw scores q . k of R query rows (q + r*hd) for the block kT, into
- * s + r*s_stride: per lane, a chain over d = 0, 1, ... of fused
- * multiply-adds (AVX-512) or of products then sums (other builds). R rows
- * at a time only so the chains run side by side. */
+/* Raw scores q . k of R query rows (q + r*hd) for NB blocks side by side
+ * (block j: kT + j*hd*ATTN_PB, into s + j*ATTN_PB), row r at s +
+ * r*s_stride: per lane, a chain over d = 0, 1, ... of fused multiply-adds
+ * (AVX-512) or of products then sums (other builds). The rows and blocks
+ * run side by side only to hide the multiply-adds' latency: each lane's
+ * chain is the same whatever R and NB. */
 ATTN_INLINE void block_scores_r(float *s, size_t s_stride, const float *q, const float *restrict kT, int hd,
-                                float scale, int R) {
+                                float scale, int R, int NB) {
 #if defined(ATTN_AVX512)
-    __m512 acc[8];
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    __m512 acc[16];
+    for (int j = 0; j < R * NB; j++) acc[j] = _mm512_setzero_ps();
     for (int d = 0; d < hd; d++) {
-        const __m512 k = _mm512_loadu_ps(kT + (size_t)d * ATTN_PB);
-        for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)r * hd + d]), k, acc[r]);
+        __m512 k[2];
+        for (int j = 0; j < NB; j++) k[j] = _mm512_loadu_ps(kT + ((size_t)j * hd + d) * ATTN_PB);
+        for (int r = 0; r < R; r++) {
+            const __m512 qd = _mm512_set1_ps(q[(size_t)r * hd + d]);
+            for (int j = 0; j < NB; j++) acc[r * NB + j] = _mm512_fmadd_ps(qd, k[j], acc[r * NB + j]);
+        }
     }
-    for (int r = 0; r < R; r++) _mm512_storeu_ps(s + (size_t)r * s_stride, _mm512_mul_ps(acc[r], _mm512_set1_ps(scale)));
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < NB; j++)
+            _mm512_storeu_ps(s + (size_t)r * s_stride + j * ATTN_PB,
+                             _mm512_mul_ps(acc[r * NB + j], _mm512_set1_ps(scale)));
 #else
-    for (int r = 0; r < R; r++) {
-        float acc[ATTN_PB] = {0};
-        const float *qr = q + (size_t)r * hd;
-        for (int d = 0; d < hd; d++)
-            for (int l = 0; l < ATTN_PB; l++) acc[l] += qr[d] * kT[(size_t)d * ATTN_PB + l];
-        for (int l = 0; l < ATTN_PB; l++) s[(size_t)r * s_stride + l] = acc[l] * scale;
-    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < NB; j++) {
+            float acc[ATTN_PB] = {0};
+            const float *qr = q + (size_t)r * hd, *kj = kT + (size_t)j * hd * ATTN_PB;
+            for (int d = 0; d < hd; d++)
+                for (int l = 0; l < ATTN_PB; l++) acc[l] += qr[d] * kj[(size_t)d * ATTN_PB + l];
+            for (int l = 0; l < ATTN_PB; l++) s[(size_t)r * s_stride + j * ATTN_PB + l] = acc[l] * scale;
+        }
 #endif
 }
 
 /* block_scores_r for n rows: by 8, then 4, then one at a time. */
-static void block_scores(float *s, size_t s_stride, const float *q, const float *restrict kT, int hd, float scale,
-                         int n) {
+ATTN_INLINE void block_scores_n(float *s, size_t s_stride, const float *q, const float *restrict kT, int hd,
+                                float scale, int n, int NB) {
     int r = 0;
     for (; r + 8 <= n; r += 8)
-        block_scores_r(s + (size_t)r * s_stride, s_stride, q + (size_t)r * hd, kT, hd, scale, 8);
+        block_scores_r(s + (size_t)r * s_stride, s_stride, q + (size_t)r * hd, kT, hd, scale, 8, NB);
     for (; r + 4 <= n; r += 4)
-        block_scores_r(s + (size_t)r * s_stride, s_stride, q + (size_t)r * hd, kT, hd, scale, 4);
-    for (; r < n; r++) block_scores_r(s + (size_t)r * s_stride, s_stride, q + (size_t)r * hd, kT, hd, scale, 1);
+        block_scores_r(s + (size_t)r * s_stride, s_stride, q + (size_t)r * hd, kT, hd, scale, 4, NB);
+    for (; r < n; r++) block_scores_r(s + (size_t)r * s_stride, s_stride, q + (size_t)r * hd, kT, hd, scale, 1, NB);
+}
+
+/* Scores of n rows for nb (1 or 2) blocks. Inlined with a constant hd for
+ * the usual head sizes: the rows' addresses then take no registers (with a
+ * variable one, gcc spills the K lanes to make room for them). */
+static void block_scores(float *s, size_t s_stride, const float *q, const float *restrict kT, int hd, float scale,
+                         int n, int nb) {
+    assert(nb == 1 || nb == 2);
+    if (hd == 64 && nb == 2)
+        block_scores_n(s, s_stride, q, kT, 64, scale, n, 2);
+    else if (hd == 64)
+        block_scores_n(s, s_stride, q, kT, 64, scale, n, 1);
+    else if (hd == 128 && nb == 2)
+        block_scores_n(s, s_stride, q, kT, 128, scale, n, 2);
+    else if (hd == 128)
+        block_scores_n(s, s_stride, q, kT, 128, scale, n, 1);
+    else if (nb == 2)
+        block_scores_n(s, s_stride, q, kT, hd, scale, n, 2);
+    else
+        block_scores_n(s, s_stride, q, kT, hd, scale, n, 1);
 }
 
 #if defined(ATTN_AVX512)
@@ -306,7 +338,10 @@ ATTN_INLINE void accum_v16(float *restrict o, const float *restrict w, size_t w_
     for (int p = p0; p < p1; p++) {
         const float *vp = vb + (size_t)(p - pb) * (size_t)(16 * NC);
         for (int c = 0; c < NC; c++) {
-            const __m512 v = _mm512_loadu_ps(vp + 16 * c);
+            __m512 v = _mm512_loadu_ps(vp + 16 * c);
+            /* kept in a register: gcc would fold the load into each of
+             * the R multiply-adds, and a 512-bit load costs as much as one */
+            __asm__("" : "+v"(v));
             for (int r = 0; r < R; r++)
                 acc[r * NC + c] = _mm512_fmadd_ps(_mm512_set1_ps(w[(size_t)r * w_stride + (size_t)(p - pb)]), v,
                                                   acc[r * NC + c]);
@@ -363,22 +398,29 @@ static void attn_tile(const AttnJob *job, int t0, int n_q, int kvh, float *scrat
     const int32_t base = min_lo - min_lo % ATTN_PB;
     const size_t stride = (size_t)(max_pos - max_pos % ATTN_PB + ATTN_PB - base);
     float *scores = scratch;                                      /* (n_q, group, stride) */
-    float *kT = scores + (size_t)n_q * (size_t)group * stride;    /* (head_dim, ATTN_PB) */
-    float *vbuf = kT + (size_t)hd * ATTN_PB;                      /* (ATTN_VB, head_dim) */
+    float *kT = scores + (size_t)n_q * (size_t)group * stride;    /* 2 x (head_dim, ATTN_PB) */
+    float *vbuf = kT + (size_t)hd * 2 * ATTN_PB;                  /* (ATTN_VB, head_dim) */
     const float scale = b->scale > 0.0f ? b->scale : 1.0f / sqrtf((float)hd);
 #define Q_OF(i) (b->q + ((size_t)(t0 + (i)) * (size_t)b->n_head + (size_t)kvh * (size_t)group) * (size_t)hd)
 #define S_OF(i, g) (scores + ((size_t)(i) * (size_t)group + (size_t)(g)) * stride)
 
     const float cap = b->softcap;
-    for (int32_t P0 = base; P0 <= max_pos; P0 += ATTN_PB) {
+    /* two blocks at a time: a row that attends to both gets them side by side */
+    for (int32_t P0 = base; P0 <= max_pos; P0 += 2 * ATTN_PB) {
+        const int32_t P1 = P0 + ATTN_PB;
+        float *kT1 = kT + (size_t)hd * ATTN_PB;
         load_k_block(kT, kv, s, P0, min_lo, max_pos, kvh, hd, vbuf);
+        if (P1 <= max_pos) load_k_block(kT1, kv, s, P1, min_lo, max_pos, kvh, hd, vbuf);
         for (int i = 0; i < n_q; i++) {
-            if (P0 > b->pos[t0 + i] || P0 + ATTN_PB <= window_lo(b, t0 + i)) continue;
+            const int32_t lo = window_lo(b, t0 + i), pos = b->pos[t0 + i];
+            const bool in0 = P0 <= pos && P0 + ATTN_PB > lo, in1 = P1 <= pos && P1 + ATTN_PB > lo;
             float *sb = S_OF(i, 0) + (P0 - base);
-            block_scores(sb, stride, Q_OF(i), kT, hd, scale, group);
-            if (cap > 0.0f)
+            if (in0 || in1)
+                block_scores(in0 ? sb : sb + ATTN_PB, stride, Q_OF(i), in0 ? kT : kT1, hd, scale, group,
+                             in0 && in1 ? 2 : 1);
+            if (cap > 0.0f && (in0 || in1))
                 for (int g = 0; g < group; g++)
-                    for (int l = 0; l < ATTN_PB; l++)
+                    for (int l = in0 ? 0 : ATTN_PB; l < (in1 ? 2 * ATTN_PB : ATTN_PB); l++)
                         sb[(size_t)g * stride + l] = cap * tanhf(sb[(size_t)g * stride + l] / cap);
         }
     }
