@@ -24,6 +24,7 @@
 #ifndef MN_ATTENTION_H
 #define MN_ATTENTION_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -57,6 +58,13 @@ typedef struct AttnBatch {
     int window;            /* sliding window: attend to the last `window` positions; 0: all */
     float softcap;         /* scores become softcap * tanh(score / softcap); 0: none */
 } AttnBatch;
+
+/* Whether attn_forward multiplies in bf16 for this KV type and head size
+ * on this build: an f16 KV cache, head_dim 64 or 128, and a CPU with
+ * AVX512_BF16 (the build's -march). Then q, K, V and the softmax's
+ * weights are rounded to bf16 (to nearest even) and their products summed
+ * in f32 (see attention.c); otherwise every product is f32. */
+bool attn_uses_bf16(MnType kv_type, int head_dim);
 
 /* Floats of scratch attn_forward needs per thread for contexts up to
  * max_ctx positions. */
