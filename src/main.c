@@ -227,7 +227,7 @@ static int cmd_generate(int argc, char **argv) {
         {"frequency-penalty", 0, CLI_FLOAT, &sp.frequency_penalty, "F", "frequency penalty (default 0)"},
         {"seed", 's', CLI_U64, &seed, "S", "sampling seed (default: time)"},
         {"threads", 't', CLI_INT, &n_threads, "N", "compute threads (default 2)"},
-        {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache precision (default f16)"},
+        {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache and attention precision (default f16)"},
         {"block-tokens", 0, CLI_INT, &block_tokens, "N", "tokens per KV block (default 32)"},
         {"batch", 'b', CLI_INT, &batch, "N", "prompt tokens per forward pass (default 512)"},
         {"ctx", 'c', CLI_INT, &ctx_len, "N", "context length (default: the model's)"},
@@ -468,7 +468,7 @@ static int cmd_serve(int argc, char **argv) {
         {"max-queue", 0, CLI_INT, &eo.max_queue, "N", "waiting requests at most, then 503 (default 64)"},
         {"max-body", 0, CLI_INT, &max_body_kb, "KB", "largest request body in KiB, then 413 (default 1024)"},
         HTTP_LIMIT_OPTS(so.limits, idle_timeout),
-        {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache precision (default f16)"},
+        {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache and attention precision (default f16)"},
         {"restore-plan", 0, CLI_STR, &restore_plan, "kv|hidden|auto",
          "how the cache tiers store a conversation's layers: as KV, as the hidden states KV is projected from "
          "where those are smaller (restored by projecting them: the same KV, bit for bit), or (auto, the "

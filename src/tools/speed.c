@@ -56,7 +56,7 @@ int speed_main(int argc, char **argv) {
         {"depth", 'd', CLI_INT, &depth, "N", "context tokens evaluated, untimed, before each run (default 0)"},
         {"gen-tokens", 'n', CLI_INT, &n_gen, "N", "decoded tokens (default 128)"},
         {"threads", 't', CLI_INT, &n_threads, "N", "compute threads (default 2)"},
-        {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache precision (default f16)"},
+        {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache and attention precision (default f16)"},
         {"repetitions", 'r', CLI_INT, &reps, "N", "runs to average (default 1)"},
         {"json", 0, CLI_FLAG, &json, NULL, "print one JSON object"},
     };
