@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/mem.h"
+#include "base/version.h"
 #include "cache/cost.h"
 #include "engine/profile.h"
 #include "model/model.h"
@@ -195,6 +196,13 @@ static void test_key_init(void **state) {
     b = a;
     b.kv_type = MN_TYPE_F32;
     assert_false(cost_key_eq(&a, &b));
+    /* the build that measured it: its own, as "VERSION+COMMIT" */
+    char build[COST_BUILD_LEN];
+    snprintf(build, sizeof build, "%s+%s", MNEMO_VERSION, mn_build_commit());
+    assert_string_equal(a.build, build);
+    b = a;
+    b.build[strlen(b.build) - 1] ^= 1;
+    assert_false(cost_key_eq(&a, &b));
 }
 
 /* ---- the profile file ----------------------------------------------------- */
@@ -277,6 +285,10 @@ static void test_file_other_key_ignored(void **state) {
     other = cm.key;
     other.block_tokens = 16;
     assert_int_equal(cost_load(t.path, &other, &got, NULL), MN_ENOTFOUND);
+    /* another build of mnemo (new kernels) measures again */
+    other = cm.key;
+    snprintf(other.build, sizeof other.build, "0.0.1+0123456789ab");
+    assert_int_equal(cost_load(t.path, &other, &got, NULL), MN_ENOTFOUND);
     assert_models_equal(&got, &untouched);
     /* no file at all */
     unlink(t.path);
@@ -335,7 +347,7 @@ static void test_file_corrupt_rejected(void **state) {
     body[body_len] = '\0';
     char edited[4096];
     snprintf(edited, sizeof edited, "%s", body);
-    edited[strlen("mnemo-cost-profile ")] = '2';
+    edited[strlen("mnemo-cost-profile ")] = '9';
     write_with_checksum(t.path, edited);
     assert_int_equal(cost_load(t.path, &cm.key, &got, &err), MN_EFORMAT);
     assert_non_null(strstr(err.msg, "version"));

@@ -5,10 +5,10 @@
  * path of cost_save, and nothing keeps state between calls. Invariants
  * (cost_validate): tok_sec finite and > 0; 0 <= n_knots <= COST_MAX_KNOTS;
  * knot_ctx strictly increasing and > 0; knot_attn_sec finite and >= 0;
- * key.block_tokens in [1, COST_MAX_BLOCK_TOKENS]; key.cpu printable ASCII,
- * NUL-terminated.
+ * key.block_tokens in [1, COST_MAX_BLOCK_TOKENS]; key.cpu and key.build
+ * printable ASCII, NUL-terminated.
  *
- * Profile file format, version 1. ASCII text, lines ending in LF (0x0A),
+ * Profile file format, version 2. ASCII text, lines ending in LF (0x0A),
  * fields separated by one space, in exactly this order:
  *
  *     mnemo-cost-profile 1              magic and format version
@@ -18,6 +18,7 @@
  *     n_threads <int>
  *     block_tokens <int>
  *     kv_type <int>                     MnType value
+ *     build <text>                      CostKey.build: printable ASCII, < 64 bytes
  *     tok_sec <double>                  printed with %.17g, so it reads back exactly
  *     knots <n>
  *     knot <ctx> <attn_sec>             n lines, ctx increasing
@@ -44,9 +45,10 @@
 #include <unistd.h>
 
 #include "base/mem.h"
+#include "base/version.h"
 
 #define COST_MAGIC "mnemo-cost-profile"
-#define COST_VERSION 1
+#define COST_VERSION 2 /* 1 had no build line */
 #define COST_FILE_MAX 65536
 #define COST_MAX_BLOCK_TOKENS 65536
 
@@ -108,12 +110,13 @@ void cost_key_init(CostKey *k, const Hash128 *model, int n_threads, int block_to
     k->n_threads = n_threads;
     k->block_tokens = block_tokens;
     k->kv_type = (int)kv_type;
+    snprintf(k->build, sizeof k->build, "%s+%s", MNEMO_VERSION, mn_build_commit());
 }
 
 bool cost_key_eq(const CostKey *a, const CostKey *b) {
     return hash128_eq(&a->model, &b->model) && strncmp(a->cpu, b->cpu, COST_CPU_LEN) == 0 &&
            a->n_cpus == b->n_cpus && a->n_threads == b->n_threads && a->block_tokens == b->block_tokens &&
-           a->kv_type == b->kv_type;
+           a->kv_type == b->kv_type && strncmp(a->build, b->build, COST_BUILD_LEN) == 0;
 }
 
 void cost_key_file_name(const CostKey *k, char *buf, size_t cap) {
@@ -131,11 +134,20 @@ void cost_key_file_name(const CostKey *k, char *buf, size_t cap) {
 
 /* ---- building and checking ------------------------------------------------ */
 
+/* Whether s (cap bytes) is NUL-terminated printable ASCII. */
+static bool is_printable(const char *s, size_t cap) {
+    const char *nul = memchr(s, '\0', cap);
+    if (nul == NULL) return false;
+    for (const char *c = s; c < nul; c++)
+        if (*c < 0x20 || *c > 0x7e) return false;
+    return true;
+}
+
 int cost_validate(const CostModel *cm, MnErr *err) {
-    const char *nul = memchr(cm->key.cpu, '\0', COST_CPU_LEN);
-    if (nul == NULL) return mn_err_set(err, MN_EINVAL, "cost model: CPU string not terminated");
-    for (const char *c = cm->key.cpu; c < nul; c++)
-        if (*c < 0x20 || *c > 0x7e) return mn_err_set(err, MN_EINVAL, "cost model: CPU string not printable ASCII");
+    if (!is_printable(cm->key.cpu, COST_CPU_LEN))
+        return mn_err_set(err, MN_EINVAL, "cost model: CPU string not terminated printable ASCII");
+    if (!is_printable(cm->key.build, COST_BUILD_LEN))
+        return mn_err_set(err, MN_EINVAL, "cost model: build string not terminated printable ASCII");
     if (cm->key.block_tokens < 1 || cm->key.block_tokens > COST_MAX_BLOCK_TOKENS)
         return mn_err_set(err, MN_EINVAL, "cost model: block size %d out of range", cm->key.block_tokens);
     if (!isfinite(cm->tok_sec) || cm->tok_sec <= 0)
@@ -242,9 +254,9 @@ int cost_save(const CostModel *cm, const char *path, MnErr *err) {
     OutBuf b = {text, 0, sizeof text};
     char hex[33];
     hash128_hex(&cm->key.model, hex);
-    bool ok = outf(&b, "%s %d\nmodel %s\ncpu %s\nn_cpus %d\nn_threads %d\nblock_tokens %d\nkv_type %d\n", COST_MAGIC,
-                   COST_VERSION, hex, cm->key.cpu, cm->key.n_cpus, cm->key.n_threads, cm->key.block_tokens,
-                   cm->key.kv_type) &&
+    bool ok = outf(&b, "%s %d\nmodel %s\ncpu %s\nn_cpus %d\nn_threads %d\nblock_tokens %d\nkv_type %d\nbuild %s\n",
+                   COST_MAGIC, COST_VERSION, hex, cm->key.cpu, cm->key.n_cpus, cm->key.n_threads, cm->key.block_tokens,
+                   cm->key.kv_type, cm->key.build) &&
               outf(&b, "tok_sec %.17g\nknots %d\n", cm->tok_sec, cm->n_knots);
     for (int i = 0; ok && i < cm->n_knots; i++)
         ok = outf(&b, "knot %d %.17g\n", (int)cm->knot_ctx[i], cm->knot_attn_sec[i]);
@@ -381,6 +393,8 @@ static int parse_body(const char *body, size_t len, const char *path, CostModel 
         if ((rc = field(&ls, ints[i].name, v, sizeof v, path, err))) return rc;
         if (!parse_int(v, ints[i].dst)) return mn_err_set(err, MN_EFORMAT, "%s: bad %s '%s'", path, ints[i].name, v);
     }
+    if ((rc = field(&ls, "build", v, COST_BUILD_LEN, path, err))) return rc;
+    memcpy(m->key.build, v, strlen(v) + 1);
     if ((rc = field(&ls, "tok_sec", v, sizeof v, path, err))) return rc;
     if (!parse_double(v, &m->tok_sec)) return mn_err_set(err, MN_EFORMAT, "%s: bad tok_sec '%s'", path, v);
     if ((rc = field(&ls, "knots", v, sizeof v, path, err))) return rc;
@@ -448,9 +462,9 @@ done:
 void cost_dump(const CostModel *cm) {
     char hex[33];
     hash128_hex(&cm->key.model, hex);
-    fprintf(stderr, "CostModel model=%s cpu='%.*s' n_cpus=%d threads=%d block_tokens=%d kv_type=%d\n", hex,
-            COST_CPU_LEN - 1, cm->key.cpu, cm->key.n_cpus, cm->key.n_threads, cm->key.block_tokens,
-            cm->key.kv_type);
+    fprintf(stderr, "CostModel model=%s cpu='%.*s' n_cpus=%d threads=%d block_tokens=%d kv_type=%d build=%.*s\n",
+            hex, COST_CPU_LEN - 1, cm->key.cpu, cm->key.n_cpus, cm->key.n_threads, cm->key.block_tokens,
+            cm->key.kv_type, COST_BUILD_LEN - 1, cm->key.build);
     fprintf(stderr, "  tok_sec=%.6g block@0=%.6g s, %d knots\n", cm->tok_sec,
             cm->key.block_tokens * cm->tok_sec, cm->n_knots);
     for (int i = 0; i < cm->n_knots && i < COST_MAX_KNOTS; i++)

@@ -20,8 +20,9 @@
  *
  * The model is measured once per (model, machine) by engine/profile.c and
  * cached across restarts in a small text file (format in cost.c) keyed by a
- * CostKey: the model fingerprint and the facts of the machine and set-up
- * that change the timings. A file whose key differs is ignored.
+ * CostKey: the model fingerprint, the facts of the machine and set-up that
+ * change the timings, and the build (a new mnemo's kernels time otherwise,
+ * so it measures again). A file whose key differs is ignored.
  *
  * A CostModel is a plain value (no heap), immutable once built, and may be
  * read by any thread.
@@ -38,6 +39,7 @@
 
 #define COST_MAX_KNOTS 32
 #define COST_CPU_LEN 128
+#define COST_BUILD_LEN 64
 
 /* What a profile is valid for. Two keys match only if every field does. */
 typedef struct CostKey {
@@ -47,6 +49,7 @@ typedef struct CostKey {
     int n_threads;          /* compute threads the engine runs with */
     int block_tokens;
     int kv_type;            /* MnType of the pool's KV */
+    char build[COST_BUILD_LEN]; /* the mnemo that measured it, "VERSION+COMMIT": its kernels set the timings */
 } CostKey;
 
 typedef struct CostModel {
