@@ -171,6 +171,12 @@ static void test_validation(void **state) {
     bad = key;
     snprintf(bad.cpu, sizeof bad.cpu, "two\nlines");
     assert_int_equal(cost_init(&cm, &bad, 1e-5, up, ok, 2, NULL), MN_EINVAL);
+    bad = key;
+    snprintf(bad.build, sizeof bad.build, "0.1\n+x");
+    assert_int_equal(cost_init(&cm, &bad, 1e-5, up, ok, 2, &err), MN_EINVAL);
+    assert_non_null(strstr(err.msg, "build"));
+    memset(bad.build, 'a', sizeof bad.build); /* not terminated */
+    assert_int_equal(cost_init(&cm, &bad, 1e-5, up, ok, 2, NULL), MN_EINVAL);
     assert_int_equal(cost_init(&cm, NULL, 1e-5, up, ok, 2, NULL), MN_EINVAL); /* zero key: no block size */
     assert_models_equal(&cm, &before); /* failures leave the output alone */
 }

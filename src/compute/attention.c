@@ -335,6 +335,7 @@ static void softmax_row(float *sc, int32_t base, int32_t lo, int32_t hi, bool to
         _mm512_storeu_ps(sc + (P0 - base), w);
     }
 #else
+    assert(!to_bf16);
     float max = sc[lo - base];
     for (int32_t p = lo; p <= hi; p++) max = sc[p - base] > max ? sc[p - base] : max;
     float lane[ATTN_PB] = {0};
