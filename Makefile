@@ -96,10 +96,16 @@ build/fuzz/libmnemo.a: $(fuzz_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-build/fuzz/fuzz_%: fuzz/fuzz_%.c build/fuzz/libmnemo.a
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -Werror -fsanitize=fuzzer -MMD -MP $< build/fuzz/libmnemo.a $(LIBS) -o $@
+fuzz_VERSION := build/fuzz/obj/base/version.o
 
--include $(patsubst %.o,%.d,$(fuzz_OBJ))
+$(fuzz_VERSION): src/base/version.c build/commit
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -DMNEMO_COMMIT='"$(COMMIT)"' -MMD -MP -c $< -o $@
+
+build/fuzz/fuzz_%: fuzz/fuzz_%.c build/fuzz/libmnemo.a | $(fuzz_VERSION)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Werror -fsanitize=fuzzer -MMD -MP $< build/fuzz/libmnemo.a $(fuzz_VERSION) $(LIBS) -o $@
+
+-include $(patsubst %.o,%.d,$(fuzz_OBJ) $(fuzz_VERSION))
 
 # kernel tests that also run in the scalar and AVX2 builds
 KERNEL_TESTS := test_matmul test_attention test_forward
