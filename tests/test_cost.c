@@ -281,7 +281,7 @@ static void test_file_other_key_ignored(void **state) {
     other.model = hash128("another model", 13);
     MnErr err = {0};
     assert_int_equal(cost_load(t.path, &other, &got, &err), MN_ENOTFOUND);
-    assert_non_null(strstr(err.msg, "another model or machine"));
+    assert_non_null(strstr(err.msg, "another model, machine or build"));
     other = cm.key;
     other.n_threads = 8;
     assert_int_equal(cost_load(t.path, &other, &got, NULL), MN_ENOTFOUND);
@@ -294,7 +294,9 @@ static void test_file_other_key_ignored(void **state) {
     /* another build of mnemo (new kernels) measures again */
     other = cm.key;
     snprintf(other.build, sizeof other.build, "0.0.1+0123456789ab");
-    assert_int_equal(cost_load(t.path, &other, &got, NULL), MN_ENOTFOUND);
+    err = (MnErr){0};
+    assert_int_equal(cost_load(t.path, &other, &got, &err), MN_ENOTFOUND);
+    assert_non_null(strstr(err.msg, cm.key.build)); /* the log says which build measured it */
     assert_models_equal(&got, &untouched);
     /* no file at all */
     unlink(t.path);
@@ -371,6 +373,23 @@ static void test_file_corrupt_rejected(void **state) {
     write_with_checksum(t.path, edited);
     assert_int_equal(cost_load(t.path, &cm.key, &got, &err), MN_EFORMAT);
     assert_non_null(strstr(err.msg, "n_cpus"));
+
+    /* the build line: too long for CostKey.build, or not printable */
+    snprintf(edited, sizeof edited, "%s", body);
+    p = strstr(edited, "build ") + 6;
+    eol = strchr(p, '\n');
+    char tail[4096];
+    snprintf(tail, sizeof tail, "%s", eol);
+    snprintf(p, sizeof edited - (size_t)(p - edited), "%0*d%s", COST_BUILD_LEN, 7, tail);
+    write_with_checksum(t.path, edited);
+    assert_int_equal(cost_load(t.path, &cm.key, &got, &err), MN_EFORMAT);
+    assert_non_null(strstr(err.msg, "too long"));
+    snprintf(edited, sizeof edited, "%s", body);
+    p = strstr(edited, "build ") + 6;
+    p[0] = '\t';
+    write_with_checksum(t.path, edited);
+    assert_int_equal(cost_load(t.path, &cm.key, &got, &err), MN_EFORMAT);
+    assert_non_null(strstr(err.msg, "build"));
 
     snprintf(edited, sizeof edited, "%s", body);
     p = strstr(edited, "knot 128 ");

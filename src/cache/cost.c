@@ -11,7 +11,7 @@
  * Profile file format, version 2. ASCII text, lines ending in LF (0x0A),
  * fields separated by one space, in exactly this order:
  *
- *     mnemo-cost-profile 1              magic and format version
+ *     mnemo-cost-profile 2              magic and format version
  *     model <32 lower-case hex>         CostKey.model, hash128_hex order
  *     cpu <text>                        CostKey.cpu: printable ASCII, < 128 bytes
  *     n_cpus <int>
@@ -393,8 +393,7 @@ static int parse_body(const char *body, size_t len, const char *path, CostModel 
         if ((rc = field(&ls, ints[i].name, v, sizeof v, path, err))) return rc;
         if (!parse_int(v, ints[i].dst)) return mn_err_set(err, MN_EFORMAT, "%s: bad %s '%s'", path, ints[i].name, v);
     }
-    if ((rc = field(&ls, "build", v, COST_BUILD_LEN, path, err))) return rc;
-    memcpy(m->key.build, v, strlen(v) + 1);
+    if ((rc = field(&ls, "build", m->key.build, sizeof m->key.build, path, err))) return rc;
     if ((rc = field(&ls, "tok_sec", v, sizeof v, path, err))) return rc;
     if (!parse_double(v, &m->tok_sec)) return mn_err_set(err, MN_EFORMAT, "%s: bad tok_sec '%s'", path, v);
     if ((rc = field(&ls, "knots", v, sizeof v, path, err))) return rc;
@@ -447,8 +446,8 @@ int cost_load(const char *path, const CostKey *want, CostModel *out, MnErr *err)
     rc = parse_body(buf, len - sum_len, path, &m, err);
     if (rc) goto done;
     if (want && !cost_key_eq(&m.key, want)) {
-        rc = mn_err_set(err, MN_ENOTFOUND, "%s: profile of another model or machine (%s, %d threads)", path, m.key.cpu,
-                        m.key.n_threads);
+        rc = mn_err_set(err, MN_ENOTFOUND, "%s: profile of another model, machine or build (%s, %d threads, mnemo %s)",
+                        path, m.key.cpu, m.key.n_threads, m.key.build);
         goto done;
     }
     *out = m;
