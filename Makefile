@@ -3,6 +3,7 @@
 #   make            release build: build/release/mnemo (and ./mnemo link)
 #   make test       set-up, the layering check, then unit + integration tests in
 #                   the release build and again under AddressSanitizer + UBSan
+#                   (builds on JOBS cores, default all)
 #   make check-layers  includes against docs/DESIGN.md's layer tables (and a
 #                   self-test that it catches a violation)
 #   make run        set-up, build, and a generation with the bundled demo model
@@ -125,11 +126,15 @@ check-layers:
 	@./scripts/check-layers
 	@./scripts/check-layers --self-test
 
+# make test builds on JOBS cores (default: all of them); the tests run one
+# binary at a time.
+JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+
 test: setup
 	$(MAKE) check-layers
-	$(MAKE) test-release
-	$(MAKE) test-paths
-	$(MAKE) test-asan
+	$(MAKE) -j$(JOBS) test-release
+	$(MAKE) -j$(JOBS) test-paths
+	$(MAKE) -j$(JOBS) test-asan
 
 test-release: build/release/mnemo $(release_TESTS)
 	@./tests/run.sh build/release
@@ -147,7 +152,7 @@ test-asan: build/asan/mnemo $(asan_TESTS)
 fuzz-build: $(FUZZ_BINS)
 
 fuzz: setup
-	@$(MAKE) --no-print-directory fuzz-build
+	@$(MAKE) --no-print-directory -j$(JOBS) fuzz-build
 	@./scripts/fuzz $(FUZZ_SECONDS) $(FUZZ_BINS)
 
 run: setup
