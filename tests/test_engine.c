@@ -483,11 +483,15 @@ static void check_concurrent(Concurrent c) {
     assert_int_equal(st.running, 0);
     assert_int_equal(st.pool_used, 0);
     assert_int_equal(st.requests_finished[FINISH_LENGTH], N);
-    if (c.pool_blocks > 0 && c.pool_blocks < 40) assert_true(st.suspensions > 0);
-    /* (whether the watermark copied blocks down here depends on the mover's
-     * speed: write-behind waits while a save is in flight, and on a loaded
-     * machine one was, every step — it failed 2 runs in 10 so. Write-behind
-     * is test_writebehind_namespaces's, with saves settled.) */
+    /* Without a tier the steps are the virtual clock's alone, and a pool
+     * this small always suspends. With one, which blocks are free at a
+     * step depends on the mover's speed (saves in flight, write-behind
+     * waiting for them), and so does whether the pool was ever full: 30
+     * runs on a loaded machine suspended 0 to 4 times (0 in 2; CI failed
+     * so). Nor is whether the watermark copied blocks down asserted here,
+     * for the same reason: write-behind is test_writebehind_namespaces's,
+     * with saves settled. */
+    if (c.pool_blocks > 0 && c.pool_blocks < 40 && c.ram_tier_mb == 0) assert_true(st.suspensions > 0);
     free(jobs);
     engine_free(e);
     gate_deinit(&dr.steps);
@@ -534,7 +538,8 @@ static void test_concurrent_tiny_pool(void **s) {
 static void test_concurrent_suspend_reorders(void **s) {
     check_concurrent((Concurrent){"stories260K", true, 24, 8, 0, 11, 5, 8, 5});
 }
-/* ... and with a RAM tier below it: write-behind under the watermark */
+/* ... and with a RAM tier below it: the same answers while blocks are saved,
+ * written behind and restored, however fast the mover runs */
 static void test_concurrent_tiny_pool_tiered(void **s) {
     check_concurrent((Concurrent){"stories260K", true, 24, 6, 1, 11, 7, 12, 1});
 }
