@@ -209,7 +209,7 @@ static int gen_row(void *ctx_, int idx, const float *logits) {
 static int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = "", *kv_type_name = "f16", *dump = NULL;
     int n_gen = 128, n_threads = 2, block_tokens = 32, batch = 512, ctx_len = 0;
-    bool ignore_eos = false;
+    bool ignore_eos = false, use_mmap = false;
     uint64_t seed = (uint64_t)time(NULL);
     SamplerParams sp;
     sampler_params_default(&sp);
@@ -233,6 +233,7 @@ static int cmd_generate(int argc, char **argv) {
         {"ctx", 'c', CLI_INT, &ctx_len, "N", "context length (default: the model's)"},
         {"ignore-eos", 0, CLI_FLAG, &ignore_eos, NULL, "keep generating after end-of-generation tokens"},
         {"dump-logits", 0, CLI_STR, &dump, "FILE", "write the prompt's logits as an MREF file"},
+        {"mmap", 0, CLI_FLAG, &use_mmap, NULL, "map the model file instead of reading it into huge pages"},
     };
     const char *pos[1];
     int n_pos;
@@ -256,7 +257,7 @@ static int cmd_generate(int argc, char **argv) {
     MrefWriter mw = {0};
     int status = 1;
     bool is_line_open = false; /* text printed that a newline must end */
-    if (model_load(model_path, &m, &err)) return cli_fail(&err);
+    if (model_load_with(model_path, use_mmap ? GGUF_MAP : GGUF_READ, &m, &err)) return cli_fail(&err);
     rc = tok_encode(m->tok, prompt, strlen(prompt), tok_add_bos(m->tok), true, &ids);
     if (rc) {
         mn_err_set(&err, rc, "tokenize: %s", mn_strerror(rc));
@@ -410,7 +411,7 @@ static int cmd_serve(int argc, char **argv) {
     const char *gpu_layers = NULL, *flash_attn = NULL; /* llama.cpp's, ignored */
     uint64_t pool_mb = 0;
     float drain_timeout = 30.0f, cache_ttl = 0.0f, response_ttl = (float)RESP_TTL_DEFAULT_S;
-    bool no_prefix_cache = false, no_layer_split = false, no_tier_measure = false;
+    bool no_prefix_cache = false, no_layer_split = false, no_tier_measure = false, use_mmap = false;
     CliStrList keys = {0}, cors = {0}, redis_urls = {0};
     EngineOptions eo;
     engine_options_default(&eo);
@@ -420,6 +421,7 @@ static int cmd_serve(int argc, char **argv) {
     float idle_timeout = (float)so.limits.idle_timeout_s;
     CliOpt opts[] = {
         {"model", 'm', CLI_STR, &model_path, "FILE", "GGUF model"},
+        {"mmap", 0, CLI_FLAG, &use_mmap, NULL, "map the model file instead of reading it into huge pages"},
         {"host", 0, CLI_STR, &host, "ADDR", "IPv4 address to listen on (default 127.0.0.1)"},
         {"port", 0, CLI_INT, &port, "N", "port (default 8080; 0 = any free port)"},
         {"alias", 'a', CLI_STR, &alias, "NAME", "model name in /v1/models (default: the file name)"},
@@ -578,7 +580,7 @@ static int cmd_serve(int argc, char **argv) {
     Server *srv = NULL;
     ChatFormat *fmt = NULL;
     status = 1;
-    if (model_load(model_path, &m, &err)) {
+    if (model_load_with(model_path, use_mmap ? GGUF_MAP : GGUF_READ, &m, &err)) {
         cli_fail(&err);
         goto out;
     }
@@ -799,7 +801,7 @@ static int cmd_chat(int argc, char **argv) {
     const char *api_name = "responses";
     int max_tokens = 256, n_threads = 2;
     float temp = 0.8f;
-    bool ignore_eos = false;
+    bool ignore_eos = false, use_mmap = false;
     CliOpt opts[] = {
         {"url", 0, CLI_STR, &url, "URL", "server to talk to, e.g. http://127.0.0.1:8080"},
         {"ignore-eos", 0, CLI_FLAG, &ignore_eos, NULL, "always generate --max-tokens tokens"},
@@ -813,6 +815,7 @@ static int cmd_chat(int argc, char **argv) {
         {"max-tokens", 'n', CLI_INT, &max_tokens, "N", "reply length limit (default 256)"},
         {"temp", 0, CLI_FLOAT, &temp, "T", "temperature (default 0.8)"},
         {"threads", 't', CLI_INT, &n_threads, "N", "compute threads in-process (default 2)"},
+        {"mmap", 0, CLI_FLAG, &use_mmap, NULL, "with -m: map the model file instead of reading it into huge pages"},
     };
     const char *pos[1];
     int n_pos;
@@ -838,7 +841,7 @@ static int cmd_chat(int argc, char **argv) {
         server_options_default(&so);
         so.port = 0;
         ChatFormatOptions co = {NULL, NULL, NULL};
-        if (model_load(model_path, &m, &err) || pick_chat_format(m, &co, &fmt, &err) ||
+        if (model_load_with(model_path, use_mmap ? GGUF_MAP : GGUF_READ, &m, &err) || pick_chat_format(m, &co, &fmt, &err) ||
             (eo.chat_format = fmt, engine_new(m, &eo, &e, &err)) || server_new(e, &so, &srv, &err)) {
             fprintf(term, "mnemo chat: %s\n", err.msg[0] ? err.msg : mn_strerror(err.code));
             goto done;

@@ -238,27 +238,27 @@ static bool mapping_advised_huge(const void *p) {
     return advised;
 }
 
-/* Transfer buffers: aligned to and rounded up to AIO_BUF_ALIGN, zeroed,
+/* Transfer buffers (mn_huge_alloc): aligned to and rounded up to MN_HUGE_ALIGN, zeroed,
  * writable to the end, advised for huge pages, carrying a read; the
  * refused sizes fail cleanly. */
 static void test_aio_buf(void **state) {
     size_t cap = 1;
-    assert_null(aio_buf_new(0, &cap));
+    assert_null(mn_huge_alloc(0, &cap));
     assert_int_equal(cap, 0);
-    assert_null(aio_buf_new(SIZE_MAX, &cap));
+    assert_null(mn_huge_alloc(SIZE_MAX, &cap));
     assert_int_equal(cap, 0);
-    assert_null(aio_buf_new(SIZE_MAX / 2, &cap)); /* passes the size check; no kernel maps 2^63 bytes */
+    assert_null(mn_huge_alloc(SIZE_MAX / 2, &cap)); /* passes the size check; no kernel maps 2^63 bytes */
     assert_int_equal(cap, 0);
 
-    size_t want = AIO_BUF_ALIGN + 4096;
-    uint8_t *b = aio_buf_new(want, &cap);
+    size_t want = MN_HUGE_ALIGN + 4096;
+    uint8_t *b = mn_huge_alloc(want, &cap);
     assert_non_null(b);
-    assert_int_equal(cap, 2 * (size_t)AIO_BUF_ALIGN);
-    assert_int_equal((uintptr_t)b % AIO_BUF_ALIGN, 0);
+    assert_int_equal(cap, 2 * (size_t)MN_HUGE_ALIGN);
+    assert_int_equal((uintptr_t)b % MN_HUGE_ALIGN, 0);
     for (size_t i = 0; i < cap; i += 4096) assert_int_equal(b[i], 0);
     assert_int_equal(b[cap - 1], 0);
     memset(b, 0xA5, cap);
-    long long huge = aio_buf_huge_bytes(b, cap);
+    long long huge = mn_huge_bytes(b, cap);
     assert_true(huge >= 0 && huge <= (long long)cap);
     FILE *thp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
     char mode[128] = "";
@@ -289,9 +289,9 @@ static void test_aio_buf(void **state) {
     assert_int_equal(b[cap - 1], 0);
     aio_close(&f);
     aio_free(a);
-    aio_buf_free(b, cap);
-    assert_int_equal(aio_buf_huge_bytes(b, cap), -1); /* unmapped: nothing there to tell */
-    aio_buf_free(NULL, 0);
+    mn_huge_free(b, cap);
+    assert_int_equal(mn_huge_bytes(b, cap), -1); /* unmapped: nothing there to tell */
+    mn_huge_free(NULL, 0);
     test_rm_dir(dir);
 }
 

@@ -59,19 +59,23 @@ static void chomp(char *s) {
     while (n > 0 && s[n - 1] == '\n') s[--n] = '\0';
 }
 
+/* The golden text, with the weights read (the default) and mapped. */
 static void test_generate_golden(void **s) {
     char model[512], gold_path[512], cmd[2048];
     test_data_path(model, sizeof model, "models/stories260K.gguf");
     test_data_path(gold_path, sizeof gold_path, "golden/stories260K_run_t0_n64_once.txt");
     if (!test_require_file(model)) return;
-    snprintf(cmd, sizeof cmd, "%s generate -m %s -p 'Once upon a time' -n 60 --temp 0 2>/dev/null", bin(), model);
-    char *out;
-    assert_int_equal(run(cmd, &out), 0);
     char *gold = test_read_file(gold_path, NULL);
-    chomp(out);
     chomp(gold);
-    assert_string_equal(out, gold);
-    free(out);
+    for (int is_mapped = 0; is_mapped <= 1; is_mapped++) {
+        snprintf(cmd, sizeof cmd, "%s generate -m %s -p 'Once upon a time' -n 60 --temp 0%s 2>/dev/null", bin(),
+                 model, is_mapped ? " --mmap" : "");
+        char *out;
+        assert_int_equal(run(cmd, &out), 0);
+        chomp(out);
+        assert_string_equal(out, gold);
+        free(out);
+    }
     free(gold);
 }
 
@@ -300,11 +304,14 @@ static void test_speed_small_vocab(void **s) {
     char model[512], cmd[2048];
     test_data_path(model, sizeof model, "models/stories260K.gguf");
     if (!test_require_file(model)) return;
-    snprintf(cmd, sizeof cmd, "%s speed -m %s --prompt-tokens 32 --gen-tokens 64 -t 1 --json 2>&1", bin(), model);
-    char *out;
-    int rc = run(cmd, &out);
-    if (rc != 0 || strstr(out, "\"decode_tps\"") == NULL) fail_msg("mnemo speed exited %d:\n%s", rc, out);
-    free(out);
+    for (int is_mapped = 0; is_mapped <= 1; is_mapped++) {
+        snprintf(cmd, sizeof cmd, "%s speed -m %s --prompt-tokens 32 --gen-tokens 64 -t 1 --json%s 2>&1", bin(),
+                 model, is_mapped ? " --mmap" : "");
+        char *out;
+        int rc = run(cmd, &out);
+        if (rc != 0 || strstr(out, "\"decode_tps\"") == NULL) fail_msg("%s exited %d:\n%s", cmd, rc, out);
+        free(out);
+    }
 }
 
 /* speed --depth D evaluates D tokens before the timed runs (decode only

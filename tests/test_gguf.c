@@ -8,11 +8,14 @@
 #include "test_util.h"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include "base/mem.h"
 #include "base/rng.h"
 #include "base/ttype.h"
 #include "model/gguf.h"
@@ -165,6 +168,16 @@ static void close_exact(Gguf *g) {
     free(buf);
 }
 
+/* stories260K.gguf's path into path and its bytes (*n bytes, the
+ * caller's to free), or NULL when the data is not there (skipped). */
+static char *read_stories(char *path, size_t cap, size_t *n) {
+    test_data_path(path, cap, "models/stories260K.gguf");
+    if (!test_require_file(path)) return NULL;
+    char *file = test_read_file(path, n);
+    assert_non_null(file);
+    return file;
+}
+
 /* ---- real files ------------------------------------------------------------- */
 
 static void test_open_stories(void **state) {
@@ -259,6 +272,84 @@ static void test_open_stories(void **state) {
     assert_non_null(strstr(dump, "[64, 512]"));
     free(dump);
     gguf_close(g);
+}
+
+/* The line of /proc/self/maps whose range holds p, into line (empty when
+ * none does). */
+static void mapping_of(const void *p, char *line, size_t cap) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    line[0] = '\0';
+    while (fgets(line, (int)cap, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && (uintptr_t)p >= lo && (uintptr_t)p < hi) break;
+        line[0] = '\0';
+    }
+    fclose(f);
+}
+
+/* Whether writing a byte of p kills a child process (the page is
+ * read-only). */
+static bool write_faults(const void *p) {
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        signal(SIGSEGV, SIG_DFL); /* not cmocka's handler, which would go on testing */
+        *(volatile uint8_t *)p = 1;
+        _exit(0);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* Both ways of holding a file give its bytes. GGUF_READ's image is
+ * anonymous memory on a huge-page boundary, read-only (a write faults);
+ * GGUF_MAP's is the file's mapping. */
+static void test_open_holds(void **state) {
+    char path[512];
+    size_t n = 0;
+    char *file = read_stories(path, sizeof path, &n);
+    if (file == NULL) return;
+    for (int hold = GGUF_READ; hold <= GGUF_MAP; hold++) {
+        Gguf *g = NULL;
+        MnErr err = {0};
+        if (gguf_open_with(path, (GgufHold)hold, &g, &err) != MN_OK) fail_msg("%s", err.msg);
+        const uint8_t *image = gguf_file_data(g);
+        assert_int_equal(gguf_file_bytes(g), n);
+        assert_memory_equal(image, file, n);
+        assert_int_equal(gguf_n_tensors(g), 48);
+        char line[1024];
+        mapping_of(image, line, sizeof line);
+        assert_true(line[0] != '\0');
+        assert_non_null(strstr(line, " r--p ")); /* read-only, private */
+        if (hold == GGUF_READ) {
+            assert_int_equal((uintptr_t)image % MN_HUGE_ALIGN, 0);
+            assert_null(strstr(line, "stories260K.gguf"));
+        } else {
+            assert_non_null(strstr(line, "stories260K.gguf"));
+        }
+        assert_true(write_faults(image + n / 2));
+        gguf_close(g);
+    }
+    /* a truncated file on disk is rejected either way, naming it */
+    char cut[64];
+    temp_path(cut, sizeof cut);
+    FILE *f = fopen(cut, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(file, 1, 5000, f), 5000);
+    fclose(f);
+    for (int hold = GGUF_READ; hold <= GGUF_MAP; hold++) {
+        Gguf *g = (Gguf *)1;
+        MnErr err = {0};
+        assert_int_equal(gguf_open_with(cut, (GgufHold)hold, &g, &err), MN_EFORMAT);
+        assert_null(g);
+        assert_true(msg_has(&err, cut));
+        assert_true(msg_has(&err, "file truncated"));
+    }
+    unlink(cut);
+    free(file);
 }
 
 static void test_open_missing(void **state) {
@@ -617,11 +708,9 @@ static void test_writer_errors(void **state) {
 
 static void test_truncations(void **state) {
     char path[512];
-    test_data_path(path, sizeof path, "models/stories260K.gguf");
-    if (!test_require_file(path)) return;
     size_t n = 0;
-    uint8_t *image = (uint8_t *)test_read_file(path, &n);
-    assert_non_null(image);
+    uint8_t *image = (uint8_t *)read_stories(path, sizeof path, &n);
+    if (image == NULL) return;
     MnErr err = {0};
     Gguf *g = NULL;
     assert_int_equal(open_exact(image, n, &err, &g), MN_OK);
@@ -647,11 +736,9 @@ static void test_truncations(void **state) {
 
 static void test_random_flips(void **state) {
     char path[512];
-    test_data_path(path, sizeof path, "models/stories260K.gguf");
-    if (!test_require_file(path)) return;
     size_t n = 0;
-    char *file = test_read_file(path, &n);
-    assert_non_null(file);
+    char *file = read_stories(path, sizeof path, &n);
+    if (file == NULL) return;
     uint8_t *image = malloc(n); /* exactly n bytes: ASan sees over-reads */
     memcpy(image, file, n);
     free(file);
@@ -948,6 +1035,7 @@ int main(void) {
     test_apply_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_open_stories),
+        cmocka_unit_test(test_open_holds),
         cmocka_unit_test(test_open_missing),
         cmocka_unit_test(test_round_trip_stories),
         cmocka_unit_test(test_round_trip_q8_0),

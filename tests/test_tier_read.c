@@ -171,7 +171,7 @@ static long rss_anon_kb(void) {
 }
 
 /* Whether madvise(MADV_POPULATE_WRITE) exists here (Linux 5.14+). Without
- * it aio_buf_new's pages are faulted in on first use, and resident memory
+ * it mn_huge_alloc's pages are faulted in on first use, and resident memory
  * does not show the staging buffer at open. */
 static bool kernel_populates(void) {
     void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

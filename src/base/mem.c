@@ -1,12 +1,17 @@
-/* mem.c — see mem.h. Thin wrappers over the C library today; the single
- * choke point is what matters. */
+/* mem.c — see mem.h. Thin wrappers over the C library, and huge-page
+ * buffers mapped straight from the kernel; the single choke point is what
+ * matters. */
 #include "base/mem.h"
 
 #include "base/err.h"
 
+#include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 void *mn_malloc(size_t n_bytes) { return malloc(n_bytes ? n_bytes : 1); }
 
@@ -48,6 +53,52 @@ void *mn_alloc_aligned(size_t n_bytes, size_t align) {
 }
 
 void mn_free_aligned(void *ptr) { free(ptr); }
+
+void *mn_huge_alloc(size_t n_bytes, size_t *cap) {
+    *cap = 0;
+    if (n_bytes == 0 || n_bytes > SIZE_MAX / 2) return NULL;
+    size_t len = (n_bytes + MN_HUGE_ALIGN - 1) & ~(size_t)(MN_HUGE_ALIGN - 1);
+    /* map one alignment more, then cut the ends so the buffer starts on a
+     * huge-page boundary */
+    uint8_t *map = mmap(NULL, len + MN_HUGE_ALIGN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED) return NULL;
+    uint8_t *buf = (uint8_t *)(((uintptr_t)map + MN_HUGE_ALIGN - 1) & ~(uintptr_t)(MN_HUGE_ALIGN - 1));
+    size_t head = (size_t)(buf - map), tail = MN_HUGE_ALIGN - head;
+    if (head > 0) munmap(map, head);
+    if (tail > 0) munmap(buf + len, tail);
+    madvise(buf, len, MADV_HUGEPAGE); /* a hint: EINVAL where THP is compiled out */
+    if (madvise(buf, len, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
+        munmap(buf, len);
+        return NULL;
+    }
+    *cap = len;
+    return buf;
+}
+
+void mn_huge_free(void *buf, size_t cap) {
+    if (buf != NULL) munmap(buf, cap);
+}
+
+long long mn_huge_bytes(const void *buf, size_t cap) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (f == NULL) return -1;
+    uintptr_t lo = (uintptr_t)buf, hi = lo + cap;
+    bool inside = false, seen = false;
+    long long huge = 0;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        unsigned long start, end, kb;
+        if (sscanf(line, "%lx-%lx ", &start, &end) == 2) { /* a mapping's first line */
+            inside = start < hi && end > lo;
+            seen = seen || inside;
+        } else if (inside && sscanf(line, "AnonHugePages: %lu kB", &kb) == 1) {
+            huge += (long long)kb * 1024;
+        }
+    }
+    fclose(f);
+    if (!seen) return -1;
+    return huge < (long long)cap ? huge : (long long)cap; /* a mapping may reach past the buffer */
+}
 
 int mn_mul_size(size_t a, size_t b, size_t *out) {
     if (a != 0 && b > SIZE_MAX / a) return -1;

@@ -33,10 +33,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -500,57 +498,6 @@ int aio_fallocate(Aio *a, const AioFile *file, uint64_t offset, uint64_t len) {
     if ((uint64_t)st.st_size >= offset + len) return MN_OK;
     if (ftruncate(file->fd, (off_t)(offset + len)) != 0) return aio_errno_to_mn(errno);
     return MN_OK;
-}
-
-/* ---- transfer buffers ------------------------------------------------------ */
-
-void *aio_buf_new(size_t n_bytes, size_t *cap) {
-    *cap = 0;
-    if (n_bytes == 0 || n_bytes > SIZE_MAX / 2) return NULL;
-    size_t len = (n_bytes + AIO_BUF_ALIGN - 1) & ~(size_t)(AIO_BUF_ALIGN - 1);
-    /* map one alignment more, then cut the ends so the buffer starts on a
-     * huge-page boundary */
-    uint8_t *map = mmap(NULL, len + AIO_BUF_ALIGN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (map == MAP_FAILED) return NULL;
-    uint8_t *buf = (uint8_t *)(((uintptr_t)map + AIO_BUF_ALIGN - 1) & ~(uintptr_t)(AIO_BUF_ALIGN - 1));
-    size_t head = (size_t)(buf - map), tail = AIO_BUF_ALIGN - head;
-    if (head > 0) munmap(map, head);
-    if (tail > 0) munmap(buf + len, tail);
-    madvise(buf, len, MADV_HUGEPAGE); /* a hint: EINVAL where THP is compiled out */
-    /* fault it in now, so that running out of memory is an error here and
-     * not a kill later; kernels before 5.14 lack the advice and fault on
-     * first use instead */
-    if (madvise(buf, len, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
-        munmap(buf, len);
-        return NULL;
-    }
-    *cap = len;
-    return buf;
-}
-
-void aio_buf_free(void *buf, size_t cap) {
-    if (buf != NULL) munmap(buf, cap);
-}
-
-long long aio_buf_huge_bytes(const void *buf, size_t cap) {
-    FILE *f = fopen("/proc/self/smaps", "r");
-    if (f == NULL) return -1;
-    uintptr_t lo = (uintptr_t)buf, hi = lo + cap;
-    bool inside = false, seen = false;
-    long long huge = 0;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        unsigned long start, end, kb;
-        if (sscanf(line, "%lx-%lx ", &start, &end) == 2) { /* a mapping's first line */
-            inside = start < hi && end > lo;
-            seen = seen || inside;
-        } else if (inside && sscanf(line, "AnonHugePages: %lu kB", &kb) == 1) {
-            huge += (long long)kb * 1024;
-        }
-    }
-    fclose(f);
-    if (!seen) return -1;
-    return huge < (long long)cap ? huge : (long long)cap; /* a mapping may reach past the buffer */
 }
 
 void aio_fault_set(Aio *a, unsigned op_mask, int n_skip, int n_fail, int errnum) {

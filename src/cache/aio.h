@@ -151,23 +151,12 @@ int aio_fallocate(Aio *a, const AioFile *file, uint64_t offset, uint64_t len);
  * the kernel had returned it. op_mask 0 clears the fault. */
 void aio_fault_set(Aio *a, unsigned op_mask, int n_skip, int n_fail, int errnum);
 
-/* Memory for transfers: n_bytes rounded up to AIO_BUF_ALIGN (2 MiB),
- * aligned to it, zero-filled and already faulted in, and marked for
- * transparent huge pages, so that where the kernel grants them a buffer is
- * a few physically contiguous pieces rather than one 4 KiB page after
- * another. That is what a virtio disk without indirect descriptors needs:
- * each scattered page of a request takes one slot of its ring, so with
- * 4 KiB pages about 1 MiB fits in flight, with huge pages hundreds; the
- * same reads run faster (OPERATIONS.md, "Tiers", has the figures).
- * NULL on failure (no memory, or n_bytes 0 or too large). *cap is the
- * rounded size, to be passed to aio_buf_free. */
-#define AIO_BUF_ALIGN (2u << 20)
-void *aio_buf_new(size_t n_bytes, size_t *cap);
-void aio_buf_free(void *buf, size_t cap);
-/* How many bytes of [buf, buf+cap) the kernel backs with huge pages now
- * (from /proc/self/smaps), or -1 when it cannot tell. For the disk probe's
- * report and tests. */
-long long aio_buf_huge_bytes(const void *buf, size_t cap);
+/* Memory for transfers comes from mn_huge_alloc (base/mem.h): 2 MiB
+ * aligned and in transparent huge pages where the kernel grants them,
+ * which is what a virtio disk without indirect descriptors needs: each
+ * scattered page of a request takes one slot of its ring, so with 4 KiB
+ * pages about 1 MiB fits in flight, with huge pages hundreds; the same
+ * reads run faster (OPERATIONS.md, "Tiers", has the figures). */
 
 /* errno -> MN_* as described above (exposed for callers' own syscalls). */
 int aio_errno_to_mn(int errnum);

@@ -240,7 +240,7 @@ typedef struct DiskTier {
     Slab *slabs;          /* (slabs_cap); the first n_slabs exist */
     int slabs_cap, n_slabs;
     uint64_t slabs_data_bytes; /* sum of the existing slabs' data_bytes */
-    uint8_t *staging;     /* (staging_bytes) from aio_buf_new */
+    uint8_t *staging;     /* (staging_bytes) from mn_huge_alloc */
     size_t staging_bytes;
     bool has_warned_huge; /* logged once that staging has no huge pages */
     AioReq *reqs;         /* (reqs_cap) */
@@ -305,12 +305,12 @@ static int staging_reserve(DiskTier *d, uint64_t n) {
     if (n > SIZE_MAX / 2 || alloc_fault(d)) return MN_ENOMEM;
     size_t want = d->staging_bytes ? d->staging_bytes : (size_t)DISK_CHUNK, cap;
     while (want < n) want *= 2;
-    uint8_t *b = aio_buf_new(want, &cap);
+    uint8_t *b = mn_huge_alloc(want, &cap);
     if (b == NULL) return MN_ENOMEM;
-    aio_buf_free(d->staging, d->staging_bytes);
+    mn_huge_free(d->staging, d->staging_bytes);
     d->staging = b;
     d->staging_bytes = cap;
-    if (!d->has_warned_huge && aio_buf_huge_bytes(b, cap) == 0) {
+    if (!d->has_warned_huge && mn_huge_bytes(b, cap) == 0) {
         d->has_warned_huge = true;
         LOG_WARN("disk tier: the kernel gave its %zu-byte staging buffer no huge pages (transparent huge pages "
                  "off?); reads may run at a third of the disk's speed",
@@ -1314,7 +1314,7 @@ static void disk_free(void *kind) {
     if (d->slabs) slabs_close(d, false);
     mn_free(d->slabs);
     aio_free(d->aio);
-    aio_buf_free(d->staging, d->staging_bytes);
+    mn_huge_free(d->staging, d->staging_bytes);
     mn_free(d->reqs);
     mn_free(d->record);
     mn_free(d->dir);

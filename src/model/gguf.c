@@ -1,5 +1,5 @@
 /* gguf.c — the GGUF reader (validate, then serve metadata and tensors out of
- * a read-only mapping) and the GGUF writer (build a file from key/values and
+ * a read-only image of the file: read into huge pages, or mapped) and the GGUF writer (build a file from key/values and
  * tensors, byte-compatible with llama.cpp's writer).
  *
  * Everything else in mnemo reaches model files through this module: the
@@ -110,8 +110,9 @@ typedef struct NameIndex {
 struct Gguf {
     const uint8_t *base;  /* the file image */
     uint64_t n_bytes;
-    void *map;            /* our mapping, or NULL for a borrowed image */
+    void *map;            /* our image (mapping or read copy), or NULL for a borrowed one */
     size_t map_bytes;
+    GgufHold hold;        /* how map was made, and so how it is freed */
     uint32_t version;
     uint64_t alignment;
     uint64_t data_offset;
@@ -587,17 +588,27 @@ static int gguf_parse(Gguf *g, bool is_metadata_only, MnErr *err) {
 
 /* ---- reader: API --------------------------------------------------------- */
 
-static int open_image(const void *data, size_t n_bytes, void *map, size_t map_bytes, bool is_metadata_only,
-                      Gguf **out, MnErr *err) {
+/* Release an image open_path made. */
+static void image_free(void *map, size_t map_bytes, GgufHold hold) {
+    if (map == NULL) return;
+    if (hold == GGUF_READ) mn_huge_free(map, map_bytes);
+    else munmap(map, map_bytes);
+}
+
+/* Make the Gguf over data and validate it; it owns map (freed on failure
+ * too). */
+static int open_image(const void *data, size_t n_bytes, void *map, size_t map_bytes, GgufHold hold,
+                      bool is_metadata_only, Gguf **out, MnErr *err) {
     Gguf *g = mn_calloc(1, sizeof *g);
     if (g == NULL) {
-        if (map != NULL) munmap(map, map_bytes);
+        image_free(map, map_bytes, hold);
         return mn_err_set(err, MN_ENOMEM, "out of memory opening GGUF");
     }
     g->base = data;
     g->n_bytes = n_bytes;
     g->map = map;
     g->map_bytes = map_bytes;
+    g->hold = hold;
     int rc = gguf_parse(g, is_metadata_only, err);
     if (rc != MN_OK) {
         if (rc == MN_ENOMEM) mn_err_set(err, MN_ENOMEM, "out of memory reading GGUF metadata");
@@ -613,10 +624,41 @@ int gguf_open_memory(const void *data, size_t n_bytes, Gguf **out, MnErr *err) {
     *out = NULL;
     if (data == NULL && n_bytes != 0) return mn_err_set(err, MN_EINVAL, "gguf_open_memory: NULL data");
     static const uint8_t empty[1];
-    return open_image(data ? data : empty, n_bytes, NULL, 0, false, out, err);
+    return open_image(data ? data : empty, n_bytes, NULL, 0, GGUF_MAP, false, out, err);
 }
 
-static int open_path(const char *path, bool is_metadata_only, Gguf **out, MnErr *err) {
+/* The n_bytes of fd read into huge-page memory, read-only once filled:
+ * *out and *cap (for mn_huge_free), or an error naming path. */
+static int read_whole(int fd, const char *path, size_t n_bytes, void **out, size_t *cap, MnErr *err) {
+    uint8_t *buf = mn_huge_alloc(n_bytes, cap);
+    if (buf == NULL)
+        return mn_err_set(err, MN_ENOMEM, "%s: no memory for its %zu MiB (--mmap maps the file instead)", path,
+                          n_bytes >> 20);
+    size_t done = 0;
+    while (done < n_bytes) {
+        size_t want = n_bytes - done < ((size_t)1 << 30) ? n_bytes - done : (size_t)1 << 30;
+        ssize_t got = pread(fd, buf + done, want, (off_t)done);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            int e = got < 0 ? errno : 0;
+            mn_huge_free(buf, *cap);
+            if (got == 0)
+                return mn_err_set(err, MN_EIO, "%s: the file ended at byte %zu of %zu while it was read", path, done,
+                                  n_bytes);
+            return mn_err_set(err, MN_EIO, "%s: read failed at byte %zu: %s", path, done, strerror(e));
+        }
+        done += (size_t)got;
+    }
+    if (mprotect(buf, *cap, PROT_READ) != 0) { /* weights are never written: make that a fault */
+        int e = errno;
+        mn_huge_free(buf, *cap);
+        return mn_err_set(err, MN_EIO, "%s: mprotect failed: %s", path, strerror(e));
+    }
+    *out = buf;
+    return MN_OK;
+}
+
+static int open_path(const char *path, GgufHold hold, bool is_metadata_only, Gguf **out, MnErr *err) {
     assert(path != NULL && out != NULL);
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -638,19 +680,32 @@ static int open_path(const char *path, bool is_metadata_only, Gguf **out, MnErr 
         close(fd);
         return mn_err_set(err, MN_EFORMAT, "%s: empty file, not a GGUF file", path);
     }
-    size_t n_bytes = (size_t)st.st_size;
-    void *map = mmap(NULL, n_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    close(fd); /* the mapping keeps the file */
-    if (map == MAP_FAILED) return mn_err_set(err, MN_EIO, "%s: mmap failed: %s", path, strerror(e));
-    int rc = open_image(map, n_bytes, map, n_bytes, is_metadata_only, out, err);
+    size_t n_bytes = (size_t)st.st_size, map_bytes = n_bytes;
+    void *map = NULL;
+    if (hold == GGUF_READ) {
+        int rc = read_whole(fd, path, n_bytes, &map, &map_bytes, err);
+        close(fd);
+        if (rc != MN_OK) return rc;
+    } else {
+        map = mmap(NULL, n_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+        int e = errno;
+        close(fd); /* the mapping keeps the file */
+        if (map == MAP_FAILED) return mn_err_set(err, MN_EIO, "%s: mmap failed: %s", path, strerror(e));
+    }
+    int rc = open_image(map, n_bytes, map, map_bytes, hold, is_metadata_only, out, err);
     if (rc != MN_OK) mn_err_prefix(err, "%s", path);
     return rc;
 }
 
-int gguf_open(const char *path, Gguf **out, MnErr *err) { return open_path(path, false, out, err); }
+int gguf_open(const char *path, Gguf **out, MnErr *err) { return open_path(path, GGUF_READ, false, out, err); }
 
-int gguf_open_metadata(const char *path, Gguf **out, MnErr *err) { return open_path(path, true, out, err); }
+int gguf_open_with(const char *path, GgufHold hold, Gguf **out, MnErr *err) {
+    return open_path(path, hold, false, out, err);
+}
+
+int gguf_open_metadata(const char *path, Gguf **out, MnErr *err) {
+    return open_path(path, GGUF_MAP, true, out, err);
+}
 
 void gguf_close(Gguf *g) {
     if (g == NULL) return;
@@ -663,7 +718,7 @@ void gguf_close(Gguf *g) {
     mn_free(g->tensors);
     mn_free(g->kv_index.slots);
     mn_free(g->tensor_index.slots);
-    if (g->map != NULL) munmap(g->map, g->map_bytes);
+    image_free(g->map, g->map_bytes, g->hold);
     mn_free(g);
 }
 

@@ -1,7 +1,7 @@
 /* gguf.h — reading and writing GGUF files (versions 2 and 3).
  *
- * Reader: gguf_open maps the file read-only and validates everything before
- * returning: header, every metadata key/value (all value types, arrays
+ * Reader: gguf_open reads the file into memory (or maps it, GgufHold) and
+ * validates everything before returning: header, every metadata key/value (all value types, arrays
  * included, nested arrays too), every tensor descriptor (name, dims, type,
  * offset), general.alignment, and that each tensor's bytes lie inside the
  * file, do not overlap and are aligned. Any problem — truncation, version 1
@@ -11,7 +11,7 @@
  * (and the key or tensor). Nothing that a file contains can crash the reader.
  *
  * All pointers handed out (strings, array data, tensor data) point into the
- * mapping or into memory owned by the Gguf; they stay valid until
+ * file's image or into memory owned by the Gguf; they stay valid until
  * gguf_close. Strings are not NUL-terminated (GgufStr has a length); keys
  * and tensor names are also available NUL-terminated.
  *
@@ -62,17 +62,32 @@ typedef struct GgufTensor {
     uint64_t ne[GGUF_MAX_DIMS]; /* ne[0] = elements per row; unused dims = 1 */
     uint64_t offset;           /* relative to the start of the data section */
     uint64_t n_bytes;
-    const void *data;          /* into the mapping; NULL when opened with no data */
+    const void *data;          /* into the image; NULL when opened with no data */
 } GgufTensor;
 
 typedef struct Gguf Gguf;
 
 /* ---- reader ---------------------------------------------------------------- */
 
-/* Map and validate path. On success *out owns the mapping. Every error
- * message names the file (callers need not add it). */
+/* How an opened file's bytes are held. Reading costs a copy at open and
+ * memory of the process's own, but the weights then sit in 2 MiB pages
+ * where the kernel grants them: a decode streams every weight once a
+ * token, and with 4 KiB pages of the page cache that is a TLB miss every
+ * 4 KiB, and pages a memory-reclaiming kernel thread (a VM's DAMON) may
+ * scan and stall. Mapping shares the page cache with other processes and
+ * costs nothing up front. */
+typedef enum GgufHold {
+    GGUF_READ, /* read into mn_huge_alloc memory, read-only once filled */
+    GGUF_MAP,  /* mapped read-only from the file */
+} GgufHold;
+
+/* Read and validate path (GGUF_READ). On success *out owns the image.
+ * Every error message names the file (callers need not add it): a file
+ * that shrinks while it is read is MN_EIO, no memory for it MN_ENOMEM. */
 int gguf_open(const char *path, Gguf **out, MnErr *err);
-/* The same for the header and metadata alone: the tensor infos are not
+/* The same, holding the bytes as hold says. */
+int gguf_open_with(const char *path, GgufHold hold, Gguf **out, MnErr *err);
+/* The same for the header and metadata alone, mapped: the tensor infos are not
  * read (the handle has no tensors), so a file whose tensors mnemo cannot
  * load (a weight type it does not know) still gives its metadata. */
 int gguf_open_metadata(const char *path, Gguf **out, MnErr *err);

@@ -392,11 +392,13 @@ static int bind_all(Model *m, MnErr *err) {
 
 /* ---- API ---------------------------------------------------------------- */
 
-int model_load(const char *path, Model **out, MnErr *err) {
+int model_load(const char *path, Model **out, MnErr *err) { return model_load_with(path, GGUF_READ, out, err); }
+
+int model_load_with(const char *path, GgufHold hold, Model **out, MnErr *err) {
     *out = NULL;
     Model *m = mn_calloc(1, sizeof *m);
     if (m == NULL) return mn_err_set(err, MN_ENOMEM, "out of memory");
-    int rc = gguf_open(path, &m->gguf, err); /* its messages name the file */
+    int rc = gguf_open_with(path, hold, &m->gguf, err); /* its messages name the file */
     if (rc != MN_OK) {
         model_free(m);
         return rc;

@@ -1,7 +1,8 @@
 /* model.h — a transformer of the llama family loaded from a GGUF file.
  *
- * model_load maps the GGUF, reads every hyper-parameter from its metadata
- * (ARCH.embedding_length, .block_count, .attention.head_count[_kv],
+ * model_load reads the GGUF into huge pages (or maps it: GgufHold), reads
+ * every hyper-parameter from its metadata (ARCH.embedding_length,
+ * .block_count, .attention.head_count[_kv],
  * .attention.key_length/.value_length, .feed_forward_length,
  * .context_length, .rope.freq_base, .rope.dimension_count,
  * .rope.scaling.type/.factor, .attention.layer_norm_rms_epsilon), checks
@@ -101,7 +102,7 @@ typedef struct LayerWeights {
 
 typedef struct Model {
     ModelConfig cfg;
-    Gguf *gguf;              /* owned: the mapping all weights point into */
+    Gguf *gguf;              /* owned: the file's image all weights point into */
     Tokenizer *tok;          /* owned */
     MatW tok_embd;           /* (n_vocab rows of n_embd) */
     const float *out_norm;   /* (n_embd) */
@@ -116,7 +117,11 @@ typedef struct Model {
                                 tensor descriptors and tensor data */
 } Model;
 
-/* Load path. On failure *out is NULL and err says why, naming the file once. */
+/* Load path, its bytes held as hold says (GGUF_READ: in huge pages; the
+ * serving commands' --mmap gives GGUF_MAP). On failure *out is NULL and
+ * err says why, naming the file once. */
+int model_load_with(const char *path, GgufHold hold, Model **out, MnErr *err);
+/* model_load_with(path, GGUF_READ, ...) */
 int model_load(const char *path, Model **out, MnErr *err);
 void model_free(Model *m);
 

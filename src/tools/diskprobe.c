@@ -47,7 +47,7 @@
 typedef struct Probe {
     Aio *aio;
     AioFile file;
-    uint8_t *bufs;        /* (n_slots, request_bytes) from aio_buf_new */
+    uint8_t *bufs;        /* (n_slots, request_bytes) from mn_huge_alloc */
     size_t bufs_cap;
     AioReq *reqs;         /* (n_slots) reqs[i] always uses buffer i */
     int n_slots;
@@ -174,7 +174,7 @@ static void probe_close(Probe *p) {
     if (p->path[0] != '\0') unlink(p->path);
     aio_free(p->aio); /* waits for anything still in flight before the buffers go */
     mn_free(p->reqs);
-    aio_buf_free(p->bufs, p->bufs_cap);
+    mn_huge_free(p->bufs, p->bufs_cap);
     *p = (Probe){.file = {.fd = -1}};
 }
 
@@ -205,7 +205,7 @@ static int probe_open(Probe *p, const char *dir, uint64_t bytes, const DiskProbe
     size_t buf_bytes = 0;
     if (mn_mul_size((size_t)p->n_slots, (size_t)p->request_bytes, &buf_bytes) != 0) /* at most 1024 GiB: 64-bit */
         return mn_err_set(err, MN_ENOMEM, "probe buffers: size overflow");
-    p->bufs = aio_buf_new(buf_bytes, &p->bufs_cap);
+    p->bufs = mn_huge_alloc(buf_bytes, &p->bufs_cap);
     p->reqs = mn_calloc((size_t)p->n_slots, sizeof *p->reqs);
     if (p->bufs == NULL || p->reqs == NULL) {
         rc = mn_err_set(err, MN_ENOMEM, "out of memory for %d probe buffers of %" PRIu64 " bytes", p->n_slots,
@@ -283,7 +283,7 @@ static int probe_read(Probe *p, const char *dir, uint64_t from, uint64_t to, dou
 static double mbps(uint64_t bytes, double s) { return s > 0 ? (double)bytes / s / 1e6 : 0; }
 
 static double huge_share(const Probe *p) {
-    long long huge = aio_buf_huge_bytes(p->bufs, p->bufs_cap);
+    long long huge = mn_huge_bytes(p->bufs, p->bufs_cap);
     return huge < 0 ? -1 : (double)huge / (double)p->bufs_cap;
 }
 

@@ -44,7 +44,7 @@ typedef struct DiskProbeResult {
     bool is_direct;          /* O_DIRECT; false when the filesystem refused it
                                 (the page cache is dropped before reading then) */
     double huge_share;       /* of the probe's buffers in huge pages, 0..1;
-                                -1 when the kernel does not say (aio_buf_new) */
+                                -1 when the kernel does not say (mn_huge_alloc) */
 } DiskProbeResult;
 
 /* Probe dir with a file of bytes (> 0, a multiple of AIO_ALIGN) and the

@@ -49,7 +49,7 @@ static int speed_next_token(void *ctx, int idx, const float *logits) {
 int speed_main(int argc, char **argv) {
     const char *model_path = NULL, *kv_type_name = "f16";
     int n_prompt = 512, n_gen = 128, n_threads = 2, reps = 1, depth = 0;
-    bool json = false;
+    bool json = false, use_mmap = false;
     CliOpt opts[] = {
         {"model", 'm', CLI_STR, &model_path, "FILE", "GGUF model"},
         {"prompt-tokens", 'p', CLI_INT, &n_prompt, "N", "prefill length (default 512; 0: decode only)"},
@@ -59,6 +59,7 @@ int speed_main(int argc, char **argv) {
         {"kv-type", 0, CLI_STR, &kv_type_name, "f16|f32", "KV cache and attention precision (default f16)"},
         {"repetitions", 'r', CLI_INT, &reps, "N", "runs to average (default 1)"},
         {"json", 0, CLI_FLAG, &json, NULL, "print one JSON object"},
+        {"mmap", 0, CLI_FLAG, &use_mmap, NULL, "map the model file instead of reading it into huge pages"},
     };
     const char *pos[1];
     int n_pos;
@@ -76,7 +77,7 @@ int speed_main(int argc, char **argv) {
         return 2;
     MnErr err = {0};
     Model *m = NULL;
-    if (model_load(model_path, &m, &err)) return cli_fail(&err);
+    if (model_load_with(model_path, use_mmap ? GGUF_MAP : GGUF_READ, &m, &err)) return cli_fail(&err);
     Runner r;
     RunnerOptions ro;
     runner_options_default(&ro);
