@@ -1,6 +1,7 @@
 /* gguf.c — the GGUF reader (validate, then serve metadata and tensors out of
- * a read-only image of the file: read into huge pages, or mapped) and the GGUF writer (build a file from key/values and
- * tensors, byte-compatible with llama.cpp's writer).
+ * a read-only image of the file: read into huge pages, or mapped) and the
+ * GGUF writer (build a file from key/values and tensors, byte-compatible
+ * with llama.cpp's writer).
  *
  * Everything else in mnemo reaches model files through this module: the
  * model loader takes tensor pointers, the tokenizer reads tokenizer.*
