@@ -18,7 +18,8 @@
  * The arithmetic of one output element depends only on its query, its
  * position and its window, never on the tile:
  *  - score(p) = (q . k_p) * scale, q . k_p a chain over d = 0..head_dim-1
- *    of fused multiply-adds with AVX-512 (products then sums elsewhere),
+ *    of fused multiply-adds with AVX-512 (products then sums elsewhere,
+ *    in 8-lane registers with AVX2),
  *    then soft-capped: each score alone;
  *  - max over the window (the same in any order); e(p) = exp(score(p) -
  *    max) (exp16 with AVX-512, expf elsewhere);
@@ -61,6 +62,9 @@
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define ATTN_BF16 1 /* 16-bit products for an f16 KV cache: see the top */
 #endif
+#elif defined(__AVX2__)
+#include <immintrin.h>
+#define ATTN_AVX2 1 /* the scores' products then sums, in registers */
 #endif
 
 #define ATTN_INLINE static inline __attribute__((always_inline))
@@ -205,6 +209,41 @@ static void load_k_block(float *restrict kT, const AttnKv *kv, const AttnSeq *s,
     }
 }
 
+#if defined(ATTN_AVX2)
+/* block_scores_r's plain-C arithmetic in 8-lane registers, RG rows x NB
+ * blocks side by side (RG * NB * 2 accumulators: at most 8, so they, the
+ * K lanes and q fit the 16 registers): the same product then sum per
+ * lane and d, so the same bits. */
+ATTN_INLINE void scores_avx2(float *s, size_t s_stride, const float *q, const float *restrict kT, int hd,
+                             float scale, int RG, int NB) {
+    __m256 acc[4][2][2];
+    for (int r = 0; r < RG; r++)
+        for (int j = 0; j < NB; j++) acc[r][j][0] = acc[r][j][1] = _mm256_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+        __m256 k[2][2];
+        for (int j = 0; j < NB; j++) {
+            const float *kd = kT + ((size_t)j * hd + d) * ATTN_PB;
+            k[j][0] = _mm256_loadu_ps(kd);
+            k[j][1] = _mm256_loadu_ps(kd + 8);
+        }
+        for (int r = 0; r < RG; r++) {
+            const __m256 qd = _mm256_set1_ps(q[(size_t)r * hd + d]);
+            for (int j = 0; j < NB; j++) {
+                acc[r][j][0] = _mm256_add_ps(acc[r][j][0], _mm256_mul_ps(qd, k[j][0]));
+                acc[r][j][1] = _mm256_add_ps(acc[r][j][1], _mm256_mul_ps(qd, k[j][1]));
+            }
+        }
+    }
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (int r = 0; r < RG; r++)
+        for (int j = 0; j < NB; j++) {
+            float *sr = s + (size_t)r * s_stride + j * ATTN_PB;
+            _mm256_storeu_ps(sr, _mm256_mul_ps(acc[r][j][0], vs));
+            _mm256_storeu_ps(sr + 8, _mm256_mul_ps(acc[r][j][1], vs));
+        }
+}
+#endif
+
 /* Raw scores q . k of R query rows (q + r*hd) for NB blocks side by side
  * (block j: kT + j*hd*ATTN_PB, into s + j*ATTN_PB), row r at s +
  * r*s_stride: per lane, a chain over d = 0, 1, ... of fused multiply-adds
@@ -228,6 +267,12 @@ ATTN_INLINE void block_scores_r(float *s, size_t s_stride, const float *q, const
         for (int j = 0; j < NB; j++)
             _mm512_storeu_ps(s + (size_t)r * s_stride + j * ATTN_PB,
                              _mm512_mul_ps(acc[r * NB + j], _mm512_set1_ps(scale)));
+#elif defined(ATTN_AVX2)
+    const int RG = NB == 2 ? 2 : 4; /* R is 8, 4 or 1: a multiple of RG, or less */
+    if (R < RG) scores_avx2(s, s_stride, q, kT, hd, scale, R, NB);
+    else
+        for (int r = 0; r < R; r += RG)
+            scores_avx2(s + (size_t)r * s_stride, s_stride, q + (size_t)r * hd, kT, hd, scale, RG, NB);
 #else
     for (int r = 0; r < R; r++)
         for (int j = 0; j < NB; j++) {
