@@ -349,6 +349,18 @@ static void test_open_holds(void **state) {
         assert_true(msg_has(&err, "file truncated"));
     }
     unlink(cut);
+    /* a file that ends before its stated size while it is read (a sysfs
+     * file says 4096 bytes and gives a line) is an I/O error, not a
+     * short image */
+    const char *sysfs = "/sys/kernel/mm/transparent_hugepage/enabled";
+    struct stat st;
+    if (stat(sysfs, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+        Gguf *g = (Gguf *)1;
+        MnErr err = {0};
+        assert_int_equal(gguf_open(sysfs, &g, &err), MN_EIO);
+        assert_null(g);
+        if (!msg_has(&err, "while it was read")) fail_msg("%s", err.msg);
+    }
     free(file);
 }
 
