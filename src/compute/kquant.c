@@ -62,8 +62,9 @@
  * 4 vpmaddubsw and 4 vpdpwssd (and one for the offset); the 16 outputs'
  * int32 vectors are summed into one vector (lane = output) by a transpose
  * tree, and the f32 steps run on 16 outputs at once. AVX2: the same
- * codes as 8 vectors of 32 (kind_decode256), vpmaddubsw + vpmaddwd, tiles
- * of 1 row x 4 tokens or 4 rows x 1 token. Scalar: kq_rows_ref.
+ * codes as 8 vectors of 32 (kind_decode256), the scales as words in
+ * registers (kind_scales256, scale_pair), vpmaddubsw + vpmaddwd, tiles of
+ * 1 row x 4 tokens or 4 rows x 1 token. Scalar: kq_rows_ref.
  */
 #include "compute/kquant.h"
 
@@ -390,6 +391,45 @@ void kq_rows_ref(MnType type, const uint8_t *w, size_t row_bytes, long r0, long 
 
 enum { KQ_AHEAD = 4 };
 
+/* Q4_K/Q5_K: bytes 0..7 the 8 sub-block scales, 8..15 the 8 mins, from
+ * the 12 scale bytes at p. */
+KQ_INLINE __m128i k4_scale_bytes(const uint8_t *p) {
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    uint32_t u0, u1, u2;
+    memcpy(&u0, p, 4);
+    memcpy(&u1, p + 4, 4);
+    memcpy(&u2, p + 8, 4);
+    return _mm_setr_epi32((int)(u0 & m6), (int)((u2 & m4) | ((u0 >> 6) & m2) << 4), (int)(u1 & m6),
+                          (int)(((u2 >> 4) & m4) | ((u1 >> 6) & m2) << 4));
+}
+
+/* IQ4_XS: the 8 sub-block scales as words. */
+KQ_INLINE __m128i iq4_scale_words(const uint8_t *blk) {
+    uint32_t l;
+    uint16_t hh;
+    memcpy(&l, blk + offsetof(BlockIQ4_XS, scales_l), 4);
+    memcpy(&hh, blk + offsetof(BlockIQ4_XS, scales_h), 2);
+    __m128i lw = _mm_cvtepu8_epi16(
+        _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)(l & 0x0f0f0f0f)), _mm_cvtsi32_si128((int)((l >> 4) & 0x0f0f0f0f))));
+    const __m128i h = _mm_set1_epi32(hh), m2 = _mm_set1_epi32(3);
+    __m128i hw = _mm_packs_epi32(_mm_and_si128(_mm_srlv_epi32(h, _mm_setr_epi32(0, 2, 4, 6)), m2),
+                                 _mm_and_si128(_mm_srlv_epi32(h, _mm_setr_epi32(8, 10, 12, 14)), m2));
+    return _mm_sub_epi16(_mm_or_si128(lw, _mm_slli_epi16(hw, 4)), _mm_set1_epi16(32));
+}
+
+/* Q3_K: the 16 scales + 32 (6 bits each, natural order) as bytes. */
+KQ_INLINE __m128i q3_scale_bytes(const uint8_t *blk) {
+    uint64_t lo8;
+    uint32_t hb;
+    memcpy(&lo8, blk + offsetof(BlockQ3_K, scales), 8);
+    memcpy(&hb, blk + offsetof(BlockQ3_K, scales) + 8, 4);
+    const uint64_t m4 = 0x0f0f0f0f0f0f0f0full;
+    const uint32_t m2 = 0x03030303;
+    uint64_t h0 = (uint64_t)(hb & m2) | (uint64_t)((hb >> 2) & m2) << 32;
+    uint64_t h1 = (uint64_t)((hb >> 4) & m2) | (uint64_t)((hb >> 6) & m2) << 32;
+    return _mm_set_epi64x((long long)(((lo8 >> 4) & m4) | h1 << 4), (long long)((lo8 & m4) | h0 << 4));
+}
+
 /* Where a tile's rows go on: the next tile's first row and how many rows
  * of it there are (0: none). */
 typedef struct KqNext {
@@ -483,13 +523,7 @@ KQ_INLINE __m512i bits512(int lo, int hi) {
 
 /* Q4_K/Q5_K: 8 scales (words 0..7) and 8 mins from the 12 scale bytes at p. */
 KQ_INLINE void k4_scales512(const uint8_t *p, Dec512 *dec) {
-    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
-    uint32_t u0, u1, u2;
-    memcpy(&u0, p, 4);
-    memcpy(&u1, p + 4, 4);
-    memcpy(&u2, p + 8, 4);
-    __m256i s16 = _mm256_cvtepu8_epi16(_mm_setr_epi32((int)(u0 & m6), (int)((u2 & m4) | ((u0 >> 6) & m2) << 4),
-                                                       (int)(u1 & m6), (int)(((u2 >> 4) & m4) | ((u1 >> 6) & m2) << 4)));
+    __m256i s16 = _mm256_cvtepu8_epi16(k4_scale_bytes(p));
     dec->sw = _mm512_castsi256_si512(s16);
     dec->mins = _mm256_castsi128_si256(_mm256_extracti128_si256(s16, 1));
 }
@@ -538,16 +572,7 @@ KQ_INLINE void kind_decode512(MnType type, const uint8_t *blk, Dec512 *dec) {
     }
     case MN_TYPE_Q3_K: {
         static const int bit[4][2] = {{0, 1}, {2, 3}, {4, 5}, {6, 7}};
-        uint64_t lo8;
-        uint32_t hb;
-        memcpy(&lo8, blk + offsetof(BlockQ3_K, scales), 8);
-        memcpy(&hb, blk + offsetof(BlockQ3_K, scales) + 8, 4);
-        const uint64_t m4 = 0x0f0f0f0f0f0f0f0full;
-        const uint32_t m2 = 0x03030303;
-        uint64_t h0 = (uint64_t)(hb & m2) | (uint64_t)((hb >> 2) & m2) << 32;
-        uint64_t h1 = (uint64_t)((hb >> 4) & m2) | (uint64_t)((hb >> 6) & m2) << 32;
-        __m128i s8 = _mm_set_epi64x((long long)(((lo8 >> 4) & m4) | h1 << 4), (long long)((lo8 & m4) | h0 << 4));
-        dec->sw = _mm512_castsi256_si512(_mm256_sub_epi16(_mm256_cvtepu8_epi16(s8), _mm256_set1_epi16(32)));
+        dec->sw = _mm512_castsi256_si512(_mm256_sub_epi16(_mm256_cvtepu8_epi16(q3_scale_bytes(blk)), _mm256_set1_epi16(32)));
         crumbs512(blk + offsetof(BlockQ3_K, qs), dec->wv);
         high_bits512(blk + offsetof(BlockQ3_K, hmask), bit, 4, dec->wv);
         break;
@@ -584,15 +609,7 @@ KQ_INLINE void kind_decode512(MnType type, const uint8_t *blk, Dec512 *dec) {
     }
     default: { /* IQ4_XS */
         const __m512i mag = _mm512_broadcast_i32x4(_mm_setr_epi8(127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113));
-        uint32_t l;
-        uint16_t hh;
-        memcpy(&l, blk + offsetof(BlockIQ4_XS, scales_l), 4);
-        memcpy(&hh, blk + offsetof(BlockIQ4_XS, scales_h), 2);
-        __m128i lw = _mm_cvtepu8_epi16(
-            _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)(l & 0x0f0f0f0f)), _mm_cvtsi32_si128((int)((l >> 4) & 0x0f0f0f0f))));
-        __m128i hw = _mm_and_si128(_mm_srlv_epi16(_mm_set1_epi16((short)hh), _mm_setr_epi16(0, 2, 4, 6, 8, 10, 12, 14)),
-                                   _mm_set1_epi16(3));
-        dec->sw = _mm512_castsi128_si512(_mm_sub_epi16(_mm_or_si128(lw, _mm_slli_epi16(hw, 4)), _mm_set1_epi16(32)));
+        dec->sw = _mm512_castsi128_si512(iq4_scale_words(blk));
         nibbles512(blk + offsetof(BlockIQ4_XS, qs), dec->wv);
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++) {
@@ -936,6 +953,55 @@ KQ_INLINE void kind_decode256(MnType type, const uint8_t *blk, Dec256 *dec) {
     }
 }
 
+/* The f16 at p as a float (F16C). */
+KQ_INLINE float f16_fast(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* A super-block's scales and mins as words, one per 16-chunk, natural
+ * order (block_scales' values: sub-blocks of 32 give theirs twice). */
+KQ_INLINE void kind_scales256(MnType type, const uint8_t *blk, __m256i *sc, __m256i *mn) {
+    switch (type) {
+    case MN_TYPE_Q2_K: {
+        __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + offsetof(BlockQ2_K, scales))));
+        *sc = _mm256_and_si256(b, _mm256_set1_epi16(0x0f));
+        *mn = _mm256_srli_epi16(b, 4);
+        break;
+    }
+    case MN_TYPE_Q3_K:
+        *sc = _mm256_sub_epi16(_mm256_cvtepu8_epi16(q3_scale_bytes(blk)), _mm256_set1_epi16(32));
+        *mn = _mm256_setzero_si256();
+        break;
+    case MN_TYPE_Q4_K: case MN_TYPE_Q5_K: { /* Q5_K's header is Q4_K's; chunks 2s, 2s + 1 take sub-block s's */
+        __m128i s8 = k4_scale_bytes(blk + offsetof(BlockQ4_K, scales));
+        *sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));
+        *mn = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(s8, s8));
+        break;
+    }
+    case MN_TYPE_Q6_K:
+        *sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + offsetof(BlockQ6_K, scales))));
+        *mn = _mm256_setzero_si256();
+        break;
+    default: { /* IQ4_XS */
+        __m128i s16 = iq4_scale_words(blk);
+        *sc = _mm256_setr_m128i(_mm_unpacklo_epi16(s16, s16), _mm_unpackhi_epi16(s16, s16));
+        *mn = _mm256_setzero_si256();
+    }
+    }
+}
+
+/* Words of scales for the 32 codes of activation positions 2j (low half)
+ * and 2j + 1 (high half), from the 16 chunk scales sc: positions 0..7
+ * hold chunks 0..7 in every order, 8..15 chunks 8..15. */
+KQ_INLINE __m256i scale_pair(const uint8_t *chunk, __m256i sc, int j) {
+    __m256i half = _mm256_permute4x64_epi64(sc, j < 4 ? 0x44 : 0xee);
+    int c0 = chunk[2 * j] & 7, c1 = chunk[2 * j + 1] & 7;
+    __m256i ctrl = _mm256_setr_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * c0)), _mm_set1_epi16((short)(0x0100 + 0x0202 * c1)));
+    return _mm256_shuffle_epi8(half, ctrl);
+}
+
 /* res[o] (o = rT + t) for R rows x T tokens, R * T = 4: per output and
  * super-block 8 vpmaddubsw + 8 vpmaddwd against the scales (words of
  * positions 2j, 2j + 1), and one vpmaddwd each for the offset and the
@@ -955,15 +1021,12 @@ KQ_INLINE void kind_tile(MnType type, int R, int T, const uint8_t *const w[4], c
             const uint8_t *blk = w[r] + b * (int64_t)k.blk_bytes;
             Dec256 dec;
             kind_decode256(type, blk, &dec);
-            int16_t sc[16], mn[16];
-            block_scales(type, blk, sc, mn);
-            float bd, bdmin;
-            block_d(k, blk, &bd, &bdmin);
+            __m256i scv, mnv;
+            kind_scales256(type, blk, &scv, &mnv);
+            float bd = f16_fast(blk + k.d_off + (k.d_high ? 2 : 0)), bdmin = f16_fast(blk + k.d_off + 2);
             __m256i sw[8];
 #pragma GCC unroll 8
-            for (int j = 0; j < 8; j++)
-                sw[j] = _mm256_setr_m128i(_mm_set1_epi16(sc[chunk[2 * j]]), _mm_set1_epi16(sc[chunk[2 * j + 1]]));
-            __m256i scv = _mm256_loadu_si256((const __m256i *)sc), mnv = _mm256_loadu_si256((const __m256i *)mn);
+            for (int j = 0; j < 8; j++) sw[j] = scale_pair(chunk, scv, j);
             __m256i off = _mm256_mullo_epi16(scv, _mm256_set1_epi16((short)-k.offset));
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
