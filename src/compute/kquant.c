@@ -16,7 +16,7 @@
  * int32 (bounds below), whatever the order of the additions.
  *
  * Quantized activations, in the rows layout (fewer than KT_MIN_TOK tokens,
- * and always without AVX-512) one KqBlock per 256 elements of a token:
+ * and always on the scalar path) one KqBlock per 256 elements of a token:
  *   qs     the 256 codes, in the order that the type's packed weight codes
  *          unpack to (kind_pos): 16-code chunk c sits at position pos[c].
  *          Q4_K/Q5_K: a 64-byte load of weight nibbles holds chunks 0 1 4 5
@@ -27,15 +27,16 @@
  *          against the doubled -o/2 * sc adds -o * sc * sum (Q3_K, Q6_K);
  *   sum32  the 8 sums of 32 (the mins of Q4_K and Q5_K);
  *   d      the scale.
- * In the tiles layout (AVX-512, KT_MIN_TOK tokens or more), KT_LANES
- * tokens a tile, the last filled up with tokens of zeros; tile i at
- * i * tile_bytes, and in it super-block b at b * KT_BLOCK: code word w
- * (codes 4w..4w+3 of qs) of token 0, 1, .., KT_LANES - 1, then word w + 1,
- * ..; the KT_LANES steps d; per unit (the words that share a scale: 32
- * codes for Q4_K and Q5_K, else 16) -o * the unit's code sum of every
- * token; per pair of min units (Q2_K's chunks, Q4_K's and Q5_K's
- * sub-blocks) the two code sums as int16 words; zeros where a type has no
- * use for a field.
+ * In the tiles layout (SIMD paths, KT_MIN_TOK tokens or more), KT_LANES
+ * tokens a tile (16 with AVX-512, 8 with AVX2), the last filled up with
+ * tokens of zeros; tile i at i * tile_bytes, and in it super-block b at
+ * b * KT_BLOCK: code word w (codes 4w..4w+3 of qs) of token 0, 1, ..,
+ * KT_LANES - 1, then word w + 1, ..; the KT_LANES steps d; with AVX-512,
+ * per unit (the words that share a scale: 32 codes for Q4_K and Q5_K,
+ * else 16) -o * the unit's code sum of every token; per pair of min units
+ * (Q2_K's chunks, Q4_K's and Q5_K's sub-blocks; with AVX2 also the
+ * offset's chunks of Q3_K and Q6_K) the two code sums as int16 words;
+ * zeros where a type has no use for a field.
  *
  * Invariant: everything but the last f32 steps is exact integer
  * arithmetic, and those steps are the same few operations in the same
@@ -61,8 +62,18 @@
  * vectors of 64 and the scales widen to words (kind_decode512); per output
  * 4 vpmaddubsw and 4 vpdpwssd (and one for the offset); the 16 outputs'
  * int32 vectors are summed into one vector (lane = output) by a transpose
- * tree, and the f32 steps run on 16 outputs at once. AVX2: the same
- * codes as 8 vectors of 32 (kind_decode256), the scales as words in
+ * tree, and the f32 steps run on 16 outputs at once.
+ *
+ * AVX2, tiles layout (prefill): as AVX-512's, with KT_LANES = 8 and no
+ * VNNI. A row tile unpacks (kind_decode256, kind_scales256) into a KPack:
+ * codes (IQ4_XS: the signed levels, whose signs go onto the activations),
+ * each unit's scale as words. Per row and unit each code word, broadcast,
+ * meets the tokens' word in a vpmaddubsw; G of those add up as int16
+ * words (i16_words: G pair sums of the type's largest code stay below
+ * 2^15), and one vpmaddwd against the unit's scale adds them into S. The
+ * offset is -o times a vpmaddwd of chunk scale pairs against the tokens'
+ * chunk sum pairs; the mins likewise. Rows layout (decode, few tokens):
+ * the codes as 8 vectors of 32 (kind_decode256), the scales as words in
  * registers (kind_scales256, scale_pair), vpmaddubsw + vpmaddwd, tiles of
  * 1 row x 4 tokens or 4 rows x 1 token. Scalar: kq_rows_ref.
  */
@@ -117,19 +128,21 @@ static const uint8_t ORDER_CHUNK[3][16] = {
 #endif
 
 /* Layouts of a group's quantized activations (the top comment): rows of
- * KqBlocks for fewer than KT_MIN_TOK tokens, and always without AVX-512;
- * tiles of KT_LANES tokens from KT_MIN_TOK on (a tile computes all its
- * lanes: with fewer tokens the 4 x 4 tiles cost less, by bench_matmul's
- * batch mode). A tile's super-block: */
+ * KqBlocks for fewer than KT_MIN_TOK tokens, and always on the scalar
+ * path; tiles of KT_LANES tokens from KT_MIN_TOK on (a tile computes all
+ * its lanes: with fewer tokens the rows kernels cost less, by
+ * bench_matmul's batch mode). A tile's super-block: */
 #if defined(KQ_AVX512)
-enum { KT_LANES = 16, KT_MIN_TOK = 10 };
+enum { KT_LANES = 16, KT_MIN_TOK = 10, KT_UNIT_INITS = 16, KT_OFFSET_PAIRS = 0 };
+#elif defined(KQ_AVX2)
+enum { KT_LANES = 8, KT_MIN_TOK = 8, KT_UNIT_INITS = 0, KT_OFFSET_PAIRS = 1 };
 #else
-enum { KT_LANES = 1, KT_MIN_TOK = INT_MAX };
+enum { KT_LANES = 1, KT_MIN_TOK = INT_MAX, KT_UNIT_INITS = 0, KT_OFFSET_PAIRS = 0 };
 #endif
 enum {
-    KT_D = 64 * 4 * KT_LANES,             /* after the 64 code words of every token: the steps d */
-    KT_INIT = KT_D + 4 * KT_LANES,        /* 16 units x KT_LANES: -o * the unit's code sum */
-    KT_MINP = KT_INIT + 16 * 4 * KT_LANES, /* 8 pairs x KT_LANES: two code sums as int16 words */
+    KT_D = 64 * 4 * KT_LANES,                         /* after the 64 code words of every token: the steps d */
+    KT_INIT = KT_D + 4 * KT_LANES,                    /* AVX-512, 16 units x KT_LANES: -o * the unit's code sum */
+    KT_MINP = KT_INIT + KT_UNIT_INITS * 4 * KT_LANES, /* 8 pairs x KT_LANES: two code sums as int16 words */
     KT_BLOCK = KT_MINP + 8 * 4 * KT_LANES,
 };
 
@@ -177,16 +190,37 @@ int kq_group_tokens(int64_t n_in, int n_tok, size_t bytes) {
     return act8_group_tokens(n_tok, bytes, tok_bytes(n_in), tile_bytes(n_in), KT_LANES, KT_MIN_TOK);
 }
 
-/* ---- the tile layout (AVX-512): a unit is the words of codes that share
- * a scale and sit next to each other, 32 codes for Q4_K and Q5_K (their
- * order keeps a sub-block's two chunks together), else 16. ---- */
+/* ---- the tiles layout (SIMD paths): a unit is the words of codes that
+ * share a scale and sit next to each other, 32 codes for Q4_K and Q5_K
+ * (their order keeps a sub-block's two chunks together), else 16. ---- */
 
-#if defined(KQ_AVX512)
+#if defined(KQ_AVX512) || defined(KQ_AVX2)
 KQ_INLINE int unit_words(KqKind k) { return k.order == ORDER_Q4K ? 8 : 4; }
-/* The tiles' o: IQ4_XS's codes there are level + 128. */
+/* The AVX-512 tiles' o: IQ4_XS's codes there are level + 128. */
 KQ_INLINE int tile_bias(MnType type, KqKind k) { return type == MN_TYPE_IQ4_XS ? 128 : k.offset; }
-/* Pairs of min units: Q2_K's 16 chunks, Q4_K's and Q5_K's 8 sub-blocks. */
-KQ_INLINE int min_pairs(KqKind k) { return !k.has_min ? 0 : k.sub_log2 ? 4 : 8; }
+/* Pairs of code sums: of the min units (Q2_K's chunks, Q4_K's and Q5_K's
+ * sub-blocks), and on AVX2 of the offset's units (Q3_K's, Q6_K's chunks). */
+KQ_INLINE int sum_pairs(KqKind k) {
+    if (k.has_min) return k.sub_log2 ? 4 : 8;
+    return KT_OFFSET_PAIRS && k.offset ? 8 : 0;
+}
+
+/* A tile of KT_PR rows x up to KT_SLB super-blocks (a slice), unpacked
+ * once for every token tile of a group: the 256 codes u in the
+ * activations' order (IQ4_XS: AVX-512 level + 128, AVX2 the signed
+ * level), each unit's scale (AVX-512 an int32 for vpmulld, AVX2 twice as
+ * words for vpmaddwd), on AVX2 the pairs of chunk scales for the offset
+ * (Q3_K, Q6_K) as words, the pairs of mins as words (Q2_K: chunks 2q,
+ * 2q + 1; Q4_K, Q5_K: sub-blocks), d and dmin. */
+enum { KT_PR = 8, KT_SLB = KT_LANES == 16 ? 16 : 8 };
+typedef struct KPack {
+    _Alignas(64) uint8_t u[KT_PR][KT_SLB][MN_QK_K];
+    uint32_t sc[KT_PR][KT_SLB][16];
+    uint32_t scp[KT_PR][KT_SLB][8];
+    uint32_t mnp[KT_PR][KT_SLB][8];
+    float d[KT_PR][KT_SLB];
+    float dmin[KT_PR][KT_SLB];
+} KPack;
 
 /* Token lane l of a tile's super-block blk from its KqBlock y (blk zeroed
  * before). */
@@ -195,13 +229,13 @@ static void tile_put(MnType type, const KqBlock *y, uint8_t *blk, int l) {
     const int wpu = unit_words(k), bias = tile_bias(type, k);
     for (int w = 0; w < 64; w++) memcpy(blk + 4 * (w * KT_LANES + l), y->qs + 4 * w, 4);
     memcpy(blk + KT_D + 4 * l, &y->d, 4);
-    for (int u = 0; u < 64 / wpu && bias != 0; u++) {
+    for (int u = 0; u < (KT_UNIT_INITS ? 64 / wpu : 0) && bias != 0; u++) {
         int32_t a = 0;
         for (int p = u * wpu / 4; p < (u + 1) * wpu / 4; p++) a += y->sum16[ORDER_CHUNK[k.order][p]];
         int32_t init = -bias * a;
         memcpy(blk + KT_INIT + 4 * (u * KT_LANES + l), &init, 4);
     }
-    for (int q = 0; q < min_pairs(k); q++) {
+    for (int q = 0; q < sum_pairs(k); q++) {
         const int16_t *sums = k.sub_log2 ? y->sum32 : y->sum16;
         uint32_t v = (uint32_t)(uint16_t)sums[2 * q] | (uint32_t)(uint16_t)sums[2 * q + 1] << 16;
         memcpy(blk + KT_MINP + 4 * (q * KT_LANES + l), &v, 4);
@@ -232,7 +266,7 @@ static void act_put(MnType type, uint8_t *acts, int64_t n_in, int n_tok, int t, 
         memcpy(acts + (size_t)t * tok_bytes(n_in) + (size_t)b * KQ_BLOCK_BYTES, y, sizeof *y);
         return;
     }
-#if defined(KQ_AVX512)
+#if defined(KQ_AVX512) || defined(KQ_AVX2)
     tile_put(type, y, acts + tile_block_at(n_in, t, b), t % KT_LANES);
 #endif
 }
@@ -727,23 +761,6 @@ enum { TILE_OUTS = 16, PRE_R = 4, PRE_T = 4, DEC_R = 16 };
 
 /* ---- tiles of tokens (prefill, KT_MIN_TOK tokens or more): lanes are tokens ---- */
 
-enum {
-    KT_PR = 8,  /* rows per tile */
-    KT_SLB = 16 /* super-blocks unpacked at a time (a slice) */
-};
-
-/* KT_PR rows x up to KT_SLB super-blocks, unpacked: the 256 codes u in the
- * activations' order (IQ4_XS: level + 128), each unit's scale, the min
- * pairs as int16 words (Q2_K: chunks 2q, 2q + 1; Q4_K, Q5_K: sub-blocks),
- * d and dmin. */
-typedef struct KPack {
-    _Alignas(64) uint8_t u[KT_PR][KT_SLB][MN_QK_K];
-    int32_t sc[KT_PR][KT_SLB][16];
-    int32_t mnp[KT_PR][KT_SLB][8];
-    float d[KT_PR][KT_SLB];
-    float dmin[KT_PR][KT_SLB];
-} KPack;
-
 /* Word index vector for vpermw: word u takes the scale of unit u. */
 KQ_INLINE __m256i unit_scale_index(KqKind k) {
     _Alignas(32) int16_t idx[16];
@@ -752,33 +769,24 @@ KQ_INLINE __m256i unit_scale_index(KqKind k) {
     return _mm256_load_si256((const __m256i *)idx);
 }
 
-/* Super-blocks [s0, s0 + nbs) of the KT_PR rows at rows[] into p, asking
- * for the same super-blocks of the next tile's rows: they arrive while
- * this tile's tokens are multiplied. */
-KQ_INLINE void pack_rows(MnType type, const uint8_t *const rows[KT_PR], int64_t s0, int nbs, KPack *p,
-                         const KqNext *next) {
+/* Super-block blk of a tile's row i into slot b of p. */
+KQ_INLINE void pack_block512(MnType type, const uint8_t *blk, KPack *p, int i, int b) {
     const KqKind k = kind_of(type);
     const __m512i sidx = _mm512_castsi256_si512(unit_scale_index(k));
-    for (int i = 0; i < KT_PR; i++) {
-        const uint8_t *blk = rows[i] + (size_t)s0 * k.blk_bytes;
-        for (int b = 0; b < nbs; b++, blk += k.blk_bytes) {
-            if (i < next->n_rows) prefetch_block(k, next->row + i * next->row_bytes, s0 + b);
-            Dec512 dec;
-            kind_decode512(type, blk, &dec);
+    Dec512 dec;
+    kind_decode512(type, blk, &dec);
 #pragma GCC unroll 4
-            for (int v = 0; v < 4; v++) {
-                __m512i u = dec.wv[v];
-                if (type == MN_TYPE_IQ4_XS) /* level + 128 */
-                    u = _mm512_mask_sub_epi8(_mm512_add_epi8(u, _mm512_set1_epi8((char)0x80)), dec.neg[v],
-                                             _mm512_set1_epi8((char)0x80), u);
-                _mm512_store_si512(p->u[i][b] + 64 * v, u);
-            }
-            __m256i sc = _mm512_castsi512_si256(_mm512_permutexvar_epi16(sidx, dec.sw));
-            _mm512_storeu_si512(p->sc[i][b], _mm512_cvtepi16_epi32(sc));
-            if (k.has_min) _mm256_storeu_si256((__m256i *)p->mnp[i][b], dec.mins);
-            block_d(k, blk, &p->d[i][b], &p->dmin[i][b]);
-        }
+    for (int v = 0; v < 4; v++) {
+        __m512i u = dec.wv[v];
+        if (type == MN_TYPE_IQ4_XS) /* level + 128 */
+            u = _mm512_mask_sub_epi8(_mm512_add_epi8(u, _mm512_set1_epi8((char)0x80)), dec.neg[v],
+                                     _mm512_set1_epi8((char)0x80), u);
+        _mm512_store_si512(p->u[i][b] + 64 * v, u);
     }
+    __m256i sc = _mm512_castsi512_si256(_mm512_permutexvar_epi16(sidx, dec.sw));
+    _mm512_storeu_si512(p->sc[i][b], _mm512_cvtepi16_epi32(sc));
+    if (k.has_min) _mm256_storeu_si256((__m256i *)p->mnp[i][b], dec.mins);
+    block_d(k, blk, &p->d[i][b], &p->dmin[i][b]);
 }
 
 /* KT_PR rows x KT_LANES tokens, the super-blocks of one slice: acc[r]
@@ -787,7 +795,7 @@ KQ_INLINE void pack_rows(MnType type, const uint8_t *const rows[KT_PR], int64_t 
  * of vpdpbusd from -o * the unit's sums, times the unit's scale into S. */
 KQ_INLINE void ktile16(MnType type, const KPack *p, int nbs, const uint8_t *ab0, __m512 acc[KT_PR]) {
     const KqKind k = kind_of(type);
-    const int wpu = unit_words(k), nu = 64 / wpu, bias = tile_bias(type, k), np = min_pairs(k);
+    const int wpu = unit_words(k), nu = 64 / wpu, bias = tile_bias(type, k), np = sum_pairs(k);
     const __m512i zero = _mm512_setzero_si512();
     for (int b = 0; b < nbs; b++) {
         const uint8_t *ab = ab0 + (size_t)b * KT_BLOCK;
@@ -810,7 +818,7 @@ KQ_INLINE void ktile16(MnType type, const KPack *p, int nbs, const uint8_t *ab0,
                     memcpy(&word, c + 4 * j, 4);
                     t = _mm512_dpbusd_epi32(t, _mm512_set1_epi32((int)word), x[j]);
                 }
-                S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(t, _mm512_set1_epi32(p->sc[r][b][u])));
+                S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(t, _mm512_set1_epi32((int)p->sc[r][b][u])));
             }
         }
         __m512 dx = _mm512_load_ps((const float *)(ab + KT_D));
@@ -821,59 +829,9 @@ KQ_INLINE void ktile16(MnType type, const KPack *p, int nbs, const uint8_t *ab0,
             __m512i m = zero;
 #pragma GCC unroll 8
             for (int q = 0; q < np; q++)
-                m = _mm512_dpwssd_epi32(m, _mm512_set1_epi32(p->mnp[r][b][q]), _mm512_load_si512(ab + KT_MINP + 64 * q));
+                m = _mm512_dpwssd_epi32(m, _mm512_set1_epi32((int)p->mnp[r][b][q]), _mm512_load_si512(ab + KT_MINP + 64 * q));
             acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(_mm512_set1_ps(p->dmin[r][b]), dx), acc[r]);
         }
-    }
-}
-
-/* Rows [r0, r1) x every token of a tiled group: each tile of KT_PR rows is
- * unpacked KT_SLB super-blocks at a time, and every token tile goes by;
- * between slices an output's accumulator waits in `out` (a stored f32
- * reads back the same, so the steps are unchanged). */
-KQ_INLINE void rows_tiled(MnType type, KPack *p, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in,
-                          const uint8_t *acts, int n_tok, float *out, int64_t n_out) {
-    const int64_t nb = n_in / MN_QK_K;
-    const int n_tiles = (n_tok + KT_LANES - 1) / KT_LANES;
-    for (long r = r0; r < r1; r += KT_PR) {
-        const uint8_t *rows[KT_PR];
-        for (int i = 0; i < KT_PR; i++) rows[i] = w + (size_t)KQ_MIN(r + i, r1 - 1) * row_bytes;
-        const int n_rows = (int)KQ_MIN(KT_PR, r1 - r);
-        const int n_next = (int)KQ_MIN(KT_PR, r1 - KQ_MIN(r1, r + KT_PR));
-        const KqNext next = {n_next > 0 ? w + (size_t)(r + KT_PR) * row_bytes : NULL, n_next, row_bytes};
-        for (int64_t s0 = 0; s0 < nb; s0 += KT_SLB) {
-            const int nbs = (int)KQ_MIN(KT_SLB, nb - s0);
-            pack_rows(type, rows, s0, nbs, p, &next);
-            for (int i = 0; i < n_tiles; i++) {
-                const int t0 = i * KT_LANES, nt = KQ_MIN(KT_LANES, n_tok - t0);
-                _Alignas(64) float v[KT_LANES];
-                __m512 acc[KT_PR];
-                for (int j = 0; j < KT_PR; j++) {
-                    acc[j] = _mm512_setzero_ps();
-                    if (s0 == 0 || j >= n_rows) continue;
-                    for (int t = 0; t < KT_LANES; t++) v[t] = t < nt ? out[(int64_t)(t0 + t) * n_out + r + j] : 0.0f;
-                    acc[j] = _mm512_load_ps(v);
-                }
-                ktile16(type, p, nbs, acts + (size_t)i * tile_bytes(n_in) + (size_t)s0 * KT_BLOCK, acc);
-                for (int j = 0; j < n_rows; j++) {
-                    _mm512_store_ps(v, acc[j]);
-                    for (int t = 0; t < nt; t++) out[(int64_t)(t0 + t) * n_out + r + j] = v[t];
-                }
-            }
-        }
-    }
-}
-
-static void rows_tiled_any(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in,
-                           const uint8_t *acts, int n_tok, float *out, int64_t n_out) {
-    KPack p; /* here, once: the switch inlines a rows_tiled per type */
-    switch (type) {
-    case MN_TYPE_Q2_K: rows_tiled(MN_TYPE_Q2_K, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out); break;
-    case MN_TYPE_Q3_K: rows_tiled(MN_TYPE_Q3_K, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out); break;
-    case MN_TYPE_Q4_K: rows_tiled(MN_TYPE_Q4_K, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out); break;
-    case MN_TYPE_Q5_K: rows_tiled(MN_TYPE_Q5_K, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out); break;
-    case MN_TYPE_Q6_K: rows_tiled(MN_TYPE_Q6_K, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out); break;
-    default: rows_tiled(MN_TYPE_IQ4_XS, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out);
     }
 }
 
@@ -1056,12 +1014,187 @@ KQ_INLINE void kind_tile(MnType type, int R, int T, const uint8_t *const w[4], c
 
 enum { TILE_OUTS = 4, PRE_R = 1, PRE_T = 4, DEC_R = 4 };
 
+/* ---- tiles of tokens (prefill, KT_MIN_TOK tokens or more): lanes are tokens ---- */
+
+KQ_INLINE uint32_t word_pair(int16_t lo, int16_t hi) { return (uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16; }
+
+/* Super-block blk of a tile's row i into slot b of p. */
+KQ_INLINE void pack_block256(MnType type, const uint8_t *blk, KPack *p, int i, int b) {
+    const KqKind k = kind_of(type);
+    const int wpu = unit_words(k);
+    Dec256 dec;
+    kind_decode256(type, blk, &dec);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++)
+        _mm256_store_si256((__m256i *)(p->u[i][b] + 32 * j), type == MN_TYPE_IQ4_XS ? dec.sgn[j] : dec.wv[j]);
+    __m256i scv, mnv;
+    kind_scales256(type, blk, &scv, &mnv);
+    _Alignas(32) int16_t sc[16], mn[16];
+    _mm256_store_si256((__m256i *)sc, scv);
+    _mm256_store_si256((__m256i *)mn, mnv);
+    for (int u = 0; u < 64 / wpu; u++) {
+        int16_t v = sc[ORDER_CHUNK[k.order][u * wpu / 4]];
+        p->sc[i][b][u] = word_pair(v, v);
+    }
+    for (int q = 0; q < 8; q++) {
+        p->scp[i][b][q] = word_pair(sc[2 * q], sc[2 * q + 1]);
+        if (!k.sub_log2) p->mnp[i][b][q] = word_pair(mn[2 * q], mn[2 * q + 1]);
+        else if (q < 4) p->mnp[i][b][q] = word_pair(mn[4 * q], mn[4 * q + 2]); /* sub-blocks 2q, 2q + 1 */
+    }
+    p->d[i][b] = f16_fast(blk + k.d_off + (k.d_high ? 2 : 0));
+    p->dmin[i][b] = f16_fast(blk + k.d_off + 2);
+}
+
+/* Code words summed as int16 before the scale's vpmaddwd: G words of
+ * vpmaddubsw pair sums (each at most 2 * 127 * the largest code) stay
+ * below 2^15. IQ4_XS's levels reach 127: one word. */
+KQ_INLINE int i16_words(MnType type) {
+    switch (type) {
+    case MN_TYPE_Q2_K: case MN_TYPE_Q3_K: return 4; /* codes <= 7: 4 * 1778 */
+    case MN_TYPE_Q4_K: return 8;                    /* <= 15: 8 * 3810 */
+    case MN_TYPE_Q5_K: return 4;                    /* <= 31: 4 * 7874 */
+    case MN_TYPE_Q6_K: return 2;                    /* <= 63: 2 * 16002 */
+    default: return 1;
+    }
+}
+
+/* KT_PR rows x KT_LANES tokens, the super-blocks of one slice: acc[r]
+ * lane t. Per row and unit, each code word broadcast against the tokens'
+ * word: vpmaddubsw, G of them added as words, then one vpmaddwd against
+ * the unit's scale into S; the offset (-o * the sum over chunks of scale
+ * * code sum) and the mins by one vpmaddwd per pair of chunk sums. */
+KQ_INLINE void ktile8(MnType type, const KPack *p, int nbs, const uint8_t *ab0, __m256 acc[KT_PR]) {
+    const KqKind k = kind_of(type);
+    const int wpu = unit_words(k), nu = 64 / wpu, g = i16_words(type), np = sum_pairs(k);
+    const __m256i zero = _mm256_setzero_si256();
+    for (int b = 0; b < nbs; b++) {
+        const uint8_t *ab = ab0 + (size_t)b * KT_BLOCK;
+        const __m256 dx = _mm256_load_ps((const float *)(ab + KT_D));
+        for (int r = 0; r < KT_PR; r++) {
+            const uint8_t *c = p->u[r][b];
+            __m256i S = zero;
+#pragma GCC unroll 16
+            for (int u = 0; u < nu; u++) {
+                const __m256i sc = _mm256_set1_epi32((int)p->sc[r][b][u]);
+#pragma GCC unroll 8
+                for (int j0 = 0; j0 < wpu; j0 += g) {
+                    __m256i h = zero;
+#pragma GCC unroll 8
+                    for (int j = j0; j < j0 + g; j++) {
+                        int32_t word;
+                        memcpy(&word, c + 4 * (u * wpu + j), 4);
+                        __m256i cw = _mm256_set1_epi32(word);
+                        __m256i x = _mm256_load_si256((const __m256i *)(ab + 32 * (u * wpu + j)));
+                        if (type == MN_TYPE_IQ4_XS) {
+                            x = _mm256_sign_epi8(x, cw);
+                            cw = _mm256_abs_epi8(cw);
+                        }
+                        h = _mm256_add_epi16(h, _mm256_maddubs_epi16(cw, x));
+                    }
+                    S = _mm256_add_epi32(S, _mm256_madd_epi16(h, sc));
+                }
+            }
+            __m256i m = zero;
+#pragma GCC unroll 8
+            for (int q = 0; q < np; q++)
+                m = _mm256_add_epi32(m, _mm256_madd_epi16(_mm256_set1_epi32((int)(k.has_min ? p->mnp : p->scp)[r][b][q]),
+                                                          _mm256_load_si256((const __m256i *)(ab + KT_MINP + 32 * q))));
+            if (k.offset) S = _mm256_add_epi32(S, _mm256_mullo_epi32(m, _mm256_set1_epi32(-k.offset)));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(_mm256_set1_ps(p->d[r][b]), dx), acc[r]);
+            if (k.has_min)
+                acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(_mm256_set1_ps(p->dmin[r][b]), dx), acc[r]);
+        }
+    }
+}
+
 #endif
 
 /* ========================================================================
  * Tiles over rows and tokens (either SIMD path)
  * ===================================================================== */
 #if defined(KQ_AVX512) || defined(KQ_AVX2)
+
+#if defined(KQ_AVX512)
+typedef __m512 KtAcc;
+#define KT_ACC_ZERO() _mm512_setzero_ps()
+#define KT_ACC_LOAD(p) _mm512_load_ps(p)
+#define KT_ACC_STORE(p, v) _mm512_store_ps(p, v)
+#define KT_KERNEL ktile16
+#define KT_PACK_BLOCK pack_block512
+#else
+typedef __m256 KtAcc;
+#define KT_ACC_ZERO() _mm256_setzero_ps()
+#define KT_ACC_LOAD(p) _mm256_load_ps(p)
+#define KT_ACC_STORE(p, v) _mm256_store_ps(p, v)
+#define KT_KERNEL ktile8
+#define KT_PACK_BLOCK pack_block256
+#endif
+
+/* Super-blocks [s0, s0 + nbs) of the KT_PR rows at rows[] into p, asking
+ * for the same super-blocks of the next tile's rows: they arrive while
+ * this tile's tokens are multiplied. */
+KQ_INLINE void pack_rows(MnType type, const uint8_t *const rows[KT_PR], int64_t s0, int nbs, KPack *p,
+                         const KqNext *next) {
+    const KqKind k = kind_of(type);
+    for (int i = 0; i < KT_PR; i++) {
+        const uint8_t *blk = rows[i] + (size_t)s0 * k.blk_bytes;
+        for (int b = 0; b < nbs; b++, blk += k.blk_bytes) {
+            if (i < next->n_rows) prefetch_block(k, next->row + i * next->row_bytes, s0 + b);
+            KT_PACK_BLOCK(type, blk, p, i, b);
+        }
+    }
+}
+
+/* Rows [r0, r1) x every token of a tiled group: each tile of KT_PR rows is
+ * unpacked KT_SLB super-blocks at a time, and every token tile goes by;
+ * between slices an output's accumulator waits in `out` (a stored f32
+ * reads back the same, so the steps are unchanged). */
+KQ_INLINE void rows_tiled(MnType type, KPack *p, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in,
+                          const uint8_t *acts, int n_tok, float *out, int64_t n_out) {
+    const int64_t nb = n_in / MN_QK_K;
+    const int n_tiles = (n_tok + KT_LANES - 1) / KT_LANES;
+    for (long r = r0; r < r1; r += KT_PR) {
+        const uint8_t *rows[KT_PR];
+        for (int i = 0; i < KT_PR; i++) rows[i] = w + (size_t)KQ_MIN(r + i, r1 - 1) * row_bytes;
+        const int n_rows = (int)KQ_MIN(KT_PR, r1 - r);
+        const int n_next = (int)KQ_MIN(KT_PR, r1 - KQ_MIN(r1, r + KT_PR));
+        const KqNext next = {n_next > 0 ? w + (size_t)(r + KT_PR) * row_bytes : NULL, n_next, row_bytes};
+        for (int64_t s0 = 0; s0 < nb; s0 += KT_SLB) {
+            const int nbs = (int)KQ_MIN(KT_SLB, nb - s0);
+            pack_rows(type, rows, s0, nbs, p, &next);
+            for (int i = 0; i < n_tiles; i++) {
+                const int t0 = i * KT_LANES, nt = KQ_MIN(KT_LANES, n_tok - t0);
+                _Alignas(64) float v[KT_LANES];
+                KtAcc acc[KT_PR];
+                for (int j = 0; j < KT_PR; j++) {
+                    acc[j] = KT_ACC_ZERO();
+                    if (s0 == 0 || j >= n_rows) continue;
+                    for (int t = 0; t < KT_LANES; t++) v[t] = t < nt ? out[(int64_t)(t0 + t) * n_out + r + j] : 0.0f;
+                    acc[j] = KT_ACC_LOAD(v);
+                }
+                KT_KERNEL(type, p, nbs, acts + (size_t)i * tile_bytes(n_in) + (size_t)s0 * KT_BLOCK, acc);
+                for (int j = 0; j < n_rows; j++) {
+                    KT_ACC_STORE(v, acc[j]);
+                    for (int t = 0; t < nt; t++) out[(int64_t)(t0 + t) * n_out + r + j] = v[t];
+                }
+            }
+        }
+    }
+}
+
+static void rows_tiled_any(MnType type, const uint8_t *w, size_t row_bytes, long r0, long r1, int64_t n_in,
+                           const uint8_t *acts, int n_tok, float *out, int64_t n_out) {
+    KPack p; /* here, once: the switch inlines a rows_tiled per type */
+    switch (type) {
+    case MN_TYPE_Q2_K: rows_tiled(MN_TYPE_Q2_K, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out); break;
+    case MN_TYPE_Q3_K: rows_tiled(MN_TYPE_Q3_K, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out); break;
+    case MN_TYPE_Q4_K: rows_tiled(MN_TYPE_Q4_K, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out); break;
+    case MN_TYPE_Q5_K: rows_tiled(MN_TYPE_Q5_K, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out); break;
+    case MN_TYPE_Q6_K: rows_tiled(MN_TYPE_Q6_K, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out); break;
+    default: rows_tiled(MN_TYPE_IQ4_XS, &p, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out);
+    }
+}
+
 
 /* One tile: rows r..r+R-1 and tokens t..t+T-1, those past r1 / n_tok
  * computed on copies of the last one and not stored; rows r + R.. (up to
@@ -1095,12 +1228,10 @@ static void rows_simd(MnType type, const uint8_t *w, size_t row_bytes, long r0, 
                       const uint8_t *acts, int n_tok, float *out, int64_t n_out) {
     int64_t nb = n_in / MN_QK_K;
     const size_t stride = tok_bytes(n_in);
-#if defined(KQ_AVX512)
     if (is_tiled(n_tok)) {
         rows_tiled_any(type, w, row_bytes, r0, r1, n_in, acts, n_tok, out, n_out);
         return;
     }
-#endif
     int tf = n_tok / PRE_T * PRE_T;
     for (int t = 0; t < tf; t += PRE_T)
         for (long r = r0; r < r1; r += PRE_R)

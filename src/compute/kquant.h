@@ -34,8 +34,8 @@
 bool kq_has_type(MnType type);
 
 /* How many tokens a product of n_tok tokens computes at once: a tile's
- * 16 lanes with AVX-512 from the tiled layout's first count on (its spare
- * lanes are computed for nothing); else 1. */
+ * lanes (16 with AVX-512, 8 with AVX2) from the tiled layout's first count
+ * on (its spare lanes are computed for nothing); else 1. */
 int kq_token_lanes(int n_tok);
 
 /* Bytes of n_tok tokens of n_in elements (a multiple of 256) quantized by
