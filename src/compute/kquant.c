@@ -75,7 +75,7 @@
  * chunk sum pairs; the mins likewise. Rows layout (decode, few tokens):
  * the codes as 8 vectors of 32 (kind_decode256), the scales as words in
  * registers (kind_scales256, scale_pair), vpmaddubsw + vpmaddwd, tiles of
- * 1 row x 4 tokens or 4 rows x 1 token. Scalar: kq_rows_ref.
+ * 1 row x up to 4 tokens. Scalar: kq_rows_ref.
  */
 #include "compute/kquant.h"
 
@@ -419,11 +419,21 @@ void kq_rows_ref(MnType type, const uint8_t *w, size_t row_bytes, long r0, long 
  * follows a handful of streams) falls behind; each step asks for the
  * weights KQ_AHEAD super-blocks on. tests/bench_matmul, 1 token, 2
  * threads, projected decode, medians of 6 alternated runs against no
- * prefetch: Q4_K 34.3 -> 65.2 tokens/s, Q6_K 26.1 -> 47.9.
+ * prefetch (AVX-512 machine, 16 rows a tile): Q4_K 34.3 -> 65.2 tokens/s,
+ * Q6_K 26.1 -> 47.9. On the AVX2 machine (AMD EPYC, Zen 3) one row a tile
+ * and 8 super-blocks ahead (a 2048-wide row: the next row, same place)
+ * decode fastest: mnemo speed tg64, 2 threads, 3 alternated rounds, 4
+ * rows and 4 ahead against this: Q6_K 8.9-10.0 -> 16.3-16.5 tokens/s,
+ * Q4_K_M 13.3-15.6 -> 16.2-16.5 (llama-bench the same rounds: 11.5-13.3
+ * and 14.9-16.0).
  * ===================================================================== */
 #if defined(KQ_AVX512) || defined(KQ_AVX2)
 
+#if defined(KQ_AVX512)
 enum { KQ_AHEAD = 4 };
+#else
+enum { KQ_AHEAD = 8 };
+#endif
 
 /* Q4_K/Q5_K: bytes 0..7 the 8 sub-block scales, 8..15 the 8 mins, from
  * the 12 scale bytes at p. */
@@ -960,7 +970,7 @@ KQ_INLINE __m256i scale_pair(const uint8_t *chunk, __m256i sc, int j) {
     return _mm256_shuffle_epi8(half, ctrl);
 }
 
-/* res[o] (o = rT + t) for R rows x T tokens, R * T = 4: per output and
+/* res[o] (o = rT + t) for R rows x T tokens, R * T <= 4: per output and
  * super-block 8 vpmaddubsw + 8 vpmaddwd against the scales (words of
  * positions 2j, 2j + 1), and one vpmaddwd each for the offset and the
  * mins against the chunk sums; 4 outputs' int32 vectors then sum into
@@ -971,8 +981,8 @@ KQ_INLINE void kind_tile(MnType type, int R, int T, const uint8_t *const w[4], c
     const uint8_t *chunk = ORDER_CHUNK[k.order];
     __m128 acc = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i sv[4], mv[4];
-        _Alignas(16) float d[4], dmin[4], dx[4];
+        __m256i sv[4] = {0}, mv[4] = {0}; /* outputs past R * T: zeros, not stored */
+        _Alignas(16) float d[4] = {0}, dmin[4] = {0}, dx[4] = {0};
         prefetch_ahead(k, R, w, next, b, nb);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
@@ -1012,7 +1022,7 @@ KQ_INLINE void kind_tile(MnType type, int R, int T, const uint8_t *const w[4], c
     _mm_storeu_ps(res, acc);
 }
 
-enum { TILE_OUTS = 4, PRE_R = 1, PRE_T = 4, DEC_R = 4 };
+enum { TILE_OUTS = 4, PRE_R = 1, PRE_T = 4, DEC_R = 1 }; /* DEC_R: see Prefetch */
 
 /* ---- tiles of tokens (prefill, KT_MIN_TOK tokens or more): lanes are tokens ---- */
 
@@ -1236,9 +1246,20 @@ static void rows_simd(MnType type, const uint8_t *w, size_t row_bytes, long r0, 
     for (int t = 0; t < tf; t += PRE_T)
         for (long r = r0; r < r1; r += PRE_R)
             tile_run(type, PRE_R, PRE_T, w, row_bytes, r0, r, r1, acts, stride, t, n_tok, nb, out, n_out);
+#if defined(KQ_AVX2)
+    /* the last 1..3 tokens in one pass over the rows (DEC_R is 1) */
+    for (long r = r0; r < r1 && tf < n_tok; r += DEC_R) {
+        switch (n_tok - tf) {
+        case 1: tile_run(type, DEC_R, 1, w, row_bytes, r0, r, r1, acts, stride, tf, n_tok, nb, out, n_out); break;
+        case 2: tile_run(type, DEC_R, 2, w, row_bytes, r0, r, r1, acts, stride, tf, n_tok, nb, out, n_out); break;
+        default: tile_run(type, DEC_R, 3, w, row_bytes, r0, r, r1, acts, stride, tf, n_tok, nb, out, n_out);
+        }
+    }
+#else
     for (int t = tf; t < n_tok; t++)
         for (long r = r0; r < r1; r += DEC_R)
             tile_run(type, DEC_R, 1, w, row_bytes, r0, r, r1, acts, stride, t, n_tok, nb, out, n_out);
+#endif
 }
 
 #endif
