@@ -22,7 +22,7 @@
  *    in 8-lane registers with AVX2),
  *    then soft-capped: each score alone;
  *  - max over the window (the same in any order); e(p) = exp(score(p) -
- *    max) (exp16 with AVX-512, expf elsewhere);
+ *    max) (exp16 with AVX-512, exp8 with AVX2, expf elsewhere);
  *  - sum = 16 lanes, lane l adding e(p) for the window's p = l (mod 16) in
  *    ascending p (positions outside the window add nothing), then the
  *    lanes summed in a fixed tree; w(p) = e(p) * (1 / sum) (normalized
@@ -30,7 +30,8 @@
  *    activation roundings, which normalizing afterwards can flip);
  *  - out = acc over ascending p from the window's first position of
  *    acc + w(p) * v_p, a fused multiply-add per element with AVX-512 and
- *    head_dim 64 or 128, a product then a sum otherwise.
+ *    head_dim 64 or 128, a product then a sum otherwise (with AVX2 and
+ *    head_dim a multiple of 64, in registers).
  * With an f16 cache, head_dim 64 or 128 and AVX512_BF16 (attn_uses_bf16)
  * the products are 16-bit, twice as many an instruction: q, k_p, w(p) and
  * v_p are rounded to bf16 (to nearest even; k_p and v_p from their f16),
@@ -62,9 +63,9 @@
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define ATTN_BF16 1 /* 16-bit products for an f16 KV cache: see the top */
 #endif
-#elif defined(__AVX2__)
+#elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
-#define ATTN_AVX2 1 /* the scores' products then sums, in registers */
+#define ATTN_AVX2 1 /* scores, softmax and V in 8-lane registers */
 #endif
 
 #define ATTN_INLINE static inline __attribute__((always_inline))
@@ -345,6 +346,37 @@ ATTN_INLINE __mmask16 lanes_in(int32_t P0, int32_t lo, int32_t hi) {
 }
 #endif
 
+#if defined(ATTN_AVX2)
+/* e^x per lane for x <= 0, as exp16 in 8 lanes: the same reduction and
+ * polynomial, then 2^n built in the exponent field; lanes below -87.3
+ * (where e^x is no longer a normal float) give 0. */
+ATTN_INLINE __m256 exp8(__m256 x) {
+    const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* All-ones lanes for the positions P0..P0+7 that are in [lo, hi]. */
+ATTN_INLINE __m256 lanes8_in(int32_t P0, int32_t lo, int32_t hi) {
+    const __m256i p = _mm256_add_epi32(_mm256_set1_epi32(P0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i below = _mm256_cmpgt_epi32(_mm256_set1_epi32(lo), p), above = _mm256_cmpgt_epi32(p, _mm256_set1_epi32(hi));
+    return _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_or_si256(below, above), _mm256_set1_epi32(-1)));
+}
+#endif
+
 /* The softmax of one row's scores over [lo, hi] (sc[p - base] holds
  * position p, base a multiple of ATTN_PB): replaces each score by
  * e^(score - max) * (1 / sum), positions outside [lo, hi] in its blocks
@@ -379,6 +411,35 @@ static void softmax_row(float *sc, int32_t base, int32_t lo, int32_t hi, bool to
 #endif
         _mm512_storeu_ps(sc + (P0 - base), w);
     }
+#elif defined(ATTN_AVX2)
+    assert(!to_bf16);
+    const int32_t b0 = lo - lo % ATTN_PB, b1 = hi - hi % ATTN_PB;
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    for (int32_t P = b0; P <= b1 + ATTN_PB - 8; P += 8)
+        m = _mm256_max_ps(m, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(sc + (P - base)),
+                                              lanes8_in(P, lo, hi)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const __m256 max = _mm256_set1_ps(_mm_cvtss_f32(m4));
+    __m256 sum_lo = _mm256_setzero_ps(), sum_hi = _mm256_setzero_ps(); /* lanes 0..7, 8..15 */
+    for (int32_t P0 = b0; P0 <= b1; P0 += ATTN_PB) {
+        float *x = sc + (P0 - base);
+        const __m256 e0 = _mm256_and_ps(lanes8_in(P0, lo, hi), exp8(_mm256_sub_ps(_mm256_loadu_ps(x), max)));
+        const __m256 e1 = _mm256_and_ps(lanes8_in(P0 + 8, lo, hi), exp8(_mm256_sub_ps(_mm256_loadu_ps(x + 8), max)));
+        sum_lo = _mm256_add_ps(sum_lo, e0);
+        sum_hi = _mm256_add_ps(sum_hi, e1);
+        _mm256_storeu_ps(x, e0);
+        _mm256_storeu_ps(x + 8, e1);
+    }
+    /* the scalar path's tree: lane j += lane j + 8, + 4, + 2, + 1 */
+    const __m256 s8 = _mm256_add_ps(sum_lo, sum_hi);
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+    const __m256 inv = _mm256_set1_ps(1.0f / _mm_cvtss_f32(s4));
+    for (int32_t P = b0; P <= b1 + ATTN_PB - 8; P += 8)
+        _mm256_storeu_ps(sc + (P - base), _mm256_mul_ps(_mm256_loadu_ps(sc + (P - base)), inv));
 #else
     assert(!to_bf16);
     float max = sc[lo - base];
@@ -433,6 +494,23 @@ ATTN_INLINE void accum_v16(float *restrict o, const float *restrict w, size_t w_
 }
 #endif
 
+#if defined(ATTN_AVX2)
+/* accum_v for one row and 64 of its dimensions (o, vb's rows hd apart),
+ * the 8 vectors of the row in registers across the block: per position
+ * a product, then a sum, in ascending p, as accum_v. */
+ATTN_INLINE void accum_v8(float *restrict o, const float *restrict w, const float *restrict vb, int pb, int p0,
+                          int p1, int hd) {
+    __m256 acc[8];
+    for (int c = 0; c < 8; c++) acc[c] = _mm256_loadu_ps(o + 8 * c);
+    for (int p = p0; p < p1; p++) {
+        const __m256 wp = _mm256_set1_ps(w[p - pb]);
+        const float *vp = vb + (size_t)(p - pb) * (size_t)hd;
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(wp, _mm256_loadu_ps(vp + 8 * c)));
+    }
+    for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + 8 * c, acc[c]);
+}
+#endif
+
 /* accum_v for n rows (o + r*hd, weights w + r*w_stride), the usual head
  * sizes with the rows in registers, several at a time. */
 static void accum_v_rows(float *restrict o, const float *restrict w, size_t w_stride, const float *restrict vb,
@@ -445,6 +523,11 @@ static void accum_v_rows(float *restrict o, const float *restrict w, size_t w_st
     } else if (hd == 128) {
         for (; r + 2 <= n; r += 2) accum_v16(o + (size_t)r * hd, w + r * w_stride, w_stride, vb, pb, p0, p1, 8, 2);
         for (; r < n; r++) accum_v16(o + (size_t)r * hd, w + r * w_stride, w_stride, vb, pb, p0, p1, 8, 1);
+    }
+#elif defined(ATTN_AVX2)
+    if (hd % 64 == 0) {
+        for (; r < n; r++)
+            for (int d = 0; d < hd; d += 64) accum_v8(o + (size_t)r * hd + d, w + r * w_stride, vb + d, pb, p0, p1, hd);
     }
 #endif
     for (; r < n; r++) accum_v(o + (size_t)r * hd, w + r * w_stride, vb, pb, p0, p1, hd);
