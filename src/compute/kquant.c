@@ -964,7 +964,8 @@ KQ_INLINE void kind_scales256(MnType type, const uint8_t *blk, __m256i *sc, __m2
  * and 2j + 1 (high half), from the 16 chunk scales sc: positions 0..7
  * hold chunks 0..7 in every order, 8..15 chunks 8..15. */
 KQ_INLINE __m256i scale_pair(const uint8_t *chunk, __m256i sc, int j) {
-    __m256i half = _mm256_permute4x64_epi64(sc, j < 4 ? 0x44 : 0xee);
+    /* two calls, not one with a chosen immediate, which unoptimized builds need not fold */
+    __m256i half = j < 4 ? _mm256_permute4x64_epi64(sc, 0x44) : _mm256_permute4x64_epi64(sc, 0xee);
     int c0 = chunk[2 * j] & 7, c1 = chunk[2 * j + 1] & 7;
     __m256i ctrl = _mm256_setr_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * c0)), _mm_set1_epi16((short)(0x0100 + 0x0202 * c1)));
     return _mm256_shuffle_epi8(half, ctrl);
