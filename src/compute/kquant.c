@@ -131,7 +131,8 @@ static const uint8_t ORDER_CHUNK[3][16] = {
  * KqBlocks for fewer than KT_MIN_TOK tokens, and always on the scalar
  * path; tiles of KT_LANES tokens from KT_MIN_TOK on (a tile computes all
  * its lanes: with fewer tokens the rows kernels cost less, by
- * bench_matmul's batch mode). A tile's super-block: */
+ * bench_matmul's batch mode on AVX-512; AVX2 starts at one full tile, a
+ * choice its batch mode has not tested below 8). A tile's super-block: */
 #if defined(KQ_AVX512)
 enum { KT_LANES = 16, KT_MIN_TOK = 10, KT_UNIT_INITS = 16, KT_OFFSET_PAIRS = 0 };
 #elif defined(KQ_AVX2)
