@@ -1015,6 +1015,12 @@ KQ_INLINE void kind_tile(MnType type, int R, int T, const uint8_t *const w[4], c
                 d[o] = bd, dmin[o] = bdmin, dx[o] = a->d;
             }
         }
+        if (R * T == 1) { /* one output: S in lane 0 and M in lane 1 of one reduction */
+            __m128 sm = _mm_cvtepi32_ps(sum4x8(sv[0], mv[0], sv[0], mv[0]));
+            acc = _mm_fmadd_ss(sm, _mm_set_ss(d[0] * dx[0]), acc);
+            if (k.has_min) acc = _mm_fnmadd_ss(_mm_movehdup_ps(sm), _mm_set_ss(dmin[0] * dx[0]), acc);
+            continue;
+        }
         __m128 vdx = _mm_load_ps(dx);
         acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sum4x8(sv[0], sv[1], sv[2], sv[3])), _mm_mul_ps(_mm_load_ps(d), vdx), acc);
         if (k.has_min)
