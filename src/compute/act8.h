@@ -41,6 +41,18 @@ static inline float act8_step(float iscale) { return iscale > 0.0f ? 1.0f / isca
  * rows, tok_bytes a token, for fewer than min_tiled tokens; tiles of
  * `lanes` tokens, tile_bytes a tile, from min_tiled on. The most tokens,
  * at most n_tok, whose layout fits in `bytes`; 0 if not even one does. */
+/* A tiles layout's kernels keep `lanes` accumulators per weight row, one
+ * per token of a tile, and park them in the output matrix between slices
+ * of the row (a stored f32 reads back the same): row r's outputs for
+ * tokens t0.. (nt of them, the other lanes 0) from out into v, or back. */
+static inline void act8_outs_load(const float *out, int64_t n_out, long r, int t0, int nt, int lanes, float *v) {
+    for (int t = 0; t < lanes; t++) v[t] = t < nt ? out[(int64_t)(t0 + t) * n_out + r] : 0.0f;
+}
+
+static inline void act8_outs_store(float *out, int64_t n_out, long r, int t0, int nt, const float *v) {
+    for (int t = 0; t < nt; t++) out[(int64_t)(t0 + t) * n_out + r] = v[t];
+}
+
 static inline int act8_group_tokens(int n_tok, size_t bytes, size_t tok_bytes, size_t tile_bytes, int lanes,
                                     int min_tiled) {
     if (n_tok <= 0) return 0;
@@ -52,5 +64,18 @@ static inline int act8_group_tokens(int n_tok, size_t bytes, size_t tok_bytes, s
     if (n > (size_t)min_tiled - 1) n = (size_t)min_tiled - 1;
     return n < (size_t)n_tok ? (int)n : n_tok;
 }
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#include <string.h>
+
+/* The f16 weight scale at p as a float, by the F16C instruction (the SIMD
+ * kernels of both files). */
+static inline float act8_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+#endif
 
 #endif

@@ -922,13 +922,6 @@ KQ_INLINE void kind_decode256(MnType type, const uint8_t *blk, Dec256 *dec) {
     }
 }
 
-/* The f16 at p as a float (F16C). */
-KQ_INLINE float f16_fast(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
 /* A super-block's scales and mins as words, one per 16-chunk, natural
  * order (block_scales' values: sub-blocks of 32 give theirs twice). */
 KQ_INLINE void kind_scales256(MnType type, const uint8_t *blk, __m256i *sc, __m256i *mn) {
@@ -993,7 +986,7 @@ KQ_INLINE void kind_tile(MnType type, int R, int T, const uint8_t *const w[4], c
             kind_decode256(type, blk, &dec);
             __m256i scv, mnv;
             kind_scales256(type, blk, &scv, &mnv);
-            float bd = f16_fast(blk + k.d_off + (k.d_high ? 2 : 0)), bdmin = f16_fast(blk + k.d_off + 2);
+            float bd = act8_f16(blk + k.d_off + (k.d_high ? 2 : 0)), bdmin = act8_f16(blk + k.d_off + 2);
             __m256i sw[8];
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) sw[j] = scale_pair(chunk, scv, j);
@@ -1059,8 +1052,8 @@ KQ_INLINE void pack_block256(MnType type, const uint8_t *blk, KPack *p, int i, i
         if (!k.sub_log2) p->mnp[i][b][q] = word_pair(mn[2 * q], mn[2 * q + 1]);
         else if (q < 4) p->mnp[i][b][q] = word_pair(mn[4 * q], mn[4 * q + 2]); /* sub-blocks 2q, 2q + 1 */
     }
-    p->d[i][b] = f16_fast(blk + k.d_off + (k.d_high ? 2 : 0));
-    p->dmin[i][b] = f16_fast(blk + k.d_off + 2);
+    p->d[i][b] = act8_f16(blk + k.d_off + (k.d_high ? 2 : 0));
+    p->dmin[i][b] = act8_f16(blk + k.d_off + 2);
 }
 
 /* Code words summed as int16 before the scale's vpmaddwd: G words of
@@ -1187,13 +1180,13 @@ KQ_INLINE void rows_tiled(MnType type, KPack *p, const uint8_t *w, size_t row_by
                 for (int j = 0; j < KT_PR; j++) {
                     acc[j] = KT_ACC_ZERO();
                     if (s0 == 0 || j >= n_rows) continue;
-                    for (int t = 0; t < KT_LANES; t++) v[t] = t < nt ? out[(int64_t)(t0 + t) * n_out + r + j] : 0.0f;
+                    act8_outs_load(out, n_out, r + j, t0, nt, KT_LANES, v);
                     acc[j] = KT_ACC_LOAD(v);
                 }
                 KT_KERNEL(type, p, nbs, acts + (size_t)i * tile_bytes(n_in) + (size_t)s0 * KT_BLOCK, acc);
                 for (int j = 0; j < n_rows; j++) {
                     KT_ACC_STORE(v, acc[j]);
-                    for (int t = 0; t < nt; t++) out[(int64_t)(t0 + t) * n_out + r + j] = v[t];
+                    act8_outs_store(out, n_out, r + j, t0, nt, v);
                 }
             }
         }

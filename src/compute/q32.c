@@ -313,12 +313,6 @@ static inline uint32_t u32_at(const uint8_t *p) {
     return v;
 }
 
-static inline float f16_fast(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
 /* The 16 levels of IQ4_NL as bytes, + 128 for the unsigned codes of
  * AVX-512 (level ^ 0x80). */
 static inline __m128i nl_levels(bool is_unsigned) {
@@ -403,20 +397,10 @@ Q32_INLINE void pack_rows(Q32Kind k, const uint8_t *const rows[PR], int64_t s0, 
                 _mm_prefetch((const char *)nblk + (b + 1) * k.blk_bytes - 1, _MM_HINT_T0);
             }
             _mm256_store_si256((__m256i *)(p->u[i] + QK * b), codes256(k, blk));
-            p->d[i][b] = f16_fast(blk);
-            if (k.has_min) p->m[i][b] = f16_fast(blk + 2);
+            p->d[i][b] = act8_f16(blk);
+            if (k.has_min) p->m[i][b] = act8_f16(blk + 2);
         }
     }
-}
-
-/* The LANES accumulators of row r's outputs for tokens t0.. (nt of them)
- * from out, or to out. */
-static void outs_load(const float *out, int64_t n_out, long r, int t0, int nt, float v[LANES]) {
-    for (int t = 0; t < LANES; t++) v[t] = t < nt ? out[(int64_t)(t0 + t) * n_out + r] : 0.0f;
-}
-
-static void outs_store(float *out, int64_t n_out, long r, int t0, int nt, const float v[LANES]) {
-    for (int t = 0; t < nt; t++) out[(int64_t)(t0 + t) * n_out + r] = v[t];
 }
 
 #endif
@@ -668,8 +652,8 @@ Q32_INLINE void rows256(Q32Kind k, const uint8_t *const w[8], int64_t n_in, cons
         if (fetch) prefetch_ahead(8, w, at, k.blk_bytes, (size_t)nb * k.blk_bytes, pf, pf_rows, row_bytes);
         for (int r = 0; r < 8; r++) {
             p[r] = dot4(k, codes256(k, w[r] + at), xa);
-            dw[r] = f16_fast(w[r] + at);
-            mw[r] = k.has_min ? f16_fast(w[r] + at + 2) : 0.0f;
+            dw[r] = act8_f16(w[r] + at);
+            mw[r] = k.has_min ? act8_f16(w[r] + at + 2) : 0.0f;
         }
         __m256i s = _mm256_sub_epi32(sum8x8(p), _mm256_set1_epi32(bias256(k) * xsx[b]));
         __m256 vdx = _mm256_set1_ps(xd[b]);
@@ -724,7 +708,7 @@ Q32_INLINE void rows_tiled(MnType type, Pack *p, const uint8_t *w, size_t row_by
                 AccVec acc[PR];
                 for (int j = 0; j < PR; j++) {
                     if (s0 > 0 && j < n_rows) {
-                        outs_load(out, n_out, r + j, t0, nt, v);
+                        act8_outs_load(out, n_out, r + j, t0, nt, LANES, v);
                         acc[j] = ACC_LOAD(v);
                     } else {
                         acc[j] = ACC_ZERO();
@@ -733,7 +717,7 @@ Q32_INLINE void rows_tiled(MnType type, Pack *p, const uint8_t *w, size_t row_by
                 TILE_KERNEL(k, p, nbs, acts + (size_t)i * tile_bytes(n_in) + (size_t)s0 * TILE_BLOCK_BYTES, acc);
                 for (int j = 0; j < n_rows; j++) {
                     ACC_STORE(v, acc[j]);
-                    outs_store(out, n_out, r + j, t0, nt, v);
+                    act8_outs_store(out, n_out, r + j, t0, nt, v);
                 }
             }
         }
