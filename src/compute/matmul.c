@@ -50,7 +50,7 @@
  *           tokens.
  *
  * The AVX2 path has the same kernels in 8 lanes, with smaller tiles (4 rows
- * x 3 tokens) and panels (256 KiB).
+ * x 3 tokens) and panels (128 KiB).
  *
  * Nothing here allocates and no scratch is needed. ktile keeps KR1 x KB
  * floats (8 KB) on the worker's stack; an int8 worker its group of
