@@ -8,6 +8,11 @@
  * clamp (NaN goes to -127), rounded to even as vcvtps2dq rounds. The SIMD
  * quantizers of both files follow these steps operation for operation, so
  * every path writes the same codes (test_matmul compares the bytes).
+ *
+ * Also here, since both files' SIMD kernels need them: the size of a
+ * group of quantized tokens (act8_group_tokens), the parking of a tile's
+ * accumulators in the output between slices of a row (act8_outs_load,
+ * act8_outs_store) and an f16 scale read by F16C (act8_f16).
  */
 #ifndef MN_ACT8_H
 #define MN_ACT8_H
@@ -15,6 +20,11 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 static inline float act8_amax(const float *x, int n) {
     float amax = 0.0f;
@@ -41,18 +51,6 @@ static inline float act8_step(float iscale) { return iscale > 0.0f ? 1.0f / isca
  * rows, tok_bytes a token, for fewer than min_tiled tokens; tiles of
  * `lanes` tokens, tile_bytes a tile, from min_tiled on. The most tokens,
  * at most n_tok, whose layout fits in `bytes`; 0 if not even one does. */
-/* A tiles layout's kernels keep `lanes` accumulators per weight row, one
- * per token of a tile, and park them in the output matrix between slices
- * of the row (a stored f32 reads back the same): row r's outputs for
- * tokens t0.. (nt of them, the other lanes 0) from out into v, or back. */
-static inline void act8_outs_load(const float *out, int64_t n_out, long r, int t0, int nt, int lanes, float *v) {
-    for (int t = 0; t < lanes; t++) v[t] = t < nt ? out[(int64_t)(t0 + t) * n_out + r] : 0.0f;
-}
-
-static inline void act8_outs_store(float *out, int64_t n_out, long r, int t0, int nt, const float *v) {
-    for (int t = 0; t < nt; t++) out[(int64_t)(t0 + t) * n_out + r] = v[t];
-}
-
 static inline int act8_group_tokens(int n_tok, size_t bytes, size_t tok_bytes, size_t tile_bytes, int lanes,
                                     int min_tiled) {
     if (n_tok <= 0) return 0;
@@ -65,9 +63,19 @@ static inline int act8_group_tokens(int n_tok, size_t bytes, size_t tok_bytes, s
     return n < (size_t)n_tok ? (int)n : n_tok;
 }
 
+/* A tiles layout's kernels keep `lanes` accumulators per weight row, one
+ * per token of a tile, and park them in the output matrix between slices
+ * of the row (a stored f32 reads back the same): row r's outputs for
+ * tokens t0.. (nt of them, the other lanes 0) from out into v, or back. */
+static inline void act8_outs_load(const float *out, int64_t n_out, long r, int t0, int nt, int lanes, float *v) {
+    for (int t = 0; t < lanes; t++) v[t] = t < nt ? out[(int64_t)(t0 + t) * n_out + r] : 0.0f;
+}
+
+static inline void act8_outs_store(float *out, int64_t n_out, long r, int t0, int nt, const float *v) {
+    for (int t = 0; t < nt; t++) out[(int64_t)(t0 + t) * n_out + r] = v[t];
+}
+
 #if defined(__F16C__)
-#include <immintrin.h>
-#include <string.h>
 
 /* The f16 weight scale at p as a float, by the F16C instruction (the SIMD
  * kernels of both files). */
