@@ -138,6 +138,12 @@ ATTN_INLINE const float *kv_row(const AttnKv *kv, const AttnSeq *s, int32_t p, i
             _mm512_storeu_ps(buf + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)d))));
         return buf;
     }
+#elif defined(ATTN_AVX2) && defined(__F16C__)
+    if (head_dim % 8 == 0) {
+        for (int d = 0; d < head_dim; d += 8)
+            _mm256_storeu_ps(buf + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)d))));
+        return buf;
+    }
 #endif
     ops_f16_to_f32(buf, (const uint16_t *)row, head_dim);
     return buf;
@@ -173,6 +179,28 @@ ATTN_INLINE void transpose16(__m512 r[16]) {
 }
 #endif
 
+#if defined(ATTN_AVX2)
+/* r[j] = column j of the 8 x 8 matrix whose rows are r[0..8). */
+ATTN_INLINE void transpose8(__m256 r[8]) {
+    __m256 t[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+        t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+    }
+    for (int i = 0; i < 8; i++) r[i] = t[i];
+}
+#endif
+
 /* kT (head_dim, ATTN_PB) = the K rows of head kvh at positions P0 + l,
  * lane l; lanes whose position is outside [lo, hi] are zero (their rows
  * may not exist). Converted and transposed once per tile and block. */
@@ -196,6 +224,28 @@ static void load_k_block(float *restrict kT, const AttnKv *kv, const AttnSeq *s,
             }
             transpose16(r);
             for (int j = 0; j < 16; j++) _mm512_storeu_ps(kT + (size_t)(c + j) * ATTN_PB, r[j]);
+        }
+        return;
+    }
+#elif defined(ATTN_AVX2) && defined(__F16C__)
+    if (hd % 8 == 0) { /* as the AVX-512 path, 8 x 8 at a time */
+        for (int h = 0; h < ATTN_PB; h += 8) {
+            const uint8_t *rows[8];
+            for (int l = 0; l < 8; l++)
+                rows[l] = P0 + h + l >= lo && P0 + h + l <= hi ? kv_addr(kv, s, P0 + h + l, kvh, hd, 0) : NULL;
+            for (int c = 0; c < hd; c += 8) {
+                __m256 r[8];
+                for (int l = 0; l < 8; l++) {
+                    if (rows[l] == NULL)
+                        r[l] = _mm256_setzero_ps();
+                    else if (kv->kv_type == MN_TYPE_F32)
+                        r[l] = _mm256_loadu_ps((const float *)rows[l] + c);
+                    else
+                        r[l] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rows[l] + 2 * (size_t)c)));
+                }
+                transpose8(r);
+                for (int j = 0; j < 8; j++) _mm256_storeu_ps(kT + (size_t)(c + j) * ATTN_PB + h, r[j]);
+            }
         }
         return;
     }
