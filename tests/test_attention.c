@@ -236,6 +236,10 @@ static void test_head_sizes(void **state) {
     check_against_dense_with(MN_TYPE_F32, 4, 1, 128, 8, 90, 45, 0.0f);
     check_against_dense_with(MN_TYPE_F16, 4, 1, 128, 8, 90, 45, 0.0f);
     check_against_dense_with(MN_TYPE_F16, 6, 3, 48, 16, 75, 21, 0.0f);
+    /* odd groups (rows left after the pairs), head sizes that are a
+     * multiple of 32 but not of 64, of 8 but not of 16 */
+    check_against_dense_with(MN_TYPE_F16, 6, 2, 96, 16, 75, 21, 0.0f);
+    check_against_dense_with(MN_TYPE_F32, 3, 1, 40, 16, 60, 0, 0.0f);
 }
 
 /* Bit-identical outputs for the same query whatever the batch around it. */

@@ -31,7 +31,7 @@
  *  - out = acc over ascending p from the window's first position of
  *    acc + w(p) * v_p, a fused multiply-add per element with AVX-512 and
  *    head_dim 64 or 128, a product then a sum otherwise (with AVX2 and
- *    head_dim a multiple of 64, in registers).
+ *    head_dim a multiple of 32, in registers, two rows sharing each V load).
  * With an f16 cache, head_dim 64 or 128 and AVX512_BF16 (attn_uses_bf16)
  * the products are 16-bit, twice as many an instruction: q, k_p, w(p) and
  * v_p are rounded to bf16 (to nearest even; k_p and v_p from their f16),
@@ -555,6 +555,28 @@ ATTN_INLINE void accum_v8(float *restrict o, const float *restrict w, const floa
     }
     for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + 8 * c, acc[c]);
 }
+
+/* accum_v8 for two rows (o and o + hd, weights w and w + w_stride) and 32
+ * of their dimensions: each V vector loaded once serves both rows, the 8
+ * accumulators and the 4 vectors fitting the 16 registers. The same
+ * chains, so the same bits. */
+ATTN_INLINE void accum_v8_2r(float *restrict o, const float *restrict w, size_t w_stride, const float *restrict vb,
+                             int pb, int p0, int p1, int hd) {
+    __m256 acc[2][4];
+    for (int r = 0; r < 2; r++)
+        for (int c = 0; c < 4; c++) acc[r][c] = _mm256_loadu_ps(o + (size_t)r * hd + 8 * c);
+    for (int p = p0; p < p1; p++) {
+        const float *vp = vb + (size_t)(p - pb) * (size_t)hd;
+        __m256 v[4];
+        for (int c = 0; c < 4; c++) v[c] = _mm256_loadu_ps(vp + 8 * c);
+        for (int r = 0; r < 2; r++) {
+            const __m256 wp = _mm256_set1_ps(w[(size_t)r * w_stride + (size_t)(p - pb)]);
+            for (int c = 0; c < 4; c++) acc[r][c] = _mm256_add_ps(acc[r][c], _mm256_mul_ps(wp, v[c]));
+        }
+    }
+    for (int r = 0; r < 2; r++)
+        for (int c = 0; c < 4; c++) _mm256_storeu_ps(o + (size_t)r * hd + 8 * c, acc[r][c]);
+}
 #endif
 
 /* accum_v for n rows (o + r*hd, weights w + r*w_stride), the usual head
@@ -571,6 +593,10 @@ static void accum_v_rows(float *restrict o, const float *restrict w, size_t w_st
         for (; r < n; r++) accum_v16(o + (size_t)r * hd, w + r * w_stride, w_stride, vb, pb, p0, p1, 8, 1);
     }
 #elif defined(ATTN_AVX2)
+    if (hd % 32 == 0)
+        for (; r + 2 <= n; r += 2)
+            for (int d = 0; d < hd; d += 32)
+                accum_v8_2r(o + (size_t)r * hd + d, w + r * w_stride, w_stride, vb + d, pb, p0, p1, hd);
     if (hd % 64 == 0) {
         for (; r < n; r++)
             for (int d = 0; d < hd; d += 64) accum_v8(o + (size_t)r * hd + d, w + r * w_stride, vb + d, pb, p0, p1, hd);
