@@ -127,6 +127,13 @@ ATTN_INLINE void kv_prefetch(const AttnKv *kv, const AttnSeq *s, int32_t p, int3
     __builtin_prefetch(row + bytes - 1, 0, 3);
 }
 
+#if defined(ATTN_AVX2) && defined(__F16C__)
+/* Elements [c, c + 8) of an f16 row, as f32 (exact). */
+ATTN_INLINE __m256 f16x8_at(const uint8_t *row, int c) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)c)));
+}
+#endif
+
 /* Row of head kvh at position p of a sequence, as f32 in buf (or in place). */
 ATTN_INLINE const float *kv_row(const AttnKv *kv, const AttnSeq *s, int32_t p, int kvh, int head_dim, int is_v,
                            float *buf) {
@@ -140,8 +147,7 @@ ATTN_INLINE const float *kv_row(const AttnKv *kv, const AttnSeq *s, int32_t p, i
     }
 #elif defined(ATTN_AVX2) && defined(__F16C__)
     if (head_dim % 8 == 0) {
-        for (int d = 0; d < head_dim; d += 8)
-            _mm256_storeu_ps(buf + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)d))));
+        for (int d = 0; d < head_dim; d += 8) _mm256_storeu_ps(buf + d, f16x8_at(row, d));
         return buf;
     }
 #endif
@@ -194,10 +200,10 @@ ATTN_INLINE void transpose8(__m256 r[8]) {
         r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
     }
     for (int i = 0; i < 4; i++) {
-        t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
-        t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+        const __m256 lo = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20), hi = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+        r[i] = lo;
+        r[i + 4] = hi;
     }
-    for (int i = 0; i < 8; i++) r[i] = t[i];
 }
 #endif
 
@@ -241,7 +247,7 @@ static void load_k_block(float *restrict kT, const AttnKv *kv, const AttnSeq *s,
                     else if (kv->kv_type == MN_TYPE_F32)
                         r[l] = _mm256_loadu_ps((const float *)rows[l] + c);
                     else
-                        r[l] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rows[l] + 2 * (size_t)c)));
+                        r[l] = f16x8_at(rows[l], c);
                 }
                 transpose8(r);
                 for (int j = 0; j < 8; j++) _mm256_storeu_ps(kT + (size_t)(c + j) * ATTN_PB + h, r[j]);
