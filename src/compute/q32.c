@@ -359,13 +359,14 @@ Q32_INLINE __m256i codes256(Q32Kind k, const uint8_t *blk) {
     return v;
 }
 
+#if defined(Q32_AVX512)
 /* Decode streams the weights from DRAM once, faster than the hardware
  * prefetcher follows a tile's rows: a step at byte `at` of the n rows w[]
  * (len bytes each) asks for the step_bytes Q32_AHEAD on in every row, past
  * their end those of the next tile's rows (next, n_next of them,
  * row_bytes apart). bench_matmul, 1 token: Q4_0 55.5 -> 60.8 tok/s, Q8_0
  * 40.5 -> 43.5 (AVX-512), against the next tile at the same offset. The
- * AVX2 kernel streams with prefetch_span instead. */
+ * AVX2 decode kernel (rows256) streams with prefetch_span instead. */
 enum { Q32_AHEAD = 512 };
 
 Q32_INLINE void prefetch_ahead(int n, const uint8_t *const w[], size_t at, size_t step_bytes, size_t len,
@@ -386,13 +387,16 @@ Q32_INLINE void prefetch_first(int n, const uint8_t *const w[], size_t row_bytes
     for (size_t at = 0; at < Q32_MIN((size_t)Q32_AHEAD, row_bytes); at += 64)
         for (int i = 0; i < n; i++) _mm_prefetch((const char *)w[i] + at, _MM_HINT_T0);
 }
+#endif
 
-/* Bytes [off, off + n) of the span [p, p + end), line by line. The AVX2
- * decode kernel asks, as it goes through its tile, for the same share of
- * the next tile's rows, which follow in memory: one stream in address
- * order, 9 KB ahead (Q4_0 rows of 2,048), which the hardware prefetchers
- * also follow. Per row at a fixed distance (prefetch_ahead) measured
- * slower here: 8 short streams. */
+/* Bytes [off, off + n) of the span [p, p + end), one prefetch every 64
+ * bytes from off rounded down to a multiple of 64 (where two calls meet,
+ * one line is asked for twice; from an unaligned p, the span's last line
+ * may not be). The AVX2 decode kernel asks, as it goes through its tile,
+ * for the same share of the next tile's rows, which follow in memory: one
+ * stream in address order, 9 KB ahead (Q4_0 rows of 2,048), which the
+ * hardware prefetchers also follow. Per row at a fixed distance
+ * (prefetch_ahead) measured slower here: 8 short streams. */
 Q32_INLINE void prefetch_span(const uint8_t *p, size_t off, size_t n, size_t end) {
     for (size_t o = off & ~(size_t)63; o < off + n && o < end; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
