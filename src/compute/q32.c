@@ -697,6 +697,28 @@ Q32_INLINE uint16_t u16_at(const uint8_t *p) {
     return v;
 }
 
+/* The f16 scales d (and mins m, has_min) of the block at byte `at` of the
+ * 8 rows w[], lane = row. */
+Q32_INLINE void scales256(Q32Kind k, const uint8_t *const w[8], size_t at, uint16_t d[8], uint16_t m[8]) {
+    for (int r = 0; r < 8; r++) {
+        d[r] = u16_at(w[r] + at);
+        if (k.has_min) m[r] = u16_at(w[r] + at + 2);
+    }
+}
+
+/* One block's f32 steps for the 8 rows (lane = row), as block_step: the
+ * rows' sums of u * q in p8, less o * sx, the scales and mins of
+ * scales256, the token's step dx and scaled sum xs. */
+Q32_INLINE __m256 steps256(Q32Kind k, __m256 acc, __m256i p8, int32_t sx, const uint16_t d[8], const uint16_t m[8],
+                           float dx, float xs) {
+    const __m256i s = _mm256_sub_epi32(p8, _mm256_set1_epi32(bias256(k) * sx));
+    const __m256 vd = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)d));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(vd, _mm256_set1_ps(dx)), acc);
+    if (k.has_min)
+        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)m)), _mm256_set1_ps(xs), acc);
+    return acc;
+}
+
 /* 8 rows w[] x one token (rows layout at tok): res[r]. Two blocks a step:
  * per row one dot product over both (codes_pair256), and one sum tree
  * (lane = row) serves both blocks; an odd last block goes alone. With
@@ -710,54 +732,36 @@ Q32_INLINE void rows256(Q32Kind k, const uint8_t *const w[8], int64_t n_in, cons
     const int8_t *xq = (const int8_t *)tok;
     const float *xd = (const float *)(tok + n_in), *xs = (const float *)(tok + n_in + 4 * nb);
     const int32_t *xsx = (const int32_t *)(tok + n_in + 8 * nb);
+    const size_t bb = k.blk_bytes, pf_end = (size_t)pf_rows * row_bytes;
     __m256 acc = _mm256_setzero_ps();
+    _Alignas(16) uint16_t d[2][8], m[2][8];
+    __m256i p[8];
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
-        const size_t at = (size_t)b * k.blk_bytes, bb = k.blk_bytes;
+        const size_t at = (size_t)b * bb;
         const __m256i xa = _mm256_loadu_si256((const __m256i *)(xq + QK * b));
         const __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + QK * (b + 1)));
         const __m256i xlo = _mm256_permute2x128_si256(xa, xb, 0x20), xhi = _mm256_permute2x128_si256(xa, xb, 0x31);
-        __m256i p[8];
-        _Alignas(16) uint16_t dw[2][8], mw[2][8];
-        if (fetch) prefetch_span(pf, 8 * at, 16 * bb, (size_t)pf_rows * row_bytes);
+        if (fetch) prefetch_span(pf, 8 * at, 16 * bb, pf_end);
         for (int r = 0; r < 8; r++) {
             __m256i lo, hi;
             codes_pair256(k, w[r] + at, w[r] + at + bb, &lo, &hi);
             p[r] = dot_pair(k, lo, xlo, hi, xhi);
-            dw[0][r] = u16_at(w[r] + at);
-            dw[1][r] = u16_at(w[r] + at + bb);
-            if (k.has_min) {
-                mw[0][r] = u16_at(w[r] + at + 2);
-                mw[1][r] = u16_at(w[r] + at + bb + 2);
-            }
         }
+        scales256(k, w, at, d[0], m[0]);
+        scales256(k, w, at + bb, d[1], m[1]);
         __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
         __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-        __m256i s[2] = {_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31)};
-        for (int i = 0; i < 2; i++) {
-            s[i] = _mm256_sub_epi32(s[i], _mm256_set1_epi32(bias256(k) * xsx[b + i]));
-            __m256 d = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)dw[i]));
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(d, _mm256_set1_ps(xd[b + i])), acc);
-            if (k.has_min)
-                acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)mw[i])),
-                                      _mm256_set1_ps(xs[b + i]), acc);
-        }
+        acc = steps256(k, acc, _mm256_permute2x128_si256(h0, h1, 0x20), xsx[b], d[0], m[0], xd[b], xs[b]);
+        acc = steps256(k, acc, _mm256_permute2x128_si256(h0, h1, 0x31), xsx[b + 1], d[1], m[1], xd[b + 1], xs[b + 1]);
     }
-    for (; b < nb; b++) {
-        const size_t at = (size_t)b * k.blk_bytes;
-        __m256i xa = _mm256_loadu_si256((const __m256i *)(xq + QK * b)), p[8];
-        _Alignas(32) float dw[8], mw[8];
-        if (fetch) prefetch_span(pf, 8 * at, 8 * (size_t)k.blk_bytes, (size_t)pf_rows * row_bytes);
-        for (int r = 0; r < 8; r++) {
-            p[r] = dot4(k, codes256(k, w[r] + at), xa);
-            dw[r] = act8_f16(w[r] + at);
-            mw[r] = k.has_min ? act8_f16(w[r] + at + 2) : 0.0f;
-        }
-        __m256i s = _mm256_sub_epi32(sum8x8(p), _mm256_set1_epi32(bias256(k) * xsx[b]));
-        __m256 vdx = _mm256_set1_ps(xd[b]);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(_mm256_load_ps(dw), vdx), acc);
-        if (k.has_min)
-            acc = _mm256_fmadd_ps(_mm256_load_ps(mw), _mm256_set1_ps(xs[b]), acc);
+    if (b < nb) { /* an odd last block */
+        const size_t at = (size_t)b * bb;
+        const __m256i xa = _mm256_loadu_si256((const __m256i *)(xq + QK * b));
+        if (fetch) prefetch_span(pf, 8 * at, 8 * bb, pf_end);
+        for (int r = 0; r < 8; r++) p[r] = dot4(k, codes256(k, w[r] + at), xa);
+        scales256(k, w, at, d[0], m[0]);
+        acc = steps256(k, acc, sum8x8(p), xsx[b], d[0], m[0], xd[b], xs[b]);
     }
     _mm256_storeu_ps(res, acc);
 }
