@@ -96,7 +96,7 @@ typedef enum EngineClockUse {
  * takes at most this many decode-only steps' time, so an inter-token gap
  * beside a prompt stays within about that many typical gaps (3, not 4:
  * issue 22's load kept its p99 gap within 3x the p50 in six runs of six
- * at 3, three of six at 4, for about 4% of its throughput; README). */
+ * at 3, three of six at 4, for about 4% of its throughput; docs/PERFORMANCE.md). */
 #define ENGINE_DECODE_STEP_RATIO 3
 
 /* A prompt chunk of a step (EngineStepInfo). */
