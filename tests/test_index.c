@@ -16,6 +16,35 @@
 #include "cache/kv_pool.h"
 #include "cache/reply_mem.h"
 
+/* hasher_i32s hashes ids as one hasher_u32 each would (the block and
+ * reply-memory keys rest on it), across its kilobyte chunks. */
+static void test_hasher_i32s_as_u32s(void **s) {
+    enum { N = 700 };
+    int32_t ids[N];
+    uint8_t bytes[4 * N];
+    for (int i = 0; i < N; i++) {
+        ids[i] = (int32_t)((uint32_t)i * 2654435761u);
+        for (int k = 0; k < 4; k++) bytes[4 * i + k] = (uint8_t)((uint32_t)ids[i] >> (8 * k));
+    }
+    for (size_t n = 0; n <= N; n += n < 300 ? 1 : 97) {
+        Hasher a, b;
+        hasher_init(&a);
+        hasher_init(&b);
+        hasher_update(&a, "x", 1);
+        hasher_update(&b, "x", 1);
+        hasher_i32s(&a, ids, n);
+        for (size_t i = 0; i < n; i++) hasher_u32(&b, (uint32_t)ids[i]);
+        Hash128 ha = hasher_final(&a), hb = hasher_final(&b);
+        assert_memory_equal(ha.b, hb.b, 16);
+        uint8_t buf[1 + 4 * N];
+        buf[0] = 'x';
+        memcpy(buf + 1, bytes, 4 * n);
+        XXH128_canonical_t want;
+        XXH128_canonicalFromHash(&want, XXH3_128bits(buf, 1 + 4 * n));
+        assert_memory_equal(ha.b, want.digest, 16);
+    }
+}
+
 static void test_block_hash_layout(void **s) {
     Hash128 parent, fp, ns;
     for (int i = 0; i < 16; i++) {
@@ -280,6 +309,7 @@ static void test_reply_memory(void **s) {
 int main(void) {
     test_apply_filter();
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hasher_i32s_as_u32s),
         cmocka_unit_test(test_block_hash_layout),
         cmocka_unit_test(test_index_model),
         cmocka_unit_test(test_pool_touch_free),

@@ -3,7 +3,8 @@
  * without an entry the whole rendering is tokenized in one piece (so the
  * prompt is exactly the rendered text's tokens, as llama-server makes it);
  * a leading BOS text the template wrote is not doubled; a template that
- * rewrites contents is tokenized whole. prompt_submit, the engine's front
+ * rewrites contents is tokenized whole; contents that look remembered and
+ * are not cost a bounded amount of tokenizing. prompt_submit, the engine's front
  * door: each prompt form becomes the ids it should (with the engine's chat
  * format, built-in or Jinja), prompt_render gives the text a chat is made
  * of, and every refusal names its field. Instances on one Redis (a real
@@ -204,6 +205,85 @@ static void test_unremembered_reply_not_cut(void **s) {
     tok_ids_free(&cut);
     json_decref(turn1);
     json_decref(turn2);
+    chat_format_free(f);
+    replymem_free(rm);
+}
+
+/* Two remembered replies: the second is looked up after the first's
+ * remembered ids and the piece between them (the key grows with the
+ * prompt as it is built). */
+static void test_two_replies_remembered(void **s) {
+    if (tok == NULL) skip();
+    ReplyMemory *rm = replymem_new(16);
+    Hash128 ns = index_namespace_id("");
+    ChatFormat *f = builtin(tok, CHAT_TMPL_CHATML);
+    const char *const t3[][2] = {{"user", "Hello"}, {"assistant", "Hi there"}, {"user", "Bye"},
+                                 {"assistant", "See you"}, {"user", "Ok"}};
+    json_t *turn1 = msgs_json(TURN1, 1), *turn2 = msgs_json(TURN2, 3), *turn3 = msgs_json(t3, 5);
+    TokIds p1 = {0}, p2 = {0}, p3 = {0};
+    PromptStats st;
+    MnErr err = {0};
+    assert_int_equal(build(f, turn1, rm, &ns, &p1, &st, &err), MN_OK);
+    int32_t gen1[3] = {100, 200, 300}, gen2[2] = {400, 500};
+    Hash128 key = replymem_prefix_key(&ns, p1.ids, p1.n);
+    assert_int_equal(replymem_put(rm, &key, "Hi there", 8, gen1, 3), MN_OK);
+    assert_int_equal(build(f, turn2, rm, &ns, &p2, &st, &err), MN_OK);
+    assert_int_equal(st.n_remembered, 1);
+    key = replymem_prefix_key(&ns, p2.ids, p2.n);
+    assert_int_equal(replymem_put(rm, &key, "See you", 7, gen2, 2), MN_OK);
+    assert_int_equal(build(f, turn3, rm, &ns, &p3, &st, &err), MN_OK);
+    assert_int_equal(st.n_remembered, 2);
+    assert_true(p3.n > p2.n + 2);
+    assert_memory_equal(p3.ids, p2.ids, p2.n * sizeof(int32_t));
+    assert_memory_equal(p3.ids + p2.n, gen2, sizeof gen2);
+    tok_ids_free(&p1);
+    tok_ids_free(&p2);
+    tok_ids_free(&p3);
+    json_decref(turn1);
+    json_decref(turn2);
+    json_decref(turn3);
+    chat_format_free(f);
+    replymem_free(rm);
+}
+
+/* Contents that the reply memory may hold (their text is remembered, after
+ * another prefix) and does not: each is looked up with the piece before
+ * it tokenized, which is then undone, and the next one tokenizes that
+ * piece again, longer. The bytes undone stay within prompt.h's budget
+ * (without it a chat of 400 such turns tokenizes its rendering about 200
+ * times over), and the prompt is still the whole text's tokens. */
+static void test_undone_pieces_bounded(void **s) {
+    if (tok == NULL) skip();
+    ReplyMemory *rm = replymem_new(16);
+    Hash128 ns = index_namespace_id("");
+    ChatFormat *f = builtin(tok, CHAT_TMPL_CHATML);
+    int32_t gen[1] = {100}, other[1] = {7};
+    Hash128 key = replymem_prefix_key(&ns, other, 1);
+    assert_int_equal(replymem_put(rm, &key, "Sure", 4, gen, 1), MN_OK);
+    json_t *msgs = json_array();
+    for (int i = 0; i < 400; i++) {
+        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", "a"));
+        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "assistant", "content", "Sure"));
+    }
+    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", "b"));
+    ChatInput in = {msgs, NULL, NULL, true};
+    char *text;
+    size_t len;
+    MnErr err = {0};
+    assert_int_equal(chat_format_render(f, &in, &text, &len, &err), MN_OK);
+    TokIds got = {0}, all = {0};
+    PromptStats st;
+    assert_int_equal(build(f, msgs, rm, &ns, &got, &st, &err), MN_OK);
+    assert_int_equal(st.n_replies, 400);
+    assert_int_equal(st.n_remembered, 0);
+    assert_true(st.bytes_undone > 0);
+    assert_true(st.bytes_undone <= PROMPT_UNDONE_BYTES(len));
+    whole(f, msgs, "", &all);
+    expect_ids(&got, &all);
+    mn_free(text);
+    tok_ids_free(&got);
+    tok_ids_free(&all);
+    json_decref(msgs);
     chat_format_free(f);
     replymem_free(rm);
 }
@@ -691,6 +771,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reply_memory_used),
         cmocka_unit_test(test_unremembered_reply_not_cut),
+        cmocka_unit_test(test_two_replies_remembered),
+        cmocka_unit_test(test_undone_pieces_bounded),
         cmocka_unit_test(test_template_bos_not_doubled),
         cmocka_unit_test(test_rewriting_template_falls_back),
         cmocka_unit_test(test_bad_role),

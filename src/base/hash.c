@@ -23,6 +23,23 @@ void hasher_u32(Hasher *h, uint32_t v) {
     hasher_update(h, b, 4);
 }
 
+void hasher_i32s(Hasher *h, const int32_t *v, size_t n) {
+    uint8_t buf[1024];
+    while (n > 0) {
+        size_t k = n < sizeof buf / 4 ? n : sizeof buf / 4;
+        for (size_t i = 0; i < k; i++) {
+            uint32_t x = (uint32_t)v[i];
+            buf[4 * i] = (uint8_t)x;
+            buf[4 * i + 1] = (uint8_t)(x >> 8);
+            buf[4 * i + 2] = (uint8_t)(x >> 16);
+            buf[4 * i + 3] = (uint8_t)(x >> 24);
+        }
+        hasher_update(h, buf, 4 * k);
+        v += k;
+        n -= k;
+    }
+}
+
 static Hash128 from_xxh(XXH128_hash_t x) {
     XXH128_canonical_t c;
     XXH128_canonicalFromHash(&c, x);

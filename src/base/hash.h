@@ -23,6 +23,9 @@ typedef struct Hasher {
 void hasher_init(Hasher *h);
 void hasher_update(Hasher *h, const void *data, size_t n);
 void hasher_u32(Hasher *h, uint32_t v); /* little-endian */
+/* v[0..n) as n calls of hasher_u32 would hash them (the same hash),
+ * a kilobyte at a time. */
+void hasher_i32s(Hasher *h, const int32_t *v, size_t n);
 Hash128 hasher_final(Hasher *h);
 
 Hash128 hash128(const void *data, size_t n);

@@ -314,7 +314,7 @@ Hash128 index_block_hash(const Hash128 *parent, const int32_t *tokens, int block
     static const Hash128 zero = {{0}};
     hasher_init(&h);
     hasher_update(&h, parent ? parent->b : zero.b, 16);
-    for (int i = 0; i < block_tokens; i++) hasher_u32(&h, (uint32_t)tokens[i]);
+    hasher_i32s(&h, tokens, (size_t)block_tokens);
     hasher_update(&h, fingerprint->b, 16);
     hasher_u32(&h, kv_format);
     hasher_update(&h, ns_id->b, 16);
@@ -326,7 +326,7 @@ Hash128 index_shift_domain(const int32_t *dropped, size_t n) {
     Hasher h;
     hasher_init(&h);
     hasher_update(&h, tag, sizeof tag - 1);
-    for (size_t i = 0; i < n; i++) hasher_u32(&h, (uint32_t)dropped[i]);
+    hasher_i32s(&h, dropped, n);
     return hasher_final(&h);
 }
 

@@ -72,11 +72,20 @@ void replymem_free(ReplyMemory *rm) {
     mn_free(rm);
 }
 
+void replymem_prefix_start(Hasher *h, const Hash128 *ns_id) {
+    hasher_init(h);
+    hasher_update(h, ns_id->b, 16);
+}
+
+Hash128 replymem_prefix_end(const Hasher *h) {
+    Hasher end = *h;
+    return hasher_final(&end);
+}
+
 Hash128 replymem_prefix_key(const Hash128 *ns_id, const int32_t *ids, size_t n) {
     Hasher h;
-    hasher_init(&h);
-    hasher_update(&h, ns_id->b, 16);
-    for (size_t i = 0; i < n; i++) hasher_u32(&h, (uint32_t)ids[i]);
+    replymem_prefix_start(&h, ns_id);
+    hasher_i32s(&h, ids, n);
     return hasher_final(&h);
 }
 

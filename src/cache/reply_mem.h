@@ -34,6 +34,12 @@ ReplyMemory *replymem_new(int max_entries); /* NULL on allocation failure */
 void replymem_free(ReplyMemory *rm);
 
 Hash128 replymem_prefix_key(const Hash128 *ns_id, const int32_t *ids, size_t n);
+/* The same key in steps, for prompts that look keys up as they grow: h
+ * takes the namespace id (replymem_prefix_start), then ids in order
+ * (hasher_i32s), and replymem_prefix_end gives the key of the ids so far,
+ * leaving h as it was. */
+void replymem_prefix_start(Hasher *h, const Hash128 *ns_id);
+Hash128 replymem_prefix_end(const Hasher *h);
 
 /* The key under which a reply is remembered whatever came before it, in
  * namespace ns_id: context overflow in shift mode (engine/prompt.h) looks

@@ -115,7 +115,7 @@ static void fetch_shared(ReplyMemory *rm, const Hash128 *ns_id, const Reply *rep
  * looked up under its text key too (reply_mem.h: shift mode's cuts). */
 static int build_chat(const Tokenizer *tok, const ChatFormat *fmt, const ChatInput *chat, ReplyMemory *rm,
                       const Hash128 *ns_id, bool is_text_key, TokIds *out, PromptStats *stats, MnErr *err) {
-    PromptStats st = {0, 0};
+    PromptStats st = {0};
     char *real = NULL;
     size_t real_len = 0, n_found = 0;
     int rc = chat_format_render(fmt, chat, &real, &real_len, err);
@@ -130,16 +130,24 @@ static int build_chat(const Tokenizer *tok, const ChatFormat *fmt, const ChatInp
     special_ends(tok, real, real_len, &start, &end);
     /* pieces cut at remembered contents only: a content is tried with the
      * piece before it tokenized, and when it is not remembered that piece
-     * is undone and goes on past the content */
-    size_t n0 = out->n, at = start, n_at = out->n;
+     * is undone and goes on past the content (within the budget prompt.h
+     * gives for undone pieces) */
+    size_t n0 = out->n, at = start, n_at = out->n, undo_left = PROMPT_UNDONE_BYTES(real_len);
     int piece = 0;
+    Hasher kept; /* the prefix key's hasher over out->ids[0..n_at) */
+    replymem_prefix_start(&kept, ns_id);
+    hasher_i32s(&kept, out->ids, out->n);
     for (size_t k = 0; rc == MN_OK && k < n_found; k++) {
         const Reply *r = &replies[k];
         if (r->off < at || r->off + r->len > end) continue;
         if (!replymem_may_hold(rm, r->text, r->len)) continue; /* no tokenizing for a sure miss */
+        if (r->off - at > undo_left) break; /* every later content's piece is longer still */
         rc = encode_piece(tok, real + at, r->off - at, piece, out);
         if (rc) break;
-        Hash128 key = replymem_prefix_key(ns_id, out->ids, out->n);
+        Hasher with = kept;
+        hasher_i32s(&with, out->ids + n_at, out->n - n_at);
+        size_t n_piece = out->n;
+        Hash128 key = replymem_prefix_end(&with);
         int found = replymem_get(rm, &key, r->text, r->len, out);
         if (found == 0 && is_text_key) {
             key = replymem_text_key(ns_id);
@@ -150,8 +158,12 @@ static int build_chat(const Tokenizer *tok, const ChatFormat *fmt, const ChatInp
             st.n_remembered++;
             at = r->off + r->len;
             piece++;
+            hasher_i32s(&with, out->ids + n_piece, out->n - n_piece);
+            kept = with;
         } else {
             out->n = n_at;
+            undo_left -= r->off - at;
+            st.bytes_undone += r->off - at;
         }
         n_at = out->n;
     }

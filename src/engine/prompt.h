@@ -61,7 +61,18 @@
 typedef struct PromptStats {
     int n_remembered;     /* assistant contents taken from the reply memory */
     int n_replies;        /* assistant contents in the conversation */
+    size_t bytes_undone;  /* bytes tokenized in pieces that were undone: at most
+                             PROMPT_UNDONE_BYTES(rendering's length) */
 } PromptStats;
+
+/* The bytes a chat's prompt building may tokenize and undo. A content the
+ * reply memory may hold is looked up with the piece before it tokenized;
+ * when it is not held, that piece is undone and the next such content
+ * tokenizes it again, longer, so a chat of many contents that look held
+ * and are not would cost the square of its length. Past this budget no
+ * further content is looked up: the prompt is the same text, the later
+ * contents are tokenized as text instead of taking remembered ids. */
+#define PROMPT_UNDONE_BYTES(render_len) (2 * (size_t)(render_len) + (size_t)64 * 1024)
 
 /* Append the prompt ids of chat, rendered with fmt, to out (the rule
  * above). rm may be NULL (no reply memory). On failure out is as it was
