@@ -905,6 +905,14 @@ static void test_submit_checks(void **s) {
     p.max_tokens = 1000;
     expect_refusal(e, prompt, 5, &p, MN_EINVAL, REQ_FIELD_LOGIT_BIAS, "logit_bias: token id 512 is out of range");
     p.sp.n_logit_bias = 1;
+    /* a sampler field the sampler refuses is refused here, not reported
+     * later as the engine running out of memory */
+    p.sp.top_p = 0.0f;
+    expect_refusal(e, prompt, 5, &p, MN_EINVAL, REQ_FIELD_NONE, "a sampling parameter is out of range");
+    p.sp.top_p = 1.0f;
+    p.sp.repeat_penalty = 0.0f;
+    expect_refusal(e, prompt, 5, &p, MN_EINVAL, REQ_FIELD_NONE, "a sampling parameter is out of range");
+    p.sp.repeat_penalty = 1.0f;
     expect_refusal(e, prompt, 5, &p, MN_ERANGE, REQ_FIELD_MAX_TOKENS,
                    "max_tokens must be between 1 and 123 for this prompt of 5 tokens (the KV pool holds 128)");
     p.max_tokens = 123; /* exactly the room left */

@@ -308,6 +308,12 @@ static void test_chat_stop_and_limits(void **state) {
     parse_ok(API_ROUTE_CHAT, "{" MSGS ",\"temperature\":2}", &r);
     assert_float_equal(r.sampler.temperature, 2.0f, 0);
     api_request_deinit(&r);
+    /* the ends as floats: 1e30 rounds up to 1.0000000150e30, the float of
+     * the bound itself; the smallest float above 0 */
+    parse_ok(API_ROUTE_CHAT, "{" MSGS ",\"repeat_penalty\":1e30,\"top_p\":1.5e-45}", &r);
+    assert_float_equal(r.sampler.repeat_penalty, 1e30f, 0);
+    assert_true(r.sampler.top_p > 0.0f);
+    api_request_deinit(&r);
 }
 
 static void test_chat_nulls_are_absent(void **state) {
@@ -500,6 +506,8 @@ static const BadCase BAD_CASES[] = {
     {CHAT, WITH("\"top_p\":-0.5"), "top_p"},
     {CHAT, WITH("\"top_p\":1.0001"), "top_p"},
     {CHAT, WITH("\"top_p\":false"), "top_p"},
+    {CHAT, WITH("\"top_p\":1e-300"), "top_p"}, /* in (0, 1], but 0 as a float */
+    {CHAT, WITH("\"top_p\":1e-46"), "top_p"},
     {CHAT, WITH("\"min_p\":-0.01"), "min_p"},
     {CHAT, WITH("\"min_p\":1.5"), "min_p"},
     {CHAT, WITH("\"min_p\":true"), "min_p"},
@@ -513,6 +521,7 @@ static const BadCase BAD_CASES[] = {
     {CHAT, WITH("\"repeat_penalty\":-1"), "repeat_penalty"},
     {CHAT, WITH("\"repeat_penalty\":\"1.1\""), "repeat_penalty"},
     {CHAT, WITH("\"repeat_penalty\":1e31"), "repeat_penalty"},
+    {CHAT, WITH("\"repeat_penalty\":1e-46"), "repeat_penalty"},
     /* stop */
     {CHAT, WITH("\"stop\":\"\""), "stop"},
     {CHAT, WITH("\"stop\":5"), "stop"},

@@ -2495,6 +2495,9 @@ static int submit_check(const Engine *e, Request *r, MnErr *err, ReqField *field
         if (p->sp.logit_bias[i].id < 0 || p->sp.logit_bias[i].id >= n_vocab)
             return mn_err_set(err, MN_EINVAL, "logit_bias: token id %d is out of range [0, %d)",
                               p->sp.logit_bias[i].id, n_vocab);
+    *field = REQ_FIELD_NONE;
+    if (!sampler_params_valid(&p->sp, n_vocab))
+        return mn_err_set(err, MN_EINVAL, "a sampling parameter is out of range");
     *field = REQ_FIELD_MAX_TOKENS;
     bool is_pool = pool_tokens < n_ctx;
     int64_t room = is_pool ? pool_tokens : n_ctx, left = room - n; /* left >= 1: checked above */

@@ -109,10 +109,14 @@ static bool bias_valid(const SamplerParams *p, int32_t n_vocab) {
     return true;
 }
 
+bool sampler_params_valid(const SamplerParams *p, int32_t n_vocab) {
+    return p != NULL && n_vocab > 0 && params_valid(p) && bias_valid(p, n_vocab);
+}
+
 int sampler_new(const SamplerParams *p, int32_t n_vocab, Sampler **out) {
     if (out == NULL) return MN_EINVAL;
     *out = NULL;
-    if (p == NULL || n_vocab <= 0 || !params_valid(p) || !bias_valid(p, n_vocab)) return MN_EINVAL;
+    if (!sampler_params_valid(p, n_vocab)) return MN_EINVAL;
 
     Sampler *s = mn_calloc(1, sizeof *s);
     if (s == NULL) return MN_ENOMEM;

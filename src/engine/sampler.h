@@ -11,6 +11,7 @@
 #ifndef MN_SAMPLER_H
 #define MN_SAMPLER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* A bias added to one token's logit before anything else (OpenAI's
@@ -46,8 +47,10 @@ typedef struct TokenProb {
 typedef struct Sampler Sampler;
 
 void sampler_params_default(SamplerParams *p);
-/* MN_OK, MN_EINVAL for out-of-range params (a logit_bias id outside the
- * vocabulary included), MN_ENOMEM. */
+/* Whether sampler_new takes p for a vocabulary of n_vocab: every field in
+ * its range, every logit_bias id inside the vocabulary. */
+bool sampler_params_valid(const SamplerParams *p, int32_t n_vocab);
+/* MN_OK, MN_EINVAL where sampler_params_valid is false, MN_ENOMEM. */
 int sampler_new(const SamplerParams *p, int32_t n_vocab, Sampler **out);
 void sampler_free(Sampler *s);
 /* Record a token of the sequence (prompt or generated) for the penalties. */

@@ -65,7 +65,9 @@ static int get_bool(const json_t *obj, const char *key, bool *out, MnErr *err) {
 
 /* A number in [lo, hi], or (lo, hi] when is_lo_open. range names the range
  * for the message ("between 0 and 2"). Written as positive checks so NaN
- * could never pass (jansson does not produce it, but the check is free). */
+ * could never pass (jansson does not produce it, but the check is free).
+ * The float the sampler gets is checked too: 1e-300 is in (0, 1] but its
+ * float is 0. */
 static int get_real(const json_t *obj, const char *key, double lo, bool is_lo_open, double hi,
                     const char *range, float *out, bool *is_set, MnErr *err) {
     *is_set = false;
@@ -74,7 +76,12 @@ static int get_real(const json_t *obj, const char *key, double lo, bool is_lo_op
     double x = json_is_number(v) ? json_number_value(v) : NAN;
     bool is_ok = is_lo_open ? x > lo : x >= lo;
     if (!(is_ok && x <= hi)) return mn_err_set(err, MN_EINVAL, "%s must be a number %s", key, range);
-    *out = (float)x;
+    float f = (float)x, flo = (float)lo;
+    is_ok = is_lo_open ? f > flo : f >= flo;
+    if (!(is_ok && f <= (float)hi))
+        return mn_err_set(err, MN_EINVAL, "%s must be a number %s as a 32-bit float (%g is %g)", key, range, x,
+                          (double)f);
+    *out = f;
     *is_set = true;
     return MN_OK;
 }
