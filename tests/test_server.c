@@ -1172,6 +1172,27 @@ static void test_http_methods(void **st) {
     srv_stop(&s);
 }
 
+/* A percent-encoded NUL in a path stays as written: it does not end the
+ * path, so /health%00x is not /health. Other escapes still decode. */
+static void test_http_encoded_nul(void **st) {
+    Srv s;
+    if (srv_start(&s, "stories260K", "") != 0) return;
+    raw_expect_str(&s, "GET /health%00x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404, NULL);
+    raw_expect_str(&s, "GET /v1/models%00/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404, NULL);
+    raw_expect_str(&s, "DELETE /v1/responses/resp_1%00x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404,
+                   NULL);
+    int fd = raw_connect(&s);
+    const char *req = "GET /he%61lth HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    srv_send_all(fd, req, strlen(req));
+    size_t len;
+    char *resp = raw_read_all(fd, &len);
+    close(fd);
+    assert_true(strncmp(resp, "HTTP/1.1 200 ", 13) == 0);
+    free(resp);
+    expect_serving(&s);
+    srv_stop(&s);
+}
+
 /* The server's log has a line holding every regex of want (NULL-ended). */
 static void expect_log_line(const Srv *s, const char *const *want) {
     char *log = test_read_file(s->log, NULL);
@@ -1652,6 +1673,7 @@ int main(void) {
         cmocka_unit_test(test_http_auth_scheme),
         cmocka_unit_test(test_http_cors),
         cmocka_unit_test(test_http_methods),
+        cmocka_unit_test(test_http_encoded_nul),
         cmocka_unit_test(test_request_log),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

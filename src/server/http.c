@@ -98,6 +98,32 @@ static void front_connection(void *cls, struct MHD_Connection *c, void **socket_
     if (f->cfg.connection_fn) f->cfg.connection_fn(f->cfg.ctx, c, socket_context, toe);
 }
 
+static int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* The library's unescaping of paths and query arguments, in place: %HH
+ * decoded, except %00, which stays as it is written. Decoded, a NUL would
+ * end the string every handler reads, so that /health%00x answered as
+ * /health and /v1/responses/ID%00x acted on ID. */
+static size_t front_unescape(void *cls, struct MHD_Connection *c, char *s) {
+    char *w = s;
+    for (const char *r = s; *r;) {
+        int hi = r[0] == '%' ? hex_digit(r[1]) : -1, lo = hi >= 0 ? hex_digit(r[2]) : -1;
+        if (lo >= 0 && (hi | lo) != 0) {
+            *w++ = (char)(hi * 16 + lo);
+            r += 3;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = '\0';
+    return (size_t)(w - s);
+}
+
 static void front_rejected(void *ctx, const char *method, const char *path, int status, const char *msg) {
     HttpFront *f = ctx;
     if (f->cfg.rejected_fn) f->cfg.rejected_fn(f->cfg.ctx, method, path, status, msg);
@@ -141,7 +167,7 @@ int http_front_new(const HttpFrontConfig *cfg, HttpFront **out, MnErr *err) {
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG |
                      MHD_USE_ITC | MHD_USE_NO_LISTEN_SOCKET;
     /* the optional callbacks are added only when given */
-    struct MHD_OptionItem opts[10];
+    struct MHD_OptionItem opts[11];
     size_t n = 0;
     const HttpLimits *l = &cfg->limits;
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_EXTERNAL_LOGGER, (intptr_t)mhd_log, NULL};
@@ -162,6 +188,7 @@ int http_front_new(const HttpFrontConfig *cfg, HttpFront **out, MnErr *err) {
     if (cfg->completed_fn)
         opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)cfg->completed_fn, cfg->ctx};
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)front_connection, f};
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)front_unescape, NULL};
     if (cfg->uri_fn) opts[n++] = (struct MHD_OptionItem){MHD_OPTION_URI_LOG_CALLBACK, (intptr_t)cfg->uri_fn, cfg->ctx};
     opts[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     f->daemon = MHD_start_daemon(flags, 0, NULL, NULL, cfg->handler_fn, cfg->ctx, MHD_OPTION_ARRAY, opts,
