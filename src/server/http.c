@@ -33,6 +33,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/select.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -276,6 +277,14 @@ int http_body_add(HttpBody *b, const char *data, size_t n, size_t max_body) {
 void http_body_free(HttpBody *b) {
     mn_free(b->data);
     memset(b, 0, sizeof *b);
+}
+
+bool http_peer_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci == NULL) return false;
+    char b;
+    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 enum MHD_Result http_refuse_body(struct MHD_Connection *c, const char *msg, const char *extra_headers) {

@@ -361,12 +361,19 @@ static void turn_finished(Turn *t) {
 }
 
 /* The whole answer of a turn that does not stream. */
-static void turn_run(Turn *t, RespAnswer *ans) {
+static void turn_run(Turn *t, const RespCall *call, RespAnswer *ans) {
     for (;;) {
         ReqOutput o;
         if (request_read(t->req, &o, 1000) != MN_OK) {
             engine_cancel(t->rs->cfg.e, t->req);
             set_error(ans, 500, NULL, NULL, "out of memory");
+            return;
+        }
+        if (!o.is_done && call->is_gone_fn && call->is_gone_fn(call->gone_ctx)) {
+            request_output_deinit(&o);
+            engine_cancel(t->rs->cfg.e, t->req);
+            LOG_INFO("POST /v1/responses id=%s cancelled: the client went away", t->id);
+            set_error(ans, RESP_STATUS_GONE, NULL, NULL, "the client went away");
             return;
         }
         int rc = turn_append(t, &o);
@@ -670,7 +677,7 @@ void resp_handle(RespService *rs, const RespCall *call, RespAnswer *ans) {
     Turn *t = turn_start(rs, call, ans);
     if (t == NULL) return;
     if (!t->ar.is_stream) {
-        turn_run(t, ans);
+        turn_run(t, call, ans);
         turn_free(t);
         return;
     }

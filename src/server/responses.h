@@ -71,7 +71,14 @@ typedef struct RespCall {
     size_t body_len;
     const char *ns;     /* the request's namespace */
     const char *limit, *order, *after; /* input_items' query arguments; NULL: absent */
+    /* A turn answered whole asks it now and then whether its client went
+     * away, and if so cancels and answers RESP_STATUS_GONE (nothing to
+     * send). NULL: it never asks. */
+    bool (*is_gone_fn)(void *ctx);
+    void *gone_ctx;
 } RespCall;
+
+#define RESP_STATUS_GONE 499 /* the client went away (nginx's code): send nothing */
 
 /* What to send: an error (error_msg set), a JSON body, or a stream. */
 typedef struct RespAnswer {

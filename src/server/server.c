@@ -516,6 +516,13 @@ static enum MHD_Result run_generation(Server *s, struct MHD_Connection *c, Gen *
             gen_free(g);
             return send_error(s, c, 500, "out of memory", NULL);
         }
+        if (!o.is_done && http_peer_gone(c)) { /* as a stream's client that goes away */
+            request_output_deinit(&o);
+            engine_cancel(s->e, g->req);
+            http_log_answer("POST", g->path, 499, g->id, false, "cancelled: the client went away");
+            gen_free(g);
+            return MHD_NO;
+        }
         char *b = mn_realloc(g->text, g->text_len + o.len + 1);
         if (b) g->text = b;
         ReqLogprob *lp = NULL;
@@ -823,6 +830,8 @@ static bool allows(const char *allow, const char *method) {
     return false;
 }
 
+static bool peer_gone(void *c) { return http_peer_gone(c); }
+
 /* /v1/responses and below: methods and key here, the rest in server/responses. */
 static enum MHD_Result handle_responses(Server *s, struct MHD_Connection *c, const char *method, const char *url,
                                         Conn *conn) {
@@ -840,8 +849,11 @@ static enum MHD_Result handle_responses(Server *s, struct MHD_Connection *c, con
                      .limit = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit"),
                      .order = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "order"),
                      .after = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "after")};
+    call.is_gone_fn = peer_gone;
+    call.gone_ctx = c;
     RespAnswer a;
     resp_handle(s->resp, &call, &a);
+    if (a.status == RESP_STATUS_GONE) return MHD_NO;
     if (a.stream != NULL) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, resp_read, a.stream, resp_free);
         if (r == NULL) {
