@@ -378,16 +378,17 @@ void engine_free(Engine *e);
  * it left open (max_tokens 0, is_seed_random) and queue it (the engine
  * takes its own reference). This is the one place a request is validated.
  * Refusals, in the order checked, with the field at fault in *field
- * (REQ_FIELD_NONE on success and for the last three; field may be NULL)
+ * (REQ_FIELD_NONE on success and where NONE is said; field may be NULL)
  * and err saying why:
  *   MN_EINVAL    a prompt token id outside the vocabulary (PROMPT);
  *   MN_ERANGE    the prompt fills the context, or the pool (PROMPT);
  *   MN_EINVAL    a logit_bias id outside the vocabulary (LOGIT_BIAS);
+ *   MN_EINVAL    another sampler field sampler_new would refuse (NONE);
  *   MN_ERANGE    prompt + max_tokens do not fit the context or the pool
  *                (MAX_TOKENS; err gives max_tokens' allowed range);
- *   MN_EBUSY     the queue is full;
- *   MN_ECANCELED the engine is draining or shutting down;
- *   MN_ENOMEM. */
+ *   MN_EBUSY     the queue is full (NONE);
+ *   MN_ECANCELED the engine is draining or shutting down (NONE);
+ *   MN_ENOMEM (NONE). */
 int engine_submit(Engine *e, Request *r, MnErr *err, ReqField *field);
 /* Ask the engine to stop a request; its blocks stay cached. */
 void engine_cancel(Engine *e, Request *r);

@@ -25,6 +25,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -33,7 +34,6 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/select.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -282,9 +282,10 @@ void http_body_free(HttpBody *b) {
 bool http_peer_gone(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci == NULL) return false;
-    char b;
-    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    /* POLLRDHUP, not a peek: a close after a byte nobody read is still a
+     * close (a peek sees the byte and nothing after it) */
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 enum MHD_Result http_refuse_body(struct MHD_Connection *c, const char *msg, const char *extra_headers) {

@@ -111,11 +111,12 @@ void http_body_limit_msg(size_t max_body, char *msg, size_t cap);
  * end (it logs "Application reported internal error"). */
 enum MHD_Result http_refuse_body(struct MHD_Connection *c, const char *msg, const char *extra_headers);
 
-/* Whether c's client has closed its side (or the connection failed)
- * while its answer is being made: a handler that waits for a whole
- * answer asks now and then, and gives up on a client that went away (as
- * nginx does). Bytes of a next request waiting do not count. Call it on
- * c's own thread. */
+/* Whether c's client has closed its side (a shutdown of its writing side
+ * counts; bytes it sent before do not hide it) or the connection failed,
+ * while its answer is being made: a handler that waits for a whole answer
+ * asks now and then, and gives up on a client that went away (as nginx
+ * does). A client that stays, bytes of a next request waiting or not, is
+ * not gone. Call it on c's own thread. */
 bool http_peer_gone(struct MHD_Connection *c);
 
 /* ---- the request log ---------------------------------------------------------------- */

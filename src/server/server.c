@@ -519,9 +519,10 @@ static enum MHD_Result run_generation(Server *s, struct MHD_Connection *c, Gen *
         if (!o.is_done && http_peer_gone(c)) { /* as a stream's client that goes away */
             request_output_deinit(&o);
             engine_cancel(s->e, g->req);
+            count_request(s, 499);
             http_log_answer("POST", g->path, 499, g->id, false, "cancelled: the client went away");
             gen_free(g);
-            return MHD_NO;
+            return MHD_NO; /* the library logs "Application reported internal error" and closes */
         }
         char *b = mn_realloc(g->text, g->text_len + o.len + 1);
         if (b) g->text = b;
@@ -853,7 +854,10 @@ static enum MHD_Result handle_responses(Server *s, struct MHD_Connection *c, con
     call.gone_ctx = c;
     RespAnswer a;
     resp_handle(s->resp, &call, &a);
-    if (a.status == RESP_STATUS_GONE) return MHD_NO;
+    if (a.status == RESP_STATUS_GONE) {
+        count_request(s, 499);
+        return MHD_NO; /* as run_generation's */
+    }
     if (a.stream != NULL) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, resp_read, a.stream, resp_free);
         if (r == NULL) {
