@@ -147,7 +147,11 @@ static inline long srv_http(const Srv *s, const char *method, const char *path, 
     CURLcode rc = curl_easy_perform(c);
     long status = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    if (rc != CURLE_OK && !(abort_after && rc == CURLE_WRITE_ERROR)) status = -1;
+    if (rc != CURLE_OK && !(abort_after && rc == CURLE_WRITE_ERROR)) {
+        /* say why, so that a failure under load can be told apart */
+        fprintf(stderr, "srv_http %s %s: %s\n", method ? method : (body ? "POST" : "GET"), path, curl_easy_strerror(rc));
+        status = -1;
+    }
     curl_slist_free_all(hs);
     curl_easy_cleanup(c);
     if (out) *out = b.data;
