@@ -9,6 +9,13 @@
  */
 #include "base/utf8.h"
 
+int utf8_hex_digit(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
 /* ---- lengths and encoding ------------------------------------------------ */
 
 size_t utf8_lead_len(unsigned char lead) {

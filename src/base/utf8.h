@@ -19,6 +19,10 @@
 
 #define UTF8_REPLACEMENT 0xFFFDu
 
+/* The value of an ASCII hex digit ([0-9a-fA-F]): 0..15, or -1 for any
+ * other character. */
+int utf8_hex_digit(int c);
+
 /* Length of the sequence a lead byte announces, by its high nibble only
  * (continuation bytes count as 1, 0xF8..0xFF as 4): the rule llama.cpp uses
  * to cut text into symbols. Always 1..4. */

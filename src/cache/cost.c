@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "base/mem.h"
+#include "base/utf8.h"
 #include "base/version.h"
 
 #define COST_MAGIC "mnemo-cost-profile"
@@ -336,16 +337,10 @@ static bool parse_double(const char *s, double *out) {
     return true;
 }
 
-static int hexval(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-}
-
 static bool parse_hash(const char *s, Hash128 *out) {
     if (strlen(s) != 32) return false;
     for (int i = 0; i < 16; i++) {
-        int hi = hexval(s[2 * i]), lo = hexval(s[2 * i + 1]);
+        int hi = utf8_hex_digit(s[2 * i]), lo = utf8_hex_digit(s[2 * i + 1]);
         if (hi < 0 || lo < 0) return false;
         out->b[i] = (uint8_t)(hi << 4 | lo);
     }

@@ -36,6 +36,7 @@
 
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/utf8.h"
 #include "cache/redis_cluster.h"
 
 /* ---- types --------------------------------------------------------------- */
@@ -156,12 +157,6 @@ int rcluster_parse_redirect(const char *s, size_t len, RedisRedirect *out) {
 
 /* ---- URLs --------------------------------------------------------------------- */
 
-static int hexval(int c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    c = tolower(c);
-    return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
 /* s[0..n) with %XX decoded, as a new string; NULL when out of memory or
  * malformed (*bad set). */
 static char *pct_decode(const char *s, size_t n, bool *bad) {
@@ -173,7 +168,7 @@ static char *pct_decode(const char *s, size_t n, bool *bad) {
             out[k++] = s[i];
             continue;
         }
-        int a = i + 2 < n ? hexval(s[i + 1]) : -1, b = i + 2 < n ? hexval(s[i + 2]) : -1;
+        int a = i + 2 < n ? utf8_hex_digit(s[i + 1]) : -1, b = i + 2 < n ? utf8_hex_digit(s[i + 2]) : -1;
         if (a < 0 || b < 0) {
             *bad = true;
             mn_free(out);

@@ -346,12 +346,6 @@ static int lx_number(Lexer *lx, size_t *pos) {
     return MN_OK;
 }
 
-static int hexval(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return c - 'A' + 10;
-}
-
 /* Python's decoding of a string literal's body (jinja2 unescapes with
  * backslashreplace + unicode-escape) into out (3 * n + 1 bytes). */
 static int lx_unescape(Lexer *lx, size_t at, const char *s, size_t n, char *out, size_t *out_len) {
@@ -400,7 +394,7 @@ static int lx_unescape(Lexer *lx, size_t at, const char *s, size_t n, char *out,
                 if (i + k >= n || !is_hex(s[i + k]))
                     return lx_fail(lx, at, MN_EFORMAT, "truncated \\%c%s escape in a string literal", e,
                                    e == 'x' ? "XX" : e == 'u' ? "XXXX" : "XXXXXXXX");
-                cp = cp * 16 + (uint32_t)hexval(s[i + k]);
+                cp = cp * 16 + (uint32_t)utf8_hex_digit(s[i + k]);
             }
             i += want;
             if (cp > 0x10FFFF) return lx_fail(lx, at, MN_EFORMAT, "illegal Unicode character in a string literal");

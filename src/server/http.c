@@ -40,6 +40,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/utf8.h"
 #include "server/gate.h"
 
 struct HttpFront {
@@ -99,13 +100,6 @@ static void front_connection(void *cls, struct MHD_Connection *c, void **socket_
     if (f->cfg.connection_fn) f->cfg.connection_fn(f->cfg.ctx, c, socket_context, toe);
 }
 
-static int hex_digit(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 /* The library's unescaping of paths and query arguments, in place: %HH
  * decoded, except %00, which stays as it is written. Decoded, a NUL would
  * end the string every handler reads, so that /health%00x answered as
@@ -113,7 +107,7 @@ static int hex_digit(char c) {
 static size_t front_unescape(void *cls, struct MHD_Connection *c, char *s) {
     char *w = s;
     for (const char *r = s; *r;) {
-        int hi = r[0] == '%' ? hex_digit(r[1]) : -1, lo = hi >= 0 ? hex_digit(r[2]) : -1;
+        int hi = r[0] == '%' ? utf8_hex_digit(r[1]) : -1, lo = hi >= 0 ? utf8_hex_digit(r[2]) : -1;
         if (lo >= 0 && (hi | lo) != 0) {
             *w++ = (char)(hi * 16 + lo);
             r += 3;
