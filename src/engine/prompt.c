@@ -134,9 +134,11 @@ static int build_chat(const Tokenizer *tok, const ChatFormat *fmt, const ChatInp
      * gives for undone pieces) */
     size_t n0 = out->n, at = start, n_at = out->n, undo_left = PROMPT_UNDONE_BYTES(real_len);
     int piece = 0;
-    Hasher kept; /* the prefix key's hasher over out->ids[0..n_at) */
-    replymem_prefix_start(&kept, ns_id);
-    hasher_i32s(&kept, out->ids, out->n);
+    Hasher kept; /* the prefix key's hasher over out->ids[0..n_at), when a content is looked up */
+    if (n_found > 0) {
+        replymem_prefix_start(&kept, ns_id);
+        hasher_i32s(&kept, out->ids, out->n);
+    }
     for (size_t k = 0; rc == MN_OK && k < n_found; k++) {
         const Reply *r = &replies[k];
         if (r->off < at || r->off + r->len > end) continue;
